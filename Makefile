@@ -1,0 +1,35 @@
+# The two commands of the README: `make run` and `make test`. Both set up a
+# project-local .venv first; re-running is fast when nothing changed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# The CUDA build of fbgemm-gpu where a GPU answers, the CPU build elsewhere.
+FLAVOUR := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+STAMP := $(VENV)/.installed-$(FLAVOUR)
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch first and pinned: a range would pull a multi-GB CUDA build.
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[$(FLAVOUR),test]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+run: setup
+	$(VENV)/bin/reccompile specs/dlrm_criteo.yaml -o build
+	$(VENV)/bin/reccompile train specs/dlrm_criteo.yaml --nproc 2 --steps 30 --batch-size 512
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/dlrm_bench.py
+
+clean:
+	rm -rf $(VENV) build .pytest_cache

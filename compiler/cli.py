@@ -1,0 +1,62 @@
+"""The `reccompile` command line.
+
+`reccompile SPEC` compiles a spec; `reccompile COMMAND ...` runs one of the
+commands below, each implemented by its own module in `compiler.commands`
+(`add_arguments(parser)` and `run(args) -> exit status`). Exit status: 0 ok,
+1 the input has errors, 2 bad command-line use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from compiler import __version__
+
+# command name -> (module in compiler.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "compile": ("compile", "check, plan and write the generated module (the default command)"),
+    "check": ("check", "check specs and print their diagnostics"),
+    "show": ("show", "print the fully resolved spec, defaults included"),
+    "schema": ("schema", "print the JSON Schema of the spec language"),
+    "plan": ("plan", "print the sharding plan of a spec"),
+    "graph": ("graph", "print the canonical fx graph of a spec"),
+    "train": ("train", "train a spec (torchrun workers for --nproc > 1)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reccompile",
+        description="Compile a YAML recommender-model spec into a sharded PyTorch program.",
+        epilog="`reccompile SPEC` is short for `reccompile compile SPEC`.",
+    )
+    parser.add_argument("--version", action="version", version=f"reccompile {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(f"compiler.commands.{module_name}")
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(command_parser)
+        command_parser.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        argv.insert(0, "compile")
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

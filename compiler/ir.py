@@ -1,0 +1,270 @@
+"""The model IR: the frozen, fully resolved form of a spec.
+
+Built by `compiler.spec.build` from a validated spec; read by the planner, the
+lowering and the code generator. Every node keeps the spec location it came
+from, every default is filled in, `count:` expansions are done, and every
+block's output width is known. Nothing here changes after construction:
+passes make new values with `dataclasses.replace`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+Pooling = Literal["sum", "mean"]
+LossType = Literal["bce", "mse", "softmax"]
+OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
+ShardingType = Literal["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise"]
+ComputeKernel = Literal["fused", "dense", "fused_uvm_caching"]
+Device = Literal["cpu", "cuda"]
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """A position in a spec file; lines and columns count from 1."""
+
+    file: str
+    line: int
+    col: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    """An optimizer and its hyper-parameters (unused ones keep their defaults)."""
+
+    type: OptimizerType
+    lr: float
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+
+
+@dataclass(frozen=True, slots=True)
+class DenseFeature:
+    """A float vector of `size` columns, referenced as `dense.<name>`."""
+
+    name: str
+    size: int
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class SparseFeature:
+    """A bag of ids looked up in `table`, referenced as `sparse.<name>`.
+
+    `ids_per_sample` is the exact count when `fixed_ids` is true, otherwise
+    the maximum (samples hold 0..ids_per_sample ids). `hashed` means raw ids
+    are hashed into the table's rows before lookup.
+    """
+
+    name: str
+    table: str
+    ids_per_sample: int
+    fixed_ids: bool
+    weighted: bool
+    hashed: bool
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """An embedding table and the sparse features that look it up."""
+
+    name: str
+    num_embeddings: int
+    dim: int
+    pooling: Pooling
+    features: tuple[str, ...]
+    init_min: float
+    init_max: float
+    optimizer: Optimizer | None  # None: the training section's sparse optimizer
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Input:
+    """One resolved input of a block or head.
+
+    kind `dense` / `sparse` name a feature; kind `block` names a block and,
+    for blocks with several outputs (moe), the `port` (a task name).
+    """
+
+    kind: Literal["dense", "sparse", "block"]
+    name: str
+    width: int
+    port: str | None = None
+
+    def ref(self) -> str:
+        """The reference as written in a spec (`dense.x`, `sparse.y`, `b`, `b.task`)."""
+        if self.kind == "block":
+            return self.name if self.port is None else f"{self.name}.{self.port}"
+        return f"{self.kind}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Mlp:
+    layers: tuple[int, ...]
+    activation: str
+    final_activation: str  # "none" for a linear (logit) output
+
+
+@dataclass(frozen=True, slots=True)
+class Dot:
+    """DLRM pairwise interaction over all inputs (equal widths)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Concat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CrossNet:
+    num_layers: int
+    low_rank: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Fm:
+    """Factorization machine second-order term over the inputs (equal widths)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DotProduct:
+    """Row-wise dot product of exactly two inputs of equal width (two-tower score)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sum:
+    """Elementwise sum of inputs of equal width."""
+
+
+@dataclass(frozen=True, slots=True)
+class Moe:
+    """Multi-gate mixture of experts; one output port per task."""
+
+    num_experts: int
+    expert_layers: tuple[int, ...]
+    tasks: tuple[str, ...]
+    activation: str
+
+
+BlockOp = Union[Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe]
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A node of the dense DAG. `width` is the output width (per port for moe)."""
+
+    name: str
+    op: BlockOp
+    inputs: tuple[Input, ...]
+    width: int
+    loc: Location
+
+    @property
+    def type(self) -> str:
+        return BLOCK_TYPE_NAMES[type(self.op)]
+
+
+BLOCK_TYPE_NAMES: dict[type, str] = {
+    Mlp: "mlp",
+    Dot: "dot",
+    Concat: "concat",
+    CrossNet: "crossnet",
+    Fm: "fm",
+    DotProduct: "dot_product",
+    Sum: "sum",
+    Moe: "moe",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """A prediction head: the loss on one block output against one label column."""
+
+    name: str
+    input: Input
+    loss: LossType
+    label: str
+    weight: float
+    num_classes: int  # 1 for bce and mse
+    metrics: tuple[str, ...]
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Training:
+    batch_size: int  # global: each of N ranks gets batch_size / N
+    seed: int
+    steps: int
+    dense_optimizer: Optimizer
+    sparse_optimizer: Optimizer
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """Planner restrictions for one table (empty tuples mean no restriction)."""
+
+    table: str
+    sharding_types: tuple[ShardingType, ...]
+    compute_kernels: tuple[ComputeKernel, ...]
+    ranks: tuple[int, ...]
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    world_size: int
+    device: Device
+    ranks_per_host: int | None  # None: all ranks on one host
+    memory_per_rank: int | None  # bytes; None: the topology's default for the device
+    constraints: tuple[Constraint, ...]
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """Where training data comes from; `columns` maps a reader column to a feature or label."""
+
+    reader: Literal["synthetic", "criteo", "movielens"]
+    path: str | None
+    columns: tuple[tuple[str, str], ...]
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
+class ModelIR:
+    """The whole model. `blocks` are in a topological order of the DAG."""
+
+    version: int
+    name: str
+    source: str  # the spec path as given
+    source_sha256: str
+    dense: tuple[DenseFeature, ...]
+    sparse: tuple[SparseFeature, ...]
+    tables: tuple[Table, ...]
+    blocks: tuple[Block, ...]
+    heads: tuple[Head, ...]
+    training: Training
+    sharding: Sharding
+    data: Data | None
+    loc: Location
+
+    def table(self, name: str) -> Table:
+        for table in self.tables:
+            if table.name == name:
+                return table
+        raise KeyError(name)
+
+    def block(self, name: str) -> Block:
+        for block in self.blocks:
+            if block.name == name:
+                return block
+        raise KeyError(name)

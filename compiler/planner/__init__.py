@@ -1,0 +1,1 @@
+"""The sharding planner: topology -> enumerate -> estimate -> partition -> ShardingPlan."""

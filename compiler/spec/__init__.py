@@ -1,0 +1,1 @@
+"""The spec language front end: load (YAML with positions) -> validate (-> ModelIR)."""

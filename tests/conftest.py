@@ -1,0 +1,59 @@
+"""Shared test fixtures: golden-file comparison (`pytest --update-goldens`)."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+import pytest
+
+GOLDEN_DIR = Path(__file__).parent / "golden"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-goldens",
+        action="store_true",
+        default=False,
+        help="rewrite golden files with the current output instead of comparing",
+    )
+
+
+class Golden:
+    """Compares text against a file, or rewrites it under --update-goldens."""
+
+    def __init__(self, update: bool) -> None:
+        self.update = update
+
+    def check(self, path: Path | str, actual: str) -> None:
+        path = Path(path)
+        if not path.is_absolute():
+            path = GOLDEN_DIR / path
+        if self.update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(actual)
+            return
+        if not path.exists():
+            pytest.fail(f"golden file {path} is missing; run pytest --update-goldens")
+        expected = path.read_text()
+        if expected != actual:
+            diff = "".join(
+                difflib.unified_diff(
+                    expected.splitlines(keepends=True),
+                    actual.splitlines(keepends=True),
+                    fromfile=f"{path} (golden)",
+                    tofile=f"{path} (actual)",
+                )
+            )
+            pytest.fail(f"output differs from golden file:\n{diff}", pytrace=False)
+
+
+@pytest.fixture
+def golden(request: pytest.FixtureRequest) -> Golden:
+    return Golden(request.config.getoption("--update-goldens"))
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO_ROOT
