@@ -1,0 +1,131 @@
+"""Synthetic batches made from a model's SPEC, with a signal a model can learn.
+
+Labels come from a fixed hidden model of the same inputs: a linear function
+of the dense features plus, for every sparse feature, the mean of a hashed
+per-id score. Ids are skewed towards small row numbers (popular ids recur, as
+in real logs), so embeddings see repeated rows within a few steps.
+
+Batches are generated globally and sliced per rank, so N ranks together see
+exactly the batch one process would: training at any world size is the same
+computation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from runtime.data.batch import Batch
+from runtime.jagged import KeyedJaggedTensor
+
+_MASK32 = 0xFFFFFFFF
+_ID_SKEW = 3.0  # ids = floor(rows * u**skew): row 0 is the most popular
+
+
+def make_batch(
+    spec: Mapping[str, Any],
+    batch_size: int,
+    step: int,
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Batch:
+    """Rank `rank`'s slice of the global batch number `step` (global size `batch_size`)."""
+    if batch_size % world_size != 0:
+        raise ValueError(
+            f"global batch size {batch_size} does not divide evenly over {world_size} ranks"
+        )
+    gen = torch.Generator().manual_seed(_mix(seed, step + 1))
+    lo = rank * (batch_size // world_size)
+    hi = lo + batch_size // world_size
+
+    dense = {
+        f["name"]: torch.randn(batch_size, f["size"], generator=gen) for f in spec["dense"]
+    }
+    tables = {t["name"]: t for t in spec["tables"]}
+    lengths, values, weights, scores = [], [], [], []
+    any_weighted = any(f["weighted"] for f in spec["sparse"])
+    for index, feature in enumerate(spec["sparse"]):
+        rows = tables[feature["table"]]["num_embeddings"]
+        ids_lengths = _lengths(feature, batch_size, gen)
+        total = int(ids_lengths.sum())
+        ids = (torch.rand(total, generator=gen, dtype=torch.float64).pow(_ID_SKEW) * rows).long()
+        ids.clamp_(max=rows - 1)
+        bag_weights = torch.rand(total, generator=gen) if feature["weighted"] else torch.ones(total)
+        scores.append(_bag_mean(_hash_score(ids, salt=index), ids_lengths))
+        offsets = torch.zeros(batch_size + 1, dtype=torch.long)
+        torch.cumsum(ids_lengths, 0, out=offsets[1:])
+        lengths.append(ids_lengths[lo:hi])
+        values.append(ids[offsets[lo] : offsets[hi]])
+        weights.append(bag_weights[offsets[lo] : offsets[hi]])
+
+    labels = _labels(spec, dense, scores, seed, gen)
+    sparse = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f["name"] for f in spec["sparse"]],
+        values=torch.cat(values) if values else torch.empty(0, dtype=torch.long),
+        lengths=torch.cat(lengths) if lengths else torch.empty(0, dtype=torch.long),
+        weights=torch.cat(weights) if any_weighted else None,
+        stride=hi - lo,
+    )
+    return Batch(
+        dense={name: x[lo:hi] for name, x in dense.items()},
+        sparse=sparse,
+        labels={name: y[lo:hi] for name, y in labels.items()},
+    )
+
+
+def _lengths(feature: Mapping[str, Any], batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    n = feature["ids_per_sample"]
+    if feature["fixed_ids"]:
+        return torch.full((batch_size,), n, dtype=torch.long)
+    return torch.randint(0, n + 1, (batch_size,), generator=gen)
+
+
+def _labels(
+    spec: Mapping[str, Any],
+    dense: Mapping[str, torch.Tensor],
+    sparse_scores: list[torch.Tensor],
+    seed: int,
+    gen: torch.Generator,
+) -> dict[str, torch.Tensor]:
+    """One label tensor per head label, from the hidden model (fixed per seed)."""
+    hidden = torch.Generator().manual_seed(_mix(seed, 0))
+    batch_size = next(iter(dense.values())).shape[0] if dense else sparse_scores[0].shape[0]
+    labels: dict[str, torch.Tensor] = {}
+    for head in spec["heads"]:
+        classes = max(head["num_classes"], 1)
+        logits = torch.zeros(batch_size, classes)
+        for x in dense.values():
+            w = torch.randn(x.shape[1], classes, generator=hidden) / x.shape[1] ** 0.5
+            logits += x @ w
+        for score in sparse_scores:
+            logits += score[:, None] * torch.randn(1, classes, generator=hidden)
+        logits = (logits - logits.mean(0)) / logits.std(0).clamp(min=1e-6) * 2.0
+        if head["loss"] == "bce":
+            labels[head["label"]] = torch.bernoulli(torch.sigmoid(logits[:, 0]), generator=gen)
+        elif head["loss"] == "mse":
+            labels[head["label"]] = logits[:, 0] + 0.1 * torch.randn(batch_size, generator=gen)
+        else:
+            labels[head["label"]] = logits.argmax(dim=1)
+    return labels
+
+
+def _hash_score(ids: torch.Tensor, salt: int) -> torch.Tensor:
+    """A fixed pseudo-random score in [-1, 1) per (id, salt), vectorised, no tables."""
+    h = (ids * 0x9E3779B1 + salt * 0x85EBCA77) & _MASK32
+    h = ((h ^ (h >> 15)) * 0x2C1B3C6D) & _MASK32
+    h = ((h ^ (h >> 12)) * 0x297A2D39) & _MASK32
+    h = h ^ (h >> 15)
+    return h.double().div(2.0**31).sub(1.0).float()
+
+
+def _bag_mean(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    sums = torch.zeros(lengths.numel()).index_add_(0, bag, scores)
+    return sums / lengths.clamp(min=1)
+
+
+def _mix(seed: int, stream: int) -> int:
+    """A 63-bit generator seed from (seed, stream), so streams do not overlap."""
+    return (seed * 1_000_003 + stream * 7919 + 0x5DEECE66D) % (2**63 - 1)
