@@ -54,6 +54,8 @@ class ShardingPlan:
     inputs_sha256: str
     tables: tuple[TablePlan, ...]
     ranks: tuple[RankPlan, ...]
+    # No plan of the enumerated options has a slowest rank below this (0: unknown).
+    lower_bound_ms: float = 0.0
 
     def table(self, name: str) -> TablePlan:
         for table in self.tables:
@@ -97,6 +99,7 @@ class ShardingPlan:
             inputs_sha256=data["inputs_sha256"],
             tables=tables,
             ranks=ranks,
+            lower_bound_ms=float(data.get("lower_bound_ms", 0.0)),
         )
 
     @classmethod

@@ -1,0 +1,198 @@
+"""Estimate: the memory and the time per training step of every shard of a candidate.
+
+Third stage of the planner, after enumerate and before partition. Storage
+is weights + optimizer state + input/output buffers (+ a full-size gradient
+for data_parallel and the dense kernel). Time is the lookup (forward and
+backward, bytes touched over the kernel's memory bandwidth) plus the
+communication the sharding type needs: the ids all-to-all (input_dist), the
+pooled all-to-all or reduce-scatter (output_dist, forward and backward) and
+the gradient all-reduce of data_parallel. docs/planner.md writes out every
+formula with a worked example; keep the two in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from compiler.ir import ComputeKernel, OptimizerType, ShardingType
+from compiler.planner.enumerate import Candidate, TableSpec
+from compiler.planner.topology import Topology
+
+WEIGHT_BYTES = 4  # float32 weights, gradients, optimizer state and pooled outputs
+ID_BYTES = 8  # int64 ids
+ID_WEIGHT_BYTES = 4  # float32 per-id weights of weighted features
+UVM_CACHE_FRACTION = 0.2  # fused_uvm_caching keeps this share of rows in device memory
+DENSE_KERNEL_SLOWDOWN = 2.0  # torch.nn.EmbeddingBag against fbgemm's fused kernel
+MS_PER_S = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShardEstimate:
+    """Bytes one shard holds on its rank and its milliseconds per training step."""
+
+    storage_bytes: int
+    lookup_ms: float  # forward + backward + optimizer update
+    input_dist_ms: float  # ids all-to-all
+    output_dist_ms: float  # pooled all-to-all or reduce-scatter, forward + backward
+    allreduce_ms: float  # data_parallel gradient all-reduce
+
+    @property
+    def cost_ms(self) -> float:
+        return self.lookup_ms + self.input_dist_ms + self.output_dist_ms + self.allreduce_ms
+
+
+class Estimator(Protocol):
+    def estimate(
+        self, table: TableSpec, candidate: Candidate, topology: Topology
+    ) -> tuple[ShardEstimate, ...]: ...
+
+
+class BandwidthEstimator:
+    """The default estimator: every formula of docs/planner.md, one shard shape at a time."""
+
+    def estimate(
+        self, table: TableSpec, candidate: Candidate, topology: Topology
+    ) -> tuple[ShardEstimate, ...]:
+        known: dict[tuple[int, int], ShardEstimate] = {}
+        out = []
+        for shard in candidate.shards:
+            key = (shard.rows, shard.cols)
+            if key not in known:
+                known[key] = estimate_shard(
+                    table, candidate.sharding_type, candidate.compute_kernel, shard.rows, shard.cols, topology
+                )
+            out.append(known[key])
+        return tuple(out)
+
+
+def state_bytes_per_row(optimizer: OptimizerType, cols: int) -> int:
+    """Optimizer state of one row of `cols` columns."""
+    per_element = {"sgd": 0, "rowwise_adagrad": 0, "adagrad": 1, "adam": 2}[optimizer]
+    per_row = 1 if optimizer == "rowwise_adagrad" else 0
+    return (per_element * cols + per_row) * WEIGHT_BYTES
+
+
+def shard_traffic(
+    table: TableSpec, sharding_type: ShardingType, rows: int, topology: Topology
+) -> tuple[float, float]:
+    """(ids looked up, pooled vectors written) by one shard per step.
+
+    data_parallel serves the rank's own batch; every other type serves the
+    global batch. Row splits see the share of ids that falls in their rows
+    (ids are assumed uniform over rows) but write partial sums for every sample.
+    """
+    samples = topology.batch_size_per_rank
+    if sharding_type != "data_parallel":
+        samples *= topology.world_size
+    ids = float(samples * table.ids_per_sample)
+    if sharding_type in ("row_wise", "table_row_wise"):
+        ids *= rows / table.rows if table.rows else 0.0
+    return ids, float(samples * table.pooled_per_sample)
+
+
+def estimate_shard(
+    table: TableSpec,
+    sharding_type: ShardingType,
+    kernel: ComputeKernel,
+    rows: int,
+    cols: int,
+    topology: Topology,
+) -> ShardEstimate:
+    """Storage and time of one shard of `rows` x `cols` of `table`."""
+    ids, pooled = shard_traffic(table, sharding_type, rows, topology)
+    id_bytes = ID_BYTES + (ID_WEIGHT_BYTES if table.weighted else 0)
+    row_bytes = cols * WEIGHT_BYTES
+    state_row = state_bytes_per_row(table.optimizer, cols)
+    out_bytes = pooled * row_bytes
+    return ShardEstimate(
+        storage_bytes=estimate_storage(sharding_type, kernel, rows, row_bytes, state_row, ids * id_bytes, out_bytes),
+        lookup_ms=_lookup_ms(sharding_type, kernel, rows, row_bytes, state_row, ids, id_bytes, out_bytes, topology),
+        input_dist_ms=0.0 if sharding_type == "data_parallel" else _ms(ids * id_bytes, topology.comm_bandwidth),
+        output_dist_ms=_output_dist_ms(sharding_type, out_bytes, topology),
+        allreduce_ms=_allreduce_ms(sharding_type, rows * row_bytes, topology),
+    )
+
+
+def estimate_storage(
+    sharding_type: ShardingType,
+    kernel: ComputeKernel,
+    rows: int,
+    row_bytes: int,
+    state_row: int,
+    input_bytes: float,
+    out_bytes: float,
+) -> int:
+    """Device bytes: weights + optimizer state (a cached share of them for UVM)
+    + a full gradient (data_parallel, dense kernel) + ids in + pooled out and its gradient."""
+    table_bytes = rows * (row_bytes + state_row)
+    if kernel == "fused_uvm_caching":
+        table_bytes = int(table_bytes * UVM_CACHE_FRACTION + 0.5)
+    gradient = rows * row_bytes if sharding_type == "data_parallel" or kernel == "dense" else 0
+    return int(table_bytes + gradient + input_bytes + 2 * out_bytes)
+
+
+def kernel_bandwidth(kernel: ComputeKernel, topology: Topology) -> float:
+    """Bytes/s a lookup kernel streams: fused at the memory bandwidth, dense at half,
+    UVM caching mixing device memory (cached share) and host memory (the rest)."""
+    if kernel == "dense":
+        return topology.memory_bandwidth / DENSE_KERNEL_SLOWDOWN
+    if kernel == "fused_uvm_caching":
+        cached = UVM_CACHE_FRACTION
+        return cached * topology.memory_bandwidth + (1 - cached) * topology.uvm_bandwidth
+    return topology.memory_bandwidth
+
+
+def _lookup_ms(
+    sharding_type: ShardingType,
+    kernel: ComputeKernel,
+    rows: int,
+    row_bytes: int,
+    state_row: int,
+    ids: float,
+    id_bytes: int,
+    out_bytes: float,
+    topology: Topology,
+) -> float:
+    # Forward reads the ids and their rows and writes the pooled vectors.
+    forward = ids * (id_bytes + row_bytes) + out_bytes
+    if sharding_type == "data_parallel":
+        # Backward scatters into a dense gradient; the optimizer then sweeps the
+        # whole table: read weights and gradient, write weights, read+write state.
+        backward = out_bytes + ids * row_bytes + rows * (3 * row_bytes + 2 * state_row)
+    else:
+        # Fused backward: read the output gradient, read+write each touched row
+        # and its optimizer state.
+        backward = out_bytes + ids * 2 * (row_bytes + state_row)
+    return _ms(forward + backward, kernel_bandwidth(kernel, topology))
+
+
+def _output_dist_ms(sharding_type: ShardingType, out_bytes: float, topology: Topology) -> float:
+    """Forward and backward (the same bytes back), so twice one direction."""
+    if sharding_type == "data_parallel":
+        return 0.0
+    if sharding_type == "row_wise":
+        world = topology.world_size
+        one_way = _ms(out_bytes * (world - 1) / world, topology.comm_bandwidth)
+    elif sharding_type == "table_row_wise":
+        # Reduce-scatter partial sums inside the host, then send the host's
+        # reduced slice to the ranks that own the samples.
+        local = topology.ranks_per_host
+        one_way = _ms(out_bytes * (local - 1) / local, topology.intra_host_bandwidth) + _ms(
+            out_bytes / local, topology.comm_bandwidth
+        )
+    else:
+        one_way = _ms(out_bytes, topology.comm_bandwidth)
+    return 2 * one_way
+
+
+def _allreduce_ms(sharding_type: ShardingType, table_bytes: int, topology: Topology) -> float:
+    """Ring all-reduce of a data_parallel table's gradient: 2 (W-1)/W of its bytes."""
+    if sharding_type != "data_parallel":
+        return 0.0
+    world = topology.world_size
+    return _ms(2 * table_bytes * (world - 1) / world, topology.comm_bandwidth)
+
+
+def _ms(num_bytes: float, bandwidth: float) -> float:
+    return num_bytes / bandwidth * MS_PER_S
