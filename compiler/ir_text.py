@@ -1,0 +1,125 @@
+"""The deterministic text form of a `ModelIR`: the fully resolved spec, defaults included.
+
+Printed by `reccompile show` and compared in golden tests. It reads like the
+spec it came from (YAML: it parses back as YAML), but every default is
+filled in, `count:` is expanded, `sparse.*` is spelled out, every input
+carries its width and every block its output width. Spec positions follow
+each entry as `# line:col` comments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+from compiler.ir import Block, Data, Head, Location, ModelIR, Sharding, Training
+
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./*-]*")
+_YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"}
+
+
+def format_ir(ir: ModelIR) -> str:
+    """The IR as readable, stable YAML text (one trailing newline)."""
+    lines = [
+        f"# {ir.name}: the resolved spec, defaults included",
+        f"version: {ir.version}",
+        f"name: {_scalar(ir.name)}",
+        f"source: {_scalar(ir.source)}",
+        f"source_sha256: {ir.source_sha256}",
+        "features:",
+        "  dense:" + ("" if ir.dense else " []"),
+        *(_entry(4, feature, feature.loc) for feature in ir.dense),
+        "  sparse:" + ("" if ir.sparse else " []"),
+        *(_entry(4, feature, feature.loc) for feature in ir.sparse),
+        "tables:" + ("" if ir.tables else " []"),
+        *(_entry(2, table, table.loc) for table in ir.tables),
+        "model:",
+        *(line for block in ir.blocks for line in _block(block)),
+        "heads:",
+        *(line for head in ir.heads for line in _head(head)),
+        *_training(ir.training),
+        *_sharding(ir.sharding),
+        *_data(ir.data),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _block(block: Block) -> list[str]:
+    fields = _fields(block.op)
+    lines = [f"  {block.name}:{_comment(block.loc)}", f"    type: {block.type}"]
+    lines.append("    input:")
+    lines += [f"      {ref.ref()}: {ref.width}" for ref in block.inputs]
+    lines += [f"    {key}: {_flow(value)}" for key, value in fields.items()]
+    lines.append(f"    width: {block.width}")
+    return lines
+
+
+def _head(head: Head) -> list[str]:
+    lines = [f"  - name: {_scalar(head.name)}{_comment(head.loc)}"]
+    lines.append(f"    input: {{{head.input.ref()}: {head.input.width}}}")
+    lines += [f"    {key}: {_flow(value)}" for key, value in _fields(head, skip=("name", "input")).items()]
+    return lines
+
+
+def _training(training: Training) -> list[str]:
+    return ["training:" + _comment(training.loc)] + _body(training)
+
+
+def _sharding(sharding: Sharding) -> list[str]:
+    lines = ["sharding:" + _comment(sharding.loc)] + _body(sharding, skip=("constraints",))
+    lines.append("  constraints:" + ("" if sharding.constraints else " []"))
+    lines += [_entry(4, constraint, constraint.loc) for constraint in sharding.constraints]
+    return lines
+
+
+def _data(data: Data | None) -> list[str]:
+    if data is None:
+        return ["data: null"]
+    lines = ["data:" + _comment(data.loc)] + _body(data, skip=("columns",))
+    lines.append("  columns: {" + ", ".join(f"{_scalar(k)}: {_scalar(v)}" for k, v in data.columns) + "}")
+    return lines
+
+
+def _body(value: Any, skip: tuple[str, ...] = ()) -> list[str]:
+    return [f"  {key}: {_flow(item)}" for key, item in _fields(value, skip).items()]
+
+
+def _entry(indent: int, value: Any, loc: Location) -> str:
+    return " " * indent + "- " + _flow(value) + _comment(loc)
+
+
+def _comment(loc: Location) -> str:
+    return f"  # {loc.line}:{loc.col}"
+
+
+def _fields(value: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A dataclass's fields in declaration order, without locations."""
+    return {
+        field.name: getattr(value, field.name)
+        for field in dataclasses.fields(value)
+        if field.name != "loc" and field.name not in skip
+    }
+
+
+def _flow(value: Any) -> str:
+    """One value in YAML flow style."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return "{" + ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(value).items()) + "}"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_flow(item) for item in value) + "]"
+    return _scalar(value)
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in _YAML_WORDS:
+        return text
+    return json.dumps(text)

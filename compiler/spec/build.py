@@ -1,0 +1,520 @@
+"""Build the `ModelIR` from a schema-checked spec: the model DAG, the heads, and the assembly.
+
+Called by `compiler.spec.validate` after the schema pass, with the paths of
+the nodes the schema rejected (they are skipped, not re-reported). Resolves
+features, tables and settings through `compiler.spec.semantic`, then the
+blocks: references (with "did you mean"), cycles (named), a topological
+order, output widths and the width rules of each block type, the heads and
+their losses, and blocks or moe tasks that no head uses. Returns the IR only
+when nothing at all was wrong.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.diagnostics import Diagnostic
+from compiler.ir import (
+    BlockOp,
+    Block,
+    Concat,
+    CrossNet,
+    Dot,
+    DotProduct,
+    Fm,
+    Head,
+    Input,
+    Mlp,
+    ModelIR,
+    Moe,
+    Sum,
+)
+from compiler.spec.load import Document, Node, Path
+from compiler.spec.semantic import (
+    FLOAT_BYTES,
+    INT64_MAX,
+    INVALID,
+    Checker,
+    Features,
+    known,
+    resolve_data,
+    resolve_features,
+    resolve_sharding,
+    resolve_training,
+    where,
+)
+
+METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
+_MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class _Ref:
+    """One input reference after `sparse.*` expansion."""
+
+    kind: str  # dense | sparse | block
+    name: str
+    port: str | None
+    node: Node
+
+    def text(self) -> str:
+        if self.kind == "block":
+            return self.name if self.port is None else f"{self.name}.{self.port}"
+        return f"{self.kind}.{self.name}"
+
+
+@dataclass(slots=True)
+class _Block:
+    name: str
+    node: Node
+    kind: Any  # the block type, None if missing, INVALID if rejected
+    refs: list[_Ref]  # the inputs that resolved
+    complete: bool = False  # every input resolved
+    width: int | None = None
+    op: BlockOp | None = None
+
+
+@dataclass(slots=True)
+class _Head:
+    name: str
+    node: Node
+    ref: _Ref | None
+    loss: Any
+    label: Any
+
+
+def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, list[Diagnostic]]:
+    """Run the semantic checks on `doc`; return its IR (None on any error) and the diagnostics."""
+    checker = Checker(tainted)
+    root = doc.root
+    assert root is not None
+    features = resolve_features(checker, root)
+    blocks = _parse_blocks(checker, root, features)
+    heads = _parse_heads(checker, root, blocks, features)
+    order = _order(checker, blocks)
+    head_fed = {head.ref.name for head in heads if head.ref is not None}
+    for name in order:
+        _infer(checker, blocks[name], blocks, features, name in head_fed)
+    heads_ir = [_head_ir(checker, head, blocks) for head in heads]
+    _check_unused(checker, blocks, heads)
+    sharding = resolve_sharding(checker, root, features.table_names)
+    world_size = checker.value(checker.child(root, "sharding"), "world_size", 1)
+    training = resolve_training(checker, root, world_size)
+    labels = {head.label for head in heads if isinstance(head.label, str)}
+    data = resolve_data(checker, root, set(features.dense_sizes) | set(features.sparse_dims) | labels)
+    name, version = checker.value(root, "name"), checker.value(root, "version")
+    complete = known(sharding, training, data, name, version) and None not in heads_ir
+    if tainted or checker.diagnostics or not complete:
+        return None, checker.diagnostics
+    ir_blocks = tuple(_block_ir(blocks[name], blocks, features) for name in order)
+    return (
+        ModelIR(
+            version=version,
+            name=name,
+            source=doc.path,
+            source_sha256=doc.sha256,
+            dense=tuple(features.dense),
+            sparse=tuple(features.sparse),
+            tables=tuple(features.tables),
+            blocks=ir_blocks,
+            heads=tuple(h for h in heads_ir if h is not None),
+            training=training,
+            sharding=sharding,
+            data=data,
+            loc=root.loc,
+        ),
+        [],
+    )
+
+
+def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str, _Block]:
+    blocks = {
+        name: _Block(name, node, checker.value(node, "type"), []) for name, node in checker.pairs(root, "model")
+    }
+    for block in blocks.values():
+        field = checker.child(block.node, "input")
+        if field is None or field.path in checker.tainted:
+            continue
+        items = field.value if field.is_sequence else [field]
+        refs = [ref for item in items for ref in _resolve(checker, item, features, blocks)]
+        block.refs = _dedupe(checker, [ref for ref in refs if ref.kind])
+        block.complete = all(ref.kind for ref in refs)
+    return blocks
+
+
+def _dedupe(checker: Checker, refs: list[_Ref]) -> list[_Ref]:
+    seen: dict[tuple[str, str, str | None], _Ref] = {}
+    for ref in refs:
+        key = (ref.kind, ref.name, ref.port)
+        if key in seen:
+            via = " (sparse.* includes it)" if "sparse.*" in (seen[key].node.value, ref.node.value) else ""
+            checker.error(ref.node, f"'{ref.text()}' is already an input of this block{via}")
+        else:
+            seen[key] = ref
+    return list(seen.values())
+
+
+def _resolve(checker: Checker, item: Node, features: Features, blocks: dict[str, _Block]) -> list[_Ref]:
+    """The references one input string stands for; a bad one is reported and gives `kind=''`."""
+    text: str = item.value
+    parts = text.split(".")
+    bad = [_Ref("", text, None, item)]
+    if parts[0] in ("dense", "sparse") and len(parts) == 2 and parts[1]:
+        return _resolve_feature(checker, item, parts[0], parts[1], features) or bad
+    if parts[0] not in ("dense", "sparse") and len(parts) <= 2 and all(parts):
+        return _resolve_block(checker, item, blocks, features) or bad
+    expected = "dense.<feature>, sparse.<feature>, sparse.*, <block> or <block>.<task>"
+    checker.error(item, f"'{text}' is not a reference: expected {expected}")
+    return bad
+
+
+def _resolve_feature(checker: Checker, item: Node, kind: str, name: str, features: Features) -> list[_Ref]:
+    if kind == "sparse" and name == "*":
+        if not features.sparse_dims:
+            checker.error(item, "sparse.* names no features: the spec has no sparse features")
+        return [_Ref("sparse", feature, None, item) for feature in features.sparse_dims]
+    names = features.dense_sizes if kind == "dense" else features.sparse_dims
+    if name in names:
+        return [_Ref(kind, name, None, item)]
+    other = "sparse" if kind == "dense" else "dense"
+    others = features.sparse_dims if kind == "dense" else features.dense_sizes
+    if name in others:
+        hint = f" ('{name}' is a {other} feature: {other}.{name})"
+    elif "*" in name:
+        hint = " (the only wildcard is sparse.*, every sparse feature)"
+    elif name in features.counted and kind == "sparse":
+        hint = f" ('{name}' has a count: use {kind}.{name}_0, {kind}.{name}_1, ... or sparse.*)"
+    else:
+        hint = checker.suggest(name, names)
+    checker.error(item, f"unknown {kind} feature '{name}'{hint}")
+    return []
+
+
+def _resolve_block(checker: Checker, item: Node, blocks: dict[str, _Block], features: Features) -> list[_Ref]:
+    """`<block>` or `<block>.<task>` (the text of `item`), checked against the block's outputs."""
+    name, _, task = item.value.partition(".")
+    port = task or None
+    block = blocks.get(name)
+    if block is None:
+        if name in features.dense_sizes or name in features.sparse_dims:
+            kind = "dense" if name in features.dense_sizes else "sparse"
+            hint = f" ('{name}' is a feature: {kind}.{name})"
+        else:
+            hint = checker.suggest(name, blocks)
+        checker.error(item, f"unknown block '{name}'{hint}")
+        return []
+    tasks = _tasks(checker, block)
+    if block.kind == "moe" and port is None:
+        choices = _either([f"{name}.{task}" for task in tasks]) if tasks else f"{name}.<task>"
+        checker.error(item, f"block '{name}' is a moe block with one output per task: use {choices}")
+        return []
+    if port is not None and isinstance(block.kind, str) and block.kind != "moe":
+        message = f"block '{name}' is {_a(block.kind)} block with a single output; '{item.value}' names no task"
+        checker.error(item, message)
+        return []
+    if port is not None and tasks and port not in tasks:
+        hint = checker.suggest(port, tasks)
+        message = f"moe block '{name}' has no task '{port}'{hint}; its tasks: {', '.join(tasks)}"
+        checker.error(item, message)
+        return []
+    return [_Ref("block", name, port, item)]
+
+
+def _either(choices: list[str]) -> str:
+    return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
+
+
+def _a(word: str) -> str:
+    """`word` with its indefinite article, as the word is spoken (`an mlp`, `a moe`)."""
+    spoken_vowel = word[0] in "aeio" or word in ("mlp", "mse", "fm")
+    return ("an " if spoken_vowel else "a ") + word
+
+
+def _tasks(checker: Checker, block: _Block) -> list[str]:
+    tasks = checker.value(block.node, "tasks") if block.kind == "moe" else None
+    return tasks if isinstance(tasks, list) else []
+
+
+def _parse_heads(checker: Checker, root: Node, blocks: dict[str, _Block], features: Features) -> list[_Head]:
+    heads: list[_Head] = []
+    names: dict[str, Node] = {}
+    for entry in checker.entries(root, "heads"):
+        name = checker.name(entry)
+        name_node = checker.child(entry, "name") or entry
+        if name is None:
+            continue
+        if name in names:
+            checker.error(name_node, f"duplicate head name '{name}' (also at {where(names[name])})")
+            continue
+        names[name] = name_node
+        if name in blocks:
+            checker.error(name_node, f"head '{name}' has the name of a block; blocks and heads need distinct names")
+        ref = _head_ref(checker, entry, blocks, features)
+        heads.append(_Head(name, entry, ref, checker.value(entry, "loss"), checker.value(entry, "label", name)))
+    return heads
+
+
+def _head_ref(checker: Checker, entry: Node, blocks: dict[str, _Block], features: Features) -> _Ref | None:
+    item = checker.child(entry, "input")
+    if item is None or item.path in checker.tainted:
+        return None
+    text: str = item.value
+    parts = text.split(".")
+    if parts[0] in ("dense", "sparse"):
+        checker.error(item, f"a head reads a block's output, not a feature; add a block that reads '{text}'")
+        return None
+    if len(parts) > 2 or not all(parts):
+        checker.error(item, f"'{text}' is not a block reference: expected <block> or <block>.<task>")
+        return None
+    refs = _resolve_block(checker, item, blocks, features)
+    return refs[0] if refs else None
+
+
+def _order(checker: Checker, blocks: dict[str, _Block]) -> list[str]:
+    """Report every cycle; return the acyclic blocks in a topological order (ties: declaration order)."""
+    deps = {name: _block_deps(block, blocks) for name, block in blocks.items()}
+    index = {name: i for i, name in enumerate(blocks)}
+    for cycle in _cycles(deps):
+        _report_cycle(checker, cycle, blocks, index)
+    waiting = {name: len(set(d)) for name, d in deps.items()}
+    readers: dict[str, list[str]] = {name: [] for name in blocks}
+    for name, d in deps.items():
+        for dep in set(d):
+            readers[dep].append(name)
+    ready = [(index[name], name) for name, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(name)
+        for reader in readers[name]:
+            waiting[reader] -= 1
+            if waiting[reader] == 0:
+                heapq.heappush(ready, (index[reader], reader))
+    return order
+
+
+def _block_deps(block: _Block, blocks: dict[str, _Block]) -> list[str]:
+    names = [ref.name for ref in block.refs if ref.kind == "block" and ref.name in blocks]
+    return list(dict.fromkeys(names))
+
+
+def _cycles(deps: dict[str, list[str]]) -> list[list[str]]:
+    """Cycles found by an iterative depth-first search, each as [a, b, ..., a] where a reads b.
+
+    One cycle per back edge, and none through a block already in a reported
+    cycle: every cycle is named, without one diagnostic per path through it.
+    """
+    depth: dict[str, int] = {}  # position on the current path; -1 once finished
+    in_cycle: set[str] = set()
+    cycles: list[list[str]] = []
+    for start in deps:
+        if start in depth:
+            continue
+        depth[start] = 0
+        path, stack = [start], [iter(deps[start])]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                depth[path.pop()] = -1
+                stack.pop()
+            elif nxt not in depth:
+                depth[nxt] = len(path)
+                path.append(nxt)
+                stack.append(iter(deps[nxt]))
+            elif depth[nxt] >= 0 and nxt not in in_cycle:
+                cycle = path[depth[nxt] :]
+                in_cycle.update(cycle)
+                cycles.append(cycle + [nxt])
+    return cycles
+
+
+def _report_cycle(checker: Checker, cycle: list[str], blocks: dict[str, _Block], index: dict[str, int]) -> None:
+    """Name the cycle in data-flow order, from (and at) its first declared block."""
+    flow = list(reversed(cycle[:-1]))  # data flows from an input to its reader
+    first = min(range(len(flow)), key=lambda i: index[flow[i]])
+    flow = flow[first:] + flow[:first]
+    block = blocks[flow[0]]
+    at = checker.child(block.node, "input") or block.node
+    if len(flow) == 1:
+        checker.error(at, f"block '{block.name}' reads its own output")
+    else:
+        checker.error(at, "cycle in the model: " + " -> ".join(flow + [flow[0]]))
+
+
+def _width(ref: _Ref, blocks: dict[str, _Block], features: Features) -> int | None:
+    if ref.kind == "dense":
+        return features.dense_sizes.get(ref.name)
+    if ref.kind == "sparse":
+        return features.sparse_dims.get(ref.name)
+    return blocks[ref.name].width
+
+
+def _infer(
+    checker: Checker, block: _Block, blocks: dict[str, _Block], features: Features, head_fed: bool
+) -> None:
+    """Set the block's op and output width, checking its type's input rules."""
+    widths = [_width(ref, blocks, features) for ref in block.refs]
+    total = sum(w for w in widths if w is not None) if block.complete and None not in widths else None
+    kind = block.kind
+    if kind == "mlp":
+        block.op, block.width = _mlp(checker, block, total, head_fed)
+    elif kind == "moe":
+        block.op, block.width = _moe(checker, block, total)
+    elif kind == "crossnet":
+        num_layers, low_rank = checker.value(block.node, "num_layers"), checker.value(block.node, "low_rank")
+        block.width = total
+        block.op = CrossNet(num_layers, low_rank) if known(num_layers, low_rank) and num_layers else None
+    elif kind == "concat":
+        block.op, block.width = Concat(), total
+    elif kind in ("fm", "dot_product"):
+        # a scalar per sample, whatever the inputs: known even when they are broken
+        block.width = 1
+        if _vector_width(checker, block, widths) is not None:
+            block.op = Fm() if kind == "fm" else DotProduct()
+    elif kind in ("dot", "sum"):
+        width = _vector_width(checker, block, widths)
+        if width is not None:
+            count = len(widths)
+            pairs = count * (count - 1) // 2
+            block.op, block.width = (Dot(), width + pairs) if kind == "dot" else (Sum(), width)
+
+
+def _layers(checker: Checker, block: _Block, key: str, total: int | None) -> list[int] | None:
+    """A list of layer widths, checking that each weight matrix's byte size fits in int64."""
+    layers = checker.value(block.node, key)
+    if not isinstance(layers, list):
+        return None
+    sizes = ([total] if total is not None else []) + layers
+    offset = 0 if total is not None else 1
+    for i in range(1, len(sizes)):
+        if sizes[i - 1] * sizes[i] * FLOAT_BYTES > INT64_MAX:
+            layer = checker.entries(block.node, key)[i - 1 + offset]
+            checker.error(layer, f"a {sizes[i - 1]} x {sizes[i]} weight matrix needs more than 2**63 bytes")
+            return None
+    return layers
+
+
+def _mlp(
+    checker: Checker, block: _Block, total: int | None, head_fed: bool
+) -> tuple[BlockOp | None, int | None]:
+    layers = _layers(checker, block, "layers", total)
+    activation = checker.value(block.node, "activation", "relu")
+    final = checker.value(block.node, "final_activation", "none" if head_fed else activation)
+    if layers is None:
+        return None, None
+    op = Mlp(tuple(layers), activation, final) if known(activation, final) else None
+    return op, layers[-1]
+
+
+def _moe(checker: Checker, block: _Block, total: int | None) -> tuple[BlockOp | None, int | None]:
+    layers = _layers(checker, block, "expert_layers", total)
+    experts, tasks = checker.value(block.node, "num_experts"), checker.value(block.node, "tasks")
+    activation = checker.value(block.node, "activation", "relu")
+    if layers is None:
+        return None, None
+    if not (known(experts, tasks, activation) and experts and tasks):
+        return None, layers[-1]
+    return Moe(experts, tuple(layers), tuple(tasks), activation), layers[-1]
+
+
+def _vector_width(checker: Checker, block: _Block, widths: list[int | None]) -> int | None:
+    """The common width of the input vectors of dot / fm / dot_product / sum, or None.
+
+    Unequal widths among the inputs that resolved are reported even when others
+    did not; the count of vectors only when all of them resolved.
+    """
+    at = checker.child(block.node, "input") or block.node
+    count, kind = len(widths), block.kind
+    groups: dict[int, list[str]] = {}
+    for ref, width in zip(block.refs, widths):
+        if width is not None:
+            groups.setdefault(width, []).append(ref.text())
+    if len(groups) > 1:
+        listed = ", ".join(f"{width} ({_summary(refs)})" for width, refs in groups.items())
+        checker.error(at, f"{kind} needs inputs of equal width, got {listed}")
+        return None
+    if not block.complete:
+        return None
+    if kind == "dot_product" and count != 2:
+        checker.error(at, f"dot_product needs exactly two inputs (got {count})")
+        return None
+    if count < _MIN_VECTORS.get(kind, 0):
+        checker.error(at, f"{kind} needs at least two input vectors (got {count})")
+        return None
+    return next(iter(groups)) if len(groups) == 1 and None not in widths else None
+
+
+def _summary(refs: list[str]) -> str:
+    return refs[0] if len(refs) == 1 else f"{refs[0]} and {len(refs) - 1} more"
+
+
+def _head_ir(checker: Checker, head: _Head, blocks: dict[str, _Block]) -> Head | None:
+    label = checker.value(head.node, "label", head.name)
+    weight = checker.value(head.node, "weight", 1.0)
+    metrics = _metrics(checker, head)
+    width = blocks[head.ref.name].width if head.ref is not None else None
+    if head.ref is None or width is None or not known(head.loss, label, weight, metrics):
+        return None
+    source = f"'{head.ref.text()}' is {width} wide"
+    if head.loss in ("bce", "mse") and width != 1:
+        checker.error(head.ref.node, f"{_a(head.loss)} head needs a 1-wide input, but {source}")
+        return None
+    if head.loss == "softmax" and width < 2:
+        checker.error(head.ref.node, f"a softmax head needs one logit per class (at least 2), but {source}")
+        return None
+    num_classes = width if head.loss == "softmax" else 1
+    ref = Input("block", head.ref.name, width, head.ref.port)
+    return Head(head.name, ref, head.loss, label, float(weight), num_classes, tuple(metrics), head.node.loc)
+
+
+def _metrics(checker: Checker, head: _Head) -> Any:
+    """The head's metrics (defaults by loss), INVALID if one does not fit the loss."""
+    metrics = checker.value(head.node, "metrics")
+    if head.loss not in METRICS or not known(metrics):
+        return INVALID
+    allowed = METRICS[head.loss]
+    if metrics is None:
+        return list(allowed)
+    misfits = [item for item in checker.entries(head.node, "metrics") if item.value not in allowed]
+    for item in misfits:
+        message = f"metric '{item.value}' does not apply to {_a(head.loss)} head (allowed: {', '.join(allowed)})"
+        checker.error(item, message)
+    return INVALID if misfits else metrics
+
+
+def _check_unused(checker: Checker, blocks: dict[str, _Block], heads: list[_Head]) -> None:
+    """Every block must lead to a head, and every task of a used moe block must be read."""
+    used: set[str] = set()
+    ports: set[tuple[str, str | None]] = set()
+    stack = [head.ref for head in heads if head.ref is not None]
+    while stack:
+        ref = stack.pop()
+        ports.add((ref.name, ref.port))
+        if ref.name not in used:
+            used.add(ref.name)
+            stack.extend(r for r in blocks[ref.name].refs if r.kind == "block")
+    broken = any(head.ref is None for head in heads) or any(not blocks[name].complete for name in used)
+    if broken or not heads:
+        return  # a broken reference may be the missing reader
+    for block in blocks.values():
+        if block.name not in used and isinstance(block.kind, str):
+            message = f"block '{block.name}' does not lead to any head; it would be silently dead"
+            checker.error(block.node, message, at_key=True)
+        elif block.kind == "moe":
+            for item in checker.entries(block.node, "tasks"):
+                if item.path not in checker.tainted and (block.name, item.value) not in ports:
+                    message = f"task '{item.value}' of moe block '{block.name}' is not read by any block or head"
+                    checker.error(item, message)
+
+
+def _block_ir(block: _Block, blocks: dict[str, _Block], features: Features) -> Block:
+    assert block.op is not None and block.width is not None
+    inputs = []
+    for ref in block.refs:
+        width = _width(ref, blocks, features)
+        assert width is not None
+        inputs.append(Input(ref.kind, ref.name, width, ref.port))  # type: ignore[arg-type]
+    return Block(block.name, block.op, tuple(inputs), block.width, block.node.key_loc or block.node.loc)

@@ -1,0 +1,66 @@
+"""Tests of `reccompile check`, `reccompile show` and `reccompile schema` (in-process)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compiler.cli import main
+from compiler.spec.validate import load_schema
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def at_repo_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def test_check_prints_ok_per_good_spec(capsys) -> None:
+    status = main(["check", "specs/dlrm_criteo.yaml", "specs/dcn_criteo.yaml"])
+    out, err = capsys.readouterr()
+    assert (status, out, err) == (0, "specs/dlrm_criteo.yaml: ok\nspecs/dcn_criteo.yaml: ok\n", "")
+
+
+def test_check_reports_each_bad_spec_and_still_checks_the_rest(capsys) -> None:
+    status = main(["check", "tests/specs/invalid/cycles.yaml", "specs/dlrm_criteo.yaml"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    assert out == "specs/dlrm_criteo.yaml: ok\n"
+    assert err.splitlines()[0].startswith("tests/specs/invalid/cycles.yaml:7:25: error: model.a.input: cycle")
+    assert err.endswith("2 errors\n")
+
+
+def test_check_without_a_spec_is_a_usage_error(capsys) -> None:
+    assert main(["check"]) == 2
+    assert "SPEC" in capsys.readouterr().err
+
+
+def test_check_of_a_missing_file_is_an_error(capsys) -> None:
+    assert main(["check", "no/such.yaml"]) == 1
+    expected = "no/such.yaml:1:1: error: cannot read the spec: No such file or directory\n1 error\n"
+    assert capsys.readouterr().err == expected
+
+
+def test_show_prints_the_resolved_spec(capsys) -> None:
+    assert main(["show", "specs/dlrm_criteo.yaml"]) == 0
+    out = capsys.readouterr().out
+    assert "final_activation: none" in out and "width: 415" in out
+
+
+def test_show_of_a_bad_spec_prints_diagnostics(capsys) -> None:
+    assert main(["show", "tests/specs/invalid/head_widths.yaml"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith("3 errors\n")
+
+
+def test_show_needs_exactly_one_spec(capsys) -> None:
+    assert main(["show", "specs/dlrm_criteo.yaml", "specs/dcn_criteo.yaml"]) == 2
+    capsys.readouterr()
+
+
+def test_schema_prints_the_json_schema(capsys) -> None:
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == load_schema()
