@@ -1,0 +1,1 @@
+"""Code generation: a lowered model -> the text of an importable Python module."""

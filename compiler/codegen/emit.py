@@ -1,0 +1,135 @@
+"""Emit: render a lowered model as a plain, importable Python module.
+
+Runs last in the pipeline. Deterministic: the same spec gives byte-identical
+output on every run and machine (literals are rendered with `repr`, dicts in
+insertion order, no timestamps, paths as given).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pprint
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from compiler import __version__
+from compiler.ir import ModelIR
+from compiler.lower import BuildArg, Call, LoweredModel
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("compiler.codegen", "templates"),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+)
+_ASSIGNED = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*) = ")
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedModule:
+    filename: str  # <name>.py
+    source: str
+    plan_filename: str  # <name>.plan.json
+    plan_json: str
+
+    def write(self, outdir: Path | str) -> list[Path]:
+        out = Path(outdir)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for name, text in ((self.filename, self.source), (self.plan_filename, self.plan_json)):
+            path = out / name
+            path.write_text(text)
+            written.append(path)
+        return written
+
+
+def emit(lowered: LoweredModel) -> GeneratedModule:
+    """Render the module text and the plan JSON of `lowered`."""
+    ir = lowered.ir
+    filename = f"{ir.name}.py"
+    source = _ENV.get_template("module.py.j2").render(
+        version=__version__,
+        source=ir.source,
+        sha256=ir.source_sha256,
+        name=ir.name,
+        filename=filename,
+        world_size=lowered.plan.world_size,
+        spec=_literal(spec_literal(ir), indent=0),
+        plan=_literal(lowered.plan.to_dict(), indent=0),
+        modules=[
+            {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
+            for d in lowered.modules
+        ],
+        forward=_forward_source(lowered),
+    )
+    return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
+
+
+def spec_literal(ir: ModelIR) -> dict[str, Any]:
+    """The resolved spec as plain data for the runtime: features, tables, heads, training."""
+
+    def plain(value: Any) -> Any:
+        if dataclasses.is_dataclass(value):
+            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "loc"}
+        if isinstance(value, (list, tuple)):
+            return [plain(item) for item in value]
+        return value
+
+    return {
+        "name": ir.name,
+        "dense": plain(ir.dense),
+        "sparse": plain(ir.sparse),
+        "tables": plain(ir.tables),
+        "heads": [{**plain(h), "input": h.input.ref()} for h in ir.heads],
+        "training": plain(ir.training),
+        "sharding": {"world_size": ir.sharding.world_size, "device": ir.sharding.device},
+    }
+
+
+def render_call(call: Call, indent: int) -> str:
+    """`factory(k=v, ...)` on one line when short, else one argument per line."""
+    args = [f"{key}={_value(value, indent + 4)}" for key, value in call.kwargs]
+    one_line = f"{call.factory}({', '.join(args)})"
+    if len(one_line) + indent <= 100 and "\n" not in one_line:
+        return one_line
+    pad = " " * (indent + 4)
+    return f"{call.factory}(\n" + "".join(f"{pad}{a},\n" for a in args) + " " * indent + ")"
+
+
+def _value(value: Any, indent: int) -> str:
+    if isinstance(value, Call):
+        return render_call(value, indent)
+    if isinstance(value, BuildArg):
+        return value.name
+    if isinstance(value, list) and any(isinstance(v, Call) for v in value):
+        pad = " " * (indent + 4)
+        items = "".join(f"{pad}{_value(v, indent + 4)},\n" for v in value)
+        return "[\n" + items + " " * indent + "]"
+    return repr(value)
+
+
+def _literal(value: Any, indent: int) -> str:
+    return pprint.pformat(value, indent=1, width=100, sort_dicts=False, compact=True)
+
+
+def _short_loc(loc: Any) -> str:
+    return f"{loc.file}:{loc.line}"
+
+
+def _forward_source(lowered: LoweredModel) -> str:
+    """fx's own code for the graph, indented as a method, each line tagged with its spec line."""
+    code = lowered.graph.python_code(root_module="self").src.strip()
+    locs = {node.name: node.meta.get("loc") for node in lowered.graph.nodes}
+    lines = []
+    for line in code.splitlines():
+        match = _ASSIGNED.match(line)
+        loc = locs.get(match.group(1)) if match else None
+        suffix = f"  # spec: {_short_loc(loc)}" if loc is not None else ""
+        lines.append(("    " + line + suffix).rstrip())
+    return "\n".join(lines) + "\n"

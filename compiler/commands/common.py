@@ -1,0 +1,60 @@
+"""What the compiling commands share: the spec and planning options, and error reporting."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from compiler.diagnostics import CompileError
+from compiler.pipeline import Options
+from compiler.planner.topology import parse_bytes
+
+
+def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", help="the model spec (YAML)")
+    parser.add_argument("--world-size", type=_positive, help="ranks to plan for (default: the spec's)")
+    parser.add_argument("--ranks-per-host", type=_positive, help="ranks on each host (default: all on one)")
+    parser.add_argument(
+        "--memory-per-rank", type=_bytes, help="memory of each rank, e.g. 16GiB (default: the device's)"
+    )
+    parser.add_argument("--plan", type=Path, dest="plan_file", help="use this plan.json instead of planning")
+
+
+def options_from_args(args: argparse.Namespace, **overrides: object) -> Options:
+    values = dict(
+        world_size=args.world_size,
+        ranks_per_host=args.ranks_per_host,
+        memory_per_rank=args.memory_per_rank,
+        plan_file=args.plan_file,
+        batch_size=getattr(args, "batch_size", None),
+    )
+    values.update(overrides)
+    return Options(**values)  # type: ignore[arg-type]
+
+
+def reporting_errors(action: Callable[[], int]) -> int:
+    """Run `action`; print a CompileError's diagnostics to stderr and return 1."""
+    try:
+        return action()
+    except CompileError as error:
+        print(str(error), file=sys.stderr)
+        return 1
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None

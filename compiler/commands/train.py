@@ -1,0 +1,82 @@
+"""`reccompile train SPEC`: compile, then train on this host's ranks.
+
+One rank trains in this process; several ranks are torchrun workers
+(`python -m runtime.worker`), gloo on CPU and NCCL on CUDA. torchrun's own
+multi-host options pass through, so many nodes run the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from compiler.codegen.emit import emit
+from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
+from compiler.pipeline import compile_spec
+from runtime import worker
+
+# torchrun options passed through unchanged (see `torchrun --help`).
+TORCHRUN_OPTIONS = (
+    "--nnodes",
+    "--node-rank",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--master-addr",
+    "--master-port",
+    "--max-restarts",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_spec_arguments(parser)
+    parser.add_argument("--nproc", type=int, default=1, help="ranks on this host (default 1)")
+    parser.add_argument("--steps", type=int, help="default: the spec's training.steps")
+    parser.add_argument("--batch-size", type=int, help="global batch size (default: the spec's)")
+    parser.add_argument("--seed", type=int, help="default: the spec's training.seed")
+    parser.add_argument("--data", choices=["synthetic"], default="synthetic", help="training data")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
+    parser.add_argument("-o", "--outdir", type=Path, default=Path("build"), help="default: build/")
+    torchrun = parser.add_argument_group("torchrun options (passed through)")
+    for option in TORCHRUN_OPTIONS:
+        torchrun.add_argument(option, dest=_dest(option))
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        print(f"error: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
+        return 2
+    try:
+        nnodes = int(args.torchrun_nnodes) if args.torchrun_nnodes is not None else 1
+    except ValueError:
+        print(f"error: --nnodes must be a fixed count, got {args.torchrun_nnodes!r}", file=sys.stderr)
+        return 2
+    world_size = args.nproc * nnodes
+
+    def action() -> int:
+        lowered = compile_spec(args.spec, options_from_args(args, world_size=world_size))
+        module_path = emit(lowered).write(args.outdir)[0]
+        worker_args = [str(module_path), "--log-every", str(args.log_every)]
+        for option in ("steps", "batch_size", "seed"):
+            if getattr(args, option) is not None:
+                worker_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+        if world_size == 1:
+            return worker.main(worker_args)
+        return subprocess.call(_torchrun_command(args, worker_args))
+
+    return reporting_errors(action)
+
+
+def _torchrun_command(args: argparse.Namespace, worker_args: list[str]) -> list[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}"]
+    passed = {o: getattr(args, _dest(o)) for o in TORCHRUN_OPTIONS if getattr(args, _dest(o)) is not None}
+    if not {"--nnodes", "--rdzv-endpoint", "--master-addr"} & passed.keys():
+        command.append("--standalone")  # one host: a free port, no rendezvous set-up
+    command += [f"{option}={value}" for option, value in passed.items()]
+    return command + ["-m", "runtime.worker", *worker_args]
+
+
+def _dest(option: str) -> str:
+    return "torchrun_" + option.lstrip("-").replace("-", "_")

@@ -1,0 +1,373 @@
+"""Lowering: ModelIR + ShardingPlan -> a torch.fx graph of the distributed program.
+
+Requires a validated IR (blocks in topological order) and a plan covering
+every table; runs after the planner and before code generation. The graph
+is built node by node from the IR, never traced, and shows every stage:
+
+    input_dist -> lookup -> output_dist   (one triple per sharding type in the plan)
+    -> wait -> dense blocks in DAG order -> heads
+
+Each node carries `meta["loc"]` (its spec location), `meta["stage"]` and
+`meta["pipeline_stage"]` (0: the input side the pipeline runs ahead, 1: the
+rest). Submodules are described by `ModuleDecl`s, plain data that the
+in-memory GraphModule (`instantiate`) and the generated module (codegen)
+both build from, so the two are the same program.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from compiler.ir import (
+    Block,
+    Concat,
+    CrossNet,
+    Dot,
+    DotProduct,
+    Fm,
+    Head,
+    Input,
+    Location,
+    Mlp,
+    ModelIR,
+    Moe,
+    Sum,
+)
+from compiler.planner.plan import ShardingPlan
+from runtime.sharding import SHARDING_TYPE_ORDER
+
+
+@dataclass(frozen=True, slots=True)
+class BuildArg:
+    """A value supplied when the model is built (`plan`, `process_group`, `device`)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A call of a runtime factory with literal (or `Call`/`BuildArg`) arguments."""
+
+    factory: str  # dotted path, e.g. "runtime.blocks.MLP"
+    kwargs: tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleDecl:
+    """A submodule of the model: `self.<target> = <call>`."""
+
+    target: str
+    call: Call
+    loc: Location
+
+
+@dataclass(frozen=True)
+class LoweredModel:
+    ir: ModelIR
+    plan: ShardingPlan
+    modules: tuple[ModuleDecl, ...]
+    graph: fx.Graph = field(compare=False)
+
+
+def lower(ir: ModelIR, plan: ShardingPlan) -> LoweredModel:
+    """Build the fx graph and the submodule declarations of `ir` under `plan`."""
+    builder = _GraphBuilder(ir, plan)
+    builder.build()
+    return LoweredModel(ir=ir, plan=plan, modules=tuple(builder.modules), graph=builder.graph)
+
+
+def sparse_groups(ir: ModelIR, plan: ShardingPlan) -> list[tuple[str, list[str]]]:
+    """(sharding type, output feature keys) per group, in the runtime's order.
+
+    The runtime's SparseArch groups tables by sharding type in
+    SHARDING_TYPE_ORDER; inside a group, keys follow table order, then each
+    table's feature order. The lowering must agree, so it asks the same rule.
+    """
+    groups: list[tuple[str, list[str]]] = []
+    for sharding_type in SHARDING_TYPE_ORDER:
+        keys = [
+            feature
+            for table in ir.tables
+            if plan.table(table.name).sharding_type == sharding_type
+            for feature in table.features
+        ]
+        if keys:
+            groups.append((sharding_type, keys))
+    return groups
+
+
+class _GraphBuilder:
+    def __init__(self, ir: ModelIR, plan: ShardingPlan) -> None:
+        self.ir = ir
+        self.plan = plan
+        self.graph = fx.Graph()
+        self.modules: list[ModuleDecl] = []
+        self.values: dict[str, fx.Node] = {}  # Input.ref() -> node
+        self.sparse_home: dict[str, tuple[str, int]] = {}  # feature -> (group, index in its keys)
+        self.group_keys: dict[str, list[str]] = {}
+        self.group_pending: dict[str, fx.Node] = {}  # group -> output_dist awaitable node
+        self.group_ready: dict[str, fx.Node] = {}  # group -> waited KeyedTensor node
+
+    # -- nodes -------------------------------------------------------------
+    def node(
+        self,
+        op: str,
+        target: Any,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        name: str,
+        loc: Location,
+        stage: str,
+        path: str = "",
+    ) -> fx.Node:
+        created = self.graph.create_node(op, target, args, kwargs or {}, name=name)
+        created.meta["loc"] = loc
+        created.meta["path"] = path
+        created.meta["stage"] = stage
+        created.meta["pipeline_stage"] = 0 if stage in ("input", "input_dist") else 1
+        return created
+
+    def build(self) -> None:
+        ir = self.ir
+        dense = self.node("placeholder", "dense", name="dense", loc=ir.loc, stage="input")
+        dense.type = dict[str, torch.Tensor]
+        sparse = self.node("placeholder", "sparse", name="sparse", loc=ir.loc, stage="input")
+        for feature in ir.dense:
+            self.values[f"dense.{feature.name}"] = self.node(
+                "call_function", operator.getitem, (dense, feature.name),
+                name=f"dense_{feature.name}", loc=feature.loc, stage="input",
+            )
+        self.build_sparse(sparse)
+        for block in ir.blocks:
+            self.build_block(block)
+        outputs = {head.name: self.build_head(index, head) for index, head in enumerate(ir.heads)}
+        self.graph.output(outputs)
+
+    # -- sparse stages -----------------------------------------------------
+    def build_sparse(self, sparse: fx.Node) -> None:
+        ir = self.ir
+        if not ir.tables:
+            return
+        self.modules.append(ModuleDecl("sparse_arch", _sparse_arch_call(ir), ir.tables[0].loc))
+        for group, keys in sparse_groups(ir, self.plan):
+            self.group_keys[group] = keys
+            for index, key in enumerate(keys):
+                self.sparse_home[key] = (group, index)
+            loc = ir.table(_table_of(ir, keys[0])).loc
+            ids = self.node(
+                "call_module", f"sparse_arch.{group}.input_dist", (sparse,),
+                name=f"{group}_ids", loc=loc, stage="input_dist",
+            )
+            pooled = self.node(
+                "call_module", f"sparse_arch.{group}.lookup", (ids,),
+                name=f"{group}_pooled", loc=loc, stage="lookup",
+            )
+            self.group_pending[group] = self.node(
+                "call_module", f"sparse_arch.{group}.output_dist", (pooled,),
+                name=f"{group}_embeddings_pending", loc=loc, stage="output_dist",
+            )
+
+    def embeddings(self, group: str, loc: Location) -> fx.Node:
+        """The group's KeyedTensor, waited for just before its first use.
+
+        Placing the wait late lets dense blocks that need no embeddings (the
+        bottom MLP) run while the output all-to-all is in flight.
+        """
+        if group not in self.group_ready:
+            self.group_ready[group] = self.node(
+                "call_method", "wait", (self.group_pending[group],),
+                name=f"{group}_embeddings", loc=loc, stage="output_dist",
+            )
+        return self.group_ready[group]
+
+    def sparse_run(self, features: list[str], loc: Location, name: str) -> fx.Node:
+        """One B x (k*dim) tensor for features contiguous in one group's output."""
+        group, first = self.sparse_home[features[0]]
+        embeddings = self.embeddings(group, loc)
+        keys = self.group_keys[group]
+        if len(features) == 1:
+            return self.node(
+                "call_function", operator.getitem, (embeddings, features[0]),
+                name=f"sparse_{features[0]}", loc=loc, stage="dense",
+            )
+        if len(features) == len(keys):
+            return self.node(
+                "call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense"
+            )
+        widths = [self.ir.table(_table_of(self.ir, key)).dim for key in keys]
+        start = sum(widths[:first])
+        stop = start + sum(widths[first : first + len(features)])
+        values = self.node(
+            "call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense"
+        )
+        return self.node(
+            "call_function", operator.getitem, (values, (slice(None), slice(start, stop))),
+            name=name, loc=loc, stage="dense",
+        )
+
+    # -- blocks ------------------------------------------------------------
+    def input_nodes(self, block_name: str, inputs: tuple[Input, ...], loc: Location) -> list[fx.Node]:
+        """Nodes for the inputs; runs of sparse features contiguous in one group become one node."""
+        nodes: list[fx.Node] = []
+        run: list[str] = []
+
+        def flush() -> None:
+            if run:
+                nodes.append(self.sparse_run(list(run), loc, f"{block_name}_sparse"))
+                run.clear()
+
+        for item in inputs:
+            if item.kind == "sparse":
+                if run:
+                    group, index = self.sparse_home[run[-1]]
+                    if self.sparse_home[item.name] != (group, index + 1):
+                        flush()
+                run.append(item.name)
+                continue
+            flush()
+            nodes.append(self.value(item, loc))
+        flush()
+        return nodes
+
+    def value(self, item: Input, loc: Location) -> fx.Node:
+        if item.kind == "sparse":
+            return self.sparse_run([item.name], loc, f"sparse_{item.name}")
+        return self.values[item.ref()]
+
+    def concat(self, name: str, nodes: list[fx.Node], loc: Location) -> fx.Node:
+        if len(nodes) == 1:
+            return nodes[0]
+        return self.node(
+            "call_function", torch.cat, (nodes,), {"dim": 1}, name=name, loc=loc, stage="dense"
+        )
+
+    def build_block(self, block: Block) -> None:
+        op, loc, name = block.op, block.loc, block.name
+        path = f"model.{name}"
+        nodes = self.input_nodes(name, block.inputs, loc)
+        in_width = sum(item.width for item in block.inputs)
+        if isinstance(op, Concat):
+            self.values[name] = self.node(
+                "call_function", torch.cat, (nodes,), {"dim": 1},
+                name=name, loc=loc, stage="dense", path=path,
+            )
+            return
+        if isinstance(op, (DotProduct, Sum)):
+            self.declare(block, _block_call(block, in_width))
+            self.values[name] = self.node(
+                "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path
+            )
+            return
+        x = self.concat(f"{name}_input", nodes, loc)
+        self.declare(block, _block_call(block, in_width))
+        result = self.node(
+            "call_module", name, (x,), name=name, loc=loc, stage="dense", path=path
+        )
+        if isinstance(op, Moe):
+            for index, task in enumerate(op.tasks):
+                self.values[f"{name}.{task}"] = self.node(
+                    "call_function", operator.getitem, (result, index),
+                    name=f"{name}_{task}", loc=loc, stage="dense",
+                )
+        else:
+            self.values[name] = result
+
+    def declare(self, block: Block, call: Call) -> None:
+        self.modules.append(ModuleDecl(block.name, call, block.loc))
+
+    def build_head(self, index: int, head: Head) -> fx.Node:
+        x = self.value(head.input, head.loc)
+        if head.loss == "softmax":
+            return x
+        return self.node(
+            "call_method", "squeeze", (x, -1),
+            name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
+        )
+
+
+def _table_of(ir: ModelIR, feature: str) -> str:
+    for item in ir.sparse:
+        if item.name == feature:
+            return item.table
+    raise KeyError(feature)
+
+
+def _vectors(block: Block) -> tuple[int, int]:
+    """(number of vectors, their width) for dot and fm: each input is one vector."""
+    return len(block.inputs), block.inputs[0].width
+
+
+def _block_call(block: Block, in_width: int) -> Call:
+    op = block.op
+    if isinstance(op, Mlp):
+        return Call("runtime.blocks.MLP", (
+            ("in_features", in_width),
+            ("layers", list(op.layers)),
+            ("activation", op.activation),
+            ("final_activation", op.final_activation),
+        ))
+    if isinstance(op, Dot):
+        num, dim = _vectors(block)
+        return Call("runtime.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
+    if isinstance(op, Fm):
+        num, dim = _vectors(block)
+        return Call("runtime.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
+    if isinstance(op, CrossNet):
+        return Call("runtime.blocks.CrossNet", (
+            ("in_features", in_width),
+            ("num_layers", op.num_layers),
+            ("low_rank", op.low_rank),
+        ))
+    if isinstance(op, DotProduct):
+        return Call("runtime.blocks.DotProduct", ())
+    if isinstance(op, Sum):
+        return Call("runtime.blocks.Sum", ())
+    if isinstance(op, Moe):
+        return Call("runtime.blocks.MixtureOfExperts", (
+            ("in_features", in_width),
+            ("num_experts", op.num_experts),
+            ("expert_layers", list(op.expert_layers)),
+            ("num_tasks", len(op.tasks)),
+            ("activation", op.activation),
+        ))
+    raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
+
+
+def _optimizer_call(optimizer: Any) -> Call:
+    return Call("runtime.embedding_optim.EmbeddingOptimizer", (
+        ("type", optimizer.type),
+        ("lr", optimizer.lr),
+        ("eps", optimizer.eps),
+        ("weight_decay", optimizer.weight_decay),
+        ("beta1", optimizer.beta1),
+        ("beta2", optimizer.beta2),
+    ))
+
+
+def _sparse_arch_call(ir: ModelIR) -> Call:
+    tables = [
+        Call("runtime.embedding.EmbeddingBagConfig", (
+            ("name", table.name),
+            ("num_embeddings", table.num_embeddings),
+            ("embedding_dim", table.dim),
+            ("feature_names", list(table.features)),
+            ("pooling", table.pooling),
+            ("weight_init_min", table.init_min),
+            ("weight_init_max", table.init_max),
+            ("optimizer", _optimizer_call(table.optimizer) if table.optimizer else None),
+        ))
+        for table in ir.tables
+    ]
+    return Call("runtime.sharding.SparseArch", (
+        ("tables", tables),
+        ("optimizer", _optimizer_call(ir.training.sparse_optimizer)),
+        ("plan", BuildArg("plan")),
+        ("process_group", BuildArg("process_group")),
+        ("device", BuildArg("device")),
+    ))

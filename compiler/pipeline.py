@@ -1,0 +1,63 @@
+"""The compiler from start to finish: read this file first.
+
+    spec.yaml -> load -> validate -> overrides -> plan -> lower -> check shapes -> emit
+
+Each step is one call of one module's entry function; each raises
+CompileError with every diagnostic it found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from compiler.codegen.emit import GeneratedModule, emit
+from compiler.ir import ModelIR
+from compiler.lower import LoweredModel, lower
+from compiler.planner.check import read_plan
+from compiler.planner.planner import plan, topology_from_ir
+from compiler.shapes import check_shapes
+from compiler.spec.load import load
+from compiler.spec.validate import validate
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Command-line values that win over the spec's own."""
+
+    world_size: int | None = None
+    ranks_per_host: int | None = None
+    memory_per_rank: int | None = None
+    batch_size: int | None = None
+    plan_file: Path | None = None
+
+
+def compile_spec(path: str, options: Options = Options()) -> LoweredModel:
+    """Spec file -> checked, lowered model (the fx graph and its submodules)."""
+    document = load(path)  # YAML -> a tree that keeps file:line:col for every node
+    ir = validate(document)  # JSON Schema + semantic checks -> frozen, resolved ModelIR
+    ir = apply_options(ir, options)  # the command line's world size and batch size win
+    topology = topology_from_ir(
+        ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank
+    )
+    if options.plan_file is not None:
+        sharding_plan = read_plan(options.plan_file, ir, topology)  # a given plan, checked
+    else:
+        sharding_plan = plan(ir, topology)  # cost model -> balanced, feasible ShardingPlan
+    lowered = lower(ir, sharding_plan)  # fx graph: input_dist, lookup, output_dist, blocks, heads
+    return check_shapes(lowered)  # meta tensors through the graph; widths checked
+
+
+def generate(path: str, options: Options = Options()) -> GeneratedModule:
+    """Spec file -> the text of the generated module and its plan."""
+    return emit(compile_spec(path, options))  # jinja2 -> <name>.py and <name>.plan.json
+
+
+def apply_options(ir: ModelIR, options: Options) -> ModelIR:
+    sharding, training = ir.sharding, ir.training
+    if options.world_size is not None:
+        sharding = dataclasses.replace(sharding, world_size=options.world_size)
+    if options.batch_size is not None:
+        training = dataclasses.replace(training, batch_size=options.batch_size)
+    return dataclasses.replace(ir, sharding=sharding, training=training)

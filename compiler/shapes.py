@@ -1,0 +1,155 @@
+"""Shape check: propagate meta tensors through the lowered graph.
+
+Runs after `lower` and before code generation. Every block is built on the
+meta device (no memory, no compute) and the sparse stages are replaced by
+stand-ins that return embeddings of the planned widths, so the whole dense
+program is checked at compile time: a width that does not fit becomes a
+diagnostic at the spec line that produced the node, not a runtime error.
+Records each node's output shape in `node.meta["shape"]` for the graph text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from compiler.diagnostics import CompileError, Diagnostic
+from compiler.instantiate import build_call
+from compiler.lower import LoweredModel, sparse_groups
+from runtime.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.sharding.awaitable import Done
+
+# A batch size no width in a real spec is likely to equal, so the text can
+# print it as `B` without ambiguity.
+META_BATCH = 3
+
+
+def check_shapes(lowered: LoweredModel) -> LoweredModel:
+    """Propagate shapes; raise CompileError naming the spec location of the first bad node."""
+    ir = lowered.ir
+    root = torch.nn.Module()
+    for decl in lowered.modules:
+        if decl.target == "sparse_arch":
+            continue
+        with torch.device("meta"):
+            setattr(root, decl.target, build_call(decl.call, {}))
+    if ir.tables:
+        root.sparse_arch = _MetaSparseArch(lowered)
+    dense = {f.name: torch.empty(META_BATCH, f.size, device="meta") for f in ir.dense}
+    sparse = KeyedJaggedTensor.from_lengths_sync(
+        keys=[f.name for f in ir.sparse],
+        values=torch.empty(0, dtype=torch.long),
+        lengths=torch.zeros(META_BATCH * len(ir.sparse), dtype=torch.long),
+        stride=META_BATCH,
+    )
+    try:
+        _ShapeInterpreter(fx.GraphModule(root, lowered.graph)).run(dense, sparse)
+    except _ShapeFailure as failure:
+        raise CompileError([failure.diagnostic]) from None
+    _check_heads(lowered)
+    return lowered
+
+
+class _ShapeInterpreter(fx.Interpreter):
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        module = self.fetch_attr(target)
+        expected = getattr(module, "in_features", None)
+        if expected is not None and isinstance(args[0], torch.Tensor) and args[0].shape[-1] != expected:
+            raise _WidthError(f"the block takes width {expected} but its inputs give {args[0].shape[-1]}")
+        return super().call_module(target, args, kwargs)
+
+    def run_node(self, node: fx.Node) -> Any:
+        try:
+            result = super().run_node(node)
+        except _WidthError as exc:
+            raise _ShapeFailure(_diagnostic(node, f"shapes do not fit: {exc}")) from None
+        except Exception as exc:  # any failure inside a block is the spec's width problem
+            message = f"shapes do not fit (checked with batch size {META_BATCH}): {_first_line(exc)}"
+            raise _ShapeFailure(_diagnostic(node, message)) from None
+        if isinstance(result, torch.Tensor):
+            node.meta["shape"] = tuple(result.shape)
+        return result
+
+
+class _WidthError(Exception):
+    pass
+
+
+class _ShapeFailure(Exception):
+    """Carries the diagnostic out of fx's interpreter, which annotates what passes through it."""
+
+    def __init__(self, diagnostic: Diagnostic) -> None:
+        super().__init__(str(diagnostic))
+        self.diagnostic = diagnostic
+
+
+def _check_heads(lowered: LoweredModel) -> None:
+    output = next(n for n in lowered.graph.nodes if n.op == "output")
+    problems = []
+    for head in lowered.ir.heads:
+        node = output.args[0][head.name]
+        shape = node.meta.get("shape")
+        want = (META_BATCH,) if head.loss != "softmax" else (META_BATCH, head.num_classes)
+        if shape != want:
+            problems.append(
+                Diagnostic(
+                    head.loc,
+                    f"heads.{head.name}",
+                    f"a {head.loss} head needs {_text(want)} per batch, "
+                    f"but its input gives {_text(shape)}",
+                )
+            )
+    if problems:
+        raise CompileError(problems)
+
+
+def _text(shape: tuple[int, ...] | None) -> str:
+    if shape is None:
+        return "no tensor"
+    dims = ["B" if i == 0 else str(d) for i, d in enumerate(shape)]
+    return "[" + ", ".join(dims) + "]"
+
+
+def _diagnostic(node: fx.Node, message: str) -> Diagnostic:
+    return Diagnostic(node.meta["loc"], node.meta.get("path", ""), f"{message} (node %{node.name})")
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class _MetaGroup(torch.nn.Module):
+    """Stands in for one sharding group: ids in, embeddings of the planned widths out."""
+
+    def __init__(self, keys: list[str], widths: list[int]) -> None:
+        super().__init__()
+        self.input_dist = _Passthrough()
+        self.lookup = _Passthrough()
+        self.output_dist = _MetaEmbeddings(keys, widths)
+
+
+class _Passthrough(torch.nn.Module):
+    def forward(self, value: Any) -> Any:
+        return Done(value) if not isinstance(value, Done) else value.wait()
+
+
+class _MetaEmbeddings(torch.nn.Module):
+    def __init__(self, keys: list[str], widths: list[int]) -> None:
+        super().__init__()
+        self.keys, self.widths = keys, widths
+
+    def forward(self, _: Any) -> Done:
+        values = torch.empty(META_BATCH, sum(self.widths), device="meta")
+        return Done(KeyedTensor(keys=self.keys, length_per_key=self.widths, values=values))
+
+
+class _MetaSparseArch(torch.nn.Module):
+    def __init__(self, lowered: LoweredModel) -> None:
+        super().__init__()
+        ir = lowered.ir
+        dims = {f.name: ir.table(f.table).dim for f in ir.sparse}
+        for group, keys in sparse_groups(ir, lowered.plan):
+            self.add_module(group, _MetaGroup(keys, [dims[k] for k in keys]))

@@ -1,0 +1,120 @@
+"""The plain training loop, and the dense optimizer a spec names.
+
+Embedding tables update themselves in backward (their optimizer is fused
+into the embedding kernels), so the loop only steps the dense optimizer over
+`model.dense_parameters()`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from runtime.data.batch import Batch
+
+
+@dataclass(frozen=True)
+class StepLog:
+    step: int  # 1-based
+    loss: float  # the global mean loss of this step
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    steps: int
+    samples_per_s: float
+    losses: tuple[float, ...]  # global mean loss per step
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "samples_per_s": round(self.samples_per_s, 1),
+            "loss_first": self.losses[0] if self.losses else None,
+            "loss_last": self.losses[-1] if self.losses else None,
+        }
+
+
+def make_dense_optimizer(
+    config: Mapping[str, Any], params: Iterable[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """The torch optimizer for a spec's `dense_optimizer` entry."""
+    kind, lr = config["type"], config["lr"]
+    params = list(params)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=config["weight_decay"])
+    if kind == "adagrad":
+        return torch.optim.Adagrad(params, lr=lr, eps=config["eps"], weight_decay=config["weight_decay"])
+    if kind == "adam":
+        return torch.optim.Adam(
+            params,
+            lr=lr,
+            betas=(config["beta1"], config["beta2"]),
+            eps=config["eps"],
+            weight_decay=config["weight_decay"],
+        )
+    raise ValueError(f"dense optimizer {kind!r} is not supported (sgd, adagrad or adam)")
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+    """One step of forward, loss, backward and dense optimizer; returns the detached local loss.
+
+    The embedding tables are updated inside backward by their fused optimizer.
+    """
+    outputs = model(batch.dense, batch.sparse)
+    loss = model.loss(outputs, batch.labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def train(
+    model: torch.nn.Module,
+    batches: Iterator[Batch],
+    *,
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    global_batch_size: int,
+    log_every: int = 10,
+    on_log: Callable[[StepLog], None] | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> TrainSummary:
+    """Run `steps` steps of forward, loss, backward and optimizer; return the global losses."""
+    model.train()
+    local_losses: list[torch.Tensor] = []
+    started = time.perf_counter()
+    timed_from = started  # the first step warms up and is left out of samples/s
+    for step in range(1, steps + 1):
+        loss = train_step(model, optimizer, next(batches))
+        local_losses.append(loss)
+        now = time.perf_counter()
+        if step == 1:
+            timed_from = now
+        if on_log is not None and (step % log_every == 0 or step == steps):
+            rate = _rate(global_batch_size, step - 1, now - timed_from)
+            on_log(StepLog(step, _global_mean(loss, process_group), rate))
+    elapsed = time.perf_counter() - timed_from
+    losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
+    return TrainSummary(
+        steps=steps,
+        samples_per_s=_rate(global_batch_size, steps - 1, elapsed),
+        losses=tuple(losses) if isinstance(losses, list) else (losses,),
+    )
+
+
+def _rate(batch_size: int, steps: int, seconds: float) -> float:
+    return batch_size * steps / seconds if steps > 0 and seconds > 0 else 0.0
+
+
+def _global_mean(local: torch.Tensor, process_group: dist.ProcessGroup | None) -> Any:
+    """The mean over ranks (every rank holds an equal share of the global batch)."""
+    if process_group is not None and dist.get_world_size(process_group) > 1:
+        local = local.clone()
+        dist.all_reduce(local, group=process_group)
+        local /= dist.get_world_size(process_group)
+    return local.tolist()

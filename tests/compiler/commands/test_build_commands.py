@@ -1,0 +1,71 @@
+"""`reccompile SPEC`, `reccompile graph` and `reccompile train` (one process) end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from compiler.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def test_compile_writes_the_module_and_plan_and_summarises(tmp_path: Path, capsys) -> None:
+    assert main(["specs/dlrm_criteo.yaml", "-o", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.replace(str(tmp_path), "OUT")
+    assert out == (
+        "dlrm_criteo: 1 dense and 26 sparse features, 26 tables, 3 blocks, 1 head\n"
+        "parameters: 166,400,000 in embeddings, 499,521 dense\n"
+        "plan: world size 1 on cpu; 26 table_wise\n"
+        "wrote OUT/dlrm_criteo.py\n"
+        "wrote OUT/dlrm_criteo.plan.json\n"
+    )
+    plan = json.loads((tmp_path / "dlrm_criteo.plan.json").read_text())
+    assert plan["world_size"] == 1 and len(plan["tables"]) == 26
+
+
+def test_graph_prints_the_golden_text(capsys) -> None:
+    assert main(["graph", "specs/dlrm_criteo.yaml", "--world-size", "2"]) == 0
+    expected = (REPO / "tests" / "golden" / "dlrm_criteo.ws2.graph.txt").read_text()
+    assert capsys.readouterr().out == expected
+
+
+def test_a_bad_spec_exits_1_with_diagnostics(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text((REPO / "specs" / "dlrm_criteo.yaml").read_text().replace("input: interaction", "input: interactoin"))
+    assert main([str(spec), "-o", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
+    assert "error: model.top.input: unknown block 'interactoin' (did you mean 'interaction'?)" in err
+    assert err.endswith("1 error\n")
+
+
+def _train(tmp_path: Path, capsys, seed: int) -> list[str]:
+    code = main([
+        "train", "specs/two_tower_movielens.yaml", "--steps", "6", "--batch-size", "64",
+        "--seed", str(seed), "--log-every", "3", "-o", str(tmp_path),
+    ])
+    assert code == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_train_prints_progress_then_one_json_line(tmp_path: Path, capsys) -> None:
+    lines = _train(tmp_path, capsys, seed=3)
+    assert [line.split()[:2] for line in lines[:-1]] == [["step", "3/6"], ["step", "6/6"]]
+    summary = json.loads(lines[-1])
+    assert set(summary) == {"steps", "samples_per_s", "loss_first", "loss_last"}
+    assert summary["steps"] == 6 and summary["samples_per_s"] > 0
+
+
+def test_train_is_deterministic_for_a_seed(tmp_path: Path, capsys) -> None:
+    first = json.loads(_train(tmp_path, capsys, seed=5)[-1])
+    second = json.loads(_train(tmp_path, capsys, seed=5)[-1])
+    other = json.loads(_train(tmp_path, capsys, seed=6)[-1])
+    assert (first["loss_first"], first["loss_last"]) == (second["loss_first"], second["loss_last"])
+    assert first["loss_last"] != other["loss_last"]
