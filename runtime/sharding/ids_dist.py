@@ -1,0 +1,258 @@
+"""The input side every sharding type over several ranks shares, ending in the id all-to-all.
+
+`FeatureSelection` picks a group's features out of the batch (one fbgemm
+permute), `IdRangeCheck` checks ids against their tables on the rank that
+read them, and `IdsAllToAll` sends the bags to the ranks that look them up.
+The caller hands it a KeyedJaggedTensor already routed: keys grouped by
+destination rank (rank 0's slots first, each rank's in its slot order, see
+layout.py), each key one slot. Two collectives move it:
+
+1. counts: one small all_to_all_single of [batch size, ids of each slot]
+   per destination, waited for at once. It gives the split sizes of the next
+   collective, so its wait is the one host sync of input_dist.
+2. data: one all_to_all_single of lengths and ids together (lengths cast to
+   the ids' dtype) and, for weighted ids, one of the weights, both async;
+   the lookup waits for them.
+
+A receiver gets, from each source rank s, its slots' lengths and ids; one
+fbgemm permute turns [source][slot][sample] into [slot][source][sample], so
+the lookup sees each slot as one list of bags over the global batch (rank
+0's samples first), with stride world_size * batch_size.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Sequence
+
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+import torch
+import torch.distributed as dist
+
+from runtime.jagged import KeyedJaggedTensor
+from runtime.sharding.awaitable import Awaitable
+
+
+def count_message(
+    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int]
+) -> list[int]:
+    """[batch size, ids of each of its slots] for every destination, concatenated."""
+    message, first = [], 0
+    for slots in slots_per_rank:
+        message.append(batch_size)
+        message.extend(length_per_key[first : first + slots])
+        first += slots
+    return message
+
+
+def send_splits(
+    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """(ids, lengths + ids) sent to each destination."""
+    ids, first = [], 0
+    for slots in slots_per_rank:
+        ids.append(sum(length_per_key[first : first + slots]))
+        first += slots
+    return ids, [slots * batch_size + n for slots, n in zip(slots_per_rank, ids)]
+
+
+def read_counts(received: Sequence[int], local_slots: int) -> tuple[list[int], list[list[int]]]:
+    """(batch size of each source, ids of each local slot from each source) from the counts."""
+    step = local_slots + 1
+    rows = [list(received[i : i + step]) for i in range(0, len(received), step)]
+    return [row[0] for row in rows], [row[1:] for row in rows]
+
+
+class FeatureSelection:
+    """The keys `wanted` (repeats allowed) of a batch, in that order: one fbgemm permute.
+
+    The permute indices are cached per key order of the incoming batches.
+    """
+
+    def __init__(self, wanted: Sequence[str], is_weighted: bool) -> None:
+        self._wanted, self._is_weighted = list(wanted), is_weighted
+        self._permutes: dict[tuple[tuple[str, ...], torch.device], tuple[list[int], torch.Tensor]]
+        self._permutes = {}
+
+    def __call__(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        if self._is_weighted and features.weights_or_none() is None:
+            raise ValueError(
+                "the embeddings are weighted (is_weighted=True) but the batch has no weights"
+            )
+        key = (tuple(features.keys()), features.device())
+        if key not in self._permutes:
+            index = features.index_per_key()
+            missing = [name for name in self._wanted if name not in index]
+            if missing:
+                raise ValueError(
+                    f"KeyedJaggedTensor has no feature {missing[0]!r} (keys: {features.keys()})"
+                )
+            indices = [index[name] for name in self._wanted]
+            tensor = torch.tensor(indices, dtype=torch.int32, device=features.device())
+            self._permutes[key] = (indices, tensor)
+        return features.permute(*self._permutes[key])
+
+
+class IdRangeCheck:
+    """Raises IndexError naming the feature, id, table and rank when an id is out of range.
+
+    Checked on the rank that reads the batch, before any id leaves it: a bad
+    id would otherwise be looked up (or bucketised) on another rank.
+    """
+
+    def __init__(
+        self, features: Sequence[str], tables: Sequence[str], rows: Sequence[int], rank: int
+    ) -> None:
+        self._features, self._tables, self._rows = list(features), list(tables), list(rows)
+        self._rank = rank
+        self._limits: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def __call__(self, kjt: KeyedJaggedTensor) -> None:
+        values, batch = kjt.values(), kjt.stride()
+        key = (batch, values.device)
+        if key not in self._limits:
+            rows = torch.tensor(self._rows, dtype=values.dtype, device=values.device)
+            self._limits[key] = rows.repeat_interleave(batch)
+        limits = self._limits[key].repeat_interleave(kjt.lengths(), output_size=values.numel())
+        bad = values.ge(limits).logical_or_(values.lt(0))
+        if bool(bad.any()):
+            position = int(bad.nonzero()[0, 0])
+            k = bisect.bisect_right(kjt.offset_per_key(), position) - 1
+            raise IndexError(
+                f"feature {self._features[k]!r}: id {int(values[position])} out of range for table "
+                f"{self._tables[k]!r} with {self._rows[k]} rows (on rank {self._rank})"
+            )
+
+
+class IdsAllToAll:
+    """Moves routed bags to their ranks (see the module docstring).
+
+    `slots_per_rank[d]` is the number of slots rank d looks up; `local_keys`
+    are this rank's slot names, in slot order.
+    """
+
+    def __init__(
+        self,
+        slots_per_rank: Sequence[int],
+        local_keys: Sequence[str],
+        process_group: dist.ProcessGroup,
+        weighted: bool,
+    ) -> None:
+        self._slots_per_rank = list(slots_per_rank)
+        self._local_keys = list(local_keys)
+        self._group = process_group
+        self._weighted = weighted
+        self._world_size = len(self._slots_per_rank)
+        self._transpose_on: dict[torch.device, torch.Tensor] = {}
+
+    def start(self, routed: KeyedJaggedTensor) -> Awaitable[KeyedJaggedTensor]:
+        batch, length_per_key = routed.stride(), routed.length_per_key()
+        message = count_message(batch, length_per_key, self._slots_per_rank)
+        batch_sizes, received_ids = read_counts(
+            self._exchange_counts(message, routed), len(self._local_keys)
+        )
+        if any(b != batch for b in batch_sizes):
+            raise ValueError(
+                f"the ranks feed local batches of sizes {batch_sizes}: sharded embeddings need "
+                "the same batch size on every rank"
+            )
+        ids_sent, data_sent = send_splits(batch, length_per_key, self._slots_per_rank)
+        ids_received = [sum(row) for row in received_ids]
+        data_received = [len(self._local_keys) * batch + n for n in ids_received]
+        values = routed.values()
+        data = values.new_empty(sum(data_received))
+        handles = [
+            dist.all_to_all_single(
+                data, pack_ids(routed, self._slots_per_rank), data_received, data_sent,
+                group=self._group, async_op=True,
+            )
+        ]
+        weights = None
+        if self._weighted:
+            sent = routed.weights()
+            weights = sent.new_empty(sum(ids_received))
+            handles.append(
+                dist.all_to_all_single(
+                    weights, sent, ids_received, ids_sent, group=self._group, async_op=True
+                )
+            )
+
+        def finish() -> KeyedJaggedTensor:
+            for handle in handles:
+                handle.wait()
+            transpose = self._transpose_tensor(data.device)
+            return unpack_ids(data, weights, batch, received_ids, self._local_keys, transpose)
+
+        return Awaitable(finish)
+
+    def _exchange_counts(self, message: list[int], routed: KeyedJaggedTensor) -> list[int]:
+        sent = torch.tensor(message, dtype=torch.int64, device=routed.device())
+        received = sent.new_empty(self._world_size * (len(self._local_keys) + 1))
+        dist.all_to_all_single(
+            received,
+            sent,
+            [len(self._local_keys) + 1] * self._world_size,
+            [slots + 1 for slots in self._slots_per_rank],
+            group=self._group,
+        )
+        return received.tolist()
+
+    def _transpose_tensor(self, device: torch.device) -> torch.Tensor:
+        if device not in self._transpose_on:
+            local = len(self._local_keys)
+            self._transpose_on[device] = transpose_index(self._world_size, local, device)
+        return self._transpose_on[device]
+
+
+def transpose_index(world_size: int, local_slots: int, device: torch.device) -> torch.Tensor:
+    """The permute of rows [source][slot] into [slot][source]."""
+    order = [s * local_slots + j for j in range(local_slots) for s in range(world_size)]
+    return torch.tensor(order, dtype=torch.int32, device=device)
+
+
+def pack_ids(routed: KeyedJaggedTensor, slots_per_rank: Sequence[int]) -> torch.Tensor:
+    """Lengths then ids for each destination, one buffer in the ids' dtype."""
+    values, batch = routed.values(), routed.stride()
+    lengths = routed.lengths().to(values.dtype)
+    ids_sent, _ = send_splits(batch, routed.length_per_key(), slots_per_rank)
+    pieces, slot, first = [], 0, 0
+    for slots, n in zip(slots_per_rank, ids_sent):
+        pieces.append(lengths[slot * batch : (slot + slots) * batch])
+        pieces.append(values[first : first + n])
+        slot, first = slot + slots, first + n
+    return torch.cat(pieces)
+
+
+def unpack_ids(
+    data: torch.Tensor,
+    weights: torch.Tensor | None,
+    batch: int,
+    received_ids: list[list[int]],
+    local_keys: list[str],
+    transpose: torch.Tensor,
+) -> KeyedJaggedTensor:
+    """The received buffer (per source: lengths then ids) as one batch over all sources.
+
+    `received_ids[s][j]`: ids of local slot j from source s; `weights` came in
+    the same [source][slot] order as the ids.
+    """
+    world_size, local = len(received_ids), len(local_keys)
+    lengths, values, start = [], [], 0
+    for row in received_ids:
+        n = sum(row)
+        lengths.append(data[start : start + local * batch])
+        values.append(data[start + local * batch : start + local * batch + n])
+        start += local * batch + n
+    lengths, values = torch.cat(lengths), torch.cat(values)
+    if local > 1 and world_size > 1:
+        lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
+            transpose, lengths.view(world_size * local, batch), values, weights, values.numel()
+        )
+    return KeyedJaggedTensor(
+        local_keys,
+        values,
+        weights,
+        lengths=lengths.view(-1),
+        stride=world_size * batch,
+        length_per_key=[sum(column) for column in zip(*received_ids)],
+    )

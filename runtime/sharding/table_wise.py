@@ -1,0 +1,67 @@
+"""table_wise: every table whole on one rank.
+
+- input_dist (`CopyInputDist`): the features are permuted into destination
+  order (one fbgemm permute), checked against their tables' rows, and moved
+  by `ids_dist.IdsAllToAll`: one small all_to_all_single of counts, then
+  lengths and ids in one all_to_all_single (weights in a second).
+- lookup: the owner pools its tables for the global batch, on one fused TBE
+  per kernel, optimizer and pooling.
+- output_dist (`pooled_dist.PooledOutputDist`): each rank gets its samples'
+  rows back in one all_to_all_single and places the columns in table order.
+
+column_wise and data_parallel reuse `CopyInputDist`: it sends every slot's
+ids unchanged to the slot's rank, whether the slot is a whole table, a
+column shard or a replica.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from torch import nn
+
+from runtime.jagged import KeyedJaggedTensor
+from runtime.sharding.awaitable import Awaitable
+from runtime.sharding.group import EmbeddingGroup, GroupEnv, RoutedIds, sharded_lookup
+from runtime.sharding.ids_dist import FeatureSelection, IdRangeCheck, IdsAllToAll
+from runtime.sharding.layout import Slot, TableLayout, group_keys, slots_by_rank
+from runtime.sharding.pooled_dist import PooledOutputDist
+
+
+class CopyInputDist(nn.Module):
+    """Sends each slot's ids, unchanged, to the rank that looks the slot up."""
+
+    def __init__(self, slots: Sequence[Sequence[Slot]], env: GroupEnv) -> None:
+        super().__init__()
+        routed = [slot for rank_slots in slots for slot in rank_slots]
+        self._select = FeatureSelection([slot.feature for slot in routed], env.is_weighted)
+        self._check = IdRangeCheck(
+            [slot.feature for slot in routed],
+            [slot.layout.config.name for slot in routed],
+            [slot.layout.config.num_embeddings for slot in routed],
+            env.rank,
+        )
+        self._ids = IdsAllToAll(
+            [len(rank_slots) for rank_slots in slots],
+            [slot.name for slot in slots[env.rank]],
+            env.process_group,
+            env.is_weighted,
+        )
+
+    def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedIds]:
+        routed = self._select(features)
+        self._check(routed)
+        pending = self._ids.start(routed)
+        batch = features.stride()
+        return Awaitable(lambda: RoutedIds(pending.wait(), batch))
+
+
+def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
+    """The table_wise group of `tables` (also column_wise: see column_wise.py)."""
+    keys, dims = group_keys(tables)
+    slots = slots_by_rank(tables, env.world_size)
+    return EmbeddingGroup(
+        CopyInputDist(slots, env),
+        sharded_lookup(tables, env),
+        PooledOutputDist(keys, dims, slots, env.rank, env.process_group, partial_sums=False),
+    )

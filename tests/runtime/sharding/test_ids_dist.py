@@ -1,0 +1,90 @@
+"""The id all-to-all's helpers (runtime/sharding/ids_dist.py) against plain Python.
+
+The exchange itself is simulated in-process: each rank's packed buffer is
+cut by its split sizes and the pieces delivered in source order, as
+all_to_all_single does, then unpacked and compared bag by bag.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.jagged import KeyedJaggedTensor
+from runtime.sharding.ids_dist import (
+    count_message,
+    pack_ids,
+    read_counts,
+    send_splits,
+    transpose_index,
+    unpack_ids,
+)
+
+SLOTS_PER_RANK = [2, 0, 3]  # rank 1 looks nothing up
+BATCH = 3
+
+
+def test_counts_and_splits() -> None:
+    length_per_key = [4, 1, 7, 0, 2]
+    assert count_message(BATCH, length_per_key, SLOTS_PER_RANK) == [3, 4, 1, 3, 3, 7, 0, 2]
+    assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK) == ([5, 0, 9], [11, 0, 18])
+    assert read_counts([3, 4, 1, 3, 0, 2, 3, 5, 5], local_slots=2) == (
+        [3, 3, 3],
+        [[4, 1], [0, 2], [5, 5]],
+    )
+
+
+def routed_batch(source: int) -> KeyedJaggedTensor:
+    """Source `source`'s bags of every slot, destination-major; ids encode source, slot, sample."""
+    gen = torch.Generator().manual_seed(source)
+    slots = sum(SLOTS_PER_RANK)
+    lengths = torch.randint(0, 3, (slots * BATCH,), generator=gen)
+    ids = [
+        1000 * source + 100 * (entry // BATCH) + 10 * (entry % BATCH) + i
+        for entry, n in enumerate(lengths.tolist())
+        for i in range(n)
+    ]
+    return KeyedJaggedTensor.from_lengths_sync(
+        [f"slot{j}" for j in range(slots)],
+        torch.tensor(ids),
+        lengths,
+        weights=torch.tensor(ids, dtype=torch.float32) / 7,
+    )
+
+
+def test_pack_exchange_unpack_gives_each_rank_its_slots_over_the_global_batch() -> None:
+    world_size = len(SLOTS_PER_RANK)
+    sources = [routed_batch(s) for s in range(world_size)]
+    packed = [pack_ids(kjt, SLOTS_PER_RANK) for kjt in sources]
+    splits = [send_splits(BATCH, kjt.length_per_key(), SLOTS_PER_RANK) for kjt in sources]
+    first_slot = [sum(SLOTS_PER_RANK[:r]) for r in range(world_size)]
+    for rank, local in enumerate(SLOTS_PER_RANK):
+        data = torch.cat([piece(packed[s], splits[s][1], rank) for s in range(world_size)])
+        weights = torch.cat(
+            [piece(sources[s].weights(), splits[s][0], rank) for s in range(world_size)]
+        )
+        mine = slice(first_slot[rank], first_slot[rank] + local)
+        received = [sources[s].length_per_key()[mine] for s in range(world_size)]
+        keys = [f"slot{first_slot[rank] + j}" for j in range(local)]
+        transpose = transpose_index(world_size, local, data.device)
+        got = unpack_ids(data, weights, BATCH, received, keys, transpose)
+
+        assert got.keys() == keys and got.stride() == world_size * BATCH
+        for j, key in enumerate(keys):
+            slot = first_slot[rank] + j
+            bags = [bag(sources[s], slot, b) for s in range(world_size) for b in range(BATCH)]
+            jt = got[key]
+            assert jt.lengths().tolist() == [len(x) for x in bags]
+            assert jt.values().tolist() == [i for x in bags for i in x]
+            torch.testing.assert_close(jt.weights(), jt.values().float() / 7)
+        assert got.length_per_key() == got.lengths().view(local, world_size * BATCH).sum(1).tolist()
+
+
+def piece(buffer: torch.Tensor, splits: list[int], rank: int) -> torch.Tensor:
+    start = sum(splits[:rank])
+    return buffer[start : start + splits[rank]]
+
+
+def bag(kjt: KeyedJaggedTensor, slot: int, sample: int) -> list[int]:
+    offsets = kjt.offsets().tolist()
+    entry = slot * BATCH + sample
+    return kjt.values()[offsets[entry] : offsets[entry + 1]].tolist()
