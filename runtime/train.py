@@ -45,10 +45,16 @@ def make_dense_optimizer(
     """The torch optimizer for a spec's `dense_optimizer` entry."""
     kind, lr = config["type"], config["lr"]
     params = list(params)
+    # The fused kernels update all parameters in one pass: on CPU, Adagrad's
+    # default per-tensor loop costs ~100x more than its fused form.
+    on_cpu = all(p.device.type == "cpu" for p in params)
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=config["weight_decay"])
+        return torch.optim.SGD(params, lr=lr, weight_decay=config["weight_decay"], fused=True)
     if kind == "adagrad":
-        return torch.optim.Adagrad(params, lr=lr, eps=config["eps"], weight_decay=config["weight_decay"])
+        fast = {"fused": True} if on_cpu else {"foreach": True}  # fused Adagrad is CPU-only
+        return torch.optim.Adagrad(
+            params, lr=lr, eps=config["eps"], weight_decay=config["weight_decay"], **fast
+        )
     if kind == "adam":
         return torch.optim.Adam(
             params,
@@ -56,6 +62,7 @@ def make_dense_optimizer(
             betas=(config["beta1"], config["beta2"]),
             eps=config["eps"],
             weight_decay=config["weight_decay"],
+            fused=True,
         )
     raise ValueError(f"dense optimizer {kind!r} is not supported (sgd, adagrad or adam)")
 
