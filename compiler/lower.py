@@ -370,4 +370,5 @@ def _sparse_arch_call(ir: ModelIR) -> Call:
         ("plan", BuildArg("plan")),
         ("process_group", BuildArg("process_group")),
         ("device", BuildArg("device")),
+        ("is_weighted", any(feature.weighted for feature in ir.sparse)),
     ))

@@ -135,7 +135,9 @@ class ShardingEnumerator:
 
     kernel `fused`; at world size 1 only table_wise; table_row_wise only with
     more than one host (on one host it is row_wise); column_wise in 2, 4, 8 ...
-    shards, one per rank; fused_uvm_caching only where a constraint asks for it, on cuda.
+    shards, one per rank, and not for rowwise_adagrad tables (each shard would
+    keep its own row accumulator); fused_uvm_caching only where a constraint
+    asks for it, on cuda.
     """
 
     def enumerate(self, ir: ModelIR, topology: Topology) -> tuple[TableCandidates, ...]:
@@ -162,6 +164,10 @@ class ShardingEnumerator:
             types = ("table_wise",) if world == 1 else SHARDING_TYPES
             if topology.num_hosts == 1:
                 types = tuple(t for t in types if t != "table_row_wise")
+            if table.optimizer == "rowwise_adagrad":
+                # Each column shard would keep its own per-row accumulator, so
+                # training would no longer equal one process; only on request.
+                types = tuple(t for t in types if t != "column_wise")
         all_ranks = tuple(range(world))
         allowed = set(constraint.ranks) if constraint and constraint.ranks else set(all_ranks)
         full = ShardShape(0, table.rows, 0, table.dim)
