@@ -21,9 +21,10 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The main job: compile the default spec, then train it briefly on two local ranks.
 run: setup
-	$(VENV)/bin/reccompile specs/dlrm_criteo.yaml -o build
-	$(VENV)/bin/reccompile train specs/dlrm_criteo.yaml --nproc 2 --steps 30 --batch-size 512
+	$(VENV)/bin/reccompile specs/dlrm_criteo.yaml --world-size 2 -o build
+	$(VENV)/bin/reccompile train specs/dlrm_criteo.yaml --nproc 2 --steps 40 --batch-size 1024 --log-every 5 -o build
 
 test: setup
 	$(PY) -m pytest -q
