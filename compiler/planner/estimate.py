@@ -2,11 +2,15 @@
 
 Third stage of the planner, after enumerate and before partition. Storage
 is weights + optimizer state + input/output buffers (+ a full-size gradient
-for data_parallel and the dense kernel). Time is the lookup (forward and
-backward, bytes touched over the kernel's memory bandwidth) plus the
-communication the sharding type needs: the ids all-to-all (input_dist), the
-pooled all-to-all or reduce-scatter (output_dist, forward and backward) and
-the gradient all-reduce of data_parallel. docs/planner.md writes out every
+for the dense kernel). Time is the lookup (forward and backward, bytes
+touched over the kernel's memory bandwidth) plus the communication the
+sharding type needs: the ids all-to-all or, for data_parallel, all-gather
+(input_dist), and the pooled all-to-all or reduce-scatter, forward and
+backward, or data_parallel's all-gather of pooled gradients in backward
+(output_dist); collectives count only the bytes that cross between ranks,
+(W-1)/W of the global batch's. Every type, data_parallel included, looks up
+the global batch with the optimizer fused into backward
+(runtime/sharding/data_parallel.py). docs/planner.md writes out every
 formula with a worked example; keep the two in step.
 """
 
@@ -33,13 +37,13 @@ class ShardEstimate:
 
     storage_bytes: int
     lookup_ms: float  # forward + backward + optimizer update
-    input_dist_ms: float  # ids all-to-all
+    input_dist_ms: float  # ids all-to-all (data_parallel: all-gather)
     output_dist_ms: float  # pooled all-to-all or reduce-scatter, forward + backward
-    allreduce_ms: float  # data_parallel gradient all-reduce
+    # (data_parallel: all-gather of the pooled gradients, backward only)
 
     @property
     def cost_ms(self) -> float:
-        return self.lookup_ms + self.input_dist_ms + self.output_dist_ms + self.allreduce_ms
+        return self.lookup_ms + self.input_dist_ms + self.output_dist_ms
 
 
 class Estimator(Protocol):
@@ -78,13 +82,11 @@ def shard_traffic(
 ) -> tuple[float, float]:
     """(ids looked up, pooled vectors written) by one shard per step.
 
-    data_parallel serves the rank's own batch; every other type serves the
-    global batch. Row splits see the share of ids that falls in their rows
-    (ids are assumed uniform over rows) but write partial sums for every sample.
+    Every shard serves the global batch, a data_parallel replica included.
+    Row splits see the share of ids that falls in their rows (ids are assumed
+    uniform over rows) but write partial sums for every sample.
     """
-    samples = topology.batch_size_per_rank
-    if sharding_type != "data_parallel":
-        samples *= topology.world_size
+    samples = topology.batch_size_per_rank * topology.world_size
     ids = float(samples * table.ids_per_sample)
     if sharding_type in ("row_wise", "table_row_wise"):
         ids *= rows / table.rows if table.rows else 0.0
@@ -106,16 +108,14 @@ def estimate_shard(
     state_row = state_bytes_per_row(table.optimizer, cols)
     out_bytes = pooled * row_bytes
     return ShardEstimate(
-        storage_bytes=estimate_storage(sharding_type, kernel, rows, row_bytes, state_row, ids * id_bytes, out_bytes),
-        lookup_ms=_lookup_ms(sharding_type, kernel, rows, row_bytes, state_row, ids, id_bytes, out_bytes, topology),
-        input_dist_ms=0.0 if sharding_type == "data_parallel" else _ms(ids * id_bytes, topology.comm_bandwidth),
+        storage_bytes=estimate_storage(kernel, rows, row_bytes, state_row, ids * id_bytes, out_bytes),
+        lookup_ms=_lookup_ms(kernel, row_bytes, state_row, ids, id_bytes, out_bytes, topology),
+        input_dist_ms=_input_dist_ms(ids * id_bytes, topology),
         output_dist_ms=_output_dist_ms(sharding_type, out_bytes, topology),
-        allreduce_ms=_allreduce_ms(sharding_type, rows * row_bytes, topology),
     )
 
 
 def estimate_storage(
-    sharding_type: ShardingType,
     kernel: ComputeKernel,
     rows: int,
     row_bytes: int,
@@ -124,11 +124,11 @@ def estimate_storage(
     out_bytes: float,
 ) -> int:
     """Device bytes: weights + optimizer state (a cached share of them for UVM)
-    + a full gradient (data_parallel, dense kernel) + ids in + pooled out and its gradient."""
+    + a full gradient (dense kernel) + ids in + pooled out and its gradient."""
     table_bytes = rows * (row_bytes + state_row)
     if kernel == "fused_uvm_caching":
         table_bytes = int(table_bytes * UVM_CACHE_FRACTION + 0.5)
-    gradient = rows * row_bytes if sharding_type == "data_parallel" or kernel == "dense" else 0
+    gradient = rows * row_bytes if kernel == "dense" else 0
     return int(table_bytes + gradient + input_bytes + 2 * out_bytes)
 
 
@@ -144,9 +144,7 @@ def kernel_bandwidth(kernel: ComputeKernel, topology: Topology) -> float:
 
 
 def _lookup_ms(
-    sharding_type: ShardingType,
     kernel: ComputeKernel,
-    rows: int,
     row_bytes: int,
     state_row: int,
     ids: float,
@@ -156,25 +154,27 @@ def _lookup_ms(
 ) -> float:
     # Forward reads the ids and their rows and writes the pooled vectors.
     forward = ids * (id_bytes + row_bytes) + out_bytes
-    if sharding_type == "data_parallel":
-        # Backward scatters into a dense gradient; the optimizer then sweeps the
-        # whole table: read weights and gradient, write weights, read+write state.
-        backward = out_bytes + ids * row_bytes + rows * (3 * row_bytes + 2 * state_row)
-    else:
-        # Fused backward: read the output gradient, read+write each touched row
-        # and its optimizer state.
-        backward = out_bytes + ids * 2 * (row_bytes + state_row)
+    # Fused backward (every type: a data_parallel replica applies the global
+    # update itself): read the output gradient, read+write each touched row
+    # and its optimizer state.
+    backward = out_bytes + ids * 2 * (row_bytes + state_row)
     return _ms(forward + backward, kernel_bandwidth(kernel, topology))
 
 
+def _input_dist_ms(id_bytes: float, topology: Topology) -> float:
+    """The shard's ids, by all-to-all (data_parallel: all-gather). Its own
+    rank's share, 1/W of the global batch, never leaves the rank."""
+    return _ms(id_bytes * _remote_share(topology), topology.comm_bandwidth)
+
+
 def _output_dist_ms(sharding_type: ShardingType, out_bytes: float, topology: Topology) -> float:
-    """Forward and backward (the same bytes back), so twice one direction."""
+    """Pooled vectors, less the rank's own samples' share: sent forward and their
+    gradients back (twice one way), except data_parallel, which keeps its own
+    rows forward and all-gathers the other ranks' gradients in backward."""
+    remote = out_bytes * _remote_share(topology)
     if sharding_type == "data_parallel":
-        return 0.0
-    if sharding_type == "row_wise":
-        world = topology.world_size
-        one_way = _ms(out_bytes * (world - 1) / world, topology.comm_bandwidth)
-    elif sharding_type == "table_row_wise":
+        return _ms(remote, topology.comm_bandwidth)
+    if sharding_type == "table_row_wise":
         # Reduce-scatter partial sums inside the host, then send the host's
         # reduced slice to the ranks that own the samples.
         local = topology.ranks_per_host
@@ -182,16 +182,14 @@ def _output_dist_ms(sharding_type: ShardingType, out_bytes: float, topology: Top
             out_bytes / local, topology.comm_bandwidth
         )
     else:
-        one_way = _ms(out_bytes, topology.comm_bandwidth)
+        # The all-to-all of table_wise and column_wise, the reduce-scatter of row_wise.
+        one_way = _ms(remote, topology.comm_bandwidth)
     return 2 * one_way
 
 
-def _allreduce_ms(sharding_type: ShardingType, table_bytes: int, topology: Topology) -> float:
-    """Ring all-reduce of a data_parallel table's gradient: 2 (W-1)/W of its bytes."""
-    if sharding_type != "data_parallel":
-        return 0.0
-    world = topology.world_size
-    return _ms(2 * table_bytes * (world - 1) / world, topology.comm_bandwidth)
+def _remote_share(topology: Topology) -> float:
+    """(W-1)/W: the share of the global batch's samples that belongs to other ranks."""
+    return (topology.world_size - 1) / topology.world_size
 
 
 def _ms(num_bytes: float, bandwidth: float) -> float:

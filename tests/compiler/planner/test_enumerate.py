@@ -44,7 +44,7 @@ def test_world_size_one_is_table_wise_only() -> None:
 
 
 def test_every_type_on_two_hosts() -> None:
-    ir = make_ir([T("a", 1000, 16)], world_size=4, ranks_per_host=2)
+    ir = make_ir([T("a", 1000, 16, optimizer="adagrad")], world_size=4, ranks_per_host=2)
     assert kinds(ir) == [
         ("table_wise", "fused", 1, None),
         ("column_wise", "fused", 2, None),
@@ -56,6 +56,32 @@ def test_every_type_on_two_hosts() -> None:
     ]
 
 
+def test_rowwise_adagrad_tables_are_column_wise_only_when_asked() -> None:
+    # Each column shard would keep its own per-row accumulator (see ShardingEnumerator).
+    ir = make_ir([T("a", 1000, 16)], world_size=4, ranks_per_host=2)  # rowwise_adagrad by default
+    assert kinds(ir) == [
+        ("table_wise", "fused", 1, None),
+        ("row_wise", "fused", 4, (0, 1, 2, 3)),
+        ("table_row_wise", "fused", 2, (0, 1)),
+        ("table_row_wise", "fused", 2, (2, 3)),
+        ("data_parallel", "fused", 4, (0, 1, 2, 3)),
+    ]
+    asked = make_ir(
+        [T("a", 1000, 16)],
+        world_size=4,
+        ranks_per_host=2,
+        constraints={"a": {"sharding_types": ["column_wise", "table_wise"]}},
+    )
+    assert kinds(asked) == [
+        ("table_wise", "fused", 1, None),
+        ("column_wise", "fused", 2, None),
+        ("column_wise", "fused", 4, None),
+    ]
+    for optimizer in ("sgd", "adagrad", "adam"):
+        other = make_ir([T("a", 1000, 16, optimizer=optimizer)], world_size=4, ranks_per_host=2)
+        assert ("column_wise", "fused", 2, None) in kinds(other)
+
+
 def test_one_host_leaves_out_table_row_wise_unless_asked() -> None:
     assert "table_row_wise" not in {k for k, *_ in kinds(make_ir([T("a", 1000, 16)], world_size=2))}
     ir = make_ir([T("a", 1000, 16)], world_size=2, constraints={"a": {"sharding_types": ["table_row_wise"]}})
@@ -64,7 +90,7 @@ def test_one_host_leaves_out_table_row_wise_unless_asked() -> None:
 
 def test_constraints_narrow_types_kernels_and_ranks() -> None:
     ir = make_ir(
-        [T("a", 1000, 16)],
+        [T("a", 1000, 16, optimizer="sgd")],
         world_size=4,
         ranks_per_host=2,
         device="cuda",

@@ -66,6 +66,6 @@ def test_errors(capsys: pytest.CaptureFixture[str]) -> None:
         "the 2 ranks have 200 MiB (100 MiB each); largest: 'cat_0' 25.8 MiB, 'cat_1' 25.8 MiB, 'cat_2' 25.8 MiB\n"
         "1 error\n"
     )
-    status, _, err = reccompile(capsys, "plan", SPEC, "--world-size", "6", "--ranks-per-host", "4")
+    status, _, err = reccompile(capsys, "plan", SPEC, "--world-size", "8", "--ranks-per-host", "3")
     assert status == 1
-    assert "--ranks-per-host 4 does not divide the world size 6" in err
+    assert "--ranks-per-host 3 does not divide the world size 8" in err

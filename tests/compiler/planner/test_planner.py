@@ -57,19 +57,33 @@ def test_tables_larger_than_one_rank_are_table_row_wise_across_hosts() -> None:
     ]
 
 
-def test_a_tiny_table_with_many_lookups_is_data_parallel_when_allowed() -> None:
-    tables = [T("tiny", 100, 16, ids=50), T("item", 1_000_000, 64)]
-    tiny = make_plan(make_ir(tables, world_size=2)).table("tiny")
-    assert tiny.sharding_type == "data_parallel"
-    assert [s.rank for s in tiny.shards] == [0, 1]
-    assert tiny.reason.startswith("data_parallel: cheapest estimate")
-    others = ["table_wise", "row_wise", "column_wise"]
-    constrained = make_ir(tables, world_size=2, constraints={"tiny": {"sharding_types": others}})
-    assert make_plan(constrained).table("tiny").sharding_type != "data_parallel"
+def test_a_hot_table_of_one_id_features_is_data_parallel_when_allowed() -> None:
+    """Every replica looks up the global batch, so data_parallel never has the least
+    total time; it spreads a table too slow for one rank, and beats row_wise where
+    the pooled output outweighs the ids: it sends the pooled gradients only once."""
+    tables = [T("hot", 1000, 64, features=8), T("item", 100_000, 64)]
+    result = make_plan(make_ir(tables, world_size=2))
+    hot = result.table("hot")
+    assert hot.sharding_type == "data_parallel"
+    assert [s.rank for s in hot.shards] == [0, 1]
+    assert hot.reason == "data_parallel: balances ranks: as table_wise it left rank 0 the slowest (0.784 ms)"
+    for others in (["table_wise", "row_wise"], ["table_wise"]):
+        constrained = make_plan(make_ir(tables, world_size=2, constraints={"hot": {"sharding_types": others}}))
+        assert constrained.table("hot").sharding_type != "data_parallel"
+        assert max(r.cost_ms for r in constrained.ranks) > max(r.cost_ms for r in result.ranks)
+
+
+def test_a_tiny_table_with_many_ids_per_sample_is_row_wise_not_data_parallel() -> None:
+    """Many ids per pooled vector: splitting the ids beats every rank looking all of them up."""
+    tables = [T("tiny", 100, 16, ids=50), *(T(f"t{i}", 100_000, 64) for i in range(4))]
+    result = make_plan(make_ir(tables, world_size=2))
+    assert result.table("tiny").sharding_type == "row_wise"
+    assert {result.table(f"t{i}").sharding_type for i in range(4)} == {"table_wise"}
+    assert slowest_over_bound(result) < 1.05
 
 
 def test_a_wide_table_among_few_ranks_is_column_wise_when_that_balances() -> None:
-    ir = make_ir([T("wide", 200_000, 256, ids=10), T("small", 1000, 16)], world_size=2)
+    ir = make_ir([T("wide", 200_000, 256, ids=10, optimizer="adagrad"), T("small", 1000, 16)], world_size=2)
     result = make_plan(ir)
     wide = result.table("wide")
     assert wide.sharding_type == "column_wise"
@@ -185,8 +199,8 @@ def mixed_ir():
     tables = [
         T("big_a", 5_000_000, 64, ids=20),
         T("big_b", 5_000_000, 64, ids=20),
-        T("tiny", 100, 16, ids=50),
-        T("wide", 400_000, 256, ids=20),
+        T("hot", 1000, 64, features=8),
+        T("wide", 400_000, 256, ids=20, optimizer="adagrad"),
         *(T(f"mid_{i}", 200_000, 32, ids=2) for i in range(6)),
         T("hashed", 2_000_000, 16, ids=4),
     ]
