@@ -1,8 +1,12 @@
 """`reccompile check SPEC...`: validate specs and print every diagnostic.
 
 Prints `SPEC: ok` for each good spec and the diagnostics of each bad one
-(stderr, sorted by position, then the error count). Exit status: 0 when
-every spec is good, 1 when any has errors (2 for bad usage, from argparse).
+(stderr, sorted by position, then the error count). With `--data PATH` the
+first rows of a data file are checked against each good spec too (see
+runtime/data/sample_check.py): bad rows and mapping errors as `FILE:LINE:
+error: ...` on stderr, a summary of the good rows on stdout. Exit status: 0
+when every spec (and the data) is good, 1 when any has errors (2 for bad
+usage, from argparse).
 """
 
 from __future__ import annotations
@@ -11,22 +15,66 @@ import argparse
 import sys
 
 from compiler.diagnostics import CompileError
+from compiler.ir import ModelIR
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("specs", nargs="+", metavar="SPEC", help="model spec files (YAML)")
+    parser.add_argument(
+        "--data",
+        metavar="PATH",
+        help="check the first rows of this file against each spec: criteo:PATH, movielens:PATH, "
+        "or PATH for the reader the spec's data section names",
+    )
+    parser.add_argument("--sample", type=_rows, default=1000, metavar="N", help="rows of --data to check (1000)")
 
 
 def run(args: argparse.Namespace) -> int:
     status = 0
     for spec in args.specs:
         try:
-            validate(load(spec))
+            ir = validate(load(spec))
         except CompileError as error:
             print(error, file=sys.stderr)
             status = 1
         else:
             print(f"{spec}: ok")
+            if args.data is not None and not _check_data(ir, args.data, args.sample):
+                status = 1
     return status
+
+
+def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
+    """Check `rows` rows of `data` against the spec; print what was found; True when good."""
+    # The runtime (and torch) load only when data is to be checked.
+    from compiler.codegen.emit import spec_literal
+    from runtime.data.errors import DataError
+    from runtime.data.sample_check import check_sample
+    from runtime.data.sources import choose_data
+
+    spec = spec_literal(ir)
+    try:
+        choice = choose_data(data, spec)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return False
+    if choice.reader == "synthetic":
+        print("synthetic data: nothing to check")
+        return True
+    report = check_sample(spec, choice, rows)
+    for line in report.notes:
+        print(line)
+    for line in report.errors:
+        print(line, file=sys.stderr)
+    if report.errors:
+        count = len(report.errors)
+        print(f"{count} error{'s' if count != 1 else ''}", file=sys.stderr)
+    return not report.errors
+
+
+def _rows(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return int(text)

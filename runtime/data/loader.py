@@ -1,0 +1,158 @@
+"""File readers as batch streams: DataLoader workers parse, the rank cuts its batches.
+
+A `Reader` (Criteo, MovieLens) says how to list the lines of an epoch, parse
+one line and turn parsed rows into `Columns`. `BlockDataset` runs in
+DataLoader worker processes: each worker parses its blocks of lines into
+tensors and reports their bad rows. In the rank's own process the blocks are
+joined in file order, the bad rows are counted (or stop the run), and
+`runtime.data.split.rank_shares` cuts the rank's share of each global batch,
+which becomes a `Batch` with a `KeyedJaggedTensor`.
+
+    training_batches(reader, ...)  -> Batch, forever (epoch after epoch)
+    epoch_batches(reader, ...)     -> LocalBatch, one epoch (evaluation)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Protocol
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from runtime.data.bad_rows import EXAMPLES, BadRow, BadRowLog
+from runtime.data.batch import Batch
+from runtime.data.columns import Columns
+from runtime.data.errors import RowError
+from runtime.data.split import Share, rank_shares, worker_blocks
+
+BLOCK_LINES = 4096
+
+
+class Reader(Protocol):
+    """What a file format gives the loader."""
+
+    name: str  # the reader's name: criteo, movielens
+    source: str  # the path it reads, for messages
+    weighted: bool  # whether batches carry per-id weights
+
+    def epoch_lines(self) -> Iterable[tuple[str, int, bytes]]:
+        """(file, line number, line) of every data line of one epoch, in order."""
+        ...
+
+    def parse(self, line: bytes) -> Any:
+        """One line's values; raises RowError naming the column, value and reason."""
+        ...
+
+    def to_columns(self, rows: list[Any]) -> Columns:
+        """Parsed rows as feature and label tensors, sparse features in the spec's order."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Block:
+    """A worker's parse of one block of lines."""
+
+    columns: Columns  # the good rows
+    lines: int  # lines read, good and bad
+    bad_rows: list[BadRow]  # the first few bad rows
+    bad_count: int
+    ends_epoch: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LocalBatch:
+    """A rank's batch of one epoch's reading; samples past `real` pad the last batch."""
+
+    batch: Batch
+    real: int
+
+
+class BlockDataset(IterableDataset):
+    """The blocks of this DataLoader worker, parsed (see `runtime.data.split.worker_blocks`)."""
+
+    def __init__(self, reader: Reader, block_lines: int, epochs: int | None, stop_at_bad: bool) -> None:
+        super().__init__()
+        self.reader = reader
+        self.block_lines = block_lines
+        self.epochs = epochs
+        self.stop_at_bad = stop_at_bad
+
+    def __iter__(self) -> Iterator[Block]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        blocks = worker_blocks(
+            self.reader.epoch_lines, self.block_lines, worker, workers, self.epochs, self.reader.source
+        )
+        for lines, ends_epoch in blocks:
+            yield parse_block(self.reader, lines, ends_epoch, self.stop_at_bad)
+
+
+def parse_block(reader: Reader, lines: list[tuple[str, int, bytes]], ends_epoch: bool, stop_at_bad: bool) -> Block:
+    """Parse `lines`; with `stop_at_bad`, stop at the first bad one (the run fails on it)."""
+    rows, bad_rows, bad_count = [], [], 0
+    for file, number, line in lines:
+        try:
+            rows.append(reader.parse(line))
+        except RowError as error:
+            bad_count += 1
+            if len(bad_rows) < EXAMPLES:
+                bad_rows.append(BadRow.from_error(file, number, error))
+            if stop_at_bad:
+                break
+    return Block(reader.to_columns(rows), len(lines), bad_rows, bad_count, ends_epoch)
+
+
+def training_batches(
+    reader: Reader,
+    *,
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    bad_rows: BadRowLog,
+    num_workers: int = 1,
+    block_lines: int = BLOCK_LINES,
+) -> Iterator[Batch]:
+    """Rank's share of every global batch, epoch after epoch, forever."""
+    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, epochs=None)
+    for share in shares:
+        yield share.columns.to_batch(reader.weighted)
+
+
+def epoch_batches(
+    reader: Reader,
+    *,
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    bad_rows: BadRowLog,
+    num_workers: int = 1,
+    block_lines: int = BLOCK_LINES,
+) -> Iterator[LocalBatch]:
+    """Rank's share of every global batch of one epoch; the last may be padded (see `LocalBatch`)."""
+    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, epochs=1)
+    for share in shares:
+        yield LocalBatch(share.columns.to_batch(reader.weighted), share.real)
+
+
+def _shares(
+    reader: Reader,
+    global_batch: int,
+    rank: int,
+    world_size: int,
+    bad_rows: BadRowLog,
+    num_workers: int,
+    block_lines: int,
+    epochs: int | None,
+) -> Iterator[Share]:
+    dataset = BlockDataset(reader, block_lines, epochs, stop_at_bad=bad_rows.policy == "fail")
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
+
+    def blocks() -> Iterator[tuple[Columns, bool]]:
+        for block in loader:
+            bad_rows.count_rows(block.lines)
+            bad_rows.add_many(block.bad_rows, block.bad_count)
+            yield block.columns, block.ends_epoch
+
+    yield from rank_shares(
+        blocks(), global_batch, rank, world_size, last_partial=epochs is not None, source=reader.source
+    )

@@ -1,0 +1,208 @@
+"""MovieLens ratings as training rows: ml-100k, ml-1m, ml-10m and ml-latest.
+
+The layouts, told apart by the ratings file's first line:
+
+    tab  ml-100k  u.data       user id \\t item id \\t rating \\t timestamp
+    dat  ml-1m    ratings.dat  UserID::MovieID::Rating::Timestamp   (also ml-10m)
+    csv  latest   ratings.csv  userId,movieId,rating,timestamp      (after a header line)
+
+PATH is the ratings file or the directory holding it. The columns are
+named as in ml-latest's header: `userId`, `movieId`, `rating`,
+`timestamp`, plus `genres` from the movies file. By default `userId` feeds
+the sparse feature `user_id`, `movieId` feeds `movie_id`, `genres` feeds
+`genres` (a multi-hot bag, weight 1 per genre) and `rating` feeds the first
+head's label: for a bce head 1 when the rating reaches the threshold (4 by
+default), for an mse head the rating itself. `data.columns` overrides any of
+it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens_vocab`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import torch
+
+from runtime.data.columns import Columns, Jagged
+from runtime.data.errors import DataError, RowError
+from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary
+from runtime.data.spec_columns import (
+    Spec,
+    check_labels_fed,
+    explicit_columns,
+    feature_list,
+    is_weighted,
+    table_rows,
+)
+from runtime.data.text_lines import first_line, numbered_lines
+
+COLUMNS = ("userId", "movieId", "rating", "timestamp", "genres")
+RATINGS_FILES = ("u.data", "ratings.dat", "ratings.csv")
+DEFAULT_FEATURES = {"userId": "user_id", "movieId": "movie_id", "genres": "genres"}
+DEFAULT_THRESHOLD = 4.0
+_SEPARATORS = {"tab": b"\t", "dat": b"::", "csv": b","}
+_FIELDS = ("userId", "movieId", "rating", "timestamp")
+
+# One parsed line: user id, movie id, rating.
+RatingRow = tuple[int, int, float]
+
+
+@dataclass(frozen=True, slots=True)
+class MovieLensLayout:
+    """Which features the id columns feed (None: unused) and how ratings become labels."""
+
+    user: str | None
+    movie: str | None
+    genres: str | None
+    labels: tuple[tuple[str, str], ...]  # (head label, "bce" | "mse")
+
+
+class MovieLensReader:
+    """One MovieLens ratings file for one spec; ids map to rows through `vocabulary`."""
+
+    name = "movielens"
+
+    def __init__(
+        self, spec: Spec, path: str | Path, vocabulary: Vocabulary, threshold: float = DEFAULT_THRESHOLD
+    ) -> None:
+        self.file, self.format = ratings_file(path)
+        self.source = str(path)
+        self.layout = movielens_layout(spec)
+        self.vocabulary = vocabulary
+        self.threshold = threshold
+        self.weighted = is_weighted(spec)
+        self._separator = _SEPARATORS[self.format]
+        check_rows(spec, self.layout, vocabulary)
+
+    def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
+        name = str(self.file)
+        for number, line in numbered_lines(self.file, skip=1 if self.format == "csv" else 0):
+            yield name, number, line
+
+    def parse(self, line: bytes) -> RatingRow:
+        """User id, movie id and rating of one line; RowError names the bad column."""
+        return parse_rating(line, self._separator)
+
+    def to_columns(self, rows: list[RatingRow]) -> Columns:
+        vocab, layout = self.vocabulary, self.layout
+        sparse: dict[str, Jagged] = {}
+        if layout.user is not None:
+            sparse[layout.user] = Jagged.one_per_row(torch.tensor([vocab.user_row(r[0]) for r in rows]))
+        if layout.movie is not None:
+            sparse[layout.movie] = Jagged.one_per_row(torch.tensor([vocab.movie_row(r[1]) for r in rows]))
+        if layout.genres is not None:
+            bags = [vocab.movie_genres.get(r[1], ()) for r in rows]
+            ids = [g for bag in bags for g in bag]
+            lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
+            sparse[layout.genres] = Jagged(lengths, torch.tensor(ids, dtype=torch.long), None)
+        stars = torch.tensor([r[2] for r in rows], dtype=torch.float32)
+        labels = {
+            label: (stars >= self.threshold).float() if loss == "bce" else stars for label, loss in layout.labels
+        }
+        return Columns({}, sparse, labels)
+
+def parse_rating(line: bytes, separator: bytes) -> RatingRow:
+    """User id, movie id and rating of one ratings line; RowError names the bad column."""
+    fields = line.split(separator)
+    if len(fields) != len(_FIELDS):
+        sep = separator.decode()
+        raise RowError(None, line, f"{len(fields)} {sep!r}-separated fields, expected 4 ({', '.join(_FIELDS)})")
+    user, movie, rating, stamp = fields
+    for column, value in (("userId", user), ("movieId", movie), ("timestamp", stamp)):
+        if not value.isdigit():
+            raise RowError(column, value, "not a non-negative integer")
+    try:
+        stars = float(rating)
+    except ValueError:
+        raise RowError("rating", rating, "not a number") from None
+    if not 0.0 < stars <= 5.0:
+        raise RowError("rating", rating, "outside the MovieLens range (0, 5]")
+    return int(user), int(movie), stars
+
+
+def rating_ids(file: Path, layout: str) -> Iterator[tuple[int, int]]:
+    """(user id, movie id) of every good line of a ratings file: the vocabulary's one pass.
+
+    Bad lines are passed over here; the training pass reports them.
+    """
+    for _, line in numbered_lines(file, skip=1 if layout == "csv" else 0):
+        try:
+            user, movie, _ = parse_rating(line, _SEPARATORS[layout])
+        except RowError:
+            continue
+        yield user, movie
+
+
+def ratings_file(path: str | Path) -> tuple[Path, str]:
+    """The ratings file of `path` (a file, or a directory holding one) and its layout."""
+    file = Path(path)
+    if file.is_dir():
+        found = [file / name for name in RATINGS_FILES if (file / name).is_file()]
+        if not found:
+            raise DataError(f"{path}: no MovieLens ratings file here (looked for {', '.join(RATINGS_FILES)})")
+        file = found[0]
+    elif not file.exists():
+        raise DataError(f"{path}: no such file or directory")
+    line = first_line(file)
+    if line is None:
+        raise DataError(f"{file}: the ratings file is empty")
+    for layout, separator in (("dat", b"::"), ("tab", b"\t"), ("csv", b",")):
+        if separator in line:
+            return file, layout
+    shown = line[:60].decode("utf-8", "replace")
+    raise DataError(f"{file}:1: not a MovieLens ratings line (tab-, '::'- or comma-separated): {shown!r}")
+
+
+def movies_file(ratings: Path, layout: str) -> Path:
+    """Where the movies file of a ratings file is: beside it, named for the layout."""
+    return ratings.with_name(MOVIES_FILES[layout])
+
+
+def movielens_layout(spec: Spec) -> MovieLensLayout:
+    """The mapping of MovieLens columns onto `spec`'s features and labels; DataError when it cannot fit."""
+    explicit = explicit_columns(spec, "movielens", COLUMNS)
+    sparse = [f["name"] for f in spec["sparse"]]
+    if spec["dense"]:
+        names = [f["name"] for f in spec["dense"]]
+        raise DataError(f"movielens has no dense columns to feed dense features {feature_list(names)}")
+    if "timestamp" in explicit:
+        raise DataError("data.columns.timestamp: the timestamp column cannot feed a feature or label")
+    feeds: dict[str, str | None] = {}
+    for column, default in DEFAULT_FEATURES.items():
+        target = explicit.get(column, default if default in sparse and default not in explicit.values() else None)
+        if target is not None and target not in sparse:
+            raise DataError(f"data.columns.{column}: the {column} column feeds a sparse feature, not {target!r}")
+        feeds[column] = target
+    missing = [name for name in sparse if name not in feeds.values()]
+    if missing:
+        raise DataError(
+            f"sparse features {feature_list(missing)} have no movielens column "
+            f"(the columns userId, movieId and genres feed user_id, movie_id and genres by default)"
+        )
+    label = explicit.get("rating", spec["heads"][0]["label"])
+    heads = [head for head in spec["heads"] if head["label"] == label]
+    if not heads:
+        raise DataError(f"data.columns.rating: the rating column feeds a head label, not {label!r}")
+    if heads[0]["loss"] not in ("bce", "mse"):
+        raise DataError(
+            f"head {heads[0]['name']!r} has a {heads[0]['loss']} loss: movielens ratings feed bce heads "
+            f"(rating >= threshold) or mse heads (the rating)"
+        )
+    check_labels_fed(spec, "movielens", {label})
+    return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], ((label, heads[0]["loss"]),))
+
+
+def check_rows(spec: Spec, layout: MovieLensLayout, vocabulary: Vocabulary) -> None:
+    """The vocabulary must fit the tables: ids need one row each plus row 0 for unseen ids."""
+    rows = table_rows(spec)
+    needs: Mapping[str | None, tuple[int, str]] = {
+        layout.user: (len(vocabulary.users) + 1, "userId values plus row 0 for unseen ids"),
+        layout.movie: (len(vocabulary.movies) + 1, "movieId values plus row 0 for unseen ids"),
+        layout.genres: (len(vocabulary.genres), "genres"),
+    }
+    for feature, (needed, what) in needs.items():
+        if feature is not None and needed > rows[feature]:
+            raise DataError(
+                f"feature {feature!r}: {needed} rows needed ({what}) but its table has {rows[feature]}"
+            )

@@ -1,0 +1,100 @@
+"""`reccompile check SPEC --data PATH`: the first rows of a data file checked against a spec.
+
+Opens the reader the way training does (so every mapping error of spec
+against file shows up), parses the first `rows` lines with the same parser
+(field counts, types, label values: every bad line with its file:line,
+column and value), and summarises what the good rows would feed: each
+label's values and, for each sparse feature, how much of its table the
+sample's ids reach. MovieLens ids are checked against the table sizes with
+a vocabulary of the sample alone, so a full pass over a large file is not
+needed; the check cannot see ids that first appear later in the file.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.data.bad_rows import BadRow
+from runtime.data.columns import Columns
+from runtime.data.errors import DataError, RowError
+from runtime.data.loader import Reader
+from runtime.data.movielens import movielens_layout, movies_file, rating_ids, ratings_file
+from runtime.data.movielens_vocab import build_vocabulary, with_genres
+from runtime.data.sources import DataChoice, open_reader
+from runtime.data.spec_columns import Spec, table_rows
+
+SHOWN_BAD_ROWS = 20
+
+
+@dataclass
+class SampleReport:
+    """What `check_sample` found: errors (file:line first) and notes on the good rows."""
+
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_sample(spec: Spec, choice: DataChoice, rows: int = 1000) -> SampleReport:
+    """Check the first `rows` lines of `choice`'s data against `spec`."""
+    report = SampleReport()
+    try:
+        reader = _open(spec, choice, rows)
+    except DataError as error:
+        report.errors.append(f"{choice.path}: error: {error}")
+        return report
+    good, bad, lines = [], [], 0
+    for file, number, line in itertools.islice(reader.epoch_lines(), rows):
+        lines += 1
+        try:
+            good.append(reader.parse(line))
+        except RowError as error:
+            bad.append(BadRow.from_error(file, number, error))
+    for row in bad[:SHOWN_BAD_ROWS]:
+        where, _, what = str(row).partition(": ")
+        report.errors.append(f"{where}: error: {what}")
+    if len(bad) > SHOWN_BAD_ROWS:
+        report.errors.append(f"{choice.path}: error: ... and {len(bad) - SHOWN_BAD_ROWS} more bad rows")
+    report.notes.append(
+        f"{choice.path}: {choice.reader} data, first {lines:,} lines checked: {len(good):,} good, {len(bad):,} bad"
+    )
+    if good:
+        report.notes += _describe(spec, reader.to_columns(good))
+    return report
+
+
+def _open(spec: Spec, choice: DataChoice, rows: int) -> Reader:
+    if choice.reader != "movielens" or choice.path is None:
+        return open_reader(spec, choice)
+    file, layout = ratings_file(choice.path)
+    vocabulary = build_vocabulary(itertools.islice(rating_ids(file, layout), rows))
+    if movielens_layout(spec).genres is not None:
+        vocabulary = with_genres(vocabulary, movies_file(file, layout), layout)
+    return open_reader(spec, choice, vocabulary=vocabulary)
+
+
+def _describe(spec: Spec, columns: Columns) -> list[str]:
+    """Each label's values and each sparse feature's reach into its table."""
+    losses = {head["label"]: head["loss"] for head in spec["heads"]}
+    notes = []
+    for label, values in columns.labels.items():
+        if losses.get(label) == "mse":
+            low, mean, high = float(values.min()), float(values.mean()), float(values.max())
+            notes.append(f"  label {label}: min {low:g}, mean {mean:.4g}, max {high:g}")
+        else:
+            counts = torch.unique(values, return_counts=True)
+            shown = ", ".join(f"{v:g}: {int(n):,}" for v, n in zip(counts[0].tolist(), counts[1]))
+            notes.append(f"  label {label}: {shown}")
+    rows = table_rows(spec)
+    for name, jagged in columns.sparse.items():
+        if jagged.values.numel() == 0:
+            notes.append(f"  feature {name}: no ids in the sample")
+            continue
+        distinct = torch.unique(jagged.values).numel()
+        notes.append(
+            f"  feature {name}: {distinct:,} distinct rows of {rows[name]:,} "
+            f"(max row {int(jagged.values.max()):,}), {jagged.values.numel() / len(columns):.2g} ids per row"
+        )
+    return notes

@@ -1,0 +1,107 @@
+"""Choosing the data: `--data` and the spec's `data:` section, to a reader.
+
+    synthetic          batches made from the spec (the generated module's synthetic_batch)
+    criteo:PATH        Criteo TSV files (runtime.data.criteo)
+    movielens:PATH     MovieLens ratings (runtime.data.movielens)
+    PATH               the reader the spec's `data:` section names
+
+Without `--data`, the spec's `data:` section decides, and without one the
+data is synthetic. A relative path is relative to the working directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from runtime.data.criteo import CriteoReader
+from runtime.data.errors import DataError
+from runtime.data.loader import Reader
+from runtime.data.movielens import (
+    DEFAULT_THRESHOLD,
+    MovieLensReader,
+    movielens_layout,
+    movies_file,
+    rating_ids,
+    ratings_file,
+)
+from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
+from runtime.data.spec_columns import Spec
+
+READERS = ("synthetic", "criteo", "movielens")
+
+
+@dataclass(frozen=True, slots=True)
+class DataChoice:
+    """A reader and the path it reads (None for synthetic)."""
+
+    reader: str
+    path: str | None
+
+    def __str__(self) -> str:
+        return self.reader if self.path is None else f"{self.reader}:{self.path}"
+
+
+def choose_data(text: str | None, spec: Spec) -> DataChoice:
+    """The data `--data TEXT` selects, falling back on the spec's `data:` section."""
+    section = spec.get("data")
+    if text is None:
+        if section is None:
+            return DataChoice("synthetic", None)
+        return DataChoice(section["reader"], section.get("path"))
+    reader, colon, path = text.partition(":")
+    if reader in READERS and (colon or reader == "synthetic"):
+        if reader == "synthetic" and path:
+            raise DataError(f"--data {text}: the synthetic reader reads no files")
+        if reader != "synthetic" and not path:
+            raise DataError(f"--data {text}: give the path after '{reader}:'")
+        return DataChoice(reader, path or None)
+    if section is None or section["reader"] == "synthetic":
+        raise DataError(
+            f"--data {text}: name the reader (criteo:PATH or movielens:PATH); the spec's data section does not"
+        )
+    return DataChoice(section["reader"], text)
+
+
+def open_reader(
+    spec: Spec,
+    choice: DataChoice,
+    *,
+    threshold: float = DEFAULT_THRESHOLD,
+    vocab_path: Path | None = None,
+    save_vocab: bool = False,
+    vocabulary: Vocabulary | None = None,
+) -> Reader:
+    """The reader of `choice` for `spec`; MovieLens uses `vocabulary`, else the one saved at
+    `vocab_path` while current, else one built now (and saved there when `save_vocab`)."""
+    if choice.path is None:
+        raise DataError(f"the {choice.reader} reader reads no files")
+    reader: Reader
+    if choice.reader == "criteo":
+        reader = CriteoReader(spec, choice.path)
+    elif choice.reader == "movielens":
+        reader = _movielens(spec, choice.path, threshold, vocab_path, save_vocab, vocabulary)
+    else:
+        raise DataError(f"unknown reader {choice.reader!r} (expected one of {', '.join(READERS)})")
+    if next(iter(reader.epoch_lines()), None) is None:
+        raise DataError(f"{choice.path}: no data lines")
+    return reader
+
+
+def _movielens(
+    spec: Spec,
+    path: str,
+    threshold: float,
+    vocab_path: Path | None,
+    save_vocab: bool,
+    vocabulary: Vocabulary | None,
+) -> MovieLensReader:
+    layout = movielens_layout(spec)
+    file, file_layout = ratings_file(path)
+    if vocabulary is None:
+        vocabulary = load_or_build(
+            file, vocab_path, lambda: build_vocabulary(rating_ids(file, file_layout)), save_vocab
+        )
+    if layout.genres is not None and not vocabulary.movie_genres:
+        vocabulary = with_genres(vocabulary, movies_file(file, file_layout), file_layout)
+    return MovieLensReader(spec, path, vocabulary, threshold)

@@ -1,0 +1,127 @@
+"""`reccompile train --data criteo:FILE` and `reccompile check --data` on files in the real format."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime" / "data"))
+from sample_files import criteo_line, write_lines  # noqa: E402
+
+SPEC = """\
+version: 1
+name: tiny_criteo
+features:
+  dense:
+    - {name: int, size: 13}
+  sparse:
+    - {name: cat, count: 26, num_embeddings: 1000, dim: 8}
+model:
+  bottom: {type: mlp, input: dense.int, layers: [16, 8]}
+  interaction: {type: dot, input: [bottom, sparse.*]}
+  top: {type: mlp, input: [bottom, interaction], layers: [16, 1]}
+heads:
+  - {name: click, input: top, loss: bce}
+training:
+  batch_size: 128
+  dense_optimizer: {type: adam, lr: 0.01}
+  sparse_optimizer: {type: rowwise_adagrad, lr: 0.1}
+"""
+
+
+@pytest.fixture
+def criteo(tmp_path: Path) -> tuple[Path, Path, Path]:
+    rng = random.Random(11)
+    train = write_lines(tmp_path / "train.gz", [criteo_line(rng) for _ in range(3000)], gzipped=True)
+    held_out = write_lines(tmp_path / "eval.txt", [criteo_line(rng) for _ in range(500)], crlf=True)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    return spec, train, held_out
+
+
+def _train(capsys, spec: Path, *options: str) -> tuple[int, list[str], str]:
+    code = main(["train", str(spec), "-o", str(spec.parent / "build"), "--data-workers", "0", *options])
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def test_training_on_a_criteo_file_lowers_the_loss(criteo, capsys) -> None:
+    spec, train, held_out = criteo
+    logs = spec.parent / "logs"
+    code, lines, err = _train(
+        capsys, spec, "--data", f"criteo:{train}", "--steps", "60", "--log-every", "20",
+        "--eval-data", f"criteo:{held_out}", "--eval-every", "30", "--log-dir", str(logs),
+    )  # fmt: skip
+    assert code == 0, err
+    assert [line.split()[:2] for line in lines[:-1]] == [
+        ["step", "20/60"], ["eval", "30/60"], ["step", "40/60"], ["step", "60/60"], ["eval", "60/60"]
+    ]
+    final = json.loads(lines[-1])
+    keys = {"steps", "samples_per_s", "loss_first", "loss_last", "metrics", "eval_metrics", "bad_rows"}
+    assert keys <= set(final)
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert losses[-1] < 0.9 * final["loss_first"], (final, losses)
+    assert final["eval_metrics"]["click"]["auc"] > 0.75 and final["eval_metrics"]["click"]["ne"] < 1.0
+    assert final["bad_rows"] == 0 and (logs / "metrics.png").is_file()
+
+
+def test_a_bad_row_stops_training_or_is_skipped_and_summarised(tmp_path: Path, capsys) -> None:
+    rng = random.Random(2)
+    lines = [criteo_line(rng) for _ in range(300)]
+    lines[41] = lines[41].replace("\t", "\t\t", 1)
+    data = write_lines(tmp_path / "day_0", lines)
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    code, _, err = _train(capsys, spec, "--data", f"criteo:{data}", "--steps", "2")
+    assert code == 1
+    assert err.strip() == (
+        f"error: rank 0: {data}:42: 41 tab-separated fields, expected 40 (label, I1..I13, C1..C26) "
+        f"(value {lines[41][:40] + '...'!r}); pass --bad-rows skip to count and skip bad rows instead"
+    )
+    code, out, err = _train(capsys, spec, "--data", f"criteo:{data}", "--steps", "2", "--bad-rows", "skip")
+    assert code == 0 and json.loads(out[-1])["bad_rows"] == 1
+    assert f"warning: skipped bad row {data}:42: 41 tab-separated fields" in err
+    assert "training data: skipped 1 bad rows of 300 read; the first:" in err
+
+
+def test_the_spec_data_section_selects_the_reader(criteo, capsys) -> None:
+    spec, train, _ = criteo
+    spec.write_text(SPEC + f"data:\n  reader: criteo\n  path: {train}\n  columns: {{C1: cat_1, C2: cat_0}}\n")
+    code, lines, err = _train(capsys, spec, "--steps", "2", "--log-every", "1")
+    assert code == 0, err
+    assert json.loads(lines[-1])["bad_rows"] == 0
+
+
+def test_check_reports_bad_rows_with_file_and_line(criteo, capsys) -> None:
+    spec, train, held_out = criteo
+    lines = held_out.read_text().splitlines()
+    lines[2] = lines[2].replace("\t", "\t1.5", 1)
+    write_lines(held_out, lines)
+    assert main(["check", str(spec), "--data", f"criteo:{train}", "--sample", "100"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[:2] == [
+        f"{spec}: ok", f"{train}: criteo data, first 100 lines checked: 100 good, 0 bad"
+    ]
+    assert out.splitlines()[2].startswith("  label click: 0: ") and err == ""
+    assert main(["check", str(spec), "--data", f"criteo:{held_out}"]) == 1
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"{held_out}:3: error: column I1: not an integer of at most 18 digits (value {lines[2].split(chr(9))[1]!r})",
+        "1 error",
+    ]
+
+
+def test_check_reports_a_spec_the_file_cannot_feed(tmp_path: Path, capsys) -> None:
+    data = write_lines(tmp_path / "d.txt", [criteo_line(random.Random(0))])
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC.replace("count: 26", "count: 3"))
+    assert main(["check", str(spec), "--data", f"criteo:{data}"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"{data}: error: criteo has 26 categorical columns (C1..C26) but the spec has 3 sparse")

@@ -1,0 +1,119 @@
+"""The MovieLens reader: the three layouts, the vocabulary, labels, genres, bad rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.data.bad_rows import BadRowError, BadRowLog
+from runtime.data.errors import DataError
+from runtime.data.loader import epoch_batches
+from runtime.data.movielens import movielens_layout
+from runtime.data.sources import DataChoice, open_reader
+from sample_files import RATINGS, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
+
+USERS = sorted({r[0] for r in RATINGS})
+MOVIES = sorted({r[1] for r in RATINGS})
+WRITERS = {"ml-100k": write_ml100k, "ml-1m": write_ml1m, "ml-latest": write_ml_latest}
+
+
+def _read(spec, path, **options):
+    reader = open_reader(spec, DataChoice("movielens", str(path)), **options)
+    log = BadRowLog(options.pop("policy", "fail"))
+    locals_ = epoch_batches(reader, global_batch=100, rank=0, world_size=1, bad_rows=log, num_workers=0)
+    return reader, [b.batch for b in locals_]
+
+
+@pytest.mark.parametrize("layout", sorted(WRITERS))
+def test_every_layout_maps_ids_through_a_sorted_vocabulary(tmp_path: Path, layout: str) -> None:
+    WRITERS[layout](tmp_path)
+    _, (batch,) = _read(movielens_spec(), tmp_path)  # the directory: the ratings file is found
+    assert batch.sparse["user_id"].values().tolist() == [USERS.index(r[0]) + 1 for r in RATINGS]
+    assert batch.sparse["movie_id"].values().tolist() == [MOVIES.index(r[1]) + 1 for r in RATINGS]
+    stars = [r[2] - 0.5 if layout == "ml-latest" and r[0] % 2 else r[2] for r in RATINGS]
+    assert batch.labels["like"].tolist() == [float(s >= 4.0) for s in stars]
+
+
+def test_mse_heads_get_the_raw_rating_and_bce_a_chosen_threshold(tmp_path: Path) -> None:
+    path = write_ml_latest(tmp_path)
+    _, (raw,) = _read(movielens_spec(loss="mse"), path)
+    assert raw.labels["like"].tolist() == [r[2] - 0.5 if r[0] % 2 else float(r[2]) for r in RATINGS]
+    _, (liked,) = _read(movielens_spec(), path, threshold=3.0)
+    assert liked.labels["like"].tolist() == [float(v >= 3.0) for v in raw.labels["like"].tolist()]
+
+
+@pytest.mark.parametrize("layout", sorted(WRITERS))
+def test_genres_are_a_multi_hot_bag_from_the_movies_file(tmp_path: Path, layout: str) -> None:
+    WRITERS[layout](tmp_path)
+    reader, (batch,) = _read(movielens_spec(genres=True), tmp_path)
+    genres = batch.sparse["genres"]
+    names = reader.vocabulary.genres
+    bags = [[names[i] for i in bag.tolist()] for bag in genres.to_dense()]
+    first, third = RATINGS[0][1], RATINGS[2][1]  # 242 (even), 377 (odd)
+    if layout == "ml-1m":
+        assert names == ("Action", "Comedy", "Drama")
+        assert bags[0] == ["Action"] and bags[2] == ["Comedy", "Drama"]
+    elif layout == "ml-latest":  # "(no genres listed)" is an empty bag
+        assert bags == [["Adventure", "Children"] if r[1] % 3 else [] for r in RATINGS]
+    else:
+        expected = sorted({1 + first % 18, 1 + (first // 7) % 18})
+        assert genres.to_dense()[0].tolist() == expected and len(names) == 19
+        assert len(bags[2]) == len({1 + third % 18, 1 + (third // 7) % 18})
+    assert genres.weights().eq(1.0).all()
+
+
+def test_the_vocabulary_is_saved_reused_and_sends_unseen_ids_to_row_0(tmp_path: Path) -> None:
+    path = write_ml1m(tmp_path / "ml-1m", crlf=True)
+    saved = tmp_path / "model.vocab.json"
+    reader, _ = _read(movielens_spec(), path, vocab_path=saved, save_vocab=True)
+    document = json.loads(saved.read_text())
+    assert document["userId"] == USERS and document["movieId"] == MOVIES
+    again = open_reader(movielens_spec(), DataChoice("movielens", str(path)), vocab_path=saved)
+    assert again.vocabulary.users == reader.vocabulary.users
+    eval_path = write_lines(tmp_path / "eval" / "ratings.dat", ["196::242::5::1", "9999::242::1::2"])
+    _, (batch,) = _read(movielens_spec(), eval_path, vocabulary=reader.vocabulary)
+    assert batch.sparse["user_id"].values().tolist() == [USERS.index(196) + 1, 0]
+
+
+def test_a_table_too_small_for_the_vocabulary_is_an_error(tmp_path: Path) -> None:
+    path = write_ml100k(tmp_path)
+    message = r"feature 'user_id': 11 rows needed \(userId values plus row 0 for unseen ids\) but its table has 5"
+    with pytest.raises(DataError, match=message):
+        open_reader(movielens_spec(users=5), DataChoice("movielens", str(path)))
+
+
+@pytest.mark.parametrize(
+    ("line", "column", "reason"),
+    [
+        ("1::2::3", None, "3 '::'-separated fields, expected 4 (userId, movieId, rating, timestamp)"),
+        ("1::x::3::4", "movieId", "not a non-negative integer"),
+        ("1::2::six::4", "rating", "not a number"),
+        ("1::2::9::4", "rating", "outside the MovieLens range (0, 5]"),
+        ("1::2::::4", "rating", "not a number"),
+    ],
+)
+def test_bad_lines_name_their_column(tmp_path: Path, line: str, column: str | None, reason: str) -> None:
+    path = write_lines(tmp_path / "ratings.dat", ["1::2::3::4", line])
+    with pytest.raises(BadRowError) as caught:
+        _read(movielens_spec(), path)
+    assert (caught.value.row.line, caught.value.row.column, caught.value.row.reason) == (2, column, reason)
+
+
+def test_the_csv_header_is_not_a_row_and_line_numbers_count_it(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "ratings.csv", ["userId,movieId,rating,timestamp", "1,2,3.5,4", "1,2,x,4"])
+    with pytest.raises(BadRowError, match=r"ratings.csv:3: column rating: not a number \(value 'x'\)"):
+        _read(movielens_spec(), path)
+
+
+def test_columns_map_other_feature_names_and_softmax_heads_are_refused() -> None:
+    spec = movielens_spec()
+    spec["sparse"][1]["name"] = "item"
+    spec["data"] = {"reader": "movielens", "path": "x", "columns": {"movieId": "item"}}
+    assert movielens_layout(spec).movie == "item"
+    spec["data"] = None
+    with pytest.raises(DataError, match=r"sparse features item have no movielens column"):
+        movielens_layout(spec)
+    with pytest.raises(DataError, match="movielens ratings feed bce heads"):
+        movielens_layout(movielens_spec(loss="softmax"))
