@@ -1,0 +1,352 @@
+"""inference-bench: dlrm-bench prediction latency and quality per table precision, against TorchRec.
+
+A configuration is the tables' precision, optionally with `/bf16`: the dense
+blocks in bfloat16 (`reccompile export --dense bf16`). TorchRec's quantized
+model keeps its dense part in fp32, so `int8` is the like-for-like
+comparison and `int8/bf16` a different trade (its AUC/NE cost is reported).
+
+The workload of ../shared/bench/INFERENCE.md, through the real serving path:
+
+1. prepare (cached in --workdir): compile specs/bench/dlrm_bench_criteo.yaml
+   at world size 1, train it on synthetic batches with a learnable signal
+   (runtime.data.synthetic) for --train-steps steps, save a checkpoint
+   (runtime.checkpoint), and `reccompile export` it in every configuration.
+2. sizes: each export's manifest, bytes on disk per table and in all.
+3. quality: every export scores the same held-out synthetic batches (same
+   hidden model, steps the training never saw); AUC and NE per precision and
+   the change from fp32; max |logit - fp32 logit| on the workload's reference
+   batch (as TorchRec's script reports it).
+4. latency, in rounds that alternate the two sides (ours, TorchRec; then
+   TorchRec, ours; ...), each side a fresh process with --threads threads and
+   the protocol of ../shared/bench/torchrec_infer_bench.py: the workload's
+   inputs, the KeyedJaggedTensor built inside the timed call, 20 warm-up
+   calls, 200 timed calls (50 at batch 512), p50/p99 of the per-call times,
+   samples/s = B * calls / total time. Medians over rounds, and the ratio of
+   samples/s, ours over TorchRec's.
+
+    python benchmarks/inference_bench.py                         # everything; TorchRec from /tmp/venv-torchrec
+    python benchmarks/inference_bench.py --rounds 5 --skip-torchrec
+
+One JSON line per measurement, then a summary table and a last JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO.parent / "shared" / "bench"
+SPEC = "specs/bench/dlrm_bench_criteo.yaml"
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+CONFIGS = PRECISIONS + tuple(f"{p}/bf16" for p in PRECISIONS)
+QUANTIZE = {"fp32": "none", "fp16": "fp16", "int8": "int8", "int4": "int4"}
+CASES = (("criteo", 1, 200), ("criteo", 64, 200), ("criteo", 512, 50), ("multihot", 512, 50))
+WARMUP = 20
+HELD_OUT_STEP = 1_000_000  # held-out batches: steps the training never draws
+TORCHREC_PYTHON = "/tmp/venv-torchrec/bin/python"
+
+
+def parts(config: str) -> tuple[str, str]:
+    """(table precision, dense dtype) of a configuration."""
+    precision, _, dense = config.partition("/")
+    return precision, dense or "fp32"
+
+
+def export_dir(workdir: Path, config: str) -> Path:
+    return workdir / ("export_" + config.replace("/", "_"))
+
+
+def workload() -> Any:
+    sys.path.insert(0, str(BENCH))
+    import workload as module
+
+    return module
+
+
+# -- 1. prepare ------------------------------------------------------------------------
+
+
+def prepare(workdir: Path, train_steps: int) -> None:
+    """Train, checkpoint and export once; later runs reuse the work directory."""
+    from compiler.cli import main as reccompile
+    from compiler.pipeline import Options, generate
+    from runtime.checkpoint import latest_checkpoint, save_checkpoint
+    from runtime.train import make_dense_optimizer, train_step
+    from runtime.worker import load_module
+
+    checkpoints = workdir / "checkpoint"
+    if latest_checkpoint(checkpoints) is None:
+        module = load_module(str(generate(SPEC, Options(world_size=1)).write(workdir / "build")[0]))
+        torch.manual_seed(workload().MODEL_SEED)
+        model = module.build()
+        optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+        started = time.perf_counter()
+        for step in range(train_steps):
+            loss = train_step(model, optimizer, module.synthetic_batch(step=step))
+        seconds = time.perf_counter() - started
+        emit({"prepare": "trained", "steps": train_steps, "loss_last": float(loss), "seconds": round(seconds, 1)})
+        save_checkpoint(
+            checkpoints, model, optimizer, step=train_steps, spec_sha256=module.SPEC_SHA256, plan=module.PLAN
+        )
+        del model, optimizer
+    for config in CONFIGS:
+        out, (precision, dense) = export_dir(workdir, config), parts(config)
+        if not (out / "manifest.json").is_file():
+            with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON lines only
+                code = reccompile(["export", SPEC, "--checkpoint", str(checkpoints), "--quantize",
+                                   QUANTIZE[precision], "--dense", dense, "--no-aot", "-o", str(out)])
+            if code != 0:
+                raise SystemExit(f"error: reccompile export failed for {config}")
+
+
+# -- 2. sizes and 3. quality -------------------------------------------------------------
+
+
+def sizes(workdir: Path) -> dict[str, dict[str, Any]]:
+    rows = {}
+    for precision in PRECISIONS:
+        manifest = json.loads((export_dir(workdir, precision) / "manifest.json").read_text())
+        table = manifest["tables"][0]
+        rows[precision] = {
+            "table_bytes": table["bytes"],
+            "row_bytes": table["row_bytes"],
+            "tables_bytes": manifest["tables_bytes"],
+            "vs_fp32": round(manifest["tables_fp32_bytes"] / manifest["tables_bytes"], 2),
+        }
+    return rows
+
+
+def quality(workdir: Path, eval_batches: int) -> dict[str, dict[str, Any]]:
+    from runtime.data.synthetic import make_batch
+    from runtime.inference import load
+    from runtime.jagged import KeyedJaggedTensor
+    from runtime.metrics import auc, normalized_entropy
+
+    W = workload()
+    dense, ids, _ = W.make_batch(0, "multihot", batch_size=512)
+    reference = ({"int": torch.from_numpy(dense)}, KeyedJaggedTensor(
+        W.FEATURE_NAMES, torch.from_numpy(ids.reshape(-1)), lengths=torch.full((26 * 512,), 20)))
+    results: dict[str, dict[str, Any]] = {}
+    base_logits = None
+    for config in CONFIGS:
+        module, model = load(export_dir(workdir, config), verify=False)
+        spec = module.SPEC
+        logits, labels = [], []
+        with torch.inference_mode():
+            for k in range(eval_batches):
+                batch = make_batch(spec, spec["training"]["batch_size"], HELD_OUT_STEP + k, spec["training"]["seed"])
+                logits.append(model(batch.dense, batch.sparse)["click"])
+                labels.append(batch.labels["click"])
+            probe = model(*reference)["click"]
+        logit, label = torch.cat(logits).double(), torch.cat(labels).double()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logit, label, reduction="sum")
+        results[config] = {
+            "auc": auc(torch.sigmoid(logit), label),
+            "ne": normalized_entropy(float(loss), float(label.sum()), label.numel()),
+            "max_abs_logit_diff_vs_fp32": 0.0 if base_logits is None else float((probe - base_logits).abs().max()),
+        }
+        base_logits = probe if base_logits is None else base_logits
+        del model
+    for row in results.values():
+        row["auc_change"] = row["auc"] - results["fp32"]["auc"]
+        row["ne_change"] = row["ne"] - results["fp32"]["ne"]
+    return results
+
+
+# -- 4. latency ---------------------------------------------------------------------------
+
+
+def cpu_counters() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return fields[0] + fields[1] + fields[2] + fields[5] + fields[6], sum(fields[:8])
+
+
+def measure(workdir: Path, configs: list[str]) -> None:
+    """Our side of one round (run in a fresh process): one JSON line per configuration and case."""
+    from runtime.inference import load
+    from runtime.jagged import KeyedJaggedTensor
+
+    W = workload()
+    inputs = {}
+    for variant, batch, _ in CASES:
+        lengths = torch.full((W.NUM_SPARSE_FEATURES * batch,), W.VARIANTS[variant], dtype=torch.int64)
+        inputs[variant, batch] = [
+            (torch.from_numpy(d), torch.from_numpy(i.reshape(-1)), lengths)
+            for d, i, _ in (W.make_batch(n, variant, batch_size=batch) for n in range(W.NUM_BATCHES))
+        ]
+    for config in configs:
+        _, model = load(export_dir(workdir, config), verify=False)
+
+        def forward(item: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int) -> Any:
+            dense, values, lengths = item
+            return model({"int": dense}, KeyedJaggedTensor(W.FEATURE_NAMES, values, lengths=lengths, stride=batch))
+
+        for variant, batch, calls in CASES:
+            items = inputs[variant, batch]
+            times = []
+            with torch.inference_mode():
+                for n in range(WARMUP):
+                    forward(items[n % len(items)], batch)
+                for n in range(calls):
+                    started = time.perf_counter_ns()
+                    forward(items[n % len(items)], batch)
+                    times.append(time.perf_counter_ns() - started)
+            ms = np.array(times, dtype=np.float64) / 1e6
+            emit({
+                "config": config, "precision": parts(config)[0], "variant": variant, "batch": batch, "calls": calls,
+                "p50_ms": round(float(np.percentile(ms, 50)), 4), "p99_ms": round(float(np.percentile(ms, 99)), 4),
+                "samples_per_s": round(batch * calls / (ms.sum() / 1e3), 1),
+            })
+        del model
+
+
+def run_side(command: list[str], impl: str, round_: int) -> list[dict[str, Any]]:
+    """One side's process; its JSON lines tagged with impl, round and the CPU others used meanwhile."""
+    machine_before, children_before = cpu_counters(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    machine_after, children_after = cpu_counters(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"error: {impl} run failed:\n{done.stderr[-3000:]}")
+    hz = os.sysconf("SC_CLK_TCK")
+    own = (children_after.ru_utime - children_before.ru_utime) + (children_after.ru_stime - children_before.ru_stime)
+    busy = (machine_after[0] - machine_before[0]) / hz
+    total = (machine_after[1] - machine_before[1]) / hz
+    other = round(100 * max(busy - own, 0.0) / total, 1) if total else None
+    rows = []
+    for line in done.stdout.splitlines():
+        record = json.loads(line)
+        if "variant" in record and "error" not in record:
+            rows.append({"impl": impl, "round": round_, "other_cpu_pct": other, **record})
+            emit(rows[-1])
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: float) -> list[dict[str, Any]]:
+    """Medians over rounds per (configuration, variant, batch), ours beside TorchRec's at its precision.
+
+    Runs during which other processes used more than `max_other_cpu` percent
+    of the machine are left out, unless every run of that side was so.
+    """
+    quiet = [r for r in rows if r["other_cpu_pct"] is not None and r["other_cpu_pct"] <= max_other_cpu]
+    used = {
+        impl: quiet if any(r["impl"] == impl for r in quiet) else rows for impl in ("reccompile", "torchrec")
+    }
+
+    def median(impl: str, name: str, variant: str, batch: int, key: str) -> float | None:
+        field = "config" if impl == "reccompile" else "precision"
+        wanted = (impl, name, variant, batch)
+        values = [r[key] for r in used[impl] if (r["impl"], r.get(field), r["variant"], r["batch"]) == wanted]
+        return statistics.median(values) if values else None
+
+    table = []
+    for config in configs:
+        for variant, batch, _ in CASES:
+            line: dict[str, Any] = {"config": config, "variant": variant, "batch": batch}
+            for impl, name in (("reccompile", config), ("torchrec", parts(config)[0])):
+                for key in ("p50_ms", "p99_ms", "samples_per_s"):
+                    line[f"{impl}_{key}"] = median(impl, name, variant, batch, key)
+                line[f"{impl}_rounds"] = sorted({r["round"] for r in used[impl] if r["impl"] == impl})
+            if line["reccompile_samples_per_s"] and line["torchrec_samples_per_s"]:
+                line["ratio"] = round(line["reccompile_samples_per_s"] / line["torchrec_samples_per_s"], 2)
+            table.append(line)
+    return table
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_rows: dict[str, Any]) -> str:
+    def number(value: Any, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    lines = ["| config | variant | batch | ours p50 ms | ours p99 ms | ours samples/s | TorchRec p50 ms "
+             "| TorchRec p99 ms | TorchRec samples/s | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in table:
+        lines.append(
+            f"| {row['config']} | {row['variant']} | {row['batch']} | {number(row['reccompile_p50_ms'], '.3f')} "
+            f"| {number(row['reccompile_p99_ms'], '.3f')} | {number(row['reccompile_samples_per_s'], ',.0f')} "
+            f"| {number(row['torchrec_p50_ms'], '.3f')} | {number(row['torchrec_p99_ms'], '.3f')} "
+            f"| {number(row['torchrec_samples_per_s'], ',.0f')} | {number(row.get('ratio'), '.2f')} |"
+        )
+    lines += ["", "| precision | bytes per table | all 26 tables | vs fp32 |", "|---|---|---|---|"]
+    for precision in PRECISIONS:
+        s = size_rows[precision]
+        lines.append(f"| {precision} | {s['table_bytes']:,} | {s['tables_bytes']:,} | {s['vs_fp32']:.2f}x |")
+    lines += ["", "| config | AUC | NE | AUC change | NE change | max logit diff vs fp32 |", "|---|---|---|---|---|---|"]
+    for config, q in quality_rows.items():
+        lines.append(
+            f"| {config} | {number(q['auc'], '.5f')} | {number(q['ne'], '.5f')} | {number(q['auc_change'], '+.1e')} "
+            f"| {number(q['ne_change'], '+.1e')} | {number(q['max_abs_logit_diff_vs_fp32'], '.1e')} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/reccompile-inference-bench"))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="e.g. int8,int8/bf16 (default: all)")
+    parser.add_argument("--train-steps", type=int, default=100)
+    parser.add_argument("--eval-batches", type=int, default=10, help="held-out batches of 2048 samples")
+    parser.add_argument("--torchrec-python", default=TORCHREC_PYTHON)
+    parser.add_argument("--skip-torchrec", action="store_true")
+    parser.add_argument("--max-other-cpu", type=float, default=10.0,
+                        help="leave out runs during which others used more than this %% of the machine")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side of one round
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configuration {unknown[0]!r} (choose from {', '.join(CONFIGS)})")
+    if args.measure:
+        measure(args.workdir, configs)
+        return 0
+
+    os.chdir(REPO)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    prepare(args.workdir, args.train_steps)
+    size_rows = sizes(args.workdir)
+    emit({"sizes": size_rows})
+    cached = args.workdir / "quality.json"  # the exports do not change between runs
+    if not cached.is_file():
+        cached.write_text(json.dumps(quality(args.workdir, args.eval_batches)))
+    quality_rows = json.loads(cached.read_text())
+    emit({"quality": quality_rows})
+
+    precisions = ",".join(p for p in PRECISIONS if any(parts(c)[0] == p for c in configs))
+    ours = [sys.executable, str(Path(__file__).resolve()), "--measure", "--workdir", str(args.workdir),
+            "--threads", str(args.threads), "--configs", args.configs]
+    theirs = [args.torchrec_python, str(BENCH / "torchrec_infer_bench.py"), "--threads", str(args.threads),
+              "--precisions", precisions]
+    rows: list[dict[str, Any]] = []
+    for round_ in range(args.rounds):
+        sides = [("reccompile", ours)] + ([] if args.skip_torchrec else [("torchrec", theirs)])
+        for impl, command in sides if round_ % 2 == 0 else reversed(sides):
+            rows += run_side(command, impl, round_)
+    table = summarise(rows, configs, args.max_other_cpu)
+    print(markdown(table, size_rows, quality_rows), flush=True)
+    emit({"summary": table, "sizes": size_rows, "quality": quality_rows, "rounds": args.rounds,
+          "threads": args.threads})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Emit the inference module: a lowered serving program -> `<name>.py` of an export directory.
+
+Runs in `reccompile export` after `compiler.lower_inference`. Like the
+training module (emit.py) the text is deterministic and readable: the
+resolved SPEC, the tables' precisions, a `Model` whose `forward` is the fx
+graph's own code tagged with spec lines, and `build()` returning the eval
+model with the directory's weights. It imports torch and the runtime only.
+"""
+
+from __future__ import annotations
+
+import pprint
+import re
+from typing import Any
+
+import jinja2
+
+from compiler import __version__
+from compiler.codegen.emit import render_call, spec_literal
+from compiler.lower import LoweredModel
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("compiler.codegen", "templates"),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+)
+_ASSIGNED = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*) = ")
+_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+
+
+def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtype: str = "fp32") -> str:
+    """The text of the inference module of `lowered`: tables at `precisions`, dense blocks in
+    `dense_dtype` ("fp32" or "bf16", as `lower_inference` was given)."""
+    ir = lowered.ir
+    return _ENV.get_template("inference.py.j2").render(
+        version=__version__,
+        source=ir.source,
+        sha256=ir.source_sha256,
+        name=ir.name,
+        spec=_literal(spec_literal(ir)),
+        precisions=_literal({t.name: precisions[t.name] for t in ir.tables}),
+        dense_dtype=_DTYPES[dense_dtype],
+        sparse_keys=_literal([f for t in ir.tables for f in t.features]),
+        tables=[
+            {"name": t.name, "rows": t.num_embeddings, "dim": t.dim, "pooling": t.pooling,
+             "precision": precisions[t.name]}
+            for t in ir.tables
+        ],
+        modules=[
+            {"target": d.target, "loc": f"{d.loc.file}:{d.loc.line}", "source": render_call(d.call, indent=8)}
+            for d in lowered.modules
+        ],
+        forward=_forward_source(lowered),
+    )
+
+
+def _literal(value: Any) -> str:
+    return pprint.pformat(value, indent=1, width=100, sort_dicts=False, compact=True)
+
+
+def _forward_source(lowered: LoweredModel) -> str:
+    """fx's code for the graph as the `forward` method, each line tagged with its spec line."""
+    code = lowered.graph.python_code(root_module="self").src.strip()
+    locs = {node.name: node.meta.get("loc") for node in lowered.graph.nodes}
+    lines = []
+    for line in code.splitlines():
+        match = _ASSIGNED.match(line)
+        loc = locs.get(match.group(1)) if match else None
+        suffix = f"  # spec: {loc.file}:{loc.line}" if loc is not None else ""
+        lines.append(("    " + line + suffix).rstrip())
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,97 @@
+"""`reccompile export SPEC --checkpoint DIR -o OUT`: a trained model as a serving directory.
+
+    reccompile export SPEC --checkpoint DIR [--quantize fp16|int8|int4|none]
+                           [--per-table t0=int4,t3=fp32] [--dense fp32|bf16] [--no-aot]
+                           [--allow-spec-change] -o OUT
+
+Writes OUT/ (see compiler/export.py and runtime/inference.py): the generated
+inference module, the weights at each table's precision, the layout, the
+torch.export program and the manifest; prints one row per table with its
+size on disk. Exit status 1 when the spec, the checkpoint or the export
+fails, 2 for bad command-line use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from compiler.commands.common import reporting_errors
+from compiler.export import DENSE_CHOICES, QUANTIZE_CHOICES, ExportRequest, UsageError, export
+from runtime.checkpoint_files import CheckpointError
+from runtime.inference import ExportError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("spec", metavar="SPEC", help="the model spec (YAML) the checkpoint was trained from")
+    parser.add_argument("--checkpoint", type=Path, required=True, metavar="DIR",
+                        help="a checkpoint, or a directory of them (the latest is used)")
+    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
+                        help="precision of every table (default none: fp32)")
+    parser.add_argument("--per-table", type=_per_table, default={}, metavar="T=P,...",
+                        help="precision of single tables, e.g. t0=int4,t3=fp32 (wins over --quantize)")
+    parser.add_argument("--dense", choices=DENSE_CHOICES, default="fp32",
+                        help="dtype of the dense blocks (default fp32; bf16 is faster at large batches, not exact)")
+    parser.add_argument("--no-aot", dest="aot", action="store_false",
+                        help="skip the torch.export program (<name>.pt2)")
+    parser.add_argument("--allow-spec-change", action="store_true",
+                        help="export a checkpoint of another version of the spec (shapes still checked)")
+    parser.add_argument("-o", "--outdir", type=Path, required=True, metavar="OUT", help="the export directory")
+
+
+def run(args: argparse.Namespace) -> int:
+    def action() -> int:
+        request = ExportRequest(
+            spec=args.spec,
+            checkpoint=args.checkpoint,
+            outdir=args.outdir,
+            quantize=args.quantize,
+            per_table=args.per_table,
+            dense=args.dense,
+            aot=args.aot,
+            allow_spec_change=args.allow_spec_change,
+        )
+        try:
+            manifest = export(request)
+        except UsageError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        except (ExportError, CheckpointError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(summary(manifest, args.outdir))
+        return 0
+
+    return reporting_errors(action)
+
+
+def summary(manifest: dict, outdir: Path) -> str:
+    """One row per table (precision, bytes on disk, against fp32), the totals and the files."""
+    lines = [f"{'table':<16} {'rows':>10} {'dim':>5} {'precision':>9} {'bytes on disk':>15} {'vs fp32':>8}"]
+    for table in manifest["tables"]:
+        lines.append(
+            f"{table['name']:<16} {table['rows']:>10,} {table['dim']:>5} {table['precision']:>9} "
+            f"{table['bytes']:>15,} {table['fp32_bytes'] / table['bytes']:>7.2f}x"
+        )
+    lines.append(
+        f"{'all tables':<44} {manifest['tables_bytes']:>15,} {manifest['tables_compression'] or 0:>7.2f}x"
+    )
+    files = [manifest["module"], manifest["layout"], manifest["dense"]]
+    files += [manifest["aot"]] if manifest["aot"] else []
+    lines += [f"wrote {outdir / entry['file']} ({entry['bytes']:,} bytes)" for entry in files]
+    lines.append(f"wrote {outdir / 'weights' / 'tables'}/ ({len(manifest['tables'])} tables)")
+    lines.append(f"wrote {outdir / 'manifest.json'}")
+    return "\n".join(lines)
+
+
+def _per_table(text: str) -> dict[str, str]:
+    choices: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, equals, precision = item.partition("=")
+        if not equals or not name or not precision:
+            raise argparse.ArgumentTypeError(f"expected TABLE=PRECISION, got {item!r}")
+        if name in choices:
+            raise argparse.ArgumentTypeError(f"table {name!r} is given twice")
+        choices[name] = "fp32" if precision == "none" else precision
+    return choices

@@ -1,0 +1,79 @@
+"""`reccompile predict OUT --data ... -o predictions.csv`: score samples with an exported model.
+
+    reccompile predict OUT --data synthetic|criteo:FILE|movielens:FILE [--batch-size B]
+                       [--rows N] [--seed S] [--bad-rows fail|skip] [--no-verify] -o predictions.csv
+
+Loads the export directory OUT (checked against its manifest) without
+compiling anything, streams the data through the model and writes one CSV
+row per sample (see runtime/predict.py); reports rows/s. Exit status 1 when
+the export or the data is bad (the first bad row under `--bad-rows fail`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from runtime.inference import ExportError, load
+from runtime.predict import predict_file
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export", metavar="OUT", type=Path, help="an export directory (reccompile export)")
+    parser.add_argument("--data", default="synthetic", help="synthetic (default), criteo:FILE, movielens:FILE")
+    parser.add_argument("--batch-size", type=_positive, default=512, help="samples per forward (default 512)")
+    parser.add_argument("--rows", type=_positive, default=4096, help="synthetic samples (default 4096)")
+    parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
+    parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
+                        help="stop at the first bad row (default) or count, report and skip them")
+    parser.add_argument("--rating-threshold", type=float, help="MovieLens positives: rating >= T (default 4)")
+    parser.add_argument("--threads", type=_positive, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="check file sizes only, not their sha256")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    from runtime.data.errors import DataError
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        module, model = load(args.export, verify=args.verify)
+        spec = module.SPEC
+        report = predict_file(
+            model,
+            spec,
+            args.output,
+            data=args.data,
+            batch_size=args.batch_size,
+            rows=args.rows,
+            seed=spec["training"]["seed"] if args.seed is None else args.seed,
+            bad_rows_policy=args.bad_rows,
+            rating_threshold=args.rating_threshold,
+            warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+        )
+    except (ExportError, DataError, IndexError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if report.bad_rows_summary is not None:
+        print(report.bad_rows_summary, file=sys.stderr)
+    print(
+        f"wrote {report.rows:,} predictions to {args.output} in {report.seconds:.2f} s: "
+        f"{report.rows_per_s:,.0f} rows/s ({report.model_rows_per_s:,.0f} rows/s in the model); "
+        f"{report.bad_rows:,} bad rows skipped"
+    )
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -1,0 +1,298 @@
+"""Export: spec + trained checkpoint -> a self-contained serving directory.
+
+    reccompile export SPEC --checkpoint DIR [--quantize fp16|int8|int4|none] [--per-table t=int4,...]
+                           [--dense fp32|bf16] -o OUT
+
+The steps, in order:
+
+    load + validate the spec         -> ModelIR (the same checks as compiling for training)
+    resolve_precisions               -> a precision per table (--per-table wins over --quantize)
+    lower_inference + emit_inference -> OUT/<name>.py, the generated serving module
+    read_checkpoint                  -> the full single-process state (dense + whole tables), checked
+    quantize and write               -> OUT/weights/dense.pt, OUT/weights/tables/<table>.pt, OUT/layout.json
+    export_program                   -> OUT/<name>.pt2 (torch.export: lookup + dense part)
+    manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
+
+The directory is written next to OUT and renamed into place at the end, so
+OUT is either the previous export or the complete new one. runtime/inference.py
+documents the layout and reads it back without the compiler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from compiler import __version__
+from compiler.codegen.emit_inference import emit_inference
+from compiler.diagnostics import CompileError, Diagnostic
+from compiler.ir import ModelIR
+from compiler.lower_inference import lower_inference
+from compiler.spec.load import load
+from compiler.spec.validate import validate
+from runtime.checkpoint import load_model_state, read_manifest
+from runtime.inference import (
+    DENSE_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    ExportError,
+    export_program,
+    file_facts,
+    import_module,
+    table_file,
+)
+from runtime.quant_embedding import PRECISIONS, row_bytes
+
+QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
+DENSE_CHOICES = ("fp32", "bf16")
+
+
+class UsageError(ExportError):
+    """A command-line choice that does not fit the spec (exit status 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportRequest:
+    spec: str
+    checkpoint: Path
+    outdir: Path
+    quantize: str = "none"  # the precision of every table --per-table does not name
+    per_table: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 (faster at large batches, not exact)
+    aot: bool = True  # also write <name>.pt2
+    allow_spec_change: bool = False  # export a checkpoint trained from another version of the spec
+
+
+def export(request: ExportRequest) -> dict[str, Any]:
+    """Write the export directory of `request`; return its manifest."""
+    ir = validate(load(request.spec))
+    precisions = resolve_precisions(ir, request.quantize, request.per_table)
+    if request.dense not in DENSE_CHOICES:
+        raise UsageError(f"--dense: {request.dense!r} is not one of {', '.join(DENSE_CHOICES)}")
+    lowered = lower_inference(ir, request.dense)
+    source = emit_inference(lowered, precisions, request.dense)
+    checkpoint, state = read_checkpoint(request.checkpoint)
+    _check_spec(ir, checkpoint, request)
+    tables = _table_weights(ir, state, request.checkpoint)
+
+    staging = _staging_dir(request.outdir)
+    try:
+        module_path = staging / f"{ir.name}.py"
+        module_path.write_text(source)
+        model = import_module(module_path).Model()
+        with torch.no_grad():
+            # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
+            model.load_state_dict(_dense_state(model, state, request.checkpoint), strict=False)
+            if ir.tables:
+                model.sparse_arch.quantize_from(tables)
+        model.eval()
+        dense = {k: v for k, v in model.state_dict().items() if not k.startswith("sparse_arch.")}
+        (staging / "weights" / "tables").mkdir(parents=True)
+        torch.save(dense, staging / DENSE_FILE)
+        stored = model.sparse_arch.table_rows() if ir.tables else {}
+        for name, rows in stored.items():
+            torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
+        layout = model.sparse_arch.layout() if ir.tables else {"tables": []}
+        (staging / "layout.json").write_text(json.dumps(layout, indent=2) + "\n")
+        aot = _write_program(model, ir, staging) if request.aot else None
+        manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _replace(request.outdir, staging)
+    return manifest
+
+
+def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str]) -> dict[str, str]:
+    """Table -> precision; fbgemm's constraints become diagnostics at the table's spec line."""
+    default = "fp32" if quantize == "none" else quantize
+    names = [t.name for t in ir.tables]
+    for name, precision in per_table.items():
+        if name not in names:
+            raise UsageError(f"--per-table: {ir.source} has no table {name!r} (tables: {', '.join(names)})")
+        if precision not in PRECISIONS:
+            raise UsageError(
+                f"--per-table: {name}={precision}: unknown precision (expected one of {', '.join(PRECISIONS)})"
+            )
+    precisions = {t.name: per_table.get(t.name, default) for t in ir.tables}
+    problems = [
+        Diagnostic(
+            t.loc,
+            f"tables.{t.name}",
+            f"dim {t.dim} is not a multiple of 4: fbgemm's inference kernel cannot store the table",
+        )
+        for t in ir.tables
+        if t.dim % 4
+    ]
+    if problems:
+        raise CompileError(problems)
+    return precisions
+
+
+# -- the checkpoint ---------------------------------------------------------------
+
+
+def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The manifest and full single-process model state of a checkpoint (or of the latest one in a
+    directory of them), read by runtime.checkpoint without a process group."""
+    return read_manifest(directory), load_model_state(directory)
+
+
+def _check_spec(ir: ModelIR, checkpoint: Mapping[str, Any], request: ExportRequest) -> None:
+    trained = checkpoint.get("spec_sha256")
+    if trained != ir.source_sha256 and not request.allow_spec_change:
+        raise ExportError(
+            f"{request.checkpoint}: trained from a spec with sha256 {str(trained)[:12]}…, but {request.spec} "
+            f"has {ir.source_sha256[:12]}… "
+            "(pass --allow-spec-change to export it anyway; shapes are still checked)"
+        )
+
+
+def _table_weights(ir: ModelIR, state: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+    tables = {}
+    for table in ir.tables:
+        key = f"sparse_arch.{table.name}.weight"
+        if key not in state:
+            raise ExportError(f"{where}: the checkpoint has no {key} (table {table.name!r} of {ir.source})")
+        weight = state[key]
+        if tuple(weight.shape) != (table.num_embeddings, table.dim):
+            raise ExportError(
+                f"{where}: {key} is {tuple(weight.shape)}, but table {table.name!r} of {ir.source} is "
+                f"({table.num_embeddings}, {table.dim})"
+            )
+        tables[table.name] = weight
+    return tables
+
+
+def _dense_state(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: Path
+) -> dict[str, torch.Tensor]:
+    """The checkpoint's dense entries, exactly the keys and shapes of the serving model's."""
+    expected = {k: v for k, v in model.state_dict().items() if not k.startswith("sparse_arch.")}
+    given = {k: v for k, v in state.items() if not k.startswith("sparse_arch.")}
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    if missing or unexpected:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + (
+            [f"unexpected {', '.join(unexpected)}"] if unexpected else []
+        )
+        raise ExportError(f"{where}: the dense parameters do not fit the spec: {'; '.join(parts)}")
+    for key, tensor in expected.items():
+        if given[key].shape != tensor.shape:
+            raise ExportError(
+                f"{where}: {key} is {tuple(given[key].shape)} in the checkpoint, "
+                f"{tuple(tensor.shape)} in the spec"
+            )
+    return {k: given[k] for k in expected}
+
+
+# -- writing ------------------------------------------------------------------------
+
+
+def _write_program(model: torch.nn.Module, ir: ModelIR, staging: Path) -> dict[str, Any]:
+    sparse_keys = [f for t in ir.tables for f in t.features]
+    weighted = any(f.weighted for f in ir.sparse)
+    program = export_program(model, {f.name: f.size for f in ir.dense}, sparse_keys, weighted)
+    torch.export.save(program, staging / f"{ir.name}.pt2")
+    return {
+        "file": f"{ir.name}.pt2",
+        "inputs": {
+            "dense": {f.name: [None, f.size] for f in ir.dense},
+            "values": "int64 ids of all sparse features, key after key in sparse_keys order",
+            "lengths": "int64 ids per (key, sample), key-major: len(sparse_keys) * batch",
+            "weights": "float32 per-id weights, like values" if weighted else None,
+        },
+        "sparse_keys": sparse_keys,
+        "outputs": {head.name: "logits" if head.loss != "mse" else "values" for head in ir.heads},
+        "requires": ["torch", "fbgemm_gpu"],
+    }
+
+
+def _manifest(
+    ir: ModelIR,
+    precisions: Mapping[str, str],
+    checkpoint: Mapping[str, Any],
+    request: ExportRequest,
+    staging: Path,
+    dense: Mapping[str, torch.Tensor],
+    aot: dict[str, Any] | None,
+) -> dict[str, Any]:
+    def facts(file: str) -> dict[str, Any]:
+        return {"file": file, **file_facts(staging / file)}
+
+    tables = []
+    for table in ir.tables:
+        precision = precisions[table.name]
+        tables.append({
+            "name": table.name,
+            "rows": table.num_embeddings,
+            "dim": table.dim,
+            "pooling": table.pooling,
+            "features": list(table.features),
+            "precision": precision,
+            "row_bytes": row_bytes(table.dim, precision),
+            "fp32_bytes": table.num_embeddings * table.dim * 4,
+            **facts(table_file(table.name)),
+        })
+    on_disk = sum(t["bytes"] for t in tables)
+    fp32 = sum(t["fp32_bytes"] for t in tables)
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "name": ir.name,
+        "compiler_version": __version__,
+        "spec": {"path": ir.source, "sha256": ir.source_sha256},
+        "checkpoint": {
+            "directory": str(checkpoint.get("path", request.checkpoint)),
+            "spec_sha256": checkpoint.get("spec_sha256"),
+            "step": checkpoint.get("step"),
+            "world_size": checkpoint.get("world_size"),
+        },
+        "module": facts(f"{ir.name}.py"),
+        "layout": facts("layout.json"),
+        "dense": {
+            **facts(DENSE_FILE),
+            "parameters": sum(t.numel() for t in dense.values()),
+            "dtype": request.dense,
+        },
+        "tables": tables,
+        "tables_bytes": on_disk,
+        "tables_fp32_bytes": fp32,
+        "tables_compression": round(fp32 / on_disk, 3) if on_disk else None,
+        "aot": None if aot is None else {**aot, **file_facts(staging / aot["file"])},
+        "heads": [
+            {"name": h.name, "loss": h.loss, "label": h.label, "num_classes": h.num_classes} for h in ir.heads
+        ],
+    }
+
+
+def _staging_dir(outdir: Path) -> Path:
+    outdir = Path(outdir)
+    if outdir.exists() and not outdir.is_dir():
+        raise ExportError(f"{outdir} exists and is not a directory")
+    if outdir.is_dir() and any(outdir.iterdir()) and not (outdir / MANIFEST).is_file():
+        raise ExportError(f"{outdir} exists and is not an export directory; choose another -o or empty it")
+    staging = outdir.parent / f".{outdir.name}.partial-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _replace(outdir: Path, staging: Path) -> None:
+    """Put `staging` at `outdir`; a previous export there is removed only once the new one is complete."""
+    outdir = Path(outdir)
+    if outdir.exists():
+        retired = outdir.parent / f".{outdir.name}.old-{os.getpid()}"
+        outdir.rename(retired)
+        staging.rename(outdir)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        staging.rename(outdir)

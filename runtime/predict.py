@@ -1,0 +1,160 @@
+"""Batch prediction: stream samples through an exported model into a CSV file.
+
+`reccompile predict OUT --data ... -o predictions.csv` runs this in one
+process, without the compiler. Samples come in batches from
+
+    synthetic          the spec's synthetic batches (runtime.data.synthetic), ids 0, 1, 2, ...
+    criteo:PATH        Criteo TSV lines (runtime.data.criteo)
+    movielens:PATH     MovieLens ratings (runtime.data.movielens)
+
+and each becomes one CSV row: `id` (synthetic) or `file,line` (files), then
+one column per head: the sigmoid of the logit (bce), the value (mse), or one
+probability per class (softmax: `<head>_<k>`). Floats are written with 9
+significant digits, which round-trips float32 exactly. File lines are parsed
+by the reader's own `parse` and `to_columns`, line by line in file order, so
+each prediction keeps its line number; bad rows follow the training rule
+(runtime.data.bad_rows): stop at the first (`fail`) or count, report and skip.
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence, TextIO
+
+import torch
+from torch import nn
+
+from runtime.data.batch import Batch
+from runtime.data.synthetic import make_batch
+
+# (row ids, batch): ids are [sample number] for synthetic data, [file, line] for files.
+Keyed = tuple[list[list[Any]], Batch]
+
+
+@dataclass(frozen=True)
+class PredictionReport:
+    rows: int
+    seconds: float  # the whole stream: reading, parsing, the model, writing
+    model_seconds: float  # forward passes only
+    bad_rows: int
+    bad_rows_summary: str | None
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def model_rows_per_s(self) -> float:
+        return self.rows / self.model_seconds if self.model_seconds > 0 else 0.0
+
+
+def score_columns(heads: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The CSV columns of the heads' scores."""
+    columns = []
+    for head in heads:
+        if head["loss"] == "softmax":
+            columns += [f"{head['name']}_{k}" for k in range(head["num_classes"])]
+        else:
+            columns.append(head["name"])
+    return columns
+
+
+def synthetic_samples(spec: Mapping[str, Any], batch_size: int, rows: int, seed: int) -> Iterator[Keyed]:
+    """`rows` samples of the spec's synthetic data, ids counted from 0."""
+    done, step = 0, 0
+    while done < rows:
+        size = min(batch_size, rows - done)
+        yield [[done + i] for i in range(size)], make_batch(spec, size, step, seed)
+        done += size
+        step += 1
+
+
+def file_samples(reader: Any, batch_size: int, bad_rows: Any) -> Iterator[Keyed]:
+    """The good lines of `reader` (a runtime.data.loader.Reader) in batches, with file and line."""
+    from runtime.data.bad_rows import BadRow
+    from runtime.data.errors import RowError
+
+    rows: list[Any] = []
+    where: list[list[Any]] = []
+    for file, number, line in reader.epoch_lines():
+        bad_rows.count_rows(1)
+        try:
+            rows.append(reader.parse(line))
+        except RowError as error:
+            bad_rows.add(BadRow.from_error(file, number, error))
+            continue
+        where.append([file, number])
+        if len(rows) == batch_size:
+            yield where, reader.to_columns(rows).to_batch(reader.weighted)
+            rows, where = [], []
+    if rows:
+        yield where, reader.to_columns(rows).to_batch(reader.weighted)
+
+
+def predict(
+    model: nn.Module,
+    heads: Sequence[Mapping[str, Any]],
+    samples: Iterator[Keyed],
+    out: TextIO,
+    id_columns: Sequence[str],
+) -> tuple[int, float]:
+    """Write one CSV row per sample of `samples`; returns (rows, seconds in the model)."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*id_columns, *score_columns(heads)])
+    rows, model_seconds = 0, 0.0
+    with torch.inference_mode():
+        for ids, batch in samples:
+            started = time.perf_counter()
+            scores = model.scores(model(batch.dense, batch.sparse))
+            model_seconds += time.perf_counter() - started
+            table = torch.cat([scores[h["name"]].reshape(len(ids), -1) for h in heads], dim=1).tolist()
+            writer.writerows([*key, *(f"{value:.9g}" for value in values)] for key, values in zip(ids, table))
+            rows += len(ids)
+    return rows, model_seconds
+
+
+def predict_file(
+    model: nn.Module,
+    spec: Mapping[str, Any],
+    output: Path,
+    *,
+    data: str,
+    batch_size: int,
+    rows: int,
+    seed: int,
+    bad_rows_policy: str = "fail",
+    rating_threshold: float | None = None,
+    warn: Any = None,
+) -> PredictionReport:
+    """Predict every sample of `data` (see the module docstring) into the CSV file `output`."""
+    started = time.perf_counter()
+    log = None
+    if data == "synthetic":
+        samples, id_columns = synthetic_samples(spec, batch_size, rows, seed), ["id"]
+    else:
+        from runtime.data.bad_rows import BadRowLog
+        from runtime.data.movielens import DEFAULT_THRESHOLD
+        from runtime.data.sources import choose_data, open_reader
+
+        threshold = DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold
+        reader = open_reader(spec, choose_data(data, spec), threshold=threshold)
+        log = BadRowLog(bad_rows_policy, warn)
+        samples, id_columns = file_samples(reader, batch_size, log), ["file", "line"]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        with open(partial, "w", newline="") as out:
+            count, model_seconds = predict(model, spec["heads"], samples, out, id_columns)
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return PredictionReport(
+        rows=count,
+        seconds=time.perf_counter() - started,
+        model_seconds=model_seconds,
+        bad_rows=0 if log is None else log.bad,
+        bad_rows_summary=None if log is None else log.summary(),
+    )
