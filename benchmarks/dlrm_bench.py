@@ -7,6 +7,14 @@ the schema of ../shared/bench/WORKLOAD.md plus a few extras.
 
     python benchmarks/dlrm_bench.py                       # both variants, local
     python benchmarks/dlrm_bench.py --variant criteo --mode dist2
+    python benchmarks/dlrm_bench.py --mode dist2 --pipeline off    # the plain loop, to compare
+    python benchmarks/dlrm_bench.py --mode dist2 --profile prof/   # where the time goes
+
+dist2 trains through runtime.pipeline.TrainPipeline by default (`--pipeline
+on`, as `reccompile train` does for several ranks): batch i+1's ids
+all-to-all is in flight while batch i trains. `--pipeline ab` alternates
+blocks of plain and pipelined steps in one run (a JSON line for each), so
+both see the same noise of a shared machine.
 """
 
 from __future__ import annotations
@@ -85,6 +93,8 @@ def cpu_counters() -> tuple[int, int] | None:
 
 
 def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: int) -> dict[str, Any]:
+    from runtime.pipeline import TrainPipeline
+    from runtime.sharding import distribute_dense
     from runtime.train import make_dense_optimizer, train_step
     from runtime.worker import load_module
 
@@ -96,18 +106,38 @@ def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: 
     torch.manual_seed(workload.MODEL_SEED)
     model = module.build(process_group=group)
     optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+    model = distribute_dense(model, group)  # dense gradients averaged over the ranks, as in TorchRec
     batches = make_batches(workload, module, args.variant, rank)
-    losses, times = [], []
-    for step in range(args.warmup):
-        losses.append(train_step(model, optimizer, batches[step % len(batches)]))
+
+    def run_block(pipelined: bool, first: int, count: int, timed: dict[str, list[float]] | None) -> None:
+        """Steps first..first+count-1, plain or through a pipeline that drains at the end."""
+        if pipelined:
+            pipeline = TrainPipeline(model, optimizer, depth=args.pipeline_depth)
+            source = (batches[i % len(batches)] for i in range(first, first + count))
+            step_once = lambda step: pipeline.progress(source)[0]  # noqa: E731
+        else:
+            step_once = lambda step: train_step(model, optimizer, batches[step % len(batches)])  # noqa: E731
+        for step in range(first, first + count):
+            started, cpu_started = time.perf_counter(), time.thread_time()
+            losses.append(step_once(step))
+            if timed is not None:
+                timed["times"].append(time.perf_counter() - started)
+                # wall time the main thread did not run: waits, collectives, peers, the scheduler
+                timed["blocked"].append(timed["times"][-1] - (time.thread_time() - cpu_started))
+
+    losses: list[torch.Tensor] = []
+    run_block(args.pipeline != "off", 0, args.warmup, None)
     if group is not None:
         dist.barrier()
+    timed = {mode: {"times": [], "blocked": []} for mode in modes(args)}
+    profiler = start_profiler(args)
     usage_before, machine_before = resource.getrusage(resource.RUSAGE_SELF), cpu_counters()
-    for step in range(args.warmup, args.warmup + args.steps):
-        started = time.perf_counter()
-        losses.append(train_step(model, optimizer, batches[step % len(batches)]))
-        times.append(time.perf_counter() - started)
+    step = args.warmup
+    for mode, count in schedule(args):
+        run_block(mode == "on", step, count, timed[mode])
+        step += count
     usage_after, machine_after = resource.getrusage(resource.RUSAGE_SELF), cpu_counters()
+    profile = stop_profiler(profiler, args, rank)
     cpu_s = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
     busy = total = None
     if machine_before and machine_after:
@@ -115,7 +145,7 @@ def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: 
         busy = (machine_after[0] - machine_before[0]) / hz
         total = (machine_after[1] - machine_before[1]) / hz
     return {
-        "times": times,
+        "timed": timed,
         "loss_first": float(losses[0]),
         "loss_last": float(losses[-1]),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
@@ -123,12 +153,59 @@ def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: 
         "machine_busy_s": busy,
         "machine_total_s": total,
         "threads": torch.get_num_threads(),
+        "profile": profile,
     }
 
 
-def summarize(args: argparse.Namespace, world_size: int, results: list[dict[str, Any]]) -> dict[str, Any]:
+def modes(args: argparse.Namespace) -> list[str]:
+    return ["off", "on"] if args.pipeline == "ab" else [args.pipeline]
+
+
+def schedule(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """(mode, steps) blocks: one block, or `ab`'s alternating blocks of --ab-block steps each."""
+    if args.pipeline != "ab":
+        return [(args.pipeline, args.steps)]
+    blocks = []
+    for first in range(0, args.steps, args.ab_block):
+        count = min(args.ab_block, args.steps - first)
+        order = ("off", "on") if (first // args.ab_block) % 2 == 0 else ("on", "off")
+        blocks += [(mode, count) for mode in order]
+    return blocks
+
+
+def start_profiler(args: argparse.Namespace) -> Any:
+    if args.profile is None:
+        return None
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    profiler.__enter__()
+    return profiler
+
+
+def stop_profiler(profiler: Any, args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
+    """Per timed step: ms of the top ops by self time, of each pipeline stage, and of the
+    collectives (from issue to completion, on gloo's threads); writes a chrome trace."""
+    if profiler is None:
+        return None
+    profiler.__exit__(None, None, None)
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    profiler.export_chrome_trace(str(out / f"{args.variant}_{args.mode}_pipeline-{args.pipeline}_rank{rank}.json"))
+    per_step = lambda us: round(us / 1e3 / args.steps, 3)  # noqa: E731
+    averages = profiler.key_averages()
+    by_self = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "top_self_ms": {e.key: per_step(e.self_cpu_time_total) for e in by_self[: args.profile_top]},
+        "stage_ms": {e.key: per_step(e.cpu_time_total) for e in averages if e.key.startswith("## ")},
+        "collective_ms": {e.key: per_step(e.cpu_time_total) for e in averages if e.key.startswith("gloo:")},
+    }
+
+
+def summarize(
+    args: argparse.Namespace, world_size: int, results: list[dict[str, Any]], mode: str
+) -> dict[str, Any]:
     """Step time = the slowest rank's per step; samples/s = global batch / median step."""
-    step_s = [max(r["times"][i] for r in results) for i in range(len(results[0]["times"]))]
+    timed = [r["timed"][mode] for r in results]
+    step_s = [max(t["times"][i] for t in timed) for i in range(len(timed[0]["times"]))]
     median = statistics.median(step_s)
     global_batch = 2048 * world_size
     first = results[0]
@@ -140,7 +217,7 @@ def summarize(args: argparse.Namespace, world_size: int, results: list[dict[str,
         "impl": "reccompile",
         "variant": args.variant,
         "mode": args.mode,
-        "pipeline": False,
+        "pipeline": mode == "on",
         "samples_per_s": round(global_batch / median, 1),
         "step_ms_median": round(median * 1e3, 3),
         "peak_rss_mb": round(sum(r["peak_rss_mb"] for r in results), 1),
@@ -150,7 +227,10 @@ def summarize(args: argparse.Namespace, world_size: int, results: list[dict[str,
         "steps": args.steps,
         "threads_per_proc": first["threads"],
         "step_ms_min": round(min(step_s) * 1e3, 3),
+        "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
+        **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
         "other_cpu_pct": other,
+        **({"profile": [r["profile"] for r in results]} if results[0]["profile"] else {}),
     }
 
 
@@ -173,19 +253,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One summary per mode run: one, or plain and pipelined for `--pipeline ab`."""
     world_size = 2 if args.mode == "dist2" else 1
     with tempfile.TemporaryDirectory() as outdir:
         module_path = str(compile_module(args.variant, world_size, outdir))
         if world_size == 1:
-            return summarize(args, 1, [run_rank(args, module_path, 0, 1)])
-        context = mp.get_context("spawn")
-        queue = context.SimpleQueue()
-        mp.start_processes(
-            _dist_rank, args=(world_size, free_port(), args, module_path, queue),
-            nprocs=world_size, start_method="spawn",
-        )
-        return summarize(args, world_size, queue.get())
+            results = [run_rank(args, module_path, 0, 1)]
+        else:
+            context = mp.get_context("spawn")
+            queue = context.SimpleQueue()
+            mp.start_processes(
+                _dist_rank, args=(world_size, free_port(), args, module_path, queue),
+                nprocs=world_size, start_method="spawn",
+            )
+            results = queue.get()
+        return [summarize(args, world_size, results, mode) for mode in modes(args)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -196,6 +279,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, help="intra-op threads per process (dist2 default: 1)")
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
+    parser.add_argument(
+        "--pipeline", choices=["on", "off", "ab"],
+        help="train through runtime.pipeline.TrainPipeline (default: on for dist2, off for local); "
+        "ab: alternate blocks of plain and pipelined steps in one run, a line for each",
+    )
+    parser.add_argument("--ab-block", type=int, default=5, help="steps per block with --pipeline ab")
+    parser.add_argument("--pipeline-depth", type=int, default=2, help="with --pipeline on (default 2)")
+    parser.add_argument("--profile", metavar="DIR", help="profile the timed steps (torch.profiler): "
+                        "chrome traces in DIR, per-step ms in the JSON line")
+    parser.add_argument("--profile-top", type=int, default=15, help="ops listed by self time")
     return parser.parse_args(argv)
 
 
@@ -204,13 +297,18 @@ def main(argv: list[str] | None = None) -> int:
     workload = load_workload()
     if args.mode == "dist2" and args.threads is None:
         args.threads = 1  # two processes on two cores: one busy thread each
+    if args.pipeline is None:
+        args.pipeline = "on" if args.mode == "dist2" else "off"  # as `reccompile train` chooses
+    if args.pipeline == "ab" and args.profile is not None:
+        raise SystemExit("error: --profile needs one mode: --pipeline on or off")
     variants = ["criteo", "multihot"] if args.variant == "all" else [args.variant]
     for variant in variants:
         for _ in range(args.repeat):
             run_args = argparse.Namespace(**{**vars(args), "variant": variant})
             if run_args.steps is None:
                 run_args.steps = workload.DEFAULT_STEPS[variant]
-            print(json.dumps(run(run_args)), flush=True)
+            for summary in run(run_args):
+                print(json.dumps(summary), flush=True)
     return 0
 
 

@@ -24,6 +24,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("plan", "print the sharding plan of a spec"),
     "graph": ("graph", "print the canonical fx graph of a spec"),
     "train": ("train", "train a spec (torchrun workers for --nproc > 1)"),
+    "export": ("export", "write a trained checkpoint as a serving directory (quantized tables, .pt2)"),
+    "predict": ("predict", "score samples with an exported model into a CSV file"),
 }
 
 

@@ -6,7 +6,9 @@ One line per node, in graph order:
 
 the output shape (when known, batch dimension as `B`), the operation, the
 pipeline stage and the stage name, and the spec location. Stable across runs
-and machines: no addresses, no absolute paths.
+and machines: no addresses, no absolute paths. `stages_text` shows the same
+nodes as split.py cuts them: the generated Model's `input_dist`, `compute`
+and `forward`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,23 @@ def graph_text(lowered: LoweredModel) -> str:
     lines = [f"graph {ir.name} (world size {plan.world_size})"]
     for node in lowered.graph.nodes:
         lines.append("  " + _node_line(node))
+    return "\n".join(lines) + "\n"
+
+
+def stages_text(lowered: LoweredModel) -> str:
+    """The graph cut for the pipeline (split.py): stage 0, stage 1, and forward calling both."""
+    ir, plan, stages = lowered.ir, lowered.plan, lowered.stages
+    if stages is None:
+        raise ValueError("stages_text needs the stage graphs: run split.split_stages first")
+    cut = ", ".join(f"%{name}" for name in stages.cut)
+    lines = [f"stages {ir.name} (world size {plan.world_size}): cut at {cut}"]
+    for title, graph in (
+        ("input_dist: stage 0, run ahead on the next batch after its device copy", stages.input_dist),
+        ("compute: stage 1", stages.compute),
+        ("forward: input_dist, then compute", stages.forward),
+    ):
+        lines.append(title)
+        lines.extend("  " + _node_line(node) for node in graph.nodes)
     return "\n".join(lines) + "\n"
 
 

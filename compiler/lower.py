@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx as fx
@@ -40,6 +40,9 @@ from compiler.ir import (
 )
 from compiler.planner.plan import ShardingPlan
 from runtime.sharding import SHARDING_TYPE_ORDER
+
+if TYPE_CHECKING:
+    from compiler.split import StageGraphs
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class LoweredModel:
     plan: ShardingPlan
     modules: tuple[ModuleDecl, ...]
     graph: fx.Graph = field(compare=False)
+    stages: StageGraphs | None = field(default=None, compare=False)  # set by split.py
 
 
 def lower(ir: ModelIR, plan: ShardingPlan) -> LoweredModel:

@@ -1,6 +1,6 @@
 """The compiler from start to finish: read this file first.
 
-    spec.yaml -> load -> validate -> overrides -> plan -> lower -> check shapes -> emit
+    spec.yaml -> load -> validate -> overrides -> plan -> lower -> check shapes -> split -> emit
 
 Each step is one call of one module's entry function; each raises
 CompileError with every diagnostic it found.
@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.codegen.emit import GeneratedModule, emit
+from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
 from compiler.lower import LoweredModel, lower
 from compiler.planner.check import read_plan
 from compiler.planner.planner import plan, topology_from_ir
 from compiler.shapes import check_shapes
+from compiler.split import split_stages
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
@@ -34,7 +36,7 @@ class Options:
 
 
 def compile_spec(path: str, options: Options = Options()) -> LoweredModel:
-    """Spec file -> checked, lowered model (the fx graph and its submodules)."""
+    """Spec file -> checked, lowered model (the fx graph, its two stages and its submodules)."""
     document = load(path)  # YAML -> a tree that keeps file:line:col for every node
     ir = validate(document)  # JSON Schema + semantic checks -> frozen, resolved ModelIR
     ir = apply_options(ir, options)  # the command line's world size and batch size win
@@ -46,7 +48,8 @@ def compile_spec(path: str, options: Options = Options()) -> LoweredModel:
     else:
         sharding_plan = plan(ir, topology)  # cost model -> balanced, feasible ShardingPlan
     lowered = lower(ir, sharding_plan)  # fx graph: input_dist, lookup, output_dist, blocks, heads
-    return check_shapes(lowered)  # meta tensors through the graph; widths checked
+    lowered = check_shapes(lowered)  # meta tensors through the graph; widths checked
+    return split_stages(lowered)  # the graph cut for the pipeline: input_dist | compute
 
 
 def generate(path: str, options: Options = Options()) -> GeneratedModule:
@@ -60,4 +63,11 @@ def apply_options(ir: ModelIR, options: Options) -> ModelIR:
         sharding = dataclasses.replace(sharding, world_size=options.world_size)
     if options.batch_size is not None:
         training = dataclasses.replace(training, batch_size=options.batch_size)
+    if training.batch_size % sharding.world_size:
+        raise CompileError([Diagnostic(
+            training.loc,
+            "training.batch_size",
+            f"global batch size {training.batch_size} does not divide evenly over "
+            f"{sharding.world_size} ranks",
+        )])
     return dataclasses.replace(ir, sharding=sharding, training=training)

@@ -7,6 +7,7 @@ into the embedding kernels), so the loop only steps the dense optimizer over
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.data.batch import Batch
+from runtime.pipeline import TrainPipeline
 
 
 @dataclass(frozen=True)
@@ -72,12 +74,19 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
 
     The embedding tables are updated inside backward by their fused optimizer.
     """
+    return train_step_outputs(model, optimizer, batch)[0]
+
+
+def train_step_outputs(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`train_step`, also returning the heads' detached outputs (what metrics need)."""
     outputs = model(batch.dense, batch.sparse)
     loss = model.loss(outputs, batch.labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    return loss.detach()
+    return loss.detach(), {name: output.detach() for name, output in outputs.items()}
 
 
 def train(
@@ -89,29 +98,74 @@ def train(
     global_batch_size: int,
     log_every: int = 10,
     on_log: Callable[[StepLog], None] | None = None,
+    on_step: Callable[[int, Batch, dict[str, torch.Tensor], torch.Tensor], None] | None = None,
     process_group: dist.ProcessGroup | None = None,
+    pipeline_depth: int = 1,
+    device: torch.device | None = None,
+    start_step: int = 0,
 ) -> TrainSummary:
-    """Run `steps` steps of forward, loss, backward and optimizer; return the global losses."""
+    """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
+
+    `pipeline_depth` > 1 trains through runtime.pipeline.TrainPipeline (same
+    losses, the next batch's input_dist overlapped), which copies batches to
+    `device`; exactly `steps` batches are taken from `batches` either way.
+
+    `on_step(step, batch, outputs, local loss)` follows every step (metrics, evaluation);
+    `on_log` every `log_every` steps and the last. Both run on every rank.
+
+    `start_step`: steps already done (a resumed run); steps are numbered on from
+    it up to `steps`, and the summary covers the steps run here.
+    """
     model.train()
     local_losses: list[torch.Tensor] = []
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
-    for step in range(1, steps + 1):
-        loss = train_step(model, optimizer, next(batches))
+    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
+    for step in range(start_step + 1, steps + 1):
+        batch, loss, outputs = run_step()
         local_losses.append(loss)
+        if on_step is not None:
+            on_step(step, batch, outputs, loss)
         now = time.perf_counter()
-        if step == 1:
+        if step == start_step + 1:
             timed_from = now
         if on_log is not None and (step % log_every == 0 or step == steps):
-            rate = _rate(global_batch_size, step - 1, now - timed_from)
+            rate = _rate(global_batch_size, step - start_step - 1, now - timed_from)
             on_log(StepLog(step, _global_mean(loss, process_group), rate))
     elapsed = time.perf_counter() - timed_from
     losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
     return TrainSummary(
-        steps=steps,
-        samples_per_s=_rate(global_batch_size, steps - 1, elapsed),
+        steps=steps - start_step,
+        samples_per_s=_rate(global_batch_size, steps - start_step - 1, elapsed),
         losses=tuple(losses) if isinstance(losses, list) else (losses,),
     )
+
+
+def _step_runner(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Batch],
+    steps: int,
+    depth: int,
+    device: torch.device | None,
+) -> Callable[[], tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]]:
+    """One training step per call: (its batch, local loss, outputs), plain or pipelined."""
+    if depth == 1:
+
+        def plain() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
+            batch = next(batches)
+            return (batch, *train_step_outputs(model, optimizer, batch))
+
+        return plain
+    pipeline = TrainPipeline(model, optimizer, device=device, depth=depth)
+    source = itertools.islice(batches, steps)  # the pipeline reads no batch beyond the last step
+
+    def pipelined() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
+        loss, outputs = pipeline.progress(source)
+        assert pipeline.last_batch is not None
+        return pipeline.last_batch, loss, outputs
+
+    return pipelined
 
 
 def _rate(batch_size: int, steps: int, seconds: float) -> float:

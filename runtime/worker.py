@@ -2,8 +2,9 @@
 
 `reccompile train` starts one of these per rank through torchrun (or runs it
 in-process for one rank). It imports a generated module by path, builds the
-model for this rank, and trains on the module's synthetic batches. It needs
-only torch and the runtime: the compiler is not imported.
+model for this rank, and trains on the module's synthetic batches or on the
+files `--data` names (see runtime.run_setup for the data and reporting
+options). It needs only torch and the runtime: the compiler is not imported.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import itertools
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import Iterator, Sequence
@@ -22,9 +24,10 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from runtime import checkpoint_run, pipeline, run_setup
 from runtime.data.batch import Batch
 from runtime.sharding.dense import distribute_dense
-from runtime.train import StepLog, make_dense_optimizer, train
+from runtime.train import make_dense_optimizer, train
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -54,9 +57,9 @@ def init_distributed(device_kind: str) -> dist.ProcessGroup | None:
 
 
 def synthetic_batches(
-    module: ModuleType, batch_size: int, seed: int, rank: int, world_size: int
+    module: ModuleType, batch_size: int, seed: int, rank: int, world_size: int, start: int = 0
 ) -> Iterator[Batch]:
-    for step in itertools.count():
+    for step in itertools.count(start):
         yield module.synthetic_batch(batch_size, step=step, seed=seed, rank=rank, world_size=world_size)
 
 
@@ -67,6 +70,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=None, help="global; default: the spec's")
     parser.add_argument("--seed", type=int, default=None, help="default: the spec's training.seed")
     parser.add_argument("--log-every", type=int, default=10)
+    run_setup.add_arguments(parser)
+    checkpoint_run.add_arguments(parser)
+    pipeline.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -83,27 +89,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank = dist.get_rank() if process_group is not None else 0
     world_size = dist.get_world_size() if process_group is not None else 1
     if batch_size % world_size != 0:
-        raise SystemExit(
-            f"error: global batch size {batch_size} does not divide evenly over {world_size} ranks"
-        )
+        raise ValueError(f"global batch size {batch_size} does not divide evenly over {world_size} ranks")
     device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else None
 
     torch.manual_seed(seed)
     model = module.build(process_group=process_group, device=device)
     optimizer = make_dense_optimizer(training["dense_optimizer"], model.dense_parameters())
+    checkpoints = checkpoint_run.Checkpointing(args, module, model, optimizer, process_group, rank)
+    start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
     # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
     model = distribute_dense(model, process_group)
-    batches = synthetic_batches(module, batch_size, seed, rank, world_size)
-    if device is not None:
+    run_io = run_setup.setup_run(
+        args,
+        module.SPEC,
+        model=model,
+        module_path=args.module,
+        synthetic=lambda: synthetic_batches(module, batch_size, seed, rank, world_size, start_step),
+        steps=steps,
+        log_every=args.log_every,
+        global_batch=batch_size,
+        rank=rank,
+        world_size=world_size,
+        process_group=process_group,
+        device=device,
+    )
+    batches = checkpoints.position(run_io.batches, args.data)
+    depth = pipeline.depth_from_args(args, world_size)
+    if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
         batches = (b.to(device, non_blocking=True) for b in batches)
-
-    def log(entry: StepLog) -> None:
-        if rank == 0:
-            print(
-                f"step {entry.step:>5}/{steps}  loss {entry.loss:.6f}  "
-                f"samples/s {entry.samples_per_s:,.0f}",
-                flush=True,
-            )
 
     summary = train(
         model,
@@ -112,15 +125,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer=optimizer,
         global_batch_size=batch_size,
         log_every=args.log_every,
-        on_log=log,
+        on_log=run_io.monitor.on_log,
+        on_step=checkpoints.chain(run_io.monitor.on_step),
         process_group=process_group,
+        start_step=start_step,
+        pipeline_depth=depth,
+        device=device,
     )
+    checkpoints.finish(steps)
+    final = run_io.finish(summary.as_json())
     if rank == 0:
-        print(json.dumps(summary.as_json()), flush=True)
+        print(json.dumps(final), flush=True)
     if process_group is not None:
         dist.destroy_process_group()
     return 0
 
 
+def run(argv: Sequence[str] | None = None) -> int:
+    """`main`, with any error reported as one `error: rank R: ...` line and exit status 1.
+
+    Under torchrun every failing rank reports; `reccompile train` shows each
+    distinct message once. RECCOMPILE_TRACEBACK=1 prints the traceback too.
+    """
+    try:
+        return main(argv)
+    except Exception as error:  # the job must end with a message, never a bare traceback
+        if os.environ.get("RECCOMPILE_TRACEBACK") == "1":
+            traceback.print_exc()
+        print(f"error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
@@ -66,13 +67,13 @@ def emit(lowered: LoweredModel) -> GeneratedModule:
             {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
             for d in lowered.modules
         ],
-        forward=_forward_source(lowered),
+        **_stage_sources(lowered),
     )
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
 
 
 def spec_literal(ir: ModelIR) -> dict[str, Any]:
-    """The resolved spec as plain data for the runtime: features, tables, heads, training."""
+    """The resolved spec as plain data for the runtime: features, tables, heads, training, data."""
 
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
@@ -89,6 +90,7 @@ def spec_literal(ir: ModelIR) -> dict[str, Any]:
         "heads": [{**plain(h), "input": h.input.ref()} for h in ir.heads],
         "training": plain(ir.training),
         "sharding": {"world_size": ir.sharding.world_size, "device": ir.sharding.device},
+        "data": None if ir.data is None else {**plain(ir.data), "columns": dict(ir.data.columns)},
     }
 
 
@@ -122,10 +124,25 @@ def _short_loc(loc: Any) -> str:
     return f"{loc.file}:{loc.line}"
 
 
-def _forward_source(lowered: LoweredModel) -> str:
-    """fx's own code for the graph, indented as a method, each line tagged with its spec line."""
-    code = lowered.graph.python_code(root_module="self").src.strip()
-    locs = {node.name: node.meta.get("loc") for node in lowered.graph.nodes}
+def _stage_sources(lowered: LoweredModel) -> dict[str, str]:
+    """The methods `forward`, `input_dist` and `compute`: the code of split.py's stage graphs."""
+    stages = lowered.stages
+    if stages is None:
+        raise ValueError("emit needs the stage graphs: run split.split_stages first")
+    return {
+        "forward": _method_source("forward", stages.forward),
+        "input_dist": _method_source("input_dist", stages.input_dist),
+        "compute": _method_source("compute", stages.compute),
+    }
+
+
+def _method_source(name: str, graph: fx.Graph) -> str:
+    """fx's own code for `graph` as method `name`, each line tagged with its spec line."""
+    code = graph.python_code(root_module="self").src.strip()
+    if not code.startswith("def forward("):
+        raise ValueError(f"unexpected fx code for method {name!r}: {code.splitlines()[0]}")
+    code = f"def {name}(" + code[len("def forward(") :]
+    locs = {node.name: node.meta.get("loc") for node in graph.nodes}
     lines = []
     for line in code.splitlines():
         match = _ASSIGNED.match(line)

@@ -8,6 +8,8 @@ multi-host options pass through, so many nodes run the same command.
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +17,9 @@ from pathlib import Path
 from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
 from compiler.pipeline import compile_spec
-from runtime import worker
+from runtime import checkpoint_run, pipeline, run_setup, worker
+
+_WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
 
 # torchrun options passed through unchanged (see `torchrun --help`).
 TORCHRUN_OPTIONS = (
@@ -36,9 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="default: the spec's training.steps")
     parser.add_argument("--batch-size", type=int, help="global batch size (default: the spec's)")
     parser.add_argument("--seed", type=int, help="default: the spec's training.seed")
-    parser.add_argument("--data", choices=["synthetic"], default="synthetic", help="training data")
     parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     parser.add_argument("-o", "--outdir", type=Path, default=Path("build"), help="default: build/")
+    run_setup.add_arguments(parser.add_argument_group("data and reporting (see runtime/run_setup.py)"))
+    checkpoint_run.add_arguments(parser.add_argument_group("checkpoints (see runtime/checkpoint_run.py)"))
+    pipeline.add_arguments(parser.add_argument_group("training pipeline (see runtime/pipeline.py)"))
     torchrun = parser.add_argument_group("torchrun options (passed through)")
     for option in TORCHRUN_OPTIONS:
         torchrun.add_argument(option, dest=_dest(option))
@@ -47,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print(f"error: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
+        return 2
+    problem = checkpoint_run.usage_error(args)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         nnodes = int(args.torchrun_nnodes) if args.torchrun_nnodes is not None else 1
@@ -62,11 +72,38 @@ def run(args: argparse.Namespace) -> int:
         for option in ("steps", "batch_size", "seed"):
             if getattr(args, option) is not None:
                 worker_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
+        worker_args += run_setup.pass_through(args)
+        worker_args += checkpoint_run.pass_through(args)
+        worker_args += pipeline.pass_through(args)
         if world_size == 1:
-            return worker.main(worker_args)
-        return subprocess.call(_torchrun_command(args, worker_args))
+            return worker.run(worker_args)
+        return run_torchrun(_torchrun_command(args, worker_args))
 
     return reporting_errors(action)
+
+
+def run_torchrun(command: list[str]) -> int:
+    """Run torchrun, passing output through; each distinct worker error is shown once.
+
+    Every rank that fails prints `error: rank R: MESSAGE`; the same message from
+    several ranks, and torchrun's own failure report after it, add nothing.
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # torchrun's shared rendezvous store keeps the last attempt's keys, so workers restarted
+    # by --max-restarts may connect to their dead predecessors (pytorch/pytorch#135712).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    seen: set[str] = set()
+    for line in process.stderr:
+        match = _WORKER_ERROR.match(line)
+        if match:
+            if match.group(2) not in seen:
+                seen.add(match.group(2))
+                sys.stderr.write(line)
+        elif not seen:
+            sys.stderr.write(line)
+    return process.wait()
 
 
 def _torchrun_command(args: argparse.Namespace, worker_args: list[str]) -> list[str]:

@@ -27,10 +27,26 @@ from runtime.sharding.sparse_arch import SparseArch
 
 
 class DenseDataParallel(DistributedDataParallel):
-    """DDP that still offers the model's `loss` and `dense_parameters` to the training loop."""
+    """DDP that still offers the model's `loss`, `dense_parameters` and pipeline stages."""
 
     def loss(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.module.loss(*args, **kwargs)
+
+    def input_dist(self, *args: Any) -> Any:
+        """Stage 0 (runtime/pipeline.py), outside DDP: it touches no dense parameter."""
+        return self.module.input_dist(*args)
+
+    def compute(self, *staged: Any) -> Any:
+        """Stage 1 as DDP's forward, so DDP prepares the gradient all-reduce as for `forward`.
+
+        DDP runs `self.module(...)`, i.e. the model's `forward`; for this call
+        that is the model's `compute` (an instance attribute shadows the method).
+        """
+        self.module.forward = self.module.compute
+        try:
+            return self(*staged)
+        finally:
+            del self.module.forward
 
     def dense_parameters(self) -> list[nn.Parameter]:
         return self.module.dense_parameters()

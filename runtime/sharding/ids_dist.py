@@ -28,6 +28,7 @@ from typing import Sequence
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 
 from runtime.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
@@ -178,8 +179,9 @@ class IdsAllToAll:
             )
 
         def finish() -> KeyedJaggedTensor:
-            for handle in handles:
-                handle.wait()
+            with record_function("## ids_dist.wait ##"):  # exposed when not run ahead
+                for handle in handles:
+                    handle.wait()
             transpose = self._transpose_tensor(data.device)
             return unpack_ids(data, weights, batch, received_ids, self._local_keys, transpose)
 
@@ -188,14 +190,15 @@ class IdsAllToAll:
     def _exchange_counts(self, message: list[int], routed: KeyedJaggedTensor) -> list[int]:
         sent = torch.tensor(message, dtype=torch.int64, device=routed.device())
         received = sent.new_empty(self._world_size * (len(self._local_keys) + 1))
-        dist.all_to_all_single(
-            received,
-            sent,
-            [len(self._local_keys) + 1] * self._world_size,
-            [slots + 1 for slots in self._slots_per_rank],
-            group=self._group,
-        )
-        return received.tolist()
+        with record_function("## ids_dist.counts ##"):  # the one host sync of input_dist
+            dist.all_to_all_single(
+                received,
+                sent,
+                [len(self._local_keys) + 1] * self._world_size,
+                [slots + 1 for slots in self._slots_per_rank],
+                group=self._group,
+            )
+            return received.tolist()
 
     def _transpose_tensor(self, device: torch.device) -> torch.Tensor:
         if device not in self._transpose_on:

@@ -64,7 +64,8 @@ class _Start(torch.autograd.Function):
     def backward(ctx: Any, _: torch.Tensor) -> tuple[None, None, torch.Tensor]:
         exchange = ctx.exchange
         exchange.grad_handle.wait()
-        return None, None, exchange.grad.div_(exchange.world_size)
+        grad, exchange.grad, exchange.grad_handle = exchange.grad, None, None
+        return None, None, grad.div_(exchange.world_size)
 
 
 class _Wait(torch.autograd.Function):
@@ -74,7 +75,11 @@ class _Wait(torch.autograd.Function):
     def forward(ctx: Any, exchange: _Exchange, started: torch.Tensor) -> torch.Tensor:
         exchange.handle.wait()
         ctx.exchange = exchange
-        return exchange.output
+        # Drop the exchange's references once used: the output (and later the gradient)
+        # held by ctx.exchange would be a cycle through the autograd graph that Python's
+        # collector cannot see, leaking every step's buffers.
+        output, exchange.output, exchange.handle = exchange.output, None, None
+        return output
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:

@@ -59,7 +59,8 @@ def test_train_prints_progress_then_one_json_line(tmp_path: Path, capsys) -> Non
     lines = _train(tmp_path, capsys, seed=3)
     assert [line.split()[:2] for line in lines[:-1]] == [["step", "3/6"], ["step", "6/6"]]
     summary = json.loads(lines[-1])
-    assert set(summary) == {"steps", "samples_per_s", "loss_first", "loss_last"}
+    assert set(summary) == {"steps", "samples_per_s", "loss_first", "loss_last", "metrics"}
+    assert set(summary["metrics"]["like"]) == {"ne", "auc", "accuracy"}
     assert summary["steps"] == 6 and summary["samples_per_s"] > 0
 
 

@@ -1,0 +1,59 @@
+"""`reccompile train --nproc 2`: torchrun workers on gloo, equal to one process, failing cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _reccompile(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "compiler.cli", *args],
+        capture_output=True, text=True, timeout=600, cwd=cwd,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+
+
+def _step_losses(stdout: str) -> list[float]:
+    return [float(line.split()[3]) for line in stdout.splitlines() if line.startswith("step ")]
+
+
+def test_dlrm_trains_on_two_ranks(tmp_path: Path) -> None:
+    done = _reccompile("train", "specs/dlrm_criteo.yaml", "--nproc", "2", "--steps", "20",
+                       "--batch-size", "256", "-o", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["steps"] == 20
+
+
+def test_one_and_two_ranks_print_the_same_losses(tmp_path: Path) -> None:
+    runs = {}
+    for nproc in ("1", "2"):
+        done = _reccompile("train", "specs/two_tower_movielens.yaml", "--nproc", nproc, "--steps", "8",
+                           "--batch-size", "128", "--log-every", "1", "-o", str(tmp_path / nproc))
+        assert done.returncode == 0, done.stderr
+        runs[nproc] = _step_losses(done.stdout)
+    assert len(runs["1"]) == 8
+    for one, two in zip(runs["1"], runs["2"]):
+        assert abs(one - two) <= 1e-5 * abs(one), (runs["1"], runs["2"])
+
+
+def test_a_failing_worker_ends_the_job_with_its_error_once(tmp_path: Path) -> None:
+    compiled = _reccompile("specs/two_tower_movielens.yaml", "-o", str(tmp_path))  # planned for 1 rank
+    assert compiled.returncode == 0, compiled.stderr
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
+         "sys.exit(run_torchrun(sys.argv[1:]))",
+         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "-m", "runtime.worker", str(tmp_path / "two_tower_movielens.py"), "--steps", "2"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode != 0
+    message = "the plan is for world size 1 but this job has 2 ranks: recompile with --world-size 2"
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].endswith(message), done.stderr
