@@ -21,7 +21,7 @@ from compiler import __version__
 from compiler.ir import ModelIR
 from compiler.lower import BuildArg, Call, LoweredModel
 
-_ENV = jinja2.Environment(
+TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("compiler.codegen", "templates"),
     trim_blocks=True,
     lstrip_blocks=True,
@@ -29,7 +29,7 @@ _ENV = jinja2.Environment(
     undefined=jinja2.StrictUndefined,
     autoescape=False,
 )
-_ASSIGNED = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*) = ")
+ASSIGNED_LINE = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*) = ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ def emit(lowered: LoweredModel) -> GeneratedModule:
     """Render the module text and the plan JSON of `lowered`."""
     ir = lowered.ir
     filename = f"{ir.name}.py"
-    source = _ENV.get_template("module.py.j2").render(
+    source = TEMPLATES.get_template("module.py.j2").render(
         version=__version__,
         source=ir.source,
         sha256=ir.source_sha256,
@@ -145,7 +145,7 @@ def _method_source(name: str, graph: fx.Graph) -> str:
     locs = {node.name: node.meta.get("loc") for node in graph.nodes}
     lines = []
     for line in code.splitlines():
-        match = _ASSIGNED.match(line)
+        match = ASSIGNED_LINE.match(line)
         loc = locs.get(match.group(1)) if match else None
         suffix = f"  # spec: {_short_loc(loc)}" if loc is not None else ""
         lines.append(("    " + line + suffix).rstrip())

@@ -10,24 +10,12 @@ model with the directory's weights. It imports torch and the runtime only.
 from __future__ import annotations
 
 import pprint
-import re
 from typing import Any
 
-import jinja2
-
 from compiler import __version__
-from compiler.codegen.emit import render_call, spec_literal
+from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, render_call, spec_literal
 from compiler.lower import LoweredModel
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("compiler.codegen", "templates"),
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,
-)
-_ASSIGNED = re.compile(r"^\s+([A-Za-z_][A-Za-z0-9_]*) = ")
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 
 
@@ -35,7 +23,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
     """The text of the inference module of `lowered`: tables at `precisions`, dense blocks in
     `dense_dtype` ("fp32" or "bf16", as `lower_inference` was given)."""
     ir = lowered.ir
-    return _ENV.get_template("inference.py.j2").render(
+    return TEMPLATES.get_template("inference.py.j2").render(
         version=__version__,
         source=ir.source,
         sha256=ir.source_sha256,
@@ -67,7 +55,7 @@ def _forward_source(lowered: LoweredModel) -> str:
     locs = {node.name: node.meta.get("loc") for node in lowered.graph.nodes}
     lines = []
     for line in code.splitlines():
-        match = _ASSIGNED.match(line)
+        match = ASSIGNED_LINE.match(line)
         loc = locs.get(match.group(1)) if match else None
         suffix = f"  # spec: {loc.file}:{loc.line}" if loc is not None else ""
         lines.append(("    " + line + suffix).rstrip())
