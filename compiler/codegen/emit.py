@@ -61,8 +61,8 @@ def emit(lowered: LoweredModel) -> GeneratedModule:
         name=ir.name,
         filename=filename,
         world_size=lowered.plan.world_size,
-        spec=_literal(spec_literal(ir), indent=0),
-        plan=_literal(lowered.plan.to_dict(), indent=0),
+        spec=python_literal(spec_literal(ir)),
+        plan=python_literal(lowered.plan.to_dict()),
         modules=[
             {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
             for d in lowered.modules
@@ -116,7 +116,8 @@ def _value(value: Any, indent: int) -> str:
     return repr(value)
 
 
-def _literal(value: Any, indent: int) -> str:
+def python_literal(value: Any) -> str:
+    """Plain data as deterministic Python source (dicts keep their order)."""
     return pprint.pformat(value, indent=1, width=100, sort_dicts=False, compact=True)
 
 

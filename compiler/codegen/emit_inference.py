@@ -9,11 +9,9 @@ model with the directory's weights. It imports torch and the runtime only.
 
 from __future__ import annotations
 
-import pprint
-from typing import Any
 
 from compiler import __version__
-from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, render_call, spec_literal
+from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, python_literal, render_call, spec_literal
 from compiler.lower import LoweredModel
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
@@ -28,10 +26,10 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         source=ir.source,
         sha256=ir.source_sha256,
         name=ir.name,
-        spec=_literal(spec_literal(ir)),
-        precisions=_literal({t.name: precisions[t.name] for t in ir.tables}),
+        spec=python_literal(spec_literal(ir)),
+        precisions=python_literal({t.name: precisions[t.name] for t in ir.tables}),
         dense_dtype=_DTYPES[dense_dtype],
-        sparse_keys=_literal([f for t in ir.tables for f in t.features]),
+        sparse_keys=python_literal([f for t in ir.tables for f in t.features]),
         tables=[
             {"name": t.name, "rows": t.num_embeddings, "dim": t.dim, "pooling": t.pooling,
              "precision": precisions[t.name]}
@@ -43,10 +41,6 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         ],
         forward=_forward_source(lowered),
     )
-
-
-def _literal(value: Any) -> str:
-    return pprint.pformat(value, indent=1, width=100, sort_dicts=False, compact=True)
 
 
 def _forward_source(lowered: LoweredModel) -> str:
