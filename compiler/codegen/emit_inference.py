@@ -9,7 +9,6 @@ model with the directory's weights. It imports torch and the runtime only.
 
 from __future__ import annotations
 
-
 from compiler import __version__
 from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, python_literal, render_call, spec_literal
 from compiler.lower import LoweredModel
