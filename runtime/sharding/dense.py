@@ -9,6 +9,9 @@ and backward. DDP averages the dense gradients over the ranks, which with
 each rank's loss the mean over its own batch gives the gradient of the
 global-batch mean, as one process would compute it.
 
+The training pipeline (runtime/pipeline.py) calls the model's two stages
+through the wrapper: `input_dist` outside DDP, `compute` as DDP's forward.
+
 Buffers are synced once, when DDP is built, not before every step
 (`forward_sync_buffers=False`): the dense blocks hold only constant index
 buffers, and broadcasting them would cost a collective per step.
