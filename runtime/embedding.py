@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.embedding_optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
-from runtime.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 
 __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 
@@ -283,14 +283,6 @@ class _DenseGroup(nn.Module):
         pass
 
 
-@dataclass(frozen=True, slots=True)
-class _InputPlan:
-    """How to turn a KJT with given keys into the collection's lookup order."""
-
-    permute: list[int] | None
-    permute_tensor: torch.Tensor | None
-
-
 class EmbeddingBagCollection(nn.Module):
     """Pooled embedding lookups over many tables (see the module docstring).
 
@@ -344,7 +336,7 @@ class EmbeddingBagCollection(nn.Module):
         self._needs_value_offsets = len(self._groups) > 1 or isinstance(
             self._groups[0], _DenseGroup
         )
-        self._plans: dict[tuple[str, ...], _InputPlan] = {}
+        self._select = KeySelection(self._lookup_names)
         self._limits: tuple[tuple[int, ...], torch.Tensor] | None = None
         self._lookup_rows = torch.tensor(
             [t.num_embeddings for t in self._lookup_tables], device=device
@@ -399,28 +391,6 @@ class EmbeddingBagCollection(nn.Module):
             if self._output_columns is not None:
                 pooled = pooled.index_select(1, self._output_columns)
         return KeyedTensor(self._feature_names, self._feature_dims, pooled)
-
-    def _select(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        keys = tuple(features.keys())
-        plan = self._plans.get(keys)
-        if plan is None:
-            plan = self._plans[keys] = self._plan(keys)
-        if plan.permute is None:
-            return features
-        return features.permute(plan.permute, plan.permute_tensor)
-
-    def _plan(self, keys: tuple[str, ...]) -> _InputPlan:
-        if list(keys) == self._lookup_names:
-            return _InputPlan(None, None)
-        index = {key: i for i, key in enumerate(keys)}
-        missing = [name for name in self._lookup_names if name not in index]
-        if missing:
-            raise ValueError(
-                f"KeyedJaggedTensor has no feature {missing[0]!r} (keys: {list(keys)})"
-            )
-        permute = [index[name] for name in self._lookup_names]
-        device = self._lookup_rows.device
-        return _InputPlan(permute, torch.tensor(permute, dtype=torch.int32, device=device))
 
     def _lookup_groups(
         self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None, value_offsets: list[int]
@@ -510,7 +480,6 @@ class EmbeddingBagCollection(nn.Module):
             self._lookup_rows = fn(self._lookup_rows)
             if self._output_columns is not None:
                 self._output_columns = fn(self._output_columns)
-            self._plans.clear()
             self._limits = None
         return super()._apply(fn, recurse)
 

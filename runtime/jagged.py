@@ -576,6 +576,33 @@ class KeyedTensor(metaclass=_Traceable):
 # otherwise the batch size stays a property of the tensors, free to vary.
 
 
+class KeySelection:
+    """Picks the keys `wanted` (repeats allowed) of a KeyedJaggedTensor, in that order.
+
+    One fbgemm permute; its indices are cached per incoming key order and
+    device, and a batch already in the wanted order is returned as it is.
+    """
+
+    def __init__(self, wanted: list[str]) -> None:
+        self.wanted = list(wanted)
+        self._permutes: dict[tuple[tuple[str, ...], torch.device], tuple[list[int], torch.Tensor]] = {}
+
+    def __call__(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        keys = features.keys()
+        if keys == self.wanted:
+            return features
+        cache_key = (tuple(keys), features.device())
+        if cache_key not in self._permutes:
+            index = features.index_per_key()
+            missing = [name for name in self.wanted if name not in index]
+            if missing:
+                raise ValueError(f"KeyedJaggedTensor has no feature {missing[0]!r} (keys: {keys})")
+            indices = [index[name] for name in self.wanted]
+            tensor = torch.tensor(indices, dtype=torch.int32, device=features.device())
+            self._permutes[cache_key] = (indices, tensor)
+        return features.permute(*self._permutes[cache_key])
+
+
 def _jt_flatten_with_keys(jt: JaggedTensor) -> tuple[list, None]:
     leaves = {"_values": jt.values(), "_weights": jt.weights_or_none(), "_lengths": jt.lengths()}
     return [(pytree.GetAttrKey(name), leaf) for name, leaf in leaves.items()], None

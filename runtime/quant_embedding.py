@@ -58,7 +58,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 from torch import nn
 
 from runtime.embedding import EmbeddingBagConfig, _check_names
-from runtime.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 
 __all__ = [
     "PRECISIONS",
@@ -197,9 +197,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._feature_names = [f for t in tables for f in t.feature_names]
         self._feature_dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         self._feature_tables = [t for t in tables for _ in t.feature_names]
-        self._keys = tuple(self._feature_names)
         self._has_mean = any(t.pooling == "mean" for t in tables)
-        self._permutes: dict[tuple[str, ...], tuple[list[int], torch.Tensor]] = {}
+        self._select = KeySelection(self._feature_names)
 
         tbe = self._fbgemm_module(device)
         tbe.initialize_logical_weights_placements_and_offsets()
@@ -408,23 +407,6 @@ class QuantEmbeddingBagCollection(nn.Module):
             fp8_exponent_bits=-1,
             fp8_exponent_bias=-1,
         )
-
-    def _select(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        keys = features.keys()
-        if len(keys) == len(self._keys) and tuple(keys) == self._keys:
-            return features
-        plan = self._permutes.get(tuple(keys))
-        if plan is None:
-            index = {key: i for i, key in enumerate(keys)}
-            missing = [name for name in self._feature_names if name not in index]
-            if missing:
-                raise ValueError(f"KeyedJaggedTensor has no feature {missing[0]!r} (keys: {list(keys)})")
-            permute = [index[name] for name in self._feature_names]
-            plan = self._permutes[tuple(keys)] = (
-                permute,
-                torch.tensor(permute, dtype=torch.int32, device=self.weights.device),
-            )
-        return features.permute(*plan)
 
     def _check_bounds(
         self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None

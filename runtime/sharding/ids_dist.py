@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
-from runtime.jagged import KeyedJaggedTensor
+from runtime.jagged import KeyedJaggedTensor, KeySelection
 from runtime.sharding.awaitable import Awaitable
 
 
@@ -71,27 +71,14 @@ class FeatureSelection:
     """
 
     def __init__(self, wanted: Sequence[str], is_weighted: bool) -> None:
-        self._wanted, self._is_weighted = list(wanted), is_weighted
-        self._permutes: dict[tuple[tuple[str, ...], torch.device], tuple[list[int], torch.Tensor]]
-        self._permutes = {}
+        self._select, self._is_weighted = KeySelection(list(wanted)), is_weighted
 
     def __call__(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         if self._is_weighted and features.weights_or_none() is None:
             raise ValueError(
                 "the embeddings are weighted (is_weighted=True) but the batch has no weights"
             )
-        key = (tuple(features.keys()), features.device())
-        if key not in self._permutes:
-            index = features.index_per_key()
-            missing = [name for name in self._wanted if name not in index]
-            if missing:
-                raise ValueError(
-                    f"KeyedJaggedTensor has no feature {missing[0]!r} (keys: {features.keys()})"
-                )
-            indices = [index[name] for name in self._wanted]
-            tensor = torch.tensor(indices, dtype=torch.int32, device=features.device())
-            self._permutes[key] = (indices, tensor)
-        return features.permute(*self._permutes[key])
+        return self._select(features)
 
 
 class IdRangeCheck:
