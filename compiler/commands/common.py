@@ -14,8 +14,8 @@ from compiler.planner.topology import parse_bytes
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="the model spec (YAML)")
-    parser.add_argument("--world-size", type=_positive, help="ranks to plan for (default: the spec's)")
-    parser.add_argument("--ranks-per-host", type=_positive, help="ranks on each host (default: all on one)")
+    parser.add_argument("--world-size", type=positive_int, help="ranks to plan for (default: the spec's)")
+    parser.add_argument("--ranks-per-host", type=positive_int, help="ranks on each host (default: all on one)")
     parser.add_argument(
         "--memory-per-rank", type=_bytes, help="memory of each rank, e.g. 16GiB (default: the device's)"
     )
@@ -43,7 +43,8 @@ def reporting_errors(action: Callable[[], int]) -> int:
         return 1
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
     try:
         value = int(text)
     except ValueError:

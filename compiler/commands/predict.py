@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from compiler.commands.common import positive_int
 from runtime.inference import ExportError, load
 from runtime.predict import predict_file
 
@@ -24,13 +25,13 @@ from runtime.predict import predict_file
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="an export directory (reccompile export)")
     parser.add_argument("--data", default="synthetic", help="synthetic (default), criteo:FILE, movielens:FILE")
-    parser.add_argument("--batch-size", type=_positive, default=512, help="samples per forward (default 512)")
-    parser.add_argument("--rows", type=_positive, default=4096, help="synthetic samples (default 4096)")
+    parser.add_argument("--batch-size", type=positive_int, default=512, help="samples per forward (default 512)")
+    parser.add_argument("--rows", type=positive_int, default=4096, help="synthetic samples (default 4096)")
     parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
     parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
                         help="stop at the first bad row (default) or count, report and skip them")
     parser.add_argument("--rating-threshold", type=float, help="MovieLens positives: rating >= T (default 4)")
-    parser.add_argument("--threads", type=_positive, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="check file sizes only, not their sha256")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
@@ -67,13 +68,3 @@ def run(args: argparse.Namespace) -> int:
         f"{report.bad_rows:,} bad rows skipped"
     )
     return 0
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
