@@ -262,7 +262,7 @@ class _GraphBuilder:
                 name=name, loc=loc, stage="dense", path=path,
             )
             return
-        if isinstance(op, (DotProduct, Sum)):
+        if isinstance(op, (DotProduct, Sum, Dot)):
             self.declare(block, _block_call(block, in_width))
             self.values[name] = self.node(
                 "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path

@@ -3,12 +3,14 @@
 The compiler's lowering (compiler/lower.py) instantiates one module per block
 of the spec through `BLOCK_TYPES` and wires them after the embedding stages.
 It concatenates a block's inputs into one 2-D tensor (B x total width) before
-calling it, except for `DotProduct` and `Sum`, which take several tensors.
+calling it, except for `DotProduct`, `Sum` and `DotInteraction`, which take
+several tensors.
 
-`DotInteraction` carries a hand-written autograd function: DLRM spends more
-time in the 27 x 27 pairwise interaction than anywhere else in its dense part
-apart from the MLP GEMMs, and plain autograd over `bmm` + advanced indexing
-doubles the batched GEMMs in backward and scatters the triangle through a slow
+DLRM spends more time in the 27 x 27 pairwise interaction than anywhere else
+in its dense part apart from the MLP GEMMs. `DotInteraction` runs it on a C
+kernel (runtime/native) on the CPU, and elsewhere on a hand-written autograd
+function over `bmm`: plain autograd over `bmm` + advanced indexing doubles
+the batched GEMMs in backward and scatters the triangle through a slow
 `index_put`. benchmarks/blocks_bench.py measures the alternatives.
 """
 
@@ -20,6 +22,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
+
+from runtime import native
+from runtime.linear import Linear, linear
 
 __all__ = [
     "ACTIVATIONS",
@@ -96,13 +102,14 @@ class MLP(nn.Module):
         final = _activation("MLP", "final_activation", final_activation)
         self.out_features = self.layers[-1]
         widths = [self.in_features, *self.layers]
-        self.linears = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
         self._activations = [hidden] * (len(self.layers) - 1) + [final]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for linear, act in zip(self.linears, self._activations):
-            x = linear(x)
-            if act is not None:
+        for layer, act in zip(self.linears, self._activations):
+            fused_relu = act is torch.relu_
+            x = linear(x, layer.weight, layer.bias, relu=fused_relu)
+            if act is not None and not fused_relu:
                 x = act(x)
         return x
 
@@ -151,12 +158,34 @@ class _PairwiseDot(torch.autograd.Function):
         return grad_z.view(batch, num_vectors * dim), None, None, None
 
 
+class _NativeDot(torch.autograd.Function):
+    """The same function on runtime/native's C kernel, reading the parts where they lie."""
+
+    @staticmethod
+    def forward(ctx: Any, dim: int, *parts: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.dim = dim
+        ctx.save_for_backward(*parts)
+        return native.dot_forward(parts, dim)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads = native.dot_backward(ctx.saved_tensors, ctx.dim, grad_out.contiguous())
+        return (None, *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[1:])))
+
+
 class DotInteraction(nn.Module):
     """DLRM's pairwise dot interaction.
 
-    x (B, N*D) is read as N vectors z_0..z_{N-1} of width D (z_0 is the dense
-    tower's output). Returns cat([z_0, <z_i, z_j> for i < j in row-major
-    order]) = (B, D + N(N-1)/2); the pair order is torch.triu_indices(N, N, 1).
+    The inputs, read together as one (B, N*D) row per sample, are N vectors
+    z_0..z_{N-1} of width D (z_0 is the dense tower's output); each input
+    holds whole vectors, so the lowering passes the dense output and the
+    embeddings separately and nothing is concatenated on the C path. Returns
+    cat([z_0, <z_i, z_j> for i < j in row-major order]) = (B, D + N(N-1)/2);
+    the pair order is torch.triu_indices(N, N, 1).
+
+    float32 on the CPU runs runtime/native's C kernel; other devices and
+    dtypes, and tracing, run `_PairwiseDot` on torch ops.
     """
 
     def __init__(self, num_vectors: int, dim: int) -> None:
@@ -173,9 +202,32 @@ class DotInteraction(nn.Module):
         self.register_buffer("triu_index", rows * n + cols, persistent=False)
         self.register_buffer("sym_index", sym.view(-1), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input("DotInteraction", x, self.num_vectors * self.dim)
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        self._check_inputs(xs)
+        if xs[0].shape[0] > 0 and native.applies(xs):
+            parts = [x.contiguous() for x in xs]
+            if torch.is_grad_enabled() and any(x.requires_grad for x in parts):
+                return _NativeDot.apply(self.dim, *parts)
+            return native.dot_forward(parts, self.dim)
+        x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
         return _PairwiseDot.apply(x, self.num_vectors, self.triu_index, self.sym_index)
+
+    def _check_inputs(self, xs: Sequence[torch.Tensor]) -> None:
+        width = self.num_vectors * self.dim
+        if not xs:
+            raise ValueError(f"DotInteraction: expected input of shape (B, {width}), got no input")
+        if len(xs) == 1:
+            _check_input("DotInteraction", xs[0], width)
+            return
+        shapes = [tuple(x.shape) for x in xs]
+        if (
+            any(x.dim() != 2 or x.shape[0] != xs[0].shape[0] or x.shape[1] % self.dim for x in xs)
+            or sum(x.shape[1] for x in xs) != width
+        ):
+            raise ValueError(
+                f"DotInteraction: expected inputs of shapes (B, k_i * {self.dim}) with sum k_i = "
+                f"{self.num_vectors}, got {shapes}"
+            )
 
     def extra_repr(self) -> str:
         return f"num_vectors={self.num_vectors}, dim={self.dim}, out_features={self.out_features}"
@@ -201,11 +253,11 @@ class CrossNet(nn.Module):
 
     def _cross_layer(self) -> nn.Module:
         if self.low_rank is None:
-            layer: nn.Module = nn.Linear(self.in_features, self.in_features)
+            layer: nn.Module = Linear(self.in_features, self.in_features)
         else:
             layer = nn.Sequential(
-                nn.Linear(self.in_features, self.low_rank, bias=False),  # V_l
-                nn.Linear(self.low_rank, self.in_features),  # U_l, b_l
+                Linear(self.in_features, self.low_rank, bias=False),  # V_l
+                Linear(self.low_rank, self.in_features),  # U_l, b_l
             )
         for module in layer.modules():
             if isinstance(module, nn.Linear):
@@ -312,7 +364,7 @@ class MixtureOfExperts(nn.Module):
         self.experts = nn.ModuleList(
             MLP(in_features, self.expert_layers, activation, activation) for _ in range(num_experts)
         )
-        self.gates = nn.ModuleList(nn.Linear(in_features, num_experts) for _ in range(num_tasks))
+        self.gates = nn.ModuleList(Linear(in_features, num_experts) for _ in range(num_tasks))
 
     def gate_weights(self, x: torch.Tensor) -> torch.Tensor:
         """Softmax gate weights, (B, num_tasks, num_experts); each row sums to 1."""

@@ -170,7 +170,8 @@ def test_exported_module_and_program_load_without_the_compiler(work: Path) -> No
         print(json.dumps({{
             "no_runtime_for_pt2": no_runtime,
             "compiler_loaded": any(name == "compiler" or name.startswith("compiler.") for name in sys.modules),
-            "same": all(torch.equal(aot[head], eager[head]) for head in eager),
+            # eager CPU linears run on oneDNN, the exported program's on aten.linear
+            "same": all(torch.allclose(aot[head], eager[head], rtol=1e-5, atol=1e-6) for head in eager),
         }}))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -1,0 +1,97 @@
+"""Linear layers whose float32 CPU GEMMs run on oneDNN.
+
+PyTorch sends float32 `addmm`/`mm` on the CPU to MKL, and MKL takes a
+generic (AVX2) code path on x86 CPUs that are not Intel's, such as the AMD
+EPYC machines this project is measured on. oneDNN chooses its kernels by
+instruction set instead, and runs the same GEMMs 2-2.7x faster there
+(benchmarks/blocks_bench.py, `linear` lines). `linear` sends the forward GEMM
+and both backward GEMMs of a layer to oneDNN through
+`torch.ops.mkldnn._linear_pointwise` (the op inductor emits for its own CPU
+linears) and fuses a following ReLU into the forward one. Results are float32
+GEMMs with another summation order: equal to `F.linear` up to rounding.
+
+Everywhere else (CUDA, meta tensors for shape propagation, other dtypes, a
+build without oneDNN) it is `F.linear`. torch.export turns oneDNN off while
+it traces, so exported programs hold the portable `aten.linear` and agree
+with the eager model up to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+__all__ = ["Linear", "linear", "onednn_applies"]
+
+
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = act(x W^T + b); backward: dx = g W, dW = g^T x, db = sum_rows(g), all on oneDNN."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool
+    ) -> torch.Tensor:
+        out = _onednn_linear(x, weight, bias, relu)
+        ctx.relu = relu
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, out if relu else None)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, out = ctx.saved_tensors
+        grad = grad.contiguous()
+        if ctx.relu:
+            grad = torch.ops.aten.threshold_backward(grad, out, 0)
+        needs_x, needs_weight, needs_bias, _ = ctx.needs_input_grad
+        grad_x = _onednn_linear(grad, weight.t(), None, False) if needs_x else None
+        grad_weight = grad_bias = None
+        if needs_weight:
+            # oneDNN's inner-product backward reads g and x as stored (no transposed copies)
+            # and sums the bias gradient in the same pass.
+            grad_weight, grad_bias = torch.ops.aten.mkldnn_linear_backward_weights(
+                grad.to_mkldnn(), x.contiguous().to_mkldnn(), weight.to_mkldnn(), ctx.has_bias
+            )
+            grad_weight, grad_bias = grad_weight.to_dense(), grad_bias.to_dense() if ctx.has_bias else None
+        elif ctx.has_bias and needs_bias:
+            grad_bias = grad.sum(0)
+        return grad_x, grad_weight, grad_bias if needs_bias else None, None
+
+
+def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` runs this product on oneDNN (see the module docstring)."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.dim() == 2
+        and x.shape[0] > 0
+        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.enabled
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
+    """F.linear(x, weight, bias), then ReLU if `relu`; on oneDNN where it applies."""
+    if not onednn_applies(x, weight):
+        out = F.linear(x, weight, bias)
+        return torch.relu_(out) if relu else out
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _OneDNNLinear.apply(x, weight, bias, relu)
+    return _onednn_linear(x, weight, bias, relu)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, init and state dict) computed by `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)

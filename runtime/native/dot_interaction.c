@@ -1,0 +1,227 @@
+/* DLRM's pairwise dot interaction on the CPU, forward and backward.
+ *
+ * Per sample, n vectors z_0 .. z_{n-1} of width d are read in place from
+ * `parts` row-major inputs: input k is (batch, counts[k] * d) and holds the
+ * next counts[k] vectors, so the caller never concatenates them.
+ *
+ *   forward:  out[b] = [z_0, <z_i, z_j> for i < j in row-major order]
+ *   backward: with g the gradient of out[b] and g_ij the one of <z_i, z_j>,
+ *             dz_i = sum_{j != i} g_ij z_j, plus g[0:d] for z_0.
+ *
+ * torch.bmm computes the full n x n Gram matrix per sample through small
+ * batched GEMMs; here only the strict upper triangle is formed, each pair with
+ * d fused multiply-adds that the compiler vectorises (it is built with
+ * -O3 -march=native and associative float math; see runtime/native/build.py),
+ * and the batch is split over `threads` POSIX threads.
+ *
+ * Returns 0, or 1 when a scratch allocation fails.
+ */
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t begin, end; /* samples [begin, end) */
+    int64_t parts, n, d;
+    const float *const *inputs;
+    const int64_t *counts;
+    const float *grad_out; /* backward only */
+    float *out;            /* forward: (batch, d + n(n-1)/2) */
+    float *const *grad_inputs;
+    int status;
+} job_t;
+
+/* Pointers to the n vectors of sample b in `base` (inputs or their gradients). */
+static void locate(const job_t *job, int64_t b, float *const *base, float **vec) {
+    int64_t k = 0;
+    for (int64_t part = 0; part < job->parts; part++) {
+        float *row = base[part] + b * job->counts[part] * job->d;
+        for (int64_t v = 0; v < job->counts[part]; v++) vec[k++] = row + v * job->d;
+    }
+}
+
+/* GCC/Clang vector extension: 16 floats, loadable from any float address. */
+typedef float vec16 __attribute__((vector_size(64), aligned(4)));
+
+static inline float sum16(vec16 v) {
+    float total = 0.0f;
+    for (int lane = 0; lane < 16; lane++) total += v[lane];
+    return total;
+}
+
+/* Position of pair (i, j), i < j, in the row-major strict upper triangle. */
+static inline int64_t pair_index(int64_t i, int64_t j, int64_t n) { return i * (2 * n - i - 1) / 2 + j - i - 1; }
+
+/* Per-sample kernels for d = 16 * NV, with a whole vector held in registers. */
+#define VECTOR_KERNELS(NV)                                                                      \
+    static void forward_sample_##NV(float *const *vec, float *row, int64_t n, int64_t d) {       \
+        memcpy(row, vec[0], (size_t)d * sizeof *row);                                            \
+        float *pair = row + d;                                                                   \
+        for (int64_t i = 0; i < n; i++) {                                                        \
+            vec16 zi[NV];                                                                        \
+            for (int k = 0; k < NV; k++) zi[k] = *(const vec16 *)(vec[i] + 16 * k);              \
+            for (int64_t j = i + 1; j < n; j++) {                                                \
+                vec16 acc = zi[0] * *(const vec16 *)vec[j];                                      \
+                for (int k = 1; k < NV; k++) acc += zi[k] * *(const vec16 *)(vec[j] + 16 * k);   \
+                *pair++ = sum16(acc);                                                            \
+            }                                                                                    \
+        }                                                                                        \
+    }                                                                                            \
+    static void backward_sample_##NV(float *const *vec, float *const *grad, const float *g,      \
+                                     int64_t n, int64_t d) {                                     \
+        const float *pairs = g + d;                                                              \
+        for (int64_t i = 0; i < n; i++) {                                                        \
+            vec16 acc[NV];                                                                       \
+            for (int k = 0; k < NV; k++)                                                         \
+                acc[k] = i == 0 ? *(const vec16 *)(g + 16 * k) : (vec16){0};                     \
+            for (int64_t j = 0; j < n; j++) {                                                    \
+                if (j == i) continue;                                                            \
+                const float s = pairs[j < i ? pair_index(j, i, n) : pair_index(i, j, n)];        \
+                for (int k = 0; k < NV; k++) acc[k] += s * *(const vec16 *)(vec[j] + 16 * k);    \
+            }                                                                                    \
+            for (int k = 0; k < NV; k++) *(vec16 *)(grad[i] + 16 * k) = acc[k];                  \
+        }                                                                                        \
+    }
+
+VECTOR_KERNELS(1)
+VECTOR_KERNELS(2)
+VECTOR_KERNELS(4)
+VECTOR_KERNELS(8)
+
+/* Any width: scalar loops the compiler vectorises as it can. */
+static void forward_sample_any(float *const *vec, float *row, int64_t n, int64_t d) {
+    memcpy(row, vec[0], (size_t)d * sizeof *row);
+    float *pair = row + d;
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = i + 1; j < n; j++) {
+            float acc = 0.0f;
+            for (int64_t t = 0; t < d; t++) acc += vec[i][t] * vec[j][t];
+            *pair++ = acc;
+        }
+    }
+}
+
+static void backward_sample_any(float *const *vec, float *const *grad, const float *g, int64_t n, int64_t d) {
+    const float *pairs = g + d;
+    for (int64_t i = 0; i < n; i++) {
+        float *restrict out = grad[i];
+        for (int64_t t = 0; t < d; t++) out[t] = i == 0 ? g[t] : 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            if (j == i) continue;
+            const float s = pairs[j < i ? pair_index(j, i, n) : pair_index(i, j, n)];
+            const float *restrict zj = vec[j];
+            for (int64_t t = 0; t < d; t++) out[t] += s * zj[t];
+        }
+    }
+}
+
+typedef void (*forward_fn)(float *const *, float *, int64_t, int64_t);
+typedef void (*backward_fn)(float *const *, float *const *, const float *, int64_t, int64_t);
+
+static forward_fn forward_kernel(int64_t d) {
+    switch (d) {
+        case 16: return forward_sample_1;
+        case 32: return forward_sample_2;
+        case 64: return forward_sample_4;
+        case 128: return forward_sample_8;
+        default: return forward_sample_any;
+    }
+}
+
+static backward_fn backward_kernel(int64_t d) {
+    switch (d) {
+        case 16: return backward_sample_1;
+        case 32: return backward_sample_2;
+        case 64: return backward_sample_4;
+        case 128: return backward_sample_8;
+        default: return backward_sample_any;
+    }
+}
+
+static void *forward_range(void *arg) {
+    job_t *job = arg;
+    const int64_t n = job->n, d = job->d, width = d + n * (n - 1) / 2;
+    const forward_fn kernel = forward_kernel(d);
+    float **vec = malloc((size_t)n * sizeof *vec);
+    if (vec == NULL) {
+        job->status = 1;
+        return NULL;
+    }
+    for (int64_t b = job->begin; b < job->end; b++) {
+        locate(job, b, (float *const *)job->inputs, vec);
+        kernel(vec, job->out + b * width, n, d);
+    }
+    free(vec);
+    return NULL;
+}
+
+static void *backward_range(void *arg) {
+    job_t *job = arg;
+    const int64_t n = job->n, d = job->d, width = d + n * (n - 1) / 2;
+    const backward_fn kernel = backward_kernel(d);
+    float **vec = malloc((size_t)n * sizeof *vec);
+    float **grad = malloc((size_t)n * sizeof *grad);
+    if (vec == NULL || grad == NULL) {
+        free(vec);
+        free(grad);
+        job->status = 1;
+        return NULL;
+    }
+    for (int64_t b = job->begin; b < job->end; b++) {
+        locate(job, b, (float *const *)job->inputs, vec);
+        locate(job, b, job->grad_inputs, grad);
+        kernel(vec, grad, job->grad_out + b * width, n, d);
+    }
+    free(vec);
+    free(grad);
+    return NULL;
+}
+
+/* Runs `body` over the batch split into `threads` ranges: threads - 1 new
+ * threads and the caller's. A thread that cannot start leaves its range to
+ * the caller. */
+static int run(job_t *proto, int64_t batch, int64_t threads, void *(*body)(void *)) {
+    if (threads < 1) threads = 1;
+    if (threads > batch) threads = batch > 0 ? batch : 1;
+    job_t jobs[threads];
+    pthread_t ids[threads];
+    int started[threads];
+    for (int64_t t = 0; t < threads; t++) {
+        jobs[t] = *proto;
+        jobs[t].begin = batch * t / threads;
+        jobs[t].end = batch * (t + 1) / threads;
+        jobs[t].status = 0;
+        started[t] = t > 0 && pthread_create(&ids[t], NULL, body, &jobs[t]) == 0;
+    }
+    for (int64_t t = 0; t < threads; t++)
+        if (!started[t]) body(&jobs[t]);
+    int status = 0;
+    for (int64_t t = 0; t < threads; t++) {
+        if (started[t]) pthread_join(ids[t], NULL);
+        status |= jobs[t].status;
+    }
+    return status;
+}
+
+static job_t make_job(int64_t parts, const float *const *inputs, const int64_t *counts, int64_t d) {
+    job_t job = {.parts = parts, .d = d, .inputs = inputs, .counts = counts};
+    for (int64_t k = 0; k < parts; k++) job.n += counts[k];
+    return job;
+}
+
+int reccompile_dot_forward(int64_t batch, int64_t parts, const float *const *inputs, const int64_t *counts,
+                           int64_t d, float *out, int64_t threads) {
+    job_t job = make_job(parts, inputs, counts, d);
+    job.out = out;
+    return run(&job, batch, threads, forward_range);
+}
+
+int reccompile_dot_backward(int64_t batch, int64_t parts, const float *const *inputs, const int64_t *counts,
+                            int64_t d, const float *grad_out, float *const *grad_inputs, int64_t threads) {
+    job_t job = make_job(parts, inputs, counts, d);
+    job.grad_out = grad_out;
+    job.grad_inputs = grad_inputs;
+    return run(&job, batch, threads, backward_range);
+}
