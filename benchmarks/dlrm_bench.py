@@ -93,6 +93,7 @@ def cpu_counters() -> tuple[int, int] | None:
 
 
 def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: int) -> dict[str, Any]:
+    from runtime.allocator import retain_freed_memory
     from runtime.pipeline import TrainPipeline
     from runtime.sharding import distribute_dense
     from runtime.train import make_dense_optimizer, train_step
@@ -100,6 +101,7 @@ def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: 
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    retain_freed_memory()  # as runtime.worker does for `reccompile train`
     workload = load_workload()
     module = load_module(module_path)
     group = dist.group.WORLD if world_size > 1 else None

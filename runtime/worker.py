@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from runtime import checkpoint_run, pipeline, run_setup
+from runtime.allocator import retain_freed_memory
 from runtime.data.batch import Batch
 from runtime.sharding.dense import distribute_dense
 from runtime.train import make_dense_optimizer, train
@@ -78,6 +79,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    retain_freed_memory()
     module = load_module(args.module)
     training = module.SPEC["training"]
     steps = args.steps if args.steps is not None else training["steps"]

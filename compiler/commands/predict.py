@@ -38,10 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from runtime.allocator import retain_freed_memory
     from runtime.data.errors import DataError
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    retain_freed_memory()
     try:
         module, model = load(args.export, verify=args.verify)
         spec = module.SPEC
