@@ -2,14 +2,16 @@
 
 Every training step allocates and frees the same large CPU buffers: ids
 and their all-to-all buffers, pooled rows, activations and their gradients,
-1-30 MiB each. glibc's malloc serves blocks of that size with fresh mmap
-pages and unmaps them on free, so each step pays a page fault, and the
-kernel zeroes a page, for every 4 KiB it writes: about 15% of a multihot
-dlrm-bench step on two ranks here (benchmarks/dlrm_bench.py). Raising
-M_MMAP_THRESHOLD to glibc's maximum and M_TRIM_THRESHOLD keeps such blocks
-in the heap, where the next step finds them already mapped. The cost is
-resident memory held at its high-water mark, which a training or serving
-process reaches each step anyway.
+1-30 MiB each. By default glibc's malloc maps blocks of that size afresh
+(until its adaptive mmap threshold has grown past them) and returns the
+freed top of the heap to the kernel once it exceeds 2x that threshold, so a
+step pays a page fault, and the kernel zeroes a page, for every 4 KiB it
+writes into such memory: about a tenth of a multihot dlrm-bench step on two
+ranks here (134 vs 143 ms, medians of A/B runs of benchmarks/dlrm_bench.py).
+Setting M_MMAP_THRESHOLD to glibc's maximum and M_TRIM_THRESHOLD to 1 GiB
+keeps such blocks in the heap, where the next step finds them mapped. The
+cost is resident memory held at its high-water mark, which a training or
+serving process reaches every step anyway.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ optimizer state (see `runtime.embedding_optim`), identical for both kernels.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import math
@@ -50,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.concurrent_lookup import run_concurrently
 from runtime.embedding_optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 
@@ -293,7 +295,9 @@ class EmbeddingBagCollection(nn.Module):
     Python, vectorised, before any kernel runs, and raises an IndexError naming
     the feature, id and table; fbgemm's own check is off. With
     `bounds_check=False` ids are trusted: an out-of-range id then makes the
-    fused kernel read out of bounds.
+    fused kernel read out of bounds. `lookup_threads` (default: torch's
+    intra-op threads at construction) cuts the fused tables on the CPU into
+    that many groups, looked up side by side (runtime/concurrent_lookup.py).
     """
 
     optimizer_in_backward = True
@@ -306,6 +310,7 @@ class EmbeddingBagCollection(nn.Module):
         compute_kernel: str = "fused",
         optimizer: EmbeddingOptimizer | None = None,
         bounds_check: bool = True,
+        lookup_threads: int | None = None,
     ) -> None:
         super().__init__()
         if compute_kernel not in COMPUTE_KERNELS:
@@ -321,9 +326,13 @@ class EmbeddingBagCollection(nn.Module):
         self._is_weighted = is_weighted
         self.compute_kernel = compute_kernel
         self.bounds_check = bounds_check
+        threads = torch.get_num_threads() if lookup_threads is None else lookup_threads
+        self.lookup_threads = threads if device.type == "cpu" and compute_kernel == "fused" else 1
 
         # Kept in a plain list, out of the module tree: see the module docstring.
-        self._groups, order = _build_groups(tables, default_optimizer, compute_kernel, device)
+        self._groups, order = _build_groups(
+            tables, default_optimizer, compute_kernel, device, self.lookup_threads
+        )
 
         self._feature_names = [f for t in tables for f in t.feature_names]
         self._feature_dims = [t.embedding_dim for t in tables for _ in t.feature_names]
@@ -395,13 +404,15 @@ class EmbeddingBagCollection(nn.Module):
     def _lookup_groups(
         self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None, value_offsets: list[int]
     ) -> list[torch.Tensor]:
+        """Each group's pooled block; the groups run side by side on `lookup_threads` threads."""
         values, offsets, batch = kjt.values(), kjt.offsets(), kjt.stride()
-        pooled, first = [], 0
+        lookups, first = [], 0
         for group, size in zip(self._groups, self._group_sizes):
             last = first + size
             start, end = value_offsets[first], value_offsets[last]
-            pooled.append(
-                group(
+            lookups.append(
+                functools.partial(
+                    group,
                     values[start:end],
                     offsets[first * batch : last * batch + 1] - start,
                     None if weights is None else weights[start:end],
@@ -409,7 +420,7 @@ class EmbeddingBagCollection(nn.Module):
                 )
             )
             first = last
-        return pooled
+        return run_concurrently(lookups, min(self.lookup_threads, torch.get_num_threads()))
 
     def _check_bounds(self, values: torch.Tensor, length_per_key: list[int]) -> None:
         key = tuple(length_per_key)
@@ -495,8 +506,13 @@ def _build_groups(
     default_optimizer: EmbeddingOptimizer,
     compute_kernel: str,
     device: torch.device,
+    threads: int,
 ) -> tuple[list[_FusedGroup | _DenseGroup], list[int]]:
-    """One lookup module per (optimizer, pooling), in order of first use, and their table order."""
+    """Lookup modules per (optimizer, pooling), in order of first use, and their table order.
+
+    A fused group on the CPU is cut into up to `threads` runs of its tables, with
+    about equal work each, that runtime.concurrent_lookup runs side by side.
+    """
     tbe_ops = _fbgemm() if compute_kernel == "fused" else None
     if compute_kernel == "fused":
         for t in tables:
@@ -518,10 +534,27 @@ def _build_groups(
             logger.info("fbgemm has no CPU Adam: tables %s use the dense kernel", names)
             groups.append(_DenseGroup(members, optimizer, device))
         elif tbe_ops is not None:
-            groups.append(_FusedGroup(members, optimizer, device, tbe_ops))
+            runs = _balanced_runs(members, threads) if device.type == "cpu" else [members]
+            groups.extend(_FusedGroup(run, optimizer, device, tbe_ops) for run in runs)
         else:
             groups.append(_DenseGroup(members, optimizer, device))
     return groups, [i for indices in grouped.values() for i in indices]
+
+
+def _balanced_runs(tables: list[EmbeddingBagConfig], parts: int) -> list[list[EmbeddingBagConfig]]:
+    """At most `parts` contiguous runs of `tables`, each with about 1/parts of the work.
+
+    Work is the pooled width a table adds, dim x features, which is what the
+    lookup's kernels scale with for equal ids per feature.
+    """
+    work = [t.embedding_dim * len(t.feature_names) for t in tables]
+    total, done, cuts = sum(work), 0, []
+    for index, amount in enumerate(work[:-1]):
+        done += amount
+        if done * parts >= total * (len(cuts) + 1):
+            cuts.append(index + 1)
+    bounds = [0, *cuts, len(tables)]
+    return [tables[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _check_names(tables: list[EmbeddingBagConfig]) -> None:
