@@ -29,8 +29,10 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
+# dlrm-bench (../shared/bench/WORKLOAD.md), both variants, one process then two ranks.
 bench: setup
-	$(PY) benchmarks/dlrm_bench.py
+	$(PY) benchmarks/dlrm_bench.py --mode local
+	$(PY) benchmarks/dlrm_bench.py --mode dist2
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

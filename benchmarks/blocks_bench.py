@@ -1,7 +1,9 @@
 """Micro-benchmark of the dense blocks in runtime/blocks.py at DLRM-bench sizes.
 
 Times forward + backward of each variant of the pairwise dot interaction
-(B=2048, N=27, D=64) and of the bottom and top MLPs, interleaving the
+(B=2048, N=27, D=64: bmm formulations and the C kernel of runtime/native)
+and of the bottom and top MLPs (aten's linears, which run on MKL, against
+runtime/linear.py's oneDNN ones), interleaving the
 variants round by round (A B C A B C ...) so machine noise hits all of them
 alike. Prints one JSON line per variant:
 
@@ -21,7 +23,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from runtime.blocks import MLP, DotInteraction
+from runtime import native
+from runtime.blocks import MLP, DotInteraction, _PairwiseDot
 
 NUM_VECTORS = 27
 DIM = 64
@@ -63,17 +66,26 @@ def _fwd_bwd(forward: Callable[[], torch.Tensor], grad: torch.Tensor, params: li
 
 def interaction_steps(batch: int) -> dict[str, Step]:
     x = torch.randn(batch, NUM_VECTORS * DIM, requires_grad=True)
+    bottom = torch.randn(batch, DIM, requires_grad=True)
+    embeddings = torch.randn(batch, (NUM_VECTORS - 1) * DIM, requires_grad=True)
     width = DIM + NUM_VECTORS * (NUM_VECTORS - 1) // 2
     grad = torch.randn(batch, width)
     rows, cols = torch.triu_indices(NUM_VECTORS, NUM_VECTORS, offset=1)
     flat = rows * NUM_VECTORS + cols
     block = DotInteraction(NUM_VECTORS, DIM)
-    return {
+    pairwise = lambda: _PairwiseDot.apply(x, NUM_VECTORS, block.triu_index, block.sym_index)  # noqa: E731
+    steps = {
         "naive_bmm_index": _fwd_bwd(lambda: naive_interaction(x, rows, cols), grad, [x]),
         "bmm_index_select": _fwd_bwd(lambda: flat_select_interaction(x, flat), grad, [x]),
         "bmm_gather": _fwd_bwd(lambda: flat_gather_interaction(x, flat), grad, [x]),
-        "custom_autograd (runtime.blocks)": _fwd_bwd(lambda: block(x), grad, [x]),
+        "bmm_custom_autograd (runtime.blocks._PairwiseDot)": _fwd_bwd(pairwise, grad, [x]),
     }
+    if native.library() is not None:
+        # what the compiled DLRM runs: the dense output and the embeddings as two inputs
+        steps["native_c (runtime.blocks, two inputs)"] = _fwd_bwd(
+            lambda: block(bottom, embeddings), grad, [bottom, embeddings]
+        )
+    return steps
 
 
 def mlp_steps(batch: int, in_features: int, layers: list[int], final: str | None) -> dict[str, Step]:
@@ -83,8 +95,10 @@ def mlp_steps(batch: int, in_features: int, layers: list[int], final: str | None
 
     def sequential(inplace: bool) -> nn.Sequential:
         mods: list[nn.Module] = []
-        for i, linear in enumerate(ours.linears):
-            mods.append(linear)
+        for i, layer in enumerate(ours.linears):
+            plain = nn.Linear(layer.in_features, layer.out_features)  # F.linear: aten's addmm
+            plain.weight, plain.bias = layer.weight, layer.bias
+            mods.append(plain)
             if i < len(layers) - 1 or final is not None:
                 mods.append(nn.ReLU(inplace=inplace))
         return nn.Sequential(*mods)
@@ -92,9 +106,9 @@ def mlp_steps(batch: int, in_features: int, layers: list[int], final: str | None
     params = [x, *ours.parameters()]
     out_of_place, in_place = sequential(False), sequential(True)
     return {
-        "sequential_relu": _fwd_bwd(lambda: out_of_place(x), grad, params),
-        "sequential_relu_inplace": _fwd_bwd(lambda: in_place(x), grad, params),
-        "mlp (runtime.blocks)": _fwd_bwd(lambda: ours(x), grad, params),
+        "aten_linear_relu (MKL)": _fwd_bwd(lambda: out_of_place(x), grad, params),
+        "aten_linear_relu_inplace (MKL)": _fwd_bwd(lambda: in_place(x), grad, params),
+        "mlp (runtime.blocks, oneDNN)": _fwd_bwd(lambda: ours(x), grad, params),
     }
 
 

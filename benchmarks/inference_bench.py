@@ -178,8 +178,11 @@ def cpu_counters() -> tuple[int, int]:
 
 def measure(workdir: Path, configs: list[str]) -> None:
     """Our side of one round (run in a fresh process): one JSON line per configuration and case."""
+    from runtime.allocator import retain_freed_memory
     from runtime.inference import load
     from runtime.jagged import KeyedJaggedTensor
+
+    retain_freed_memory()  # as `reccompile predict` does
 
     W = workload()
     inputs = {}

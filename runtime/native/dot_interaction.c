@@ -12,15 +12,21 @@
  * batched GEMMs; here only the strict upper triangle is formed, each pair with
  * d fused multiply-adds that the compiler vectorises (it is built with
  * -O3 -march=native and associative float math; see runtime/native/build.py),
- * and the batch is split over `threads` POSIX threads.
+ * and the batch is split over `threads` threads of an OpenMP team.
  *
  * Returns 0, or 1 when a scratch allocation fails.
  */
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_thread_num(void) { return 0; }
+static int omp_get_num_threads(void) { return 1; }
+#endif
 
 typedef struct {
     int64_t begin, end; /* samples [begin, end) */
@@ -140,25 +146,22 @@ static backward_fn backward_kernel(int64_t d) {
     }
 }
 
-static void *forward_range(void *arg) {
-    job_t *job = arg;
+static void forward_range(job_t *job) {
     const int64_t n = job->n, d = job->d, width = d + n * (n - 1) / 2;
     const forward_fn kernel = forward_kernel(d);
     float **vec = malloc((size_t)n * sizeof *vec);
     if (vec == NULL) {
         job->status = 1;
-        return NULL;
+        return;
     }
     for (int64_t b = job->begin; b < job->end; b++) {
         locate(job, b, (float *const *)job->inputs, vec);
         kernel(vec, job->out + b * width, n, d);
     }
     free(vec);
-    return NULL;
 }
 
-static void *backward_range(void *arg) {
-    job_t *job = arg;
+static void backward_range(job_t *job) {
     const int64_t n = job->n, d = job->d, width = d + n * (n - 1) / 2;
     const backward_fn kernel = backward_kernel(d);
     float **vec = malloc((size_t)n * sizeof *vec);
@@ -167,7 +170,7 @@ static void *backward_range(void *arg) {
         free(vec);
         free(grad);
         job->status = 1;
-        return NULL;
+        return;
     }
     for (int64_t b = job->begin; b < job->end; b++) {
         locate(job, b, (float *const *)job->inputs, vec);
@@ -176,31 +179,26 @@ static void *backward_range(void *arg) {
     }
     free(vec);
     free(grad);
-    return NULL;
 }
 
-/* Runs `body` over the batch split into `threads` ranges: threads - 1 new
- * threads and the caller's. A thread that cannot start leaves its range to
- * the caller. */
-static int run(job_t *proto, int64_t batch, int64_t threads, void *(*body)(void *)) {
+/* Runs `body` over the batch split into one contiguous range per thread of
+ * an OpenMP team. The library links the OpenMP runtime torch has loaded
+ * (libgomp.so.1 by soname; see runtime/native), so the team is torch's own
+ * intra-op pool: no thread is created, and none spins beside ours. Built
+ * without OpenMP, it runs on the calling thread. */
+static int run(const job_t *proto, int64_t batch, int64_t threads, void (*body)(job_t *)) {
     if (threads < 1) threads = 1;
     if (threads > batch) threads = batch > 0 ? batch : 1;
-    job_t jobs[threads];
-    pthread_t ids[threads];
-    int started[threads];
-    for (int64_t t = 0; t < threads; t++) {
-        jobs[t] = *proto;
-        jobs[t].begin = batch * t / threads;
-        jobs[t].end = batch * (t + 1) / threads;
-        jobs[t].status = 0;
-        started[t] = t > 0 && pthread_create(&ids[t], NULL, body, &jobs[t]) == 0;
-    }
-    for (int64_t t = 0; t < threads; t++)
-        if (!started[t]) body(&jobs[t]);
     int status = 0;
-    for (int64_t t = 0; t < threads; t++) {
-        if (started[t]) pthread_join(ids[t], NULL);
-        status |= jobs[t].status;
+#pragma omp parallel num_threads((int)threads) reduction(| : status)
+    {
+        job_t job = *proto;
+        const int64_t t = omp_get_thread_num(), count = omp_get_num_threads();
+        job.begin = batch * t / count;
+        job.end = batch * (t + 1) / count;
+        job.status = 0;
+        body(&job);
+        status |= job.status;
     }
     return status;
 }
