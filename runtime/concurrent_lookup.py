@@ -24,20 +24,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["balanced_runs", "run_concurrently"]
+__all__ = ["run_concurrently"]
 
 Lookup = Callable[[], torch.Tensor]
-
-
-def balanced_runs(work: Sequence[int], parts: int) -> list[tuple[int, int]]:
-    """At most `parts` contiguous index ranges [first, last) of `work`, about equal in sum."""
-    total, done, cuts = sum(work), 0, []
-    for index, amount in enumerate(work[:-1]):
-        done += amount
-        if done * parts >= total * (len(cuts) + 1):
-            cuts.append(index + 1)
-    bounds = [0, *cuts, len(work)]
-    return list(zip(bounds, bounds[1:]))
 
 
 @functools.cache

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.concurrent_lookup import balanced_runs, run_concurrently
+from runtime.concurrent_lookup import run_concurrently
 from runtime.embedding_optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 
@@ -542,10 +542,19 @@ def _build_groups(
 
 
 def _balanced_runs(tables: list[EmbeddingBagConfig], parts: int) -> list[list[EmbeddingBagConfig]]:
-    """At most `parts` contiguous runs of `tables`, each with about 1/parts of the work:
-    the pooled width a table adds (dim x features), which the kernels scale with."""
+    """At most `parts` contiguous runs of `tables`, each with about 1/parts of the work.
+
+    Work is the pooled width a table adds, dim x features, which is what the
+    lookup's kernels scale with for equal ids per feature.
+    """
     work = [t.embedding_dim * len(t.feature_names) for t in tables]
-    return [tables[first:last] for first, last in balanced_runs(work, parts)]
+    total, done, cuts = sum(work), 0, []
+    for index, amount in enumerate(work[:-1]):
+        done += amount
+        if done * parts >= total * (len(cuts) + 1):
+            cuts.append(index + 1)
+    bounds = [0, *cuts, len(tables)]
+    return [tables[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 def _check_names(tables: list[EmbeddingBagConfig]) -> None:

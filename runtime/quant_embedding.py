@@ -7,10 +7,7 @@ output order (table order, then each table's features), forward only.
 
 All tables live in one fbgemm `IntNBitTableBatchedEmbeddingBagsCodegen`
 layout, each at its own precision; one call of fbgemm's
-`int_nbit_split_embedding_codegen_lookup_function` pools every feature, or,
-with `lookup_threads` > 1 on the CPU, one call per run of features, the runs
-side by side on runtime.concurrent_lookup's threads (the kernel pools on one
-thread; torch.export traces the single call). The
+`int_nbit_split_embedding_codegen_lookup_function` pools every feature. The
 TBE class is built only to lay the tables out (its offsets, row sizes and
 type codes); the collection owns the weight bytes as a buffer and calls the
 kernel itself, because the TBE module holds TorchScript objects that
@@ -42,9 +39,7 @@ the layout above (uint8, rows x row bytes).
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -62,7 +57,6 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
-from runtime.concurrent_lookup import balanced_runs, run_concurrently
 from runtime.embedding import EmbeddingBagConfig, _check_names
 from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 
@@ -85,7 +79,6 @@ _BITS = {"int8": 8, "int4": 4}
 _OUTPUT_TYPES = {torch.float32: SparseType.FP32, torch.bfloat16: SparseType.BF16, torch.float16: SparseType.FP16}
 _SCALE_BIAS_BYTES = 4  # float16 scale + float16 bias in front of an int8/int4 row
 _FP16_MAX = 65504.0
-_MAX_DIM_ARGUMENT = {"fp32": "max_float32_D", "fp16": "max_float16_D", "int8": "max_int8_D", "int4": "max_int4_D"}
 
 
 def check_precision(table: EmbeddingBagConfig, precision: str) -> None:
@@ -158,17 +151,6 @@ class _Layout:
     max_dims: dict[str, int]  # kernel argument -> widest table of that type
 
 
-@dataclass(frozen=True)
-class _Run:
-    """Features [first, last) pooled by one kernel call; its buffers are named prefix + argument."""
-
-    prefix: str
-    first: int
-    last: int
-    total_dim: int
-    max_dims: dict[str, int]
-
-
 class QuantEmbeddingBagCollection(nn.Module):
     """Inference lookups over tables stored at per-table precisions (see the module docstring).
 
@@ -180,9 +162,7 @@ class QuantEmbeddingBagCollection(nn.Module):
     compute in it (the kernel accumulates in float32 and rounds once). With
     `bounds_check` (default on), ids are checked by fbgemm's bounds check
     before the lookup, and an id out of range raises an IndexError naming the
-    feature, id and table. `lookup_threads` (default: torch's intra-op
-    threads at construction) cuts the features into that many runs pooled
-    side by side on the CPU.
+    feature, id and table.
     """
 
     def __init__(
@@ -193,7 +173,6 @@ class QuantEmbeddingBagCollection(nn.Module):
         device: torch.device | str | None = None,
         bounds_check: bool = True,
         output_dtype: torch.dtype = torch.float32,
-        lookup_threads: int | None = None,
     ) -> None:
         super().__init__()
         if output_dtype not in _OUTPUT_TYPES:
@@ -252,8 +231,6 @@ class QuantEmbeddingBagCollection(nn.Module):
         }
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor, persistent=False)
-        threads = torch.get_num_threads() if lookup_threads is None else lookup_threads
-        self._runs = self._feature_runs(threads if device.type == "cpu" else 1)
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -268,35 +245,6 @@ class QuantEmbeddingBagCollection(nn.Module):
             bounds_check_mode=BoundsCheckMode.FATAL,
             output_dtype=SparseType.FP32,
         )
-
-    def _feature_runs(self, parts: int) -> list[_Run]:
-        """Contiguous runs of features with about equal pooled width, one kernel call each.
-
-        fbgemm's CPU kernel pools on one thread; with several runs the
-        lookups go side by side on runtime.concurrent_lookup's threads.
-        Each run gets its slices of the kernel's per-feature arguments.
-        """
-        dims = self._feature_dims
-        bounds = balanced_runs(dims, parts)
-        if len(bounds) == 1:
-            return []
-        runs = []
-        for number, (first, last) in enumerate(bounds):
-            prefix = f"run{number}_"
-            arguments = {
-                "weights_offsets": self.weights_offsets[first:last].clone(),
-                "weights_placements": self.weights_placements[first:last].clone(),
-                "weights_tys": self.weights_tys[first:last].clone(),
-                "D_offsets": self.D_offsets[first : last + 1] - self.D_offsets[first],
-            }
-            for name, tensor in arguments.items():
-                self.register_buffer(prefix + name, tensor, persistent=False)
-            max_dims = dict.fromkeys(self._layout.max_dims, 0)
-            for feature in range(first, last):
-                kind = _MAX_DIM_ARGUMENT[self._precisions[self._feature_tables[feature].name]]
-                max_dims[kind] = max(max_dims[kind], dims[feature])
-            runs.append(_Run(prefix, first, last, sum(dims[first:last]), max_dims))
-        return runs
 
     # -- what the collection holds ------------------------------------------
 
@@ -433,43 +381,15 @@ class QuantEmbeddingBagCollection(nn.Module):
             per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
             scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
             weights = scale if weights is None else weights * scale
-        threads = min(len(self._runs), torch.get_num_threads())
-        if threads > 1 and not torch.compiler.is_compiling() and not torch.compiler.is_exporting():
-            return torch.cat(run_concurrently(self._run_lookups(values, offsets, weights), threads), dim=1)
-        return self._pool(values, offsets, weights, None)
-
-    def _run_lookups(
-        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
-    ) -> list[Callable[[], torch.Tensor]]:
-        batch = (offsets.numel() - 1) // len(self._feature_names)
-        starts = offsets[[run.first * batch for run in self._runs] + [offsets.numel() - 1]].tolist()
-        lookups = []
-        for run, start, end in zip(self._runs, starts, starts[1:]):
-            lookups.append(
-                functools.partial(
-                    self._pool,
-                    values[start:end],
-                    offsets[run.first * batch : run.last * batch + 1] - start,
-                    None if weights is None else weights[start:end],
-                    run,
-                )
-            )
-        return lookups
-
-    def _pool(
-        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, run: _Run | None
-    ) -> torch.Tensor:
-        """One kernel call: every feature, or the features of `run`."""
-        prefix = "" if run is None else run.prefix
-        dims = self._layout.max_dims if run is None else run.max_dims
+        dims = self._layout.max_dims
         return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights,
             uvm_weights=self.no_bytes,
-            weights_placements=getattr(self, prefix + "weights_placements"),
-            weights_offsets=getattr(self, prefix + "weights_offsets"),
-            weights_tys=getattr(self, prefix + "weights_tys"),
-            D_offsets=getattr(self, prefix + "D_offsets"),
-            total_D=self._layout.total_dim if run is None else run.total_dim,
+            weights_placements=self.weights_placements,
+            weights_offsets=self.weights_offsets,
+            weights_tys=self.weights_tys,
+            D_offsets=self.D_offsets,
+            total_D=self._layout.total_dim,
             max_int2_D=dims["max_int2_D"],
             max_int4_D=dims["max_int4_D"],
             max_int8_D=dims["max_int8_D"],

@@ -140,28 +140,6 @@ def test_mixed_precisions_match_fbgemms_own_module() -> None:
     assert qebc.precisions() == precisions
 
 
-@pytest.mark.parametrize("weighted", [False, True])
-def test_runs_side_by_side_pool_exactly_like_one_call(weighted: bool) -> None:
-    ebc = trained_collection(weighted)
-    precisions = {"t0": "int4", "t1": "fp16", "t2": "int8"}
-    one_call = QuantEmbeddingBagCollection(make_tables(), precisions, is_weighted=weighted, lookup_threads=1)
-    runs = QuantEmbeddingBagCollection(make_tables(), precisions, is_weighted=weighted, lookup_threads=3)
-    for collection in (one_call, runs):
-        collection.quantize_from(ebc.embedding_parameters())
-    # feature widths 8, 8, 16, 32: the widest is half the work, so two runs
-    assert [(run.first, run.last) for run in runs._runs] == [(0, 3), (3, 4)]
-    assert one_call._runs == []
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the runs go side by side
-    try:
-        for seed in range(3):
-            kjt = make_kjt(make_tables(), seed=seed)
-            with torch.inference_mode():
-                assert torch.equal(runs(kjt).values(), one_call(kjt).values())
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_stored_sizes_follow_fbgemms_row_layout() -> None:
     assert [row_bytes(64, p) for p in PRECISIONS] == [256, 128, 68, 36]
     qebc = QuantEmbeddingBagCollection(make_tables(), {"t0": "int8", "t1": "int4", "t2": "fp16"})
