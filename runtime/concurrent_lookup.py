@@ -18,6 +18,7 @@ same kernels on the same inputs.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,8 +32,27 @@ Lookup = Callable[[], torch.Tensor]
 
 @functools.cache
 def _pool(threads: int) -> ThreadPoolExecutor:
-    """One pool per size for the process, like torch's own intra-op pool."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="lookup", initializer=torch.set_num_threads, initargs=(1,))
+    """One pool per size for the process, like torch's own intra-op pool; its threads use one
+    intra-op thread each.
+
+    `torch.set_num_threads` sets the calling thread's OpenMP team size, and also a process-wide
+    value that any thread copies on its first parallel op. So every worker is started here and
+    sets 1 for itself, then the caller sets its own count again, which restores that value for
+    threads started later (DDP's, gloo's, the user's).
+    """
+    caller = torch.get_num_threads()
+    started = threading.Barrier(threads)
+
+    def start_single_threaded() -> None:
+        torch.get_num_threads()  # torch's one-time per-thread setup first: it would undo the next line
+        torch.set_num_threads(1)
+        started.wait()
+
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="lookup")
+    for future in [pool.submit(start_single_threaded) for _ in range(threads)]:
+        future.result()
+    torch.set_num_threads(caller)
+    return pool
 
 
 def _call_with_grad_mode(enabled: bool, lookup: Lookup) -> torch.Tensor:

@@ -7,6 +7,12 @@ the same inputs, each with one intra-op thread in both cases here.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -16,6 +22,8 @@ from runtime.embedding_optim import EmbeddingOptimizer
 from runtime.jagged import KeyedJaggedTensor
 
 pytest.importorskip("fbgemm_gpu")
+
+REPO = Path(__file__).resolve().parents[2]
 
 BATCH = 16
 TABLES = [
@@ -88,3 +96,22 @@ def test_no_grad_lookups_and_errors_come_back_from_the_threads() -> None:
 
     with pytest.raises(IndexError, match="id 7 out of range"):
         run_concurrently([calls[0], failing], threads=2)
+
+
+def test_the_pool_runs_single_threaded_without_changing_other_threads() -> None:
+    """torch.set_num_threads is partly process-wide; the pool must not leave its 1 behind."""
+    script = textwrap.dedent("""
+        import threading, torch
+        from runtime.concurrent_lookup import _pool, run_concurrently
+        torch.set_num_threads(2)
+        run_concurrently([lambda: torch.ones(3), lambda: torch.ones(2)], threads=2)
+        later = []
+        thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        thread.start(); thread.join()
+        pool = sorted(_pool(2).submit(torch.get_num_threads).result() for _ in range(4))
+        print(torch.get_num_threads(), later[0], pool)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "2 2 [1, 1, 1, 1]"
