@@ -65,7 +65,7 @@ class ExportRequest:
     outdir: Path
     quantize: str = "none"  # the precision of every table --per-table does not name
     per_table: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 (faster at large batches, not exact)
+    dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 (not exact)
     aot: bool = True  # also write <name>.pt2
     allow_spec_change: bool = False  # export a checkpoint trained from another version of the spec
 
