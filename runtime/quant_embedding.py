@@ -7,10 +7,13 @@ output order (table order, then each table's features), forward only.
 
 All tables live in one fbgemm `IntNBitTableBatchedEmbeddingBagsCodegen`
 layout, each at its own precision; one call of fbgemm's
-`int_nbit_split_embedding_codegen_lookup_function` pools every feature. The
-TBE class is built only to lay the tables out (its offsets, row sizes and
-type codes); the collection owns the weight bytes as a buffer and calls the
-kernel itself, because the TBE module holds TorchScript objects that
+`int_nbit_split_embedding_codegen_lookup_function` pools every feature, or on
+the CPU (float32 output, outside tracing) runtime/native's quant_pool.c, which
+reads the same layout, gives the same bits, and splits the bags over torch's
+threads where fbgemm's kernel uses one (1.2-2.5x faster at batch 512 with 20
+ids per feature). The TBE class is built only to lay the tables out (its
+offsets, row sizes and type codes); the collection owns the weight bytes as a
+buffer and calls the kernel itself, because the TBE module holds TorchScript objects that
 `torch.export` cannot trace and adds per-call work a server does not need.
 `to_fbgemm()` gives back the equivalent fbgemm module.
 
@@ -57,6 +60,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
+from runtime import native
 from runtime.embedding import EmbeddingBagConfig, _check_names
 from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 
@@ -231,6 +235,14 @@ class QuantEmbeddingBagCollection(nn.Module):
         }
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor, persistent=False)
+        self._native_layout = native.QuantLayout(
+            table_offsets=tbe.weights_offsets.to(torch.int64),
+            strides=torch.tensor([self._padded_row_bytes(t) for t in self._feature_tables], dtype=torch.int64),
+            types=tbe.weights_tys.to(torch.int64),
+            dims=torch.tensor(self._feature_dims, dtype=torch.int64),
+            out_offsets=tbe.D_offsets[:-1].to(torch.int64),
+            total_dim=tbe.total_D,
+        )
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -381,6 +393,8 @@ class QuantEmbeddingBagCollection(nn.Module):
             per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
             scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
             weights = scale if weights is None else weights * scale
+        if self._output_type == SparseType.FP32.as_int() and native.applies([self.weights, values], dtype=None):
+            return native.quant_pool(self.weights, self._native_layout, values, offsets, weights)
         dims = self._layout.max_dims
         return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights,

@@ -1,8 +1,9 @@
 """C kernels of the runtime, compiled on first use with the machine's C compiler.
 
-The only one so far is DLRM's pairwise dot interaction (dot_interaction.c),
-3-5x faster on the CPU than `torch.bmm` over the full Gram matrix. It is
-plain C with no torch headers, so building it takes a fraction of a second:
+DLRM's pairwise dot interaction (dot_interaction.c), 3-5x faster on the CPU
+than `torch.bmm` over the full Gram matrix, and the pooled lookup of
+quantized inference tables (quant_pool.c), which fbgemm runs on one thread.
+They are plain C with no torch headers, so building them takes a second:
 `$CC` (default `cc`) with -O3 -march=native, into
 `$RECCOMPILE_CACHE_DIR` (default `~/.cache/reccompile`)/native/, named by a
 hash of the source, the flags, the compiler and the CPU, written atomically so
@@ -25,13 +26,14 @@ import subprocess
 import tempfile
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["applies", "cache_dir", "dot_backward", "dot_forward", "library"]
+__all__ = ["QuantLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library", "quant_pool"]
 
-SOURCE = Path(__file__).with_name("dot_interaction.c")
+SOURCES = tuple(sorted(Path(__file__).parent.glob("*.c")))
 FLAGS = (
     "-O3", "-march=native", "-fPIC", "-shared",
     # Reassociating sums lets the compiler vectorise the reductions, as a GEMM would.
@@ -68,7 +70,7 @@ def _build(compiler: str, target: Path) -> None:
     os.close(handle)
     try:
         for extra in (OPENMP_FLAGS, ()):
-            command = [compiler, *FLAGS, *extra, str(SOURCE), "-o", scratch]
+            command = [compiler, *FLAGS, *extra, *map(str, SOURCES), "-o", scratch]
             done = subprocess.run(command, capture_output=True, text=True, check=False)
             if done.returncode == 0:
                 break
@@ -88,11 +90,12 @@ def library() -> ctypes.CDLL | None:
         b"\0".join(
             part.encode() if isinstance(part, str) else part
             for part in (
-                SOURCE.read_bytes(), " ".join(FLAGS + OPENMP_FLAGS), compiler, platform.machine(), _cpu_identity()
+                *(source.read_bytes() for source in SOURCES),
+                " ".join(FLAGS + OPENMP_FLAGS), compiler, platform.machine(), _cpu_identity(),
             )
         )
     ).hexdigest()[:16]
-    target = cache_dir() / f"{SOURCE.stem}-{key}.so"
+    target = cache_dir() / f"kernels-{key}.so"
     try:
         if not target.exists():
             _build(compiler, target)
@@ -103,13 +106,15 @@ def library() -> ctypes.CDLL | None:
     lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
     lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64]
     lib.reccompile_dot_forward.restype = lib.reccompile_dot_backward.restype = ctypes.c_int
+    lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
+    lib.reccompile_quant_pool.restype = None
     return lib
 
 
-def applies(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether the kernels can take these tensors: float32 on the CPU, outside tracing."""
+def applies(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = torch.float32) -> bool:
+    """Whether the kernels can take these tensors: on the CPU, of `dtype` (None: any), outside tracing."""
     return (
-        all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+        all(t.device.type == "cpu" and (dtype is None or t.dtype == dtype) for t in tensors)
         and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting()
         and library() is not None
@@ -154,3 +159,40 @@ def dot_backward(parts: Sequence[torch.Tensor], dim: int, grad_out: torch.Tensor
     )
     _check(status, "backward")
     return grads
+
+
+@dataclass(frozen=True)
+class QuantLayout:
+    """Per feature (int64 tensors): table byte offset, row stride, type code, width, output column."""
+
+    table_offsets: torch.Tensor
+    strides: torch.Tensor
+    types: torch.Tensor
+    dims: torch.Tensor
+    out_offsets: torch.Tensor
+    total_dim: int
+
+
+def quant_pool(
+    buffer: torch.Tensor,
+    layout: QuantLayout,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """(B, total_dim) float32 sums of the bags; see quant_pool.c for the layout. Ids are trusted."""
+    lib = library()
+    assert lib is not None, "quant_pool called where applies() is False"
+    features = layout.dims.numel()
+    batch = (offsets.numel() - 1) // features
+    ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+    if weights is not None:
+        weights = weights.to(torch.float32).contiguous()
+    out = torch.empty(batch, layout.total_dim)
+    lib.reccompile_quant_pool(
+        features, batch, buffer.data_ptr(), layout.table_offsets.data_ptr(), layout.strides.data_ptr(),
+        layout.types.data_ptr(), layout.dims.data_ptr(), layout.out_offsets.data_ptr(), layout.total_dim,
+        ids.data_ptr(), offsets.data_ptr(), None if weights is None else weights.data_ptr(), out.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return out

@@ -113,4 +113,4 @@ def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_war
         "reccompile: native kernels unavailable, using torch ops instead", "True",
     ]
     assert native.library() is native.library()
-    assert list(native.cache_dir().glob("dot_interaction-*.so"))
+    assert list(native.cache_dir().glob("kernels-*.so"))

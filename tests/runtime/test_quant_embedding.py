@@ -140,6 +140,35 @@ def test_mixed_precisions_match_fbgemms_own_module() -> None:
     assert qebc.precisions() == precisions
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch) -> None:
+    """runtime/native/quant_pool.c against fbgemm's kernel: widths with and without a vector loop."""
+    pytest.importorskip("runtime.native")
+    from runtime import native
+
+    if native.library() is None:
+        pytest.skip("no C compiler on this machine")
+    tables = [
+        EmbeddingBagConfig("w8", 40, 8, ["a"]),
+        EmbeddingBagConfig("w64", 300, 64, ["b", "c"], pooling="mean"),
+        EmbeddingBagConfig("w128", 50, 128, ["d"]),
+        EmbeddingBagConfig("w24", 30, 24, ["e"]),
+    ]
+    torch.manual_seed(1)
+    source = EmbeddingBagCollection(tables, is_weighted=weighted)
+    collection = QuantEmbeddingBagCollection(tables, precision, is_weighted=weighted)
+    collection.quantize_from(source.embedding_parameters())
+    for seed in range(3):
+        kjt = make_kjt(tables, seed=seed)
+        with torch.inference_mode():
+            mine = collection(kjt).values()
+            monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+            theirs = collection(kjt).values()
+            monkeypatch.undo()
+        assert torch.equal(mine, theirs)
+
+
 def test_stored_sizes_follow_fbgemms_row_layout() -> None:
     assert [row_bytes(64, p) for p in PRECISIONS] == [256, 128, 68, 36]
     qebc = QuantEmbeddingBagCollection(make_tables(), {"t0": "int8", "t1": "int4", "t2": "fp16"})

@@ -1,0 +1,196 @@
+/* Pooled lookups of inference tables stored in fbgemm's IntNBit host layout.
+ *
+ * Feature f reads its table at byte offset table_offsets[f], rows of
+ * strides[f] bytes holding dims[f] values of types[f]:
+ *   0 fp32, 1 fp16: the values;
+ *   2 int8, 3 int4: a float16 scale and a float16 bias, then the codes (int4:
+ *     two per byte, low nibble first); a value reads as code * scale + bias.
+ * Bag (f, b) holds ids[offsets[f * batch + b] .. offsets[f * batch + b + 1]),
+ * each times its per-id weight when `weights` is given; its sum goes to
+ * out[b, out_offsets[f] .. + dims[f]). Per id the sum takes the same steps as
+ * fbgemm's kernel (acc += w * bias, then acc = fma(w * scale, code, acc)), so
+ * the results are the same bits (tests/runtime/test_quant_embedding.py).
+ * Ids are trusted: the caller has checked them against the tables' rows.
+ *
+ * fbgemm's CPU kernel for this pools on one thread. Here the bags are split
+ * over an OpenMP team (torch's pool, as in dot_interaction.c), each (type,
+ * width) pair has its own loop with the bag's sum in registers, and the row
+ * a few ids ahead (across the feature's bags) is prefetched: rows are
+ * scattered over hundreds of megabytes.
+ */
+
+#include <stdint.h>
+#include <string.h>
+
+/* The library is built with associative float math for dot_interaction.c's
+ * reductions; here each id's two steps must stay as written to give fbgemm's bits. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-associative-math")
+#endif
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+enum { FP32 = 0, FP16 = 1, INT8 = 2, INT4 = 3 };
+enum { PREFETCH_DISTANCE = 16 };
+
+typedef float vec16 __attribute__((vector_size(64), aligned(4)));
+
+static inline float half_to_float(const uint8_t *bytes) {
+    uint16_t h;
+    memcpy(&h, bytes, sizeof h);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0) { /* zero or subnormal: mantissa * 2^-24, exact in float */
+        const float magnitude = (float)mantissa * 5.9604644775390625e-08f;
+        return sign ? -magnitude : magnitude;
+    }
+    const uint32_t bits = exponent == 31 ? sign | 0x7f800000u | (mantissa << 13)
+                                         : sign | ((exponent + 112) << 23) | (mantissa << 13);
+    float value;
+    memcpy(&value, &bits, sizeof value);
+    return value;
+#endif
+}
+
+/* Value t of a row's payload as a float (the codes themselves for int8/int4). */
+static inline float load1(const uint8_t *payload, int type, int64_t t) {
+    switch (type) {
+        case FP32: {
+            float value;
+            memcpy(&value, payload + 4 * t, sizeof value);
+            return value;
+        }
+        case FP16: return half_to_float(payload + 2 * t);
+        case INT8: return (float)payload[t];
+        default: return (float)((payload[t >> 1] >> ((t & 1) * 4)) & 15);
+    }
+}
+
+/* Values 16k .. 16k+15 of a row's payload, by type. */
+#if defined(__AVX512F__)
+static inline vec16 load16_FP32(const uint8_t *p, int k) { return *(const vec16 *)(p + 64 * k); }
+static inline vec16 load16_FP16(const uint8_t *p, int k) {
+    return (vec16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
+}
+static inline vec16 load16_INT8(const uint8_t *p, int k) {
+    return (vec16)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * k))));
+}
+static inline vec16 load16_INT4(const uint8_t *p, int k) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + 8 * k)), low = _mm_set1_epi8(15);
+    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
+    return (vec16)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+}
+#else
+#define LOAD16(TYPE)                                                                          \
+    static inline vec16 load16_##TYPE(const uint8_t *p, int k) {                               \
+        vec16 out;                                                                            \
+        for (int lane = 0; lane < 16; lane++) out[lane] = load1(p, TYPE, 16 * (int64_t)k + lane); \
+        return out;                                                                           \
+    }
+LOAD16(FP32)
+LOAD16(FP16)
+LOAD16(INT8)
+LOAD16(INT4)
+#endif
+
+typedef struct {
+    const uint8_t *table;
+    int64_t stride;
+    const int64_t *ids;
+    int64_t feature_end; /* prefetching may look into the feature's next bags */
+    const float *weights;
+} bag_source_t;
+
+static inline const uint8_t *row_at(const bag_source_t *s, int64_t i) {
+    if (i + PREFETCH_DISTANCE < s->feature_end) {
+        const uint8_t *ahead = s->table + s->ids[i + PREFETCH_DISTANCE] * s->stride;
+        for (int64_t line = 0; line < s->stride; line += 64) __builtin_prefetch(ahead + line);
+        __builtin_prefetch(ahead + s->stride - 1); /* a row may straddle one more line */
+    }
+    return s->table + s->ids[i] * s->stride;
+}
+
+/* One bag of TYPE, d = 16 * NV; CODES: rows start with a float16 scale and bias. */
+#define BAG(TYPE, NV, CODES)                                                                  \
+    static void bag_##TYPE##_##NV(const bag_source_t *s, int64_t first, int64_t last, float *out) { \
+        vec16 acc[NV];                                                                        \
+        for (int k = 0; k < NV; k++) acc[k] = (vec16){0};                                     \
+        for (int64_t i = first; i < last; i++) {                                              \
+            const uint8_t *row = row_at(s, i);                                                \
+            const float w = s->weights != NULL ? s->weights[i] : 1.0f;                        \
+            const float scale = CODES ? w * half_to_float(row) : w;                           \
+            const float bias = CODES ? w * half_to_float(row + 2) : 0.0f;                     \
+            for (int k = 0; k < NV; k++) {                                                    \
+                if (CODES) acc[k] += bias;                                                    \
+                acc[k] += scale * load16_##TYPE(row + (CODES ? 4 : 0), k);                    \
+            }                                                                                 \
+        }                                                                                     \
+        memcpy(out, acc, sizeof acc);                                                         \
+    }
+
+#define WIDTHS(TYPE, CODES) BAG(TYPE, 1, CODES) BAG(TYPE, 2, CODES) BAG(TYPE, 4, CODES) BAG(TYPE, 8, CODES)
+WIDTHS(FP32, 0)
+WIDTHS(FP16, 0)
+WIDTHS(INT8, 1)
+WIDTHS(INT4, 1)
+
+/* Any width and type: one value at a time. */
+static void bag_any(const bag_source_t *s, int type, int64_t d, int64_t first, int64_t last, float *out) {
+    const int64_t header = type == INT8 || type == INT4 ? 4 : 0;
+    for (int64_t t = 0; t < d; t++) out[t] = 0.0f;
+    for (int64_t i = first; i < last; i++) {
+        const uint8_t *row = row_at(s, i);
+        const float w = s->weights != NULL ? s->weights[i] : 1.0f;
+        const float scale = header ? w * half_to_float(row) : w, bias = header ? w * half_to_float(row + 2) : 0.0f;
+        for (int64_t t = 0; t < d; t++) {
+            if (header) out[t] += bias;
+            out[t] += scale * load1(row + header, type, t);
+        }
+    }
+}
+
+typedef void (*bag_fn)(const bag_source_t *, int64_t, int64_t, float *);
+
+static bag_fn bag_kernel(int type, int64_t d) {
+#define PICK(TYPE)                           \
+    switch (d) {                             \
+        case 16: return bag_##TYPE##_1;      \
+        case 32: return bag_##TYPE##_2;      \
+        case 64: return bag_##TYPE##_4;      \
+        case 128: return bag_##TYPE##_8;     \
+        default: return NULL;                \
+    }
+    switch (type) {
+        case FP32: PICK(FP32)
+        case FP16: PICK(FP16)
+        case INT8: PICK(INT8)
+        default: PICK(INT4)
+    }
+#undef PICK
+}
+
+void reccompile_quant_pool(int64_t features, int64_t batch, const uint8_t *buffer, const int64_t *table_offsets,
+                           const int64_t *strides, const int64_t *types, const int64_t *dims,
+                           const int64_t *out_offsets, int64_t total_dim, const int64_t *ids,
+                           const int64_t *offsets, const float *weights, float *out, int64_t threads) {
+    const int64_t bags = features * batch;
+    if (threads < 1) threads = 1;
+#pragma omp parallel for num_threads((int)threads) schedule(static)
+    for (int64_t bag = 0; bag < bags; bag++) {
+        const int64_t f = bag / batch, b = bag % batch;
+        const bag_source_t source = {
+            .table = buffer + table_offsets[f], .stride = strides[f], .ids = ids,
+            .feature_end = offsets[(f + 1) * batch], .weights = weights,
+        };
+        float *target = out + b * total_dim + out_offsets[f];
+        const bag_fn kernel = bag_kernel((int)types[f], dims[f]);
+        if (kernel != NULL)
+            kernel(&source, offsets[bag], offsets[bag + 1], target);
+        else
+            bag_any(&source, (int)types[f], dims[f], offsets[bag], offsets[bag + 1], target);
+    }
+}
