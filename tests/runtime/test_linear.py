@@ -10,11 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from runtime import linear as linear_module
 from runtime.linear import Linear, linear, onednn_applies
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.fixture(autouse=True)
+def onednn_for_any_size(monkeypatch, request) -> None:
+    """The small shapes here would take F.linear; the numerics tests want the oneDNN path."""
+    if "small_products" not in request.node.name:
+        monkeypatch.setattr(linear_module, "MIN_ONEDNN_MACS", 1)
 
 
 def _leaf(*shape: int, seed: int, requires_grad: bool = True) -> torch.Tensor:
@@ -87,3 +95,13 @@ def test_linear_module_keeps_nn_linear_parameters_and_state() -> None:
     torch.testing.assert_close(layer.weight, reference.weight)
     x = _leaf(4, 5, seed=1)
     torch.testing.assert_close(layer(x), reference(x), **F32)
+
+
+def test_small_products_take_aten_and_large_ones_onednn() -> None:
+    weight = torch.randn(512, 415)
+    assert not onednn_applies(torch.randn(1, 415), weight)  # serving one sample: a GEMV
+    assert onednn_applies(torch.randn(2048, 415), weight)
+    assert not onednn_applies(torch.randn(2048, 256), torch.randn(1, 256))  # the logit layer
+    x = torch.randn(3, 415, requires_grad=True)
+    out = linear(x, weight.requires_grad_(), None, relu=True)
+    assert out.grad_fn.name() == "ReluBackward0"
