@@ -384,7 +384,10 @@ class QuantEmbeddingBagCollection(nn.Module):
         kjt: KeyedJaggedTensor | None = None,
     ) -> torch.Tensor:
         """Pooled rows (B x output width) for ids in this collection's feature order."""
-        if self.bounds_check:
+        native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
+            [self.weights, values], dtype=None
+        )
+        if self.bounds_check and not native_kernel:  # the native kernel checks ids as it pools
             self._check_bounds(values, offsets, kjt)
         if self._has_mean:
             lengths = offsets[1:] - offsets[:-1]
@@ -393,8 +396,12 @@ class QuantEmbeddingBagCollection(nn.Module):
             per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
             scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
             weights = scale if weights is None else weights * scale
-        if self._output_type == SparseType.FP32.as_int() and native.applies([self.weights, values], dtype=None):
-            return native.quant_pool(self.weights, self._native_layout, values, offsets, weights)
+        if native_kernel:
+            rows = self.rows_per_feature if self.bounds_check else None
+            pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
+            if pooled is None:
+                raise self._bad_id_error(values, offsets, kjt)
+            return pooled
         dims = self._layout.max_dims
         return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights,
@@ -444,15 +451,18 @@ class QuantEmbeddingBagCollection(nn.Module):
         else:
             bounds = offsets[::batch].tolist() if batch else [0] * (len(self._feature_names) + 1)
             length_per_key = [end - start for start, end in itertools.pairwise(bounds)]
+        disagree = ValueError(
+            f"the batch's offsets do not fit its ids (batch size {batch}, {values.numel()} ids): "
+            "lengths and values disagree"
+        )
+        if sum(length_per_key) != values.numel() or min(length_per_key, default=0) < 0:
+            return disagree
         limits = torch.tensor(
             [t.num_embeddings for t in self._feature_tables], device=values.device
         ).repeat_interleave(torch.tensor(length_per_key, device=values.device), output_size=values.numel())
         bad = (values >= limits) | (values < 0)
         if not bool(bad.any()):
-            return ValueError(
-                f"fbgemm's bounds check rejected the batch's offsets (batch size {batch}, "
-                f"{values.numel()} ids): lengths and values disagree"
-            )
+            return disagree
         position = int(bad.nonzero()[0])
         feature = bisect.bisect_right(list(itertools.accumulate(length_per_key)), position)
         table = self._feature_tables[feature]

@@ -106,8 +106,8 @@ def library() -> ctypes.CDLL | None:
     lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
     lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64]
     lib.reccompile_dot_forward.restype = lib.reccompile_dot_backward.restype = ctypes.c_int
-    lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
-    lib.reccompile_quant_pool.restype = None
+    lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
+    lib.reccompile_quant_pool.restype = ctypes.c_int
     return lib
 
 
@@ -179,8 +179,10 @@ def quant_pool(
     ids: torch.Tensor,
     offsets: torch.Tensor,
     weights: torch.Tensor | None,
-) -> torch.Tensor:
-    """(B, total_dim) float32 sums of the bags; see quant_pool.c for the layout. Ids are trusted."""
+    rows: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """(B, total_dim) float32 sums of the bags (see quant_pool.c for the layout), or None when an
+    id is not below its feature's `rows` (not checked if None) or the offsets do not fit the ids."""
     lib = library()
     assert lib is not None, "quant_pool called where applies() is False"
     features = layout.dims.numel()
@@ -188,11 +190,13 @@ def quant_pool(
     ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
     if weights is not None:
         weights = weights.to(torch.float32).contiguous()
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
     out = torch.empty(batch, layout.total_dim)
-    lib.reccompile_quant_pool(
+    status = lib.reccompile_quant_pool(
         features, batch, buffer.data_ptr(), layout.table_offsets.data_ptr(), layout.strides.data_ptr(),
         layout.types.data_ptr(), layout.dims.data_ptr(), layout.out_offsets.data_ptr(), layout.total_dim,
-        ids.data_ptr(), offsets.data_ptr(), None if weights is None else weights.data_ptr(), out.data_ptr(),
-        torch.get_num_threads(),
+        ids.data_ptr(), ids.numel(), offsets.data_ptr(), None if weights is None else weights.data_ptr(),
+        None if rows is None else rows.data_ptr(), out.data_ptr(), torch.get_num_threads(),
     )
-    return out
+    return None if status else out

@@ -10,7 +10,8 @@
  * out[b, out_offsets[f] .. + dims[f]). Per id the sum takes the same steps as
  * fbgemm's kernel (acc += w * bias, then acc = fma(w * scale, code, acc)), so
  * the results are the same bits (tests/runtime/test_quant_embedding.py).
- * Ids are trusted: the caller has checked them against the tables' rows.
+ * Given each feature's row count, ids are checked on the way (one pass for
+ * the check and the sum); the offsets always are.
  *
  * fbgemm's CPU kernel for this pools on one thread. Here the bags are split
  * over an OpenMP team (torch's pool, as in dot_interaction.c), each (type,
@@ -173,24 +174,42 @@ static bag_fn bag_kernel(int type, int64_t d) {
 #undef PICK
 }
 
-void reccompile_quant_pool(int64_t features, int64_t batch, const uint8_t *buffer, const int64_t *table_offsets,
-                           const int64_t *strides, const int64_t *types, const int64_t *dims,
-                           const int64_t *out_offsets, int64_t total_dim, const int64_t *ids,
-                           const int64_t *offsets, const float *weights, float *out, int64_t threads) {
+/* Returns 0, or a bitmask: 1 an id out of its table's rows (when `rows` is
+ * given; the bag is left unwritten), 2 offsets that do not fit the ids. */
+int reccompile_quant_pool(int64_t features, int64_t batch, const uint8_t *buffer, const int64_t *table_offsets,
+                          const int64_t *strides, const int64_t *types, const int64_t *dims,
+                          const int64_t *out_offsets, int64_t total_dim, const int64_t *ids, int64_t count,
+                          const int64_t *offsets, const float *weights, const int64_t *rows, float *out,
+                          int64_t threads) {
     const int64_t bags = features * batch;
+    int status = 0;
     if (threads < 1) threads = 1;
-#pragma omp parallel for num_threads((int)threads) schedule(static)
+#pragma omp parallel for num_threads((int)threads) schedule(static) reduction(| : status)
     for (int64_t bag = 0; bag < bags; bag++) {
-        const int64_t f = bag / batch, b = bag % batch;
+        const int64_t f = bag / batch, b = bag % batch, first = offsets[bag], last = offsets[bag + 1];
+        if (first < 0 || last < first || last > count) {
+            status |= 2;
+            continue;
+        }
+        if (rows != NULL) {
+            int64_t i = first;
+            while (i < last && (uint64_t)ids[i] < (uint64_t)rows[f]) i++;
+            if (i < last) {
+                status |= 1;
+                continue;
+            }
+        }
+        const int64_t feature_end = offsets[(f + 1) * batch];
         const bag_source_t source = {
             .table = buffer + table_offsets[f], .stride = strides[f], .ids = ids,
-            .feature_end = offsets[(f + 1) * batch], .weights = weights,
+            .feature_end = feature_end < count ? feature_end : count, .weights = weights,
         };
         float *target = out + b * total_dim + out_offsets[f];
         const bag_fn kernel = bag_kernel((int)types[f], dims[f]);
         if (kernel != NULL)
-            kernel(&source, offsets[bag], offsets[bag + 1], target);
+            kernel(&source, first, last, target);
         else
-            bag_any(&source, (int)types[f], dims[f], offsets[bag], offsets[bag + 1], target);
+            bag_any(&source, (int)types[f], dims[f], first, last, target);
     }
+    return status;
 }

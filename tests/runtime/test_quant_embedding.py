@@ -215,6 +215,21 @@ def test_an_id_out_of_range_names_feature_and_table() -> None:
         qebc(bad)
 
 
+@pytest.mark.parametrize("kernel", ["native", "fbgemm"])
+def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch) -> None:
+    from runtime import native
+
+    if kernel == "fbgemm":
+        monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+    tables = [t for t in make_tables() if t.pooling == "sum"]
+    qebc = QuantEmbeddingBagCollection(tables, "int8")
+    kjt = make_kjt(tables, seed=5)
+    offsets = kjt.offsets().clone()
+    offsets[-1] += 7  # the last bag claims ids past the end
+    with pytest.raises(ValueError, match="lengths and values disagree"):
+        qebc.lookup(kjt.values(), offsets, None)
+
+
 def test_unstorable_tables_are_refused_with_the_table_named() -> None:
     big = EmbeddingBagConfig("big", 4, 8, ["f"])
     qebc = QuantEmbeddingBagCollection([big], "fp16")
