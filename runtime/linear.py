@@ -4,17 +4,20 @@ PyTorch sends float32 `addmm`/`mm` on the CPU to MKL, and MKL takes a
 generic (AVX2) code path on x86 CPUs that are not Intel's, such as the AMD
 EPYC machines this project is measured on. oneDNN chooses its kernels by
 instruction set instead, and runs the same GEMMs 2-2.7x faster there
-(benchmarks/blocks_bench.py, `linear` lines). `linear` sends the forward GEMM
-and both backward GEMMs of a layer to oneDNN through
+(benchmarks/blocks_bench.py, the `mlp_*` lines). `linear` sends the three
+GEMMs of a layer to oneDNN: the forward through
 `torch.ops.mkldnn._linear_pointwise` (the op inductor emits for its own CPU
-linears) and fuses a following ReLU into the forward one. Results are float32
-GEMMs with another summation order: equal to `F.linear` up to rounding.
+linears) with a following ReLU fused, the input gradient through the same
+op, and the weight and bias gradients through oneDNN's inner-product
+backward, which reads the gradient and the input as stored. Results are
+float32 GEMMs with another summation order: equal to `F.linear` up to
+rounding.
 
 Everywhere else (CUDA, meta tensors for shape propagation, other dtypes, a
 build without oneDNN, products too small to pay oneDNN's per-call weight
-reorder, such as serving a single sample) it is `F.linear`. torch.export turns oneDNN off while
-it traces, so exported programs hold the portable `aten.linear` and agree
-with the eager model up to float32 rounding.
+reorder, such as serving a single sample) it is `F.linear`. torch.export
+turns oneDNN off while it traces, so exported programs hold the portable
+`aten.linear` and agree with the eager model up to float32 rounding.
 """
 
 from __future__ import annotations
