@@ -54,6 +54,7 @@ from torch import nn
 from runtime.concurrent_lookup import run_concurrently
 from runtime.embedding_optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
+from runtime.state_views import load_views
 
 __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 
@@ -458,30 +459,23 @@ class EmbeddingBagCollection(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        expected = {
+        views = {
             f"{prefix}{table}.{name}": tensor
             for table, tensors in self._table_tensors().items()
             for name, tensor in tensors.items()
         }
-        for key, tensor in expected.items():
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            source = state_dict[key]
-            if source.shape != tensor.shape:
-                error_msgs.append(
-                    f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
-                    f"from the checkpoint, the shape in the current model is {tuple(tensor.shape)}."
-                )
-                continue
-            with torch.no_grad():
-                tensor.copy_(source)
+
+        def mismatch(key: str, source: torch.Tensor, view: torch.Tensor) -> str | None:
+            if source.shape == view.shape:
+                return None
+            return (
+                f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
+                f"from the checkpoint, the shape in the current model is {tuple(view.shape)}."
+            )
+
+        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, mismatch)
         for group in self._groups:
             group.after_load()
-        if strict:
-            unexpected_keys.extend(
-                k for k in state_dict if k.startswith(prefix) and k not in expected
-            )
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> EmbeddingBagCollection:
         # The lookup modules are outside the module tree; move them with it.

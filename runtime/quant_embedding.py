@@ -63,6 +63,7 @@ from torch import nn
 from runtime import native
 from runtime.embedding import EmbeddingBagConfig, _check_names
 from runtime.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
+from runtime.state_views import load_views
 
 __all__ = [
     "PRECISIONS",
@@ -488,22 +489,17 @@ class QuantEmbeddingBagCollection(nn.Module):
         unexpected_keys: list[str],
         error_msgs: list[str],
     ) -> None:
-        expected = {f"{prefix}{name}.packed": rows for name, rows in self.table_rows().items()}
-        for key, rows in expected.items():
-            if key not in state_dict:
-                missing_keys.append(key)
-                continue
-            source = state_dict[key]
-            if source.dtype != torch.uint8 or source.shape != rows.shape:
-                error_msgs.append(
-                    f"size mismatch for {key}: copying stored rows of {source.dtype} {tuple(source.shape)} "
-                    f"from the checkpoint, the shape in the current model is torch.uint8 {tuple(rows.shape)}."
-                )
-                continue
-            with torch.no_grad():
-                rows.copy_(source)
-        if strict:
-            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in expected)
+        views = {f"{prefix}{name}.packed": rows for name, rows in self.table_rows().items()}
+
+        def mismatch(key: str, source: torch.Tensor, rows: torch.Tensor) -> str | None:
+            if source.dtype == torch.uint8 and source.shape == rows.shape:
+                return None
+            return (
+                f"size mismatch for {key}: copying stored rows of {source.dtype} {tuple(source.shape)} "
+                f"from the checkpoint, the shape in the current model is torch.uint8 {tuple(rows.shape)}."
+            )
+
+        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, mismatch)
 
     def extra_repr(self) -> str:
         tables = ", ".join(
