@@ -37,6 +37,7 @@ from compiler.ir import (
     ModelIR,
     Moe,
     Sum,
+    Table,
 )
 from compiler.planner.plan import ShardingPlan
 from runtime.sharding import SHARDING_TYPE_ORDER
@@ -354,22 +355,28 @@ def _optimizer_call(optimizer: Any) -> Call:
     ))
 
 
+def table_config_call(table: Table, training: bool = True) -> Call:
+    """The table's runtime.embedding.EmbeddingBagConfig; serving needs no init range or optimizer."""
+    shape = (
+        ("name", table.name),
+        ("num_embeddings", table.num_embeddings),
+        ("embedding_dim", table.dim),
+        ("feature_names", list(table.features)),
+        ("pooling", table.pooling),
+    )
+    if not training:
+        return Call("runtime.embedding.EmbeddingBagConfig", shape)
+    return Call("runtime.embedding.EmbeddingBagConfig", (
+        *shape,
+        ("weight_init_min", table.init_min),
+        ("weight_init_max", table.init_max),
+        ("optimizer", _optimizer_call(table.optimizer) if table.optimizer else None),
+    ))
+
+
 def _sparse_arch_call(ir: ModelIR) -> Call:
-    tables = [
-        Call("runtime.embedding.EmbeddingBagConfig", (
-            ("name", table.name),
-            ("num_embeddings", table.num_embeddings),
-            ("embedding_dim", table.dim),
-            ("feature_names", list(table.features)),
-            ("pooling", table.pooling),
-            ("weight_init_min", table.init_min),
-            ("weight_init_max", table.init_max),
-            ("optimizer", _optimizer_call(table.optimizer) if table.optimizer else None),
-        ))
-        for table in ir.tables
-    ]
     return Call("runtime.sharding.SparseArch", (
-        ("tables", tables),
+        ("tables", [table_config_call(table) for table in ir.tables]),
         ("optimizer", _optimizer_call(ir.training.sparse_optimizer)),
         ("plan", BuildArg("plan")),
         ("process_group", BuildArg("process_group")),

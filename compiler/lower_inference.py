@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 from compiler.ir import ModelIR
-from compiler.lower import BuildArg, Call, LoweredModel, ModuleDecl, lower
+from compiler.lower import BuildArg, Call, LoweredModel, ModuleDecl, lower, table_config_call
 from compiler.planner.plan import RankPlan, Shard, ShardingPlan, TablePlan
 from compiler.shapes import check_shapes
 
@@ -78,18 +78,8 @@ def whole_table_plan(ir: ModelIR) -> ShardingPlan:
 
 
 def _collection_call(ir: ModelIR) -> Call:
-    tables = [
-        Call("runtime.embedding.EmbeddingBagConfig", (
-            ("name", table.name),
-            ("num_embeddings", table.num_embeddings),
-            ("embedding_dim", table.dim),
-            ("feature_names", list(table.features)),
-            ("pooling", table.pooling),
-        ))
-        for table in ir.tables
-    ]
     return Call("runtime.quant_embedding.QuantEmbeddingBagCollection", (
-        ("tables", tables),
+        ("tables", [table_config_call(table, training=False) for table in ir.tables]),
         ("precisions", BuildArg("PRECISIONS")),  # the module's constant: table -> precision
         ("is_weighted", any(feature.weighted for feature in ir.sparse)),
         ("output_dtype", BuildArg("DENSE_DTYPE")),  # the dense blocks' dtype

@@ -219,11 +219,11 @@ class DotInteraction(nn.Module):
         if len(xs) == 1:
             _check_input("DotInteraction", xs[0], width)
             return
-        shapes = [tuple(x.shape) for x in xs]
         if (
             any(x.dim() != 2 or x.shape[0] != xs[0].shape[0] or x.shape[1] % self.dim for x in xs)
             or sum(x.shape[1] for x in xs) != width
         ):
+            shapes = [tuple(x.shape) for x in xs]
             raise ValueError(
                 f"DotInteraction: expected inputs of shapes (B, k_i * {self.dim}) with sum k_i = "
                 f"{self.num_vectors}, got {shapes}"
