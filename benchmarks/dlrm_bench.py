@@ -10,7 +10,7 @@ the schema of ../shared/bench/WORKLOAD.md plus a few extras.
     python benchmarks/dlrm_bench.py --mode dist2 --pipeline off    # the plain loop, to compare
     python benchmarks/dlrm_bench.py --mode dist2 --profile prof/   # where the time goes
 
-dist2 trains through runtime.pipeline.TrainPipeline by default (`--pipeline
+dist2 trains through runtime.train.pipeline.TrainPipeline by default (`--pipeline
 on`, as `reccompile train` does for several ranks): batch i+1's ids
 all-to-all is in flight while batch i trains. `--pipeline ab` alternates
 blocks of plain and pipelined steps in one run (a JSON line for each), so
@@ -60,7 +60,7 @@ def compile_module(variant: str, world_size: int, outdir: str) -> Path:
 def make_batches(workload: ModuleType, module: ModuleType, variant: str, rank: int) -> list[Any]:
     """The workload's pre-generated batches as the compiled model's Batch objects."""
     from runtime.data.batch import Batch
-    from runtime.jagged import KeyedJaggedTensor
+    from runtime.sparse.jagged import KeyedJaggedTensor
 
     spec = module.SPEC
     dense_name = spec["dense"][0]["name"]
@@ -93,15 +93,15 @@ def cpu_counters() -> tuple[int, int] | None:
 
 
 def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: int) -> dict[str, Any]:
-    from runtime.allocator import retain_freed_memory
-    from runtime.pipeline import TrainPipeline
+    from runtime.cpu.allocator import retain_freed_memory
+    from runtime.train.pipeline import TrainPipeline
     from runtime.sharding import distribute_dense
-    from runtime.train import make_dense_optimizer, train_step
-    from runtime.worker import load_module
+    from runtime.train.loop import make_dense_optimizer, train_step
+    from runtime.train.worker import load_module
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    retain_freed_memory()  # as runtime.worker does for `reccompile train`
+    retain_freed_memory()  # as runtime.train.worker does for `reccompile train`
     workload = load_workload()
     module = load_module(module_path)
     group = dist.group.WORLD if world_size > 1 else None
@@ -283,7 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
     parser.add_argument(
         "--pipeline", choices=["on", "off", "ab"],
-        help="train through runtime.pipeline.TrainPipeline (default: on for dist2, off for local); "
+        help="train through runtime.train.pipeline.TrainPipeline (default: on for dist2, off for local); "
         "ab: alternate blocks of plain and pipelined steps in one run, a line for each",
     )
     parser.add_argument("--ab-block", type=int, default=5, help="steps per block with --pipeline ab")

@@ -1,4 +1,4 @@
-"""Micro-benchmark of runtime/embedding.py at DLRM-bench sizes.
+"""Micro-benchmark of runtime/embeddings/bag_collection.py at DLRM-bench sizes.
 
 Times one training step of the embeddings (forward, backward with the
 row-wise Adagrad update in it) for the fused (fbgemm TBE) and the dense
@@ -21,9 +21,9 @@ import time
 
 import torch
 
-from runtime.embedding import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embedding_optim import EmbeddingOptimizer
-from runtime.jagged import KeyedJaggedTensor
+from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 NUM_TABLES = 26
 NUM_EMBEDDINGS = 100_000

@@ -10,7 +10,7 @@ The workload of ../shared/bench/INFERENCE.md, through the real serving path:
 1. prepare (cached in --workdir): compile specs/bench/dlrm_bench_criteo.yaml
    at world size 1, train it on synthetic batches with a learnable signal
    (runtime.data.synthetic) for --train-steps steps, save a checkpoint
-   (runtime.checkpoint), and `reccompile export` it in every configuration.
+   (runtime.checkpoint.store), and `reccompile export` it in every configuration.
 2. sizes: each export's manifest, bytes on disk per table and in all.
 3. quality: every export scores the same held-out synthetic batches (same
    hidden model, steps the training never saw); AUC and NE per precision and
@@ -83,9 +83,9 @@ def prepare(workdir: Path, train_steps: int) -> None:
     """Train, checkpoint and export once; later runs reuse the work directory."""
     from compiler.cli import main as reccompile
     from compiler.pipeline import Options, generate
-    from runtime.checkpoint import latest_checkpoint, save_checkpoint
-    from runtime.train import make_dense_optimizer, train_step
-    from runtime.worker import load_module
+    from runtime.checkpoint.store import latest_checkpoint, save_checkpoint
+    from runtime.train.loop import make_dense_optimizer, train_step
+    from runtime.train.worker import load_module
 
     checkpoints = workdir / "checkpoint"
     if latest_checkpoint(checkpoints) is None:
@@ -131,9 +131,9 @@ def sizes(workdir: Path) -> dict[str, dict[str, Any]]:
 
 def quality(workdir: Path, eval_batches: int) -> dict[str, dict[str, Any]]:
     from runtime.data.synthetic import make_batch
-    from runtime.inference import load
-    from runtime.jagged import KeyedJaggedTensor
-    from runtime.metrics import auc, normalized_entropy
+    from runtime.serving.export_dir import load
+    from runtime.sparse.jagged import KeyedJaggedTensor
+    from runtime.reporting.metrics import auc, normalized_entropy
 
     W = workload()
     dense, ids, _ = W.make_batch(0, "multihot", batch_size=512)
@@ -178,9 +178,9 @@ def cpu_counters() -> tuple[int, int]:
 
 def measure(workdir: Path, configs: list[str]) -> None:
     """Our side of one round (run in a fresh process): one JSON line per configuration and case."""
-    from runtime.allocator import retain_freed_memory
-    from runtime.inference import load
-    from runtime.jagged import KeyedJaggedTensor
+    from runtime.cpu.allocator import retain_freed_memory
+    from runtime.serving.export_dir import load
+    from runtime.sparse.jagged import KeyedJaggedTensor
 
     retain_freed_memory()  # as `reccompile predict` does
 

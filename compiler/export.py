@@ -14,7 +14,7 @@ The steps, in order:
     manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
 
 The directory is written next to OUT and renamed into place at the end, so
-OUT is either the previous export or the complete new one. runtime/inference.py
+OUT is either the previous export or the complete new one. runtime/serving/export_dir.py
 documents the layout and reads it back without the compiler.
 """
 
@@ -36,8 +36,8 @@ from compiler.ir import ModelIR
 from compiler.lower_inference import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.checkpoint import load_model_state, read_manifest
-from runtime.inference import (
+from runtime.checkpoint.store import load_model_state, read_manifest
+from runtime.serving.export_dir import (
     DENSE_FILE,
     FORMAT,
     FORMAT_VERSION,
@@ -48,7 +48,7 @@ from runtime.inference import (
     import_module,
     table_file,
 )
-from runtime.quant_embedding import PRECISIONS, row_bytes
+from runtime.serving.quant_embedding import PRECISIONS, row_bytes
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
 DENSE_CHOICES = ("fp32", "bf16")
@@ -142,7 +142,7 @@ def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str])
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The manifest and full single-process model state of a checkpoint (or of the latest one in a
-    directory of them), read by runtime.checkpoint without a process group."""
+    directory of them), read by runtime.checkpoint.store without a process group."""
     return read_manifest(directory), load_model_state(directory)
 
 

@@ -57,7 +57,7 @@ class BuildArg:
 class Call:
     """A call of a runtime factory with literal (or `Call`/`BuildArg`) arguments."""
 
-    factory: str  # dotted path, e.g. "runtime.blocks.MLP"
+    factory: str  # dotted path, e.g. "runtime.modules.blocks.MLP"
     kwargs: tuple[tuple[str, Any], ...]
 
 
@@ -311,7 +311,7 @@ def _vectors(block: Block) -> tuple[int, int]:
 def _block_call(block: Block, in_width: int) -> Call:
     op = block.op
     if isinstance(op, Mlp):
-        return Call("runtime.blocks.MLP", (
+        return Call("runtime.modules.blocks.MLP", (
             ("in_features", in_width),
             ("layers", list(op.layers)),
             ("activation", op.activation),
@@ -319,22 +319,22 @@ def _block_call(block: Block, in_width: int) -> Call:
         ))
     if isinstance(op, Dot):
         num, dim = _vectors(block)
-        return Call("runtime.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
+        return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
     if isinstance(op, Fm):
         num, dim = _vectors(block)
-        return Call("runtime.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
+        return Call("runtime.modules.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
     if isinstance(op, CrossNet):
-        return Call("runtime.blocks.CrossNet", (
+        return Call("runtime.modules.blocks.CrossNet", (
             ("in_features", in_width),
             ("num_layers", op.num_layers),
             ("low_rank", op.low_rank),
         ))
     if isinstance(op, DotProduct):
-        return Call("runtime.blocks.DotProduct", ())
+        return Call("runtime.modules.blocks.DotProduct", ())
     if isinstance(op, Sum):
-        return Call("runtime.blocks.Sum", ())
+        return Call("runtime.modules.blocks.Sum", ())
     if isinstance(op, Moe):
-        return Call("runtime.blocks.MixtureOfExperts", (
+        return Call("runtime.modules.blocks.MixtureOfExperts", (
             ("in_features", in_width),
             ("num_experts", op.num_experts),
             ("expert_layers", list(op.expert_layers)),
@@ -345,7 +345,7 @@ def _block_call(block: Block, in_width: int) -> Call:
 
 
 def _optimizer_call(optimizer: Any) -> Call:
-    return Call("runtime.embedding_optim.EmbeddingOptimizer", (
+    return Call("runtime.embeddings.optim.EmbeddingOptimizer", (
         ("type", optimizer.type),
         ("lr", optimizer.lr),
         ("eps", optimizer.eps),
@@ -356,7 +356,7 @@ def _optimizer_call(optimizer: Any) -> Call:
 
 
 def table_config_call(table: Table, training: bool = True) -> Call:
-    """The table's runtime.embedding.EmbeddingBagConfig; serving needs no init range or optimizer."""
+    """The table's runtime.embeddings.bag_collection.EmbeddingBagConfig; serving needs no init range or optimizer."""
     shape = (
         ("name", table.name),
         ("num_embeddings", table.num_embeddings),
@@ -365,8 +365,8 @@ def table_config_call(table: Table, training: bool = True) -> Call:
         ("pooling", table.pooling),
     )
     if not training:
-        return Call("runtime.embedding.EmbeddingBagConfig", shape)
-    return Call("runtime.embedding.EmbeddingBagConfig", (
+        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", shape)
+    return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (
         *shape,
         ("weight_init_min", table.init_min),
         ("weight_init_max", table.init_max),

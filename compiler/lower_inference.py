@@ -3,7 +3,7 @@
 Runs in `reccompile export` in place of the planner and `split`: every table
 is whole on one process, so the sparse stages of the training graph
 (input_dist -> lookup -> output_dist -> wait) collapse into one call of
-`runtime.quant_embedding.QuantEmbeddingBagCollection`, whose tables keep
+`runtime.serving.quant_embedding.QuantEmbeddingBagCollection`, whose tables keep
 their per-table precision. The dense blocks and heads are the training
 graph's own nodes (same targets, so the dense state dict carries over), and
 the output order of the collection (table order, then each table's
@@ -78,7 +78,7 @@ def whole_table_plan(ir: ModelIR) -> ShardingPlan:
 
 
 def _collection_call(ir: ModelIR) -> Call:
-    return Call("runtime.quant_embedding.QuantEmbeddingBagCollection", (
+    return Call("runtime.serving.quant_embedding.QuantEmbeddingBagCollection", (
         ("tables", [table_config_call(table, training=False) for table in ir.tables]),
         ("precisions", BuildArg("PRECISIONS")),  # the module's constant: table -> precision
         ("is_weighted", any(feature.weighted for feature in ir.sparse)),

@@ -18,7 +18,7 @@ import torch.fx as fx
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.instantiate import build_call
 from compiler.lower import LoweredModel, sparse_groups
-from runtime.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Done
 
 # A batch size no width in a real spec is likely to equal, so the text can

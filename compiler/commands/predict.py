@@ -5,7 +5,7 @@
 
 Loads the export directory OUT (checked against its manifest) without
 compiling anything, streams the data through the model and writes one CSV
-row per sample (see runtime/predict.py); reports rows/s. Exit status 1 when
+row per sample (see runtime/serving/predict.py); reports rows/s. Exit status 1 when
 the export or the data is bad (the first bad row under `--bad-rows fail`).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from compiler.commands.common import positive_int
-from runtime.inference import ExportError, load
-from runtime.predict import predict_file
+from runtime.serving.export_dir import ExportError, load
+from runtime.serving.predict import predict_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.allocator import retain_freed_memory
+    from runtime.cpu.allocator import retain_freed_memory
     from runtime.data.errors import DataError
 
     if args.threads is not None:

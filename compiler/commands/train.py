@@ -1,7 +1,7 @@
 """`reccompile train SPEC`: compile, then train on this host's ranks.
 
 One rank trains in this process; several ranks are torchrun workers
-(`python -m runtime.worker`), gloo on CPU and NCCL on CUDA. torchrun's own
+(`python -m runtime.train.worker`), gloo on CPU and NCCL on CUDA. torchrun's own
 multi-host options pass through, so many nodes run the same command.
 """
 
@@ -17,7 +17,10 @@ from pathlib import Path
 from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
 from compiler.pipeline import compile_spec
-from runtime import checkpoint_run, pipeline, run_setup, worker
+from runtime.train import checkpointing
+from runtime.train import pipeline
+from runtime.train import run_setup
+from runtime.train import worker
 
 _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
 
@@ -42,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="default: the spec's training.seed")
     parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     parser.add_argument("-o", "--outdir", type=Path, default=Path("build"), help="default: build/")
-    run_setup.add_arguments(parser.add_argument_group("data and reporting (see runtime/run_setup.py)"))
-    checkpoint_run.add_arguments(parser.add_argument_group("checkpoints (see runtime/checkpoint_run.py)"))
-    pipeline.add_arguments(parser.add_argument_group("training pipeline (see runtime/pipeline.py)"))
+    run_setup.add_arguments(parser.add_argument_group("data and reporting (see runtime/train/run_setup.py)"))
+    checkpointing.add_arguments(parser.add_argument_group("checkpoints (see runtime/train/checkpointing.py)"))
+    pipeline.add_arguments(parser.add_argument_group("training pipeline (see runtime/train/pipeline.py)"))
     torchrun = parser.add_argument_group("torchrun options (passed through)")
     for option in TORCHRUN_OPTIONS:
         torchrun.add_argument(option, dest=_dest(option))
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         print(f"error: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
         return 2
-    problem = checkpoint_run.usage_error(args)
+    problem = checkpointing.usage_error(args)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -73,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
             if getattr(args, option) is not None:
                 worker_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
         worker_args += run_setup.pass_through(args)
-        worker_args += checkpoint_run.pass_through(args)
+        worker_args += checkpointing.pass_through(args)
         worker_args += pipeline.pass_through(args)
         if world_size == 1:
             return worker.run(worker_args)
@@ -112,7 +115,7 @@ def _torchrun_command(args: argparse.Namespace, worker_args: list[str]) -> list[
     if not {"--nnodes", "--rdzv-endpoint", "--master-addr"} & passed.keys():
         command.append("--standalone")  # one host: a free port, no rendezvous set-up
     command += [f"{option}={value}" for option, value in passed.items()]
-    return command + ["-m", "runtime.worker", *worker_args]
+    return command + ["-m", "runtime.train.worker", *worker_args]
 
 
 def _dest(option: str) -> str:

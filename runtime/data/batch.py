@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.jagged import KeyedJaggedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from runtime.data.batch import Batch
-from runtime.jagged import KeyedJaggedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 
 from runtime.data.batch import Batch
-from runtime.jagged import KeyedJaggedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 _MASK32 = 0xFFFFFFFF
 _ID_SKEW = 3.0  # ids = floor(rows * u**skew): row 0 is the most popular

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.jagged import KeyedTensor
+from runtime.sparse.jagged import KeyedTensor
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import (
     EmbeddingGroup,

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.embedding import EmbeddingBagCollection
-from runtime.embedding_optim import EmbeddingOptimizer
-from runtime.jagged import KeyedJaggedTensor
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.layout import LocalTable, Slot, TableLayout, local_tables
 

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
-from runtime.jagged import KeyedJaggedTensor, KeySelection
+from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
 from runtime.sharding.awaitable import Awaitable
 
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from runtime.embedding import EmbeddingBagConfig
+from runtime.embeddings.bag_collection import EmbeddingBagConfig
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 ROW_SHARDED = ("row_wise", "table_row_wise")

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from torch import nn
 
-from runtime.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import (
     EmbeddingGroup,

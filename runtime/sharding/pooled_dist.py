@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.jagged import KeyedTensor
+from runtime.sparse.jagged import KeyedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import PooledShards, inverse_order, slot_columns, slot_offsets
 from runtime.sharding.layout import Slot

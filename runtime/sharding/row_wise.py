@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from runtime.jagged import KeyedJaggedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.bucketize import RowBuckets
 from runtime.sharding.group import EmbeddingGroup, GroupEnv, RoutedIds, sharded_lookup

@@ -41,8 +41,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.embedding import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embedding_optim import EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sharding import (
     column_wise,
     data_parallel,

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from torch import nn
 
-from runtime.jagged import KeyedJaggedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import EmbeddingGroup, GroupEnv, RoutedIds, sharded_lookup
 from runtime.sharding.ids_dist import FeatureSelection, IdRangeCheck, IdsAllToAll

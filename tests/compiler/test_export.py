@@ -4,7 +4,7 @@ A small two-head spec (a shared table with two features, a weighted mean
 table, keys in another order than the tables') is trained for a few steps
 with `reccompile train --checkpoint-dir`, exported at several precisions
 and scored with `reccompile predict`. The reference is the training module
-in eval mode with the checkpoint loaded by runtime.checkpoint.
+in eval mode with the checkpoint loaded by runtime.checkpoint.store.
 
 Stated bounds on the scores (sigmoid of the click logit, the value head's
 output) against that reference, on this model: fp32 exactly equal (same
@@ -28,10 +28,10 @@ import pytest
 import torch
 
 from compiler.cli import main
-from runtime.checkpoint import load_checkpoint
-from runtime.inference import ExportError, load
-from runtime.train import make_dense_optimizer
-from runtime.worker import load_module
+from runtime.checkpoint.store import load_checkpoint
+from runtime.serving.export_dir import ExportError, load
+from runtime.train.loop import make_dense_optimizer
+from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC = """\
@@ -162,9 +162,9 @@ def test_exported_module_and_program_load_without_the_compiler(work: Path) -> No
         weights = torch.rand(values.numel())
         aot = program(dense, values, lengths, weights)
         no_runtime = not any(name == "runtime" or name.startswith("runtime.") for name in sys.modules)
-        import runtime.inference
-        from runtime.jagged import KeyedJaggedTensor
-        module, model = runtime.inference.load(directory)
+        import runtime.serving.export_dir
+        from runtime.sparse.jagged import KeyedJaggedTensor
+        module, model = runtime.serving.export_dir.load(directory)
         with torch.no_grad():
             eager = model(dense, KeyedJaggedTensor(keys, values, weights, lengths=lengths))
         print(json.dumps({{
@@ -211,7 +211,7 @@ def test_a_corrupted_or_mixed_export_directory_is_refused_with_a_clear_error(wor
     table.write_bytes(bytes(data))
     manifest = json.loads((flipped / "manifest.json").read_text())
     listed = next(t["sha256"] for t in manifest["tables"] if t["name"] == "user")
-    from runtime.inference import file_facts
+    from runtime.serving.export_dir import file_facts
 
     actual = file_facts(table)["sha256"]
     assert refused(flipped) == (
@@ -228,7 +228,7 @@ def test_a_corrupted_or_mixed_export_directory_is_refused_with_a_clear_error(wor
         f"{module_file}: sha256 {module_sha[:12]}… does not match manifest.json ({fp32_sha[:12]}…); "
         "the file was changed or corrupted, export again"
     )
-    from runtime.inference import import_module
+    from runtime.serving.export_dir import import_module
 
     int8_module = import_module(work / "int8" / "small_rec.py")
     with pytest.raises(ExportError) as error:

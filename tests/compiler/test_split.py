@@ -13,7 +13,7 @@ from compiler.codegen.emit import emit
 from compiler.graph_text import stages_text
 from compiler.pipeline import Options, compile_spec
 from compiler.split import split_stages
-from runtime.worker import load_module
+from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[2]
 SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))

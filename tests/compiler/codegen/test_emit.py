@@ -14,7 +14,7 @@ import torch
 from compiler.codegen.emit import emit
 from compiler.instantiate import instantiate
 from compiler.pipeline import Options, compile_spec
-from runtime.worker import load_module
+from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[3]
 SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
@@ -22,8 +22,8 @@ SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.
 # Trains a generated module in a fresh interpreter that never imports the compiler.
 TRAIN_SCRIPT = """
 import itertools, json, sys, torch
-from runtime.worker import load_module
-from runtime.train import make_dense_optimizer, train
+from runtime.train.worker import load_module
+from runtime.train.loop import make_dense_optimizer, train
 module = load_module(sys.argv[1])
 torch.manual_seed(0)
 model = module.build()

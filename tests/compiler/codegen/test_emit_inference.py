@@ -12,7 +12,7 @@ from compiler.codegen.emit_inference import emit_inference
 from compiler.lower_inference import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.inference import import_module
+from runtime.serving.export_dir import import_module
 
 REPO = Path(__file__).resolve().parents[3]
 SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))

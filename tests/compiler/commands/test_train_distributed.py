@@ -49,7 +49,7 @@ def test_a_failing_worker_ends_the_job_with_its_error_once(tmp_path: Path) -> No
         [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
          "sys.exit(run_torchrun(sys.argv[1:]))",
          sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "runtime.worker", str(tmp_path / "two_tower_movielens.py"), "--steps", "2"],
+         "-m", "runtime.train.worker", str(tmp_path / "two_tower_movielens.py"), "--steps", "2"],
         capture_output=True, text=True, timeout=600, cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from compiler.cli import main
-from runtime import pipeline
+from runtime.train import pipeline
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -21,9 +21,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.embedding import EmbeddingBagConfig
-from runtime.embedding_optim import EmbeddingOptimizer
-from runtime.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.embeddings.bag_collection import EmbeddingBagConfig
+from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding import SparseArch, distribute_dense
 
 WORLD_SIZE = 2

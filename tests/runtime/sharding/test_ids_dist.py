@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.jagged import KeyedJaggedTensor
+from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.ids_dist import (
     count_message,
     pack_ids,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sharded_cases as sc
-from runtime.embedding_optim import EmbeddingOptimizer
+from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sharding import table_row_wise
 from runtime.sharding.group import GroupEnv
 from runtime.sharding.layout import Shard, TableLayout, local_tables, read_plan, slots_by_rank

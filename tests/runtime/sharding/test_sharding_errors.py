@@ -15,7 +15,7 @@ import pytest
 import torch.multiprocessing as mp
 
 import sharded_cases as sc
-from runtime.embedding_optim import EmbeddingOptimizer
+from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sharding import SparseArch
 
 

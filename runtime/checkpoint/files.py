@@ -1,0 +1,183 @@
+"""The files of a checkpoint directory: naming, the manifest, atomic commit, pruning, checks.
+
+`runtime.checkpoint.store` writes the tensors with torch.distributed.checkpoint;
+this module owns everything around them and needs no process group:
+
+    DIR/step_00000040/            a complete checkpoint (the name carries the step)
+        manifest.json             step, world size, plan, spec sha256, and every file's size and sha256
+        .metadata                 DCP's index: each key's global shape and the chunks that hold it
+        __0_0.distcp ...          DCP's data, one file per rank
+    DIR/.step_00000060.partial/   a save in progress, or one killed halfway: never read
+    DIR/.step_00000020.deleting/  a checkpoint being pruned: never read
+
+A save writes into the `.partial` directory, then the manifest (listing the
+files it checked), then renames the directory to `step_<N>` (atomic on a
+POSIX file system). So a `step_<N>` directory is complete by construction and
+a save killed at any point leaves the previous checkpoints as they were.
+Pruning renames a checkpoint to `.deleting` before removing it, for the same
+reason. The latest checkpoint is the `step_<N>` with the highest N; its files
+are checked against the manifest before anything is read, and every problem
+is a `CheckpointError` naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+MANIFEST = "manifest.json"
+FORMAT = "reccompile-checkpoint"
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format", "format_version", "step", "world_size", "spec_sha256", "plan", "files")
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_HASH_BLOCK = 1 << 22
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be written, found, or read; the message names the file."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def partial_dir(root: Path, step: int) -> Path:
+    return root / f".{step_dir_name(step)}.partial"
+
+
+def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_<N>` directory under `root`, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None if there is none."""
+    found = complete_checkpoints(Path(root))
+    return found[-1][1] if found else None
+
+
+def resolve(directory: str | Path) -> Path:
+    """`directory` itself if it is one checkpoint, else the latest complete one under it."""
+    path = Path(directory)
+    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+        return path
+    if not path.exists():
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise CheckpointError(f"no complete checkpoint in {path} (no step_<N> directory)")
+    return latest
+
+
+def read_manifest_file(checkpoint: Path) -> dict[str, Any]:
+    """The manifest of one checkpoint directory, checked for form (not its files)."""
+    path = checkpoint / MANIFEST
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing: {checkpoint} is not a complete checkpoint")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: corrupted: not valid JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{path}: corrupted: expected a JSON object")
+    missing = [key for key in REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise CheckpointError(f"{path}: corrupted: no {', '.join(missing)}")
+    if manifest["format"] != FORMAT or manifest["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: not a {FORMAT} version {FORMAT_VERSION} manifest "
+            f"(format {manifest['format']!r}, version {manifest['format_version']!r})"
+        )
+    return manifest
+
+
+def verify_files(checkpoint: Path, manifest: Mapping[str, Any]) -> None:
+    """Every file the manifest lists exists with its size and sha256; CheckpointError if not."""
+    for name, expected in manifest["files"].items():
+        path = checkpoint / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing (the checkpoint's manifest lists it)")
+        size = path.stat().st_size
+        if size < expected["bytes"]:
+            raise CheckpointError(f"{path}: truncated: {size} bytes, expected {expected['bytes']}")
+        if size > expected["bytes"]:
+            raise CheckpointError(f"{path}: corrupted: {size} bytes, expected {expected['bytes']}")
+        if file_sha256(path) != expected["sha256"]:
+            raise CheckpointError(f"{path}: corrupted: its sha256 differs from the manifest's")
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while block := stream.read(_HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def prepare_partial(root: Path, step: int) -> Path:
+    """An empty `.partial` directory for `step`, after removing what killed saves left behind."""
+    root.mkdir(parents=True, exist_ok=True)
+    for child in root.iterdir():
+        if child.name.startswith(".step_") and child.name.endswith((".partial", ".deleting")):
+            shutil.rmtree(child, ignore_errors=True)
+    partial = partial_dir(root, step)
+    partial.mkdir()
+    return partial
+
+
+def commit(partial: Path, manifest: dict[str, Any]) -> Path:
+    """Write the manifest (with the files' sizes and hashes) and rename `partial` into place."""
+    manifest = {
+        **manifest,
+        "files": {
+            path.name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+            for path in sorted(partial.iterdir())
+            if path.is_file()
+        },
+    }
+    manifest_path = partial / MANIFEST
+    with open(manifest_path, "w") as stream:
+        json.dump(manifest, stream, indent=1, sort_keys=True)
+        stream.flush()
+        os.fsync(stream.fileno())
+    final = partial.parent / step_dir_name(int(manifest["step"]))
+    if final.exists():  # a rerun from an older checkpoint reached this step again
+        _remove(final)
+    os.rename(partial, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def prune(root: Path, keep: int) -> None:
+    """Remove all but the newest `keep` complete checkpoints."""
+    for _, path in complete_checkpoints(root)[:-keep]:
+        _remove(path)
+
+
+def _remove(path: Path) -> None:
+    # Renamed first, so a kill halfway through never leaves a damaged step_<N> behind.
+    doomed = path.parent / f".{path.name}.deleting"
+    os.rename(path, doomed)
+    _fsync_dir(path.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

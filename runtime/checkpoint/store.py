@@ -1,0 +1,469 @@
+"""Checkpoints of a training run on torch.distributed.checkpoint (DCP): atomic, resumable, reshardable.
+
+`save_checkpoint` writes, collectively, everything a run needs to continue
+exactly where it was: the embedding tables and their fused optimizer state,
+the dense parameters and the dense optimizer's state, the step, each rank's
+RNG states and data position, the sharding plan and the spec's sha256.
+`load_checkpoint` puts them back, at any world size and with any plan for
+the same spec. `load_model_state` and `read_manifest` read a checkpoint in
+one process without a process group (the inference export uses them).
+Where the files go, and why a save killed halfway harms nothing, is
+`runtime.checkpoint.files`; the worker's options are `runtime.train.checkpointing`.
+
+Keys in DCP, each a global tensor whatever the world size:
+
+    model.<key>                      a dense entry of the world-size-1 `Model.state_dict()`
+    model.<arch>.<table>.weight      a whole table (rows x dim); each rank writes the blocks
+                                     it holds, at their global row and column offsets
+    model.<arch>.<table>.<state>     fused optimizer state, laid out like the weight
+                                     (momentum1, momentum2: rows x dim; rowwise momentum1: rows;
+                                     Adam's iter: shape (1,))
+    model.<arch>.<table>.momentum1@columns
+                                     rowwise state of a table split into column shards, which
+                                     keep one accumulator per row *and shard* (column_wise.py):
+                                     stored rows x dim, each shard's accumulator repeated over
+                                     its columns. A shard reads the mean over its columns: its
+                                     own accumulator at the same plan, the column-width-weighted
+                                     mean (an unsplit table's accumulator) when whole.
+    optim.<parameter>.<state>        the dense optimizer's state, by parameter name
+    rank.<r>                         rank r's RNG states and data position (pickled)
+
+Resharding is DCP's: a rank describes the blocks it needs by global offset
+and DCP reads the overlapping parts of the saved chunks, so a checkpoint from
+2 ranks loads at 1 or 4, table_wise into row_wise, and so on. The custom
+planners of `runtime.checkpoint.dcp` exist only because a rank's blocks of
+one table are plain tensors here (SparseArch's local shards), not DTensor
+or ShardedTensor.
+
+Data position protocol: the worker's batches are indexed by step, so the
+step is the position. An iterator that cannot be recreated from the step
+offers `state_dict() -> dict` (picklable; the position after the batches the
+completed steps consumed, not after a prefetch) and `load_state_dict(dict)`;
+each rank's dict is saved under `rank.<r>` and handed back to the same rank.
+At another world size ranks get None, and the worker draws and drops the
+batches of the completed steps instead (runtime.train.checkpointing), as it does
+for iterators without the protocol.
+RNG states (torch CPU and CUDA, Python's `random`) are restored only at the
+same world size too.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.nn.parallel import DistributedDataParallel
+
+from runtime.checkpoint import dcp
+from runtime.checkpoint.dcp import blocks_of
+from runtime.checkpoint.files import (
+    FORMAT,
+    FORMAT_VERSION,
+    CheckpointError,
+    commit,
+    latest_checkpoint,
+    prepare_partial,
+    prune,
+    read_manifest_file,
+    resolve,
+    verify_files,
+)
+from runtime.sharding.sparse_arch import SparseArch
+
+__all__ = [
+    "CheckpointError",
+    "Resumed",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_model_state",
+    "read_manifest",
+    "save_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = "@columns"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What `load_checkpoint` restored besides the model and optimizer."""
+
+    path: Path
+    step: int
+    manifest: dict[str, Any]
+    data_state: Any  # this rank's saved data position; None at another world size
+    skipped: tuple[str, ...] = ()  # keys the checkpoint lacked (only with allow_spec_change)
+
+
+def save_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    step: int,
+    spec_sha256: str,
+    plan: Mapping[str, Any],
+    data_state: Any = None,
+    keep: int | None = None,
+    process_group: dist.ProcessGroup | None = None,
+) -> Path:
+    """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
+
+    `model` may be DDP-wrapped; `data_state` is this rank's data position
+    (see the module docstring); `keep` prunes all but the newest `keep`.
+    """
+    root = Path(directory)
+    group = _group(process_group)
+    rank, world_size = _rank_and_size(group)
+    partial = _on_first_rank(lambda: prepare_partial(root, step), group)
+    state = _save_state(_unwrap(model), optimizer, rank, data_state)
+    dcp.save(state, partial, group)
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "world_size": world_size,
+        "spec_sha256": spec_sha256,
+        "plan": dict(plan),
+    }
+
+    def finish() -> Path:
+        final = commit(partial, manifest)
+        if keep is not None:
+            prune(root, keep)
+        return final
+
+    return _on_first_rank(finish, group)
+
+
+def load_checkpoint(
+    directory: str | Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    spec_sha256: str,
+    allow_spec_change: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+) -> Resumed:
+    """Restore the latest complete checkpoint in `directory` (or `directory` itself); collective.
+
+    The files are checked against the manifest first; a checkpoint of
+    another spec is refused unless `allow_spec_change`, which also lets
+    entries the checkpoint lacks keep their fresh values (shapes must agree).
+    """
+    group = _group(process_group)
+    rank, world_size = _rank_and_size(group)
+    path, manifest = _on_first_rank(lambda: _checked(directory), group)
+    if manifest["spec_sha256"] != spec_sha256 and not allow_spec_change:
+        raise CheckpointError(
+            f"{path}: written for another spec (sha256 {manifest['spec_sha256'][:12]}…, this "
+            f"model's spec is {spec_sha256[:12]}…); pass --allow-spec-change to load it anyway"
+        )
+    metadata = dcp.read_metadata(path)
+    model = _unwrap(model)
+    targets = _LoadTargets(metadata.state_dict_metadata, path, allow_spec_change)
+    apply_model = targets.model(model)
+    apply_optimizer = targets.optimizer(model, optimizer)
+    same_world = manifest["world_size"] == world_size
+    rank_key = f"rank.{rank}"
+    if same_world and rank_key in metadata.state_dict_metadata:
+        targets.state[rank_key] = None  # DCP puts the unpickled object here
+    dcp.load(targets.state, path, group)
+    apply_model()
+    apply_optimizer()
+    saved = targets.state.get(rank_key) if same_world else None
+    if saved is not None:
+        _set_rng(saved["rng"])
+    if targets.skipped:
+        logger.warning("%s lacks %s: those keep their fresh values", path, ", ".join(targets.skipped))
+    return Resumed(
+        path=path,
+        step=int(manifest["step"]),
+        manifest=manifest,
+        data_state=saved["data"] if saved is not None else None,
+        skipped=tuple(targets.skipped),
+    )
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of the latest complete checkpoint in `directory` (or of `directory` itself).
+
+    At least "spec_sha256", "step", "world_size" and "plan"; "path" is the
+    checkpoint read. The data files are not checked (`load_model_state` does).
+    """
+    path = resolve(directory)
+    return {**read_manifest_file(path), "path": str(path)}
+
+
+def load_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The full, unsharded model state of the latest complete checkpoint in `directory`.
+
+    Keyed as a world-size-1 `Model.state_dict()` of the generated module:
+    dense entries, whole tables (`sparse_arch.<table>.weight`) and their
+    optimizer state. One process, no process group.
+    """
+    path, _ = _checked(directory)
+    metadata = dcp.read_metadata(path)
+    state: dict[str, Any] = {
+        fqn: torch.empty(entry.size, dtype=entry.properties.dtype)
+        for fqn, entry in metadata.state_dict_metadata.items()
+        if fqn.startswith("model.") and isinstance(entry, TensorStorageMetadata)
+    }
+    dcp.load(state, path, None)
+    result = {}
+    for fqn, tensor in state.items():
+        key = fqn.removeprefix("model.")
+        if key.endswith(COLUMNS):
+            result[key.removesuffix(COLUMNS)] = tensor.mean(dim=1)
+        else:
+            result[key] = tensor
+    return result
+
+
+# What a rank writes.
+
+
+def _save_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, data_state: Any
+) -> dict[str, Any]:
+    full = model.state_dict()
+    archs = _sparse_archs(model)
+    state: dict[str, Any] = {
+        f"model.{key}": value for key, value in full.items() if not key.startswith(_prefixes(archs))
+    }
+    for prefix, arch in archs:
+        for key, info, name, tensor in _local_shard_entries(prefix, arch, full):
+            fqn = f"model.{prefix}{info['table']}.{name}"
+            rows, dim = info["table_rows"], info["table_cols"]
+            if name == "iter":
+                state[fqn] = tensor
+            elif tensor.dim() == 2:
+                blocks_of(state, fqn, (rows, dim)).add((info["row_offset"], info["col_offset"]), tensor)
+            elif info["cols"] == dim:
+                blocks_of(state, fqn, (rows,)).add((info["row_offset"],), tensor)
+            else:
+                repeated = tensor.unsqueeze(1).expand(-1, info["cols"]).contiguous()
+                blocks_of(state, fqn + COLUMNS, (rows, dim)).add(
+                    (info["row_offset"], info["col_offset"]), repeated
+                )
+    for name, param_state in _optimizer_state(model, optimizer):
+        for key, value in param_state.items():
+            state[f"optim.{name}.{key}"] = value
+    state[f"rank.{rank}"] = {"rng": _get_rng(), "data": data_state}
+    return state
+
+
+# What a rank reads, and how it is put back.
+
+
+@dataclass
+class _LoadTargets:
+    """The DCP state dict a rank loads into, checked against the checkpoint's metadata."""
+
+    metadata: Mapping[str, Any]
+    path: Path
+    allow_missing: bool
+    state: dict[str, Any] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+    def model(self, model: nn.Module) -> Callable[[], None]:
+        """Targets for the model's entries; the returned call loads them into the model."""
+        full = model.state_dict()
+        archs = _sparse_archs(model)
+        loaded: dict[str, torch.Tensor] = dict(full)  # what is not loaded keeps its value
+        after: list[Callable[[], None]] = []
+        for key, value in full.items():
+            if not key.startswith(_prefixes(archs)) and self._present(f"model.{key}", value.shape):
+                loaded[key] = self.state[f"model.{key}"] = torch.empty_like(value)
+        for prefix, arch in archs:
+            for key, info, name, tensor in _local_shard_entries(prefix, arch, full):
+                fqn = f"model.{prefix}{info['table']}.{name}"
+                rows, dim = info["table_rows"], info["table_cols"]
+                block = (info["row_offset"], info["col_offset"])
+                target = loaded[key] = torch.empty_like(tensor)
+                if name == "iter":
+                    if self._present(fqn, tensor.shape):
+                        after.append(_copier(target, self.state.setdefault(fqn, target)))
+                elif tensor.dim() == 2:
+                    if self._present(fqn, (rows, dim)):
+                        blocks_of(self.state, fqn, (rows, dim)).add(block, target)
+                elif fqn not in self.metadata and fqn + COLUMNS in self.metadata:
+                    if self._present(fqn + COLUMNS, (rows, dim)):
+                        repeated = torch.empty(tensor.shape[0], info["cols"])
+                        blocks_of(self.state, fqn + COLUMNS, (rows, dim)).add(block, repeated)
+                        after.append(_copier(target, repeated, mean=True))
+                elif self._present(fqn, (rows,)):
+                    # Column shards of one table on this rank read the same rows: once.
+                    held = blocks_of(self.state, fqn, (rows,)).add(block[:1], target)
+                    if held is not target:
+                        after.append(_copier(target, held))
+                if fqn not in self.state and fqn + COLUMNS not in self.state:
+                    loaded[key] = tensor  # skipped: keeps its value
+
+        def apply() -> None:
+            for step in after:
+                step()
+            model.load_state_dict(loaded, strict=True)
+
+        return apply
+
+    def optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
+        """Targets for the dense optimizer's state; the returned call loads them."""
+        names = _parameter_names(model, optimizer)
+        wanted: dict[int, dict[str, str]] = {}
+        for index, name in enumerate(names):
+            head = f"optim.{name}."
+            for fqn, entry in self.metadata.items():
+                if fqn.startswith(head) and "." not in fqn[len(head) :]:
+                    wanted.setdefault(index, {})[fqn[len(head) :]] = fqn
+                    is_tensor = isinstance(entry, TensorStorageMetadata)
+                    self.state[fqn] = (
+                        torch.empty(entry.size, dtype=entry.properties.dtype) if is_tensor else None
+                    )
+
+        def apply() -> None:
+            current = optimizer.state_dict()
+            for index, keys in wanted.items():
+                current["state"][index] = {name: self.state[fqn] for name, fqn in keys.items()}
+            optimizer.load_state_dict(current)
+
+        return apply
+
+    def _present(self, fqn: str, shape: tuple[int, ...] | torch.Size) -> bool:
+        """Whether to load `fqn`; CheckpointError if it is missing (unless allowed) or misshapen."""
+        entry = self.metadata.get(fqn)
+        if entry is None:
+            if not self.allow_missing:
+                raise CheckpointError(f"{self.path}: has no entry {fqn!r}, which this model needs")
+            self.skipped.append(fqn)
+            return False
+        if not isinstance(entry, TensorStorageMetadata) or tuple(entry.size) != tuple(shape):
+            saved = tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else "an object"
+            raise CheckpointError(
+                f"{self.path}: entry {fqn!r} has shape {saved} in the checkpoint "
+                f"but {tuple(shape)} in this model"
+            )
+        return True
+
+
+def _copier(target: torch.Tensor, source: torch.Tensor, mean: bool = False) -> Callable[[], None]:
+    def copy() -> None:
+        target.copy_(source.mean(dim=1) if mean else source)
+
+    return copy
+
+
+# Model, optimizer and RNG plumbing.
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _sparse_archs(model: nn.Module) -> list[tuple[str, SparseArch]]:
+    """(state-dict prefix, module) of every SparseArch in `model`."""
+    return [
+        (f"{name}." if name else "", module)
+        for name, module in model.named_modules()
+        if isinstance(module, SparseArch)
+    ]
+
+
+def _prefixes(archs: list[tuple[str, SparseArch]]) -> tuple[str, ...]:
+    # Plan-derived buffers of a SparseArch are rebuilt from the plan, never saved.
+    return tuple(prefix for prefix, _ in archs)
+
+
+def _local_shard_entries(
+    prefix: str, arch: SparseArch, full: Mapping[str, torch.Tensor]
+) -> Iterator[tuple[str, dict[str, Any], str, torch.Tensor]]:
+    """(state-dict key, shard metadata, state name, tensor) of every local shard tensor."""
+    shards = arch.shard_metadata()
+    for key, tensor in full.items():
+        if key.startswith(prefix):
+            shard, _, name = key[len(prefix) :].rpartition(".")
+            if shard in shards:
+                yield key, shards[shard], name, tensor
+
+
+def _parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of each of the optimizer's parameters, in its state-dict order."""
+    by_id = {id(p): name for name, p in model.named_parameters()}
+    names = []
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if id(p) not in by_id:
+                raise ValueError("the optimizer holds a parameter that is not the model's")
+            names.append(by_id[id(p)])
+    return names
+
+
+def _optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    states = optimizer.state_dict()["state"]
+    for index, name in enumerate(_parameter_names(model, optimizer)):
+        if index in states:
+            yield name, states[index]
+
+
+def _get_rng() -> dict[str, Any]:
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    return rng
+
+
+def _set_rng(rng: Mapping[str, Any]) -> None:
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+# Agreement between ranks.
+
+
+def _group(process_group: dist.ProcessGroup | None) -> dist.ProcessGroup | None:
+    if process_group is None or dist.get_world_size(process_group) == 1:
+        return None
+    return process_group
+
+
+def _rank_and_size(group: dist.ProcessGroup | None) -> tuple[int, int]:
+    return (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+
+
+def _on_first_rank(fn: Callable[[], T], group: dist.ProcessGroup | None) -> T:
+    """`fn()` on rank 0, its result (or its error, raised as CheckpointError) on every rank."""
+    if group is None:
+        return fn()
+    payload: list[Any] = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            payload = [("ok", fn())]
+        except Exception as error:  # every rank must learn of it, or the others wait forever
+            payload = [("error", str(error))]
+    dist.broadcast_object_list(payload, group=group, group_src=0)
+    kind, value = payload[0]
+    if kind == "error":
+        raise CheckpointError(value)
+    return value
+
+
+def _checked(directory: str | Path) -> tuple[Path, dict[str, Any]]:
+    path = resolve(directory)
+    manifest = read_manifest_file(path)
+    verify_files(path, manifest)
+    return path, manifest
+
+

@@ -1,0 +1,578 @@
+"""EmbeddingBagCollection: pooled embedding lookups with the optimizer in backward.
+
+This is the `lookup` stage of the data flow (ids in a KeyedJaggedTensor in,
+pooled embeddings in a KeyedTensor out). The sharding layer builds one
+collection per rank over its local shards, which are just
+`EmbeddingBagConfig`s of sub-tables.
+
+Two compute kernels give the same numbers:
+
+- `fused`: tables are grouped by (optimizer, pooling) into one fbgemm
+  `SplitTableBatchedEmbeddingBagsCodegen` (TBE) per group; fbgemm applies the
+  optimizer inside its backward. fbgemm requires `embedding_dim % 4 == 0`.
+  fbgemm has no CPU kernel for Adam, so on CPU Adam tables use the dense
+  implementation below (same formulas, same state).
+- `dense`: one `torch.nn.EmbeddingBag` per table, gradients through autograd
+  (sparse), and the optimizer of `runtime.embeddings.optim` applied by a
+  post-accumulate-grad hook on each weight. The reference, and the fallback
+  when fbgemm_gpu cannot be imported.
+
+Either way the training loop never sees the embedding weights: the collection
+owns no `nn.Parameter` (its lookup modules are kept out of the module tree),
+so `model.parameters()` of a parent yields the dense parameters only and can
+go straight to a dense optimizer or DDP. `optimizer_in_backward` marks such
+modules; `embedding_parameters()` returns the weights for inspection.
+
+Output order: table order, then each table's `feature_names` order. The input
+KeyedJaggedTensor may hold other keys, or ours in another order; it is
+permuted once, with the permutation cached per key tuple.
+
+Pooling: `sum`, or `mean` = sum(w_i * e_i) / L with L the number of ids in
+the bag (not the sum of the weights; an empty bag gives zeros). This is
+fbgemm's forward; fbgemm's CPU backward drops the 1/L for weighted mean, so
+mean tables run as sum pooling with per-id weights w_i / L, which gives the
+exact gradient.
+
+State dict: `<table>.weight` (rows x dim) and `<table>.<state>` for the
+optimizer state (see `runtime.embeddings.optim`), identical for both kernels.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.embeddings.concurrent import run_concurrently
+from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
+from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
+from runtime.embeddings.state_views import load_views
+
+__all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
+
+logger = logging.getLogger(__name__)
+
+POOLING_TYPES = ("sum", "mean")
+COMPUTE_KERNELS = ("fused", "dense")
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingBagConfig:
+    """One embedding table and the features that look it up.
+
+    Rows are initialised U(weight_init_min, weight_init_max), by default
+    U(-sqrt(1/num_embeddings), +sqrt(1/num_embeddings)) as in TorchRec.
+    `optimizer` overrides the collection's optimizer for this table.
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    feature_names: tuple[str, ...]
+    pooling: str = "sum"
+    weight_init_min: float | None = None
+    weight_init_max: float | None = None
+    optimizer: EmbeddingOptimizer | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "feature_names", tuple(self.feature_names))
+        where = f"table {self.name!r}"
+        if self.num_embeddings < 1 or self.embedding_dim < 1:
+            raise ValueError(f"{where}: num_embeddings and embedding_dim must be >= 1")
+        if not self.feature_names:
+            raise ValueError(f"{where}: needs at least one feature name")
+        if self.pooling not in POOLING_TYPES:
+            raise ValueError(f"{where}: unknown pooling {self.pooling!r}; expected 'sum' or 'mean'")
+        low, high = self.init_range()
+        if not low <= high:
+            raise ValueError(
+                f"{where}: weight_init_min {low} is greater than weight_init_max {high}"
+            )
+
+    def init_range(self) -> tuple[float, float]:
+        """The (min, max) of the uniform initialisation."""
+        bound = math.sqrt(1.0 / self.num_embeddings)
+        low = -bound if self.weight_init_min is None else self.weight_init_min
+        high = bound if self.weight_init_max is None else self.weight_init_max
+        return low, high
+
+
+def _fbgemm() -> Any | None:
+    """The fbgemm TBE module, or None when fbgemm_gpu is not importable."""
+    try:
+        from fbgemm_gpu import split_table_batched_embeddings_ops_training as tbe_ops
+    except ImportError:
+        return None
+    return tbe_ops
+
+
+class _FusedGroup(nn.Module):
+    """Tables sharing one optimizer and pooling, looked up by one fbgemm TBE."""
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        optimizer: EmbeddingOptimizer,
+        device: torch.device,
+        tbe_ops: Any,
+    ) -> None:
+        super().__init__()
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import (
+            BoundsCheckMode,
+            EmbeddingLocation,
+            PoolingMode,
+        )
+
+        optim_types = {
+            "sgd": EmbOptimType.EXACT_SGD,
+            "adagrad": EmbOptimType.EXACT_ADAGRAD,
+            "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            "adam": EmbOptimType.ADAM,
+        }
+        on_cpu = device.type == "cpu"
+        location = EmbeddingLocation.HOST if on_cpu else EmbeddingLocation.DEVICE
+        compute = tbe_ops.ComputeDevice.CPU if on_cpu else tbe_ops.ComputeDevice.CUDA
+        self.tables = tables
+        self.optimizer = optimizer
+        self.mean = tables[0].pooling == "mean"
+        self.tbe = tbe_ops.SplitTableBatchedEmbeddingBagsCodegen(
+            [(t.num_embeddings, t.embedding_dim, location, compute) for t in tables],
+            feature_table_map=[i for i, t in enumerate(tables) for _ in t.feature_names],
+            optimizer=optim_types[optimizer.type],
+            learning_rate=optimizer.lr,
+            eps=optimizer.eps,
+            beta1=optimizer.beta1,
+            beta2=optimizer.beta2,
+            weight_decay=optimizer.weight_decay,
+            # Mean runs as weighted sum pooling (see the module docstring).
+            pooling_mode=PoolingMode.SUM,
+            device=device,
+            # The collection checks ids itself, with the feature's name in the error.
+            bounds_check_mode=BoundsCheckMode.NONE,
+            table_names=[t.name for t in tables],
+        )
+
+    def forward(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        value_offsets: list[int] | None,
+    ) -> torch.Tensor:
+        if self.mean:
+            lengths = offsets[1:] - offsets[:-1]
+            scale = lengths.clamp(min=1).to(torch.float32).reciprocal()
+            scale = scale.repeat_interleave(lengths, output_size=values.numel())
+            weights = scale if weights is None else weights * scale
+        return self.tbe(values, offsets, weights)
+
+    def table_tensors(self) -> list[dict[str, torch.Tensor]]:
+        """Per table: live views of its weight and optimizer state."""
+        names = [n for n in state_shapes(self.optimizer, 1, 1) if n != "iter"]
+        states = self.tbe.split_optimizer_states() if names else [[] for _ in self.tables]
+        tables = []
+        for weight, state in zip(self.tbe.split_embedding_weights(), states):
+            tensors = {"weight": weight, **dict(zip(names, state))}
+            if self.optimizer.type == "adam":
+                tensors["iter"] = self.tbe.iter
+            tables.append(tensors)
+        return tables
+
+    def after_load(self) -> None:
+        if self.optimizer.type == "adam":
+            # fbgemm re-reads its host copy of the step counter from `iter` when it is 0.
+            self.tbe.iter_cpu.zero_()
+
+
+class _DenseTable(nn.EmbeddingBag):
+    """One table on torch.nn.EmbeddingBag whose optimizer runs when its gradient lands."""
+
+    def __init__(
+        self, config: EmbeddingBagConfig, optimizer: EmbeddingOptimizer, device: torch.device
+    ) -> None:
+        rows, dim = config.num_embeddings, config.embedding_dim
+        super().__init__(
+            rows,
+            dim,
+            mode=config.pooling,
+            sparse=True,
+            _weight=torch.empty(rows, dim, device=device),
+        )
+        self.optimizer = optimizer
+        self.state_names = tuple(state_shapes(optimizer, rows, dim))
+        for name, tensor in init_state(optimizer, rows, dim, device).items():
+            self.register_buffer(name, tensor)
+        self._register_optimizer_hook()
+
+    def _register_optimizer_hook(self) -> None:
+        self.weight.register_post_accumulate_grad_hook(self._step)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # copy.deepcopy and pickle drop tensor hooks; put ours back.
+        super().__setstate__(state)
+        self._register_optimizer_hook()
+
+    def _step(self, weight: torch.Tensor) -> None:
+        grad, weight.grad = weight.grad, None
+        grad = grad.coalesce()
+        apply_update(self.optimizer, weight, self.tensors(), grad.indices()[0], grad.values())
+
+    def lookup(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Pools one feature; `offsets` holds the B + 1 bag boundaries into `values`."""
+        if self.mode == "mean" and weights is not None:
+            pooled = F.embedding_bag(
+                values, self.weight, offsets[:-1], mode="sum", sparse=True,
+                per_sample_weights=weights,
+            )
+            return pooled / (offsets[1:] - offsets[:-1]).clamp(min=1).unsqueeze(1)
+        return self(values, offsets[:-1], per_sample_weights=weights)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The weight and optimizer state (live tensors)."""
+        return {"weight": self.weight, **{n: getattr(self, n) for n in self.state_names}}
+
+
+class _DenseGroup(nn.Module):
+    """Tables looked up one torch.nn.EmbeddingBag at a time (the reference kernel)."""
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        optimizer: EmbeddingOptimizer,
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self.tables = tables
+        self.bags = nn.ModuleList(_DenseTable(t, optimizer, device) for t in tables)
+        self.feature_table = [i for i, t in enumerate(tables) for _ in t.feature_names]
+
+    def forward(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        value_offsets: list[int] | None,
+    ) -> torch.Tensor:
+        assert value_offsets is not None
+        batch = (offsets.numel() - 1) // len(self.feature_table)
+        pooled = []
+        for f, table in enumerate(self.feature_table):
+            start, end = value_offsets[f], value_offsets[f + 1]
+            pooled.append(
+                self.bags[table].lookup(
+                    values[start:end],
+                    offsets[f * batch : (f + 1) * batch + 1] - start,
+                    None if weights is None else weights[start:end],
+                )
+            )
+        return torch.cat(pooled, dim=1)
+
+    def table_tensors(self) -> list[dict[str, torch.Tensor]]:
+        """Per table: its live weight and optimizer state."""
+        return [bag.tensors() for bag in self.bags]
+
+    def after_load(self) -> None:
+        pass
+
+
+class EmbeddingBagCollection(nn.Module):
+    """Pooled embedding lookups over many tables (see the module docstring).
+
+    `forward(features)` returns a KeyedTensor with one B x dim block per
+    feature, in `feature_names()` order. With `is_weighted` the KJT's weights
+    multiply the ids (TorchRec's convention); otherwise weights are ignored.
+    `bounds_check` (default on) checks every id against its table's rows in
+    Python, vectorised, before any kernel runs, and raises an IndexError naming
+    the feature, id and table; fbgemm's own check is off. With
+    `bounds_check=False` ids are trusted: an out-of-range id then makes the
+    fused kernel read out of bounds. `lookup_threads` (default: torch's
+    intra-op threads at construction) cuts the fused tables on the CPU into
+    that many groups, looked up side by side (runtime/embeddings/concurrent.py).
+    """
+
+    optimizer_in_backward = True
+
+    def __init__(
+        self,
+        tables: list[EmbeddingBagConfig],
+        is_weighted: bool = False,
+        device: torch.device | str | None = None,
+        compute_kernel: str = "fused",
+        optimizer: EmbeddingOptimizer | None = None,
+        bounds_check: bool = True,
+        lookup_threads: int | None = None,
+    ) -> None:
+        super().__init__()
+        if compute_kernel not in COMPUTE_KERNELS:
+            raise ValueError(
+                f"unknown compute_kernel {compute_kernel!r}; expected 'fused' or 'dense'"
+            )
+        if not tables:
+            raise ValueError("EmbeddingBagCollection needs at least one table")
+        _check_names(tables)
+        device = torch.device(device if device is not None else "cpu")
+        default_optimizer = optimizer if optimizer is not None else EmbeddingOptimizer()
+        self._tables = list(tables)
+        self._is_weighted = is_weighted
+        self.compute_kernel = compute_kernel
+        self.bounds_check = bounds_check
+        threads = torch.get_num_threads() if lookup_threads is None else lookup_threads
+        self.lookup_threads = threads if device.type == "cpu" and compute_kernel == "fused" else 1
+
+        # Kept in a plain list, out of the module tree: see the module docstring.
+        self._groups, order = _build_groups(
+            tables, default_optimizer, compute_kernel, device, self.lookup_threads
+        )
+
+        self._feature_names = [f for t in tables for f in t.feature_names]
+        self._feature_dims = [t.embedding_dim for t in tables for _ in t.feature_names]
+        # Lookup order: the features group after group (tables in table order inside a group).
+        self._lookup_names = [f for i in order for f in tables[i].feature_names]
+        self._lookup_tables = [tables[i] for i in order for _ in tables[i].feature_names]
+        self._group_sizes = [sum(len(t.feature_names) for t in g.tables) for g in self._groups]
+        columns = _feature_columns(self._lookup_names, self._feature_names, self._feature_dims)
+        self._output_columns = None if columns is None else torch.tensor(columns, device=device)
+        self._needs_value_offsets = len(self._groups) > 1 or isinstance(
+            self._groups[0], _DenseGroup
+        )
+        self._select = KeySelection(self._lookup_names)
+        self._limits: tuple[tuple[int, ...], torch.Tensor] | None = None
+        self._lookup_rows = torch.tensor(
+            [t.num_embeddings for t in self._lookup_tables], device=device
+        )
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        # Table by table in table order, so both kernels draw the same numbers.
+        tensors = self._table_tensors()
+        for table in self._tables:
+            tensors[table.name]["weight"].uniform_(*table.init_range())
+
+    def _table_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Each table's live weight and optimizer state, in table order."""
+        by_name = {
+            t.name: tensors
+            for group in self._groups
+            for t, tensors in zip(group.tables, group.table_tensors())
+        }
+        return {t.name: by_name[t.name] for t in self._tables}
+
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        return list(self._tables)
+
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def feature_names(self) -> list[str]:
+        """The output keys, in output order."""
+        return list(self._feature_names)
+
+    def embedding_parameters(self) -> dict[str, torch.Tensor]:
+        """Each table's weight (rows x dim, live), by table name; trained in backward only."""
+        return {name: tensors["weight"] for name, tensors in self._table_tensors().items()}
+
+    def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        kjt = self._select(features)
+        weights = kjt.weights_or_none() if self._is_weighted else None
+        if self._is_weighted and weights is None:
+            raise ValueError(
+                "EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights"
+            )
+        values, offsets = kjt.values(), kjt.offsets()
+        if self.bounds_check:
+            self._check_bounds(values, kjt.length_per_key())
+        value_offsets = kjt.offset_per_key() if self._needs_value_offsets else None
+        if len(self._groups) == 1:
+            pooled = self._groups[0](values, offsets, weights, value_offsets)
+        else:
+            pooled = torch.cat(self._lookup_groups(kjt, weights, value_offsets), dim=1)
+            if self._output_columns is not None:
+                pooled = pooled.index_select(1, self._output_columns)
+        return KeyedTensor(self._feature_names, self._feature_dims, pooled)
+
+    def _lookup_groups(
+        self, kjt: KeyedJaggedTensor, weights: torch.Tensor | None, value_offsets: list[int]
+    ) -> list[torch.Tensor]:
+        """Each group's pooled block; the groups run side by side on `lookup_threads` threads."""
+        values, offsets, batch = kjt.values(), kjt.offsets(), kjt.stride()
+        lookups, first = [], 0
+        for group, size in zip(self._groups, self._group_sizes):
+            last = first + size
+            start, end = value_offsets[first], value_offsets[last]
+            lookups.append(
+                functools.partial(
+                    group,
+                    values[start:end],
+                    offsets[first * batch : last * batch + 1] - start,
+                    None if weights is None else weights[start:end],
+                    [o - start for o in value_offsets[first : last + 1]],
+                )
+            )
+            first = last
+        return run_concurrently(lookups, min(self.lookup_threads, torch.get_num_threads()))
+
+    def _check_bounds(self, values: torch.Tensor, length_per_key: list[int]) -> None:
+        key = tuple(length_per_key)
+        if self._limits is None or self._limits[0] != key:
+            counts = torch.tensor(length_per_key, device=self._lookup_rows.device)
+            limits = self._lookup_rows.repeat_interleave(counts, output_size=values.numel())
+            self._limits = (key, limits)
+        bad = values.ge(self._limits[1]).logical_or_(values.lt(0))
+        if bad.any():
+            position = int(bad.nonzero()[0])
+            feature = bisect.bisect_right(list(itertools.accumulate(length_per_key)), position)
+            table = self._lookup_tables[feature]
+            raise IndexError(
+                f"feature {self._lookup_names[feature]!r}: id {int(values[position])} out of range "
+                f"for table {table.name!r} with {table.num_embeddings} rows"
+            )
+
+    # State dict: one entry per table tensor, the same for both kernels.
+
+    def _save_to_state_dict(
+        self, destination: dict[str, Any], prefix: str, keep_vars: bool
+    ) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for table, tensors in self._table_tensors().items():
+            for name, tensor in tensors.items():
+                destination[f"{prefix}{table}.{name}"] = tensor if keep_vars else tensor.detach()
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        views = {
+            f"{prefix}{table}.{name}": tensor
+            for table, tensors in self._table_tensors().items()
+            for name, tensor in tensors.items()
+        }
+
+        def mismatch(key: str, source: torch.Tensor, view: torch.Tensor) -> str | None:
+            if source.shape == view.shape:
+                return None
+            return (
+                f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
+                f"from the checkpoint, the shape in the current model is {tuple(view.shape)}."
+            )
+
+        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, mismatch)
+        for group in self._groups:
+            group.after_load()
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> EmbeddingBagCollection:
+        # The lookup modules are outside the module tree; move them with it.
+        if recurse:
+            for group in self._groups:
+                group._apply(fn)
+            self._lookup_rows = fn(self._lookup_rows)
+            if self._output_columns is not None:
+                self._output_columns = fn(self._output_columns)
+            self._limits = None
+        return super()._apply(fn, recurse)
+
+    def extra_repr(self) -> str:
+        tables = ", ".join(
+            f"{t.name}({t.num_embeddings}x{t.embedding_dim}, {t.pooling})" for t in self._tables
+        )
+        return f"compute_kernel={self.compute_kernel!r}, tables=[{tables}]"
+
+
+def _build_groups(
+    tables: list[EmbeddingBagConfig],
+    default_optimizer: EmbeddingOptimizer,
+    compute_kernel: str,
+    device: torch.device,
+    threads: int,
+) -> tuple[list[_FusedGroup | _DenseGroup], list[int]]:
+    """Lookup modules per (optimizer, pooling), in order of first use, and their table order.
+
+    A fused group on the CPU is cut into up to `threads` runs of its tables, with
+    about equal work each, that runtime.embeddings.concurrent runs side by side.
+    """
+    tbe_ops = _fbgemm() if compute_kernel == "fused" else None
+    if compute_kernel == "fused":
+        for t in tables:
+            if t.embedding_dim % 4:
+                raise ValueError(
+                    f"table {t.name!r}: embedding_dim {t.embedding_dim} is not a multiple of 4, "
+                    "which the fused (fbgemm) kernel requires; use compute_kernel='dense'"
+                )
+        if tbe_ops is None:
+            logger.warning("fbgemm_gpu is not importable: using the dense embedding kernel")
+    grouped: dict[tuple[EmbeddingOptimizer, str], list[int]] = {}
+    for i, t in enumerate(tables):
+        grouped.setdefault((t.optimizer or default_optimizer, t.pooling), []).append(i)
+    groups: list[_FusedGroup | _DenseGroup] = []
+    for (optimizer, _), indices in grouped.items():
+        members = [tables[i] for i in indices]
+        if tbe_ops is not None and device.type == "cpu" and optimizer.type == "adam":
+            names = [t.name for t in members]
+            logger.info("fbgemm has no CPU Adam: tables %s use the dense kernel", names)
+            groups.append(_DenseGroup(members, optimizer, device))
+        elif tbe_ops is not None:
+            runs = _balanced_runs(members, threads) if device.type == "cpu" else [members]
+            groups.extend(_FusedGroup(run, optimizer, device, tbe_ops) for run in runs)
+        else:
+            groups.append(_DenseGroup(members, optimizer, device))
+    return groups, [i for indices in grouped.values() for i in indices]
+
+
+def _balanced_runs(tables: list[EmbeddingBagConfig], parts: int) -> list[list[EmbeddingBagConfig]]:
+    """At most `parts` contiguous runs of `tables`, each with about 1/parts of the work.
+
+    Work is the pooled width a table adds, dim x features, which is what the
+    lookup's kernels scale with for equal ids per feature.
+    """
+    work = [t.embedding_dim * len(t.feature_names) for t in tables]
+    total, done, cuts = sum(work), 0, []
+    for index, amount in enumerate(work[:-1]):
+        done += amount
+        if done * parts >= total * (len(cuts) + 1):
+            cuts.append(index + 1)
+    bounds = [0, *cuts, len(tables)]
+    return [tables[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _check_names(tables: list[EmbeddingBagConfig]) -> None:
+    seen_tables: set[str] = set()
+    feature_table: dict[str, str] = {}
+    for t in tables:
+        if t.name in seen_tables:
+            raise ValueError(f"duplicate table name {t.name!r}")
+        seen_tables.add(t.name)
+        for f in t.feature_names:
+            if f in feature_table:
+                raise ValueError(
+                    f"feature {f!r} is looked up by tables {feature_table[f]!r} and {t.name!r}"
+                )
+            feature_table[f] = t.name
+
+
+def _feature_columns(lookup: list[str], output: list[str], dims: list[int]) -> list[int] | None:
+    """Columns of the lookup-order output to gather for output order; None if the same."""
+    if lookup == output:
+        return None
+    dim = dict(zip(output, dims))
+    start, starts = 0, {}
+    for name in lookup:
+        starts[name] = start
+        start += dim[name]
+    return [starts[name] + d for name in output for d in range(dim[name])]

@@ -1,0 +1,395 @@
+"""Dense building blocks: the `model:` block types of a spec, as nn.Modules.
+
+The compiler's lowering (compiler/lower.py) instantiates one module per block
+of the spec through `BLOCK_TYPES` and wires them after the embedding stages.
+It concatenates a block's inputs into one 2-D tensor (B x total width) before
+calling it, except for `DotProduct`, `Sum` and `DotInteraction`, which take
+several tensors.
+
+DLRM spends more time in the 27 x 27 pairwise interaction than anywhere else
+in its dense part apart from the MLP GEMMs. `DotInteraction` runs it on a C
+kernel (runtime/native) on the CPU, and elsewhere on a hand-written autograd
+function over `bmm`: plain autograd over `bmm` + advanced indexing doubles
+the batched GEMMs in backward and scatters the triangle through a slow
+`index_put`. benchmarks/blocks_bench.py measures the alternatives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from runtime.cpu import native
+from runtime.modules.linear import Linear, linear
+
+__all__ = [
+    "ACTIVATIONS",
+    "BLOCK_TYPES",
+    "Concat",
+    "CrossNet",
+    "DotInteraction",
+    "DotProduct",
+    "FactorizationMachine",
+    "MLP",
+    "MixtureOfExperts",
+    "Sum",
+]
+
+# In-place variants where autograd only needs the result (relu, sigmoid,
+# tanh): they act on a fresh GEMM output, so nothing else sees the overwrite
+# and one (B x width) buffer per layer is saved.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
+    "relu": torch.relu_,
+    "sigmoid": torch.sigmoid_,
+    "tanh": torch.tanh_,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "none": None,
+}
+
+
+def _check_size(owner: str, name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{owner}: {name} must be an integer >= {minimum} (got {value!r})")
+    return value
+
+
+def _check_layers(owner: str, name: str, layers: Any) -> list[int]:
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers:
+        raise ValueError(f"{owner}: {name} must be a non-empty list of sizes (got {layers!r})")
+    return [_check_size(owner, f"{name}[{i}]", size) for i, size in enumerate(layers)]
+
+
+def _activation(owner: str, name: str, value: str | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    key = "none" if value is None else value
+    if key not in ACTIVATIONS:
+        choices = ", ".join(sorted(ACTIVATIONS))
+        raise ValueError(f"{owner}: unknown {name} {value!r} (expected one of: {choices})")
+    return ACTIVATIONS[key]
+
+
+def _check_input(owner: str, x: torch.Tensor, width: int) -> None:
+    if x.dim() != 2 or x.shape[1] != width:
+        raise ValueError(f"{owner}: expected input of shape (B, {width}), got {tuple(x.shape)}")
+
+
+class MLP(nn.Module):
+    """Stack of Linear layers: h_{k+1} = act_k(W_k h_k + b_k).
+
+    `activation` follows every hidden layer and `final_activation` the last
+    one (None or "none" leaves a linear output, e.g. a logit).
+    Shapes: (B, in_features) -> (B, layers[-1]). nn.Linear's default init.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        layers: Sequence[int],
+        activation: str = "relu",
+        final_activation: str | None = "relu",
+    ) -> None:
+        super().__init__()
+        self.in_features = _check_size("MLP", "in_features", in_features)
+        self.layers = _check_layers("MLP", "layers", layers)
+        self.activation = activation
+        self.final_activation = "none" if final_activation is None else final_activation
+        hidden = _activation("MLP", "activation", activation)
+        final = _activation("MLP", "final_activation", final_activation)
+        self.out_features = self.layers[-1]
+        widths = [self.in_features, *self.layers]
+        self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
+        self._activations = [hidden] * (len(self.layers) - 1) + [final]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer, act in zip(self.linears, self._activations):
+            fused_relu = act is torch.relu_
+            x = linear(x, layer.weight, layer.bias, relu=fused_relu)
+            if act is not None and not fused_relu:
+                x = act(x)
+        return x
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, layers={self.layers}, "
+            f"activation={self.activation}, final_activation={self.final_activation}"
+        )
+
+
+class _PairwiseDot(torch.autograd.Function):
+    """cat([z_0, triu(Z Z^T, 1)]) for x viewed as Z (B, N, D), with one GEMM in backward.
+
+    Forward: one bmm for the Gram matrix, then a flat `index_select` of the
+    strict upper triangle on its (B, N*N) view. Backward: with G the output
+    gradient of the triangle placed at (i, j), dZ = (G + G^T) Z; the symmetric
+    S = G + G^T is gathered in one `index_select` from the gradient padded
+    with a leading zero column (the diagonal), so a single bmm replaces the
+    two that autograd would run, and no `index_put` is needed.
+    """
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, x: torch.Tensor, num_vectors: int, triu_index: torch.Tensor, sym_index: torch.Tensor
+    ) -> torch.Tensor:
+        batch, dim = x.shape[0], x.shape[1] // num_vectors
+        z = x.reshape(batch, num_vectors, dim)
+        gram = torch.bmm(z, z.transpose(1, 2))
+        pairs = gram.view(batch, num_vectors * num_vectors).index_select(1, triu_index)
+        ctx.num_vectors = num_vectors
+        # Saving x itself (not the view z made under no_grad) keeps the
+        # backward differentiable, so double backward works.
+        ctx.save_for_backward(x, sym_index)
+        return torch.cat([x[:, :dim], pairs], dim=1)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        x, sym_index = ctx.saved_tensors
+        batch, num_vectors = x.shape[0], ctx.num_vectors
+        dim = x.shape[1] // num_vectors
+        z = x.reshape(batch, num_vectors, dim)
+        padded = F.pad(grad_out[:, dim:], (1, 0))
+        sym = padded.index_select(1, sym_index).view(batch, num_vectors, num_vectors)
+        grad_z = torch.bmm(sym, z)
+        grad_z[:, 0].add_(grad_out[:, :dim])
+        return grad_z.view(batch, num_vectors * dim), None, None, None
+
+
+class _NativeDot(torch.autograd.Function):
+    """The same function on runtime/native's C kernel, reading the parts where they lie."""
+
+    @staticmethod
+    def forward(ctx: Any, dim: int, *parts: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.dim = dim
+        ctx.save_for_backward(*parts)
+        return native.dot_forward(parts, dim)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads = native.dot_backward(ctx.saved_tensors, ctx.dim, grad_out.contiguous())
+        return (None, *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[1:])))
+
+
+class DotInteraction(nn.Module):
+    """DLRM's pairwise dot interaction.
+
+    The inputs, read together as one (B, N*D) row per sample, are N vectors
+    z_0..z_{N-1} of width D (z_0 is the dense tower's output); each input
+    holds whole vectors, so the lowering passes the dense output and the
+    embeddings separately and nothing is concatenated on the C path. Returns
+    cat([z_0, <z_i, z_j> for i < j in row-major order]) = (B, D + N(N-1)/2);
+    the pair order is torch.triu_indices(N, N, 1).
+
+    float32 on the CPU runs runtime/native's C kernel; other devices and
+    dtypes, and tracing, run `_PairwiseDot` on torch ops.
+    """
+
+    def __init__(self, num_vectors: int, dim: int) -> None:
+        super().__init__()
+        self.num_vectors = _check_size("DotInteraction", "num_vectors", num_vectors, minimum=2)
+        self.dim = _check_size("DotInteraction", "dim", dim)
+        n = self.num_vectors
+        self.num_pairs = n * (n - 1) // 2
+        self.out_features = self.dim + self.num_pairs
+        rows, cols = torch.triu_indices(n, n, offset=1)
+        # sym[i, j] = sym[j, i] = 1 + pair number; 0 points at the zero pad (diagonal).
+        sym = torch.zeros(n, n, dtype=torch.long)
+        sym[rows, cols] = sym[cols, rows] = torch.arange(1, self.num_pairs + 1)
+        self.register_buffer("triu_index", rows * n + cols, persistent=False)
+        self.register_buffer("sym_index", sym.view(-1), persistent=False)
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        self._check_inputs(xs)
+        if xs[0].shape[0] > 0 and native.applies(xs):
+            parts = [x.contiguous() for x in xs]
+            if torch.is_grad_enabled() and any(x.requires_grad for x in parts):
+                return _NativeDot.apply(self.dim, *parts)
+            return native.dot_forward(parts, self.dim)
+        x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
+        return _PairwiseDot.apply(x, self.num_vectors, self.triu_index, self.sym_index)
+
+    def _check_inputs(self, xs: Sequence[torch.Tensor]) -> None:
+        width = self.num_vectors * self.dim
+        if not xs:
+            raise ValueError(f"DotInteraction: expected input of shape (B, {width}), got no input")
+        if len(xs) == 1:
+            _check_input("DotInteraction", xs[0], width)
+            return
+        if (
+            any(x.dim() != 2 or x.shape[0] != xs[0].shape[0] or x.shape[1] % self.dim for x in xs)
+            or sum(x.shape[1] for x in xs) != width
+        ):
+            shapes = [tuple(x.shape) for x in xs]
+            raise ValueError(
+                f"DotInteraction: expected inputs of shapes (B, k_i * {self.dim}) with sum k_i = "
+                f"{self.num_vectors}, got {shapes}"
+            )
+
+    def extra_repr(self) -> str:
+        return f"num_vectors={self.num_vectors}, dim={self.dim}, out_features={self.out_features}"
+
+
+class CrossNet(nn.Module):
+    """DCN-v2 cross network: x_{l+1} = x_0 * (W_l x_l + b_l) + x_l, l < num_layers.
+
+    With `low_rank` r, W_l = U_l V_l with U_l (in, r) and V_l (r, in).
+    Shapes: (B, in_features) -> (B, in_features). Weights are xavier-normal
+    and biases zero, as in TorchRec's CrossNet / LowRankCrossNet.
+    """
+
+    def __init__(self, in_features: int, num_layers: int, low_rank: int | None = None) -> None:
+        super().__init__()
+        self.in_features = _check_size("CrossNet", "in_features", in_features)
+        self.num_layers = _check_size("CrossNet", "num_layers", num_layers)
+        if low_rank is not None:
+            _check_size("CrossNet", "low_rank", low_rank)
+        self.low_rank = low_rank
+        self.out_features = in_features
+        self.crosses = nn.ModuleList(self._cross_layer() for _ in range(num_layers))
+
+    def _cross_layer(self) -> nn.Module:
+        if self.low_rank is None:
+            layer: nn.Module = Linear(self.in_features, self.in_features)
+        else:
+            layer = nn.Sequential(
+                Linear(self.in_features, self.low_rank, bias=False),  # V_l
+                Linear(self.low_rank, self.in_features),  # U_l, b_l
+            )
+        for module in layer.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_normal_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x0 = x
+        for cross in self.crosses:
+            x = torch.addcmul(x, x0, cross(x))
+        return x
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, num_layers={self.num_layers}, low_rank={self.low_rank}"
+
+
+class FactorizationMachine(nn.Module):
+    """Second-order FM term over N vectors of width D.
+
+    y = 0.5 * sum_d[(sum_i v_{i,d})^2 - sum_i v_{i,d}^2] = sum_{i<j} <v_i, v_j>.
+    Shapes: (B, N*D) -> (B, 1).
+    """
+
+    def __init__(self, num_vectors: int, dim: int) -> None:
+        super().__init__()
+        self.num_vectors = _check_size("FactorizationMachine", "num_vectors", num_vectors)
+        self.dim = _check_size("FactorizationMachine", "dim", dim)
+        self.out_features = 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input("FactorizationMachine", x, self.num_vectors * self.dim)
+        total = x.reshape(x.shape[0], self.num_vectors, self.dim).sum(dim=1)
+        return 0.5 * (total.square().sum(dim=1, keepdim=True) - x.square().sum(dim=1, keepdim=True))
+
+    def extra_repr(self) -> str:
+        return f"num_vectors={self.num_vectors}, dim={self.dim}"
+
+
+def _check_same_shapes(owner: str, xs: Sequence[torch.Tensor]) -> None:
+    if not xs:
+        raise ValueError(f"{owner}: expected at least 1 input, got 0")
+    shapes = [tuple(x.shape) for x in xs]
+    if any(shape != shapes[0] for shape in shapes):
+        raise ValueError(f"{owner}: inputs must have the same shape, got {shapes}")
+
+
+class DotProduct(nn.Module):
+    """Row-wise dot product of two towers: y_b = <a_b, b_b>. (B, D), (B, D) -> (B, 1)."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check_same_shapes("DotProduct", (a, b))
+        return (a * b).sum(dim=1, keepdim=True)
+
+
+class Sum(nn.Module):
+    """Elementwise sum x_1 + ... + x_k of equal-shaped tensors."""
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        _check_same_shapes("Sum", xs)
+        if len(xs) == 1:
+            return xs[0]
+        total = xs[0] + xs[1]
+        for x in xs[2:]:
+            total.add_(x)  # `total` is a fresh tensor; add's backward keeps no values
+        return total
+
+
+class Concat(nn.Module):
+    """cat([x_1, ..., x_k], dim=1): (B, w_1), ..., (B, w_k) -> (B, sum w_i)."""
+
+    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
+        if not xs:
+            raise ValueError("Concat: expected at least 1 input, got 0")
+        return torch.cat(xs, dim=1)
+
+
+class MixtureOfExperts(nn.Module):
+    """Multi-gate mixture of experts (MMoE).
+
+    E experts are MLPs (activation after every layer); task t has a softmax
+    gate g_t(x) = softmax(W_t x + c_t) over the experts and output
+    y_t = sum_e g_t(x)_e * expert_e(x).
+    Shapes: (B, in_features) -> tuple of num_tasks tensors (B, expert_layers[-1]).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        num_experts: int,
+        expert_layers: Sequence[int],
+        num_tasks: int,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        self.in_features = _check_size("MixtureOfExperts", "in_features", in_features)
+        self.num_experts = _check_size("MixtureOfExperts", "num_experts", num_experts)
+        self.expert_layers = _check_layers("MixtureOfExperts", "expert_layers", expert_layers)
+        self.num_tasks = _check_size("MixtureOfExperts", "num_tasks", num_tasks)
+        _activation("MixtureOfExperts", "activation", activation)
+        self.activation = activation
+        self.out_features = self.expert_layers[-1]
+        self.experts = nn.ModuleList(
+            MLP(in_features, self.expert_layers, activation, activation) for _ in range(num_experts)
+        )
+        self.gates = nn.ModuleList(Linear(in_features, num_experts) for _ in range(num_tasks))
+
+    def gate_weights(self, x: torch.Tensor) -> torch.Tensor:
+        """Softmax gate weights, (B, num_tasks, num_experts); each row sums to 1."""
+        return torch.stack([torch.softmax(gate(x), dim=1) for gate in self.gates], dim=1)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        experts = torch.stack([expert(x) for expert in self.experts], dim=1)  # (B, E, H)
+        mixed = torch.bmm(self.gate_weights(x), experts)  # (B, T, H)
+        return mixed.unbind(dim=1)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, num_experts={self.num_experts}, "
+            f"expert_layers={self.expert_layers}, num_tasks={self.num_tasks}, "
+            f"activation={self.activation}"
+        )
+
+
+BLOCK_TYPES: dict[str, type[nn.Module]] = {
+    "mlp": MLP,
+    "dot": DotInteraction,
+    "crossnet": CrossNet,
+    "fm": FactorizationMachine,
+    "dot_product": DotProduct,
+    "sum": Sum,
+    "concat": Concat,
+    "moe": MixtureOfExperts,
+}

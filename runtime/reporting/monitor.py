@@ -1,0 +1,118 @@
+"""What a training run reports besides its loss: metrics, evaluation, progress, the log directory.
+
+The worker hands `TrainingMonitor.on_step` and `on_log` to `runtime.train.loop.train`.
+Every step adds the heads' outputs to the metrics window; every log step
+(`--log-every`) computes the window's metrics over all ranks, which rank 0
+prints and writes to `--log-dir`; every `--eval-every` steps and at the end
+the evaluation split is scored. Metric computation and evaluation are
+collectives, so every rank calls these hooks; only rank 0 prints or writes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+from runtime.data.batch import Batch
+from runtime.reporting.metrics import MetricSet, MetricValues
+from runtime.reporting.progress import Progress, format_metrics
+from runtime.reporting.run_log import RunLog
+from runtime.train.loop import StepLog
+
+Metrics = dict[str, MetricValues]
+_DIGITS = 6
+
+
+class TrainingMonitor:
+    """Metrics, evaluation and reporting of one run; `progress` and `run_log` on rank 0 only."""
+
+    def __init__(
+        self,
+        heads: Sequence[Mapping[str, Any]],
+        *,
+        steps: int,
+        log_every: int,
+        global_batch_size: int,
+        process_group: dist.ProcessGroup | None = None,
+        progress: Progress | None = None,
+        run_log: RunLog | None = None,
+        evaluation: Callable[[], Metrics] | None = None,
+        eval_every: int = 0,
+    ) -> None:
+        self.metrics = MetricSet(heads)
+        self.steps = steps
+        self.log_every = log_every
+        self.global_batch_size = global_batch_size
+        self.process_group = process_group
+        self.progress = progress
+        self.run_log = run_log
+        self.evaluation = evaluation
+        self.eval_every = eval_every
+        self.last_metrics: Metrics = {}
+        self.last_eval: Metrics | None = None
+        self._last_eval_step = 0
+        self._eval_after_log = False
+        self._first_step: tuple[int, float] | None = None  # (step, when it finished); runs may resume
+
+    def on_step(self, step: int, batch: Batch, outputs: Mapping[str, torch.Tensor], loss: torch.Tensor) -> None:
+        """After each step: add to the metrics window, move the bar, evaluate when due."""
+        self.metrics.update(outputs, batch.labels)
+        now = time.perf_counter()
+        if self._first_step is None:
+            self._first_step = (step, now)
+        if self.progress is not None:
+            first, since = self._first_step
+            elapsed = now - since
+            rate = self.global_batch_size * (step - first) / elapsed if elapsed > 0 else 0.0
+            self.progress.advance(step, rate)
+        if self.evaluation is not None and self.eval_every and step % self.eval_every == 0 and step < self.steps:
+            if step % self.log_every == 0:
+                self._eval_after_log = True  # so its line follows the step's line
+            else:
+                self._evaluate(step)
+
+    def on_log(self, entry: StepLog) -> None:
+        """Every log step: the window's metrics over all ranks, printed and logged on rank 0."""
+        self.last_metrics = _rounded(self.metrics.compute(self.process_group))
+        if self.progress is not None:
+            self.progress.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
+        if self.run_log is not None:
+            self.run_log.train(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
+        if self._eval_after_log:
+            self._eval_after_log = False
+            self._evaluate(entry.step)
+
+    def final_evaluation(self) -> None:
+        """Score the evaluation split after the last step (unless that was just done)."""
+        if self.evaluation is not None and self._last_eval_step != self.steps:
+            self._evaluate(self.steps)
+
+    def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+        """`summary` plus the final metrics: the run's last JSON line (also logged)."""
+        final = {**summary, "metrics": self.last_metrics}
+        if self.last_eval is not None:
+            final["eval_metrics"] = self.last_eval
+        if self.progress is not None:
+            self.progress.close()
+        if self.run_log is not None:
+            self.run_log.close(final)
+        return final
+
+    def _evaluate(self, step: int) -> None:
+        assert self.evaluation is not None
+        self.last_eval = _rounded(self.evaluation())
+        self._last_eval_step = step
+        if self.progress is not None:
+            self.progress.message(f"eval {step:>5}/{self.steps}{format_metrics(self.last_eval)}")
+        if self.run_log is not None:
+            self.run_log.eval(step, self.last_eval)
+
+
+def _rounded(metrics: Metrics) -> Metrics:
+    return {
+        head: {name: None if v is None else round(v, _DIGITS) for name, v in values.items()}
+        for head, values in metrics.items()
+    }

@@ -1,0 +1,233 @@
+"""Serving an export directory: its manifest, its weights, its ahead-of-time program.
+
+`reccompile export` writes a directory (see compiler/export.py) that this
+module reads without the compiler:
+
+    manifest.json         what is there: spec hash, precision and size per table, sha256 per file
+    <name>.py             the generated inference module (`build()` -> the eval model)
+    layout.json           the single-process table layout (byte offsets, features, columns)
+    weights/dense.pt      the dense parameters (torch.save of a dict of tensors)
+    weights/tables/T.pt   table T's stored rows (uint8, fbgemm's row layout)
+    <name>.pt2            torch.export program of lookup + dense part (torch + fbgemm_gpu only)
+
+Every file is checked against the manifest before use (size always, sha256
+unless `verify=False`), and every failure is an `ExportError` whose message
+names the file and says what to do. Weights load with
+`torch.load(weights_only=True)`: an export directory runs no pickled code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from runtime.sparse.jagged import KeyedJaggedTensor
+
+FORMAT = "reccompile-export"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DENSE_FILE = "weights/dense.pt"
+TABLES_DIR = "weights/tables"
+_CHUNK = 1 << 22
+
+
+class ExportError(Exception):
+    """An export directory is missing, incomplete, corrupted or mixed from several exports."""
+
+
+def table_file(table: str) -> str:
+    return f"{TABLES_DIR}/{table}.pt"
+
+
+def file_facts(path: Path) -> dict[str, Any]:
+    """{"bytes", "sha256"} of a file, as the manifest records them."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        while chunk := stream.read(_CHUNK):
+            digest.update(chunk)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The manifest of an export directory, its format checked (files are checked on use)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ExportError(f"export directory {root} does not exist")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise ExportError(f"{root}: no {MANIFEST}; not an export directory (write one with reccompile export)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{path}: not valid JSON ({error}); export again") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise ExportError(f"{path}: not a reccompile export manifest (format {found!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise ExportError(
+            f"{path}: format version {manifest.get('format_version')!r}; "
+            f"this runtime reads version {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def check_file(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Path:
+    """The path of a manifest entry's file after checking its size (and sha256 when `verify`)."""
+    path = root / entry["file"]
+    if not path.is_file():
+        raise ExportError(f"{path}: missing (listed in {MANIFEST}); export again")
+    size = path.stat().st_size
+    if size != entry["bytes"]:
+        raise ExportError(
+            f"{path}: {size:,} bytes, {MANIFEST} says {entry['bytes']:,}; "
+            "the export is incomplete or corrupted, export again"
+        )
+    if verify:
+        actual = file_facts(path)["sha256"]
+        if actual != entry["sha256"]:
+            raise ExportError(
+                f"{path}: sha256 {actual[:12]}… does not match {MANIFEST} ({entry['sha256'][:12]}…); "
+                "the file was changed or corrupted, export again"
+            )
+    return path
+
+
+def load_tensors(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Any:
+    """torch.load (weights only, memory-mapped) of a checked manifest entry."""
+    path = check_file(root, entry, verify)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # a corrupt zip, a pickle with code in it, ...
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ExportError(f"{path}: cannot be read ({first}); export again") from None
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, verify: bool = True) -> None:
+    """Fill a generated inference `Model` with the weights of `directory`, checked on the way."""
+    root = Path(directory)
+    manifest = read_manifest(root)
+    if manifest["spec"]["sha256"] != spec_sha256:
+        raise ExportError(
+            f"{root}: {MANIFEST} is for spec sha256 {manifest['spec']['sha256'][:12]}… but the module was "
+            f"generated from {spec_sha256[:12]}…; the files come from different exports"
+        )
+    check_file(root, manifest["module"], verify)
+    state = dict(load_tensors(root, manifest["dense"], verify))
+    collection = getattr(model, "sparse_arch", None)
+    precisions = collection.precisions() if collection is not None else {}
+    listed = {table["name"]: table for table in manifest["tables"]}
+    if list(listed) != list(precisions):
+        raise ExportError(
+            f"{root}: {MANIFEST} lists tables {list(listed)} but the module has {list(precisions)}; "
+            "the files come from different exports"
+        )
+    for name, precision in precisions.items():
+        if listed[name]["precision"] != precision:
+            raise ExportError(
+                f"{root}: table {name!r} is {listed[name]['precision']} in {MANIFEST} but {precision} in "
+                "the module; the files come from different exports"
+            )
+        state[f"sparse_arch.{name}.packed"] = load_tensors(root, listed[name], verify)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        raise ExportError(f"{root}: the weights do not fit the module: {error}") from None
+
+
+def import_module(path: str | Path) -> ModuleType:
+    """Import a generated module from its file (not entered in sys.modules)."""
+    file = Path(path)
+    spec = importlib.util.spec_from_file_location(f"reccompile_export_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise ExportError(f"{file}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Module]:
+    """The generated module of an export directory and its eval model with the weights loaded."""
+    root = Path(directory)
+    manifest = read_manifest(root)
+    module = import_module(check_file(root, manifest["module"], verify))
+    return module, module.build(root, verify=verify)
+
+
+def head_scores(
+    outputs: Mapping[str, torch.Tensor], heads: Sequence[Mapping[str, Any]]
+) -> dict[str, torch.Tensor]:
+    """Per head: sigmoid of the logit (bce), softmax over classes (softmax), the value (mse)."""
+    scores = {}
+    for head in heads:
+        output = outputs[head["name"]]
+        if head["loss"] == "bce":
+            scores[head["name"]] = torch.sigmoid(output)
+        elif head["loss"] == "softmax":
+            scores[head["name"]] = torch.softmax(output, dim=1)
+        else:
+            scores[head["name"]] = output
+    return scores
+
+
+# The ahead-of-time program: the same forward on plain tensors, through torch.export.
+
+
+class AotModel(nn.Module):
+    """`forward(dense, values, lengths[, weights])` over an inference model, for torch.export.
+
+    The sparse ids come as one KeyedJaggedTensor's tensors with the keys in
+    `sparse_keys` order (the collection's own order, so no permute is traced);
+    the program returns the model's outputs, {head: logits or values}.
+    """
+
+    def __init__(self, model: nn.Module, sparse_keys: Sequence[str], weighted: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.sparse_keys = list(sparse_keys)
+        self.weighted = weighted
+
+    def forward(
+        self,
+        dense: dict[str, torch.Tensor],
+        values: torch.Tensor,
+        lengths: torch.Tensor,
+        weights: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        weights = weights if self.weighted else None
+        sparse = KeyedJaggedTensor(self.sparse_keys, values, weights, lengths=lengths)
+        return self.model(dense, sparse)
+
+
+def export_program(
+    model: nn.Module,
+    dense_sizes: Mapping[str, int],
+    sparse_keys: Sequence[str],
+    weighted: bool,
+) -> torch.export.ExportedProgram:
+    """torch.export of `AotModel(model)` with the batch size and the id count left dynamic."""
+    wrapper = AotModel(model, sparse_keys, weighted).eval()
+    batch, ids = 3, 3 * len(sparse_keys)
+    example = (
+        {name: torch.zeros(batch, size) for name, size in dense_sizes.items()},
+        torch.zeros(ids, dtype=torch.long),
+        torch.ones(batch * len(sparse_keys), dtype=torch.long),
+        torch.ones(ids) if weighted else None,
+    )
+    samples = torch.export.Dim("batch", min=1, max=1 << 24)
+    count = torch.export.Dim("ids", min=0, max=1 << 31)
+    dynamic = (
+        {name: {0: samples} for name in dense_sizes},
+        {0: count},
+        {0: len(sparse_keys) * samples} if sparse_keys else None,
+        {0: count} if weighted else None,
+    )
+    with torch.no_grad():
+        return torch.export.export(wrapper, example, dynamic_shapes=dynamic)

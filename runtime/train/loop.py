@@ -1,0 +1,181 @@
+"""The plain training loop, and the dense optimizer a spec names.
+
+Embedding tables update themselves in backward (their optimizer is fused
+into the embedding kernels), so the loop only steps the dense optimizer over
+`model.dense_parameters()`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+
+from runtime.data.batch import Batch
+from runtime.train.pipeline import TrainPipeline
+
+
+@dataclass(frozen=True)
+class StepLog:
+    step: int  # 1-based
+    loss: float  # the global mean loss of this step
+    samples_per_s: float
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    steps: int
+    samples_per_s: float
+    losses: tuple[float, ...]  # global mean loss per step
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps,
+            "samples_per_s": round(self.samples_per_s, 1),
+            "loss_first": self.losses[0] if self.losses else None,
+            "loss_last": self.losses[-1] if self.losses else None,
+        }
+
+
+def make_dense_optimizer(
+    config: Mapping[str, Any], params: Iterable[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
+    """The torch optimizer for a spec's `dense_optimizer` entry."""
+    kind, lr = config["type"], config["lr"]
+    params = list(params)
+    # The fused kernels update all parameters in one pass: on CPU, Adagrad's
+    # default per-tensor loop costs ~100x more than its fused form.
+    on_cpu = all(p.device.type == "cpu" for p in params)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=config["weight_decay"], fused=True)
+    if kind == "adagrad":
+        fast = {"fused": True} if on_cpu else {"foreach": True}  # fused Adagrad is CPU-only
+        return torch.optim.Adagrad(
+            params, lr=lr, eps=config["eps"], weight_decay=config["weight_decay"], **fast
+        )
+    if kind == "adam":
+        return torch.optim.Adam(
+            params,
+            lr=lr,
+            betas=(config["beta1"], config["beta2"]),
+            eps=config["eps"],
+            weight_decay=config["weight_decay"],
+            fused=True,
+        )
+    raise ValueError(f"dense optimizer {kind!r} is not supported (sgd, adagrad or adam)")
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+    """One step of forward, loss, backward and dense optimizer; returns the detached local loss.
+
+    The embedding tables are updated inside backward by their fused optimizer.
+    """
+    return train_step_outputs(model, optimizer, batch)[0]
+
+
+def train_step_outputs(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`train_step`, also returning the heads' detached outputs (what metrics need)."""
+    outputs = model(batch.dense, batch.sparse)
+    loss = model.loss(outputs, batch.labels)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return loss.detach(), {name: output.detach() for name, output in outputs.items()}
+
+
+def train(
+    model: torch.nn.Module,
+    batches: Iterator[Batch],
+    *,
+    steps: int,
+    optimizer: torch.optim.Optimizer,
+    global_batch_size: int,
+    log_every: int = 10,
+    on_log: Callable[[StepLog], None] | None = None,
+    on_step: Callable[[int, Batch, dict[str, torch.Tensor], torch.Tensor], None] | None = None,
+    process_group: dist.ProcessGroup | None = None,
+    pipeline_depth: int = 1,
+    device: torch.device | None = None,
+    start_step: int = 0,
+) -> TrainSummary:
+    """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
+
+    `pipeline_depth` > 1 trains through runtime.train.pipeline.TrainPipeline (same
+    losses, the next batch's input_dist overlapped), which copies batches to
+    `device`; exactly `steps` batches are taken from `batches` either way.
+
+    `on_step(step, batch, outputs, local loss)` follows every step (metrics, evaluation);
+    `on_log` every `log_every` steps and the last. Both run on every rank.
+
+    `start_step`: steps already done (a resumed run); steps are numbered on from
+    it up to `steps`, and the summary covers the steps run here.
+    """
+    model.train()
+    local_losses: list[torch.Tensor] = []
+    started = time.perf_counter()
+    timed_from = started  # the first step warms up and is left out of samples/s
+    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
+    for step in range(start_step + 1, steps + 1):
+        batch, loss, outputs = run_step()
+        local_losses.append(loss)
+        if on_step is not None:
+            on_step(step, batch, outputs, loss)
+        now = time.perf_counter()
+        if step == start_step + 1:
+            timed_from = now
+        if on_log is not None and (step % log_every == 0 or step == steps):
+            rate = _rate(global_batch_size, step - start_step - 1, now - timed_from)
+            on_log(StepLog(step, _global_mean(loss, process_group), rate))
+    elapsed = time.perf_counter() - timed_from
+    losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
+    return TrainSummary(
+        steps=steps - start_step,
+        samples_per_s=_rate(global_batch_size, steps - start_step - 1, elapsed),
+        losses=tuple(losses) if isinstance(losses, list) else (losses,),
+    )
+
+
+def _step_runner(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterator[Batch],
+    steps: int,
+    depth: int,
+    device: torch.device | None,
+) -> Callable[[], tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]]:
+    """One training step per call: (its batch, local loss, outputs), plain or pipelined."""
+    if depth == 1:
+
+        def plain() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
+            batch = next(batches)
+            return (batch, *train_step_outputs(model, optimizer, batch))
+
+        return plain
+    pipeline = TrainPipeline(model, optimizer, device=device, depth=depth)
+    source = itertools.islice(batches, steps)  # the pipeline reads no batch beyond the last step
+
+    def pipelined() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
+        loss, outputs = pipeline.progress(source)
+        assert pipeline.last_batch is not None
+        return pipeline.last_batch, loss, outputs
+
+    return pipelined
+
+
+def _rate(batch_size: int, steps: int, seconds: float) -> float:
+    return batch_size * steps / seconds if steps > 0 and seconds > 0 else 0.0
+
+
+def _global_mean(local: torch.Tensor, process_group: dist.ProcessGroup | None) -> Any:
+    """The mean over ranks (every rank holds an equal share of the global batch)."""
+    if process_group is not None and dist.get_world_size(process_group) > 1:
+        local = local.clone()
+        dist.all_reduce(local, group=process_group)
+        local /= dist.get_world_size(process_group)
+    return local.tolist()

@@ -1,0 +1,279 @@
+"""runtime/checkpoint/store.py: exact resume at 1 and 2 ranks, resharding 2 -> 1 and 2 -> 4, atomicity, errors.
+
+Losses after a resume must equal the uninterrupted run's exactly (same
+batches, same RNG, same optimizer state); tables loaded at another world
+size must equal the saved ones exactly (they are copies).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import checkpoint_cases as cc
+from runtime.checkpoint import store as checkpoint
+from runtime.checkpoint.files import CheckpointError
+from runtime.train.worker import load_module
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread_per_rank():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", "1")  # spawned ranks share the cores: no spinning pools
+        yield
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    return cc.compile_modules(tmp_path_factory.mktemp("modules"), (1, 2, 4))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(modules: dict[int, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("two_ranks")
+    mp.spawn(cc.save_and_resume, args=(cc.free_port(), str(modules[2]), str(out)), nprocs=2)
+    return {**torch.load(out / "results.pt"), "directory": out / "checkpoints"}
+
+
+def one_rank_checkpoint(modules: dict[int, Path], directory: Path, steps: int = 2) -> Path:
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    cc.run_steps(module, model, optimizer, 0, steps)
+    return checkpoint.save_checkpoint(
+        directory, model, optimizer, step=steps, spec_sha256=module.SPEC_SHA256, plan=module.PLAN
+    )
+
+
+def test_one_rank_resumes_with_the_losses_of_an_uninterrupted_run(modules, tmp_path: Path) -> None:
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    uninterrupted = cc.run_steps(module, model, optimizer, 0, cc.STEPS)
+
+    model, optimizer = cc.fresh(module)
+    first = cc.run_steps(module, model, optimizer, 0, cc.SAVED_AT)
+    checkpoint.save_checkpoint(
+        tmp_path, model, optimizer, step=cc.SAVED_AT, spec_sha256=module.SPEC_SHA256, plan=module.PLAN
+    )
+    torch.rand(3)  # the global generator moves on; the checkpoint's state must win
+    model, optimizer = cc.fresh(module)
+    resumed = checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256)
+    assert resumed.step == cc.SAVED_AT and resumed.path == tmp_path / "step_00000005"
+    assert first + cc.run_steps(module, model, optimizer, resumed.step, cc.STEPS) == uninterrupted
+
+
+def test_two_ranks_resume_with_the_losses_of_an_uninterrupted_run(two_ranks: dict[str, Any]) -> None:
+    assert len(two_ranks["resumed"]) == cc.STEPS - cc.SAVED_AT
+    assert two_ranks["resumed"] == two_ranks["uninterrupted"]
+
+
+def test_a_two_rank_checkpoint_loads_in_one_process_with_equal_tables(two_ranks, modules) -> None:
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    checkpoint.load_checkpoint(two_ranks["directory"], model, optimizer, spec_sha256=module.SPEC_SHA256)
+    assert_equal_states(cc.full_state(model), two_ranks["saved"])
+
+
+def test_a_two_rank_checkpoint_loads_on_four_ranks_with_equal_tables(two_ranks, modules, tmp_path):
+    out = tmp_path / "state.pt"
+    args = (4, cc.free_port(), str(modules[4]), str(two_ranks["directory"]), str(out))
+    mp.spawn(cc.load_at, args=args, nprocs=4)
+    assert_equal_states(torch.load(out), two_ranks["saved"])
+
+
+def assert_equal_states(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert sorted(actual) == sorted(expected)
+    assert sorted(k for k in expected if k.startswith("sparse_arch.")) == [
+        f"sparse_arch.{t}.weight" for t in "abcde"
+    ]
+    for key, tensor in expected.items():
+        assert torch.equal(actual[key], tensor), key
+
+
+def test_load_model_state_is_a_world_size_1_model_state(two_ranks, modules) -> None:
+    """The inference export's entry point: one process, no process group, ws1 keys."""
+    state = checkpoint.load_model_state(two_ranks["directory"])
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    assert sorted(state) == sorted(model.state_dict())
+    for key, tensor in two_ranks["saved"].items():
+        assert torch.equal(state[key], tensor), key
+    model.load_state_dict(state, strict=True)
+    # The rowwise state of `b`, column-split on 2 ranks, reads as the whole table's.
+    loaded, loaded_optimizer = cc.fresh(module)
+    checkpoint.load_checkpoint(
+        two_ranks["directory"], loaded, loaded_optimizer, spec_sha256=module.SPEC_SHA256
+    )
+    for key, tensor in loaded.state_dict().items():
+        assert torch.equal(state[key], tensor), key
+    one_step = checkpoint.load_model_state(two_ranks["directory"] / "step_00000005")
+    assert one_step.keys() == state.keys()
+
+
+def test_read_manifest(two_ranks, modules) -> None:
+    manifest = checkpoint.read_manifest(two_ranks["directory"])
+    module = load_module(str(modules[2]))
+    assert manifest["step"] == cc.SAVED_AT
+    assert manifest["world_size"] == 2
+    assert manifest["spec_sha256"] == module.SPEC_SHA256
+    assert manifest["plan"] == module.PLAN
+    assert manifest["path"] == str(two_ranks["directory"] / "step_00000005")
+    assert sorted(manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+
+
+KILLED_SAVE = """
+import os, signal, sys, torch
+import torch.distributed.checkpoint.filesystem as filesystem
+import checkpoint_cases as cc
+from runtime.checkpoint import store as checkpoint
+from runtime.train.worker import load_module
+
+module = load_module(sys.argv[1])
+out, expected = sys.argv[2], sys.argv[3]
+model, optimizer = cc.fresh(module)
+cc.run_steps(module, model, optimizer, 0, 2)
+checkpoint.save_checkpoint(out, model, optimizer, step=2, spec_sha256=module.SPEC_SHA256, plan=module.PLAN)
+torch.save(cc.full_state(model), expected)
+cc.run_steps(module, model, optimizer, 2, 4)
+written, write_item = 0, filesystem._write_item
+
+def write_then_die(*args, **kwargs):
+    global written
+    result = write_item(*args, **kwargs)
+    written += 1
+    if written == 3:  # three tensors of the step-4 checkpoint are on disk, the rest are not
+        os.kill(os.getpid(), signal.SIGKILL)
+    return result
+
+filesystem._write_item = write_then_die
+checkpoint.save_checkpoint(out, model, optimizer, step=4, spec_sha256=module.SPEC_SHA256, plan=module.PLAN)
+"""
+
+
+def test_a_save_killed_between_writes_leaves_the_previous_checkpoint_loadable(modules, tmp_path) -> None:
+    out, expected = tmp_path / "checkpoints", tmp_path / "expected.pt"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_SAVE, str(modules[1]), str(out), str(expected)],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+        env={"PYTHONPATH": f"{REPO}:{TESTS}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    partial = out / ".step_00000004.partial"
+    assert (partial / "__0_0.distcp").stat().st_size > 0 and not (partial / ".metadata").exists()
+    assert checkpoint.latest_checkpoint(out) == out / "step_00000002"
+    assert checkpoint.read_manifest(out)["step"] == 2
+    state = checkpoint.load_model_state(out)
+    for key, tensor in torch.load(expected).items():
+        assert torch.equal(state[key], tensor), key
+    # The next save clears what the killed one left.
+    one_rank_checkpoint(modules, out, steps=3)
+    assert sorted(p.name for p in out.iterdir()) == ["step_00000002", "step_00000003"]
+
+
+def test_keep_prunes_all_but_the_newest(modules, tmp_path: Path) -> None:
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    for step in (1, 2, 3):
+        sha256, plan = module.SPEC_SHA256, module.PLAN
+        checkpoint.save_checkpoint(tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
+
+
+# Errors: each names the file and the problem.
+
+
+def damage_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def damage_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+DAMAGES = {
+    "truncated": ("__0_0.distcp", damage_truncate, "{f}: truncated: 100 bytes, expected {n}"),
+    "missing": ("__0_0.distcp", Path.unlink, "{f}: missing (the checkpoint's manifest lists it)"),
+    "corrupted": ("__0_0.distcp", damage_flip, "{f}: corrupted: its sha256 differs from the manifest's"),
+    "corrupted metadata": (".metadata", damage_flip, "{f}: corrupted: its sha256 differs from the manifest's"),
+    "missing manifest": (
+        "manifest.json", Path.unlink, "{f}: missing: {d} is not a complete checkpoint"
+    ),
+    "corrupted manifest": (
+        "manifest.json",
+        lambda path: path.write_text('{"step": '),
+        "{f}: corrupted: not valid JSON (Expecting value: line 1 column 10 (char 9))",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_checkpoint_is_an_error_naming_the_file(modules, tmp_path: Path, damage: str) -> None:
+    directory = one_rank_checkpoint(modules, tmp_path)
+    name, harm, message = DAMAGES[damage]
+    file = directory / name
+    size = file.stat().st_size
+    harm(file)
+    expected = message.format(f=file, n=size, d=directory)
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_model_state(tmp_path)
+    assert str(raised.value) == expected
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256)
+    assert str(raised.value) == expected
+
+
+def test_a_directory_without_checkpoints_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_model_state(tmp_path)
+    assert str(raised.value) == f"no complete checkpoint in {tmp_path} (no step_<N> directory)"
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.read_manifest(tmp_path / "nowhere")
+    assert str(raised.value) == f"checkpoint directory {tmp_path / 'nowhere'} does not exist"
+
+
+def test_another_spec_is_refused_unless_allowed(modules, tmp_path: Path) -> None:
+    directory = one_rank_checkpoint(modules, tmp_path)
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    other = "0" * 64
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=other)
+    assert str(raised.value) == (
+        f"{directory}: written for another spec (sha256 {module.SPEC_SHA256[:12]}…, this model's "
+        f"spec is 000000000000…); pass --allow-spec-change to load it anyway"
+    )
+    resumed = checkpoint.load_checkpoint(
+        tmp_path, model, optimizer, spec_sha256=other, allow_spec_change=True
+    )
+    assert resumed.step == 2 and resumed.skipped == ()
+
+
+def test_a_changed_table_shape_is_an_error_naming_the_entry(modules, tmp_path: Path) -> None:
+    directory = one_rank_checkpoint(modules, tmp_path)
+    manifest = json.loads((directory / "manifest.json").read_text())
+    bigger = cc.SPEC.replace("{name: a, num_embeddings: 50", "{name: a, num_embeddings: 60")
+    module = load_module(str(cc.compile_modules(tmp_path / "bigger", (1,), bigger)[1]))
+    model, optimizer = cc.fresh(module)
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(
+            tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256, allow_spec_change=True
+        )
+    assert str(raised.value) == (
+        f"{directory}: entry 'model.sparse_arch.a.weight' has shape (50, 8) in the checkpoint "
+        "but (60, 8) in this model"
+    )
+    assert manifest["spec_sha256"] != module.SPEC_SHA256

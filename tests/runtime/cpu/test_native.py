@@ -1,0 +1,116 @@
+"""Tests for runtime/native: the C dot-interaction kernel against a float64 reference.
+
+The reference is the formula itself (bmm over the concatenated vectors in
+float64, then the strict upper triangle); the kernel reads its inputs in
+parts, so the tests split the vectors in several ways, with widths that take
+the vectorised kernels (16, 64, 128) and the generic one (3, 24).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.cpu import native
+from runtime.modules.blocks import DotInteraction
+
+REPO = Path(__file__).resolve().parents[3]
+F32 = {"rtol": 2e-5, "atol": 2e-5}
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no C compiler on this machine")
+
+
+def _reference(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
+    x = torch.cat(parts, dim=1).double()
+    n = x.shape[1] // dim
+    z = x.view(x.shape[0], n, dim)
+    rows, cols = torch.triu_indices(n, n, 1)
+    return torch.cat([x[:, :dim], torch.bmm(z, z.transpose(1, 2))[:, rows, cols]], dim=1)
+
+
+def _split(batch: int, dim: int, counts: list[int], seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, k * dim, generator=gen).requires_grad_() for k in counts]
+
+
+@pytest.mark.parametrize(
+    ("dim", "counts", "batch"),
+    [(64, [1, 26], 300), (64, [27], 5), (16, [1, 3, 2], 17), (128, [2, 2], 3), (3, [1, 4], 9), (24, [1, 1], 1)],
+)
+def test_forward_and_backward_match_the_float64_formula(dim: int, counts: list[int], batch: int) -> None:
+    parts = _split(batch, dim, counts, seed=dim + batch)
+    block = DotInteraction(sum(counts), dim)
+    out = block(*parts)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(7))
+    out.backward(grad)
+
+    ref_parts = [p.detach().double().requires_grad_() for p in parts]
+    ref = _reference(ref_parts, dim)
+    ref.backward(grad.double())
+
+    torch.testing.assert_close(out.double(), ref.detach(), **F32)
+    for part, ref_part in zip(parts, ref_parts):
+        torch.testing.assert_close(part.grad.double(), ref_part.grad, **F32)
+
+
+def test_native_and_torch_paths_agree_and_threads_do_not_change_results() -> None:
+    parts = [p.detach() for p in _split(64, 8, [1, 5], seed=3)]
+    block = DotInteraction(6, 8)
+    native_out = block(*parts)
+    torch_out = block(torch.cat(parts, dim=1).double()).float()  # float64 takes the torch path
+    torch.testing.assert_close(native_out, torch_out, **F32)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = block(*parts)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(single, native_out)  # each sample is computed by one thread, whatever their number
+
+
+def test_only_inputs_that_need_gradients_get_them_and_an_empty_batch_works() -> None:
+    bottom, emb = _split(4, 16, [1, 2], seed=1)
+    bottom.requires_grad_(False)
+    DotInteraction(3, 16)(bottom, emb).sum().backward()
+    assert bottom.grad is None and emb.grad is not None
+    empty = DotInteraction(3, 16)(torch.zeros(0, 16), torch.zeros(0, 32))
+    assert empty.shape == (0, 16 + 3)
+
+
+def test_several_inputs_are_checked_against_the_block_shape() -> None:
+    block = DotInteraction(3, 4)
+    with pytest.raises(ValueError) as err:
+        block(torch.zeros(2, 4), torch.zeros(2, 6))
+    assert str(err.value) == (
+        "DotInteraction: expected inputs of shapes (B, k_i * 4) with sum k_i = 3, got [(2, 4), (2, 6)]"
+    )
+    with pytest.raises(ValueError):
+        block(torch.zeros(2, 4), torch.zeros(3, 8))
+
+
+def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_warning(tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import warnings, torch
+        from runtime.cpu import native
+        from runtime.modules.blocks import DotInteraction
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert native.library() is None
+        print(str(caught[0].message).split(" (")[0])
+        x = torch.randn(3, 8)
+        print(torch.allclose(DotInteraction(4, 2)(x), DotInteraction(4, 2)(x.double()).float()))
+    """)
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CC": "/nonexistent/cc",
+           "RECCOMPILE_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "reccompile: native kernels unavailable, using torch ops instead", "True",
+    ]
+    assert native.library() is native.library()
+    assert list(native.cache_dir().glob("kernels-*.so"))

@@ -1,0 +1,247 @@
+"""Tests for runtime/serving/quant_embedding.py against the fp32 training collection.
+
+Bounds asserted (the module docstring states them), per stored value x:
+fp32 exact; fp16 |err| <= |x| * 2**-11; int8 and int4 |err| <= step / 2
+with step the row's scale (range / 255 or range / 15), up to float
+rounding (factor 1 + 1e-3). A pooled bag's error is at most the sum of its
+ids' per-row bounds times |weight| (1/L for mean). Separately the kernel
+must equal pooling the dequantized rows in plain torch (to 1e-5 relative:
+only the summation order differs).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.sparse.jagged import KeyedJaggedTensor
+from runtime.serving.quant_embedding import PRECISIONS, QuantEmbeddingBagCollection, row_bytes
+
+BATCH = 16
+
+
+def make_tables() -> list[EmbeddingBagConfig]:
+    """A shared sum table (two features), a mean table, and a wider sum table."""
+    return [
+        EmbeddingBagConfig("t0", 50, 8, ["f0", "f1"], pooling="sum"),
+        EmbeddingBagConfig("t1", 30, 16, ["f2"], pooling="mean", weight_init_min=-2.0, weight_init_max=3.0),
+        EmbeddingBagConfig("t2", 40, 32, ["f3"], pooling="sum", weight_init_min=-0.5, weight_init_max=0.5),
+    ]
+
+
+def make_kjt(tables: list[EmbeddingBagConfig], seed: int, order: list[str] | None = None) -> KeyedJaggedTensor:
+    """0-5 ids per bag, random per-id weights, keys in `order` (default: the tables' order)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = {f: t.num_embeddings for t in tables for f in t.feature_names}
+    keys = order or list(rows)
+    lengths = torch.randint(0, 6, (len(keys) * BATCH,), generator=gen)
+    per_key = lengths.view(len(keys), BATCH).sum(1).tolist()
+    values = torch.cat([torch.randint(0, rows[k], (n,), generator=gen) for k, n in zip(keys, per_key)])
+    weights = torch.rand(values.numel(), generator=gen) * 2
+    return KeyedJaggedTensor.from_lengths_sync(keys, values, lengths, weights=weights)
+
+
+def trained_collection(weighted: bool) -> EmbeddingBagCollection:
+    torch.manual_seed(0)
+    return EmbeddingBagCollection(make_tables(), is_weighted=weighted)
+
+
+def quantized(ebc: EmbeddingBagCollection, precision: str | dict[str, str], weighted: bool) -> QuantEmbeddingBagCollection:
+    return QuantEmbeddingBagCollection(make_tables(), precision, is_weighted=weighted).quantize_from(
+        ebc.embedding_parameters()
+    )
+
+
+def value_bound(precision: str, weight: torch.Tensor, step: torch.Tensor | None) -> torch.Tensor:
+    """The stated bound per stored value (rows x dim)."""
+    slack = 1 + 1e-3
+    if precision == "fp32":
+        return torch.zeros_like(weight)
+    if precision == "fp16":
+        return weight.abs() * 2.0**-11 * slack + 2.0**-24
+    return (step / 2 * slack).expand_as(weight)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_fp32_equals_training_collection_exactly(weighted: bool) -> None:
+    ebc = trained_collection(weighted)
+    qebc = quantized(ebc, "fp32", weighted)
+    for order in (None, ["f3", "f2", "f1", "f0"]):
+        kjt = make_kjt(make_tables(), seed=1, order=order)
+        with torch.no_grad():
+            expected = ebc(kjt)
+        actual = qebc(kjt)
+        assert actual.keys() == expected.keys()
+        assert torch.equal(actual.values(), expected.values())
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
+def test_stored_values_within_the_stated_bound(precision: str) -> None:
+    ebc = trained_collection(False)
+    qebc = quantized(ebc, precision, False)
+    steps = qebc.quantization_steps()
+    for name, dequantized in qebc.dequantized_weights().items():
+        weight = ebc.embedding_parameters()[name].detach()
+        error = (dequantized - weight).abs()
+        assert bool((error <= value_bound(precision, weight, steps[name])).all()), name
+        if precision != "fp16":
+            span = weight.max(1, keepdim=True).values - weight.min(1, keepdim=True).values
+            levels = 255 if precision == "int8" else 15
+            torch.testing.assert_close(steps[name], span / levels, rtol=2**-10, atol=1e-7)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8", "int4"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pooled_error_within_the_sum_of_row_bounds(precision: str, weighted: bool) -> None:
+    ebc = trained_collection(weighted)
+    qebc = quantized(ebc, precision, weighted)
+    kjt = make_kjt(make_tables(), seed=2)
+    with torch.no_grad():
+        reference = ebc(kjt).to_dict()
+    actual = qebc(kjt).to_dict()
+    steps = qebc.quantization_steps()
+    dequantized = qebc.dequantized_weights()
+    for table in make_tables():
+        weight = ebc.embedding_parameters()[table.name].detach()
+        bound = value_bound(precision, weight, steps[table.name])
+        for feature in table.feature_names:
+            jt = kjt[feature]
+            offsets = jt.offsets()
+            ids, lengths = jt.values(), jt.lengths()
+            ids_weights = jt.weights() if weighted else torch.ones(ids.numel())
+            if table.pooling == "mean":
+                ids_weights = ids_weights / lengths.clamp(min=1).repeat_interleave(lengths)
+            allowed = F.embedding_bag(ids, bound, offsets[:-1], mode="sum", per_sample_weights=ids_weights.abs())
+            error = (actual[feature] - reference[feature]).abs()
+            assert bool((error <= allowed * 1.001 + 1e-6).all()), (table.name, feature)
+            # The kernel reads exactly the dequantized rows.
+            pooled = F.embedding_bag(
+                ids, dequantized[table.name], offsets[:-1], mode="sum", per_sample_weights=ids_weights
+            )
+            torch.testing.assert_close(actual[feature], pooled, rtol=1e-5, atol=1e-6)
+
+
+def test_mixed_precisions_match_fbgemms_own_module() -> None:
+    ebc = trained_collection(False)
+    precisions = {"t0": "int4", "t1": "fp16", "t2": "int8"}
+    qebc = quantized(ebc, precisions, False)
+    tbe = qebc.to_fbgemm()
+    kjt = make_kjt(make_tables(), seed=3)
+    lengths = kjt.lengths()
+    # Mean tables run as sum pooling with weights 1/L: give fbgemm's module the same weights.
+    mean_bags = torch.tensor([False, False, True, False]).repeat_interleave(BATCH)
+    scale = torch.where(mean_bags, lengths.clamp(min=1).float().reciprocal(), 1.0)
+    expected = tbe(kjt.values(), kjt.offsets(), scale.repeat_interleave(lengths))
+    assert torch.equal(qebc(kjt).values(), expected)
+    assert qebc.precisions() == precisions
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch) -> None:
+    """runtime/cpu/native/quant_pool.c against fbgemm's kernel: widths with and without a vector loop."""
+    pytest.importorskip("runtime.cpu.native")
+    from runtime.cpu import native
+
+    if native.library() is None:
+        pytest.skip("no C compiler on this machine")
+    tables = [
+        EmbeddingBagConfig("w8", 40, 8, ["a"]),
+        EmbeddingBagConfig("w64", 300, 64, ["b", "c"], pooling="mean"),
+        EmbeddingBagConfig("w128", 50, 128, ["d"]),
+        EmbeddingBagConfig("w24", 30, 24, ["e"]),
+    ]
+    torch.manual_seed(1)
+    source = EmbeddingBagCollection(tables, is_weighted=weighted)
+    collection = QuantEmbeddingBagCollection(tables, precision, is_weighted=weighted)
+    collection.quantize_from(source.embedding_parameters())
+    for seed in range(3):
+        kjt = make_kjt(tables, seed=seed)
+        with torch.inference_mode():
+            mine = collection(kjt).values()
+            monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+            theirs = collection(kjt).values()
+            monkeypatch.undo()
+        assert torch.equal(mine, theirs)
+
+
+def test_stored_sizes_follow_fbgemms_row_layout() -> None:
+    assert [row_bytes(64, p) for p in PRECISIONS] == [256, 128, 68, 36]
+    qebc = QuantEmbeddingBagCollection(make_tables(), {"t0": "int8", "t1": "int4", "t2": "fp16"})
+    assert qebc.table_bytes() == {"t0": 50 * (8 + 4), "t1": 30 * (8 + 4), "t2": 40 * 64}
+    assert {name: tuple(rows.shape) for name, rows in qebc.table_rows().items()} == {
+        "t0": (50, 12), "t1": (30, 12), "t2": (40, 64),
+    }
+    layout = qebc.layout()
+    assert [t["byte_offset"] for t in layout["tables"]] == [0, 640, 1024]  # 128-byte aligned tables
+    assert layout["tables"][0]["features"] == [
+        {"name": "f0", "columns": [0, 8]}, {"name": "f1", "columns": [8, 16]}
+    ]
+
+
+def test_state_dict_round_trip() -> None:
+    ebc = trained_collection(True)
+    qebc = quantized(ebc, {"t0": "int4", "t2": "int8"}, True)
+    state = qebc.state_dict()
+    assert sorted(state) == ["t0.packed", "t1.packed", "t2.packed"]
+    fresh = QuantEmbeddingBagCollection(make_tables(), {"t0": "int4", "t2": "int8"}, is_weighted=True)
+    fresh.load_state_dict(state)
+    kjt = make_kjt(make_tables(), seed=4)
+    assert torch.equal(fresh(kjt).values(), qebc(kjt).values())
+    wrong = QuantEmbeddingBagCollection(make_tables(), "int8", is_weighted=True)
+    with pytest.raises(RuntimeError, match=re.escape(
+        "size mismatch for t1.packed: copying stored rows of torch.uint8 (30, 64) from the checkpoint, "
+        "the shape in the current model is torch.uint8 (30, 20)."
+    )):
+        wrong.load_state_dict(state)
+
+
+def test_an_id_out_of_range_names_feature_and_table() -> None:
+    qebc = QuantEmbeddingBagCollection(make_tables(), "int8")
+    kjt = make_kjt(make_tables(), seed=5)
+    values = kjt.values().clone()
+    start = kjt.offset_per_key()[2]
+    values[start] = 30
+    bad = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), values, kjt.lengths())
+    with pytest.raises(IndexError, match=re.escape("feature 'f2': id 30 out of range for table 't1' with 30 rows")):
+        qebc(bad)
+    values[start] = -1
+    bad = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), values, kjt.lengths())
+    with pytest.raises(IndexError, match=re.escape("feature 'f2': id -1 out of range for table 't1' with 30 rows")):
+        qebc(bad)
+
+
+@pytest.mark.parametrize("kernel", ["native", "fbgemm"])
+def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch) -> None:
+    from runtime.cpu import native
+
+    if kernel == "fbgemm":
+        monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+    tables = [t for t in make_tables() if t.pooling == "sum"]
+    qebc = QuantEmbeddingBagCollection(tables, "int8")
+    kjt = make_kjt(tables, seed=5)
+    offsets = kjt.offsets().clone()
+    offsets[-1] += 7  # the last bag claims ids past the end
+    with pytest.raises(ValueError, match="lengths and values disagree"):
+        qebc.lookup(kjt.values(), offsets, None)
+
+
+def test_unstorable_tables_are_refused_with_the_table_named() -> None:
+    big = EmbeddingBagConfig("big", 4, 8, ["f"])
+    qebc = QuantEmbeddingBagCollection([big], "fp16")
+    with pytest.raises(ValueError, match=re.escape(
+        "table 'big': a value of magnitude 70000 is beyond float16's range (±65504); export the table at fp32 or int8"
+    )):
+        qebc.quantize_from({"big": torch.full((4, 8), 7e4)})
+    with pytest.raises(ValueError, match=re.escape(
+        "table 'odd': embedding_dim 6 is not a multiple of 4, which fbgemm's inference kernel requires"
+    )):
+        QuantEmbeddingBagCollection([EmbeddingBagConfig("odd", 4, 6, ["g"])], "int8")
+    nan = torch.zeros(4, 8)
+    nan[2, 3] = float("nan")
+    with pytest.raises(ValueError, match=re.escape("table 'big': row 2 holds a non-finite value; it cannot be exported")):
+        QuantEmbeddingBagCollection([big], "int8").quantize_from({"big": nan})

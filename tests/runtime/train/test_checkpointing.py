@@ -1,0 +1,168 @@
+"""runtime/train/checkpointing.py: the worker's checkpoint options, resume, and restarts under torchrun.
+
+The fault-tolerance test runs `reccompile train --nproc 2 --max-restarts 1`,
+SIGKILLs rank 1 mid-run, and checks that torchrun's restart resumed from the
+last checkpoint and went on with exactly the losses of an uninterrupted run
+(compared at full precision from each run's metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import checkpoint_cases as cc
+from compiler.cli import main as reccompile
+from runtime.train import worker
+
+REPO = Path(__file__).resolve().parents[3]
+STEPS = 40  # ~50 ms each at batch 2048: the kill after step 12 comes long before the end
+KILL_AFTER = 12
+EVERY = 5
+
+
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    return cc.compile_modules(tmp_path_factory.mktemp("modules"), (1,))
+
+
+def run_worker(module: Path, *options: str) -> int:
+    return worker.run([str(module), "--steps", "4", "--log-every", "1", *options])
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(modules, tmp_path: Path, capsys) -> None:
+    assert run_worker(modules[1], "--checkpoint-dir", str(tmp_path), "--resume") == 1
+    err = capsys.readouterr().err
+    assert err == f"error: rank 0: --resume: no complete checkpoint in {tmp_path}\n"
+
+
+def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Path, capsys) -> None:
+    ckpt = str(tmp_path / "ck")
+    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--checkpoint-every", "3") == 0
+    assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step_00000003", "step_00000004"]
+    capsys.readouterr()
+    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--resume", "--steps", "6") == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {ckpt}/step_00000004 at step 4 (--resume)\n" in out
+    assert re.findall(r"^step +(\d+)/6", out, re.M) == ["5", "6"]
+
+    other_spec = cc.SPEC.replace("lr: 0.05}\n  sparse", "lr: 0.04}\n  sparse")
+    other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
+    assert run_worker(other, "--checkpoint-dir", ckpt, "--resume", "--steps", "8") == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: rank 0: {ckpt}/step_00000004: written for another spec (sha256 ")
+    assert err.endswith("…); pass --allow-spec-change to load it anyway\n") and "Traceback" not in err
+    options = ("--checkpoint-dir", ckpt, "--resume", "--allow-spec-change", "--steps", "8")
+    assert run_worker(other, *options) == 0
+    assert "at step 4 (--resume)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (["--checkpoint-every", "5"], "error: --checkpoint-every needs --checkpoint-dir\n"),
+        (["--resume"], "error: --resume needs --checkpoint-dir\n"),
+        (["--checkpoint-dir", "x", "--keep", "0"], "error: --keep must be at least 1, got 0\n"),
+    ],
+)
+def test_checkpoint_options_misused_exit_2(tmp_path: Path, capsys, options, message) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(cc.SPEC)
+    assert reccompile(["train", str(spec), *options]) == 2
+    assert capsys.readouterr().err == message
+
+
+def test_a_worker_killed_under_torchrun_restarts_from_the_last_checkpoint(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(cc.SPEC)
+    reference = train_under_torchrun(spec, tmp_path / "reference", kill=False)
+    killed = train_under_torchrun(spec, tmp_path / "killed", kill=True)
+
+    resumed = re.search(r"^resumed from \S+ at step (\d+) \(torchrun restarted this job\)$", killed.out, re.M)
+    assert resumed is not None, killed.out
+    at = int(resumed.group(1))
+    assert at % EVERY == 0 and EVERY <= at <= KILL_AFTER + 1
+    # Before the kill, the lines the two runs printed agree; after it, every loss does, exactly.
+    assert printed(killed.out)[:KILL_AFTER] == printed(reference.out)[:KILL_AFTER]
+    assert sorted(killed.losses) == list(range(at + 1, STEPS + 1))
+    assert {step: reference.losses[step] for step in killed.losses} == killed.losses
+    sys.stdout.write(report(reference, killed, at))
+
+
+class Run:
+    def __init__(self, out: str, losses: dict[int, float]) -> None:
+        self.out, self.losses = out, losses
+
+
+def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
+    """`reccompile train` on 2 ranks with restarts; with `kill`, SIGKILL rank 1 after step KILL_AFTER."""
+    checkpoints = directory / "checkpoints"
+    command = [
+        sys.executable, "-m", "compiler.cli", "train", str(spec), "-o", str(directory / "build"),
+        "--nproc", "2", "--max-restarts", "1", "--steps", str(STEPS), "--batch-size", "2048",
+        "--log-every", "1", "--log-dir", str(directory / "log"),
+        "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(EVERY),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    directory.mkdir(parents=True)
+    errors = directory / "stderr.txt"
+    with open(errors, "w") as stderr:
+        process = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
+        )
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:
+        lines.append(line)
+        if kill and line.startswith(f"step {KILL_AFTER:>5}/"):
+            os.kill(worker_pid(str(checkpoints), rank=1), signal.SIGKILL)
+            kill = False
+    assert process.wait(timeout=300) == 0, "".join(lines) + errors.read_text()
+    log = (directory / "log" / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in log]
+    # A restarted run rewrites the log: it holds the steps after the resume.
+    losses = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+    return Run("".join(lines), losses)
+
+
+def worker_pid(marker: str, rank: int) -> int:
+    """The pid of the runtime.train.worker process of `rank` whose command line contains `marker`."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if b"runtime.train.worker" not in argv or not any(marker.encode() in a for a in argv):
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in environ:
+                return int(entry.name)
+    raise AssertionError(f"no worker process of rank {rank} for {marker}")
+
+
+def printed(out: str) -> list[tuple[int, str]]:
+    return [(int(s), loss) for s, loss in re.findall(r"^step +(\d+)/\d+ +loss (\S+)", out, re.M)]
+
+
+def report(reference: Run, killed: Run, at: int) -> str:
+    """Both runs' losses, step by step, for the record (pytest -s shows it)."""
+    lines = [f"\nrank 1 SIGKILLed after step {KILL_AFTER}; torchrun restarted both ranks from step {at}"]
+    lines.append("step  uninterrupted        killed and resumed")
+    before = dict(printed(killed.out))
+    for step in range(1, STEPS + 1):
+        resumed = killed.losses.get(step)
+        shown = f"{resumed!r}" if resumed is not None else f"{before.get(step, '-')} (before the kill)"
+        lines.append(f"{step:>4}  {reference.losses[step]!r:<20} {shown}")
+    return "\n".join(lines) + "\n"
