@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from runtime.train import checkpointing
 
-from runtime.train import pipeline
+from runtime.train import train_pipeline
 
 from runtime.train import run_setup
 from runtime.cpu.allocator import retain_freed_memory
@@ -77,7 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10)
     run_setup.add_arguments(parser)
     checkpointing.add_arguments(parser)
-    pipeline.add_arguments(parser)
+    train_pipeline.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=device,
     )
     batches = checkpoints.position(run_io.batches, args.data)
-    depth = pipeline.depth_from_args(args, world_size)
+    depth = train_pipeline.depth_from_args(args, world_size)
     if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
         batches = (b.to(device, non_blocking=True) for b in batches)
 
