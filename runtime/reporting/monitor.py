@@ -11,6 +11,7 @@ collectives, so every rank calls these hooks; only rank 0 prints or writes.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -20,10 +21,18 @@ from runtime.data.batch import Batch
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.progress import Progress, format_metrics
 from runtime.reporting.run_log import RunLog
-from runtime.train.loop import StepLog
 
 Metrics = dict[str, MetricValues]
 _DIGITS = 6
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """What the training loop hands `on_log` every --log-every steps."""
+
+    step: int  # 1-based
+    loss: float  # the global mean loss of this step
+    samples_per_s: float
 
 
 class TrainingMonitor:

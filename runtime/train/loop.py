@@ -16,14 +16,8 @@ import torch
 import torch.distributed as dist
 
 from runtime.data.batch import Batch
+from runtime.reporting.monitor import StepLog
 from runtime.train.train_pipeline import TrainPipeline
-
-
-@dataclass(frozen=True)
-class StepLog:
-    step: int  # 1-based
-    loss: float  # the global mean loss of this step
-    samples_per_s: float
 
 
 @dataclass(frozen=True)
