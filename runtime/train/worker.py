@@ -13,7 +13,6 @@ import argparse
 import datetime
 import importlib.util
 import itertools
-import json
 import os
 import sys
 import traceback
@@ -31,6 +30,7 @@ from runtime.train import train_pipeline
 from runtime.train import run_setup
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
+from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
 from runtime.train.loop import make_dense_optimizer, train
 
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoints.finish(steps)
     final = run_io.finish(summary.as_json())
     if rank == 0:
-        print(json.dumps(final), flush=True)
+        console.result(final)
     if process_group is not None:
         dist.destroy_process_group()
     return 0
