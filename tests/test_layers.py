@@ -8,6 +8,7 @@ test with lint-imports' report, which names the importing line.
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -43,3 +44,13 @@ def test_an_upward_import_breaks_the_layers_contract(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "The runtime's packages import downward only BROKEN" in done.stdout
     assert "runtime.sparse.jagged -> runtime.train.loop (l." in done.stdout
+
+
+def test_the_runtime_never_prints() -> None:
+    """Library code logs (or writes its run's lines through runtime.reporting.console); only the CLI prints."""
+    calls = []
+    for path in sorted((ROOT / "runtime").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert calls == []

@@ -79,8 +79,13 @@ def format_metrics(metrics: Metrics) -> str:
     return "".join(parts)
 
 
+def say(line: str, stream: TextIO | None = None) -> None:
+    """One line of the run's own output (stdout unless `stream`): a resume, a summary, an error."""
+    out = sys.stdout if stream is None else stream
+    out.write(line + "\n")
+    out.flush()
+
+
 def result(final: Mapping[str, Any], stream: TextIO | None = None) -> None:
     """The run's result: one JSON object, the last line on stdout."""
-    out = sys.stdout if stream is None else stream
-    out.write(json.dumps(final) + "\n")
-    out.flush()
+    say(json.dumps(final), stream)

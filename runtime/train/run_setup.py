@@ -34,6 +34,7 @@ from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.sources import choose_data, open_reader
 from runtime.train.evaluate import evaluate
 from runtime.reporting.monitor import TrainingMonitor
+from runtime.reporting import console
 from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
 
@@ -88,7 +89,7 @@ class RunIO:
             for key, log in self.bad_rows.items():
                 report = log.summary()
                 if report is not None:
-                    print(f"{_DATA_NAMES[key]}: {report}", file=sys.stderr, flush=True)
+                    console.say(f"{_DATA_NAMES[key]}: {report}", sys.stderr)
         return final
 
 
@@ -162,4 +163,4 @@ _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    console.say(f"warning: {message}", sys.stderr)

@@ -158,7 +158,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # the job must end with a message, never a bare traceback
         if os.environ.get("RECCOMPILE_TRACEBACK") == "1":
             traceback.print_exc()
-        print(f"error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
+        console.say(f"error: rank {os.environ.get('RANK', '0')}: {error}", sys.stderr)
         return 1
 
 
