@@ -10,7 +10,7 @@ the schema of ../shared/bench/WORKLOAD.md plus a few extras.
     python benchmarks/dlrm_bench.py --mode dist2 --pipeline off    # the plain loop, to compare
     python benchmarks/dlrm_bench.py --mode dist2 --profile prof/   # where the time goes
 
-dist2 trains through runtime.train.pipeline.TrainPipeline by default (`--pipeline
+dist2 trains through runtime.train.train_pipeline.TrainPipeline by default (`--pipeline
 on`, as `reccompile train` does for several ranks): batch i+1's ids
 all-to-all is in flight while batch i trains. `--pipeline ab` alternates
 blocks of plain and pipelined steps in one run (a JSON line for each), so
@@ -94,7 +94,7 @@ def cpu_counters() -> tuple[int, int] | None:
 
 def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: int) -> dict[str, Any]:
     from runtime.cpu.allocator import retain_freed_memory
-    from runtime.train.pipeline import TrainPipeline
+    from runtime.train.train_pipeline import TrainPipeline
     from runtime.sharding import distribute_dense
     from runtime.train.loop import make_dense_optimizer, train_step
     from runtime.train.worker import load_module
@@ -283,7 +283,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
     parser.add_argument(
         "--pipeline", choices=["on", "off", "ab"],
-        help="train through runtime.train.pipeline.TrainPipeline (default: on for dist2, off for local); "
+        help="train through runtime.train.train_pipeline.TrainPipeline (default: on for dist2, off for local); "
         "ab: alternate blocks of plain and pipelined steps in one run, a line for each",
     )
     parser.add_argument("--ab-block", type=int, default=5, help="steps per block with --pipeline ab")
