@@ -11,7 +11,7 @@
  * torch.bmm computes the full n x n Gram matrix per sample through small
  * batched GEMMs; here only the strict upper triangle is formed, each pair with
  * d fused multiply-adds that the compiler vectorises (it is built with
- * -O3 -march=native and associative float math; see runtime/native/build.py),
+ * -O3 -march=native and associative float math; see runtime/cpu/native/__init__.py),
  * and the batch is split over `threads` threads of an OpenMP team.
  *
  * Returns 0, or 1 when a scratch allocation fails.
@@ -183,7 +183,7 @@ static void backward_range(job_t *job) {
 
 /* Runs `body` over the batch split into one contiguous range per thread of
  * an OpenMP team. The library links the OpenMP runtime torch has loaded
- * (libgomp.so.1 by soname; see runtime/native), so the team is torch's own
+ * (libgomp.so.1 by soname; see runtime/cpu/native), so the team is torch's own
  * intra-op pool: no thread is created, and none spins beside ours. Built
  * without OpenMP, it runs on the calling thread. */
 static int run(const job_t *proto, int64_t batch, int64_t threads, void (*body)(job_t *)) {
