@@ -16,13 +16,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.cpu import native
+from runtime.cpu import choice, native
 from runtime.modules.blocks import DotInteraction
 
 REPO = Path(__file__).resolve().parents[3]
 F32 = {"rtol": 2e-5, "atol": 2e-5}
 
 pytestmark = pytest.mark.usefixtures("native_kernels")
+
+
+@pytest.fixture(autouse=True)
+def _native_dot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C kernel whatever the calibration would choose: these tests are about it."""
+    monkeypatch.setenv(choice.ENV, "dot=native")
 
 
 def _reference(parts: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -96,7 +102,7 @@ def test_several_inputs_are_checked_against_the_block_shape() -> None:
 def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_warning(tmp_path: Path) -> None:
     script = textwrap.dedent("""
         import warnings, torch
-        from runtime.cpu import native
+        from runtime.cpu import choice, native
         from runtime.modules.blocks import DotInteraction
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
