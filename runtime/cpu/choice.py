@@ -40,7 +40,7 @@ from pathlib import Path
 from runtime.cpu import features
 from runtime.cpu.native.build import cache_root
 
-__all__ = ["ENV", "KERNELS", "MARGIN", "Choice", "active", "bucket", "choose", "forced", "recorded"]
+__all__ = ["ENV", "KERNELS", "MARGIN", "Choice", "active", "bucket", "choose", "forced", "machine", "recorded"]
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +186,11 @@ def active() -> dict[str, dict[str, str]]:
     for kernel, name in forced().items():
         out[kernel] = {"*": name}
     return out
+
+
+def machine() -> dict[str, object]:
+    """The fields a benchmark record carries: `cpu` (model), `cpu_flags` (vector features), `kernels` (active())."""
+    return {"cpu": features.model(), "cpu_flags": list(features.vector_features()), "kernels": active()}
 
 
 def bucket(count: int) -> int:
