@@ -115,11 +115,15 @@ def save_checkpoint(
     data_state: Any = None,
     keep: int | None = None,
     process_group: dist.ProcessGroup | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
     `model` may be DDP-wrapped; `data_state` is this rank's data position
     (see the module docstring); `keep` prunes all but the newest `keep`.
+    `files` (name -> contents, rank 0's) are saved beside the state and listed
+    with their hashes in the manifest: what training used to read its data,
+    such as the MovieLens vocabulary, travels with the weights it shaped.
     """
     root = Path(directory)
     group = _group(process_group)
@@ -137,6 +141,8 @@ def save_checkpoint(
     }
 
     def finish() -> Path:
+        for name, contents in (files or {}).items():
+            (partial / name).write_bytes(contents)
         final = commit(partial, manifest)
         if keep is not None:
             prune(root, keep)

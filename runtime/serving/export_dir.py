@@ -9,6 +9,7 @@ module reads without the compiler:
     weights/dense.pt      the dense parameters (torch.save of a dict of tensors)
     weights/tables/T.pt   table T's stored rows (uint8, fbgemm's row layout)
     <name>.pt2            torch.export program of lookup + dense part (torch + fbgemm_gpu only)
+    vocab.json            the MovieLens vocabulary training mapped ids with (when it had one)
 
 Every file is checked against the manifest before use (size always, sha256
 unless `verify=False`), and every failure is an `ExportError` whose message
@@ -161,6 +162,13 @@ def import_module(path: str | Path) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def data_file(directory: str | Path, key: str, verify: bool = True) -> Path | None:
+    """The checked path of a data file the manifest lists under `key` ("vocabulary"), or None."""
+    root = Path(directory)
+    entry = read_export_manifest(root).get(key)
+    return None if entry is None else checked_file(root, entry, verify)
 
 
 def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Module]:

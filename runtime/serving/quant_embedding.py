@@ -43,7 +43,6 @@ the layout above (uint8, rows x row bytes).
 from __future__ import annotations
 
 import hashlib
-import bisect
 import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -64,6 +63,7 @@ from torch import nn
 
 from runtime.cpu import choice, native
 from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
+from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
 
@@ -167,9 +167,10 @@ class QuantEmbeddingBagCollection(nn.Module):
     `load_state_dict` (stored rows). Pooled embeddings come out in
     `output_dtype`: float32, or bfloat16 / float16 for dense blocks that
     compute in it (the kernel accumulates in float32 and rounds once). With
-    `bounds_check` (default on), ids are checked by fbgemm's bounds check
-    before the lookup, and an id out of range raises an IndexError naming the
-    feature, id and table.
+    `bounds_check` (default on), ids and offsets are checked as the native
+    kernel pools (or by fbgemm's bounds check before fbgemm's kernel), and a
+    batch either refuses raises the ValueError of runtime/embeddings/ids.py
+    naming the feature, sample and numbers.
     """
 
     def __init__(
@@ -206,6 +207,11 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._feature_tables = [t for t in tables for _ in t.feature_names]
         self._has_mean = any(t.pooling == "mean" for t in tables)
         self._select = KeySelection(self._feature_names)
+        self._check = IdCheck(
+            self._feature_names,
+            [t.name for t in self._feature_tables],
+            [t.num_embeddings for t in self._feature_tables],
+        )
 
         tbe = self._fbgemm_module(device)
         tbe.initialize_logical_weights_placements_and_offsets()
@@ -481,33 +487,12 @@ class QuantEmbeddingBagCollection(nn.Module):
 
     def _bad_id_error(
         self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None
-    ) -> Exception:
-        """The first id out of range, named by feature and table (eager mode only)."""
-        batch = (offsets.numel() - 1) // len(self._feature_names)
-        if kjt is not None:
-            length_per_key = kjt.length_per_key()
-        else:
-            bounds = offsets[::batch].tolist() if batch else [0] * (len(self._feature_names) + 1)
-            length_per_key = [end - start for start, end in itertools.pairwise(bounds)]
-        disagree = ValueError(
-            f"the batch's offsets do not fit its ids (batch size {batch}, {values.numel()} ids): "
-            "lengths and values disagree"
-        )
-        if sum(length_per_key) != values.numel() or min(length_per_key, default=0) < 0:
-            return disagree
-        limits = torch.tensor(
-            [t.num_embeddings for t in self._feature_tables], device=values.device
-        ).repeat_interleave(torch.tensor(length_per_key, device=values.device), output_size=values.numel())
-        bad = (values >= limits) | (values < 0)
-        if not bool(bad.any()):
-            return disagree
-        position = int(bad.nonzero()[0])
-        feature = bisect.bisect_right(list(itertools.accumulate(length_per_key)), position)
-        table = self._feature_tables[feature]
-        return IndexError(
-            f"feature {self._feature_names[feature]!r}: id {int(values[position])} out of range "
-            f"for table {table.name!r} with {table.num_embeddings} rows"
-        )
+    ) -> ValueError:
+        """What is wrong with a batch the kernel refused, named by feature and sample."""
+        if kjt is None:
+            batch = (offsets.numel() - 1) // len(self._feature_names)
+            kjt = KeyedJaggedTensor(self._feature_names, values, offsets=offsets, stride=batch)
+        return self._check.explain(kjt)
 
     # -- state: one `<table>.packed` entry per table ---------------------------
 

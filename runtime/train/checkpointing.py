@@ -32,6 +32,7 @@ from runtime.checkpoint.store import (
     save_checkpoint,
 )
 from runtime.data.batch import Batch
+from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.reporting import console
 
@@ -191,8 +192,14 @@ class Checkpointing:
             data_state=state_dict() if callable(state_dict) else None,
             keep=self.keep,
             process_group=self.process_group,
+            files=self._data_files(),
         )
         self.last_saved = step
+
+    def _data_files(self) -> dict[str, bytes]:
+        """The vocabulary the data reader maps ids with (`<module>.vocab.json`), when there is one."""
+        vocabulary = Path(self.module.__file__).with_suffix(".vocab.json")
+        return {VOCABULARY_FILE: vocabulary.read_bytes()} if vocabulary.is_file() else {}
 
     def _say(self, line: str) -> None:
         if self.rank == 0:
