@@ -19,7 +19,7 @@ import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
-from compiler.lower import BuildArg, Call, LoweredModel
+from compiler.lowering.types import BuildArg, Call, SplitModel
 
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("compiler.codegen", "templates"),
@@ -50,7 +50,7 @@ class GeneratedModule:
         return written
 
 
-def emit(lowered: LoweredModel) -> GeneratedModule:
+def emit(lowered: SplitModel) -> GeneratedModule:
     """Render the module text and the plan JSON of `lowered`."""
     ir = lowered.ir
     filename = f"{ir.name}.py"
@@ -125,11 +125,9 @@ def _short_loc(loc: Any) -> str:
     return f"{loc.file}:{loc.line}"
 
 
-def _stage_sources(lowered: LoweredModel) -> dict[str, str]:
+def _stage_sources(lowered: SplitModel) -> dict[str, str]:
     """The methods `forward`, `input_dist` and `compute`: the code of split.py's stage graphs."""
     stages = lowered.stages
-    if stages is None:
-        raise ValueError("emit needs the stage graphs: run split.split_stages first")
     return {
         "forward": _method_source("forward", stages.forward),
         "input_dist": _method_source("input_dist", stages.input_dist),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
-from compiler.graph_text import graph_text, stages_text
+from compiler.lowering.graph_text import graph_text, stages_text
 from compiler.pipeline import compile_spec
 
 

@@ -1,6 +1,6 @@
 """Dense building blocks: the `model:` block types of a spec, as nn.Modules.
 
-The compiler's lowering (compiler/lower.py) instantiates one module per block
+The compiler's lowering (compiler/lowering/lower.py) instantiates one module per block
 of the spec through `BLOCK_TYPES` and wires them after the embedding stages.
 It concatenates a block's inputs into one 2-D tensor (B x total width) before
 calling it, except for `DotProduct`, `Sum` and `DotInteraction`, which take

@@ -1,6 +1,6 @@
 """Serving an export directory: its manifest, its weights, its ahead-of-time program.
 
-`reccompile export` writes a directory (see compiler/export.py) that this
+`reccompile export` writes a directory (see compiler/serving/export.py) that this
 module reads without the compiler:
 
     manifest.json         what is there: spec hash, precision and size per table, sha256 per file

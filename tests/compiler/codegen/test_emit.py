@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from compiler.codegen.emit import emit
-from compiler.instantiate import instantiate
+from compiler.lowering.instantiate import instantiate
 from compiler.pipeline import Options, compile_spec
 from runtime.train.worker import load_module
 

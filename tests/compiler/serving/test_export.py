@@ -33,7 +33,7 @@ from runtime.serving.export_dir import ExportError, load
 from runtime.train.loop import make_dense_optimizer
 from runtime.train.worker import load_module
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPEC = """\
 version: 1
 name: small_rec
