@@ -26,7 +26,7 @@ from compiler.ir import Block, Concat, Dot, DotProduct, Head, Input, Location, M
 from compiler.lowering.calls import block_call, sparse_arch_call
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
-from runtime.sharding import SHARDING_TYPE_ORDER
+from runtime.sharding.types import SHARDING_TYPES
 
 
 def lower(ir: ModelIR, plan: ShardingPlan) -> LoweredModel:
@@ -40,11 +40,11 @@ def sparse_groups(ir: ModelIR, plan: ShardingPlan) -> list[tuple[str, list[str]]
     """(sharding type, output feature keys) per group, in the runtime's order.
 
     The runtime's SparseArch groups tables by sharding type in
-    SHARDING_TYPE_ORDER; inside a group, keys follow table order, then each
+    SHARDING_TYPES; inside a group, keys follow table order, then each
     table's feature order. The lowering must agree, so it asks the same rule.
     """
     groups: list[tuple[str, list[str]]] = []
-    for sharding_type in SHARDING_TYPE_ORDER:
+    for sharding_type in SHARDING_TYPES:
         keys = [
             feature
             for table in ir.tables

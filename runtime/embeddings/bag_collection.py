@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.embeddings.concurrent import run_concurrently
+from runtime.embeddings.kernels import COMPUTE_KERNELS, FUSED_DIM_MULTIPLE
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
@@ -61,7 +62,6 @@ __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 logger = logging.getLogger(__name__)
 
 POOLING_TYPES = ("sum", "mean")
-COMPUTE_KERNELS = ("fused", "dense")
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +316,7 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         if compute_kernel not in COMPUTE_KERNELS:
             raise ValueError(
-                f"unknown compute_kernel {compute_kernel!r}; expected 'fused' or 'dense'"
+                f"unknown compute_kernel {compute_kernel!r}; expected one of {', '.join(COMPUTE_KERNELS)}"
             )
         if not tables:
             raise ValueError("EmbeddingBagCollection needs at least one table")
@@ -510,9 +510,10 @@ def _build_groups(
     tbe_ops = _fbgemm() if compute_kernel == "fused" else None
     if compute_kernel == "fused":
         for t in tables:
-            if t.embedding_dim % 4:
+            if t.embedding_dim % FUSED_DIM_MULTIPLE:
                 raise ValueError(
-                    f"table {t.name!r}: embedding_dim {t.embedding_dim} is not a multiple of 4, "
+                    f"table {t.name!r}: embedding_dim {t.embedding_dim} is not a multiple of "
+                    f"{FUSED_DIM_MULTIPLE}, "
                     "which the fused (fbgemm) kernel requires; use compute_kernel='dense'"
                 )
         if tbe_ops is None:

@@ -1,6 +1,25 @@
-"""Embedding tables laid out over ranks by a sharding plan (see sparse_arch.py)."""
+"""Embedding tables laid out over ranks by a sharding plan (see sparse_arch.py).
 
-from runtime.sharding.dense import distribute_dense
-from runtime.sharding.sparse_arch import SHARDING_TYPE_ORDER, SparseArch
+The names below load on first use (PEP 562), so that importing the torch-free
+`runtime.sharding.types`, as the compiler's planner does, loads no torch.
+"""
 
-__all__ = ["SHARDING_TYPE_ORDER", "SparseArch", "distribute_dense"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "SparseArch": "runtime.sharding.sparse_arch",
+    "distribute_dense": "runtime.sharding.dense",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'runtime.sharding' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
