@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from compiler import __version__
 from compiler.codegen.emit import emit
 from compiler.lowering.instantiate import instantiate
 from compiler.pipeline import Options, compile_spec
@@ -44,6 +45,15 @@ def test_output_is_byte_identical_across_runs() -> None:
     second = emit(compile_spec("specs/dlrm_criteo.yaml"))
     assert first.source == second.source
     assert first.plan_json == second.plan_json
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_module_matches_golden(spec: str, golden) -> None:
+    """The generated training module is the contract between compiler and runtime: a diff of it
+    shows what a change does to every model. Normalised: the compiler version is a placeholder."""
+    source = emit(compile_spec(spec, Options(world_size=1))).source
+    normalised = source.replace(f"reccompile {__version__} ", "reccompile <version> ", 1)
+    golden.check(f"modules/{Path(spec).stem}.ws1.py.txt", normalised)
 
 
 @pytest.mark.parametrize("spec", SPECS)
