@@ -82,7 +82,7 @@ class Table:
     features: tuple[str, ...]
     init_min: float
     init_max: float
-    optimizer: Optimizer | None  # None: the training section's sparse optimizer
+    optimizer: Optimizer  # its own, or the training section's sparse optimizer (resolved in the IR)
     loc: Location
 
 

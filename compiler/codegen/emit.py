@@ -19,6 +19,7 @@ import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
+from compiler.lowering.calls import dense_optimizer_call, head_config_call
 from compiler.lowering.types import BuildArg, Call, SplitModel
 
 TEMPLATES = jinja2.Environment(
@@ -63,6 +64,8 @@ def emit(lowered: SplitModel) -> GeneratedModule:
         world_size=lowered.plan.world_size,
         spec=python_literal(spec_literal(ir)),
         plan=python_literal(lowered.plan.to_dict()),
+        heads=heads_source(ir),
+        dense_optimizer=render_call(dense_optimizer_call(ir), indent=0),
         modules=[
             {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
             for d in lowered.modules
@@ -72,12 +75,21 @@ def emit(lowered: SplitModel) -> GeneratedModule:
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
 
 
+# Built as typed runtime configs instead (the tables' EmbeddingBagConfigs, DENSE_OPTIMIZER).
+_NOT_IN_SPEC = {"loc", "optimizer", "init_min", "init_max", "dense_optimizer", "sparse_optimizer"}
+
+
 def spec_literal(ir: ModelIR) -> dict[str, Any]:
-    """The resolved spec as plain data for the runtime: features, tables, heads, training, data."""
+    """The resolved spec as plain data for the data readers: features, tables, heads, training, data.
+
+    What the model itself is built from (optimizers, initialisation, blocks) is
+    not here: the generated code passes it to the runtime as typed configs.
+    """
 
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "loc"}
+            fields = (f.name for f in dataclasses.fields(value) if f.name not in _NOT_IN_SPEC)
+            return {name: plain(getattr(value, name)) for name in fields}
         if isinstance(value, (list, tuple)):
             return [plain(item) for item in value]
         return value
@@ -92,6 +104,12 @@ def spec_literal(ir: ModelIR) -> dict[str, Any]:
         "sharding": {"world_size": ir.sharding.world_size, "device": ir.sharding.device},
         "data": None if ir.data is None else {**plain(ir.data), "columns": dict(ir.data.columns)},
     }
+
+
+def heads_source(ir: ModelIR) -> str:
+    """The HEADS constant's value: a tuple of the heads' runtime configs, one per line."""
+    calls = "".join(f"    {render_call(head_config_call(head), indent=4)},\n" for head in ir.heads)
+    return "(\n" + calls + ")"
 
 
 def render_call(call: Call, indent: int) -> str:

@@ -8,9 +8,7 @@ program.
 
 from __future__ import annotations
 
-from typing import Any
-
-from compiler.ir import Block, CrossNet, Dot, DotProduct, Fm, Mlp, ModelIR, Moe, Sum, Table
+from compiler.ir import Block, CrossNet, Dot, DotProduct, Fm, Head, Mlp, ModelIR, Moe, Optimizer, Sum, Table
 from compiler.lowering.types import BuildArg, Call
 
 
@@ -20,6 +18,12 @@ def _vectors(block: Block) -> tuple[int, int]:
 
 
 def block_call(block: Block, in_width: int) -> Call:
+    """The runtime module of `block`, told its spec location (`where`) for its errors."""
+    call = _block_op_call(block, in_width)
+    return Call(call.factory, (*call.kwargs, ("where", str(block.loc))))
+
+
+def _block_op_call(block: Block, in_width: int) -> Call:
     op = block.op
     if isinstance(op, Mlp):
         return Call("runtime.modules.blocks.MLP", (
@@ -55,7 +59,7 @@ def block_call(block: Block, in_width: int) -> Call:
     raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
 
 
-def optimizer_call(optimizer: Any) -> Call:
+def optimizer_call(optimizer: Optimizer) -> Call:
     return Call("runtime.embeddings.optim.EmbeddingOptimizer", (
         ("type", optimizer.type),
         ("lr", optimizer.lr),
@@ -75,13 +79,15 @@ def table_config_call(table: Table, training: bool = True) -> Call:
         ("feature_names", list(table.features)),
         ("pooling", table.pooling),
     )
+    where = (("where", str(table.loc)),)
     if not training:
-        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", shape)
+        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (*shape, *where))
     return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (
         *shape,
         ("weight_init_min", table.init_min),
         ("weight_init_max", table.init_max),
-        ("optimizer", optimizer_call(table.optimizer) if table.optimizer else None),
+        ("optimizer", optimizer_call(table.optimizer)),
+        *where,
     ))
 
 
@@ -93,4 +99,31 @@ def sparse_arch_call(ir: ModelIR) -> Call:
         ("process_group", BuildArg("process_group")),
         ("device", BuildArg("device")),
         ("is_weighted", any(feature.weighted for feature in ir.sparse)),
+    ))
+
+
+def head_config_call(head: Head) -> Call:
+    """The head as the runtime's loss, metrics and prediction read it."""
+    return Call("runtime.modules.losses.HeadConfig", (
+        ("name", head.name),
+        ("loss", head.loss),
+        ("label", head.label),
+        ("weight", head.weight),
+        ("num_classes", head.num_classes),
+        ("metrics", head.metrics),
+        ("where", str(head.loc)),
+    ))
+
+
+def dense_optimizer_call(ir: ModelIR) -> Call:
+    """The optimizer of the dense parameters (the training section's `dense_optimizer`)."""
+    optimizer = ir.training.dense_optimizer
+    return Call("runtime.train.dense_optimizer.DenseOptimizerConfig", (
+        ("type", optimizer.type),
+        ("lr", optimizer.lr),
+        ("eps", optimizer.eps),
+        ("weight_decay", optimizer.weight_decay),
+        ("beta1", optimizer.beta1),
+        ("beta2", optimizer.beta2),
+        ("where", str(ir.training.loc)),
     ))

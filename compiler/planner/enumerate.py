@@ -86,7 +86,7 @@ def table_specs(ir: ModelIR) -> tuple[TableSpec, ...]:
     specs = []
     for index, table in enumerate(ir.tables):
         own = features.get(table.name, [])
-        optimizer = table.optimizer or ir.training.sparse_optimizer
+        optimizer = table.optimizer
         specs.append(
             TableSpec(
                 index=index,

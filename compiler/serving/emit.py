@@ -10,7 +10,7 @@ model with the directory's weights. It imports torch and the runtime only.
 from __future__ import annotations
 
 from compiler import __version__
-from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, python_literal, render_call, spec_literal
+from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, heads_source, python_literal, render_call, spec_literal
 from compiler.lowering.types import LoweredModel
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
@@ -26,6 +26,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         sha256=ir.source_sha256,
         name=ir.name,
         spec=python_literal(spec_literal(ir)),
+        heads=heads_source(ir),
         precisions=python_literal({t.name: precisions[t.name] for t in ir.tables}),
         dense_dtype=_DTYPES[dense_dtype],
         sparse_keys=python_literal([f for t in ir.tables for f in t.features]),

@@ -70,7 +70,8 @@ class EmbeddingBagConfig:
 
     Rows are initialised U(weight_init_min, weight_init_max), by default
     U(-sqrt(1/num_embeddings), +sqrt(1/num_embeddings)) as in TorchRec.
-    `optimizer` overrides the collection's optimizer for this table.
+    `optimizer` overrides the collection's optimizer for this table. `where`
+    is the spec location the table was compiled from, named in errors.
     """
 
     name: str
@@ -81,10 +82,11 @@ class EmbeddingBagConfig:
     weight_init_min: float | None = None
     weight_init_max: float | None = None
     optimizer: EmbeddingOptimizer | None = None
+    where: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "feature_names", tuple(self.feature_names))
-        where = f"table {self.name!r}"
+        where = self.describe()
         if self.num_embeddings < 1 or self.embedding_dim < 1:
             raise ValueError(f"{where}: num_embeddings and embedding_dim must be >= 1")
         if not self.feature_names:
@@ -96,6 +98,10 @@ class EmbeddingBagConfig:
             raise ValueError(
                 f"{where}: weight_init_min {low} is greater than weight_init_max {high}"
             )
+
+    def describe(self) -> str:
+        """`table 'cat_3'`, with its spec location when known."""
+        return f"table {self.name!r}" + (f" ({self.where})" if self.where else "")
 
     def init_range(self) -> tuple[float, float]:
         """The (min, max) of the uniform initialisation."""
@@ -436,7 +442,7 @@ class EmbeddingBagCollection(nn.Module):
             table = self._lookup_tables[feature]
             raise IndexError(
                 f"feature {self._lookup_names[feature]!r}: id {int(values[position])} out of range "
-                f"for table {table.name!r} with {table.num_embeddings} rows"
+                f"for {table.describe()} with {table.num_embeddings} rows"
             )
 
     # State dict: one entry per table tensor, the same for both kernels.
@@ -512,7 +518,7 @@ def _build_groups(
         for t in tables:
             if t.embedding_dim % FUSED_DIM_MULTIPLE:
                 raise ValueError(
-                    f"table {t.name!r}: embedding_dim {t.embedding_dim} is not a multiple of "
+                    f"{t.describe()}: embedding_dim {t.embedding_dim} is not a multiple of "
                     f"{FUSED_DIM_MULTIPLE}, "
                     "which the fused (fbgemm) kernel requires; use compute_kernel='dense'"
                 )

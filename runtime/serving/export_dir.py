@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from runtime.sparse.jagged import KeyedJaggedTensor
+from runtime.modules.losses import HeadConfig
 
 FORMAT = "reccompile-export"
 FORMAT_VERSION = 1
@@ -162,18 +163,18 @@ def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Mod
 
 
 def head_scores(
-    outputs: Mapping[str, torch.Tensor], heads: Sequence[Mapping[str, Any]]
+    outputs: Mapping[str, torch.Tensor], heads: Sequence[HeadConfig]
 ) -> dict[str, torch.Tensor]:
     """Per head: sigmoid of the logit (bce), softmax over classes (softmax), the value (mse)."""
     scores = {}
     for head in heads:
-        output = outputs[head["name"]]
-        if head["loss"] == "bce":
-            scores[head["name"]] = torch.sigmoid(output)
-        elif head["loss"] == "softmax":
-            scores[head["name"]] = torch.softmax(output, dim=1)
+        output = outputs[head.name]
+        if head.loss == "bce":
+            scores[head.name] = torch.sigmoid(output)
+        elif head.loss == "softmax":
+            scores[head.name] = torch.softmax(output, dim=1)
         else:
-            scores[head["name"]] = output
+            scores[head.name] = output
     return scores
 
 

@@ -191,6 +191,7 @@ def _shard_config(layout: TableLayout, shard: Shard) -> EmbeddingBagConfig:
         weight_init_min=low,
         weight_init_max=high,
         optimizer=table.optimizer,
+        where=table.where,
     )
 
 

@@ -24,11 +24,12 @@ SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.
 TRAIN_SCRIPT = """
 import itertools, json, sys, torch
 from runtime.train.worker import load_module
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 module = load_module(sys.argv[1])
 torch.manual_seed(0)
 model = module.build()
-optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
 batches = (module.synthetic_batch(256, step=i) for i in itertools.count())
 summary = train(model, batches, steps=20, optimizer=optimizer, global_batch_size=256)
 print(json.dumps({"losses": summary.losses, "compiler_imported": "compiler" in sys.modules}))

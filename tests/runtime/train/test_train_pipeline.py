@@ -22,7 +22,8 @@ from compiler.pipeline import Options, generate
 from runtime.data.batch import Batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.pipeline import PipelineError, TrainPipeline
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 from runtime.train.worker import load_module
 
 
@@ -88,7 +89,7 @@ def test_two_ranks_train_differently_per_rank(two_ranks: dict[str, Any]) -> None
 def make_pipeline(module: Any, depth: int = 2) -> tuple[TrainPipeline, torch.nn.Module]:
     torch.manual_seed(pc.SEED)
     model = module.build()
-    optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     return TrainPipeline(model, optimizer, depth=depth), model
 
 
@@ -135,9 +136,7 @@ def test_train_loop_takes_a_pipeline_depth(one_rank_module: Any) -> None:
     for depth in (1, 2):
         torch.manual_seed(pc.SEED)
         model = one_rank_module.build()
-        optimizer = make_dense_optimizer(
-            one_rank_module.SPEC["training"]["dense_optimizer"], model.dense_parameters()
-        )
+        optimizer = make_dense_optimizer(one_rank_module.DENSE_OPTIMIZER, model.dense_parameters())
         source = itertools.cycle(batches(one_rank_module, 3))
         runs.append(train(
             model, source, steps=5, optimizer=optimizer, global_batch_size=pc.GLOBAL_BATCH,
