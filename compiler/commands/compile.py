@@ -9,8 +9,8 @@ import torch
 
 from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
-from compiler.instantiate import build_call
-from compiler.lower import LoweredModel
+from compiler.lowering.instantiate import build_call
+from compiler.lowering.types import LoweredModel
 from compiler.pipeline import compile_spec
 from compiler.planner.plan import ShardingPlan
 

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         report = predict_file(
             model,
             spec,
+            module.HEADS,
             args.output,
             data=args.data,
             batch_size=args.batch_size,

@@ -21,7 +21,7 @@ from typing import Any
 
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import Location
-from compiler.planner.enumerate import COMPUTE_KERNELS, SHARDING_TYPES
+from runtime.sharding.types import COMPUTE_KERNELS, SHARDING_TYPES
 from compiler.planner.plan import FORMAT_VERSION, Shard, ShardingPlan, TablePlan
 
 SHARD_FIELDS = ("rank", "row_offset", "rows", "col_offset", "cols")

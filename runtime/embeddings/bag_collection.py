@@ -52,6 +52,7 @@ from torch import nn
 from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
+from runtime.embeddings.kernels import COMPUTE_KERNELS, FUSED_DIM_MULTIPLE
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
@@ -61,7 +62,6 @@ __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 logger = logging.getLogger(__name__)
 
 POOLING_TYPES = ("sum", "mean")
-COMPUTE_KERNELS = ("fused", "dense")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,8 @@ class EmbeddingBagConfig:
 
     Rows are initialised U(weight_init_min, weight_init_max), by default
     U(-sqrt(1/num_embeddings), +sqrt(1/num_embeddings)) as in TorchRec.
-    `optimizer` overrides the collection's optimizer for this table.
+    `optimizer` overrides the collection's optimizer for this table. `where`
+    is the spec location the table was compiled from, named in errors.
     """
 
     name: str
@@ -81,10 +82,11 @@ class EmbeddingBagConfig:
     weight_init_min: float | None = None
     weight_init_max: float | None = None
     optimizer: EmbeddingOptimizer | None = None
+    where: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "feature_names", tuple(self.feature_names))
-        where = f"table {self.name!r}"
+        where = self.describe()
         if self.num_embeddings < 1 or self.embedding_dim < 1:
             raise ValueError(f"{where}: num_embeddings and embedding_dim must be >= 1")
         if not self.feature_names:
@@ -96,6 +98,10 @@ class EmbeddingBagConfig:
             raise ValueError(
                 f"{where}: weight_init_min {low} is greater than weight_init_max {high}"
             )
+
+    def describe(self) -> str:
+        """`table 'cat_3'`, with its spec location when known."""
+        return f"table {self.name!r}" + (f" ({self.where})" if self.where else "")
 
     def init_range(self) -> tuple[float, float]:
         """The (min, max) of the uniform initialisation."""
@@ -317,7 +323,7 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         if compute_kernel not in COMPUTE_KERNELS:
             raise ValueError(
-                f"unknown compute_kernel {compute_kernel!r}; expected 'fused' or 'dense'"
+                f"unknown compute_kernel {compute_kernel!r}; expected one of {', '.join(COMPUTE_KERNELS)}"
             )
         if not tables:
             raise ValueError("EmbeddingBagCollection needs at least one table")
@@ -350,7 +356,7 @@ class EmbeddingBagCollection(nn.Module):
         self._select = KeySelection(self._lookup_names)
         self._check = IdCheck(
             self._lookup_names,
-            [t.name for t in self._lookup_tables],
+            [t.describe() for t in self._lookup_tables],
             [t.num_embeddings for t in self._lookup_tables],
         )
         self._init_weights()
@@ -517,9 +523,10 @@ def _build_groups(
     tbe_ops = _fbgemm() if compute_kernel == "fused" else None
     if compute_kernel == "fused":
         for t in tables:
-            if t.embedding_dim % 4:
+            if t.embedding_dim % FUSED_DIM_MULTIPLE:
                 raise ValueError(
-                    f"table {t.name!r}: embedding_dim {t.embedding_dim} is not a multiple of 4, "
+                    f"{t.describe()}: embedding_dim {t.embedding_dim} is not a multiple of "
+                    f"{FUSED_DIM_MULTIPLE}, "
                     "which the fused (fbgemm) kernel requires; use compute_kernel='dense'"
                 )
         if tbe_ops is None:

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.data.batch import Batch
+from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.console import Console, format_metrics
 from runtime.reporting.run_log import RunLog
@@ -40,7 +41,7 @@ class TrainingMonitor:
 
     def __init__(
         self,
-        heads: Sequence[Mapping[str, Any]],
+        heads: Sequence[HeadConfig],
         *,
         steps: int,
         log_every: int,

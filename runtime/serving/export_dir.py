@@ -1,6 +1,6 @@
 """Serving an export directory: its manifest, its weights, its ahead-of-time program.
 
-`reccompile export` writes a directory (see compiler/export.py) that this
+`reccompile export` writes a directory (see compiler/serving/export.py) that this
 module reads without the compiler:
 
     manifest.json         what is there: spec hash, precision and size per table, sha256 per file
@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from runtime.sparse.jagged import KeyedJaggedTensor
+from runtime.modules.losses import HeadConfig
 from runtime.storage.manifest import MANIFEST, FileProblem, ManifestProblem, check_file, file_facts, read_manifest
 
 __all__ = [
@@ -180,18 +181,18 @@ def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Mod
 
 
 def head_scores(
-    outputs: Mapping[str, torch.Tensor], heads: Sequence[Mapping[str, Any]]
+    outputs: Mapping[str, torch.Tensor], heads: Sequence[HeadConfig]
 ) -> dict[str, torch.Tensor]:
     """Per head: sigmoid of the logit (bce), softmax over classes (softmax), the value (mse)."""
     scores = {}
     for head in heads:
-        output = outputs[head["name"]]
-        if head["loss"] == "bce":
-            scores[head["name"]] = torch.sigmoid(output)
-        elif head["loss"] == "softmax":
-            scores[head["name"]] = torch.softmax(output, dim=1)
+        output = outputs[head.name]
+        if head.loss == "bce":
+            scores[head.name] = torch.sigmoid(output)
+        elif head.loss == "softmax":
+            scores[head.name] = torch.softmax(output, dim=1)
         else:
-            scores[head["name"]] = output
+            scores[head.name] = output
     return scores
 
 

@@ -1,8 +1,8 @@
-"""The plain training loop, and the dense optimizer a spec names.
+"""The plain training loop.
 
 Embedding tables update themselves in backward (their optimizer is fused
 into the embedding kernels), so the loop only steps the dense optimizer over
-`model.dense_parameters()`.
+`model.dense_parameters()` (runtime/train/dense_optimizer.py makes it).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -33,34 +33,6 @@ class TrainSummary:
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
         }
-
-
-def make_dense_optimizer(
-    config: Mapping[str, Any], params: Iterable[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
-    """The torch optimizer for a spec's `dense_optimizer` entry."""
-    kind, lr = config["type"], config["lr"]
-    params = list(params)
-    # The fused kernels update all parameters in one pass: on CPU, Adagrad's
-    # default per-tensor loop costs ~100x more than its fused form.
-    on_cpu = all(p.device.type == "cpu" for p in params)
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=config["weight_decay"], fused=True)
-    if kind == "adagrad":
-        fast = {"fused": True} if on_cpu else {"foreach": True}  # fused Adagrad is CPU-only
-        return torch.optim.Adagrad(
-            params, lr=lr, eps=config["eps"], weight_decay=config["weight_decay"], **fast
-        )
-    if kind == "adam":
-        return torch.optim.Adam(
-            params,
-            lr=lr,
-            betas=(config["beta1"], config["beta2"]),
-            eps=config["eps"],
-            weight_decay=config["weight_decay"],
-            fused=True,
-        )
-    raise ValueError(f"dense optimizer {kind!r} is not supported (sgd, adagrad or adam)")
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:

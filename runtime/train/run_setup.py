@@ -22,7 +22,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from runtime.data.batch import Batch
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.sources import choose_data, open_reader
+from runtime.modules.losses import HeadConfig
 from runtime.train.evaluate import evaluate
 from runtime.reporting.monitor import TrainingMonitor
 from runtime.reporting import console
@@ -97,6 +98,7 @@ def setup_run(
     args: argparse.Namespace,
     spec: Mapping[str, Any],
     *,
+    heads: Sequence[HeadConfig],
     model: torch.nn.Module,
     module_path: str,
     synthetic: Callable[[], Iterator[Batch]],
@@ -141,12 +143,12 @@ def setup_run(
 
         def evaluate_split() -> dict[str, Any]:
             local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], **shape)
-            return evaluate(model, local, spec["heads"], process_group, device)
+            return evaluate(model, local, heads, process_group, device)
 
         evaluation = evaluate_split
 
     monitor = TrainingMonitor(
-        spec["heads"],
+        heads,
         steps=steps,
         log_every=log_every,
         global_batch_size=global_batch,

@@ -1,7 +1,7 @@
 """TrainPipeline: the next batch's input side runs while this batch trains.
 
 The compiler cuts the model's graph at the pipeline boundary
-(compiler/split.py), and the generated Model has the two stages as methods;
+(compiler/lowering/split.py), and the generated Model has the two stages as methods;
 `forward` is the one after the other, so the plain loop and this pipeline
 run the same compiled code:
 

@@ -32,7 +32,8 @@ from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
 from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     torch.manual_seed(seed)
     model = module.build(process_group=process_group, device=device)
-    optimizer = make_dense_optimizer(training["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     checkpoints = checkpointing.Checkpointing(args, module, model, optimizer, process_group, rank)
     start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
     # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
@@ -108,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_io = run_setup.setup_run(
         args,
         module.SPEC,
+        heads=module.HEADS,
         model=model,
         module_path=args.module,
         synthetic=lambda: synthetic_batches(module, batch_size, seed, rank, world_size, start_step),

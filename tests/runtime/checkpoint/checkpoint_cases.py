@@ -20,7 +20,8 @@ import torch.distributed as dist
 
 from runtime.checkpoint import store as checkpoint
 from runtime.sharding import distribute_dense
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 from runtime.train.worker import load_module
 
 BATCH = 64
@@ -78,8 +79,7 @@ def fresh(module: ModuleType, process_group: dist.ProcessGroup | None = None):
     """The model (its dense part in DDP on several ranks) and dense optimizer, as the worker has them."""
     torch.manual_seed(module.SPEC["training"]["seed"])
     model = module.build(process_group=process_group)
-    training = module.SPEC["training"]
-    optimizer = make_dense_optimizer(training["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     return distribute_dense(model, process_group), optimizer
 
 

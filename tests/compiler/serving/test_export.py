@@ -30,10 +30,10 @@ import torch
 from compiler.cli import main
 from runtime.checkpoint.store import load_checkpoint
 from runtime.serving.export_dir import ExportError, load
-from runtime.train.loop import make_dense_optimizer
+from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.worker import load_module
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPEC = """\
 version: 1
 name: small_rec
@@ -92,7 +92,7 @@ def reference_scores(work: Path) -> list[list[str]]:
     """The training module in eval mode, checkpoint loaded, on predict's synthetic batches."""
     module = load_module(str(work / "build" / "small_rec.py"))
     model = module.build()
-    optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     load_checkpoint(work / "ckpt", model, optimizer, spec_sha256=module.SPEC_SHA256)
     model.eval()
     rows = []
