@@ -101,6 +101,12 @@ def read_manifest_file(checkpoint: Path) -> dict[str, Any]:
             f"{path}: not a {FORMAT} version {FORMAT_VERSION} manifest "
             f"(format {manifest['format']!r}, version {manifest['format_version']!r})"
         )
+    named = _STEP_DIR.match(checkpoint.name)
+    if named and int(named.group(1)) != manifest["step"]:
+        raise CheckpointError(
+            f"{path}: says step {manifest['step']!r} but the directory is named for step "
+            f"{int(named.group(1))}: the checkpoint was moved or edited"
+        )
     return manifest
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,12 @@ def _train(tmp_path: Path, capsys, seed: int) -> list[str]:
 
 def test_train_prints_progress_then_one_json_line(tmp_path: Path, capsys) -> None:
     lines = _train(tmp_path, capsys, seed=3)
-    assert [line.split()[:2] for line in lines[:-1]] == [["step", "3/6"], ["step", "6/6"]]
+    assert re.fullmatch(r"training two_tower_movielens on 1 rank: \d+ threads? per rank \(\d+ of \d+ cores free\)", lines[0])
+    assert [line.split()[:2] for line in lines[1:-1]] == [["step", "3/6"], ["step", "6/6"]]
     summary = json.loads(lines[-1])
-    assert set(summary) == {"steps", "samples_per_s", "loss_first", "loss_last", "metrics"}
+    assert set(summary) == {
+        "steps", "samples_per_s", "loss_first", "loss_last", "eval_seconds", "checkpoint_seconds", "metrics"
+    }  # fmt: skip
     assert set(summary["metrics"]["like"]) == {"ne", "auc", "accuracy"}
     assert summary["steps"] == 6 and summary["samples_per_s"] > 0
 
