@@ -81,14 +81,14 @@ def run(args: argparse.Namespace) -> int:
         ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
         print(f"training {lowered.ir.name} on {ranks}: {choice.describe()}", flush=True)
         if world_size == 1:
-            try:
-                return worker.run(ready)
-            except KeyboardInterrupt:
-                print(interrupted_message(ready.checkpoint_dir), file=sys.stderr)
-                return 130
+            return worker.run(ready)
         return run_torchrun(_torchrun_command(args, ready), ready.checkpoint_dir, threads=choice.threads)
 
-    return reporting_errors(action)
+    try:
+        return reporting_errors(action)
+    except KeyboardInterrupt:  # Ctrl-C in this process (torchrun's ranks: run_torchrun stops them)
+        print(interrupted_message(options.checkpoint_dir), file=sys.stderr)
+        return 130
 
 
 def _world_size(args: argparse.Namespace) -> int:

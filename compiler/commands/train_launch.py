@@ -1,7 +1,8 @@
 """Running torchrun for `reccompile train`, so that the job always ends with a message.
 
     a rank's error      every failing rank prints `error: rank R: MESSAGE`; each distinct
-                        message is shown once, torchrun's failure report after it not at all
+                        message is shown once when the job ends, torchrun's failure report
+                        not at all
     a rank's death      a rank killed by a signal (torchrun's "exitcode: -9") becomes one
                         line naming the rank, the signal and the checkpoint to resume from
     Ctrl-C              torchrun (in its own session, so a terminal's Ctrl-C reaches only
@@ -51,10 +52,11 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
         process.wait()
         print(interrupted_message(checkpoint_dir), file=sys.stderr)
         return 130
-    if status != 0 and report.killed is not None:
+    if status != 0 and report.killed is not None:  # the other ranks' errors follow from it
         rank, number = report.killed
-        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
-        print(f"error: rank {rank} was killed by signal {number} ({name}); {_where(checkpoint_dir)}", file=sys.stderr)
+        print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)
+    else:
+        sys.stderr.writelines(report.errors.values())
     return status
 
 
@@ -62,30 +64,38 @@ class _Report:
     """What torchrun's stderr said: whether a worker reported an error, which rank a signal killed."""
 
     def __init__(self) -> None:
-        self.errors: set[str] = set()
+        self.errors: dict[str, str] = {}  # each distinct worker error message -> its first line
         self.killed: tuple[int, int] | None = None  # (rank, signal number) of the first failure
 
 
 def _pass_through(stream: IO[str]) -> _Report:
     report = _Report()
-    in_torchrun_report = False
+    in_torchrun_report = in_root_cause = False
     rank: int | None = None
     for line in stream:
         match = _WORKER_ERROR.match(line)
         if match:
-            if match.group(2) not in report.errors:
-                report.errors.add(match.group(2))
-                sys.stderr.write(line)
+            report.errors.setdefault(match.group(2), line)
             continue
         in_torchrun_report = in_torchrun_report or bool(_TORCHRUN_REPORT.match(line))
         if not in_torchrun_report and not report.errors:
             sys.stderr.write(line)
+        in_root_cause = in_root_cause or line.startswith("Root Cause")
+        if not in_root_cause:
+            continue
         if (found := _RANK.match(line)) is not None:
             rank = int(found.group(1))
         elif (code := _EXITCODE.match(line)) is not None and rank is not None and report.killed is None:
-            if int(code.group(1)) < 0 and not report.errors:
+            if int(code.group(1)) < 0:
                 report.killed = (rank, -int(code.group(1)))
     return report
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
 
 
 def interrupted_message(checkpoint_dir: Path | None) -> str:
