@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         problem = outdir_problem("-o", args.outdir)
         if problem is not None:
             raise UsageError(problem)
-        options = train_options.from_args(args, module="")
+        options = train_options.from_args(args, module="", world_size=world_size)
     except UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -69,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
     def action() -> int:
         lowered = compile_spec(args.spec, options_from_args(args, world_size=world_size))
         spec = spec_literal(lowered.ir)
+        ready = options.with_spec_defaults(spec["training"])
         try:
-            ready = options.for_world(spec["training"], world_size)
             reads_files = choose_data(options.data, spec).reader != "synthetic"
-        except (UsageError, DataError) as error:
+        except DataError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         choice = _threads(ready, args.nproc, reads_files)

@@ -2,8 +2,8 @@
 
 `reccompile train` builds it from its command line (`add_arguments`,
 `from_args`: every usage error is a `UsageError` with one line naming the
-flag and the value), fills the spec's defaults and the world size in
-(`for_world`), and hands it to the workers: in-process for one rank, as
+flag and the value), fills the spec's defaults in (`with_spec_defaults`),
+and hands it to the workers: in-process for one rank, as
 JSON on the worker's command line under torchrun (`to_json`, `from_json`).
 The worker trusts what it receives and checks nothing again.
 
@@ -61,20 +61,12 @@ class TrainOptions:
         pipelined = self.pipeline if self.pipeline is not None else world_size > 1
         return self.pipeline_depth if pipelined else 1
 
-    def for_world(self, training: Mapping[str, Any], world_size: int) -> TrainOptions:
-        """These options with the spec's `training` defaults filled in, checked against `world_size`."""
-        batch_size = self.batch_size if self.batch_size is not None else training["batch_size"]
-        where = "--batch-size" if self.batch_size is not None else "the spec's training.batch_size"
-        if batch_size < world_size:
-            raise UsageError(
-                f"{where} {batch_size} is less than the {world_size} ranks: each rank needs at least one sample"
-            )
-        if batch_size % world_size != 0:
-            raise UsageError(f"{where} {batch_size} does not divide evenly over {world_size} ranks")
+    def with_spec_defaults(self, training: Mapping[str, Any]) -> TrainOptions:
+        """These options with the spec's `training` steps, batch size and seed where none was given."""
         return dataclasses.replace(
             self,
             steps=self.steps if self.steps is not None else training["steps"],
-            batch_size=batch_size,
+            batch_size=self.batch_size if self.batch_size is not None else training["batch_size"],
             seed=self.seed if self.seed is not None else training["seed"],
         )
 
@@ -122,8 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pipelining.add_argument("--pipeline-depth", type=int, default=2, help="batches in flight (default 2)")
 
 
-def from_args(args: argparse.Namespace, module: str | Path) -> TrainOptions:
-    """The options of a parsed command line; UsageError for the first that cannot work."""
+def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1) -> TrainOptions:
+    """The options of a parsed command line for `world_size` ranks; UsageError for the first that cannot work.
+
+    (The spec's own batch size is checked against the world size by the compiler.)
+    """
     for flag, least in (
         ("--steps", 1), ("--batch-size", 1), ("--log-every", 1), ("--threads", 1), ("--eval-every", 0),
         ("--data-workers", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
@@ -132,6 +127,12 @@ def from_args(args: argparse.Namespace, module: str | Path) -> TrainOptions:
         if value is not None and value < least:
             bound = "at least 1" if least == 1 else "0 or more"
             raise UsageError(f"{flag} must be {bound}, got {value}")
+    if args.batch_size is not None and args.batch_size < world_size:
+        raise UsageError(
+            f"--batch-size {args.batch_size} is less than the {world_size} ranks: each rank needs at least one sample"
+        )
+    if args.batch_size is not None and args.batch_size % world_size != 0:
+        raise UsageError(f"--batch-size {args.batch_size} does not divide evenly over {world_size} ranks")
     if args.checkpoint_dir is None:
         for flag in ("--checkpoint-every", "--keep", "--resume", "--allow-spec-change"):
             if getattr(args, _dest(flag)) not in (None, False):
