@@ -1,8 +1,11 @@
-"""One writer per checkpoint directory: an exclusive `flock` on `DIR/.lock`, held while training.
+"""One writer per checkpoint directory: an exclusive POSIX lock on `DIR/.lock`, held while training.
 
 The lock file keeps the holder's pid, so a second job is told who writes
 there. The kernel drops the lock when the holder exits, however it exits,
-so a killed job never leaves a stale lock behind.
+so a killed job never leaves a stale lock behind. A POSIX (`lockf`) lock
+belongs to the process, not to the open file: the DataLoader workers that
+rank 0 forks do not hold it, so a rank that torchrun restarts gets it back
+at once, without waiting for its predecessor's workers to notice and exit.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ class DirectoryLock:
         self.path = directory / LOCK_FILE
         self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
             holder = os.read(self._fd, 32).decode("ascii", "replace").strip() or "unknown"
             os.close(self._fd)
             self._fd = None
@@ -38,5 +41,5 @@ class DirectoryLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor drops the flock
+            os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None

@@ -14,7 +14,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -125,7 +124,7 @@ def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
     for line in process.stdout:
         lines.append(line)
         if kill and line.startswith(f"step {KILL_AFTER:>5}/"):
-            os.kill(worker_pid(str(checkpoints), rank=1), signal.SIGKILL)
+            os.kill(cc.worker_pids(str(checkpoints))[1], signal.SIGKILL)
             kill = False
     assert process.wait(timeout=300) == 0, "".join(lines) + errors.read_text()
     log = (directory / "log" / "metrics.jsonl").read_text().splitlines()
@@ -133,25 +132,6 @@ def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
     # A restarted run rewrites the log: it holds the steps after the resume.
     losses = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
     return Run("".join(lines), losses)
-
-
-def worker_pid(marker: str, rank: int) -> int:
-    """The pid of the runtime.train.worker process of `rank` whose command line contains `marker`."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                if b"runtime.train.worker" not in argv or not any(marker.encode() in a for a in argv):
-                    continue
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ:
-                return int(entry.name)
-    raise AssertionError(f"no worker process of rank {rank} for {marker}")
 
 
 def printed(out: str) -> list[tuple[int, str]]:
