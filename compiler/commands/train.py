@@ -115,8 +115,7 @@ def _whole(text: str, flag: str) -> int:
 
 def _threads(options: TrainOptions, nproc: int, reads_files: bool) -> ThreadChoice:
     if options.threads is not None:
-        usable = len(os.sched_getaffinity(0))
-        return ThreadChoice(options.threads, usable, usable)
+        return ThreadChoice(options.threads, None, len(os.sched_getaffinity(0)))
     return choose_threads(nproc, options.data_workers if reads_files else 0)
 
 

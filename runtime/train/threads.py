@@ -21,11 +21,14 @@ PROBE_SECONDS = 0.2
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int  # per rank
-    free: int  # cores free at launch
+    free: int | None  # cores free at launch; None: not measured (--threads given)
     usable: int  # cores this process may run on
 
     def describe(self) -> str:
-        return f"{self.threads} thread{'s' if self.threads != 1 else ''} per rank ({self.free} of {self.usable} cores free)"
+        threads = f"{self.threads} thread{'s' if self.threads != 1 else ''} per rank"
+        if self.free is None:
+            return f"{threads} (--threads; {self.usable} cores usable)"
+        return f"{threads} ({self.free} of {self.usable} cores free)"
 
 
 def choose_threads(ranks: int, data_workers: int, probe_seconds: float = PROBE_SECONDS) -> ThreadChoice:

@@ -36,3 +36,4 @@ def test_the_probe_measures_idle_cpus_on_this_machine() -> None:
     assert idle is not None and 0.0 <= idle <= os.cpu_count()
     assert ThreadChoice(1, 1, 2).describe() == "1 thread per rank (1 of 2 cores free)"
     assert ThreadChoice(3, 7, 8).describe() == "3 threads per rank (7 of 8 cores free)"
+    assert ThreadChoice(2, None, 2).describe() == "2 threads per rank (--threads; 2 cores usable)"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from pathlib import Path
 
 import pytest
 
