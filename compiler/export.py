@@ -11,6 +11,7 @@ The steps, in order:
     read_checkpoint                  -> the full single-process state (dense + whole tables), checked
     quantize and write               -> OUT/weights/dense.pt, OUT/weights/tables/<table>.pt, OUT/layout.json
     export_program                   -> OUT/<name>.pt2 (torch.export: lookup + dense part)
+    the checkpoint's vocab.json      -> OUT/vocab.json (MovieLens: the ids training mapped, for predict)
     manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
 
 The directory is written next to OUT and renamed into place at the end, so
@@ -36,7 +37,8 @@ from compiler.ir import ModelIR
 from compiler.lower_inference import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.checkpoint.store import load_model_state, read_manifest
+from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
+from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.serving.export_dir import (
     DENSE_FILE,
     FORMAT,
@@ -48,6 +50,7 @@ from runtime.serving.export_dir import (
     import_module,
     table_file,
 )
+from runtime.storage.manifest import write_manifest
 from runtime.serving.quant_embedding import PRECISIONS, row_bytes
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
@@ -102,8 +105,11 @@ def export(request: ExportRequest) -> dict[str, Any]:
         layout = model.sparse_arch.layout() if ir.tables else {"tables": []}
         (staging / "layout.json").write_text(json.dumps(layout, indent=2) + "\n")
         aot = _write_program(model, ir, staging) if request.aot else None
+        vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
+        if vocabulary.is_file():  # the ids training mapped: predict must map them alike
+            shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(staging / MANIFEST, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -143,7 +149,7 @@ def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str])
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The manifest and full single-process model state of a checkpoint (or of the latest one in a
     directory of them), read by runtime.checkpoint.store without a process group."""
-    return read_manifest(directory), load_model_state(directory)
+    return read_checkpoint_manifest(directory), load_model_state(directory)
 
 
 def _check_spec(ir: ModelIR, checkpoint: Mapping[str, Any], request: ExportRequest) -> None:
@@ -268,6 +274,7 @@ def _manifest(
         "tables_fp32_bytes": fp32,
         "tables_compression": round(fp32 / on_disk, 3) if on_disk else None,
         "aot": None if aot is None else {**aot, **file_facts(staging / aot["file"])},
+        "vocabulary": facts(VOCABULARY_FILE) if (staging / VOCABULARY_FILE).is_file() else None,
         "heads": [
             {"name": h.name, "loss": h.loss, "label": h.label, "num_classes": h.num_classes} for h in ir.heads
         ],

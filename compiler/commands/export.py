@@ -79,6 +79,7 @@ def summary(manifest: dict, outdir: Path) -> str:
     )
     files = [manifest["module"], manifest["layout"], manifest["dense"]]
     files += [manifest["aot"]] if manifest["aot"] else []
+    files += [manifest["vocabulary"]] if manifest["vocabulary"] else []
     lines += [f"wrote {outdir / entry['file']} ({entry['bytes']:,} bytes)" for entry in files]
     lines.append(f"wrote {outdir / 'weights' / 'tables'}/ ({len(manifest['tables'])} tables)")
     lines.append(f"wrote {outdir / 'manifest.json'}")

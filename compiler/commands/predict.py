@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from compiler.commands.common import positive_int
-from runtime.serving.export_dir import ExportError, load
+from runtime.serving.export_dir import ExportError, data_file, load
 from runtime.serving.predict import predict_file
 
 
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         module, model = load(args.export, verify=args.verify)
         spec = module.SPEC
+        vocabulary = data_file(args.export, "vocabulary", verify=args.verify)
         report = predict_file(
             model,
             spec,
@@ -60,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
             seed=spec["training"]["seed"] if args.seed is None else args.seed,
             bad_rows_policy=args.bad_rows,
             rating_threshold=args.rating_threshold,
+            vocabulary=vocabulary,
             warn=lambda message: print(f"warning: {message}", file=sys.stderr),
         )
     except (ExportError, DataError, IndexError) as error:

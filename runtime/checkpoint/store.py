@@ -5,7 +5,7 @@ exactly where it was: the embedding tables and their fused optimizer state,
 the dense parameters and the dense optimizer's state, the step, each rank's
 RNG states and data position, the sharding plan and the spec's sha256.
 `load_checkpoint` puts them back, at any world size and with any plan for
-the same spec. `load_model_state` and `read_manifest` read a checkpoint in
+the same spec. `load_model_state` and `read_checkpoint_manifest` read a checkpoint in
 one process without a process group (the inference export uses them).
 Where the files go, and why a save killed halfway harms nothing, is
 `runtime.checkpoint.files`; the worker's options are `runtime.train.checkpointing`.
@@ -85,7 +85,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "load_model_state",
-    "read_manifest",
+    "read_checkpoint_manifest",
     "save_checkpoint",
 ]
 
@@ -119,6 +119,7 @@ def save_checkpoint(
     batch_size: int | None = None,
     keep: int | None = None,
     process_group: dist.ProcessGroup | None = None,
+    files: Mapping[str, bytes] | None = None,
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
@@ -126,6 +127,9 @@ def save_checkpoint(
     (see the module docstring); `batch_size` the global batch the steps
     consumed (kept as the manifest's "global_batch_size"); `keep` prunes all
     but the newest `keep`.
+    `files` (name -> contents, rank 0's) are saved beside the state and listed
+    with their hashes in the manifest: what training used to read its data,
+    such as the MovieLens vocabulary, travels with the weights it shaped.
     """
     root = Path(directory)
     group = _group(process_group)
@@ -145,6 +149,8 @@ def save_checkpoint(
         manifest["global_batch_size"] = batch_size
 
     def finish() -> Path:
+        for name, contents in (files or {}).items():
+            (partial / name).write_bytes(contents)
         final = commit(partial, manifest)
         if keep is not None:
             prune(root, keep)
@@ -206,7 +212,7 @@ def load_checkpoint(
     )
 
 
-def read_manifest(directory: str | Path) -> dict[str, Any]:
+def read_checkpoint_manifest(directory: str | Path) -> dict[str, Any]:
     """The manifest of the latest complete checkpoint in `directory` (or of `directory` itself).
 
     At least "spec_sha256", "step", "world_size" and "plan"; "path" is the

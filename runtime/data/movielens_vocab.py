@@ -8,8 +8,11 @@ sorted list takes row k + 1. Genres come from the movies file beside the
 ratings (`u.item`, `movies.dat` or `movies.csv`), rows in sorted name order
 (ml-100k's fixed genre list in its own order).
 
-The vocabulary is saved as JSON beside the checkpoint (the generated module)
-and reused while the ratings file is unchanged (same path, size and mtime).
+The vocabulary is saved as JSON beside the generated module and reused while
+the ratings file is unchanged (same path, size and mtime). Every checkpoint
+carries a copy (VOCABULARY_FILE), and so does an export of it: prediction
+maps ids with the vocabulary training used, never one built from the file it
+scores.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from runtime.data.errors import DataError
 from runtime.data.text_lines import numbered_lines
 
 VOCAB_FORMAT = 1
+# The vocabulary's name inside a checkpoint and an export directory.
+VOCABULARY_FILE = "vocab.json"
 # ml-100k's u.item flags, in file order (from its README / u.genre).
 ML100K_GENRES = (
     "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
@@ -81,6 +86,17 @@ def load_or_build(
         temporary.write_text(json.dumps(document))
         temporary.replace(saved)  # atomic: a reader never sees half a file
     return vocabulary
+
+
+def read_vocabulary(path: Path) -> Vocabulary:
+    """The vocabulary saved at `path`, whatever file it was built from (a checkpoint's, an export's)."""
+    try:
+        document = json.loads(path.read_text())
+        if document.get("format") != VOCAB_FORMAT:
+            raise ValueError(f"format {document.get('format')!r}, expected {VOCAB_FORMAT}")
+        return Vocabulary(_rows(document["userId"]), _rows(document["movieId"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DataError(f"{path}: not a readable MovieLens vocabulary ({error})") from None
 
 
 def with_genres(vocabulary: Vocabulary, movies_file: Path, layout: str) -> Vocabulary:

@@ -39,9 +39,7 @@ optimizer state (see `runtime.embeddings.optim`), identical for both kernels.
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -51,7 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
+from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
@@ -292,13 +292,14 @@ class EmbeddingBagCollection(nn.Module):
     `forward(features)` returns a KeyedTensor with one B x dim block per
     feature, in `feature_names()` order. With `is_weighted` the KJT's weights
     multiply the ids (TorchRec's convention); otherwise weights are ignored.
-    `bounds_check` (default on) checks every id against its table's rows in
-    Python, vectorised, before any kernel runs, and raises an IndexError naming
-    the feature, id and table; fbgemm's own check is off. With
-    `bounds_check=False` ids are trusted: an out-of-range id then makes the
-    fused kernel read out of bounds. `lookup_threads` (default: torch's
+    `bounds_check` (default on) checks the batch's layout and every id against
+    its table's rows before any kernel runs (runtime/embeddings/ids.py) and
+    raises a ValueError naming the feature, sample and numbers; fbgemm's own
+    check is off. With `bounds_check=False` the batch is trusted: a bad one
+    then makes the fused kernel read out of bounds. `lookup_threads` (default: torch's
     intra-op threads at construction) cuts the fused tables on the CPU into
-    that many groups, looked up side by side (runtime/embeddings/concurrent.py).
+    that many groups, looked up side by side (runtime/embeddings/concurrent.py)
+    where that is the faster at the batch's shapes (runtime/cpu/choice.py, kernel 'lookup').
     """
 
     optimizer_in_backward = True
@@ -347,9 +348,10 @@ class EmbeddingBagCollection(nn.Module):
             self._groups[0], _DenseGroup
         )
         self._select = KeySelection(self._lookup_names)
-        self._limits: tuple[tuple[int, ...], torch.Tensor] | None = None
-        self._lookup_rows = torch.tensor(
-            [t.num_embeddings for t in self._lookup_tables], device=device
+        self._check = IdCheck(
+            self._lookup_names,
+            [t.name for t in self._lookup_tables],
+            [t.num_embeddings for t in self._lookup_tables],
         )
         self._init_weights()
 
@@ -384,6 +386,8 @@ class EmbeddingBagCollection(nn.Module):
         return {name: tensors["weight"] for name, tensors in self._table_tensors().items()}
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        if self.bounds_check:
+            features = self._check(features)
         kjt = self._select(features)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
@@ -391,8 +395,6 @@ class EmbeddingBagCollection(nn.Module):
                 "EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights"
             )
         values, offsets = kjt.values(), kjt.offsets()
-        if self.bounds_check:
-            self._check_bounds(values, kjt.length_per_key())
         value_offsets = kjt.offset_per_key() if self._needs_value_offsets else None
         if len(self._groups) == 1:
             pooled = self._groups[0](values, offsets, weights, value_offsets)
@@ -421,23 +423,30 @@ class EmbeddingBagCollection(nn.Module):
                 )
             )
             first = last
-        return run_concurrently(lookups, min(self.lookup_threads, torch.get_num_threads()))
+        threads = min(self.lookup_threads, torch.get_num_threads())
+        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, values, batch, threads) == "sequential":
+            threads = 1
+        return run_concurrently(lookups, threads)
 
-    def _check_bounds(self, values: torch.Tensor, length_per_key: list[int]) -> None:
-        key = tuple(length_per_key)
-        if self._limits is None or self._limits[0] != key:
-            counts = torch.tensor(length_per_key, device=self._lookup_rows.device)
-            limits = self._lookup_rows.repeat_interleave(counts, output_size=values.numel())
-            self._limits = (key, limits)
-        bad = values.ge(self._limits[1]).logical_or_(values.lt(0))
-        if bad.any():
-            position = int(bad.nonzero()[0])
-            feature = bisect.bisect_right(list(itertools.accumulate(length_per_key)), position)
-            table = self._lookup_tables[feature]
-            raise IndexError(
-                f"feature {self._lookup_names[feature]!r}: id {int(values[position])} out of range "
-                f"for table {table.name!r} with {table.num_embeddings} rows"
-            )
+    def _choose_concurrency(
+        self, lookups: list[Callable[[], torch.Tensor]], values: torch.Tensor, batch: int, threads: int
+    ) -> str:
+        """'concurrent' or 'sequential' groups at these shapes, timed on the forward alone: a timed
+        backward would step the fused optimizer."""
+        rows = sum(t.num_embeddings for t in self._tables)
+        width = sum(t.embedding_dim * len(t.feature_names) for t in self._tables)
+        shape = (
+            f"b{choice.bucket(batch)}_ids{choice.bucket(values.numel())}_tables{len(self._tables)}"
+            f"_rows{rows}_width{width}_groups{len(lookups)}_t{threads}"
+        )
+
+        def timed(count: int) -> Callable[[], object]:
+            def run() -> object:
+                with torch.no_grad():
+                    return run_concurrently(lookups, count)
+            return run
+
+        return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
 
     # State dict: one entry per table tensor, the same for both kernels.
 
@@ -482,10 +491,8 @@ class EmbeddingBagCollection(nn.Module):
         if recurse:
             for group in self._groups:
                 group._apply(fn)
-            self._lookup_rows = fn(self._lookup_rows)
             if self._output_columns is not None:
                 self._output_columns = fn(self._output_columns)
-            self._limits = None
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:

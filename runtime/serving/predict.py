@@ -5,7 +5,8 @@ process, without the compiler. Samples come in batches from
 
     synthetic          the spec's synthetic batches (runtime.data.synthetic), ids 0, 1, 2, ...
     criteo:PATH        Criteo TSV lines (runtime.data.criteo)
-    movielens:PATH     MovieLens ratings (runtime.data.movielens)
+    movielens:PATH     MovieLens ratings (runtime.data.movielens), ids mapped with the
+                       vocabulary training used (the export's vocab.json)
 
 and each becomes one CSV row: `id` (synthetic) or `file,line` (files), then
 one column per head: the sigmoid of the logit (bce), the value (mse), or one
@@ -128,8 +129,13 @@ def predict_file(
     bad_rows_policy: str = "fail",
     rating_threshold: float | None = None,
     warn: Any = None,
+    vocabulary: Path | None = None,
 ) -> PredictionReport:
-    """Predict every sample of `data` (see the module docstring) into the CSV file `output`."""
+    """Predict every sample of `data` (see the module docstring) into the CSV file `output`.
+
+    `vocabulary`: the saved MovieLens vocabulary training used (an export's
+    vocab.json); without it MovieLens ids map through one built from `data`.
+    """
     started = time.perf_counter()
     log = None
     if data == "synthetic":
@@ -139,8 +145,11 @@ def predict_file(
         from runtime.data.movielens import DEFAULT_THRESHOLD
         from runtime.data.sources import choose_data, open_reader
 
+        from runtime.data.movielens_vocab import read_vocabulary
+
         threshold = DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold
-        reader = open_reader(spec, choose_data(data, spec), threshold=threshold)
+        known = None if vocabulary is None else read_vocabulary(vocabulary)
+        reader = open_reader(spec, choose_data(data, spec), threshold=threshold, vocabulary=known)
         log = BadRowLog(bad_rows_policy, warn)
         samples, id_columns = file_samples(reader, batch_size, log), ["file", "line"]
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,11 @@ output order (table order, then each table's features), forward only.
 All tables live in one fbgemm `IntNBitTableBatchedEmbeddingBagsCodegen`
 layout, each at its own precision; one call of fbgemm's
 `int_nbit_split_embedding_codegen_lookup_function` pools every feature, or on
-the CPU (float32 output, outside tracing) runtime/native's quant_pool.c, which
+the CPU (float32 output, outside tracing) runtime/cpu/native's quant_pool.c, which
 reads the same layout, gives the same bits, and splits the bags over torch's
 threads where fbgemm's kernel uses one (1.2-3.4x faster at batch 512 with 20
-ids per feature). The TBE class is built only to lay the tables out (its
+ids per feature), where it is the faster at the batch's shapes
+(runtime/cpu/choice.py, kernel 'quant_pool'). The TBE class is built only to lay the tables out (its
 offsets, row sizes and type codes); the collection owns the weight bytes as a
 buffer and calls the kernel itself, because the TBE module holds TorchScript objects that
 `torch.export` cannot trace and adds per-call work a server does not need.
@@ -41,7 +42,7 @@ the layout above (uint8, rows x row bytes).
 
 from __future__ import annotations
 
-import bisect
+import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -60,8 +61,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
-from runtime.cpu import native
+from runtime.cpu import choice, native
 from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
+from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
 
@@ -165,9 +167,10 @@ class QuantEmbeddingBagCollection(nn.Module):
     `load_state_dict` (stored rows). Pooled embeddings come out in
     `output_dtype`: float32, or bfloat16 / float16 for dense blocks that
     compute in it (the kernel accumulates in float32 and rounds once). With
-    `bounds_check` (default on), ids are checked by fbgemm's bounds check
-    before the lookup, and an id out of range raises an IndexError naming the
-    feature, id and table.
+    `bounds_check` (default on), ids and offsets are checked as the native
+    kernel pools (or by fbgemm's bounds check before fbgemm's kernel), and a
+    batch either refuses raises the ValueError of runtime/embeddings/ids.py
+    naming the feature, sample and numbers.
     """
 
     def __init__(
@@ -204,6 +207,11 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._feature_tables = [t for t in tables for _ in t.feature_names]
         self._has_mean = any(t.pooling == "mean" for t in tables)
         self._select = KeySelection(self._feature_names)
+        self._check = IdCheck(
+            self._feature_names,
+            [t.name for t in self._feature_tables],
+            [t.num_embeddings for t in self._feature_tables],
+        )
 
         tbe = self._fbgemm_module(device)
         tbe.initialize_logical_weights_placements_and_offsets()
@@ -244,6 +252,8 @@ class QuantEmbeddingBagCollection(nn.Module):
             out_offsets=tbe.D_offsets[:-1].to(torch.int64),
             total_dim=tbe.total_D,
         )
+        layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), self._feature_dims))
+        self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -388,21 +398,54 @@ class QuantEmbeddingBagCollection(nn.Module):
         native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
             [self.weights, values], dtype=None
         )
-        if self.bounds_check and not native_kernel:  # the native kernel checks ids as it pools
+        if native_kernel and self._choose(values, offsets, weights, kjt) == "native":
+            return self._native_pool(values, offsets, weights, kjt)
+        return self._fbgemm_pool(values, offsets, weights, kjt)
+
+    def _choose(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+    ) -> str:
+        """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
+        out-of-range id raises there, before fbgemm's kernel could read past a table)."""
+        features = len(self._feature_names)
+        shape = (
+            f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
+            f"_f{features}_{self._layout_key}"
+            f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if self.bounds_check else ''}"
+            f"_t{torch.get_num_threads()}"
+        )
+        return choice.choose("quant_pool", shape, {
+            "native": lambda: self._native_pool(values, offsets, weights, kjt),
+            "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt),
+        })
+
+    def _bag_weights(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
+        """The per-id weights, times 1 / bag length for the features pooled by mean."""
+        if not self._has_mean:
+            return weights
+        lengths = offsets[1:] - offsets[:-1]
+        per_bag = lengths.clamp(min=1).to(torch.float32).reciprocal()
+        batch = lengths.numel() // len(self._feature_names)
+        per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
+        scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
+        return scale if weights is None else weights * scale
+
+    def _native_pool(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+    ) -> torch.Tensor:
+        weights = self._bag_weights(values, offsets, weights)
+        rows = self.rows_per_feature if self.bounds_check else None  # the C kernel checks ids as it pools
+        pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
+        if pooled is None:
+            raise self._bad_id_error(values, offsets, kjt)
+        return pooled
+
+    def _fbgemm_pool(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+    ) -> torch.Tensor:
+        if self.bounds_check:
             self._check_bounds(values, offsets, kjt)
-        if self._has_mean:
-            lengths = offsets[1:] - offsets[:-1]
-            per_bag = lengths.clamp(min=1).to(torch.float32).reciprocal()
-            batch = lengths.numel() // len(self._feature_names)
-            per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
-            scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
-            weights = scale if weights is None else weights * scale
-        if native_kernel:
-            rows = self.rows_per_feature if self.bounds_check else None
-            pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
-            if pooled is None:
-                raise self._bad_id_error(values, offsets, kjt)
-            return pooled
+        weights = self._bag_weights(values, offsets, weights)
         dims = self._layout.max_dims
         return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights,
@@ -444,33 +487,12 @@ class QuantEmbeddingBagCollection(nn.Module):
 
     def _bad_id_error(
         self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None
-    ) -> Exception:
-        """The first id out of range, named by feature and table (eager mode only)."""
-        batch = (offsets.numel() - 1) // len(self._feature_names)
-        if kjt is not None:
-            length_per_key = kjt.length_per_key()
-        else:
-            bounds = offsets[::batch].tolist() if batch else [0] * (len(self._feature_names) + 1)
-            length_per_key = [end - start for start, end in itertools.pairwise(bounds)]
-        disagree = ValueError(
-            f"the batch's offsets do not fit its ids (batch size {batch}, {values.numel()} ids): "
-            "lengths and values disagree"
-        )
-        if sum(length_per_key) != values.numel() or min(length_per_key, default=0) < 0:
-            return disagree
-        limits = torch.tensor(
-            [t.num_embeddings for t in self._feature_tables], device=values.device
-        ).repeat_interleave(torch.tensor(length_per_key, device=values.device), output_size=values.numel())
-        bad = (values >= limits) | (values < 0)
-        if not bool(bad.any()):
-            return disagree
-        position = int(bad.nonzero()[0])
-        feature = bisect.bisect_right(list(itertools.accumulate(length_per_key)), position)
-        table = self._feature_tables[feature]
-        return IndexError(
-            f"feature {self._feature_names[feature]!r}: id {int(values[position])} out of range "
-            f"for table {table.name!r} with {table.num_embeddings} rows"
-        )
+    ) -> ValueError:
+        """What is wrong with a batch the kernel refused, named by feature and sample."""
+        if kjt is None:
+            batch = (offsets.numel() - 1) // len(self._feature_names)
+            kjt = KeyedJaggedTensor(self._feature_names, values, offsets=offsets, stride=batch)
+        return self._check.explain(kjt)
 
     # -- state: one `<table>.packed` entry per table ---------------------------
 

@@ -1,9 +1,9 @@
 """The input side every sharding type over several ranks shares, ending in the id all-to-all.
 
-`FeatureSelection` picks a group's features out of the batch (one fbgemm
-permute), `IdRangeCheck` checks ids against their tables on the rank that
-read them, and `IdsAllToAll` sends the bags to the ranks that look them up.
-The caller hands it a KeyedJaggedTensor already routed: keys grouped by
+`id_check` checks the batch and its ids against their tables on the rank
+that read them (runtime/embeddings/ids.py), `FeatureSelection` picks a
+group's features out of it (one fbgemm permute), and `IdsAllToAll` sends the
+bags to the ranks that look them up. The caller hands it a KeyedJaggedTensor already routed: keys grouped by
 destination rank (rank 0's slots first, each rank's in its slot order, see
 layout.py), each key one slot. Two collectives move it:
 
@@ -22,7 +22,6 @@ the lookup sees each slot as one list of bags over the global batch (rank
 
 from __future__ import annotations
 
-import bisect
 from typing import Sequence
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
@@ -30,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
+from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
 from runtime.sharding.awaitable import Awaitable
 
@@ -81,35 +81,16 @@ class FeatureSelection:
         return self._select(features)
 
 
-class IdRangeCheck:
-    """Raises IndexError naming the feature, id, table and rank when an id is out of range.
+def id_check(
+    features: Sequence[str], tables: Sequence[str], rows: Sequence[int], rank: int
+) -> IdCheck:
+    """The check of a batch on the rank that reads it, before any id leaves it.
 
-    Checked on the rank that reads the batch, before any id leaves it: a bad
-    id would otherwise be looked up (or bucketised) on another rank.
+    A bad layout or id would otherwise be bucketised, sent and looked up on
+    another rank; the messages name this rank.
     """
-
-    def __init__(
-        self, features: Sequence[str], tables: Sequence[str], rows: Sequence[int], rank: int
-    ) -> None:
-        self._features, self._tables, self._rows = list(features), list(tables), list(rows)
-        self._rank = rank
-        self._limits: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-    def __call__(self, kjt: KeyedJaggedTensor) -> None:
-        values, batch = kjt.values(), kjt.stride()
-        key = (batch, values.device)
-        if key not in self._limits:
-            rows = torch.tensor(self._rows, dtype=values.dtype, device=values.device)
-            self._limits[key] = rows.repeat_interleave(batch)
-        limits = self._limits[key].repeat_interleave(kjt.lengths(), output_size=values.numel())
-        bad = values.ge(limits).logical_or_(values.lt(0))
-        if bool(bad.any()):
-            position = int(bad.nonzero()[0, 0])
-            k = bisect.bisect_right(kjt.offset_per_key(), position) - 1
-            raise IndexError(
-                f"feature {self._features[k]!r}: id {int(values[position])} out of range for table "
-                f"{self._tables[k]!r} with {self._rows[k]} rows (on rank {self._rank})"
-            )
+    names = dict(zip(features, zip(tables, rows)))
+    return IdCheck(list(names), [t for t, _ in names.values()], [r for _, r in names.values()], rank)
 
 
 class IdsAllToAll:

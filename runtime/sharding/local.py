@@ -1,8 +1,9 @@
 """One rank's stages when nothing is distributed: the world-size-1 program.
 
 The stages still exist (input_dist -> lookup -> output_dist) so a model has
-the same structure at every world size; here the dists hand values through
-and the lookup pools whole tables, whatever the sharding type (at world size
+the same structure at every world size; here input_dist checks the batch
+(the lookup then trusts it), output_dist hands values through and the
+lookup pools whole tables, whatever the sharding type (at world size
 1 every shard of the plan is on rank 0).
 """
 
@@ -12,6 +13,7 @@ from typing import Sequence
 
 from torch import nn
 
+from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import (
@@ -27,8 +29,20 @@ from runtime.sharding.layout import Shard, TableLayout, group_keys, local_tables
 
 
 class LocalInputDist(nn.Module):
+    """Checks the batch against the tables (runtime/embeddings/ids.py) and hands it on."""
+
+    def __init__(self, tables: Sequence[TableLayout]) -> None:
+        super().__init__()
+        features = [(f, t.config) for t in tables for f in t.config.feature_names]
+        self._check = IdCheck(
+            [f for f, _ in features],
+            [c.name for _, c in features],
+            [c.num_embeddings for _, c in features],
+        )
+
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedIds]:
-        return Done(RoutedIds(features, features.stride()))
+        checked = self._check(features)
+        return Done(RoutedIds(checked, checked.stride()))
 
 
 class LocalOutputDist(nn.Module):
@@ -60,7 +74,7 @@ def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
     keys, dims = group_keys(whole)
     (slots,) = slots_by_rank(whole, 1)
     return EmbeddingGroup(
-        LocalInputDist(),
-        ShardLookup(local_tables(whole, 0), env.optimizer, env.device, env.is_weighted, True),
+        LocalInputDist(whole),
+        ShardLookup(local_tables(whole, 0), env.optimizer, env.device, env.is_weighted, False),
         LocalOutputDist(keys, dims, slot_columns(slots, dims)),
     )

@@ -28,7 +28,7 @@ from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.bucketize import RowBuckets
 from runtime.sharding.group import EmbeddingGroup, GroupEnv, RoutedIds, sharded_lookup
-from runtime.sharding.ids_dist import FeatureSelection, IdRangeCheck, IdsAllToAll
+from runtime.sharding.ids_dist import FeatureSelection, IdsAllToAll, id_check
 from runtime.sharding.layout import Slot, TableLayout, group_keys, slots_by_rank
 from runtime.sharding.pooled_dist import PooledOutputDist
 
@@ -44,7 +44,7 @@ class RowWiseInputDist(nn.Module):
         key_tables = [t for t in tables for _ in t.config.feature_names]
         self._is_weighted = env.is_weighted
         self._select = FeatureSelection(self._keys, env.is_weighted)
-        self._check = IdRangeCheck(
+        self._check = id_check(
             self._keys,
             [t.config.name for t in key_tables],
             [t.config.num_embeddings for t in key_tables],
@@ -75,8 +75,7 @@ class RowWiseInputDist(nn.Module):
         self._width = sum(dims)
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedIds]:
-        grouped = self._select(features)
-        self._check(grouped)
+        grouped = self._select(self._check(features))
         weights = grouped.weights_or_none() if self._is_weighted else None
         lengths, values, weights = self._buckets(grouped.lengths(), grouped.values(), weights)
         batch = grouped.stride()

@@ -23,7 +23,7 @@ from torch import nn
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import EmbeddingGroup, GroupEnv, RoutedIds, sharded_lookup
-from runtime.sharding.ids_dist import FeatureSelection, IdRangeCheck, IdsAllToAll
+from runtime.sharding.ids_dist import FeatureSelection, IdsAllToAll, id_check
 from runtime.sharding.layout import Slot, TableLayout, group_keys, slots_by_rank
 from runtime.sharding.pooled_dist import PooledOutputDist
 
@@ -35,7 +35,7 @@ class CopyInputDist(nn.Module):
         super().__init__()
         routed = [slot for rank_slots in slots for slot in rank_slots]
         self._select = FeatureSelection([slot.feature for slot in routed], env.is_weighted)
-        self._check = IdRangeCheck(
+        self._check = id_check(
             [slot.feature for slot in routed],
             [slot.layout.config.name for slot in routed],
             [slot.layout.config.num_embeddings for slot in routed],
@@ -49,8 +49,7 @@ class CopyInputDist(nn.Module):
         )
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedIds]:
-        routed = self._select(features)
-        self._check(routed)
+        routed = self._select(self._check(features))
         pending = self._ids.start(routed)
         batch = features.stride()
         return Awaitable(lambda: RoutedIds(pending.wait(), batch))

@@ -304,6 +304,22 @@ class KeyedJaggedTensor(metaclass=_Traceable):
             self._offsets = _offsets_from_lengths(self._lengths)
         return self._offsets
 
+    def lengths_or_none(self) -> torch.Tensor | None:
+        """The lengths if given or computed already, else None (nothing computed)."""
+        return self._lengths
+
+    def offsets_or_none(self) -> torch.Tensor | None:
+        """The offsets if given or computed already, else None (nothing computed)."""
+        return self._offsets
+
+    def length_per_key_or_none(self) -> list[int] | None:
+        """The per-key value counts if known already, else None (no sync)."""
+        return self._length_per_key
+
+    def offset_per_key_or_none(self) -> list[int] | None:
+        """Where each key's values start if known already, else None (no sync)."""
+        return self._offset_per_key
+
     def stride(self) -> int:
         """The batch size."""
         return self._stride
@@ -432,6 +448,8 @@ class KeyedJaggedTensor(metaclass=_Traceable):
             raise ValueError(f"{owner}: stride must be >= 0, got {stride}")
         if self._values.dim() != 1:
             raise ValueError(f"{owner}: values must be 1-D, got shape {tuple(self._values.shape)}")
+        if self._values.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{owner}: values must be int32 or int64 ids, got {self._values.dtype}")
         tensors = {"values": self._values, "weights": self._weights}
         tensors |= {"lengths": self._lengths, "offsets": self._offsets}
         checks.check_layout(owner, tensors, stride, keys)

@@ -37,7 +37,9 @@ from runtime.checkpoint.store import (
     save_checkpoint,
 )
 from runtime.data.batch import Batch
+from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
+from runtime.reporting import console
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 
@@ -177,9 +179,15 @@ class Checkpointing:
                 batch_size=self.batch_size,
                 keep=self.keep,
                 process_group=self.process_group,
+                files=self._data_files(),
             )
         self.last_saved = step
 
+    def _data_files(self) -> dict[str, bytes]:
+        """The vocabulary the data reader maps ids with (`<module>.vocab.json`), when there is one."""
+        vocabulary = Path(self.module.__file__).with_suffix(".vocab.json")
+        return {VOCABULARY_FILE: vocabulary.read_bytes()} if vocabulary.is_file() else {}
+
     def _say(self, line: str, stream: TextIO | None = None) -> None:
         if self.rank == 0:
-            print(line, file=self.stream if stream is None else stream, flush=True)
+            console.say(line, self.stream if stream is None else stream)

@@ -25,7 +25,8 @@ from runtime.train.evaluate import evaluate
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 from runtime.reporting.monitor import TrainingMonitor
-from runtime.reporting.progress import Progress
+from runtime.reporting import console
+from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
 
 @dataclass
@@ -51,7 +52,7 @@ class RunIO:
             for key, log in self.bad_rows.items():
                 report = log.summary()
                 if report is not None:
-                    print(f"{_DATA_NAMES[key]}: {report}", file=sys.stderr, flush=True)
+                    console.say(f"{_DATA_NAMES[key]}: {report}", sys.stderr)
         return final
 
 
@@ -108,7 +109,7 @@ def setup_run(
         log_every=log_every,
         global_batch_size=global_batch,
         process_group=process_group,
-        progress=Progress(steps) if rank == 0 else None,
+        console=Console(steps) if rank == 0 else None,
         run_log=RunLog(options.log_dir) if rank == 0 and options.log_dir is not None else None,
         evaluation=evaluation,
         eval_every=options.eval_every,
@@ -120,4 +121,4 @@ _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    console.say(f"warning: {message}", sys.stderr)

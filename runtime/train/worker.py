@@ -14,7 +14,6 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import itertools
-import json
 import os
 import sys
 import traceback
@@ -27,6 +26,7 @@ import torch.distributed as dist
 
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
+from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, run_setup
 from runtime.train.lifetime import die_with_parent
@@ -133,7 +133,7 @@ def main(options: TrainOptions) -> int:
     finally:
         checkpoints.close()
     if rank == 0:
-        print(json.dumps(final), flush=True)
+        console.result(final)
     if process_group is not None:
         dist.destroy_process_group()
     return 0
@@ -150,7 +150,7 @@ def run(options: TrainOptions) -> int:
     except Exception as error:  # the job must end with a message, never a bare traceback
         if os.environ.get("RECCOMPILE_TRACEBACK") == "1":
             traceback.print_exc()
-        print(f"error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
+        console.say(f"error: rank {os.environ.get('RANK', '0')}: {error}", sys.stderr)
         return 1
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 from compiler.codegen.emit import emit
 from compiler.instantiate import instantiate
 from compiler.pipeline import Options, compile_spec
+from malformed_batches import MALFORMED
 from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[3]
@@ -103,3 +105,38 @@ def test_every_spec_trains_in_a_fresh_interpreter(spec: str, tmp_path: Path) -> 
     assert not result["compiler_imported"]
     assert len(losses) == 20
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5, losses
+
+
+TWO_TABLES = """\
+version: 1
+name: two_tables
+features:
+  dense:
+    - {name: int, size: 3}
+  sparse:
+    - {name: a}
+    - {name: b}
+tables:
+  - {name: ta, num_embeddings: 10, dim: 4, features: [a]}
+  - {name: tb, num_embeddings: 20, dim: 4, features: [b]}
+model:
+  bottom: {type: mlp, input: dense.int, layers: [4]}
+  interaction: {type: dot, input: [bottom, sparse.*]}
+  top: {type: mlp, input: interaction, layers: [1]}
+heads:
+  - {name: click, input: top, loss: bce}
+training:
+  batch_size: 3
+"""
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_the_training_forward_refuses_a_malformed_batch(case: str, tmp_path: Path) -> None:
+    spec = tmp_path / "two_tables.yaml"
+    spec.write_text(TWO_TABLES)
+    module = load_module(str(emit(compile_spec(str(spec))).write(tmp_path)[0]))
+    model = module.build()
+    dense = module.synthetic_batch(3, step=0).dense
+    make, message = MALFORMED[case]
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        model(dense, make())

@@ -263,8 +263,8 @@ def test_out_of_range_id_names_feature_and_table(kernel: str, bad_id: int) -> No
     kjt = KeyedJaggedTensor.from_lengths_sync(
         ["cat_2", "cat_3"], torch.tensor([9, 0, 99999, bad_id, 5]), torch.tensor([1, 0, 2, 2])
     )
-    message = f"feature 'cat_3': id {bad_id} out of range for table 'cat_3' with 100000 rows"
-    with pytest.raises(IndexError, match=f"^{re.escape(message)}$"):
+    message = f"feature 'cat_3' at sample 1: id {bad_id} out of range for table 'cat_3' with 100000 rows"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         ebc(kjt)
 
 

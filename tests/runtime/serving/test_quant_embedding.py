@@ -142,13 +142,12 @@ def test_mixed_precisions_match_fbgemms_own_module() -> None:
 
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch) -> None:
+def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch, native_kernels) -> None:
     """runtime/cpu/native/quant_pool.c against fbgemm's kernel: widths with and without a vector loop."""
-    pytest.importorskip("runtime.cpu.native")
-    from runtime.cpu import native
+    from runtime.cpu import choice, native
 
-    if native.library() is None:
-        pytest.skip("no C compiler on this machine")
+    monkeypatch.setenv(choice.ENV, "quant_pool=native")
+
     tables = [
         EmbeddingBagConfig("w8", 40, 8, ["a"]),
         EmbeddingBagConfig("w64", 300, 64, ["b", "c"], pooling="mean"),
@@ -206,27 +205,35 @@ def test_an_id_out_of_range_names_feature_and_table() -> None:
     values = kjt.values().clone()
     start = kjt.offset_per_key()[2]
     values[start] = 30
+    sample = int(kjt["f2"].lengths().nonzero()[0, 0])  # the first sample with an f2 id
     bad = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), values, kjt.lengths())
-    with pytest.raises(IndexError, match=re.escape("feature 'f2': id 30 out of range for table 't1' with 30 rows")):
+    message = f"feature 'f2' at sample {sample}: id 30 out of range for table 't1' with 30 rows"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         qebc(bad)
     values[start] = -1
     bad = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), values, kjt.lengths())
-    with pytest.raises(IndexError, match=re.escape("feature 'f2': id -1 out of range for table 't1' with 30 rows")):
+    message = f"feature 'f2' at sample {sample}: id -1 out of range for table 't1' with 30 rows"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         qebc(bad)
 
 
 @pytest.mark.parametrize("kernel", ["native", "fbgemm"])
-def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch) -> None:
-    from runtime.cpu import native
+def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch, request) -> None:
+    from runtime.cpu import choice, native
 
-    if kernel == "fbgemm":
+    if kernel == "native":
+        request.getfixturevalue("native_kernels")
+        monkeypatch.setenv(choice.ENV, "quant_pool=native")
+    else:
         monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
     tables = [t for t in make_tables() if t.pooling == "sum"]
     qebc = QuantEmbeddingBagCollection(tables, "int8")
     kjt = make_kjt(tables, seed=5)
     offsets = kjt.offsets().clone()
     offsets[-1] += 7  # the last bag claims ids past the end
-    with pytest.raises(ValueError, match="lengths and values disagree"):
+    ids = kjt.values().numel()
+    message = f"KeyedJaggedTensor: sum(lengths)={ids + 7} but values has {ids} entries"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         qebc.lookup(kjt.values(), offsets, None)
 
 

@@ -352,8 +352,10 @@ def bad_batch(rank: int) -> tuple[torch.Tensor, KeyedJaggedTensor, str]:
     corrupted = KeyedJaggedTensor(
         sparse.keys(), values, sparse.weights(), sparse.lengths(), stride=sparse.stride()
     )
+    sample = int(sparse[feature].lengths().nonzero()[0, 0])  # the first sample with an id
     message = (
-        f"feature {feature!r}: id {table.num_embeddings} out of range for table {table.name!r} "
+        f"feature {feature!r} at sample {sample}: id {table.num_embeddings} out of range "
+        f"for table {table.name!r} "
         f"with {table.num_embeddings} rows (on rank {rank})"
     )
     return dense, corrupted, message

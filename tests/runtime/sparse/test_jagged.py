@@ -378,6 +378,10 @@ VALIDATION_ERRORS: list[tuple[Callable[[], object], str]] = [
         "KeyedJaggedTensor: values must be 1-D, got shape (1, 2)",
     ),
     (
+        lambda: KeyedJaggedTensor(["a"], t([1.0, 2.0], F32), lengths=t([2]), validate=True),
+        "KeyedJaggedTensor: values must be int32 or int64 ids, got torch.float32",
+    ),
+    (
         lambda: KeyedJaggedTensor(
             ["a", "b"], t([1, 2]), lengths=t([1, 1]), length_per_key=[2, 0], validate=True
         ),

@@ -9,6 +9,7 @@ spawned once for all cases). The other tests use one rank.
 
 from __future__ import annotations
 
+import re
 import itertools
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,7 +22,7 @@ import pipeline_cases as pc
 from compiler.pipeline import Options, generate
 from runtime.data.batch import Batch
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.train.pipeline import PipelineError, TrainPipeline
+from runtime.train.train_pipeline import PipelineError, TrainPipeline
 from runtime.train.loop import make_dense_optimizer, train
 from runtime.train.worker import load_module
 
@@ -197,7 +198,8 @@ def test_a_failing_stage_surfaces_once_with_its_name(one_rank_module: Any, stage
         pipeline.progress(source)
 
 
-def test_a_batch_with_a_bad_id_names_the_compute_stage(one_rank_module: Any) -> None:
+def test_a_batch_with_a_bad_id_names_the_input_dist_stage(one_rank_module: Any) -> None:
+    # Ids are checked where the batch arrives, before any kernel (runtime/embeddings/ids.py).
     pipeline, _ = make_pipeline(one_rank_module, depth=2)
     good = batches(one_rank_module, 1)[0]
     values = good.sparse.values().clone()
@@ -206,7 +208,11 @@ def test_a_batch_with_a_bad_id_names_the_compute_stage(one_rank_module: Any) -> 
         good.sparse.keys(), values, good.sparse.weights_or_none(), good.sparse.lengths(),
         stride=good.sparse.stride(),
     )
-    with pytest.raises(PipelineError, match="^pipeline stage 'compute' failed on batch 0: "):
+    message = (
+        "pipeline stage 'input_dist' failed on batch 0: IdOutOfRange: "
+        "feature 'a' at sample 0: id 10000 out of range for table 'a' with 60 rows"
+    )
+    with pytest.raises(PipelineError, match=f"^{re.escape(message)}$"):
         pipeline.progress(iter([Batch(good.dense, sparse, good.labels)]))
 
 

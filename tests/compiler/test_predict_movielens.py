@@ -1,0 +1,120 @@
+"""`reccompile predict --data movielens:FILE` maps ids with the vocabulary training used.
+
+A tiny two-tower model is trained on one ratings file (its vocabulary built
+from it), checkpointed, exported and asked to score a held-out file whose
+movies are a different set (some never seen in training). The training
+model's own scores of the held-out rows, with the training vocabulary, are
+the reference: predict must give the same numbers. Mapping the held-out
+file through a vocabulary built from itself (what predict did before the
+export carried vocab.json) gives other numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from compiler.cli import main
+from runtime.checkpoint.store import load_model_state
+from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.sources import choose_data, open_reader
+from runtime.serving.export_dir import load
+from runtime.serving.predict import predict_file
+from runtime.train.worker import load_module
+
+SPEC = """\
+version: 1
+name: tiny_movielens
+features:
+  sparse:
+    - {name: user_id, num_embeddings: 40, dim: 8}
+    - {name: movie_id, table: movie}
+tables:
+  - {name: movie, num_embeddings: 60, dim: 8}
+model:
+  user_tower: {type: mlp, input: sparse.user_id, layers: [8], final_activation: none}
+  item_tower: {type: mlp, input: sparse.movie_id, layers: [8], final_activation: none}
+  score: {type: dot_product, input: [user_tower, item_tower]}
+heads:
+  - {name: like, input: score, loss: bce}
+training:
+  batch_size: 32
+  dense_optimizer: {type: adam, lr: 0.01}
+  sparse_optimizer: {type: rowwise_adagrad, lr: 0.1}
+"""
+
+
+def _ratings(path: Path, movies: range, count: int, seed: int) -> Path:
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True)
+    lines = [
+        f"{rng.randint(1, 30)}\t{rng.choice(movies)}\t{rng.randint(1, 5)}\t{880000000 + i}" for i in range(count)
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("movielens")
+    (root / "tiny.yaml").write_text(SPEC)
+    _ratings(root / "train" / "u.data", range(1, 51), 400, seed=1)
+    _ratings(root / "test" / "u.data", range(20, 56), 120, seed=2)  # movies 51..55: never trained
+    assert main([
+        "train", str(root / "tiny.yaml"), "--data", f"movielens:{root / 'train'}",
+        "--eval-data", f"movielens:{root / 'test'}", "--data-workers", "0", "--steps", "6",
+        "--log-every", "6", "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "6",
+        "-o", str(root / "build"),
+    ]) == 0
+    assert main(["export", str(root / "tiny.yaml"), "--checkpoint", str(root / "ckpt"), "--no-aot",
+                 "-o", str(root / "out")]) == 0
+    return root
+
+
+def _training_scores(root: Path) -> list[float]:
+    """The trained model's scores of the held-out rows, ids mapped as in training."""
+    module = load_module(str(root / "build" / "tiny_movielens.py"))
+    model = module.build()
+    model.load_state_dict(load_model_state(root / "ckpt"), strict=False)
+    model.eval()
+    vocabulary = read_vocabulary(root / "build" / "tiny_movielens.vocab.json")
+    reader = open_reader(module.SPEC, choose_data(f"movielens:{root / 'test'}", module.SPEC), vocabulary=vocabulary)
+    rows = [reader.parse(line) for _, _, line in reader.epoch_lines()]
+    batch = reader.to_columns(rows).to_batch(reader.weighted)
+    with torch.no_grad():
+        return torch.sigmoid(model(batch.dense, batch.sparse)["like"]).reshape(-1).tolist()
+
+
+def _predicted(path: Path) -> list[float]:
+    with open(path, newline="") as stream:
+        return [float(row[2]) for row in list(csv.reader(stream))[1:]]
+
+
+def test_the_export_carries_the_training_vocabulary(trained: Path) -> None:
+    manifest = json.loads((trained / "out" / "manifest.json").read_text())
+    assert manifest["vocabulary"]["file"] == "vocab.json"
+    assert (trained / "out" / "vocab.json").read_bytes() == (trained / "ckpt" / "step_00000006" / "vocab.json").read_bytes()
+    assert read_vocabulary(trained / "out" / "vocab.json") == read_vocabulary(
+        trained / "build" / "tiny_movielens.vocab.json"
+    )
+
+
+def test_predict_scores_equal_the_training_models_scores(trained: Path) -> None:
+    output = trained / "predictions.csv"
+    code = main(["predict", str(trained / "out"), "--data", f"movielens:{trained / 'test'}", "-o", str(output)])
+    assert code == 0
+    expected = _training_scores(trained)
+    assert len(expected) == 120
+    assert _predicted(output) == pytest.approx(expected, rel=1e-6, abs=1e-7)
+
+
+def test_a_vocabulary_of_the_scored_file_gives_other_scores(trained: Path) -> None:
+    module, model = load(trained / "out")
+    output = trained / "own_vocabulary.csv"
+    predict_file(model, module.SPEC, output, data=f"movielens:{trained / 'test'}", batch_size=512, rows=0, seed=0)
+    assert _predicted(output) != pytest.approx(_training_scores(trained), rel=1e-6, abs=1e-7)

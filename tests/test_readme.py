@@ -1,0 +1,92 @@
+"""The README works as written: its command summary, its example error, its module snippet.
+
+- Every option of every `reccompile` command's parser appears on that
+  command's lines of the command summary.
+- The example spec error is the output of the command it shows, on a spec
+  that is in the repository.
+- "Using a generated module" runs in sequence after `make run`: its shell
+  line, then its Python snippet, in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compiler.cli import build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+
+
+def _blocks(section: str, language: str) -> list[str]:
+    """The fenced `language` blocks of the README section titled `section`."""
+    body = README.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(rf"```{language}\n(.*?)```", body, flags=re.DOTALL)
+
+
+def _summary_per_command() -> dict[str, str]:
+    """Command name -> its lines of the command summary (`reccompile SPEC` is compile)."""
+    (summary,) = [b for b in _blocks("The command line", "sh") if b.startswith("reccompile ")]
+    entries = re.split(r"^reccompile ", summary, flags=re.MULTILINE)[1:]
+    return {("compile" if e.startswith("SPEC") else e.split()[0]): e for e in entries}
+
+
+def _options() -> dict[str, list[list[str]]]:
+    """Command name -> the option strings of each of its options (`-o`, `--outdir`: one option)."""
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {
+        name: [a.option_strings for a in command._actions if a.option_strings and a.dest != "help"]
+        for name, command in commands.choices.items()
+    }
+
+
+def _named(option: str, text: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text) is not None
+
+
+@pytest.mark.parametrize("command", sorted(_options()))
+def test_the_command_summary_lists_every_option(command: str) -> None:
+    lines = _summary_per_command().get(command)
+    assert lines is not None, f"the README's command summary has no line for `reccompile {command}`"
+    missing = [names for names in _options()[command] if not any(_named(n, lines) for n in names)]
+    assert missing == [], f"`reccompile {command}` options missing from the README: {missing}"
+
+
+def test_the_example_error_is_what_the_command_prints(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    (example,) = [b for b in re.findall(r"```\n(\$ reccompile check .*?)```", README, flags=re.DOTALL)]
+    command, *expected = example.splitlines()
+    args = shlex.split(command)[2:]
+    assert (REPO / args[-1]).is_file()
+    monkeypatch.chdir(REPO)
+    assert main(args) == 1
+    out, err = capsys.readouterr()
+    assert (out, err.splitlines()) == ("", expected)
+
+
+def test_the_module_snippet_runs_after_make_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (command,) = _blocks("Using a generated module", "sh")
+    (snippet,) = _blocks("Using a generated module", "python")
+    (tmp_path / "specs").mkdir()
+    shutil.copy(REPO / "specs" / "dlrm_criteo.yaml", tmp_path / "specs")
+    # What `make run` leaves behind: a module for 2 ranks in build/.
+    monkeypatch.chdir(tmp_path)
+    assert main(["specs/dlrm_criteo.yaml", "--world-size", "2", "-o", "build"]) == 0
+    program, *args = shlex.split(command.strip())
+    assert program == ".venv/bin/reccompile"
+    assert main(args) == 0
+    done = subprocess.run(
+        [sys.executable, "-c", snippet + "\nprint(float(loss))\n"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert 0.0 < float(done.stdout.split()[-1]) < 10.0
