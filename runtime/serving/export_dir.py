@@ -20,6 +20,7 @@ names the file and says what to do. Weights load with
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
@@ -156,7 +157,7 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
 
 def _check_layout(root: Path, manifest: Mapping[str, Any], collection: Any, verify: bool) -> None:
     """layout.json is the manifest's (size, sha256) and describes the module's tables."""
-    path = check_file(root, manifest["layout"], verify)
+    path = checked_file(root, manifest["layout"], verify)
     try:
         saved = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
