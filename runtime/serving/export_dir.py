@@ -20,6 +20,7 @@ names the file and says what to do. Weights load with
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
@@ -148,10 +149,25 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
                 "the module; the files come from different exports"
             )
         state[f"sparse_arch.{name}.packed"] = load_tensors(root, listed[name], verify)
+    _check_layout(root, manifest, collection, verify)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
         raise ExportError(f"{root}: the weights do not fit the module: {error}") from None
+
+
+def _check_layout(root: Path, manifest: Mapping[str, Any], collection: Any, verify: bool) -> None:
+    """layout.json is the manifest's (size, sha256) and describes the module's tables."""
+    path = checked_file(root, manifest["layout"], verify)
+    try:
+        saved = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{path}: not valid JSON ({error}); export again") from None
+    expected = json.loads(json.dumps(collection.layout())) if collection is not None else {"tables": []}
+    if saved != expected:
+        raise ExportError(
+            f"{path}: describes other tables than the module's; the files come from different exports"
+        )
 
 
 def import_module(path: str | Path) -> ModuleType:

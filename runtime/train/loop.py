@@ -17,13 +17,14 @@ import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
+from runtime.train.timing import OtherWork
 from runtime.train.train_pipeline import TrainPipeline
 
 
 @dataclass(frozen=True)
 class TrainSummary:
     steps: int
-    samples_per_s: float
+    samples_per_s: float  # training steps only: evaluation and checkpoint saves left out
     losses: tuple[float, ...]  # global mean loss per step
 
     def as_json(self) -> dict[str, Any]:
@@ -69,6 +70,7 @@ def train(
     pipeline_depth: int = 1,
     device: torch.device | None = None,
     start_step: int = 0,
+    other_work: OtherWork | None = None,
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
@@ -81,11 +83,16 @@ def train(
 
     `start_step`: steps already done (a resumed run); steps are numbered on from
     it up to `steps`, and the summary covers the steps run here.
+
+    `other_work`: what the hooks measured as evaluation or checkpoint saving;
+    samples/s leaves that time out.
     """
+    other = other_work if other_work is not None else OtherWork()
     model.train()
     local_losses: list[torch.Tensor] = []
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
+    other_before = other.total()  # other work before timed_from
     run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
     for step in range(start_step + 1, steps + 1):
         batch, loss, outputs = run_step()
@@ -94,11 +101,12 @@ def train(
             on_step(step, batch, outputs, loss)
         now = time.perf_counter()
         if step == start_step + 1:
-            timed_from = now
+            timed_from, other_before = now, other.total()
         if on_log is not None and (step % log_every == 0 or step == steps):
-            rate = _rate(global_batch_size, step - start_step - 1, now - timed_from)
+            training_seconds = now - timed_from - (other.total() - other_before)
+            rate = _rate(global_batch_size, step - start_step - 1, training_seconds)
             on_log(StepLog(step, _global_mean(loss, process_group), rate))
-    elapsed = time.perf_counter() - timed_from
+    elapsed = time.perf_counter() - timed_from - (other.total() - other_before)
     losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
     return TrainSummary(
         steps=steps - start_step,

@@ -249,6 +249,32 @@ def test_a_corrupted_or_mixed_export_directory_is_refused_with_a_clear_error(wor
     )
 
 
+def test_layout_json_is_checked_against_the_manifest_and_the_module(work: Path, tmp_path: Path) -> None:
+    from runtime.serving.export_dir import file_facts
+
+    edited = Path(shutil.copytree(work / "int8", tmp_path / "edited"))
+    layout_file = edited / "layout.json"
+    layout = json.loads(layout_file.read_text())
+    layout["tables"][0]["rows"] += 1
+    layout_file.write_text(json.dumps(layout, indent=2) + "\n")
+    actual = file_facts(layout_file)["sha256"]
+    listed = json.loads((edited / "manifest.json").read_text())["layout"]["sha256"]
+    with pytest.raises(ExportError) as error:
+        load(edited)
+    assert str(error.value) == (
+        f"{layout_file}: sha256 {actual[:12]}… does not match manifest.json ({listed[:12]}…); "
+        "the file was changed or corrupted, export again"
+    )
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["layout"].update(file_facts(layout_file))  # the manifest edited to match
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError) as error:
+        load(edited)
+    assert str(error.value) == (
+        f"{layout_file}: describes other tables than the module's; the files come from different exports"
+    )
+
+
 def test_export_refuses_a_checkpoint_of_another_spec_and_bad_choices(work: Path, tmp_path: Path, capsys) -> None:
     edited = tmp_path / "edited.yaml"
     edited.write_text(SPEC.replace("lr: 0.05}\n  sparse", "lr: 0.06}\n  sparse"))
