@@ -39,9 +39,7 @@ optimizer state (see `runtime.embeddings.optim`), identical for both kernels.
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -52,9 +50,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.embeddings.concurrent import run_concurrently
+from runtime.embeddings.id_range import IdRangeCheck
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
-from runtime.embeddings.state_views import load_views
+from runtime.embeddings.state_views import load_views, shape_mismatch
 
 __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 
@@ -347,9 +346,8 @@ class EmbeddingBagCollection(nn.Module):
             self._groups[0], _DenseGroup
         )
         self._select = KeySelection(self._lookup_names)
-        self._limits: tuple[tuple[int, ...], torch.Tensor] | None = None
-        self._lookup_rows = torch.tensor(
-            [t.num_embeddings for t in self._lookup_tables], device=device
+        self._check_bounds = IdRangeCheck(
+            [(f, t.name, t.num_embeddings) for f, t in zip(self._lookup_names, self._lookup_tables)]
         )
         self._init_weights()
 
@@ -423,22 +421,6 @@ class EmbeddingBagCollection(nn.Module):
             first = last
         return run_concurrently(lookups, min(self.lookup_threads, torch.get_num_threads()))
 
-    def _check_bounds(self, values: torch.Tensor, length_per_key: list[int]) -> None:
-        key = tuple(length_per_key)
-        if self._limits is None or self._limits[0] != key:
-            counts = torch.tensor(length_per_key, device=self._lookup_rows.device)
-            limits = self._lookup_rows.repeat_interleave(counts, output_size=values.numel())
-            self._limits = (key, limits)
-        bad = values.ge(self._limits[1]).logical_or_(values.lt(0))
-        if bad.any():
-            position = int(bad.nonzero()[0])
-            feature = bisect.bisect_right(list(itertools.accumulate(length_per_key)), position)
-            table = self._lookup_tables[feature]
-            raise IndexError(
-                f"feature {self._lookup_names[feature]!r}: id {int(values[position])} out of range "
-                f"for table {table.name!r} with {table.num_embeddings} rows"
-            )
-
     # State dict: one entry per table tensor, the same for both kernels.
 
     def _save_to_state_dict(
@@ -464,16 +446,9 @@ class EmbeddingBagCollection(nn.Module):
             for table, tensors in self._table_tensors().items()
             for name, tensor in tensors.items()
         }
-
-        def mismatch(key: str, source: torch.Tensor, view: torch.Tensor) -> str | None:
-            if source.shape == view.shape:
-                return None
-            return (
-                f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
-                f"from the checkpoint, the shape in the current model is {tuple(view.shape)}."
-            )
-
-        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, mismatch)
+        load_views(
+            views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, shape_mismatch
+        )
         for group in self._groups:
             group.after_load()
 
@@ -482,10 +457,8 @@ class EmbeddingBagCollection(nn.Module):
         if recurse:
             for group in self._groups:
                 group._apply(fn)
-            self._lookup_rows = fn(self._lookup_rows)
             if self._output_columns is not None:
                 self._output_columns = fn(self._output_columns)
-            self._limits = None
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
