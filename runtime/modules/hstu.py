@@ -19,7 +19,9 @@ not depend on how far its batch was padded), and the relative attention bias
 generative-recommenders' bias with one change: it buckets t_{i+1} - t_j
 (the next position's time, the last position's own), which at a sample's
 last real position reads the padding; this block uses the query's own time.
-Outputs at padding positions are zero.
+Outputs at padding positions are zero. The LayerNorms, projections and
+gating run on the real positions' rows [sum(L), ...] (fbgemm's jagged ops),
+as generative-recommenders runs them; only the attention is padded.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torch import nn
 from runtime.modules.blocks import _check_size
 from runtime.modules.linear import linear
 from runtime.modules.sequence_checks import check_sequence
-from runtime.sparse.sequence import padding_mask
+from runtime.sparse.sequence import PaddedLayout
 
 __all__ = ["HSTU"]
 
@@ -92,21 +94,23 @@ class HSTU(nn.Module):
                 f"HSTU: expected timestamps of shape ({batch}, {length}), got {tuple(timestamps.shape)}"
             )
         heads, a, u_dim = self.num_heads, self.attention_dim, self.linear_dim
-        normed = F.layer_norm(x, (dim,), eps=LN_EPS).reshape(batch * length, dim)
-        uvqk = F.silu(linear(normed, self.uvqk)).view(batch, length, -1)
-        u, v, q, k = torch.split(uvqk, [heads * u_dim, heads * u_dim, heads * a, heads * a], dim=2)
+        # Position-wise work on the real rows; only the attention is padded.
+        layout = PaddedLayout(lengths, length)
+        rows = layout.rows(x)
+        uvqk = F.silu(linear(F.layer_norm(rows, (dim,), eps=LN_EPS), self.uvqk))
+        u, vqk = uvqk.split([heads * u_dim, uvqk.shape[1] - heads * u_dim], dim=1)
+        v, q, k = layout.padded(vqk).split([heads * u_dim, heads * a, heads * a], dim=2)
         q = q.reshape(batch, length, heads, a).transpose(1, 2)
         k = k.reshape(batch, length, heads, a).transpose(1, 2)
         v = v.reshape(batch, length, heads, u_dim).transpose(1, 2)
         scores = q @ k.transpose(2, 3) + self.relative_bias(timestamps).unsqueeze(1)
-        real = padding_mask(lengths, length)
-        allowed = real.unsqueeze(1) & real.unsqueeze(2)
+        allowed = layout.mask.unsqueeze(1) & layout.mask.unsqueeze(2)
         allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
         weights = F.silu(scores) * (allowed.unsqueeze(1).to(x.dtype) / self.max_length)
-        attended = (weights @ v).transpose(1, 2).reshape(batch, length, heads * u_dim)
+        attended = layout.rows((weights @ v).transpose(1, 2).reshape(batch, length, heads * u_dim))
         gated = F.layer_norm(attended, (heads * u_dim,), eps=LN_EPS) * u
-        out = linear(gated.reshape(batch * length, -1), self.output.weight, self.output.bias)
-        return (out.view(batch, length, dim) + x) * real.unsqueeze(2).to(x.dtype)
+        out = linear(gated, self.output.weight, self.output.bias) + rows
+        return layout.padded(out)
 
     def extra_repr(self) -> str:
         return (

@@ -22,7 +22,6 @@ no NaN appears, and its output is zero like all padding.
 
 from __future__ import annotations
 
-import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,33 +29,22 @@ from torch import nn
 from runtime.modules.blocks import _check_size
 from runtime.modules.linear import Linear, linear
 from runtime.modules.sequence_checks import check_sequence
-from runtime.sparse.sequence import padding_mask
+from runtime.sparse.sequence import PaddedLayout
 
 __all__ = ["Transformer", "TransformerLayer"]
 
 FFN_ACTIVATIONS = ("relu", "gelu")
 
 
-class _Padding:
-    """One batch's lengths: padded <-> rows of the real positions, and the attention mask."""
-
-    def __init__(self, lengths: torch.Tensor, length: int, causal: bool) -> None:
-        self.length = length
-        self.offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
-        self.total = int(self.offsets[-1])
-        real = padding_mask(lengths, length)
-        # An empty sequence attends to its first position: a row with no allowed key is NaN.
-        keys = real | (torch.arange(length, device=lengths.device) == 0)
-        allowed = keys.view(-1, 1, 1, length)
-        if causal:
-            allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=lengths.device).tril()
-        self.allowed = allowed
-
-    def rows(self, padded: torch.Tensor) -> torch.Tensor:
-        return torch.ops.fbgemm.dense_to_jagged(padded, [self.offsets], self.total)[0]
-
-    def padded(self, rows: torch.Tensor) -> torch.Tensor:
-        return torch.ops.fbgemm.jagged_to_padded_dense(rows, [self.offsets], [self.length], 0.0)
+def _allowed(layout: PaddedLayout, causal: bool) -> torch.Tensor:
+    """[B, 1, L or 1, L] bool: the keys each query may attend to."""
+    length, device = layout.length, layout.lengths.device
+    # An empty sequence attends to its first position: a row with no allowed key is NaN.
+    keys = layout.mask | (torch.arange(length, device=device) == 0)
+    allowed = keys.view(-1, 1, 1, length)
+    if causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return allowed
 
 
 class _SelfAttention(nn.Module):
@@ -71,13 +59,13 @@ class _SelfAttention(nn.Module):
         nn.init.xavier_uniform_(self.in_proj_weight)
         nn.init.zeros_(self.out_proj.bias)
 
-    def forward(self, rows: torch.Tensor, pad: _Padding) -> torch.Tensor:
+    def forward(self, rows: torch.Tensor, layout: PaddedLayout, allowed: torch.Tensor) -> torch.Tensor:
         heads, dim = self.num_heads, rows.shape[1]
-        qkv = pad.padded(linear(rows, self.in_proj_weight, self.in_proj_bias))
+        qkv = layout.padded(linear(rows, self.in_proj_weight, self.in_proj_bias))
         batch, length = qkv.shape[:2]
         q, k, v = qkv.view(batch, length, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=pad.allowed)
-        attended = pad.rows(attended.transpose(1, 2).reshape(batch, length, dim))
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        attended = layout.rows(attended.transpose(1, 2).reshape(batch, length, dim))
         return linear(attended, self.out_proj.weight, self.out_proj.bias)
 
 
@@ -102,12 +90,12 @@ class TransformerLayer(nn.Module):
             hidden = F.gelu(hidden)
         return linear(hidden, self.linear2.weight, self.linear2.bias)
 
-    def forward(self, rows: torch.Tensor, pad: _Padding) -> torch.Tensor:
+    def forward(self, rows: torch.Tensor, layout: PaddedLayout, allowed: torch.Tensor) -> torch.Tensor:
         """The real positions' rows [sum(L), dim] in and out."""
         if self.norm_first:
-            rows = rows + self.self_attn(self.norm1(rows), pad)
+            rows = rows + self.self_attn(self.norm1(rows), layout, allowed)
             return rows + self._feed_forward(self.norm2(rows))
-        rows = self.norm1(rows + self.self_attn(rows, pad))
+        rows = self.norm1(rows + self.self_attn(rows, layout, allowed))
         return self.norm2(rows + self._feed_forward(rows))
 
 
@@ -156,11 +144,12 @@ class Transformer(nn.Module):
                     f"Transformer: a padded length of {length} exceeds max_length {self.max_length}"
                 )
             x = x + self.positions[:length]
-        pad = _Padding(lengths, length, self.causal)
-        rows = pad.rows(x)
+        layout = PaddedLayout(lengths, length)
+        allowed = _allowed(layout, self.causal)
+        rows = layout.rows(x)
         for layer in self.layers:
-            rows = layer(rows, pad)
-        return pad.padded(rows)
+            rows = layer(rows, layout, allowed)
+        return layout.padded(rows)
 
     def extra_repr(self) -> str:
         return (

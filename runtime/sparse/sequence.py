@@ -15,7 +15,7 @@ import torch
 
 from runtime.sparse.jagged import JaggedTensor
 
-__all__ = ["KEEP_SIDES", "padding_mask", "to_jagged", "to_padded", "truncate"]
+__all__ = ["KEEP_SIDES", "PaddedLayout", "padding_mask", "to_jagged", "to_padded", "truncate"]
 
 KEEP_SIDES = ("end", "start")
 
@@ -34,6 +34,29 @@ def padding_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
     """[B, max_length] bool, True at the real positions (j < lengths[b])."""
     positions = torch.arange(max_length, device=lengths.device)
     return positions.unsqueeze(0) < lengths.unsqueeze(1)
+
+
+class PaddedLayout:
+    """One batch's lengths and padded length, to convert many tensors without re-checking.
+
+    Blocks run their position-wise work (projections, feed-forward, norms) on
+    the real rows and pad only for attention; the checks of `to_padded` and
+    `to_jagged` ran once on the block's input.
+    """
+
+    def __init__(self, lengths: torch.Tensor, length: int) -> None:
+        self.lengths, self.length = lengths, length
+        self.offsets = _offsets(lengths)
+        self.total = int(self.offsets[-1])
+        self.mask = padding_mask(lengths, length)
+
+    def rows(self, padded: torch.Tensor) -> torch.Tensor:
+        """[B, length, ...] -> [sum(L), ...]."""
+        return torch.ops.fbgemm.dense_to_jagged(padded, [self.offsets], self.total)[0]
+
+    def padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """[sum(L), ...] -> [B, length, ...], zeros at the padding."""
+        return torch.ops.fbgemm.jagged_to_padded_dense(rows, [self.offsets], [self.length], 0.0)
 
 
 def to_padded(values: torch.Tensor, lengths: torch.Tensor, max_length: int) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime.sparse.jagged import JaggedTensor
-from runtime.sparse.sequence import padding_mask, to_jagged, to_padded, truncate
+from runtime.sparse.sequence import PaddedLayout, padding_mask, to_jagged, to_padded, truncate
 
 LENGTHS = [3, 0, 5, 1]
 
@@ -77,3 +77,13 @@ def test_truncate_rows_of_embeddings() -> None:
 def test_errors_name_the_helper_and_the_numbers(call, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         call()
+
+
+def test_padded_layout_converts_like_the_checked_helpers() -> None:
+    values, lengths = sample_rows(), torch.tensor(LENGTHS)
+    layout = PaddedLayout(lengths, 6)
+    padded = layout.padded(values)
+    torch.testing.assert_close(padded, to_padded(values, lengths, 6), atol=0, rtol=0)
+    torch.testing.assert_close(layout.rows(padded), values, atol=0, rtol=0)
+    assert layout.mask.tolist() == padding_mask(lengths, 6).tolist()
+    assert layout.total == sum(LENGTHS)
