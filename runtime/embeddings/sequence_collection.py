@@ -32,6 +32,7 @@ post-accumulate-grad hook). The state dict is `<table>.weight` and
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -206,7 +207,7 @@ class EmbeddingCollection(TablesOutsideModuleTree):
                         values[start:end],
                         _slot_offsets(rows, values.device),
                         None,
-                        _running_sum(rows),
+                        list(itertools.accumulate(rows, initial=0)),
                     )
                 )
             start = end
@@ -217,21 +218,13 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         return f"compute_kernel={self.compute_kernel!r}, tables=[{tables}]"
 
 
-def _running_sum(counts: list[int]) -> list[int]:
-    total, sums = 0, [0]
-    for count in counts:
-        total += count
-        sums.append(total)
-    return sums
-
-
 def _slot_offsets(rows: list[int], device: torch.device) -> torch.Tensor:
     """Offsets of `len(rows)` slots of max(rows) bags each, slot t's first rows[t] holding one id."""
     if len(rows) == 1:
         return torch.arange(rows[0] + 1, device=device)
     bags = max(rows)
     counts = torch.tensor(rows, device=device)
-    starts = torch.tensor(_running_sum(rows)[:-1], device=device)
+    starts = torch.tensor(list(itertools.accumulate(rows, initial=0))[:-1], device=device)
     index = torch.arange(bags, device=device)
     offsets = (starts.unsqueeze(1) + torch.minimum(index.unsqueeze(0), counts.unsqueeze(1))).flatten()
     return torch.cat([offsets, torch.tensor([sum(rows)], device=device)])
