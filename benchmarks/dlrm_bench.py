@@ -10,11 +10,16 @@ the schema of ../shared/bench/WORKLOAD.md plus a few extras.
     python benchmarks/dlrm_bench.py --mode dist2 --pipeline off    # the plain loop, to compare
     python benchmarks/dlrm_bench.py --mode dist2 --profile prof/   # where the time goes
 
-dist2 trains through runtime.train.pipeline.TrainPipeline by default (`--pipeline
+dist2 trains through runtime.train.train_pipeline.TrainPipeline by default (`--pipeline
 on`, as `reccompile train` does for several ranks): batch i+1's ids
 all-to-all is in flight while batch i trains. `--pipeline ab` alternates
 blocks of plain and pipelined steps in one run (a JSON line for each), so
 both see the same noise of a shared machine.
+
+Each line also carries `cpu` (lscpu's model name), `cpu_flags` (its vector
+features) and `kernels` (the kernel choices in force, runtime/cpu/choice.py),
+measured and kept under `$RECCOMPILE_CACHE_DIR/bench` apart from other runs'.
+`RECCOMPILE_KERNELS=dot=torch,...` forces them for an A/B comparison.
 """
 
 from __future__ import annotations
@@ -94,7 +99,7 @@ def cpu_counters() -> tuple[int, int] | None:
 
 def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: int) -> dict[str, Any]:
     from runtime.cpu.allocator import retain_freed_memory
-    from runtime.train.pipeline import TrainPipeline
+    from runtime.train.train_pipeline import TrainPipeline
     from runtime.sharding import distribute_dense
     from runtime.train.loop import make_dense_optimizer, train_step
     from runtime.train.worker import load_module
@@ -283,7 +288,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
     parser.add_argument(
         "--pipeline", choices=["on", "off", "ab"],
-        help="train through runtime.train.pipeline.TrainPipeline (default: on for dist2, off for local); "
+        help="train through runtime.train.train_pipeline.TrainPipeline (default: on for dist2, off for local); "
         "ab: alternate blocks of plain and pipelined steps in one run, a line for each",
     )
     parser.add_argument("--ab-block", type=int, default=5, help="steps per block with --pipeline ab")
@@ -294,8 +299,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def bench_cache() -> None:
+    """Keeps this benchmark's kernel choices apart from other runs' (each JSON line lists them all)."""
+    if "RECCOMPILE_CACHE_DIR" not in os.environ:
+        from runtime.cpu.native.build import cache_root
+
+        os.environ["RECCOMPILE_CACHE_DIR"] = str(cache_root() / "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    bench_cache()
+    from runtime.cpu import choice
     workload = load_workload()
     if args.mode == "dist2" and args.threads is None:
         args.threads = 1  # two processes on two cores: one busy thread each
@@ -310,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
             if run_args.steps is None:
                 run_args.steps = workload.DEFAULT_STEPS[variant]
             for summary in run(run_args):
-                print(json.dumps(summary), flush=True)
+                print(json.dumps({**summary, **choice.machine()}), flush=True)
     return 0
 
 

@@ -271,7 +271,9 @@ def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: flo
 
 
 def emit(record: dict[str, Any]) -> None:
-    print(json.dumps(record), flush=True)
+    from runtime.cpu import choice
+
+    print(json.dumps({**record, **choice.machine()}), flush=True)
 
 
 def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_rows: dict[str, Any]) -> str:
@@ -300,7 +302,16 @@ def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_row
     return "\n".join(lines)
 
 
+def bench_cache() -> None:
+    """Keeps this benchmark's kernel choices apart from other runs' (each JSON line lists them all)."""
+    if "RECCOMPILE_CACHE_DIR" not in os.environ:
+        from runtime.cpu.native.build import cache_root
+
+        os.environ["RECCOMPILE_CACHE_DIR"] = str(cache_root() / "bench")
+
+
 def main(argv: list[str] | None = None) -> int:
+    bench_cache()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/reccompile-inference-bench"))
     parser.add_argument("--rounds", type=int, default=3)

@@ -36,7 +36,7 @@ from compiler.ir import ModelIR
 from compiler.lower_inference import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.checkpoint.store import load_model_state, read_manifest
+from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
 from runtime.serving.export_dir import (
     DENSE_FILE,
     FORMAT,
@@ -48,6 +48,7 @@ from runtime.serving.export_dir import (
     import_module,
     table_file,
 )
+from runtime.storage.manifest import write_manifest
 from runtime.serving.quant_embedding import PRECISIONS, row_bytes
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
@@ -103,7 +104,7 @@ def export(request: ExportRequest) -> dict[str, Any]:
         (staging / "layout.json").write_text(json.dumps(layout, indent=2) + "\n")
         aot = _write_program(model, ir, staging) if request.aot else None
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        write_manifest(staging / MANIFEST, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -143,7 +144,7 @@ def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str])
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The manifest and full single-process model state of a checkpoint (or of the latest one in a
     directory of them), read by runtime.checkpoint.store without a process group."""
-    return read_manifest(directory), load_model_state(directory)
+    return read_checkpoint_manifest(directory), load_model_state(directory)
 
 
 def _check_spec(ir: ModelIR, checkpoint: Mapping[str, Any], request: ExportRequest) -> None:

@@ -14,7 +14,7 @@ Guarantees three fx graphs, which the generated Model has as methods:
 v1..vn, the cut, are the stage-0 values stage 1 uses, in graph order: dense
 features and the input_dist awaitables, whose ids all-to-alls are in flight
 when input_dist returns. Plain training calls `forward`; the pipeline
-(runtime/train/pipeline.py) calls `input_dist` of batch i+1 before `compute` of
+(runtime/train/train_pipeline.py) calls `input_dist` of batch i+1 before `compute` of
 batch i; both run the same compiled code.
 
 This is torch.fx.passes.split_module's partitioning, for two partitions.

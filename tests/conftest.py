@@ -1,8 +1,9 @@
-"""Shared test fixtures: golden-file comparison (`pytest --update-goldens`)."""
+"""Shared test fixtures: golden-file comparison (`pytest --update-goldens`), the native kernels."""
 
 from __future__ import annotations
 
 import difflib
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,15 @@ def golden(request: pytest.FixtureRequest) -> Golden:
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+@pytest.fixture
+def native_kernels() -> None:
+    """Skips only where no C compiler exists; where one does, a failed build or load fails the test."""
+    from runtime.cpu.native import build
+
+    if shutil.which(build.compiler_name()) is None:
+        pytest.skip(f"no C compiler: looked for {build.compiler_name()!r} ($CC, else cc) on PATH")
+    outcome = build.status()
+    if outcome.library is None:
+        pytest.fail(f"the native kernels did not build or load: {outcome.problem}", pytrace=False)

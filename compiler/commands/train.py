@@ -18,7 +18,7 @@ from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
 from compiler.pipeline import compile_spec
 from runtime.train import checkpointing
-from runtime.train import pipeline
+from runtime.train import train_pipeline
 from runtime.train import run_setup
 from runtime.train import worker
 
@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--outdir", type=Path, default=Path("build"), help="default: build/")
     run_setup.add_arguments(parser.add_argument_group("data and reporting (see runtime/train/run_setup.py)"))
     checkpointing.add_arguments(parser.add_argument_group("checkpoints (see runtime/train/checkpointing.py)"))
-    pipeline.add_arguments(parser.add_argument_group("training pipeline (see runtime/train/pipeline.py)"))
+    train_pipeline.add_arguments(parser.add_argument_group("training pipeline (see runtime/train/train_pipeline.py)"))
     torchrun = parser.add_argument_group("torchrun options (passed through)")
     for option in TORCHRUN_OPTIONS:
         torchrun.add_argument(option, dest=_dest(option))
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
                 worker_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
         worker_args += run_setup.pass_through(args)
         worker_args += checkpointing.pass_through(args)
-        worker_args += pipeline.pass_through(args)
+        worker_args += train_pipeline.pass_through(args)
         if world_size == 1:
             return worker.run(worker_args)
         return run_torchrun(_torchrun_command(args, worker_args))

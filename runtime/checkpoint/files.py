@@ -22,21 +22,27 @@ is a `CheckpointError` naming the file.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Any, Mapping
 
-MANIFEST = "manifest.json"
+from runtime.storage.manifest import (
+    MANIFEST,
+    FileProblem,
+    ManifestProblem,
+    check_file,
+    describe_files,
+    read_manifest,
+    write_manifest,
+)
+
 FORMAT = "reccompile-checkpoint"
 FORMAT_VERSION = 1
 REQUIRED_KEYS = ("format", "format_version", "step", "world_size", "spec_sha256", "plan", "files")
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
-_HASH_BLOCK = 1 << 22
 
 
 class CheckpointError(Exception):
@@ -85,46 +91,47 @@ def resolve(directory: str | Path) -> Path:
 def read_manifest_file(checkpoint: Path) -> dict[str, Any]:
     """The manifest of one checkpoint directory, checked for form (not its files)."""
     path = checkpoint / MANIFEST
-    if not path.exists():
-        raise CheckpointError(f"{path}: missing: {checkpoint} is not a complete checkpoint")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{path}: corrupted: not valid JSON ({error})") from None
-    if not isinstance(manifest, dict):
-        raise CheckpointError(f"{path}: corrupted: expected a JSON object")
-    missing = [key for key in REQUIRED_KEYS if key not in manifest]
-    if missing:
-        raise CheckpointError(f"{path}: corrupted: no {', '.join(missing)}")
-    if manifest["format"] != FORMAT or manifest["format_version"] != FORMAT_VERSION:
-        raise CheckpointError(
-            f"{path}: not a {FORMAT} version {FORMAT_VERSION} manifest "
-            f"(format {manifest['format']!r}, version {manifest['format_version']!r})"
-        )
-    return manifest
+        return read_manifest(path, FORMAT, FORMAT_VERSION, REQUIRED_KEYS)
+    except ManifestProblem as problem:
+        raise CheckpointError(_manifest_message(problem, checkpoint)) from None
+
+
+def _manifest_message(problem: ManifestProblem, checkpoint: Path) -> str:
+    path = problem.path
+    if problem.kind == "missing":
+        return f"{path}: missing: {checkpoint} is not a complete checkpoint"
+    if problem.kind == "not_json":
+        return f"{path}: corrupted: not valid JSON ({problem.detail})"
+    if problem.kind == "not_object":
+        return f"{path}: corrupted: expected a JSON object"
+    if problem.kind == "missing_keys":
+        return f"{path}: corrupted: no {problem.detail}"
+    found = problem.manifest or {}
+    return (
+        f"{path}: not a {FORMAT} version {FORMAT_VERSION} manifest "
+        f"(format {found.get('format')!r}, version {found.get('format_version')!r})"
+    )
 
 
 def verify_files(checkpoint: Path, manifest: Mapping[str, Any]) -> None:
     """Every file the manifest lists exists with its size and sha256; CheckpointError if not."""
     for name, expected in manifest["files"].items():
-        path = checkpoint / name
-        if not path.is_file():
-            raise CheckpointError(f"{path}: missing (the checkpoint's manifest lists it)")
-        size = path.stat().st_size
-        if size < expected["bytes"]:
-            raise CheckpointError(f"{path}: truncated: {size} bytes, expected {expected['bytes']}")
-        if size > expected["bytes"]:
-            raise CheckpointError(f"{path}: corrupted: {size} bytes, expected {expected['bytes']}")
-        if file_sha256(path) != expected["sha256"]:
-            raise CheckpointError(f"{path}: corrupted: its sha256 differs from the manifest's")
+        try:
+            check_file(checkpoint / name, expected)
+        except FileProblem as problem:
+            raise CheckpointError(_file_message(problem)) from None
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while block := stream.read(_HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+def _file_message(problem: FileProblem) -> str:
+    path, expected = problem.path, problem.expected["bytes"]
+    if problem.kind == "missing":
+        return f"{path}: missing (the checkpoint's manifest lists it)"
+    if problem.kind == "truncated":
+        return f"{path}: truncated: {problem.size} bytes, expected {expected}"
+    if problem.kind == "longer":
+        return f"{path}: corrupted: {problem.size} bytes, expected {expected}"
+    return f"{path}: corrupted: its sha256 differs from the manifest's"
 
 
 def prepare_partial(root: Path, step: int) -> Path:
@@ -140,19 +147,8 @@ def prepare_partial(root: Path, step: int) -> Path:
 
 def commit(partial: Path, manifest: dict[str, Any]) -> Path:
     """Write the manifest (with the files' sizes and hashes) and rename `partial` into place."""
-    manifest = {
-        **manifest,
-        "files": {
-            path.name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-            for path in sorted(partial.iterdir())
-            if path.is_file()
-        },
-    }
-    manifest_path = partial / MANIFEST
-    with open(manifest_path, "w") as stream:
-        json.dump(manifest, stream, indent=1, sort_keys=True)
-        stream.flush()
-        os.fsync(stream.fileno())
+    manifest = {**manifest, "files": describe_files(partial)}
+    write_manifest(partial / MANIFEST, manifest)
     final = partial.parent / step_dir_name(int(manifest["step"]))
     if final.exists():  # a rerun from an older checkpoint reached this step again
         _remove(final)

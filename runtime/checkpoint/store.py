@@ -5,7 +5,7 @@ exactly where it was: the embedding tables and their fused optimizer state,
 the dense parameters and the dense optimizer's state, the step, each rank's
 RNG states and data position, the sharding plan and the spec's sha256.
 `load_checkpoint` puts them back, at any world size and with any plan for
-the same spec. `load_model_state` and `read_manifest` read a checkpoint in
+the same spec. `load_model_state` and `read_checkpoint_manifest` read a checkpoint in
 one process without a process group (the inference export uses them).
 Where the files go, and why a save killed halfway harms nothing, is
 `runtime.checkpoint.files`; the worker's options are `runtime.train.checkpointing`.
@@ -83,7 +83,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "load_model_state",
-    "read_manifest",
+    "read_checkpoint_manifest",
     "save_checkpoint",
 ]
 
@@ -194,7 +194,7 @@ def load_checkpoint(
     )
 
 
-def read_manifest(directory: str | Path) -> dict[str, Any]:
+def read_checkpoint_manifest(directory: str | Path) -> dict[str, Any]:
     """The manifest of the latest complete checkpoint in `directory` (or of `directory` itself).
 
     At least "spec_sha256", "step", "world_size" and "plan"; "path" is the

@@ -1,5 +1,20 @@
-"""Training data: the `Batch` every reader yields, and the readers."""
+"""Training data: the `Batch` every reader yields, the readers, and the per-rank slices."""
 
-from runtime.data.batch import Batch
+from __future__ import annotations
 
-__all__ = ["Batch"]
+from runtime import lazy_exports
+
+lazy_exports(
+    globals(),
+    {
+        "batch": ("Batch",),
+        "errors": ("DataError", "RowError"),
+        "bad_rows": ("BadRowLog",),
+        "criteo": ("CriteoReader",),
+        "movielens": ("MovieLensReader",),
+        "movielens_vocab": ("Vocabulary",),
+        "sources": ("choose_data", "open_reader"),
+        "loader": ("epoch_batches", "training_batches"),
+        "synthetic": ("make_batch",),
+    },
+)

@@ -5,7 +5,7 @@ its file, line, column, value and reason. Under `--bad-rows skip` every bad
 row is counted, the first few are reported as they are met, and `summary()`
 gives the count and the first examples at the end.
 
-Every rank parses every row (see `runtime.data.split`), so every rank meets
+Every rank parses every row (see `runtime.data.rank_slices`), so every rank meets
 the same bad rows at the same step: counts need no reduction across ranks
 and a failure stops all ranks together.
 """

@@ -2,7 +2,7 @@
 
 DataLoader workers turn blocks of lines into `Columns` (one tensor per
 dense feature and label, a jagged (lengths, values, weights) triple per
-sparse feature); the rank's assembler (`runtime.data.split`) joins blocks,
+sparse feature); the rank's assembler (`runtime.data.rank_slices`) joins blocks,
 cuts global batches and its own share by row, and only then builds the
 `KeyedJaggedTensor`. Sparse features are kept in the spec's order, which
 is the key order of the batch.

@@ -5,7 +5,7 @@ one line and turn parsed rows into `Columns`. `BlockDataset` runs in
 DataLoader worker processes: each worker parses its blocks of lines into
 tensors and reports their bad rows. In the rank's own process the blocks are
 joined in file order, the bad rows are counted (or stop the run), and
-`runtime.data.split.rank_shares` cuts the rank's share of each global batch,
+`runtime.data.rank_slices.rank_shares` cuts the rank's share of each global batch,
 which becomes a `Batch` with a `KeyedJaggedTensor`.
 
     training_batches(reader, ...)  -> Batch, forever (epoch after epoch)
@@ -23,7 +23,7 @@ from runtime.data.bad_rows import EXAMPLES, BadRow, BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.columns import Columns
 from runtime.data.errors import RowError
-from runtime.data.split import Share, rank_shares, worker_blocks
+from runtime.data.rank_slices import Share, rank_shares, worker_blocks
 
 BLOCK_LINES = 4096
 
@@ -68,7 +68,7 @@ class LocalBatch:
 
 
 class BlockDataset(IterableDataset):
-    """The blocks of this DataLoader worker, parsed (see `runtime.data.split.worker_blocks`)."""
+    """The blocks of this DataLoader worker, parsed (see `runtime.data.rank_slices.worker_blocks`)."""
 
     def __init__(self, reader: Reader, block_lines: int, epochs: int | None, stop_at_bad: bool) -> None:
         super().__init__()

@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.id_range import IdRangeCheck
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
@@ -297,7 +298,8 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
     `bounds_check=False` ids are trusted: an out-of-range id then makes the
     fused kernel read out of bounds. `lookup_threads` (default: torch's
     intra-op threads at construction) cuts the fused tables on the CPU into
-    that many groups, looked up side by side (runtime/embeddings/concurrent.py).
+    that many groups, looked up side by side (runtime/embeddings/concurrent.py)
+    where that is the faster at the batch's shapes (runtime/cpu/choice.py, kernel 'lookup').
     """
 
     optimizer_in_backward = True
@@ -399,7 +401,30 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
                 )
             )
             first = last
-        return run_concurrently(lookups, min(self.lookup_threads, torch.get_num_threads()))
+        threads = min(self.lookup_threads, torch.get_num_threads())
+        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, values, batch, threads) == "sequential":
+            threads = 1
+        return run_concurrently(lookups, threads)
+
+    def _choose_concurrency(
+        self, lookups: list[Callable[[], torch.Tensor]], values: torch.Tensor, batch: int, threads: int
+    ) -> str:
+        """'concurrent' or 'sequential' groups at these shapes, timed on the forward alone: a timed
+        backward would step the fused optimizer."""
+        rows = sum(t.num_embeddings for t in self._tables)
+        width = sum(t.embedding_dim * len(t.feature_names) for t in self._tables)
+        shape = (
+            f"b{choice.bucket(batch)}_ids{choice.bucket(values.numel())}_tables{len(self._tables)}"
+            f"_rows{rows}_width{width}_groups{len(lookups)}_t{threads}"
+        )
+
+        def timed(count: int) -> Callable[[], object]:
+            def run() -> object:
+                with torch.no_grad():
+                    return run_concurrently(lookups, count)
+            return run
+
+        return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
 
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> EmbeddingBagCollection:
         if recurse and self._output_columns is not None:

@@ -1,0 +1,21 @@
+"""The dense side of a model: the block types of the spec, linears, losses."""
+
+from __future__ import annotations
+
+from runtime import lazy_exports
+
+lazy_exports(
+    globals(),
+    {
+        "blocks": (
+            "MLP", "Concat", "CrossNet", "DotInteraction", "DotProduct",
+            "FactorizationMachine", "MixtureOfExperts", "Sum",
+        ),
+        "linear": ("Linear",),
+        "sequence_pool": ("SequencePool",),
+        "target_attention": ("TargetAttention",),
+        "transformer": ("Transformer",),
+        "hstu": ("HSTU",),
+        "losses": ("head_loss", "total_loss"),
+    },
+)  # fmt: skip

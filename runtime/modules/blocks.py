@@ -7,15 +7,18 @@ calling it, except for `DotProduct`, `Sum` and `DotInteraction`, which take
 several tensors.
 
 DLRM spends more time in the 27 x 27 pairwise interaction than anywhere else
-in its dense part apart from the MLP GEMMs. `DotInteraction` runs it on a C
-kernel (runtime/native) on the CPU, and elsewhere on a hand-written autograd
-function over `bmm`: plain autograd over `bmm` + advanced indexing doubles
-the batched GEMMs in backward and scatters the triangle through a slow
-`index_put`. benchmarks/blocks_bench.py measures the alternatives.
+in its dense part apart from the MLP GEMMs. `DotInteraction` has a C
+kernel (runtime/cpu/native) for the CPU and a hand-written autograd function
+over `bmm` for everything (plain autograd over `bmm` + advanced indexing
+doubles the batched GEMMs in backward and scatters the triangle through a
+slow `index_put`); on the CPU the faster of the two for the block's shapes
+is chosen by measurement (runtime/cpu/choice.py). benchmarks/blocks_bench.py
+measures the alternatives.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from runtime.cpu import native
+from runtime.cpu import choice, native
 from runtime.modules.linear import Linear, linear
 
 __all__ = [
@@ -184,8 +187,10 @@ class DotInteraction(nn.Module):
     cat([z_0, <z_i, z_j> for i < j in row-major order]) = (B, D + N(N-1)/2);
     the pair order is torch.triu_indices(N, N, 1).
 
-    float32 on the CPU runs runtime/native's C kernel; other devices and
-    dtypes, and tracing, run `_PairwiseDot` on torch ops.
+    float32 on the CPU runs runtime/cpu/native's C kernel where it is the
+    faster for these shapes (runtime/cpu/choice.py, kernel 'dot'); other
+    devices and dtypes, tracing, and the CPUs where torch wins run
+    `_PairwiseDot` on torch ops.
     """
 
     def __init__(self, num_vectors: int, dim: int) -> None:
@@ -204,13 +209,39 @@ class DotInteraction(nn.Module):
 
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
         self._check_inputs(xs)
-        if xs[0].shape[0] > 0 and native.applies(xs):
-            parts = [x.contiguous() for x in xs]
-            if torch.is_grad_enabled() and any(x.requires_grad for x in parts):
-                return _NativeDot.apply(self.dim, *parts)
-            return native.dot_forward(parts, self.dim)
+        grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+        if xs[0].shape[0] > 0 and native.applies(xs) and self._choose(xs, grad) == "native":
+            return self._native(xs, grad)
+        return self._torch(xs)
+
+    def _native(self, xs: Sequence[torch.Tensor], grad: bool) -> torch.Tensor:
+        parts = [x.contiguous() for x in xs]
+        return _NativeDot.apply(self.dim, *parts) if grad else native.dot_forward(parts, self.dim)
+
+    def _torch(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
         x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
         return _PairwiseDot.apply(x, self.num_vectors, self.triu_index, self.sym_index)
+
+    def _choose(self, xs: Sequence[torch.Tensor], grad: bool) -> str:
+        """'native' or 'torch' for these shapes, timed on copies of the inputs (with backward if `grad`)."""
+        widths = "-".join(str(x.shape[1] // self.dim) for x in xs)
+        shape = (
+            f"b{choice.bucket(xs[0].shape[0])}_n{self.num_vectors}_d{self.dim}_parts{widths}"
+            f"_{'fwdbwd' if grad else 'fwd'}_t{torch.get_num_threads()}"
+        )
+
+        @functools.cache  # copied only if a measurement runs
+        def copies() -> list[torch.Tensor]:
+            return [x.detach().clone().requires_grad_(grad) for x in xs]
+
+        def timed(path: Callable[[Sequence[torch.Tensor], bool], torch.Tensor]) -> Callable[[], object]:
+            def run() -> object:
+                with torch.enable_grad() if grad else torch.no_grad():
+                    out = path(copies(), grad)
+                    return torch.autograd.grad(out, copies(), torch.ones_like(out)) if grad else out
+            return run
+
+        return choice.choose("dot", shape, {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)})
 
     def _check_inputs(self, xs: Sequence[torch.Tensor]) -> None:
         width = self.num_vectors * self.dim

@@ -13,7 +13,9 @@ backward, which reads the gradient and the input as stored. Results are
 float32 GEMMs with another summation order: equal to `F.linear` up to
 rounding.
 
-Everywhere else (CUDA, meta tensors for shape propagation, other dtypes, a
+Where oneDNN applies, the first call at each layer shape times both
+(runtime/cpu/choice.py, kernel 'linear') and the faster runs from then on:
+oneDNN's lead depends on the CPU and its BLAS. Everywhere else (CUDA, meta tensors for shape propagation, other dtypes, a
 build without oneDNN, products too small to pay oneDNN's per-call weight
 reorder, such as serving a single sample) it is `F.linear`. torch.export
 turns oneDNN off while it traces, so exported programs hold the portable
@@ -22,12 +24,16 @@ turns oneDNN off while it traces, so exported programs hold the portable
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
+
+from runtime.cpu import choice
 
 __all__ = ["MIN_ONEDNN_MACS", "Linear", "linear", "onednn_applies"]
 
@@ -89,14 +95,43 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _aten(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool, grad: bool) -> torch.Tensor:
+    out = F.linear(x, weight, bias)
+    return torch.relu_(out) if relu else out
+
+
+def _onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool, grad: bool) -> torch.Tensor:
+    return _OneDNNLinear.apply(x, weight, bias, relu) if grad else _onednn_linear(x, weight, bias, relu)
+
+
+def _choose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool, grad: bool) -> str:
+    """'onednn' or 'aten' for this layer's shapes, timed on copies (all three GEMMs if `grad`)."""
+    shape = (
+        f"b{choice.bucket(x.shape[0])}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if bias is not None else ''}"
+        f"{'_relu' if relu else ''}_{'fwdbwd' if grad else 'fwd'}_t{torch.get_num_threads()}"
+    )
+
+    @functools.cache  # copied only if a measurement runs
+    def copies() -> list[torch.Tensor]:
+        return [t.detach().clone().requires_grad_(grad) for t in (x, weight, bias) if t is not None]
+
+    def timed(path: Callable[..., torch.Tensor]) -> Callable[[], object]:
+        def run() -> object:
+            with torch.enable_grad() if grad else torch.no_grad():
+                inputs = copies()
+                out = path(inputs[0], inputs[1], inputs[2] if bias is not None else None, relu, grad)
+                return torch.autograd.grad(out, inputs, torch.ones_like(out)) if grad else out
+        return run
+
+    return choice.choose("linear", shape, {"aten": timed(_aten), "onednn": timed(_onednn)})
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
-    """F.linear(x, weight, bias), then ReLU if `relu`; on oneDNN where it applies."""
-    if not onednn_applies(x, weight):
-        out = F.linear(x, weight, bias)
-        return torch.relu_(out) if relu else out
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        return _OneDNNLinear.apply(x, weight, bias, relu)
-    return _onednn_linear(x, weight, bias, relu)
+    """F.linear(x, weight, bias), then ReLU if `relu`; on oneDNN where it applies and is the faster."""
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if onednn_applies(x, weight) and _choose(x, weight, bias, relu, grad) == "onednn":
+        return _onednn(x, weight, bias, relu, grad)
+    return _aten(x, weight, bias, relu, grad)
 
 
 class Linear(nn.Linear):

@@ -3,7 +3,7 @@
 The worker hands `TrainingMonitor.on_step` and `on_log` to `runtime.train.loop.train`.
 Every step adds the heads' outputs to the metrics window; every log step
 (`--log-every`) computes the window's metrics over all ranks, which rank 0
-prints and writes to `--log-dir`; every `--eval-every` steps and at the end
+shows (runtime.reporting.console) and writes to `--log-dir`; every `--eval-every` steps and at the end
 the evaluation split is scored. Metric computation and evaluation are
 collectives, so every rank calls these hooks; only rank 0 prints or writes.
 """
@@ -11,6 +11,7 @@ collectives, so every rank calls these hooks; only rank 0 prints or writes.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -18,16 +19,24 @@ import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.reporting.metrics import MetricSet, MetricValues
-from runtime.reporting.progress import Progress, format_metrics
+from runtime.reporting.console import Console, format_metrics
 from runtime.reporting.run_log import RunLog
-from runtime.train.loop import StepLog
 
 Metrics = dict[str, MetricValues]
 _DIGITS = 6
 
 
+@dataclass(frozen=True)
+class StepLog:
+    """What the training loop hands `on_log` every --log-every steps."""
+
+    step: int  # 1-based
+    loss: float  # the global mean loss of this step
+    samples_per_s: float
+
+
 class TrainingMonitor:
-    """Metrics, evaluation and reporting of one run; `progress` and `run_log` on rank 0 only."""
+    """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only."""
 
     def __init__(
         self,
@@ -37,7 +46,7 @@ class TrainingMonitor:
         log_every: int,
         global_batch_size: int,
         process_group: dist.ProcessGroup | None = None,
-        progress: Progress | None = None,
+        console: Console | None = None,
         run_log: RunLog | None = None,
         evaluation: Callable[[], Metrics] | None = None,
         eval_every: int = 0,
@@ -47,7 +56,7 @@ class TrainingMonitor:
         self.log_every = log_every
         self.global_batch_size = global_batch_size
         self.process_group = process_group
-        self.progress = progress
+        self.console = console
         self.run_log = run_log
         self.evaluation = evaluation
         self.eval_every = eval_every
@@ -63,11 +72,13 @@ class TrainingMonitor:
         now = time.perf_counter()
         if self._first_step is None:
             self._first_step = (step, now)
-        if self.progress is not None:
+            if self.run_log is not None:
+                self.run_log.begin(step - 1)  # a resumed run appends to the log
+        if self.console is not None:
             first, since = self._first_step
             elapsed = now - since
             rate = self.global_batch_size * (step - first) / elapsed if elapsed > 0 else 0.0
-            self.progress.advance(step, rate)
+            self.console.advance(step, rate)
         if self.evaluation is not None and self.eval_every and step % self.eval_every == 0 and step < self.steps:
             if step % self.log_every == 0:
                 self._eval_after_log = True  # so its line follows the step's line
@@ -77,8 +88,8 @@ class TrainingMonitor:
     def on_log(self, entry: StepLog) -> None:
         """Every log step: the window's metrics over all ranks, printed and logged on rank 0."""
         self.last_metrics = _rounded(self.metrics.compute(self.process_group))
-        if self.progress is not None:
-            self.progress.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
+        if self.console is not None:
+            self.console.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
         if self.run_log is not None:
             self.run_log.train(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
         if self._eval_after_log:
@@ -95,8 +106,8 @@ class TrainingMonitor:
         final = {**summary, "metrics": self.last_metrics}
         if self.last_eval is not None:
             final["eval_metrics"] = self.last_eval
-        if self.progress is not None:
-            self.progress.close()
+        if self.console is not None:
+            self.console.close()
         if self.run_log is not None:
             self.run_log.close(final)
         return final
@@ -105,8 +116,8 @@ class TrainingMonitor:
         assert self.evaluation is not None
         self.last_eval = _rounded(self.evaluation())
         self._last_eval_step = step
-        if self.progress is not None:
-            self.progress.message(f"eval {step:>5}/{self.steps}{format_metrics(self.last_eval)}")
+        if self.console is not None:
+            self.console.message(f"eval {step:>5}/{self.steps}{format_metrics(self.last_eval)}")
         if self.run_log is not None:
             self.run_log.eval(step, self.last_eval)
 

@@ -1,0 +1,14 @@
+"""Serving: quantized tables, export directories, batch prediction."""
+
+from __future__ import annotations
+
+from runtime import lazy_exports
+
+lazy_exports(
+    globals(),
+    {
+        "quant_embedding": ("PRECISIONS", "QuantEmbeddingBagCollection"),
+        "export_dir": ("ExportError", "load", "read_export_manifest"),
+        "predict": ("PredictionReport", "predict_file"),
+    },
+)

@@ -18,9 +18,7 @@ names the file and says what to do. Weights load with
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
@@ -29,13 +27,31 @@ import torch
 from torch import nn
 
 from runtime.sparse.jagged import KeyedJaggedTensor
+from runtime.storage.manifest import MANIFEST, FileProblem, ManifestProblem, check_file, file_facts, read_manifest
+
+__all__ = [
+    "DENSE_FILE",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "AotModel",
+    "ExportError",
+    "checked_file",
+    "export_program",
+    "file_facts",
+    "head_scores",
+    "import_module",
+    "load",
+    "load_tensors",
+    "load_weights",
+    "read_export_manifest",
+    "table_file",
+]
 
 FORMAT = "reccompile-export"
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
 DENSE_FILE = "weights/dense.pt"
 TABLES_DIR = "weights/tables"
-_CHUNK = 1 << 22
 
 
 class ExportError(Exception):
@@ -46,62 +62,56 @@ def table_file(table: str) -> str:
     return f"{TABLES_DIR}/{table}.pt"
 
 
-def file_facts(path: Path) -> dict[str, Any]:
-    """{"bytes", "sha256"} of a file, as the manifest records them."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(_CHUNK):
-            digest.update(chunk)
-    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
-
-
-def read_manifest(directory: str | Path) -> dict[str, Any]:
+def read_export_manifest(directory: str | Path) -> dict[str, Any]:
     """The manifest of an export directory, its format checked (files are checked on use)."""
     root = Path(directory)
     if not root.is_dir():
         raise ExportError(f"export directory {root} does not exist")
-    path = root / MANIFEST
-    if not path.is_file():
-        raise ExportError(f"{root}: no {MANIFEST}; not an export directory (write one with reccompile export)")
     try:
-        manifest = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ExportError(f"{path}: not valid JSON ({error}); export again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise ExportError(f"{path}: not a reccompile export manifest (format {found!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise ExportError(
-            f"{path}: format version {manifest.get('format_version')!r}; "
-            f"this runtime reads version {FORMAT_VERSION}"
-        )
-    return manifest
+        return read_manifest(root / MANIFEST, FORMAT, FORMAT_VERSION)
+    except ManifestProblem as problem:
+        raise ExportError(_manifest_message(problem, root)) from None
 
 
-def check_file(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Path:
+def _manifest_message(problem: ManifestProblem, root: Path) -> str:
+    path = problem.path
+    if problem.kind == "missing":
+        return f"{root}: no {MANIFEST}; not an export directory (write one with reccompile export)"
+    if problem.kind == "not_json":
+        return f"{path}: not valid JSON ({problem.detail}); export again"
+    if problem.kind in ("not_object", "format"):
+        found = problem.detail if problem.kind == "format" else repr(problem.detail)
+        return f"{path}: not a reccompile export manifest (format {found})"
+    return f"{path}: format version {problem.detail}; this runtime reads version {FORMAT_VERSION}"
+
+
+def checked_file(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Path:
     """The path of a manifest entry's file after checking its size (and sha256 when `verify`)."""
-    path = root / entry["file"]
-    if not path.is_file():
-        raise ExportError(f"{path}: missing (listed in {MANIFEST}); export again")
-    size = path.stat().st_size
-    if size != entry["bytes"]:
-        raise ExportError(
-            f"{path}: {size:,} bytes, {MANIFEST} says {entry['bytes']:,}; "
+    try:
+        check_file(root / entry["file"], entry, verify)
+    except FileProblem as problem:
+        raise ExportError(_file_message(problem)) from None
+    return root / entry["file"]
+
+
+def _file_message(problem: FileProblem) -> str:
+    path, entry = problem.path, problem.expected
+    if problem.kind == "missing":
+        return f"{path}: missing (listed in {MANIFEST}); export again"
+    if problem.kind in ("truncated", "longer"):
+        return (
+            f"{path}: {problem.size:,} bytes, {MANIFEST} says {entry['bytes']:,}; "
             "the export is incomplete or corrupted, export again"
         )
-    if verify:
-        actual = file_facts(path)["sha256"]
-        if actual != entry["sha256"]:
-            raise ExportError(
-                f"{path}: sha256 {actual[:12]}… does not match {MANIFEST} ({entry['sha256'][:12]}…); "
-                "the file was changed or corrupted, export again"
-            )
-    return path
+    return (
+        f"{path}: sha256 {problem.sha256[:12]}… does not match {MANIFEST} ({entry['sha256'][:12]}…); "
+        "the file was changed or corrupted, export again"
+    )
 
 
 def load_tensors(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Any:
     """torch.load (weights only, memory-mapped) of a checked manifest entry."""
-    path = check_file(root, entry, verify)
+    path = checked_file(root, entry, verify)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:  # a corrupt zip, a pickle with code in it, ...
@@ -113,13 +123,13 @@ def load_tensors(root: Path, entry: Mapping[str, Any], verify: bool = True) -> A
 def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, verify: bool = True) -> None:
     """Fill a generated inference `Model` with the weights of `directory`, checked on the way."""
     root = Path(directory)
-    manifest = read_manifest(root)
+    manifest = read_export_manifest(root)
     if manifest["spec"]["sha256"] != spec_sha256:
         raise ExportError(
             f"{root}: {MANIFEST} is for spec sha256 {manifest['spec']['sha256'][:12]}… but the module was "
             f"generated from {spec_sha256[:12]}…; the files come from different exports"
         )
-    check_file(root, manifest["module"], verify)
+    checked_file(root, manifest["module"], verify)
     state = dict(load_tensors(root, manifest["dense"], verify))
     collection = getattr(model, "sparse_arch", None)
     precisions = collection.precisions() if collection is not None else {}
@@ -156,8 +166,8 @@ def import_module(path: str | Path) -> ModuleType:
 def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Module]:
     """The generated module of an export directory and its eval model with the weights loaded."""
     root = Path(directory)
-    manifest = read_manifest(root)
-    module = import_module(check_file(root, manifest["module"], verify))
+    manifest = read_export_manifest(root)
+    module = import_module(checked_file(root, manifest["module"], verify))
     return module, module.build(root, verify=verify)
 
 

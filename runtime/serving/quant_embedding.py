@@ -8,10 +8,11 @@ output order (table order, then each table's features), forward only.
 All tables live in one fbgemm `IntNBitTableBatchedEmbeddingBagsCodegen`
 layout, each at its own precision; one call of fbgemm's
 `int_nbit_split_embedding_codegen_lookup_function` pools every feature, or on
-the CPU (float32 output, outside tracing) runtime/native's quant_pool.c, which
+the CPU (float32 output, outside tracing) runtime/cpu/native's quant_pool.c, which
 reads the same layout, gives the same bits, and splits the bags over torch's
 threads where fbgemm's kernel uses one (1.2-3.4x faster at batch 512 with 20
-ids per feature). The TBE class is built only to lay the tables out (its
+ids per feature), where it is the faster at the batch's shapes
+(runtime/cpu/choice.py, kernel 'quant_pool'). The TBE class is built only to lay the tables out (its
 offsets, row sizes and type codes); the collection owns the weight bytes as a
 buffer and calls the kernel itself, because the TBE module holds TorchScript objects that
 `torch.export` cannot trace and adds per-call work a server does not need.
@@ -41,6 +42,7 @@ the layout above (uint8, rows x row bytes).
 
 from __future__ import annotations
 
+import hashlib
 import bisect
 import itertools
 from dataclasses import dataclass
@@ -60,7 +62,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
-from runtime.cpu import native
+from runtime.cpu import choice, native
 from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
@@ -244,6 +246,8 @@ class QuantEmbeddingBagCollection(nn.Module):
             out_offsets=tbe.D_offsets[:-1].to(torch.int64),
             total_dim=tbe.total_D,
         )
+        layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), self._feature_dims))
+        self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -388,21 +392,54 @@ class QuantEmbeddingBagCollection(nn.Module):
         native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
             [self.weights, values], dtype=None
         )
-        if self.bounds_check and not native_kernel:  # the native kernel checks ids as it pools
+        if native_kernel and self._choose(values, offsets, weights, kjt) == "native":
+            return self._native_pool(values, offsets, weights, kjt)
+        return self._fbgemm_pool(values, offsets, weights, kjt)
+
+    def _choose(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+    ) -> str:
+        """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
+        out-of-range id raises there, before fbgemm's kernel could read past a table)."""
+        features = len(self._feature_names)
+        shape = (
+            f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
+            f"_f{features}_{self._layout_key}"
+            f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if self.bounds_check else ''}"
+            f"_t{torch.get_num_threads()}"
+        )
+        return choice.choose("quant_pool", shape, {
+            "native": lambda: self._native_pool(values, offsets, weights, kjt),
+            "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt),
+        })
+
+    def _bag_weights(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
+        """The per-id weights, times 1 / bag length for the features pooled by mean."""
+        if not self._has_mean:
+            return weights
+        lengths = offsets[1:] - offsets[:-1]
+        per_bag = lengths.clamp(min=1).to(torch.float32).reciprocal()
+        batch = lengths.numel() // len(self._feature_names)
+        per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
+        scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
+        return scale if weights is None else weights * scale
+
+    def _native_pool(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+    ) -> torch.Tensor:
+        weights = self._bag_weights(values, offsets, weights)
+        rows = self.rows_per_feature if self.bounds_check else None  # the C kernel checks ids as it pools
+        pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
+        if pooled is None:
+            raise self._bad_id_error(values, offsets, kjt)
+        return pooled
+
+    def _fbgemm_pool(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+    ) -> torch.Tensor:
+        if self.bounds_check:
             self._check_bounds(values, offsets, kjt)
-        if self._has_mean:
-            lengths = offsets[1:] - offsets[:-1]
-            per_bag = lengths.clamp(min=1).to(torch.float32).reciprocal()
-            batch = lengths.numel() // len(self._feature_names)
-            per_bag = torch.where(self.mean_features.repeat_interleave(batch), per_bag, 1.0)
-            scale = per_bag.repeat_interleave(lengths, output_size=values.numel())
-            weights = scale if weights is None else weights * scale
-        if native_kernel:
-            rows = self.rows_per_feature if self.bounds_check else None
-            pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
-            if pooled is None:
-                raise self._bad_id_error(values, offsets, kjt)
-            return pooled
+        weights = self._bag_weights(values, offsets, weights)
         dims = self._layout.max_dims
         return torch.ops.fbgemm.int_nbit_split_embedding_codegen_lookup_function(
             dev_weights=self.weights,

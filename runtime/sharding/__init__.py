@@ -1,6 +1,14 @@
 """Embedding tables laid out over ranks by a sharding plan (see sparse_arch.py)."""
 
-from runtime.sharding.dense import distribute_dense
-from runtime.sharding.sparse_arch import SHARDING_TYPE_ORDER, SparseArch
+from __future__ import annotations
 
-__all__ = ["SHARDING_TYPE_ORDER", "SparseArch", "distribute_dense"]
+from runtime import lazy_exports
+
+lazy_exports(
+    globals(),
+    {
+        "sparse_arch": ("SHARDING_TYPE_ORDER", "SparseArch"),
+        "dense": ("DenseDataParallel", "distribute_dense"),
+        "layout": ("Shard", "TableLayout", "table_layouts"),
+    },
+)

@@ -9,7 +9,7 @@ and backward. DDP averages the dense gradients over the ranks, which with
 each rank's loss the mean over its own batch gives the gradient of the
 global-batch mean, as one process would compute it.
 
-The training pipeline (runtime/train/pipeline.py) calls the model's two stages
+The training pipeline (runtime/train/train_pipeline.py) calls the model's two stages
 through the wrapper: `input_dist` outside DDP, `compute` as DDP's forward.
 
 Buffers are synced once, when DDP is built, not before every step
@@ -36,7 +36,7 @@ class DenseDataParallel(DistributedDataParallel):
         return self.module.loss(*args, **kwargs)
 
     def input_dist(self, *args: Any) -> Any:
-        """Stage 0 (runtime/train/pipeline.py), outside DDP: it touches no dense parameter."""
+        """Stage 0 (runtime/train/train_pipeline.py), outside DDP: it touches no dense parameter."""
         return self.module.input_dist(*args)
 
     def compute(self, *staged: Any) -> Any:

@@ -85,7 +85,7 @@ class Slot:
     name: str
 
 
-def read_plan(
+def table_layouts(
     tables: Sequence[EmbeddingBagConfig], plan: Mapping[str, Any], world_size: int
 ) -> list[TableLayout]:
     """The layout of every table, in table order; ValueError naming the table if the plan is bad."""

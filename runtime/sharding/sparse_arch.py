@@ -52,7 +52,7 @@ from runtime.sharding import (
     table_wise,
 )
 from runtime.sharding.group import EmbeddingGroup, GroupEnv
-from runtime.sharding.layout import SHARDING_TYPES, LocalTable, TableLayout, digest, read_plan
+from runtime.sharding.layout import SHARDING_TYPES, LocalTable, TableLayout, digest, table_layouts
 
 SHARDING_TYPE_ORDER = SHARDING_TYPES
 INIT_BLOCK_ROWS = 1 << 16
@@ -90,7 +90,7 @@ class SparseArch(torch.nn.Module):
                 f"{world_size} rank{'s' if world_size != 1 else ''}: recompile with "
                 f"--world-size {world_size}"
             )
-        self._layouts = read_plan(tables, plan, world_size)
+        self._layouts = table_layouts(tables, plan, world_size)
         self._group = process_group if world_size > 1 else None
         self._rank = dist.get_rank(process_group) if self._group is not None else 0
         self._device = torch.device(device) if device is not None else torch.device("cpu")

@@ -33,6 +33,7 @@ from runtime.checkpoint.store import (
 )
 from runtime.data.batch import Batch
 from runtime.data.sources import choose_data
+from runtime.reporting import console
 
 # (flag, argparse keywords); `reccompile train` passes each through when given.
 OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -195,7 +196,7 @@ class Checkpointing:
 
     def _say(self, line: str) -> None:
         if self.rank == 0:
-            print(line, file=self.stream, flush=True)
+            console.say(line, self.stream)
 
 
 def _dest(flag: str) -> str:

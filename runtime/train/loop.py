@@ -16,14 +16,8 @@ import torch
 import torch.distributed as dist
 
 from runtime.data.batch import Batch
-from runtime.train.pipeline import TrainPipeline
-
-
-@dataclass(frozen=True)
-class StepLog:
-    step: int  # 1-based
-    loss: float  # the global mean loss of this step
-    samples_per_s: float
+from runtime.reporting.monitor import StepLog
+from runtime.train.train_pipeline import TrainPipeline
 
 
 @dataclass(frozen=True)
@@ -106,7 +100,7 @@ def train(
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
-    `pipeline_depth` > 1 trains through runtime.train.pipeline.TrainPipeline (same
+    `pipeline_depth` > 1 trains through runtime.train.train_pipeline.TrainPipeline (same
     losses, the next batch's input_dist overlapped), which copies batches to
     `device`; exactly `steps` batches are taken from `batches` either way.
 

@@ -7,7 +7,7 @@ The options live here, so the worker (`python -m runtime.train.worker`) and
     --eval-data ...        an evaluation split, scored every --eval-every steps and at the end
     --eval-every M         steps between evaluations (default 0: at the end only)
     --bad-rows fail|skip   stop at the first bad row (default) or count, skip and summarise them
-    --log-dir DIR          metrics.jsonl as the run goes, metrics.png at the end
+    --log-dir DIR          metrics.jsonl and TensorBoard events as the run goes, metrics.png at the end
     --data-workers N       DataLoader worker processes per rank that parse the files (default 1)
     --rating-threshold T   MovieLens ratings >= T are positives for bce heads (default 4)
 
@@ -34,7 +34,8 @@ from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.sources import choose_data, open_reader
 from runtime.train.evaluate import evaluate
 from runtime.reporting.monitor import TrainingMonitor
-from runtime.reporting.progress import Progress
+from runtime.reporting import console
+from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
 
 # (flag, argparse keywords); `reccompile train` passes each through when given.
@@ -43,7 +44,7 @@ OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--eval-data", {"help": "an evaluation split, same forms as --data"}),
     ("--eval-every", {"type": int, "help": "steps between evaluations (default 0: at the end only)"}),
     ("--bad-rows", {"choices": BAD_ROW_POLICIES, "help": "stop at the first bad row (fail, default) or skip"}),
-    ("--log-dir", {"type": Path, "help": "write metrics.jsonl and metrics.png here"}),
+    ("--log-dir", {"type": Path, "help": "write metrics.jsonl, TensorBoard events and metrics.png here"}),
     ("--data-workers", {"type": int, "help": "DataLoader processes per rank parsing files (default 1)"}),
     ("--rating-threshold", {"type": float, "help": f"MovieLens: rating >= T is a positive ({DEFAULT_THRESHOLD:g})"}),
 )
@@ -88,7 +89,7 @@ class RunIO:
             for key, log in self.bad_rows.items():
                 report = log.summary()
                 if report is not None:
-                    print(f"{_DATA_NAMES[key]}: {report}", file=sys.stderr, flush=True)
+                    console.say(f"{_DATA_NAMES[key]}: {report}", sys.stderr)
         return final
 
 
@@ -150,7 +151,7 @@ def setup_run(
         log_every=log_every,
         global_batch_size=global_batch,
         process_group=process_group,
-        progress=Progress(steps) if rank == 0 else None,
+        console=Console(steps) if rank == 0 else None,
         run_log=RunLog(args.log_dir) if rank == 0 and args.log_dir is not None else None,
         evaluation=evaluation,
         eval_every=args.eval_every or 0,
@@ -162,4 +163,4 @@ _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}
 
 
 def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr, flush=True)
+    console.say(f"warning: {message}", sys.stderr)

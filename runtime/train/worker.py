@@ -13,7 +13,6 @@ import argparse
 import datetime
 import importlib.util
 import itertools
-import json
 import os
 import sys
 import traceback
@@ -26,11 +25,12 @@ import torch.distributed as dist
 
 from runtime.train import checkpointing
 
-from runtime.train import pipeline
+from runtime.train import train_pipeline
 
 from runtime.train import run_setup
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
+from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
 from runtime.train.loop import make_dense_optimizer, train
 
@@ -77,7 +77,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10)
     run_setup.add_arguments(parser)
     checkpointing.add_arguments(parser)
-    pipeline.add_arguments(parser)
+    train_pipeline.add_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device=device,
     )
     batches = checkpoints.position(run_io.batches, args.data)
-    depth = pipeline.depth_from_args(args, world_size)
+    depth = train_pipeline.depth_from_args(args, world_size)
     if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
         batches = (b.to(device, non_blocking=True) for b in batches)
 
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checkpoints.finish(steps)
     final = run_io.finish(summary.as_json())
     if rank == 0:
-        print(json.dumps(final), flush=True)
+        console.result(final)
     if process_group is not None:
         dist.destroy_process_group()
     return 0
@@ -158,7 +158,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # the job must end with a message, never a bare traceback
         if os.environ.get("RECCOMPILE_TRACEBACK") == "1":
             traceback.print_exc()
-        print(f"error: rank {os.environ.get('RANK', '0')}: {error}", file=sys.stderr, flush=True)
+        console.say(f"error: rank {os.environ.get('RANK', '0')}: {error}", sys.stderr)
         return 1
 
 

@@ -196,6 +196,16 @@ def test_a_corrupted_or_mixed_export_directory_is_refused_with_a_clear_error(wor
     empty.mkdir()
     assert refused(empty) == f"{empty}: no manifest.json; not an export directory (write one with reccompile export)"
 
+    listing = copy("listing") / "manifest.json"
+    listing.write_text("[1]")
+    assert refused(listing.parent) == f"{listing}: not a reccompile export manifest (format 'list')"
+    listing.write_text('{"format": "reccompile-export", "format_version": 2}')
+    assert refused(listing.parent) == f"{listing}: format version 2; this runtime reads version 1"
+    listing.write_text('{"format": ')
+    assert refused(listing.parent) == (
+        f"{listing}: not valid JSON (Expecting value: line 1 column 12 (char 11)); export again"
+    )
+
     truncated = copy("truncated")
     table = truncated / "weights" / "tables" / "items.pt"
     size = table.stat().st_size

@@ -3,27 +3,21 @@
 DLRM's pairwise dot interaction (dot_interaction.c), 3-5x faster on the CPU
 than `torch.bmm` over the full Gram matrix, and the pooled lookup of
 quantized inference tables (quant_pool.c), which fbgemm runs on one thread.
-They are plain C with no torch headers, so building them takes a second:
-`$CC` (default `cc`) with -O3 -march=native, into
-`$RECCOMPILE_CACHE_DIR` (default `~/.cache/reccompile`)/native/, named by a
-hash of the source, the flags, the compiler and the CPU, written atomically so
-that ranks starting together can race safely. Tensors cross by pointer
-through ctypes, which releases the GIL for the call; the kernels split the
-batch over torch's intra-op threads (OpenMP, see OPENMP_FLAGS).
+They are plain C with no torch headers, built on first use by build.py
+(`$CC` with -O3 -march=native, cached per source, compiler and CPU).
+Tensors cross by pointer through ctypes, which releases the GIL for the
+call; the kernels split the batch over torch's intra-op threads (OpenMP).
 
-Where no compiler works, `library()` returns None after one warning and the
-blocks keep their torch implementations: same results, slower.
+Where they cannot be built or loaded, `library()` returns None after one
+warning that names the cause (no compiler, the compiler's first error, or
+the loader's), and the callers keep their torch implementations: same
+results, slower.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import subprocess
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,78 +25,27 @@ from pathlib import Path
 
 import torch
 
+from runtime.cpu.native import build
+
 __all__ = ["QuantLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library", "quant_pool"]
 
-SOURCES = tuple(sorted(Path(__file__).parent.glob("*.c")))
-FLAGS = (
-    "-O3", "-march=native", "-fPIC", "-shared",
-    # Reassociating sums lets the compiler vectorise the reductions, as a GEMM would.
-    "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
-)
-# Threads come from OpenMP. The library names libgomp.so.1, which the loader
-# resolves to the copy torch has already loaded (torch/lib/libgomp.so.1), so
-# the kernels run on torch's own thread pool. A compiler without OpenMP
-# builds the serial variant.
-OPENMP_FLAGS = ("-fopenmp",)
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("RECCOMPILE_CACHE_DIR")
-    if root:
-        return Path(root) / "native"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reccompile" / "native"
-
-
-def _cpu_identity() -> str:
-    """What -march=native depends on: the CPU's feature flags where Linux lists them."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            return next((line for line in info if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return platform.processor()
-
-
-def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    handle, scratch = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
-    os.close(handle)
-    try:
-        for extra in (OPENMP_FLAGS, ()):
-            command = [compiler, *FLAGS, *extra, *map(str, SOURCES), "-o", scratch]
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
-            if done.returncode == 0:
-                break
-        else:
-            raise OSError(f"{compiler} exited with {done.returncode}: {done.stderr.strip()[:500]}")
-        os.replace(scratch, target)
-    finally:
-        if os.path.exists(scratch):
-            os.unlink(scratch)
+    """Where the built libraries are kept."""
+    return build.cache_root() / "native"
 
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The built kernel library, or None (with a warning) if it cannot be built here."""
-    compiler = os.environ.get("CC", "cc")
-    key = hashlib.sha256(
-        b"\0".join(
-            part.encode() if isinstance(part, str) else part
-            for part in (
-                *(source.read_bytes() for source in SOURCES),
-                " ".join(FLAGS + OPENMP_FLAGS), compiler, platform.machine(), _cpu_identity(),
-            )
-        )
-    ).hexdigest()[:16]
-    target = cache_dir() / f"kernels-{key}.so"
-    try:
-        if not target.exists():
-            _build(compiler, target)
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        warnings.warn(f"reccompile: native kernels unavailable, using torch ops instead ({exc})", stacklevel=2)
+    """The built kernel library, or None (with one warning naming the cause) if it cannot be had here."""
+    outcome = build.status()
+    if outcome.library is None:
+        warnings.warn(f"reccompile: native kernels unavailable, using torch ops instead: {outcome.problem}", stacklevel=2)
         return None
+    lib = outcome.library
     lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
     lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64]
     lib.reccompile_dot_forward.restype = lib.reccompile_dot_backward.restype = ctypes.c_int

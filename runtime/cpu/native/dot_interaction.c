@@ -11,7 +11,7 @@
  * torch.bmm computes the full n x n Gram matrix per sample through small
  * batched GEMMs; here only the strict upper triangle is formed, each pair with
  * d fused multiply-adds that the compiler vectorises (it is built with
- * -O3 -march=native and associative float math; see runtime/native/build.py),
+ * -O3 -march=native and associative float math; see runtime/cpu/native/__init__.py),
  * and the batch is split over `threads` threads of an OpenMP team.
  *
  * Returns 0, or 1 when a scratch allocation fails.
@@ -48,30 +48,39 @@ static void locate(const job_t *job, int64_t b, float *const *base, float **vec)
     }
 }
 
-/* GCC/Clang vector extension: 16 floats, loadable from any float address. */
-typedef float vec16 __attribute__((vector_size(64), aligned(4)));
+/* GCC/Clang vector extension as wide as the target's float registers, loadable
+ * from any float address. A vector wider than the registers (16 floats on an
+ * AVX2 CPU) is split by the compiler through the stack, ten times slower. */
+#if defined(__AVX512F__)
+#define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4 /* SSE2, NEON */
+#endif
+typedef float vecf __attribute__((vector_size(4 * LANES), aligned(4)));
 
-static inline float sum16(vec16 v) {
+static inline float sum_lanes(vecf v) {
     float total = 0.0f;
-    for (int lane = 0; lane < 16; lane++) total += v[lane];
+    for (int lane = 0; lane < LANES; lane++) total += v[lane];
     return total;
 }
 
 /* Position of pair (i, j), i < j, in the row-major strict upper triangle. */
 static inline int64_t pair_index(int64_t i, int64_t j, int64_t n) { return i * (2 * n - i - 1) / 2 + j - i - 1; }
 
-/* Per-sample kernels for d = 16 * NV, with a whole vector held in registers. */
-#define VECTOR_KERNELS(NV)                                                                      \
+/* Per-sample kernels for d = LANES * NV, with a whole vector held in registers. */
+#define VECTOR_KERNELS(NV)                                                                       \
     static void forward_sample_##NV(float *const *vec, float *row, int64_t n, int64_t d) {       \
         memcpy(row, vec[0], (size_t)d * sizeof *row);                                            \
         float *pair = row + d;                                                                   \
         for (int64_t i = 0; i < n; i++) {                                                        \
-            vec16 zi[NV];                                                                        \
-            for (int k = 0; k < NV; k++) zi[k] = *(const vec16 *)(vec[i] + 16 * k);              \
+            vecf zi[NV];                                                                         \
+            for (int k = 0; k < NV; k++) zi[k] = *(const vecf *)(vec[i] + LANES * k);            \
             for (int64_t j = i + 1; j < n; j++) {                                                \
-                vec16 acc = zi[0] * *(const vec16 *)vec[j];                                      \
-                for (int k = 1; k < NV; k++) acc += zi[k] * *(const vec16 *)(vec[j] + 16 * k);   \
-                *pair++ = sum16(acc);                                                            \
+                vecf acc = zi[0] * *(const vecf *)vec[j];                                        \
+                for (int k = 1; k < NV; k++) acc += zi[k] * *(const vecf *)(vec[j] + LANES * k); \
+                *pair++ = sum_lanes(acc);                                                        \
             }                                                                                    \
         }                                                                                        \
     }                                                                                            \
@@ -79,15 +88,15 @@ static inline int64_t pair_index(int64_t i, int64_t j, int64_t n) { return i * (
                                      int64_t n, int64_t d) {                                     \
         const float *pairs = g + d;                                                              \
         for (int64_t i = 0; i < n; i++) {                                                        \
-            vec16 acc[NV];                                                                       \
+            vecf acc[NV];                                                                        \
             for (int k = 0; k < NV; k++)                                                         \
-                acc[k] = i == 0 ? *(const vec16 *)(g + 16 * k) : (vec16){0};                     \
+                acc[k] = i == 0 ? *(const vecf *)(g + LANES * k) : (vecf){0};                    \
             for (int64_t j = 0; j < n; j++) {                                                    \
                 if (j == i) continue;                                                            \
                 const float s = pairs[j < i ? pair_index(j, i, n) : pair_index(i, j, n)];        \
-                for (int k = 0; k < NV; k++) acc[k] += s * *(const vec16 *)(vec[j] + 16 * k);    \
+                for (int k = 0; k < NV; k++) acc[k] += s * *(const vecf *)(vec[j] + LANES * k);  \
             }                                                                                    \
-            for (int k = 0; k < NV; k++) *(vec16 *)(grad[i] + 16 * k) = acc[k];                  \
+            for (int k = 0; k < NV; k++) *(vecf *)(grad[i] + LANES * k) = acc[k];                \
         }                                                                                        \
     }
 
@@ -128,20 +137,20 @@ typedef void (*backward_fn)(float *const *, float *const *, const float *, int64
 
 static forward_fn forward_kernel(int64_t d) {
     switch (d) {
-        case 16: return forward_sample_1;
-        case 32: return forward_sample_2;
-        case 64: return forward_sample_4;
-        case 128: return forward_sample_8;
+        case LANES * 1: return forward_sample_1;
+        case LANES * 2: return forward_sample_2;
+        case LANES * 4: return forward_sample_4;
+        case LANES * 8: return forward_sample_8;
         default: return forward_sample_any;
     }
 }
 
 static backward_fn backward_kernel(int64_t d) {
     switch (d) {
-        case 16: return backward_sample_1;
-        case 32: return backward_sample_2;
-        case 64: return backward_sample_4;
-        case 128: return backward_sample_8;
+        case LANES * 1: return backward_sample_1;
+        case LANES * 2: return backward_sample_2;
+        case LANES * 4: return backward_sample_4;
+        case LANES * 8: return backward_sample_8;
         default: return backward_sample_any;
     }
 }
@@ -183,7 +192,7 @@ static void backward_range(job_t *job) {
 
 /* Runs `body` over the batch split into one contiguous range per thread of
  * an OpenMP team. The library links the OpenMP runtime torch has loaded
- * (libgomp.so.1 by soname; see runtime/native), so the team is torch's own
+ * (libgomp.so.1 by soname; see runtime/cpu/native), so the team is torch's own
  * intra-op pool: no thread is created, and none spins beside ours. Built
  * without OpenMP, it runs on the calling thread. */
 static int run(const job_t *proto, int64_t batch, int64_t threads, void (*body)(job_t *)) {

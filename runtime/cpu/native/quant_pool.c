@@ -9,7 +9,7 @@
  * each times its per-id weight when `weights` is given; its sum goes to
  * out[b, out_offsets[f] .. + dims[f]). Per id the sum takes the same steps as
  * fbgemm's kernel (acc += w * bias, then acc = fma(w * scale, code, acc)), so
- * the results are the same bits (tests/runtime/test_quant_embedding.py).
+ * the results are the same bits (tests/runtime/serving/test_quant_embedding.py).
  * Given each feature's row count, ids are checked on the way (one pass for
  * the check and the sum); the offsets always are.
  *
@@ -29,7 +29,9 @@
 #pragma GCC optimize("no-associative-math")
 #endif
 
-#if defined(__AVX512F__)
+/* Every x86 intrinsic below sits under the macro of the feature that provides
+ * it; without them (x86-64 baseline, aarch64, ...) plain C does the same. */
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -84,6 +86,34 @@ static inline vec16 load16_INT4(const uint8_t *p, int k) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + 8 * k)), low = _mm_set1_epi8(15);
     const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
     return (vec16)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+}
+#elif defined(__AVX2__) && defined(__F16C__)
+/* Two 8-lane halves, the same conversions as the AVX-512 forms. */
+typedef union {
+    vec16 whole;
+    __m256 half[2];
+} halves_t;
+static inline vec16 load16_FP32(const uint8_t *p, int k) { return *(const vec16 *)(p + 64 * k); }
+static inline vec16 load16_FP16(const uint8_t *p, int k) {
+    halves_t out;
+    out.half[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * k)));
+    out.half[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * k + 16)));
+    return out.whole;
+}
+static inline vec16 load16_INT8(const uint8_t *p, int k) {
+    const __m128i bytes = _mm_loadu_si128((const __m128i *)(p + 16 * k));
+    halves_t out;
+    out.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    out.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+    return out.whole;
+}
+static inline vec16 load16_INT4(const uint8_t *p, int k) {
+    const __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + 8 * k)), low = _mm_set1_epi8(15);
+    const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
+    halves_t out;
+    out.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+    out.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
+    return out.whole;
 }
 #else
 #define LOAD16(TYPE)                                                                          \

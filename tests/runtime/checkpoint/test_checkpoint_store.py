@@ -121,7 +121,7 @@ def test_load_model_state_is_a_world_size_1_model_state(two_ranks, modules) -> N
 
 
 def test_read_manifest(two_ranks, modules) -> None:
-    manifest = checkpoint.read_manifest(two_ranks["directory"])
+    manifest = checkpoint.read_checkpoint_manifest(two_ranks["directory"])
     module = load_module(str(modules[2]))
     assert manifest["step"] == cc.SAVED_AT
     assert manifest["world_size"] == 2
@@ -171,7 +171,7 @@ def test_a_save_killed_between_writes_leaves_the_previous_checkpoint_loadable(mo
     partial = out / ".step_00000004.partial"
     assert (partial / "__0_0.distcp").stat().st_size > 0 and not (partial / ".metadata").exists()
     assert checkpoint.latest_checkpoint(out) == out / "step_00000002"
-    assert checkpoint.read_manifest(out)["step"] == 2
+    assert checkpoint.read_checkpoint_manifest(out)["step"] == 2
     state = checkpoint.load_model_state(out)
     for key, tensor in torch.load(expected).items():
         assert torch.equal(state[key], tensor), key
@@ -241,7 +241,7 @@ def test_a_directory_without_checkpoints_is_an_error(tmp_path: Path) -> None:
         checkpoint.load_model_state(tmp_path)
     assert str(raised.value) == f"no complete checkpoint in {tmp_path} (no step_<N> directory)"
     with pytest.raises(CheckpointError) as raised:
-        checkpoint.read_manifest(tmp_path / "nowhere")
+        checkpoint.read_checkpoint_manifest(tmp_path / "nowhere")
     assert str(raised.value) == f"checkpoint directory {tmp_path / 'nowhere'} does not exist"
 
 

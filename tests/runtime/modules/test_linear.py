@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from runtime.cpu import choice
 from runtime.modules import linear as linear_module
 from runtime.modules.linear import Linear, linear, onednn_applies
 
@@ -23,6 +24,7 @@ def onednn_for_any_size(monkeypatch, request) -> None:
     """The small shapes here would take F.linear; the numerics tests want the oneDNN path."""
     if "small_products" not in request.node.name:
         monkeypatch.setattr(linear_module, "MIN_ONEDNN_MACS", 1)
+        monkeypatch.setenv(choice.ENV, "linear=onednn")
 
 
 def _leaf(*shape: int, seed: int, requires_grad: bool = True) -> torch.Tensor:

@@ -142,13 +142,12 @@ def test_mixed_precisions_match_fbgemms_own_module() -> None:
 
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
-def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch) -> None:
+def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch, native_kernels) -> None:
     """runtime/cpu/native/quant_pool.c against fbgemm's kernel: widths with and without a vector loop."""
-    pytest.importorskip("runtime.cpu.native")
-    from runtime.cpu import native
+    from runtime.cpu import choice, native
 
-    if native.library() is None:
-        pytest.skip("no C compiler on this machine")
+    monkeypatch.setenv(choice.ENV, "quant_pool=native")
+
     tables = [
         EmbeddingBagConfig("w8", 40, 8, ["a"]),
         EmbeddingBagConfig("w64", 300, 64, ["b", "c"], pooling="mean"),
@@ -216,10 +215,13 @@ def test_an_id_out_of_range_names_feature_and_table() -> None:
 
 
 @pytest.mark.parametrize("kernel", ["native", "fbgemm"])
-def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch) -> None:
-    from runtime.cpu import native
+def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch, request) -> None:
+    from runtime.cpu import choice, native
 
-    if kernel == "fbgemm":
+    if kernel == "native":
+        request.getfixturevalue("native_kernels")
+        monkeypatch.setenv(choice.ENV, "quant_pool=native")
+    else:
         monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
     tables = [t for t in make_tables() if t.pooling == "sum"]
     qebc = QuantEmbeddingBagCollection(tables, "int8")

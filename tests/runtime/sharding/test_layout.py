@@ -11,7 +11,7 @@ import sharded_cases as sc
 from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sharding import table_row_wise
 from runtime.sharding.group import GroupEnv
-from runtime.sharding.layout import Shard, TableLayout, local_tables, read_plan, slots_by_rank
+from runtime.sharding.layout import Shard, TableLayout, local_tables, table_layouts, slots_by_rank
 
 
 def plan_error(edit: Callable[[dict[str, dict[str, Any]]], None]) -> str:
@@ -19,7 +19,7 @@ def plan_error(edit: Callable[[dict[str, dict[str, Any]]], None]) -> str:
     plan = sc.make_plan(sc.MIXED)
     edit({entry["table"]: entry for entry in plan["tables"]})
     with pytest.raises(ValueError) as raised:
-        read_plan(sc.TABLES, plan, sc.WORLD_SIZE)
+        table_layouts(sc.TABLES, plan, sc.WORLD_SIZE)
     return str(raised.value)
 
 
@@ -56,13 +56,13 @@ def test_plan_errors_name_the_table() -> None:
     plan = sc.make_plan(sc.MIXED)
     plan["tables"].pop()
     with pytest.raises(ValueError, match="^the plan has no entry for table\\(s\\) t4$"):
-        read_plan(sc.TABLES, plan, sc.WORLD_SIZE)
+        table_layouts(sc.TABLES, plan, sc.WORLD_SIZE)
 
 
 def test_slots_follow_kernel_table_shard_feature_order() -> None:
     """column_wise: t2's three column shards sit on ranks [1, 0, 0]; t3 and t4 (dense kernel,
     so last) are whole on rank 1."""
-    layouts = read_plan(sc.TABLES, sc.make_plan({t.name: "column_wise" for t in sc.TABLES}), 2)
+    layouts = table_layouts(sc.TABLES, sc.make_plan({t.name: "column_wise" for t in sc.TABLES}), 2)
     rank0, rank1 = ([slot.name for slot in slots] for slots in slots_by_rank(layouts, 2))
     assert rank0 == [
         "f0@t0.rows_0_40.cols_0_4",
@@ -82,7 +82,7 @@ def test_slots_follow_kernel_table_shard_feature_order() -> None:
 
 
 def test_row_sharded_shards_pool_by_sum_and_empty_ones_are_not_built() -> None:
-    layouts = read_plan(sc.TABLES, sc.make_plan({t.name: "row_wise" for t in sc.TABLES}), 2)
+    layouts = table_layouts(sc.TABLES, sc.make_plan({t.name: "row_wise" for t in sc.TABLES}), 2)
     rank1 = {t.config.name: t.config for t in local_tables(layouts, 1)}
     assert "t3" not in " ".join(rank1)  # one row: rank 1's range is empty
     assert rank1["t1.rows_15_30.cols_0_8"].pooling == "sum"  # t1 pools by mean

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.train.pipeline import TrainPipeline
+from runtime.train.train_pipeline import TrainPipeline
 from runtime.sharding import distribute_dense
 from runtime.train.loop import make_dense_optimizer, train_step
 from runtime.train.worker import load_module

@@ -45,14 +45,20 @@ def test_resume_without_a_checkpoint_is_a_clear_error(modules, tmp_path: Path, c
 
 
 def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Path, capsys) -> None:
-    ckpt = str(tmp_path / "ck")
-    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--checkpoint-every", "3") == 0
+    ckpt, logs = str(tmp_path / "ck"), str(tmp_path / "logs")
+    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--log-dir", logs) == 0
     assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step_00000003", "step_00000004"]
     capsys.readouterr()
-    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--resume", "--steps", "6") == 0
+    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--resume", "--steps", "6", "--log-dir", logs) == 0
     out = capsys.readouterr().out
     assert f"resumed from {ckpt}/step_00000004 at step 4 (--resume)\n" in out
     assert re.findall(r"^step +(\d+)/6", out, re.M) == ["5", "6"]
+    # The resumed run appends to the log: it keeps steps 1..6 (issue 20, section 3).
+    records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r.get("step")) for r in records] == [
+        *[("train", step) for step in range(1, 5)], ("final", None), ("resume", 4),
+        *[("train", step) for step in (5, 6)], ("final", None),
+    ]  # fmt: skip
 
     other_spec = cc.SPEC.replace("lr: 0.05}\n  sparse", "lr: 0.04}\n  sparse")
     other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
@@ -128,8 +134,11 @@ def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
     assert process.wait(timeout=300) == 0, "".join(lines) + errors.read_text()
     log = (directory / "log" / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in log]
-    # A restarted run rewrites the log: it holds the steps after the resume.
-    losses = {r["step"]: r["loss"] for r in records if r["kind"] == "train"}
+    # A restarted run appends to the log after a resume record: no step is lost.
+    assert sorted({r["step"] for r in records if r["kind"] == "train"}) == list(range(1, STEPS + 1))
+    resumes = [i for i, r in enumerate(records) if r["kind"] == "resume"]
+    after = records[resumes[-1] + 1 :] if resumes else records
+    losses = {r["step"]: r["loss"] for r in after if r["kind"] == "train"}
     return Run("".join(lines), losses)
 
 

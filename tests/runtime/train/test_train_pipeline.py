@@ -21,7 +21,7 @@ import pipeline_cases as pc
 from compiler.pipeline import Options, generate
 from runtime.data.batch import Batch
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.train.pipeline import PipelineError, TrainPipeline
+from runtime.train.train_pipeline import PipelineError, TrainPipeline
 from runtime.train.loop import make_dense_optimizer, train
 from runtime.train.worker import load_module
 

@@ -1,0 +1,97 @@
+"""Tests for runtime/cpu/choice.py: measured, recorded once per CPU and shape, forced by the environment."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from runtime.cpu import choice, features
+
+
+@pytest.fixture(autouse=True)
+def _cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(choice.ENV, raising=False)
+
+
+def _sleeper(ms: float, calls: list[str], name: str) -> Callable[[], None]:
+    def run() -> None:
+        calls.append(name)
+        time.sleep(ms / 1e3)
+    return run
+
+
+def _never() -> None:
+    raise AssertionError("measured although the choice was known")
+
+
+def test_the_faster_wins_is_recorded_and_is_not_measured_again(tmp_path: Path) -> None:
+    calls: list[str] = []
+    runs = {"aten": _sleeper(15, calls, "aten"), "onednn": _sleeper(1, calls, "onednn")}
+    assert choice.choose("linear", "b2048_in13_out512", runs) == "onednn"
+    assert calls == ["aten", "onednn"] + ["aten", "onednn"] * choice.REPEATS  # warm-up, then interleaved
+    assert choice.choose("linear", "b2048_in13_out512", {"aten": _never, "onednn": _never}) == "onednn"
+
+    path = tmp_path / "choices" / features.identity() / "linear" / "b2048_in13_out512.json"
+    record = json.loads(path.read_text())
+    assert (record["kernel"], record["winner"], record["cpu"]) == ("linear", "onednn", features.model())
+    assert sorted(record["times_ms"]) == ["aten", "onednn"]
+    assert record["times_ms"]["aten"] > record["times_ms"]["onednn"] >= 1.0
+    [recorded] = choice.recorded()
+    assert (recorded.kernel, recorded.shape, recorded.winner) == ("linear", "b2048_in13_out512", "onednn")
+    assert choice.active() == {"linear": {"b2048_in13_out512": "onednn"}}
+
+
+def test_the_baseline_stays_unless_the_alternative_is_clearly_faster() -> None:
+    calls: list[str] = []
+    slower = {"torch": _sleeper(1, calls, "torch"), "native": _sleeper(15, calls, "native")}
+    assert choice.choose("dot", "slower", slower) == "torch"
+    level = {"fbgemm": _sleeper(5, calls, "fbgemm"), "native": _sleeper(5, calls, "native")}
+    assert choice.choose("quant_pool", "level", level) == "fbgemm"
+
+
+def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
+    folder = tmp_path / "choices" / features.identity() / "lookup"
+    folder.mkdir(parents=True)
+    (folder / "b4096_g2.json").write_text(json.dumps(
+        {"kernel": "lookup", "shape": "b4096_g2", "winner": "sequential", "times_ms": {"sequential": 1, "concurrent": 2}}
+    ))
+    assert choice.choose("lookup", "b4096_g2", {"sequential": _never, "concurrent": _never}) == "sequential"
+
+
+def test_the_environment_forces_a_choice_without_measuring_or_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(choice.ENV, "dot=torch, linear=onednn")
+    assert choice.choose("dot", "b1", {"torch": _never, "native": _never}) == "torch"
+    assert choice.choose("linear", "b1", {"aten": _never, "onednn": _never}) == "onednn"
+    assert choice.recorded() == []
+    assert choice.active() == {"dot": {"*": "torch"}, "linear": {"*": "onednn"}}
+
+
+def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(choice.ENV, "dot=native,linear=mkl")
+    with pytest.raises(ValueError) as err:
+        choice.choose("dot", "b1", {"torch": _never, "native": _never})
+    assert str(err.value) == (
+        "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
+        "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native"
+    )
+
+
+def test_without_a_writable_cache_the_baseline_runs_unmeasured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(blocker))
+    assert choice.choose("dot", "b1", {"torch": _never, "native": _never}) == "torch"
+
+
+def test_shape_keys_must_be_file_name_safe() -> None:
+    with pytest.raises(ValueError, match=r"^kernel choice 'dot': shape key '\.\./x' is not file-name safe$"):
+        choice.choose("dot", "../x", {"torch": _never, "native": _never})
+
+
+def test_buckets_are_powers_of_two() -> None:
+    assert [choice.bucket(n) for n in (0, 1, 2, 3, 512, 513, 2048)] == [1, 1, 2, 4, 512, 1024, 2048]
