@@ -55,7 +55,7 @@ from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.kernels import COMPUTE_KERNELS, FUSED_DIM_MULTIPLE
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
-from runtime.embeddings.state_views import load_views
+from runtime.embeddings.table_state import TablesOutsideModuleTree
 
 __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 
@@ -292,7 +292,7 @@ class _DenseGroup(nn.Module):
         pass
 
 
-class EmbeddingBagCollection(nn.Module):
+class EmbeddingBagCollection(TablesOutsideModuleTree):
     """Pooled embedding lookups over many tables (see the module docstring).
 
     `forward(features)` returns a KeyedTensor with one B x dim block per
@@ -361,22 +361,6 @@ class EmbeddingBagCollection(nn.Module):
         )
         self._init_weights()
 
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        # Table by table in table order, so both kernels draw the same numbers.
-        tensors = self._table_tensors()
-        for table in self._tables:
-            tensors[table.name]["weight"].uniform_(*table.init_range())
-
-    def _table_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Each table's live weight and optimizer state, in table order."""
-        by_name = {
-            t.name: tensors
-            for group in self._groups
-            for t, tensors in zip(group.tables, group.table_tensors())
-        }
-        return {t.name: by_name[t.name] for t in self._tables}
-
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._tables)
 
@@ -386,10 +370,6 @@ class EmbeddingBagCollection(nn.Module):
     def feature_names(self) -> list[str]:
         """The output keys, in output order."""
         return list(self._feature_names)
-
-    def embedding_parameters(self) -> dict[str, torch.Tensor]:
-        """Each table's weight (rows x dim, live), by table name; trained in backward only."""
-        return {name: tensors["weight"] for name, tensors in self._table_tensors().items()}
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if self.bounds_check:
@@ -454,51 +434,9 @@ class EmbeddingBagCollection(nn.Module):
 
         return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
 
-    # State dict: one entry per table tensor, the same for both kernels.
-
-    def _save_to_state_dict(
-        self, destination: dict[str, Any], prefix: str, keep_vars: bool
-    ) -> None:
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        for table, tensors in self._table_tensors().items():
-            for name, tensor in tensors.items():
-                destination[f"{prefix}{table}.{name}"] = tensor if keep_vars else tensor.detach()
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        views = {
-            f"{prefix}{table}.{name}": tensor
-            for table, tensors in self._table_tensors().items()
-            for name, tensor in tensors.items()
-        }
-
-        def mismatch(key: str, source: torch.Tensor, view: torch.Tensor) -> str | None:
-            if source.shape == view.shape:
-                return None
-            return (
-                f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
-                f"from the checkpoint, the shape in the current model is {tuple(view.shape)}."
-            )
-
-        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, mismatch)
-        for group in self._groups:
-            group.after_load()
-
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> EmbeddingBagCollection:
-        # The lookup modules are outside the module tree; move them with it.
-        if recurse:
-            for group in self._groups:
-                group._apply(fn)
-            if self._output_columns is not None:
-                self._output_columns = fn(self._output_columns)
+        if recurse and self._output_columns is not None:
+            self._output_columns = fn(self._output_columns)
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
