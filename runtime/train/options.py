@@ -27,6 +27,9 @@ from runtime.data.bad_rows import BAD_ROW_POLICIES
 from runtime.data.movielens import DEFAULT_THRESHOLD
 
 
+DEFAULT_KEEP = 3  # enough to fall back past a damaged newest checkpoint, not every one of a long run
+
+
 class UsageError(ValueError):
     """A training option that cannot work; the message names the flag and its value."""
 
@@ -49,7 +52,7 @@ class TrainOptions:
     rating_threshold: float = DEFAULT_THRESHOLD
     checkpoint_dir: Path | None = None
     checkpoint_every: int | None = None  # None: save after the last step only
-    keep: int | None = None  # None: keep every checkpoint
+    keep: int = DEFAULT_KEEP  # the newest K checkpoints stay; older ones are removed after each save
     resume: bool = False
     allow_spec_change: bool = False
     pipeline: bool | None = None  # None: pipelined when there are several ranks
@@ -103,7 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     checkpoints = parser.add_argument_group("checkpoints")
     checkpoints.add_argument("--checkpoint-dir", type=Path, help="save to DIR/step_<N> (after the last step)")
     checkpoints.add_argument("--checkpoint-every", type=int, help="also save every K steps")
-    checkpoints.add_argument("--keep", type=int, help="keep only the newest K checkpoints (default: all)")
+    checkpoints.add_argument(
+        "--keep", type=int, help=f"keep only the newest K checkpoints (default: {DEFAULT_KEEP})"
+    )
     checkpoints.add_argument("--resume", action="store_true", help="start from the latest checkpoint in DIR")
     checkpoints.add_argument("--allow-spec-change", action="store_true",
                              help="resume from another spec's checkpoint")  # fmt: skip
@@ -140,7 +145,10 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
     fields = {f.name for f in dataclasses.fields(TrainOptions)} - {"module"}
-    return TrainOptions(module=str(module), **{name: getattr(args, name) for name in fields})
+    values = {name: getattr(args, name) for name in fields}
+    if values["keep"] is None:
+        values["keep"] = DEFAULT_KEEP
+    return TrainOptions(module=str(module), **values)
 
 
 def _dest(flag: str) -> str:

@@ -87,3 +87,12 @@ def test_options_fill_the_spec_defaults_and_travel_as_json() -> None:
     assert (ready.steps, ready.batch_size, ready.seed) == (7, 64, 3)
     assert TrainOptions.from_json(ready.to_json()) == ready
     assert ready.pipeline_depth_for(4) == 1 and options.pipeline_depth_for(1) == 1
+
+
+def test_checkpoints_keep_the_newest_three_unless_told() -> None:
+    parser = argparse.ArgumentParser()
+    train_options.add_arguments(parser)
+    assert train_options.from_args(parser.parse_args(["--checkpoint-dir", "ck"]), module="m.py").keep == 3
+    assert train_options.from_args(parser.parse_args([]), module="m.py").keep == 3
+    told = parser.parse_args(["--checkpoint-dir", "ck", "--keep", "10"])
+    assert train_options.from_args(told, module="m.py").keep == 10
