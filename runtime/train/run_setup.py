@@ -13,8 +13,7 @@ The options live here, so the worker (`python -m runtime.train.worker`) and
 
 `setup_run` turns them into the batches to train on and the `TrainingMonitor`
 whose hooks the training loop calls; `RunIO.finish` adds the final metrics
-and the bad-row count (and, for MovieLens, the ids outside the vocabulary:
-runtime.data.unseen_ids) to the run's last JSON line.
+and the bad-row count to the run's last JSON line.
 """
 
 from __future__ import annotations
@@ -35,10 +34,11 @@ from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.sources import choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.train.evaluate import evaluate
-from runtime.reporting.monitor import Evaluation, TrainingMonitor
+from runtime.reporting.monitor import TrainingMonitor
 from runtime.reporting import console
 from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
+from runtime.reporting.monitor import Evaluation
 
 # (flag, argparse keywords); `reccompile train` passes each through when given.
 OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -127,9 +127,10 @@ def setup_run(
     vocab_path = Path(module_path).with_suffix(".vocab.json")  # beside the module and its checkpoint
     shape = dict(global_batch=global_batch, rank=rank, world_size=world_size, num_workers=workers)
 
+    unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(args.data, spec)
-    reader, unseen = None, None
+    reader = None
     if choice.reader == "synthetic":
         batches = synthetic()
     else:
