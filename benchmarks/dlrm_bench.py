@@ -101,7 +101,8 @@ def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: 
     from runtime.cpu.allocator import retain_freed_memory
     from runtime.train.train_pipeline import TrainPipeline
     from runtime.sharding import distribute_dense
-    from runtime.train.loop import make_dense_optimizer, train_step
+    from runtime.train.dense_optimizer import make_dense_optimizer
+    from runtime.train.loop import train_step
     from runtime.train.worker import load_module
 
     if args.threads is not None:
@@ -112,7 +113,7 @@ def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: 
     group = dist.group.WORLD if world_size > 1 else None
     torch.manual_seed(workload.MODEL_SEED)
     model = module.build(process_group=group)
-    optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     model = distribute_dense(model, group)  # dense gradients averaged over the ranks, as in TorchRec
     batches = make_batches(workload, module, args.variant, rank)
 

@@ -39,7 +39,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     keys = [f"f{i}" for i in range(NUM_FEATURES)]
     rows = [NUM_EMBEDDINGS - i * args.rows_step for i in range(NUM_FEATURES)]
-    check = IdCheck(keys, [f"t{i}" for i in range(NUM_FEATURES)], rows)
+    check = IdCheck(keys, [f"table 't{i}'" for i in range(NUM_FEATURES)], rows)
     gen = torch.Generator().manual_seed(0)
     lengths = torch.full((NUM_FEATURES * BATCH,), args.ids, dtype=torch.int64)
     per_key = BATCH * args.ids

@@ -84,7 +84,8 @@ def prepare(workdir: Path, train_steps: int) -> None:
     from compiler.cli import main as reccompile
     from compiler.pipeline import Options, generate
     from runtime.checkpoint.store import latest_checkpoint, save_checkpoint
-    from runtime.train.loop import make_dense_optimizer, train_step
+    from runtime.train.dense_optimizer import make_dense_optimizer
+    from runtime.train.loop import train_step
     from runtime.train.worker import load_module
 
     checkpoints = workdir / "checkpoint"
@@ -92,7 +93,7 @@ def prepare(workdir: Path, train_steps: int) -> None:
         module = load_module(str(generate(SPEC, Options(world_size=1)).write(workdir / "build")[0]))
         torch.manual_seed(workload().MODEL_SEED)
         model = module.build()
-        optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+        optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
         started = time.perf_counter()
         for step in range(train_steps):
             loss = train_step(model, optimizer, module.synthetic_batch(step=step))

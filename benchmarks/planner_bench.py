@@ -36,11 +36,12 @@ def bench_ir(num_tables: int, world_size: int, seed: int = 0) -> ModelIR:
     rng = random.Random(seed)
     here = Location("planner_bench", 1, 1)
     tables, features = [], []
+    sparse_optimizer = Optimizer("rowwise_adagrad", 0.01)  # every table's, resolved as the IR has it
     for i in range(num_tables):
         rows = int(10 ** rng.uniform(3, 8))
         dim = rng.choice([16, 32, 64, 128, 256])
         ids = rng.randint(1, 50)
-        tables.append(Table(f"t{i}", rows, dim, "sum", (f"f_t{i}",), -0.01, 0.01, None, here))
+        tables.append(Table(f"t{i}", rows, dim, "sum", (f"f_t{i}",), -0.01, 0.01, sparse_optimizer, here))
         features.append(SparseFeature(f"f_t{i}", f"t{i}", ids, True, False, False, here))
     sgd = Optimizer("sgd", 0.01)
     return ModelIR(
@@ -53,7 +54,7 @@ def bench_ir(num_tables: int, world_size: int, seed: int = 0) -> ModelIR:
         tables=tuple(tables),
         blocks=(),
         heads=(),
-        training=Training(BATCH_PER_RANK * world_size, 0, 1, sgd, Optimizer("rowwise_adagrad", 0.01), here),
+        training=Training(BATCH_PER_RANK * world_size, 0, 1, sgd, sparse_optimizer, here),
         sharding=Sharding(world_size, "cuda", RANKS_PER_HOST, None, (), here),
         data=None,
         loc=here,

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
+from runtime.sharding.types import ComputeKernel, ShardingType  # named once, for planner and runtime
+
 Pooling = Literal["sum", "mean"]
 LossType = Literal["bce", "mse", "softmax"]
 OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
-ShardingType = Literal["data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise"]
-ComputeKernel = Literal["fused", "dense", "fused_uvm_caching"]
 Device = Literal["cpu", "cuda"]
 
 
@@ -82,7 +82,7 @@ class Table:
     features: tuple[str, ...]
     init_min: float
     init_max: float
-    optimizer: Optimizer | None  # None: the training section's sparse optimizer
+    optimizer: Optimizer  # its own, or the training section's sparse optimizer (resolved in the IR)
     loc: Location
 
 

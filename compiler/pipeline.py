@@ -15,11 +15,12 @@ from pathlib import Path
 from compiler.codegen.emit import GeneratedModule, emit
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
-from compiler.lower import LoweredModel, lower
+from compiler.lowering.lower import lower
+from compiler.lowering.shapes import check_shapes
+from compiler.lowering.split import split_stages
+from compiler.lowering.types import SplitModel
 from compiler.planner.check import read_plan
 from compiler.planner.planner import plan, topology_from_ir
-from compiler.shapes import check_shapes
-from compiler.split import split_stages
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
@@ -35,7 +36,7 @@ class Options:
     plan_file: Path | None = None
 
 
-def compile_spec(path: str, options: Options = Options()) -> LoweredModel:
+def compile_spec(path: str, options: Options = Options()) -> SplitModel:
     """Spec file -> checked, lowered model (the fx graph, its two stages and its submodules)."""
     document = load(path)  # YAML -> a tree that keeps file:line:col for every node
     ir = validate(document)  # JSON Schema + semantic checks -> frozen, resolved ModelIR

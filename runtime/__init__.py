@@ -50,7 +50,10 @@ lazy_exports(
     globals(),
     {
         "sparse": ("JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"),
-        "embeddings": ("EmbeddingBagCollection", "EmbeddingBagConfig", "EmbeddingOptimizer"),
+        "embeddings": (
+            "EmbeddingBagCollection", "EmbeddingBagConfig", "EmbeddingCollection", "EmbeddingConfig",
+            "EmbeddingOptimizer",
+        ),  # fmt: skip
         "modules": (
             "MLP", "Concat", "CrossNet", "DotInteraction", "DotProduct",
             "FactorizationMachine", "MixtureOfExperts", "Sum",

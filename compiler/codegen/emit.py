@@ -19,7 +19,8 @@ import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
-from compiler.lower import BuildArg, Call, LoweredModel
+from compiler.lowering.calls import dense_optimizer_call, head_config_call
+from compiler.lowering.types import BuildArg, Call, SplitModel
 
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("compiler.codegen", "templates"),
@@ -50,7 +51,7 @@ class GeneratedModule:
         return written
 
 
-def emit(lowered: LoweredModel) -> GeneratedModule:
+def emit(lowered: SplitModel) -> GeneratedModule:
     """Render the module text and the plan JSON of `lowered`."""
     ir = lowered.ir
     filename = f"{ir.name}.py"
@@ -63,6 +64,8 @@ def emit(lowered: LoweredModel) -> GeneratedModule:
         world_size=lowered.plan.world_size,
         spec=python_literal(spec_literal(ir)),
         plan=python_literal(lowered.plan.to_dict()),
+        heads=heads_source(ir),
+        dense_optimizer=render_call(dense_optimizer_call(ir), indent=0),
         modules=[
             {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
             for d in lowered.modules
@@ -72,12 +75,21 @@ def emit(lowered: LoweredModel) -> GeneratedModule:
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
 
 
+# Built as typed runtime configs instead (the tables' EmbeddingBagConfigs, DENSE_OPTIMIZER).
+_NOT_IN_SPEC = {"loc", "optimizer", "init_min", "init_max", "dense_optimizer", "sparse_optimizer"}
+
+
 def spec_literal(ir: ModelIR) -> dict[str, Any]:
-    """The resolved spec as plain data for the runtime: features, tables, heads, training, data."""
+    """The resolved spec as plain data for the data readers: features, tables, heads, training, data.
+
+    What the model itself is built from (optimizers, initialisation, blocks) is
+    not here: the generated code passes it to the runtime as typed configs.
+    """
 
     def plain(value: Any) -> Any:
         if dataclasses.is_dataclass(value):
-            return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "loc"}
+            fields = (f.name for f in dataclasses.fields(value) if f.name not in _NOT_IN_SPEC)
+            return {name: plain(getattr(value, name)) for name in fields}
         if isinstance(value, (list, tuple)):
             return [plain(item) for item in value]
         return value
@@ -92,6 +104,12 @@ def spec_literal(ir: ModelIR) -> dict[str, Any]:
         "sharding": {"world_size": ir.sharding.world_size, "device": ir.sharding.device},
         "data": None if ir.data is None else {**plain(ir.data), "columns": dict(ir.data.columns)},
     }
+
+
+def heads_source(ir: ModelIR) -> str:
+    """The HEADS constant's value: a tuple of the heads' runtime configs, one per line."""
+    calls = "".join(f"    {render_call(head_config_call(head), indent=4)},\n" for head in ir.heads)
+    return "(\n" + calls + ")"
 
 
 def render_call(call: Call, indent: int) -> str:
@@ -125,11 +143,9 @@ def _short_loc(loc: Any) -> str:
     return f"{loc.file}:{loc.line}"
 
 
-def _stage_sources(lowered: LoweredModel) -> dict[str, str]:
+def _stage_sources(lowered: SplitModel) -> dict[str, str]:
     """The methods `forward`, `input_dist` and `compute`: the code of split.py's stage graphs."""
     stages = lowered.stages
-    if stages is None:
-        raise ValueError("emit needs the stage graphs: run split.split_stages first")
     return {
         "forward": _method_source("forward", stages.forward),
         "input_dist": _method_source("input_dist", stages.input_dist),

@@ -68,7 +68,11 @@ def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
     if choice.reader == "synthetic":
         print("synthetic data: nothing to check")
         return True
-    report = check_sample(spec, choice, rows)
+    try:
+        report = check_sample(spec, choice, rows)
+    except DataError as error:  # the file cannot be read at all (missing, truncated)
+        print(f"error: {error}", file=sys.stderr)
+        return False
     for line in report.notes:
         print(line)
     for line in report.errors:

@@ -34,6 +34,13 @@ def options_from_args(args: argparse.Namespace, **overrides: object) -> Options:
     return Options(**values)  # type: ignore[arg-type]
 
 
+def outdir_problem(flag: str, path: Path) -> str | None:
+    """Why `path` cannot be the output directory `flag` names, or None."""
+    if path.exists() and not path.is_dir():
+        return f"{flag} {path}: exists and is not a directory"
+    return None
+
+
 def reporting_errors(action: Callable[[], int]) -> int:
     """Run `action`; print a CompileError's diagnostics to stderr and return 1."""
     try:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 
 from compiler.codegen.emit import emit
-from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
-from compiler.instantiate import build_call
-from compiler.lower import LoweredModel
+from compiler.commands.common import add_spec_arguments, options_from_args, outdir_problem, reporting_errors
+from compiler.lowering.instantiate import build_call
+from compiler.lowering.types import LoweredModel
 from compiler.pipeline import compile_spec
 from compiler.planner.plan import ShardingPlan
 
@@ -21,6 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = outdir_problem("-o", args.outdir)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+
     def action() -> int:
         lowered = compile_spec(args.spec, options_from_args(args))
         written = emit(lowered).write(args.outdir)

@@ -4,7 +4,7 @@
                            [--per-table t0=int4,t3=fp32] [--dense fp32|bf16] [--no-aot]
                            [--allow-spec-change] -o OUT
 
-Writes OUT/ (see compiler/export.py and runtime/serving/export_dir.py): the generated
+Writes OUT/ (see compiler/serving/export.py and runtime/serving/export_dir.py): the generated
 inference module, the weights at each table's precision, the layout, the
 torch.export program and the manifest; prints one row per table with its
 size on disk. Exit status 1 when the spec, the checkpoint or the export
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from compiler.commands.common import reporting_errors
-from compiler.export import DENSE_CHOICES, QUANTIZE_CHOICES, ExportRequest, UsageError, export
+from compiler.serving.export import DENSE_CHOICES, QUANTIZE_CHOICES, ExportRequest, UsageError, export
 from runtime.checkpoint.files import CheckpointError
 from runtime.serving.export_dir import ExportError
 

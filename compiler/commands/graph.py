@@ -1,16 +1,19 @@
-"""`reccompile graph SPEC [--stages]`: print the canonical text of the lowered fx graph.
+"""`reccompile graph SPEC [--stages] [--golden FILE [--update]]`: the canonical text of the fx graph.
 
 With `--stages`, the graph as the pipeline cuts it: the generated Model's
-`input_dist` (stage 0), `compute` (stage 1) and `forward`.
+`input_dist` (stage 0), `compute` (stage 1) and `forward`. With `--golden
+FILE`, the text is compared with FILE instead of printed: a difference is
+printed as a unified diff and exits 1; `--update` rewrites FILE (see
+compiler/golden.py for the same check inside a pytest).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
-from compiler.graph_text import graph_text, stages_text
-from compiler.pipeline import compile_spec
+from compiler.golden import GoldenMismatch, check_graph, current_graph
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -18,12 +21,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stages", action="store_true", help="show the two pipeline stages the graph is cut into"
     )
+    parser.add_argument("--golden", metavar="FILE", help="compare with FILE: exit 1 with a diff when it differs")
+    parser.add_argument("--update", action="store_true", help="with --golden: rewrite FILE with the current text")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.update and args.golden is None:
+        print("reccompile graph: error: --update needs --golden FILE", file=sys.stderr)
+        return 2
+
+    options = options_from_args(args)
+
     def action() -> int:
-        lowered = compile_spec(args.spec, options_from_args(args))
-        print((stages_text if args.stages else graph_text)(lowered), end="")
+        if args.golden is None:
+            print(current_graph(args.spec, options, stages=args.stages), end="")
+            return 0
+        try:
+            written = check_graph(args.spec, args.golden, update=args.update, options=options, stages=args.stages)
+        except GoldenMismatch as mismatch:
+            print(f"error: {mismatch}", end="" if str(mismatch).endswith("\n") else "\n", file=sys.stderr)
+            return 1
+        print(f"{args.golden}: {'written' if written else 'unchanged'}")
         return 0
 
     return reporting_errors(action)
+

@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from runtime.cpu.allocator import retain_freed_memory
     from runtime.data.errors import DataError
 
+    if args.output.is_dir():
+        print(f"error: -o {args.output}: is a directory; name the CSV file to write", file=sys.stderr)
+        return 2
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     retain_freed_memory()
@@ -52,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         report = predict_file(
             model,
             spec,
+            module.HEADS,
             args.output,
             data=args.data,
             batch_size=args.batch_size,

@@ -1,28 +1,36 @@
 """`reccompile train SPEC`: compile, then train on this host's ranks.
 
 One rank trains in this process; several ranks are torchrun workers
-(`python -m runtime.train.worker`), gloo on CPU and NCCL on CUDA. torchrun's own
-multi-host options pass through, so many nodes run the same command.
+(`python -m runtime.train.worker OPTIONS_JSON`), gloo on CPU and NCCL on
+CUDA. torchrun's own multi-host options pass through, so many nodes run the
+same command. Every option is checked here, once (runtime.train.options);
+a usage error is one line and exit status 2, before anything starts.
+
+The job ends with a message, never a traceback: a rank's error once
+(runtime.train.torchrun_output), a rank killed by a signal with the
+checkpoint to resume from, and Ctrl-C with exit status 130 and the same.
+torchrun gets SIGTERM when this process dies, even by SIGKILL, and takes
+the ranks with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
-import re
-import subprocess
 import sys
 from pathlib import Path
 
-from compiler.codegen.emit import emit
-from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
+from compiler.codegen.emit import emit, spec_literal
+from compiler.commands.common import add_spec_arguments, options_from_args, outdir_problem, reporting_errors
+from compiler.commands.train_launch import interrupted_message, run_torchrun
 from compiler.pipeline import compile_spec
-from runtime.train import checkpointing
-from runtime.train import train_pipeline
-from runtime.train import run_setup
+from runtime.data.errors import DataError
+from runtime.data.sources import choose_data
+from runtime.train import options as train_options
 from runtime.train import worker
-
-_WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
+from runtime.train.options import TrainOptions, UsageError
+from runtime.train.threads import ThreadChoice, choose_threads
 
 # torchrun options passed through unchanged (see `torchrun --help`).
 TORCHRUN_OPTIONS = (
@@ -40,83 +48,86 @@ TORCHRUN_OPTIONS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_arguments(parser)
     parser.add_argument("--nproc", type=int, default=1, help="ranks on this host (default 1)")
-    parser.add_argument("--steps", type=int, help="default: the spec's training.steps")
-    parser.add_argument("--batch-size", type=int, help="global batch size (default: the spec's)")
-    parser.add_argument("--seed", type=int, help="default: the spec's training.seed")
-    parser.add_argument("--log-every", type=int, default=10, help="steps between progress lines")
     parser.add_argument("-o", "--outdir", type=Path, default=Path("build"), help="default: build/")
-    run_setup.add_arguments(parser.add_argument_group("data and reporting (see runtime/train/run_setup.py)"))
-    checkpointing.add_arguments(parser.add_argument_group("checkpoints (see runtime/train/checkpointing.py)"))
-    train_pipeline.add_arguments(parser.add_argument_group("training pipeline (see runtime/train/train_pipeline.py)"))
+    train_options.add_arguments(parser)
     torchrun = parser.add_argument_group("torchrun options (passed through)")
     for option in TORCHRUN_OPTIONS:
         torchrun.add_argument(option, dest=_dest(option))
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.nproc < 1:
-        print(f"error: --nproc must be at least 1, got {args.nproc}", file=sys.stderr)
-        return 2
-    problem = checkpointing.usage_error(args)
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        return 2
     try:
-        nnodes = int(args.torchrun_nnodes) if args.torchrun_nnodes is not None else 1
-    except ValueError:
-        print(f"error: --nnodes must be a fixed count, got {args.torchrun_nnodes!r}", file=sys.stderr)
+        world_size = _world_size(args)
+        problem = outdir_problem("-o", args.outdir)
+        if problem is not None:
+            raise UsageError(problem)
+        options = train_options.from_args(args, module="", world_size=world_size)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 2
-    world_size = args.nproc * nnodes
 
     def action() -> int:
         lowered = compile_spec(args.spec, options_from_args(args, world_size=world_size))
+        spec = spec_literal(lowered.ir)
+        ready = options.with_spec_defaults(spec["training"])
+        try:
+            reads_files = choose_data(options.data, spec).reader != "synthetic"
+        except DataError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        choice = _threads(ready, args.nproc, reads_files)
         module_path = emit(lowered).write(args.outdir)[0]
-        worker_args = [str(module_path), "--log-every", str(args.log_every)]
-        for option in ("steps", "batch_size", "seed"):
-            if getattr(args, option) is not None:
-                worker_args += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
-        worker_args += run_setup.pass_through(args)
-        worker_args += checkpointing.pass_through(args)
-        worker_args += train_pipeline.pass_through(args)
+        ready = dataclasses.replace(ready, module=str(module_path), threads=choice.threads)
+        ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+        print(f"training {lowered.ir.name} on {ranks}: {choice.describe()}", flush=True)
         if world_size == 1:
-            return worker.run(worker_args)
-        return run_torchrun(_torchrun_command(args, worker_args))
+            return worker.run(ready)
+        return run_torchrun(_torchrun_command(args, ready), ready.checkpoint_dir, threads=choice.threads)
 
-    return reporting_errors(action)
-
-
-def run_torchrun(command: list[str]) -> int:
-    """Run torchrun, passing output through; each distinct worker error is shown once.
-
-    Every rank that fails prints `error: rank R: MESSAGE`; the same message from
-    several ranks, and torchrun's own failure report after it, add nothing.
-    """
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    # torchrun's shared rendezvous store keeps the last attempt's keys, so workers restarted
-    # by --max-restarts may connect to their dead predecessors (pytorch/pytorch#135712).
-    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
-    assert process.stderr is not None
-    seen: set[str] = set()
-    for line in process.stderr:
-        match = _WORKER_ERROR.match(line)
-        if match:
-            if match.group(2) not in seen:
-                seen.add(match.group(2))
-                sys.stderr.write(line)
-        elif not seen:
-            sys.stderr.write(line)
-    return process.wait()
+    try:
+        return reporting_errors(action)
+    except KeyboardInterrupt:  # Ctrl-C in this process (torchrun's ranks: run_torchrun stops them)
+        print(interrupted_message(options.checkpoint_dir), file=sys.stderr)
+        return 130
 
 
-def _torchrun_command(args: argparse.Namespace, worker_args: list[str]) -> list[str]:
+def _world_size(args: argparse.Namespace) -> int:
+    if args.nproc < 1:
+        raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.torchrun_max_restarts is not None:
+        restarts = _whole(args.torchrun_max_restarts, "--max-restarts")
+        if restarts < 0:
+            raise UsageError(f"--max-restarts must be 0 or more, got {restarts}")
+    if args.torchrun_nnodes is None:
+        return args.nproc
+    try:
+        return args.nproc * int(args.torchrun_nnodes)
+    except ValueError:
+        raise UsageError(f"--nnodes must be a fixed count, got {args.torchrun_nnodes!r}") from None
+
+
+def _whole(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"{flag} must be a whole number, got {text!r}") from None
+
+
+def _threads(options: TrainOptions, nproc: int, reads_files: bool) -> ThreadChoice:
+    if options.threads is not None:
+        return ThreadChoice(options.threads, None, len(os.sched_getaffinity(0)))
+    return choose_threads(nproc, options.data_workers if reads_files else 0)
+
+
+def _torchrun_command(args: argparse.Namespace, options: TrainOptions) -> list[str]:
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}"]
     passed = {o: getattr(args, _dest(o)) for o in TORCHRUN_OPTIONS if getattr(args, _dest(o)) is not None}
     if not {"--nnodes", "--rdzv-endpoint", "--master-addr"} & passed.keys():
         command.append("--standalone")  # one host: a free port, no rendezvous set-up
     command += [f"{option}={value}" for option, value in passed.items()]
-    return command + ["-m", "runtime.train.worker", *worker_args]
+    return command + ["-m", "runtime.train.worker", options.to_json()]
 
 
 def _dest(option: str) -> str:
     return "torchrun_" + option.lstrip("-").replace("-", "_")
+

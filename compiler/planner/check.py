@@ -30,6 +30,7 @@ from compiler.planner.plan import ShardingPlan, TablePlan
 from compiler.planner.plan_file import read_plan_file
 from compiler.planner.planner import plan
 from compiler.planner.topology import Topology, format_bytes
+from runtime.sharding.types import FUSED_DIM_MULTIPLE, kernel_fits
 
 Problems = list[tuple[str, str]]  # (JSON path, message)
 
@@ -90,8 +91,12 @@ def _check_table(
     problems: Problems = []
     kind, kernel = given.sharding_type, given.compute_kernel
     only = f"for '{table.name}'"
-    if kernel == "fused_uvm_caching" and topology.device != "cuda":
-        problems.append((f"{path}.compute_kernel", f"fused_uvm_caching needs device cuda, not {topology.device}"))
+    if not kernel_fits(kernel, table.dim):  # column shards: _check_columns wants multiples of 4
+        problems.append((
+            f"{path}.compute_kernel",
+            f"the {kernel} kernel needs a dim that is a multiple of {FUSED_DIM_MULTIPLE}, "
+            f"'{table.name}' has {table.dim}; use the dense kernel",
+        ))
     if constraint is not None and constraint.sharding_types and kind not in constraint.sharding_types:
         allowed = ", ".join(constraint.sharding_types)
         problems.append((f"{path}.sharding_type", f"the spec's constraints allow only {allowed} {only}"))

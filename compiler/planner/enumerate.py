@@ -15,18 +15,17 @@ from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from compiler.diagnostics import CompileError, Diagnostic
-from compiler.ir import ComputeKernel, Constraint, Location, ModelIR, OptimizerType, ShardingType
+from compiler.ir import Constraint, Location, ModelIR, OptimizerType
 from compiler.planner.topology import Topology
-
-SHARDING_TYPES: tuple[ShardingType, ...] = (
-    "table_wise",
-    "column_wise",
-    "row_wise",
-    "table_row_wise",
-    "data_parallel",
+from runtime.sharding.types import (
+    FUSED_DIM_MULTIPLE,
+    SHARDING_TYPES,
+    ComputeKernel,
+    ShardingType,
+    kernel_fits,
 )
-COMPUTE_KERNELS: tuple[ComputeKernel, ...] = ("fused", "dense", "fused_uvm_caching")
-COLUMN_BLOCK = 4  # column_wise shard widths are multiples of this
+
+COLUMN_BLOCK = FUSED_DIM_MULTIPLE  # column_wise shard widths are multiples of this, so any kernel fits
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +86,7 @@ def table_specs(ir: ModelIR) -> tuple[TableSpec, ...]:
     specs = []
     for index, table in enumerate(ir.tables):
         own = features.get(table.name, [])
-        optimizer = table.optimizer or ir.training.sparse_optimizer
+        optimizer = table.optimizer
         specs.append(
             TableSpec(
                 index=index,
@@ -133,11 +132,12 @@ def column_wise_parts(dim: int, ranks: int) -> tuple[int, ...]:
 class ShardingEnumerator:
     """Every sharding type and kernel the constraints allow, with these defaults:
 
-    kernel `fused`; at world size 1 only table_wise; table_row_wise only with
-    more than one host (on one host it is row_wise); column_wise in 2, 4, 8 ...
-    shards, one per rank, and not for rowwise_adagrad tables (each shard would
-    keep its own row accumulator); fused_uvm_caching only where a constraint
-    asks for it, on cuda.
+    kernel `fused`, or `dense` for a table whose dim fbgemm's fused kernel
+    cannot hold (not a multiple of 4); at world size 1 only table_wise;
+    table_row_wise only with more than one host (on one host it is row_wise);
+    column_wise in 2, 4, 8 ... shards, one per rank, and not for
+    rowwise_adagrad tables (each shard would keep its own row accumulator).
+    A kernel the runtime cannot build for a table is never a candidate.
     """
 
     def enumerate(self, ir: ModelIR, topology: Topology) -> tuple[TableCandidates, ...]:
@@ -159,7 +159,10 @@ class ShardingEnumerator:
     ) -> tuple[Candidate, ...]:
         world = topology.world_size
         types = constraint.sharding_types if constraint and constraint.sharding_types else None
-        kernels = constraint.compute_kernels if constraint and constraint.compute_kernels else ("fused",)
+        if constraint and constraint.compute_kernels:
+            kernels = tuple(k for k in constraint.compute_kernels if kernel_fits(k, table.dim))
+        else:
+            kernels = ("fused",) if kernel_fits("fused", table.dim) else ("dense",)
         if types is None:
             types = ("table_wise",) if world == 1 else SHARDING_TYPES
             if topology.num_hosts == 1:
@@ -198,7 +201,7 @@ class ShardingEnumerator:
 
 
 def _check_constraints(ir: ModelIR, topology: Topology) -> dict[str, Constraint]:
-    """Constraints by table; unknown tables, ranks outside the world and kernels the device lacks are errors."""
+    """Constraints by table; unknown tables and ranks outside the world are errors."""
     names = {t.name for t in ir.tables}
     problems, by_table = [], {}
     for constraint in ir.sharding.constraints:
@@ -215,14 +218,6 @@ def _check_constraints(ir: ModelIR, topology: Topology) -> dict[str, Constraint]
                     f"rank {bad_ranks[0]} is out of range for world size {topology.world_size}",
                 )
             )
-        if "fused_uvm_caching" in constraint.compute_kernels and topology.device != "cuda":
-            problems.append(
-                Diagnostic(
-                    constraint.loc,
-                    f"{path}.compute_kernels",
-                    f"fused_uvm_caching needs device cuda (this plan is for {topology.device})",
-                )
-            )
         by_table[constraint.table] = constraint
     if problems:
         raise CompileError(problems)
@@ -232,6 +227,13 @@ def _check_constraints(ir: ModelIR, topology: Topology) -> dict[str, Constraint]
 def _no_candidate(table: TableSpec, constraint: Constraint | None, topology: Topology) -> Diagnostic:
     """Why the constraint on `table` rules out every sharding (each allowed type's reason)."""
     assert constraint is not None  # unconstrained tables always have table_wise
+    if not any(kernel_fits(k, table.dim) for k in constraint.compute_kernels or ("dense",)):
+        return Diagnostic(
+            constraint.loc,
+            f"sharding.constraints.{table.name}.compute_kernels",
+            f"table '{table.name}' has dim {table.dim}, which the fused kernel cannot hold "
+            f"(it needs a multiple of {FUSED_DIM_MULTIPLE}); allow the dense kernel",
+        )
     reasons = []
     ranks = ", ".join(map(str, constraint.ranks))
     for sharding_type in constraint.sharding_types:

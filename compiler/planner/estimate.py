@@ -26,7 +26,6 @@ from compiler.planner.topology import Topology
 WEIGHT_BYTES = 4  # float32 weights, gradients, optimizer state and pooled outputs
 ID_BYTES = 8  # int64 ids
 ID_WEIGHT_BYTES = 4  # float32 per-id weights of weighted features
-UVM_CACHE_FRACTION = 0.2  # fused_uvm_caching keeps this share of rows in device memory
 DENSE_KERNEL_SLOWDOWN = 2.0  # torch.nn.EmbeddingBag against fbgemm's fused kernel
 MS_PER_S = 1000.0
 
@@ -123,23 +122,17 @@ def estimate_storage(
     input_bytes: float,
     out_bytes: float,
 ) -> int:
-    """Device bytes: weights + optimizer state (a cached share of them for UVM)
-    + a full gradient (dense kernel) + ids in + pooled out and its gradient."""
+    """Device bytes: weights + optimizer state + a full gradient (dense kernel)
+    + ids in + pooled out and its gradient."""
     table_bytes = rows * (row_bytes + state_row)
-    if kernel == "fused_uvm_caching":
-        table_bytes = int(table_bytes * UVM_CACHE_FRACTION + 0.5)
     gradient = rows * row_bytes if kernel == "dense" else 0
     return int(table_bytes + gradient + input_bytes + 2 * out_bytes)
 
 
 def kernel_bandwidth(kernel: ComputeKernel, topology: Topology) -> float:
-    """Bytes/s a lookup kernel streams: fused at the memory bandwidth, dense at half,
-    UVM caching mixing device memory (cached share) and host memory (the rest)."""
+    """Bytes/s a lookup kernel streams: fused at the memory bandwidth, dense at half."""
     if kernel == "dense":
         return topology.memory_bandwidth / DENSE_KERNEL_SLOWDOWN
-    if kernel == "fused_uvm_caching":
-        cached = UVM_CACHE_FRACTION
-        return cached * topology.memory_bandwidth + (1 - cached) * topology.uvm_bandwidth
     return topology.memory_bandwidth
 
 

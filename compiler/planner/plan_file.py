@@ -21,7 +21,7 @@ from typing import Any
 
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import Location
-from compiler.planner.enumerate import COMPUTE_KERNELS, SHARDING_TYPES
+from runtime.sharding.types import COMPUTE_KERNELS, SHARDING_TYPES
 from compiler.planner.plan import FORMAT_VERSION, Shard, ShardingPlan, TablePlan
 
 SHARD_FIELDS = ("rank", "row_offset", "rows", "col_offset", "cols")
@@ -55,6 +55,9 @@ def read_plan_file(path: Path | str) -> tuple[ShardingPlan, PlanFile]:
         text = Path(path).read_text()
     except OSError as error:
         raise CompileError([Diagnostic(Location(name, 1, 1), "", f"cannot read the plan: {error.strerror}")])
+    except UnicodeDecodeError as error:
+        where = _position(Path(path).read_bytes(), error.start, name)
+        raise CompileError([Diagnostic(where, "", f"not a plan: byte 0x{error.object[error.start]:02x} is not UTF-8 text")])
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
@@ -67,6 +70,12 @@ def read_plan_file(path: Path | str) -> tuple[ShardingPlan, PlanFile]:
     if problems or plan is None:
         raise CompileError([Diagnostic(plan_file.locate(p), p, m) for p, m in problems])
     return plan, plan_file
+
+
+def _position(data: bytes, offset: int, name: str) -> Location:
+    """The line and column of byte `offset` in `data`."""
+    line = data.count(b"\n", 0, offset) + 1
+    return Location(name, line, offset - (data.rfind(b"\n", 0, offset) + 1) + 1)
 
 
 def _plan_from_data(data: Any, problems: list[tuple[str, str]]) -> ShardingPlan | None:

@@ -143,11 +143,9 @@ def inputs_text(ir: ModelIR, topology: Topology) -> str:
         "topology " + " ".join(repr(v) for v in astuple(topology)),
         f"batch_size {ir.training.batch_size}",
     ]
-    optimizer = ir.training.sparse_optimizer.type
     for table in ir.tables:
         lines.append(
-            f"table {table.name} {table.num_embeddings} {table.dim} {table.pooling} "
-            f"{table.optimizer.type if table.optimizer else optimizer}"
+            f"table {table.name} {table.num_embeddings} {table.dim} {table.pooling} {table.optimizer.type}"
         )
     for feature in ir.sparse:
         lines.append(

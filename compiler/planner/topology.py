@@ -27,7 +27,6 @@ class DeviceDefaults:
 
     memory_per_rank: int  # bytes for embedding shards (HBM on cuda, DDR on cpu)
     memory_bandwidth: float  # bytes/s: lookups in that memory
-    uvm_bandwidth: float  # bytes/s: the device reading host memory (fused_uvm_caching misses)
     intra_host_bandwidth: float  # bytes/s per rank, between ranks of one host
     inter_host_bandwidth: float  # bytes/s per rank, between hosts
 
@@ -40,14 +39,12 @@ DEVICE_DEFAULTS: dict[str, DeviceDefaults] = {
     "cuda": DeviceDefaults(
         memory_per_rank=32 * GiB,
         memory_bandwidth=897.0 * GiB,
-        uvm_bandwidth=32.0 * GiB,
         intra_host_bandwidth=600.0 * GiB,
         inter_host_bandwidth=12.5 * GiB,
     ),
     "cpu": DeviceDefaults(
         memory_per_rank=16 * GiB,
         memory_bandwidth=51.0 * GiB,
-        uvm_bandwidth=51.0 * GiB,
         intra_host_bandwidth=10.0 * GiB,
         inter_host_bandwidth=1.25 * GiB,
     ),
@@ -63,7 +60,6 @@ class Topology:
     device: Device
     memory_per_rank: int  # bytes
     memory_bandwidth: float  # bytes/s
-    uvm_bandwidth: float  # bytes/s
     intra_host_bandwidth: float  # bytes/s
     inter_host_bandwidth: float  # bytes/s
     batch_size_per_rank: int
@@ -124,7 +120,6 @@ def topology_from_ir(
         device=sharding.device,
         memory_per_rank=memory if memory is not None else defaults.memory_per_rank,
         memory_bandwidth=defaults.memory_bandwidth,
-        uvm_bandwidth=defaults.uvm_bandwidth,
         intra_host_bandwidth=defaults.intra_host_bandwidth,
         inter_host_bandwidth=defaults.inter_host_bandwidth,
         batch_size_per_rank=max(1, math.ceil(ir.training.batch_size / world)),

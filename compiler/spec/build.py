@@ -11,6 +11,7 @@ when nothing at all was wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from dataclasses import dataclass
 from typing import Any
@@ -117,7 +118,11 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
             source_sha256=doc.sha256,
             dense=tuple(features.dense),
             sparse=tuple(features.sparse),
-            tables=tuple(features.tables),
+            # Each table's optimizer resolved here, once: its own, else the training section's.
+            tables=tuple(
+                dataclasses.replace(t, optimizer=t.optimizer or training.sparse_optimizer)
+                for t in features.tables
+            ),
             blocks=ir_blocks,
             heads=tuple(h for h in heads_ir if h is not None),
             training=training,

@@ -491,7 +491,7 @@ def resolve_sharding(checker: Checker, root: Node, table_names: set[str]) -> Any
         checker.error(at, f"world_size {world} does not divide into hosts of {per_host} ranks")
     memory = _memory(checker, node)
     constraints = [
-        _constraint(checker, name, entry, table_names, world, device)
+        _constraint(checker, name, entry, table_names, world)
         for name, entry in checker.pairs(node, "constraints")
     ]
     if not known(world, device, per_host, memory, *constraints):
@@ -513,7 +513,7 @@ def _memory(checker: Checker, node: Node | None) -> Any:
     return size
 
 
-def _constraint(checker: Checker, table: str, node: Node, table_names: set[str], world: Any, device: Any) -> Any:
+def _constraint(checker: Checker, table: str, node: Node, table_names: set[str], world: Any) -> Any:
     if table not in table_names:
         checker.error(node, f"unknown table '{table}'{checker.suggest(table, table_names)}", at_key=True)
         return INVALID
@@ -523,10 +523,6 @@ def _constraint(checker: Checker, table: str, node: Node, table_names: set[str],
             checker.error(item, f"rank {item.value} does not exist with world_size {world}")
             return INVALID
     kernels = checker.value(node, "compute_kernels", [])
-    if device == "cpu" and isinstance(kernels, list) and "fused_uvm_caching" in kernels:
-        at = checker.child(node, "compute_kernels") or node
-        checker.error(at, "fused_uvm_caching needs device cuda")
-        return INVALID
     types = checker.value(node, "sharding_types", [])
     ranks = checker.value(node, "ranks", [])
     if not known(types, kernels, ranks):

@@ -92,9 +92,16 @@ def read_manifest_file(checkpoint: Path) -> dict[str, Any]:
     """The manifest of one checkpoint directory, checked for form (not its files)."""
     path = checkpoint / MANIFEST
     try:
-        return read_manifest(path, FORMAT, FORMAT_VERSION, REQUIRED_KEYS)
+        manifest = read_manifest(path, FORMAT, FORMAT_VERSION, REQUIRED_KEYS)
     except ManifestProblem as problem:
         raise CheckpointError(_manifest_message(problem, checkpoint)) from None
+    named = _STEP_DIR.match(checkpoint.name)
+    if named and int(named.group(1)) != manifest["step"]:
+        raise CheckpointError(
+            f"{path}: says step {manifest['step']!r} but the directory is named for step "
+            f"{int(named.group(1))}: the checkpoint was moved or edited"
+        )
+    return manifest
 
 
 def _manifest_message(problem: ManifestProblem, checkpoint: Path) -> str:

@@ -66,8 +66,10 @@ from runtime.checkpoint.dcp import blocks_of
 from runtime.checkpoint.files import (
     FORMAT,
     FORMAT_VERSION,
+    MANIFEST,
     CheckpointError,
     commit,
+    complete_checkpoints,
     latest_checkpoint,
     prepare_partial,
     prune,
@@ -102,6 +104,7 @@ class Resumed:
     manifest: dict[str, Any]
     data_state: Any  # this rank's saved data position; None at another world size
     skipped: tuple[str, ...] = ()  # keys the checkpoint lacked (only with allow_spec_change)
+    passed_over: tuple[str, ...] = ()  # why each newer, damaged checkpoint was not used (fall_back)
 
 
 def save_checkpoint(
@@ -113,6 +116,7 @@ def save_checkpoint(
     spec_sha256: str,
     plan: Mapping[str, Any],
     data_state: Any = None,
+    batch_size: int | None = None,
     keep: int | None = None,
     process_group: dist.ProcessGroup | None = None,
     files: Mapping[str, bytes] | None = None,
@@ -120,7 +124,9 @@ def save_checkpoint(
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
     `model` may be DDP-wrapped; `data_state` is this rank's data position
-    (see the module docstring); `keep` prunes all but the newest `keep`.
+    (see the module docstring); `batch_size` the global batch the steps
+    consumed (kept as the manifest's "global_batch_size"); `keep` prunes all
+    but the newest `keep`.
     `files` (name -> contents, rank 0's) are saved beside the state and listed
     with their hashes in the manifest: what training used to read its data,
     such as the MovieLens vocabulary, travels with the weights it shaped.
@@ -139,6 +145,8 @@ def save_checkpoint(
         "spec_sha256": spec_sha256,
         "plan": dict(plan),
     }
+    if batch_size is not None:
+        manifest["global_batch_size"] = batch_size
 
     def finish() -> Path:
         for name, contents in (files or {}).items():
@@ -158,17 +166,20 @@ def load_checkpoint(
     *,
     spec_sha256: str,
     allow_spec_change: bool = False,
+    fall_back: bool = False,
     process_group: dist.ProcessGroup | None = None,
 ) -> Resumed:
     """Restore the latest complete checkpoint in `directory` (or `directory` itself); collective.
 
-    The files are checked against the manifest first; a checkpoint of
-    another spec is refused unless `allow_spec_change`, which also lets
-    entries the checkpoint lacks keep their fresh values (shapes must agree).
+    The files are checked against the manifest first; with `fall_back`, a
+    damaged checkpoint is passed over for the newest intact one before it
+    (`Resumed.passed_over` says why). A checkpoint of another spec is
+    refused unless `allow_spec_change`, which also lets entries the
+    checkpoint lacks keep their fresh values (shapes must agree).
     """
     group = _group(process_group)
     rank, world_size = _rank_and_size(group)
-    path, manifest = _on_first_rank(lambda: _checked(directory), group)
+    path, manifest, passed_over = _on_first_rank(lambda: _newest_intact(directory, fall_back), group)
     if manifest["spec_sha256"] != spec_sha256 and not allow_spec_change:
         raise CheckpointError(
             f"{path}: written for another spec (sha256 {manifest['spec_sha256'][:12]}…, this "
@@ -197,6 +208,7 @@ def load_checkpoint(
         manifest=manifest,
         data_state=saved["data"] if saved is not None else None,
         skipped=tuple(targets.skipped),
+        passed_over=passed_over,
     )
 
 
@@ -471,5 +483,21 @@ def _checked(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     manifest = read_manifest_file(path)
     verify_files(path, manifest)
     return path, manifest
+
+
+def _newest_intact(directory: str | Path, fall_back: bool) -> tuple[Path, dict[str, Any], tuple[str, ...]]:
+    """The checkpoint `_checked` picks; with `fall_back`, the newest that passes its checks."""
+    if not fall_back or (Path(directory) / MANIFEST).exists():
+        return (*_checked(directory), ())
+    candidates = [path for _, path in reversed(complete_checkpoints(Path(directory)))]
+    passed_over: list[str] = []
+    for path in candidates:
+        try:
+            return (*_checked(path), tuple(passed_over))
+        except CheckpointError as error:
+            passed_over.append(str(error))
+    if not candidates:
+        return (*_checked(directory), ())  # its error: no checkpoint at all
+    raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(passed_over))
 
 

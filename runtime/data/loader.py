@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from runtime.data.bad_rows import EXAMPLES, BadRow, BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.columns import Columns
-from runtime.data.errors import RowError
+from runtime.data.errors import DataError, RowError
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
 from runtime.data.unseen_ids import UnseenIds
 
@@ -79,14 +79,24 @@ class BlockDataset(IterableDataset):
         self.epochs = epochs
         self.stop_at_bad = stop_at_bad
 
-    def __iter__(self) -> Iterator[Block]:
+    def __iter__(self) -> Iterator[Block | Failure]:
         info = get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
         blocks = worker_blocks(
             self.reader.epoch_lines, self.block_lines, worker, workers, self.epochs, self.reader.source
         )
-        for lines, ends_epoch in blocks:
-            yield parse_block(self.reader, lines, ends_epoch, self.stop_at_bad)
+        try:
+            for lines, ends_epoch in blocks:
+                yield parse_block(self.reader, lines, ends_epoch, self.stop_at_bad)
+        except DataError as error:  # handed over as data: DataLoader would re-raise it with its traceback
+            yield Failure(str(error))
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A DataError in a DataLoader worker, raised again as a DataError where the blocks are read."""
+
+    message: str
 
 
 def parse_block(reader: Reader, lines: list[tuple[str, int, bytes]], ends_epoch: bool, stop_at_bad: bool) -> Block:
@@ -156,6 +166,8 @@ def _shares(
 
     def blocks() -> Iterator[tuple[Columns, bool]]:
         for block in loader:
+            if isinstance(block, Failure):
+                raise DataError(block.message)
             bad_rows.count_rows(block.lines)
             bad_rows.add_many(block.bad_rows, block.bad_count)
             yield block.columns, block.ends_epoch

@@ -101,7 +101,9 @@ def _labels(
             logits += x @ w
         for score in sparse_scores:
             logits += score[:, None] * torch.randn(1, classes, generator=hidden)
-        logits = (logits - logits.mean(0)) / logits.std(0).clamp(min=1e-6) * 2.0
+        logits = logits - logits.mean(0)
+        if batch_size > 1:  # one sample has no spread to scale by (its std is NaN)
+            logits = logits / logits.std(0).clamp(min=1e-6) * 2.0
         if head["loss"] == "bce":
             labels[head["label"]] = torch.bernoulli(torch.sigmoid(logits[:, 0]), generator=gen)
         elif head["loss"] == "mse":

@@ -8,6 +8,7 @@ lazy_exports(
     globals(),
     {
         "bag_collection": ("EmbeddingBagCollection", "EmbeddingBagConfig"),
+        "sequence_collection": ("EmbeddingCollection", "EmbeddingConfig"),
         "optim": ("EmbeddingOptimizer",),
         "concurrent": ("run_concurrently",),
         "state_views": ("load_views",),

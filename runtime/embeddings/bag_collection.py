@@ -52,16 +52,16 @@ from torch import nn
 from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
+from runtime.embeddings.kernels import COMPUTE_KERNELS, FUSED_DIM_MULTIPLE
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
-from runtime.embeddings.state_views import load_views
+from runtime.embeddings.table_state import TablesOutsideModuleTree
 
 __all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
 
 logger = logging.getLogger(__name__)
 
 POOLING_TYPES = ("sum", "mean")
-COMPUTE_KERNELS = ("fused", "dense")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,8 @@ class EmbeddingBagConfig:
 
     Rows are initialised U(weight_init_min, weight_init_max), by default
     U(-sqrt(1/num_embeddings), +sqrt(1/num_embeddings)) as in TorchRec.
-    `optimizer` overrides the collection's optimizer for this table.
+    `optimizer` overrides the collection's optimizer for this table. `where`
+    is the spec location the table was compiled from, named in errors.
     """
 
     name: str
@@ -81,10 +82,11 @@ class EmbeddingBagConfig:
     weight_init_min: float | None = None
     weight_init_max: float | None = None
     optimizer: EmbeddingOptimizer | None = None
+    where: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "feature_names", tuple(self.feature_names))
-        where = f"table {self.name!r}"
+        where = self.describe()
         if self.num_embeddings < 1 or self.embedding_dim < 1:
             raise ValueError(f"{where}: num_embeddings and embedding_dim must be >= 1")
         if not self.feature_names:
@@ -96,6 +98,10 @@ class EmbeddingBagConfig:
             raise ValueError(
                 f"{where}: weight_init_min {low} is greater than weight_init_max {high}"
             )
+
+    def describe(self) -> str:
+        """`table 'cat_3'`, with its spec location when known."""
+        return f"table {self.name!r}" + (f" ({self.where})" if self.where else "")
 
     def init_range(self) -> tuple[float, float]:
         """The (min, max) of the uniform initialisation."""
@@ -286,7 +292,7 @@ class _DenseGroup(nn.Module):
         pass
 
 
-class EmbeddingBagCollection(nn.Module):
+class EmbeddingBagCollection(TablesOutsideModuleTree):
     """Pooled embedding lookups over many tables (see the module docstring).
 
     `forward(features)` returns a KeyedTensor with one B x dim block per
@@ -317,7 +323,7 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         if compute_kernel not in COMPUTE_KERNELS:
             raise ValueError(
-                f"unknown compute_kernel {compute_kernel!r}; expected 'fused' or 'dense'"
+                f"unknown compute_kernel {compute_kernel!r}; expected one of {', '.join(COMPUTE_KERNELS)}"
             )
         if not tables:
             raise ValueError("EmbeddingBagCollection needs at least one table")
@@ -350,26 +356,10 @@ class EmbeddingBagCollection(nn.Module):
         self._select = KeySelection(self._lookup_names)
         self._check = IdCheck(
             self._lookup_names,
-            [t.name for t in self._lookup_tables],
+            [t.describe() for t in self._lookup_tables],
             [t.num_embeddings for t in self._lookup_tables],
         )
         self._init_weights()
-
-    @torch.no_grad()
-    def _init_weights(self) -> None:
-        # Table by table in table order, so both kernels draw the same numbers.
-        tensors = self._table_tensors()
-        for table in self._tables:
-            tensors[table.name]["weight"].uniform_(*table.init_range())
-
-    def _table_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
-        """Each table's live weight and optimizer state, in table order."""
-        by_name = {
-            t.name: tensors
-            for group in self._groups
-            for t, tensors in zip(group.tables, group.table_tensors())
-        }
-        return {t.name: by_name[t.name] for t in self._tables}
 
     def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
         return list(self._tables)
@@ -380,10 +370,6 @@ class EmbeddingBagCollection(nn.Module):
     def feature_names(self) -> list[str]:
         """The output keys, in output order."""
         return list(self._feature_names)
-
-    def embedding_parameters(self) -> dict[str, torch.Tensor]:
-        """Each table's weight (rows x dim, live), by table name; trained in backward only."""
-        return {name: tensors["weight"] for name, tensors in self._table_tensors().items()}
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
         if self.bounds_check:
@@ -448,51 +434,9 @@ class EmbeddingBagCollection(nn.Module):
 
         return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
 
-    # State dict: one entry per table tensor, the same for both kernels.
-
-    def _save_to_state_dict(
-        self, destination: dict[str, Any], prefix: str, keep_vars: bool
-    ) -> None:
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        for table, tensors in self._table_tensors().items():
-            for name, tensor in tensors.items():
-                destination[f"{prefix}{table}.{name}"] = tensor if keep_vars else tensor.detach()
-
-    def _load_from_state_dict(
-        self,
-        state_dict: dict[str, Any],
-        prefix: str,
-        local_metadata: dict[str, Any],
-        strict: bool,
-        missing_keys: list[str],
-        unexpected_keys: list[str],
-        error_msgs: list[str],
-    ) -> None:
-        views = {
-            f"{prefix}{table}.{name}": tensor
-            for table, tensors in self._table_tensors().items()
-            for name, tensor in tensors.items()
-        }
-
-        def mismatch(key: str, source: torch.Tensor, view: torch.Tensor) -> str | None:
-            if source.shape == view.shape:
-                return None
-            return (
-                f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
-                f"from the checkpoint, the shape in the current model is {tuple(view.shape)}."
-            )
-
-        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, mismatch)
-        for group in self._groups:
-            group.after_load()
-
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> EmbeddingBagCollection:
-        # The lookup modules are outside the module tree; move them with it.
-        if recurse:
-            for group in self._groups:
-                group._apply(fn)
-            if self._output_columns is not None:
-                self._output_columns = fn(self._output_columns)
+        if recurse and self._output_columns is not None:
+            self._output_columns = fn(self._output_columns)
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
@@ -517,9 +461,10 @@ def _build_groups(
     tbe_ops = _fbgemm() if compute_kernel == "fused" else None
     if compute_kernel == "fused":
         for t in tables:
-            if t.embedding_dim % 4:
+            if t.embedding_dim % FUSED_DIM_MULTIPLE:
                 raise ValueError(
-                    f"table {t.name!r}: embedding_dim {t.embedding_dim} is not a multiple of 4, "
+                    f"{t.describe()}: embedding_dim {t.embedding_dim} is not a multiple of "
+                    f"{FUSED_DIM_MULTIPLE}, "
                     "which the fused (fbgemm) kernel requires; use compute_kernel='dense'"
                 )
         if tbe_ops is None:

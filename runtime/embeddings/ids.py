@@ -16,7 +16,7 @@ range); only when that read shows a problem does the slow path look for the
 first culprit and raise a ValueError naming the key, the sample and the
 numbers.
 
->>> check = IdCheck(["f0"], ["t0"], [10])
+>>> check = IdCheck(["f0"], ["table 't0'"], [10])
 >>> kjt = KeyedJaggedTensor(["f0"], torch.tensor([3, 12]), lengths=torch.tensor([1, 1]))
 >>> check(kjt)
 Traceback (most recent call last):
@@ -50,7 +50,8 @@ class IdOutOfRange(ValueError, IndexError):
 class IdCheck:
     """Checks a KeyedJaggedTensor's layout and its ids against `rows` (see the module docstring).
 
-    `features[i]` is looked up in table `tables[i]` of `rows[i]` rows; keys of
+    `features[i]` is looked up in the table that `tables[i]` describes (`table 't' (spec:line:col)`,
+    as `EmbeddingBagConfig.describe()` gives it) of `rows[i]` rows; keys of
     the batch not in `features` are checked for layout only. `rank`, when
     given, is named in messages (the rank that read the batch).
     """
@@ -123,7 +124,7 @@ class IdCheck:
         table, rows = self._table_of[keys[k]]
         return IdOutOfRange(
             f"feature {keys[k]!r} at sample {entry - k * kjt.stride()}: id {int(values[position])} "
-            f"out of range for table {table!r} with {rows} rows"
+            f"out of range for {table} with {rows} rows"
         )
 
     def _layout_error(self, kjt: KeyedJaggedTensor) -> ValueError:

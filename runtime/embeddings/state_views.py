@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["load_views"]
+__all__ = ["load_views", "shape_mismatch"]
 
 
 def load_views(
@@ -45,3 +45,13 @@ def load_views(
             view.copy_(source)
     if strict:
         unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k not in views)
+
+
+def shape_mismatch(key: str, source: torch.Tensor, view: torch.Tensor) -> str | None:
+    """nn.Module's message for a checkpoint tensor of another shape than its view, or None."""
+    if source.shape == view.shape:
+        return None
+    return (
+        f"size mismatch for {key}: copying a tensor of shape {tuple(source.shape)} "
+        f"from the checkpoint, the shape in the current model is {tuple(view.shape)}."
+    )

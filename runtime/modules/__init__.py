@@ -12,6 +12,10 @@ lazy_exports(
             "FactorizationMachine", "MixtureOfExperts", "Sum",
         ),
         "linear": ("Linear",),
+        "sequence_pool": ("SequencePool",),
+        "target_attention": ("TargetAttention",),
+        "transformer": ("Transformer",),
+        "hstu": ("HSTU",),
         "losses": ("head_loss", "total_loss"),
     },
 )  # fmt: skip

@@ -1,6 +1,6 @@
 """Dense building blocks: the `model:` block types of a spec, as nn.Modules.
 
-The compiler's lowering (compiler/lower.py) instantiates one module per block
+The compiler's lowering (compiler/lowering/lower.py) instantiates one module per block
 of the spec through `BLOCK_TYPES` and wires them after the embedding stages.
 It concatenates a block's inputs into one 2-D tensor (B x total width) before
 calling it, except for `DotProduct`, `Sum` and `DotInteraction`, which take
@@ -56,6 +56,11 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
 }
 
 
+def _owner(kind: str, where: str) -> str:
+    """How errors name a block: its type, and the spec location it was compiled from when known."""
+    return f"{kind} ({where})" if where else kind
+
+
 def _check_size(owner: str, name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{owner}: {name} must be an integer >= {minimum} (got {value!r})")
@@ -95,20 +100,24 @@ class MLP(nn.Module):
         layers: Sequence[int],
         activation: str = "relu",
         final_activation: str | None = "relu",
+        where: str = "",
     ) -> None:
         super().__init__()
-        self.in_features = _check_size("MLP", "in_features", in_features)
-        self.layers = _check_layers("MLP", "layers", layers)
+        self.where = where
+        owner = _owner("MLP", where)
+        self.in_features = _check_size(owner, "in_features", in_features)
+        self.layers = _check_layers(owner, "layers", layers)
         self.activation = activation
         self.final_activation = "none" if final_activation is None else final_activation
-        hidden = _activation("MLP", "activation", activation)
-        final = _activation("MLP", "final_activation", final_activation)
+        hidden = _activation(owner, "activation", activation)
+        final = _activation(owner, "final_activation", final_activation)
         self.out_features = self.layers[-1]
         widths = [self.in_features, *self.layers]
         self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
         self._activations = [hidden] * (len(self.layers) - 1) + [final]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(_owner("MLP", self.where), x, self.in_features)
         for layer, act in zip(self.linears, self._activations):
             fused_relu = act is torch.relu_
             x = linear(x, layer.weight, layer.bias, relu=fused_relu)
@@ -193,10 +202,12 @@ class DotInteraction(nn.Module):
     `_PairwiseDot` on torch ops.
     """
 
-    def __init__(self, num_vectors: int, dim: int) -> None:
+    def __init__(self, num_vectors: int, dim: int, where: str = "") -> None:
         super().__init__()
-        self.num_vectors = _check_size("DotInteraction", "num_vectors", num_vectors, minimum=2)
-        self.dim = _check_size("DotInteraction", "dim", dim)
+        self.where = where
+        owner = _owner("DotInteraction", where)
+        self.num_vectors = _check_size(owner, "num_vectors", num_vectors, minimum=2)
+        self.dim = _check_size(owner, "dim", dim)
         n = self.num_vectors
         self.num_pairs = n * (n - 1) // 2
         self.out_features = self.dim + self.num_pairs
@@ -245,10 +256,11 @@ class DotInteraction(nn.Module):
 
     def _check_inputs(self, xs: Sequence[torch.Tensor]) -> None:
         width = self.num_vectors * self.dim
+        owner = _owner("DotInteraction", self.where)
         if not xs:
-            raise ValueError(f"DotInteraction: expected input of shape (B, {width}), got no input")
+            raise ValueError(f"{owner}: expected input of shape (B, {width}), got no input")
         if len(xs) == 1:
-            _check_input("DotInteraction", xs[0], width)
+            _check_input(owner, xs[0], width)
             return
         if (
             any(x.dim() != 2 or x.shape[0] != xs[0].shape[0] or x.shape[1] % self.dim for x in xs)
@@ -256,7 +268,7 @@ class DotInteraction(nn.Module):
         ):
             shapes = [tuple(x.shape) for x in xs]
             raise ValueError(
-                f"DotInteraction: expected inputs of shapes (B, k_i * {self.dim}) with sum k_i = "
+                f"{owner}: expected inputs of shapes (B, k_i * {self.dim}) with sum k_i = "
                 f"{self.num_vectors}, got {shapes}"
             )
 
@@ -272,12 +284,14 @@ class CrossNet(nn.Module):
     and biases zero, as in TorchRec's CrossNet / LowRankCrossNet.
     """
 
-    def __init__(self, in_features: int, num_layers: int, low_rank: int | None = None) -> None:
+    def __init__(self, in_features: int, num_layers: int, low_rank: int | None = None, where: str = "") -> None:
         super().__init__()
-        self.in_features = _check_size("CrossNet", "in_features", in_features)
-        self.num_layers = _check_size("CrossNet", "num_layers", num_layers)
+        self.where = where
+        owner = _owner("CrossNet", where)
+        self.in_features = _check_size(owner, "in_features", in_features)
+        self.num_layers = _check_size(owner, "num_layers", num_layers)
         if low_rank is not None:
-            _check_size("CrossNet", "low_rank", low_rank)
+            _check_size(owner, "low_rank", low_rank)
         self.low_rank = low_rank
         self.out_features = in_features
         self.crosses = nn.ModuleList(self._cross_layer() for _ in range(num_layers))
@@ -298,6 +312,7 @@ class CrossNet(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_input(_owner("CrossNet", self.where), x, self.in_features)
         x0 = x
         for cross in self.crosses:
             x = torch.addcmul(x, x0, cross(x))
@@ -314,14 +329,16 @@ class FactorizationMachine(nn.Module):
     Shapes: (B, N*D) -> (B, 1).
     """
 
-    def __init__(self, num_vectors: int, dim: int) -> None:
+    def __init__(self, num_vectors: int, dim: int, where: str = "") -> None:
         super().__init__()
-        self.num_vectors = _check_size("FactorizationMachine", "num_vectors", num_vectors)
-        self.dim = _check_size("FactorizationMachine", "dim", dim)
+        self.where = where
+        owner = _owner("FactorizationMachine", where)
+        self.num_vectors = _check_size(owner, "num_vectors", num_vectors)
+        self.dim = _check_size(owner, "dim", dim)
         self.out_features = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_input("FactorizationMachine", x, self.num_vectors * self.dim)
+        _check_input(_owner("FactorizationMachine", self.where), x, self.num_vectors * self.dim)
         total = x.reshape(x.shape[0], self.num_vectors, self.dim).sum(dim=1)
         return 0.5 * (total.square().sum(dim=1, keepdim=True) - x.square().sum(dim=1, keepdim=True))
 
@@ -340,16 +357,24 @@ def _check_same_shapes(owner: str, xs: Sequence[torch.Tensor]) -> None:
 class DotProduct(nn.Module):
     """Row-wise dot product of two towers: y_b = <a_b, b_b>. (B, D), (B, D) -> (B, 1)."""
 
+    def __init__(self, where: str = "") -> None:
+        super().__init__()
+        self.where = where
+
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_same_shapes("DotProduct", (a, b))
+        _check_same_shapes(_owner("DotProduct", self.where), (a, b))
         return (a * b).sum(dim=1, keepdim=True)
 
 
 class Sum(nn.Module):
     """Elementwise sum x_1 + ... + x_k of equal-shaped tensors."""
 
+    def __init__(self, where: str = "") -> None:
+        super().__init__()
+        self.where = where
+
     def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        _check_same_shapes("Sum", xs)
+        _check_same_shapes(_owner("Sum", self.where), xs)
         if len(xs) == 1:
             return xs[0]
         total = xs[0] + xs[1]
@@ -383,13 +408,16 @@ class MixtureOfExperts(nn.Module):
         expert_layers: Sequence[int],
         num_tasks: int,
         activation: str = "relu",
+        where: str = "",
     ) -> None:
         super().__init__()
-        self.in_features = _check_size("MixtureOfExperts", "in_features", in_features)
-        self.num_experts = _check_size("MixtureOfExperts", "num_experts", num_experts)
-        self.expert_layers = _check_layers("MixtureOfExperts", "expert_layers", expert_layers)
-        self.num_tasks = _check_size("MixtureOfExperts", "num_tasks", num_tasks)
-        _activation("MixtureOfExperts", "activation", activation)
+        self.where = where
+        owner = _owner("MixtureOfExperts", where)
+        self.in_features = _check_size(owner, "in_features", in_features)
+        self.num_experts = _check_size(owner, "num_experts", num_experts)
+        self.expert_layers = _check_layers(owner, "expert_layers", expert_layers)
+        self.num_tasks = _check_size(owner, "num_tasks", num_tasks)
+        _activation(owner, "activation", activation)
         self.activation = activation
         self.out_features = self.expert_layers[-1]
         self.experts = nn.ModuleList(
@@ -402,6 +430,7 @@ class MixtureOfExperts(nn.Module):
         return torch.stack([torch.softmax(gate(x), dim=1) for gate in self.gates], dim=1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        _check_input(_owner("MixtureOfExperts", self.where), x, self.in_features)
         experts = torch.stack([expert(x) for expert in self.experts], dim=1)  # (B, E, H)
         mixed = torch.bmm(self.gate_weights(x), experts)  # (B, T, H)
         return mixed.unbind(dim=1)

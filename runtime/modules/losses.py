@@ -1,11 +1,44 @@
-"""Head losses: each head's loss over its label, combined with the heads' weights."""
+"""Head losses: each head's loss over its label, combined with the heads' weights.
+
+A generated module describes its heads as a tuple of `HeadConfig`s (its
+HEADS constant), which the loss, the metrics, evaluation and prediction read.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
+
+LOSSES = ("bce", "mse", "softmax")
+
+
+@dataclass(frozen=True, slots=True)
+class HeadConfig:
+    """One prediction head: `loss` of output `name` against label column `label`, times `weight`.
+
+    `metrics` are the ones reported for it (empty: the loss's defaults);
+    `where` is the spec location it was compiled from, named in errors.
+    """
+
+    name: str
+    loss: str
+    label: str
+    weight: float = 1.0
+    num_classes: int = 1
+    metrics: tuple[str, ...] = ()
+    where: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        if self.loss not in LOSSES:
+            raise ValueError(f"{self.describe()}: unknown loss {self.loss!r} (expected bce, mse or softmax)")
+
+    def describe(self) -> str:
+        """`head 'click'`, with its spec location when known."""
+        return f"head {self.name!r}" + (f" ({self.where})" if self.where else "")
 
 
 def head_loss(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
@@ -22,17 +55,17 @@ def head_loss(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Ten
 def total_loss(
     outputs: Mapping[str, torch.Tensor],
     labels: Mapping[str, torch.Tensor],
-    heads: Sequence[Mapping[str, Any]],
+    heads: Sequence[HeadConfig],
 ) -> torch.Tensor:
     """Sum over heads of weight * loss; a missing label names the head and the column."""
     total: torch.Tensor | None = None
     for head in heads:
-        if head["label"] not in labels:
+        if head.label not in labels:
             raise KeyError(
-                f"head {head['name']!r}: label column {head['label']!r} is not in the batch "
+                f"{head.describe()}: label column {head.label!r} is not in the batch "
                 f"(labels present: {sorted(labels)})"
             )
-        term = head["weight"] * head_loss(head["loss"], outputs[head["name"]], labels[head["label"]])
+        term = head.weight * head_loss(head.loss, outputs[head.name], labels[head.label])
         total = term if total is None else total + term
     if total is None:
         raise ValueError("a model needs at least one head to have a loss")

@@ -4,7 +4,7 @@
     mse heads      mse, rmse
     softmax heads  accuracy
 
-Each head's metrics are the ones its spec entry lists (`head["metrics"]`).
+Each head's metrics are the ones its HeadConfig lists (`head.metrics`).
 `MetricSet.update` accumulates a rank's outputs and labels; `compute` (a
 collective: every rank calls it) combines all ranks and starts a new window.
 Sums (cross-entropy, positives, correct predictions, squared errors, counts)
@@ -25,11 +25,13 @@ samples as probabilities do without sigmoid's rounding ties.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from runtime.modules.losses import HeadConfig
 
 MetricValues = dict[str, float | None]
 DEFAULT_METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
@@ -38,11 +40,11 @@ DEFAULT_METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "so
 class HeadMetrics:
     """The metric state of one head over the current window."""
 
-    def __init__(self, head: Mapping[str, Any]) -> None:
-        self.name = head["name"]
-        self.label = head["label"]
-        self.loss = head["loss"]
-        self.metrics = tuple(head.get("metrics") or DEFAULT_METRICS[self.loss])
+    def __init__(self, head: HeadConfig) -> None:
+        self.name = head.name
+        self.label = head.label
+        self.loss = head.loss
+        self.metrics = head.metrics or DEFAULT_METRICS[self.loss]
         self._keep_scores = "auc" in self.metrics
         self.reset()
 
@@ -96,7 +98,7 @@ class HeadMetrics:
 class MetricSet:
     """The metrics of every head of a spec."""
 
-    def __init__(self, heads: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, heads: Sequence[HeadConfig]) -> None:
         self.heads = [HeadMetrics(head) for head in heads]
 
     def update(

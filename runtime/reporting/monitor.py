@@ -5,8 +5,9 @@ Every step adds the heads' outputs to the metrics window; every log step
 (`--log-every`) computes the window's metrics over all ranks, which rank 0
 shows (runtime.reporting.console) and writes to `--log-dir`; every `--eval-every` steps and at the end
 the evaluation split is scored (with MovieLens data, each pass also counts
-the ids outside the training vocabulary: runtime.data.unseen_ids). Metric computation and evaluation are
-collectives, so every rank calls these hooks; only rank 0 prints or writes.
+the ids outside the training vocabulary: runtime.data.unseen_ids). Metric
+computation and evaluation are collectives, so every rank calls these hooks;
+only rank 0 prints or writes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.data.unseen_ids import UnseenIds
+from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.console import Console, format_metrics
 from runtime.reporting.run_log import RunLog
@@ -50,7 +52,7 @@ class TrainingMonitor:
 
     def __init__(
         self,
-        heads: Sequence[Mapping[str, Any]],
+        heads: Sequence[HeadConfig],
         *,
         steps: int,
         log_every: int,

@@ -1,6 +1,6 @@
 """Serving an export directory: its manifest, its weights, its ahead-of-time program.
 
-`reccompile export` writes a directory (see compiler/export.py) that this
+`reccompile export` writes a directory (see compiler/serving/export.py) that this
 module reads without the compiler:
 
     manifest.json         what is there: spec hash, precision and size per table, sha256 per file
@@ -20,6 +20,7 @@ names the file and says what to do. Weights load with
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Mapping, Sequence
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from runtime.sparse.jagged import KeyedJaggedTensor
+from runtime.modules.losses import HeadConfig
 from runtime.storage.manifest import MANIFEST, FileProblem, ManifestProblem, check_file, file_facts, read_manifest
 
 __all__ = [
@@ -147,10 +149,25 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
                 "the module; the files come from different exports"
             )
         state[f"sparse_arch.{name}.packed"] = load_tensors(root, listed[name], verify)
+    _check_layout(root, manifest, collection, verify)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
         raise ExportError(f"{root}: the weights do not fit the module: {error}") from None
+
+
+def _check_layout(root: Path, manifest: Mapping[str, Any], collection: Any, verify: bool) -> None:
+    """layout.json is the manifest's (size, sha256) and describes the module's tables."""
+    path = checked_file(root, manifest["layout"], verify)
+    try:
+        saved = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{path}: not valid JSON ({error}); export again") from None
+    expected = json.loads(json.dumps(collection.layout())) if collection is not None else {"tables": []}
+    if saved != expected:
+        raise ExportError(
+            f"{path}: describes other tables than the module's; the files come from different exports"
+        )
 
 
 def import_module(path: str | Path) -> ModuleType:
@@ -180,18 +197,18 @@ def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Mod
 
 
 def head_scores(
-    outputs: Mapping[str, torch.Tensor], heads: Sequence[Mapping[str, Any]]
+    outputs: Mapping[str, torch.Tensor], heads: Sequence[HeadConfig]
 ) -> dict[str, torch.Tensor]:
     """Per head: sigmoid of the logit (bce), softmax over classes (softmax), the value (mse)."""
     scores = {}
     for head in heads:
-        output = outputs[head["name"]]
-        if head["loss"] == "bce":
-            scores[head["name"]] = torch.sigmoid(output)
-        elif head["loss"] == "softmax":
-            scores[head["name"]] = torch.softmax(output, dim=1)
+        output = outputs[head.name]
+        if head.loss == "bce":
+            scores[head.name] = torch.sigmoid(output)
+        elif head.loss == "softmax":
+            scores[head.name] = torch.softmax(output, dim=1)
         else:
-            scores[head["name"]] = output
+            scores[head.name] = output
     return scores
 
 

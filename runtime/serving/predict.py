@@ -32,6 +32,7 @@ from torch import nn
 from runtime.data.batch import Batch
 from runtime.data.synthetic import make_batch
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
+from runtime.modules.losses import HeadConfig
 
 # (row ids, batch): ids are [sample number] for synthetic data, [file, line] for files.
 Keyed = tuple[list[list[Any]], Batch]
@@ -55,14 +56,14 @@ class PredictionReport:
         return self.rows / self.model_seconds if self.model_seconds > 0 else 0.0
 
 
-def score_columns(heads: Sequence[Mapping[str, Any]]) -> list[str]:
+def score_columns(heads: Sequence[HeadConfig]) -> list[str]:
     """The CSV columns of the heads' scores."""
     columns = []
     for head in heads:
-        if head["loss"] == "softmax":
-            columns += [f"{head['name']}_{k}" for k in range(head["num_classes"])]
+        if head.loss == "softmax":
+            columns += [f"{head.name}_{k}" for k in range(head.num_classes)]
         else:
-            columns.append(head["name"])
+            columns.append(head.name)
     return columns
 
 
@@ -108,7 +109,7 @@ def _batch(reader: Any, rows: list[Any], unseen: UnseenIds | None) -> Batch:
 
 def predict(
     model: nn.Module,
-    heads: Sequence[Mapping[str, Any]],
+    heads: Sequence[HeadConfig],
     samples: Iterator[Keyed],
     out: TextIO,
     id_columns: Sequence[str],
@@ -122,7 +123,7 @@ def predict(
             started = time.perf_counter()
             scores = model.scores(model(batch.dense, batch.sparse))
             model_seconds += time.perf_counter() - started
-            table = torch.cat([scores[h["name"]].reshape(len(ids), -1) for h in heads], dim=1).tolist()
+            table = torch.cat([scores[h.name].reshape(len(ids), -1) for h in heads], dim=1).tolist()
             writer.writerows([*key, *(f"{value:.9g}" for value in values)] for key, values in zip(ids, table))
             rows += len(ids)
     return rows, model_seconds
@@ -131,6 +132,7 @@ def predict(
 def predict_file(
     model: nn.Module,
     spec: Mapping[str, Any],
+    heads: Sequence[HeadConfig],
     output: Path,
     *,
     data: str,
@@ -167,7 +169,7 @@ def predict_file(
     partial = output.with_name(f".{output.name}.partial")
     try:
         with open(partial, "w", newline="") as out:
-            count, model_seconds = predict(model, spec["heads"], samples, out, id_columns)
+            count, model_seconds = predict(model, heads, samples, out, id_columns)
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

@@ -209,7 +209,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._select = KeySelection(self._feature_names)
         self._check = IdCheck(
             self._feature_names,
-            [t.name for t in self._feature_tables],
+            [t.describe() for t in self._feature_tables],
             [t.num_embeddings for t in self._feature_tables],
         )
 

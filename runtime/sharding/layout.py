@@ -21,9 +21,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from runtime.embeddings.bag_collection import EmbeddingBagConfig
+from runtime.sharding.types import ROW_SHARDED, SHARDING_TYPES
 
-SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
-ROW_SHARDED = ("row_wise", "table_row_wise")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +191,7 @@ def _shard_config(layout: TableLayout, shard: Shard) -> EmbeddingBagConfig:
         weight_init_min=low,
         weight_init_max=high,
         optimizer=table.optimizer,
+        where=table.where,
     )
 
 

@@ -36,7 +36,7 @@ class LocalInputDist(nn.Module):
         features = [(f, t.config) for t in tables for f in t.config.feature_names]
         self._check = IdCheck(
             [f for f, _ in features],
-            [c.name for _, c in features],
+            [c.describe() for _, c in features],
             [c.num_embeddings for _, c in features],
         )
 

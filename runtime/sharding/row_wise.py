@@ -46,7 +46,7 @@ class RowWiseInputDist(nn.Module):
         self._select = FeatureSelection(self._keys, env.is_weighted)
         self._check = id_check(
             self._keys,
-            [t.config.name for t in key_tables],
+            [t.config.describe() for t in key_tables],
             [t.config.num_embeddings for t in key_tables],
             env.rank,
         )

@@ -1,6 +1,6 @@
 """SparseArch: all embedding tables of a model, laid out as its sharding plan says.
 
-One child per sharding type present in the plan, in SHARDING_TYPE_ORDER,
+One child per sharding type present in the plan, in SHARDING_TYPES (types.py),
 each an `EmbeddingGroup` with the three stages the compiled graph calls:
 `input_dist`, `lookup` and `output_dist`. Inside a group, output keys follow
 table order, then each table's feature order; the compiler's lowering relies
@@ -52,9 +52,9 @@ from runtime.sharding import (
     table_wise,
 )
 from runtime.sharding.group import EmbeddingGroup, GroupEnv
-from runtime.sharding.layout import SHARDING_TYPES, LocalTable, TableLayout, digest, table_layouts
+from runtime.sharding.layout import LocalTable, TableLayout, digest, table_layouts
+from runtime.sharding.types import SHARDING_TYPES
 
-SHARDING_TYPE_ORDER = SHARDING_TYPES
 INIT_BLOCK_ROWS = 1 << 16
 
 _BUILDERS: dict[str, Callable[[Sequence[TableLayout], GroupEnv], EmbeddingGroup]] = {
@@ -100,7 +100,7 @@ class SparseArch(torch.nn.Module):
             seed = _agree(seed, plan, configs, self._group, self._device)
         env = GroupEnv(self._rank, world_size, self._group, self._device, optimizer, is_weighted)
         with _forked_rng(self._device):
-            for sharding_type in SHARDING_TYPE_ORDER:
+            for sharding_type in SHARDING_TYPES:
                 group = [t for t in self._layouts if t.sharding_type == sharding_type]
                 if group:
                     build = local.build if world_size == 1 else _BUILDERS[sharding_type]

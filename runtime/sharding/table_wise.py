@@ -37,7 +37,7 @@ class CopyInputDist(nn.Module):
         self._select = FeatureSelection([slot.feature for slot in routed], env.is_weighted)
         self._check = id_check(
             [slot.feature for slot in routed],
-            [slot.layout.config.name for slot in routed],
+            [slot.layout.config.describe() for slot in routed],
             [slot.layout.config.num_embeddings for slot in routed],
             env.rank,
         )

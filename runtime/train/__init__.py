@@ -7,7 +7,8 @@ from runtime import lazy_exports
 lazy_exports(
     globals(),
     {
-        "loop": ("TrainSummary", "make_dense_optimizer", "train", "train_step"),
+        "loop": ("TrainSummary", "train", "train_step"),
+        "dense_optimizer": ("DenseOptimizerConfig", "make_dense_optimizer"),
         "train_pipeline": ("PipelineError", "TrainPipeline"),
         "checkpointing": ("Checkpointing",),
         "worker": ("load_module",),

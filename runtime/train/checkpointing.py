@@ -1,20 +1,24 @@
-"""The worker's checkpoint options, and what it does with them: resume on start, save every K steps.
+"""What the worker does with its checkpoint options: resume on start, save every K steps and at the end.
 
-    --checkpoint-dir DIR    where checkpoints go (DIR/step_<N>; see runtime.checkpoint.files)
-    --checkpoint-every K    save after every K steps, and after the last
+    --checkpoint-dir DIR    where checkpoints go (DIR/step_<N>; see runtime.checkpoint.files);
+                            without --checkpoint-every, one save after the last step
+    --checkpoint-every K    also save after every K steps
     --keep K                keep only the newest K checkpoints (default: all)
-    --resume                start from the latest complete checkpoint in DIR (an error if none)
+    --resume                start from the newest intact checkpoint in DIR (an error if none)
     --allow-spec-change     resume from a checkpoint of another spec (entries must keep their shapes)
 
 A worker that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0, with
 `--max-restarts`) resumes from the latest complete checkpoint by itself, or
-starts afresh if none was written yet. `reccompile train` passes these
-options through (`add_arguments`, `pass_through`), as it does runtime.train.run_setup's.
+starts afresh if none was written yet. A damaged newest checkpoint is passed
+over, with a warning naming it, for the newest intact one. A checkpoint
+keeps the global batch size its steps consumed: resuming with another one
+is refused, since the data position is counted in batches. Rank 0 holds
+the directory's lock (runtime.checkpoint.lock) from `resume` to `close`.
+The options themselves are runtime.train.options's.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -24,6 +28,7 @@ from typing import Any, Callable, Iterator, TextIO
 import torch
 import torch.distributed as dist
 
+from runtime.checkpoint.lock import DirectoryLock
 from runtime.checkpoint.store import (
     CheckpointError,
     Resumed,
@@ -35,47 +40,8 @@ from runtime.data.batch import Batch
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.reporting import console
-
-# (flag, argparse keywords); `reccompile train` passes each through when given.
-OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--checkpoint-dir", {"type": Path, "help": "write checkpoints to DIR/step_<N>"}),
-    ("--checkpoint-every", {"type": int, "help": "save every K steps and after the last"}),
-    ("--keep", {"type": int, "help": "keep only the newest K checkpoints (default: all)"}),
-    ("--resume", {"action": "store_true", "help": "start from the latest checkpoint in DIR"}),
-    ("--allow-spec-change", {"action": "store_true", "help": "resume from another spec's checkpoint"}),
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The checkpoint options (see the module docstring)."""
-    for flag, keywords in OPTIONS:
-        parser.add_argument(flag, **keywords)
-
-
-def pass_through(args: argparse.Namespace) -> list[str]:
-    """The worker arguments for the checkpoint options given in `args`."""
-    argv: list[str] = []
-    for flag, keywords in OPTIONS:
-        value = getattr(args, _dest(flag))
-        if keywords.get("action") == "store_true":
-            argv += [flag] if value else []
-        elif value is not None:
-            argv += [flag, str(value)]
-    return argv
-
-
-def usage_error(args: argparse.Namespace) -> str | None:
-    """What is wrong with the checkpoint options of `args`, as the CLI reports it; None if nothing."""
-    for flag in ("--checkpoint-every", "--keep"):
-        value = getattr(args, _dest(flag))
-        if value is not None and value < 1:
-            return f"{flag} must be at least 1, got {value}"
-    if args.checkpoint_dir is None:
-        given = [flag for flag, _ in OPTIONS[1:] if getattr(args, _dest(flag)) not in (None, False)]
-        if given:
-            return f"{given[0]} needs --checkpoint-dir"
-    return None
-
+from runtime.train.options import TrainOptions
+from runtime.train.timing import OtherWork
 
 class Checkpointing:
     """One worker's checkpoints: `resume()` before training, `on_step` after each step.
@@ -85,22 +51,22 @@ class Checkpointing:
 
     def __init__(
         self,
-        args: argparse.Namespace,
+        options: TrainOptions,
         module: ModuleType,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         process_group: dist.ProcessGroup | None,
         rank: int,
+        other_work: OtherWork | None = None,
         stream: TextIO | None = None,
     ) -> None:
-        problem = usage_error(args)
-        if problem is not None:
-            raise ValueError(problem)
-        self.directory: Path | None = args.checkpoint_dir
-        self.every: int | None = args.checkpoint_every
-        self.keep: int | None = args.keep
-        self.resume_requested: bool = args.resume
-        self.allow_spec_change: bool = args.allow_spec_change
+        self.directory: Path | None = options.checkpoint_dir
+        self.every: int | None = options.checkpoint_every
+        self.keep: int | None = options.keep
+        self.resume_requested: bool = options.resume
+        self.allow_spec_change: bool = options.allow_spec_change
+        self.batch_size: int | None = options.batch_size
+        self.other_work = other_work if other_work is not None else OtherWork()
         self.module, self.model, self.optimizer = module, model, optimizer
         self.process_group, self.rank = process_group, rank
         self.stream = sys.stdout if stream is None else stream
@@ -108,6 +74,7 @@ class Checkpointing:
         self.last_saved: int | None = None
         self._resumed: Resumed | None = None
         self._batches: Iterator[Batch] | None = None
+        self._lock: DirectoryLock | None = None
 
     def resume(self, steps: int) -> int:
         """Load the latest checkpoint if asked to or restarted by torchrun; the step to go on from.
@@ -115,6 +82,8 @@ class Checkpointing:
         `steps`: the run's last step, which the checkpoint must not be past.
         """
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+        if self.directory is not None and self.rank == 0:
+            self._lock = DirectoryLock(self.directory)
         if self.directory is None or not (self.resume_requested or restarted):
             return 0
         if latest_checkpoint(self.directory) is None:
@@ -127,8 +96,18 @@ class Checkpointing:
             self.optimizer,
             spec_sha256=self.module.SPEC_SHA256,
             allow_spec_change=self.allow_spec_change,
+            fall_back=True,
             process_group=self.process_group,
         )
+        for reason in self._resumed.passed_over:
+            self._say(f"warning: passed over a damaged checkpoint: {reason}", sys.stderr)
+        saved_batch = self._resumed.manifest.get("global_batch_size")
+        if saved_batch is not None and self.batch_size is not None and saved_batch != self.batch_size:
+            raise CheckpointError(
+                f"{self._resumed.path} was trained with batch size {saved_batch}, this run's is "
+                f"{self.batch_size}: resume with --batch-size {saved_batch} (the data position is "
+                "counted in batches)"
+            )
         self.start_step = self.last_saved = self._resumed.step
         if self.start_step > steps:
             raise CheckpointError(
@@ -176,24 +155,32 @@ class Checkpointing:
 
     def finish(self, step: int) -> None:
         """After the last step: save it unless it was just saved."""
-        if self.directory is not None and self.every is not None and self.last_saved != step:
+        if self.directory is not None and self.last_saved != step:
             self.save(step)
+
+    def close(self) -> None:
+        """Release the directory's lock (rank 0); the process's exit does it too."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def save(self, step: int) -> None:
         assert self.directory is not None
         state_dict = getattr(self._batches, "state_dict", None)
-        save_checkpoint(
-            self.directory,
-            self.model,
-            self.optimizer,
-            step=step,
-            spec_sha256=self.module.SPEC_SHA256,
-            plan=self.module.PLAN,
-            data_state=state_dict() if callable(state_dict) else None,
-            keep=self.keep,
-            process_group=self.process_group,
-            files=self._data_files(),
-        )
+        with self.other_work.measure("checkpoint"):
+            save_checkpoint(
+                self.directory,
+                self.model,
+                self.optimizer,
+                step=step,
+                spec_sha256=self.module.SPEC_SHA256,
+                plan=self.module.PLAN,
+                data_state=state_dict() if callable(state_dict) else None,
+                batch_size=self.batch_size,
+                keep=self.keep,
+                process_group=self.process_group,
+                files=self._data_files(),
+            )
         self.last_saved = step
 
     def _data_files(self) -> dict[str, bytes]:
@@ -201,10 +188,6 @@ class Checkpointing:
         vocabulary = Path(self.module.__file__).with_suffix(".vocab.json")
         return {VOCABULARY_FILE: vocabulary.read_bytes()} if vocabulary.is_file() else {}
 
-    def _say(self, line: str) -> None:
+    def _say(self, line: str, stream: TextIO | None = None) -> None:
         if self.rank == 0:
-            console.say(line, self.stream)
-
-
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
+            console.say(line, self.stream if stream is None else stream)

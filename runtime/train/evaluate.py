@@ -7,19 +7,20 @@ nothing real for one of them); padding samples are left out of the metrics.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from runtime.data.loader import LocalBatch
+from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 
 
 def evaluate(
     model: torch.nn.Module,
     batches: Iterable[LocalBatch],
-    heads: Sequence[Mapping[str, Any]],
+    heads: Sequence[HeadConfig],
     process_group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
 ) -> dict[str, MetricValues]:

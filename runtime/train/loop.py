@@ -1,8 +1,8 @@
-"""The plain training loop, and the dense optimizer a spec names.
+"""The plain training loop.
 
 Embedding tables update themselves in backward (their optimizer is fused
 into the embedding kernels), so the loop only steps the dense optimizer over
-`model.dense_parameters()`.
+`model.dense_parameters()` (runtime/train/dense_optimizer.py makes it).
 """
 
 from __future__ import annotations
@@ -10,20 +10,21 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
+from runtime.train.timing import OtherWork
 from runtime.train.train_pipeline import TrainPipeline
 
 
 @dataclass(frozen=True)
 class TrainSummary:
     steps: int
-    samples_per_s: float
+    samples_per_s: float  # training steps only: evaluation and checkpoint saves left out
     losses: tuple[float, ...]  # global mean loss per step
 
     def as_json(self) -> dict[str, Any]:
@@ -33,34 +34,6 @@ class TrainSummary:
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
         }
-
-
-def make_dense_optimizer(
-    config: Mapping[str, Any], params: Iterable[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
-    """The torch optimizer for a spec's `dense_optimizer` entry."""
-    kind, lr = config["type"], config["lr"]
-    params = list(params)
-    # The fused kernels update all parameters in one pass: on CPU, Adagrad's
-    # default per-tensor loop costs ~100x more than its fused form.
-    on_cpu = all(p.device.type == "cpu" for p in params)
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, weight_decay=config["weight_decay"], fused=True)
-    if kind == "adagrad":
-        fast = {"fused": True} if on_cpu else {"foreach": True}  # fused Adagrad is CPU-only
-        return torch.optim.Adagrad(
-            params, lr=lr, eps=config["eps"], weight_decay=config["weight_decay"], **fast
-        )
-    if kind == "adam":
-        return torch.optim.Adam(
-            params,
-            lr=lr,
-            betas=(config["beta1"], config["beta2"]),
-            eps=config["eps"],
-            weight_decay=config["weight_decay"],
-            fused=True,
-        )
-    raise ValueError(f"dense optimizer {kind!r} is not supported (sgd, adagrad or adam)")
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
@@ -97,6 +70,7 @@ def train(
     pipeline_depth: int = 1,
     device: torch.device | None = None,
     start_step: int = 0,
+    other_work: OtherWork | None = None,
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
@@ -109,11 +83,16 @@ def train(
 
     `start_step`: steps already done (a resumed run); steps are numbered on from
     it up to `steps`, and the summary covers the steps run here.
+
+    `other_work`: what the hooks measured as evaluation or checkpoint saving;
+    samples/s leaves that time out.
     """
+    other = other_work if other_work is not None else OtherWork()
     model.train()
     local_losses: list[torch.Tensor] = []
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
+    other_before = other.total()  # other work before timed_from
     run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
     for step in range(start_step + 1, steps + 1):
         batch, loss, outputs = run_step()
@@ -122,11 +101,12 @@ def train(
             on_step(step, batch, outputs, loss)
         now = time.perf_counter()
         if step == start_step + 1:
-            timed_from = now
+            timed_from, other_before = now, other.total()
         if on_log is not None and (step % log_every == 0 or step == steps):
-            rate = _rate(global_batch_size, step - start_step - 1, now - timed_from)
+            training_seconds = now - timed_from - (other.total() - other_before)
+            rate = _rate(global_batch_size, step - start_step - 1, training_seconds)
             on_log(StepLog(step, _global_mean(loss, process_group), rate))
-    elapsed = time.perf_counter() - timed_from
+    elapsed = time.perf_counter() - timed_from - (other.total() - other_before)
     losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
     return TrainSummary(
         steps=steps - start_step,

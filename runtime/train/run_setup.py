@@ -1,71 +1,36 @@
 """What a training run reads and reports: its data, evaluation, metrics, progress and logs.
 
-The options live here, so the worker (`python -m runtime.train.worker`) and
-`reccompile train` share one definition:
-
-    --data synthetic|criteo:PATH|movielens:PATH|PATH   training data (default: the spec's data section)
-    --eval-data ...        an evaluation split, scored every --eval-every steps and at the end
-    --eval-every M         steps between evaluations (default 0: at the end only)
-    --bad-rows fail|skip   stop at the first bad row (default) or count, skip and summarise them
-    --log-dir DIR          metrics.jsonl and TensorBoard events as the run goes, metrics.png at the end
-    --data-workers N       DataLoader worker processes per rank that parse the files (default 1)
-    --rating-threshold T   MovieLens ratings >= T are positives for bce heads (default 4)
-
-`setup_run` turns them into the batches to train on and the `TrainingMonitor`
-whose hooks the training loop calls; `RunIO.finish` adds the final metrics
-and the bad-row count to the run's last JSON line.
+`setup_run` turns the data and reporting fields of a `TrainOptions` (see
+runtime.train.options) into the batches to train on and the
+`TrainingMonitor` whose hooks the training loop calls; `RunIO.finish` adds
+the final metrics, the bad-row count and, for MovieLens, the ids outside the
+vocabulary (runtime.data.unseen_ids) to the run's last JSON line.
+Evaluation passes are timed apart from training (runtime.train.timing).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping
+from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 
-from runtime.data.bad_rows import BAD_ROW_POLICIES, BadRowLog
+from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.loader import epoch_batches, training_batches
-from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.sources import choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
+from runtime.modules.losses import HeadConfig
 from runtime.train.evaluate import evaluate
-from runtime.reporting.monitor import TrainingMonitor
+from runtime.train.options import TrainOptions
+from runtime.train.timing import OtherWork
+from runtime.reporting.monitor import Evaluation, TrainingMonitor
 from runtime.reporting import console
 from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
-from runtime.reporting.monitor import Evaluation
-
-# (flag, argparse keywords); `reccompile train` passes each through when given.
-OPTIONS: tuple[tuple[str, dict[str, Any]], ...] = (
-    ("--data", {"help": "synthetic, criteo:PATH, movielens:PATH or PATH (default: the spec's data section)"}),
-    ("--eval-data", {"help": "an evaluation split, same forms as --data"}),
-    ("--eval-every", {"type": int, "help": "steps between evaluations (default 0: at the end only)"}),
-    ("--bad-rows", {"choices": BAD_ROW_POLICIES, "help": "stop at the first bad row (fail, default) or skip"}),
-    ("--log-dir", {"type": Path, "help": "write metrics.jsonl, TensorBoard events and metrics.png here"}),
-    ("--data-workers", {"type": int, "help": "DataLoader processes per rank parsing files (default 1)"}),
-    ("--rating-threshold", {"type": float, "help": f"MovieLens: rating >= T is a positive ({DEFAULT_THRESHOLD:g})"}),
-)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The data and reporting options (see the module docstring)."""
-    for flag, keywords in OPTIONS:
-        parser.add_argument(flag, **keywords)
-
-
-def pass_through(args: argparse.Namespace) -> list[str]:
-    """The worker arguments for the options given in `args`."""
-    argv: list[str] = []
-    for flag, _ in OPTIONS:
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
-        if value is not None:
-            argv += [flag, str(value)]
-    return argv
 
 
 @dataclass
@@ -101,11 +66,11 @@ class RunIO:
 
 
 def setup_run(
-    args: argparse.Namespace,
+    options: TrainOptions,
     spec: Mapping[str, Any],
     *,
+    heads: Sequence[HeadConfig],
     model: torch.nn.Module,
-    module_path: str,
     synthetic: Callable[[], Iterator[Batch]],
     steps: int,
     log_every: int,
@@ -114,22 +79,17 @@ def setup_run(
     world_size: int,
     process_group: dist.ProcessGroup | None,
     device: torch.device | None,
+    other_work: OtherWork,
 ) -> RunIO:
-    """Open the training and evaluation data of `args` and the monitor of the run."""
-    if args.eval_every is not None and args.eval_every < 0:
-        raise ValueError(f"--eval-every must be 0 or more, got {args.eval_every}")
-    if args.data_workers is not None and args.data_workers < 0:
-        raise ValueError(f"--data-workers must be 0 or more, got {args.data_workers}")
-    policy = args.bad_rows or "fail"
-    workers = 1 if args.data_workers is None else args.data_workers
-    threshold = DEFAULT_THRESHOLD if args.rating_threshold is None else args.rating_threshold
+    """Open the training and evaluation data of `options` and the monitor of the run."""
+    policy, workers, threshold = options.bad_rows, options.data_workers, options.rating_threshold
     warn = _warn if rank == 0 else None
-    vocab_path = Path(module_path).with_suffix(".vocab.json")  # beside the module and its checkpoint
+    vocab_path = Path(options.module).with_suffix(".vocab.json")  # beside the module and its checkpoint
     shape = dict(global_batch=global_batch, rank=rank, world_size=world_size, num_workers=workers)
 
     unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
-    choice = choose_data(args.data, spec)
+    choice = choose_data(options.data, spec)
     reader = None
     if choice.reader == "synthetic":
         batches = synthetic()
@@ -140,31 +100,32 @@ def setup_run(
         batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
 
     evaluation: Callable[[], Evaluation] | None = None
-    if args.eval_data is not None:
+    if options.eval_data is not None:
         vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
         eval_reader = open_reader(
-            spec, choose_data(args.eval_data, spec), threshold=threshold, vocab_path=vocab_path,
+            spec, choose_data(options.eval_data, spec), threshold=threshold, vocab_path=vocab_path,
             save_vocab=False, vocabulary=vocabulary,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
 
         def evaluate_split() -> Evaluation:
-            counted = unseen_counter(eval_reader)  # afresh for every pass
-            local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], unseen=counted, **shape)
-            return Evaluation(evaluate(model, local, spec["heads"], process_group, device), counted)
+            with other_work.measure("eval"):
+                counted = unseen_counter(eval_reader)  # afresh for every pass
+                local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], unseen=counted, **shape)
+                return Evaluation(evaluate(model, local, heads, process_group, device), counted)
 
         evaluation = evaluate_split
 
     monitor = TrainingMonitor(
-        spec["heads"],
+        heads,
         steps=steps,
         log_every=log_every,
         global_batch_size=global_batch,
         process_group=process_group,
         console=Console(steps) if rank == 0 else None,
-        run_log=RunLog(args.log_dir) if rank == 0 and args.log_dir is not None else None,
+        run_log=RunLog(options.log_dir) if rank == 0 and options.log_dir is not None else None,
         evaluation=evaluation,
-        eval_every=args.eval_every or 0,
+        eval_every=options.eval_every,
     )
     return RunIO(batches, monitor, bad_rows, rank, unseen)
 

@@ -1,7 +1,7 @@
 """TrainPipeline: the next batch's input side runs while this batch trains.
 
 The compiler cuts the model's graph at the pipeline boundary
-(compiler/split.py), and the generated Model has the two stages as methods;
+(compiler/lowering/split.py), and the generated Model has the two stages as methods;
 `forward` is the one after the other, so the plain loop and this pipeline
 run the same compiled code:
 
@@ -46,7 +46,6 @@ follow, e.g. the next epoch).
 
 from __future__ import annotations
 
-import argparse
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -165,34 +164,3 @@ class TrainPipeline:
             self._queue.clear()
             self._failure = f"stage {stage!r} failed on batch {index}"
             raise PipelineError(stage, index, error) from error
-
-
-# -- the command line (`python -m runtime.train.worker`, `reccompile train`) ---------------------
-
-
-def add_arguments(parser: Any) -> None:
-    """--pipeline / --no-pipeline and --pipeline-depth on an argparse parser or group."""
-    parser.add_argument(
-        "--pipeline",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="overlap the next batch's input_dist with this batch's step "
-        "(default: on when there are several ranks)",
-    )
-    parser.add_argument(
-        "--pipeline-depth", type=int, default=2, help="batches in flight when pipelined (default 2)"
-    )
-
-
-def pass_through(args: argparse.Namespace) -> list[str]:
-    """The worker arguments for the options `add_arguments` defined."""
-    chosen = [] if args.pipeline is None else ["--pipeline" if args.pipeline else "--no-pipeline"]
-    return chosen + ["--pipeline-depth", str(args.pipeline_depth)]
-
-
-def depth_from_args(args: argparse.Namespace, world_size: int) -> int:
-    """The pipeline depth the options ask for: 1 (the plain loop) unless pipelined."""
-    if args.pipeline_depth < 1:
-        raise ValueError(f"--pipeline-depth must be at least 1, got {args.pipeline_depth}")
-    pipelined = args.pipeline if args.pipeline is not None else world_size > 1
-    return args.pipeline_depth if pipelined else 1

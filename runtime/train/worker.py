@@ -1,15 +1,16 @@
-"""The training worker: `python -m runtime.train.worker MODULE.py [options]`.
+"""The training worker: `python -m runtime.train.worker OPTIONS_JSON`.
 
-`reccompile train` starts one of these per rank through torchrun (or runs it
-in-process for one rank). It imports a generated module by path, builds the
-model for this rank, and trains on the module's synthetic batches or on the
-files `--data` names (see runtime.train.run_setup for the data and reporting
-options). It needs only torch and the runtime: the compiler is not imported.
+`reccompile train` starts one of these per rank through torchrun, with the
+run's `TrainOptions` (runtime.train.options) as JSON, checked already; for
+one rank it calls `run(options)` in-process. The worker imports the
+generated module by path, builds the model for this rank, and trains on the
+module's synthetic batches or on the files `--data` names. It needs only
+torch and the runtime: the compiler is not imported. Under torchrun it dies
+with its parent (PR_SET_PDEATHSIG), so no rank trains on after its launcher.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib.util
 import itertools
@@ -18,21 +19,21 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, Sequence
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from runtime.train import checkpointing
-
-from runtime.train import train_pipeline
-
-from runtime.train import run_setup
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
 from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train import checkpointing, run_setup
+from runtime.train.lifetime import die_with_parent
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
+from runtime.train.options import TrainOptions
+from runtime.train.timing import OtherWork
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -68,78 +69,71 @@ def synthetic_batches(
         yield module.synthetic_batch(batch_size, step=step, seed=seed, rank=rank, world_size=world_size)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m runtime.train.worker", description=__doc__)
-    parser.add_argument("module", help="path of the generated module (<name>.py)")
-    parser.add_argument("--steps", type=int, default=None, help="default: the spec's training.steps")
-    parser.add_argument("--batch-size", type=int, default=None, help="global; default: the spec's")
-    parser.add_argument("--seed", type=int, default=None, help="default: the spec's training.seed")
-    parser.add_argument("--log-every", type=int, default=10)
-    run_setup.add_arguments(parser)
-    checkpointing.add_arguments(parser)
-    train_pipeline.add_arguments(parser)
-    return parser.parse_args(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(options: TrainOptions) -> int:
+    """Train as `options` say (checked by whoever built them); 0 when done."""
     retain_freed_memory()
-    module = load_module(args.module)
+    if options.threads is not None:
+        torch.set_num_threads(options.threads)
+    module = load_module(options.module)
     training = module.SPEC["training"]
-    steps = args.steps if args.steps is not None else training["steps"]
-    batch_size = args.batch_size if args.batch_size is not None else training["batch_size"]
-    seed = args.seed if args.seed is not None else training["seed"]
+    steps = options.steps if options.steps is not None else training["steps"]
+    batch_size = options.batch_size if options.batch_size is not None else training["batch_size"]
+    seed = options.seed if options.seed is not None else training["seed"]
 
     device_kind = module.SPEC["sharding"]["device"]
     process_group = init_distributed(device_kind)
     rank = dist.get_rank() if process_group is not None else 0
     world_size = dist.get_world_size() if process_group is not None else 1
-    if batch_size % world_size != 0:
-        raise ValueError(f"global batch size {batch_size} does not divide evenly over {world_size} ranks")
     device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else None
 
     torch.manual_seed(seed)
     model = module.build(process_group=process_group, device=device)
-    optimizer = make_dense_optimizer(training["dense_optimizer"], model.dense_parameters())
-    checkpoints = checkpointing.Checkpointing(args, module, model, optimizer, process_group, rank)
-    start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
-    # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
-    model = distribute_dense(model, process_group)
-    run_io = run_setup.setup_run(
-        args,
-        module.SPEC,
-        model=model,
-        module_path=args.module,
-        synthetic=lambda: synthetic_batches(module, batch_size, seed, rank, world_size, start_step),
-        steps=steps,
-        log_every=args.log_every,
-        global_batch=batch_size,
-        rank=rank,
-        world_size=world_size,
-        process_group=process_group,
-        device=device,
-    )
-    batches = checkpoints.position(run_io.batches, args.data)
-    depth = train_pipeline.depth_from_args(args, world_size)
-    if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
-        batches = (b.to(device, non_blocking=True) for b in batches)
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
+    other_work = OtherWork()
+    checkpoints = checkpointing.Checkpointing(options, module, model, optimizer, process_group, rank, other_work)
+    try:
+        start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
+        # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
+        model = distribute_dense(model, process_group)
+        run_io = run_setup.setup_run(
+            options,
+            module.SPEC,
+            heads=module.HEADS,
+            model=model,
+            synthetic=lambda: synthetic_batches(module, batch_size, seed, rank, world_size, start_step),
+            steps=steps,
+            log_every=options.log_every,
+            global_batch=batch_size,
+            rank=rank,
+            world_size=world_size,
+            process_group=process_group,
+            device=device,
+            other_work=other_work,
+        )
+        batches = checkpoints.position(run_io.batches, options.data)
+        depth = options.pipeline_depth_for(world_size)
+        if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
+            batches = (b.to(device, non_blocking=True) for b in batches)
 
-    summary = train(
-        model,
-        batches,
-        steps=steps,
-        optimizer=optimizer,
-        global_batch_size=batch_size,
-        log_every=args.log_every,
-        on_log=run_io.monitor.on_log,
-        on_step=checkpoints.chain(run_io.monitor.on_step),
-        process_group=process_group,
-        start_step=start_step,
-        pipeline_depth=depth,
-        device=device,
-    )
-    checkpoints.finish(steps)
-    final = run_io.finish(summary.as_json())
+        summary = train(
+            model,
+            batches,
+            steps=steps,
+            optimizer=optimizer,
+            global_batch_size=batch_size,
+            log_every=options.log_every,
+            on_log=run_io.monitor.on_log,
+            on_step=checkpoints.chain(run_io.monitor.on_step),
+            process_group=process_group,
+            start_step=start_step,
+            pipeline_depth=depth,
+            device=device,
+            other_work=other_work,
+        )
+        checkpoints.finish(steps)
+        final = run_io.finish({**summary.as_json(), **other_work.as_json()})
+    finally:
+        checkpoints.close()
     if rank == 0:
         console.result(final)
     if process_group is not None:
@@ -147,14 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run(argv: Sequence[str] | None = None) -> int:
+def run(options: TrainOptions) -> int:
     """`main`, with any error reported as one `error: rank R: ...` line and exit status 1.
 
     Under torchrun every failing rank reports; `reccompile train` shows each
     distinct message once. RECCOMPILE_TRACEBACK=1 prints the traceback too.
     """
     try:
-        return main(argv)
+        return main(options)
     except Exception as error:  # the job must end with a message, never a bare traceback
         if os.environ.get("RECCOMPILE_TRACEBACK") == "1":
             traceback.print_exc()
@@ -163,4 +157,10 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run())
+    die_with_parent()
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m runtime.train.worker OPTIONS_JSON (see runtime/train/options.py)")
+    try:
+        sys.exit(run(TrainOptions.from_json(sys.argv[1])))
+    except KeyboardInterrupt:  # the launcher was interrupted and stops the job: no traceback
+        sys.exit(130)

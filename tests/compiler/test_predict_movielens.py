@@ -131,7 +131,7 @@ def test_predict_scores_equal_the_training_models_scores(trained: Path) -> None:
 def test_a_vocabulary_of_the_scored_file_gives_other_scores(trained: Path) -> None:
     module, model = load(trained / "out")
     output = trained / "own_vocabulary.csv"
-    predict_file(model, module.SPEC, output, data=f"movielens:{trained / 'test'}", batch_size=512, rows=0, seed=0)
+    predict_file(model, module.SPEC, module.HEADS, output, data=f"movielens:{trained / 'test'}", batch_size=512, rows=0, seed=0)
     assert _predicted(output) != pytest.approx(_training_scores(trained), rel=1e-6, abs=1e-7)
 
 

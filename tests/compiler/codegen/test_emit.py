@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from compiler import __version__
 from compiler.codegen.emit import emit
-from compiler.instantiate import instantiate
+from compiler.lowering.instantiate import instantiate
 from compiler.pipeline import Options, compile_spec
 from malformed_batches import MALFORMED
 from runtime.train.worker import load_module
@@ -25,11 +26,12 @@ SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.
 TRAIN_SCRIPT = """
 import itertools, json, sys, torch
 from runtime.train.worker import load_module
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 module = load_module(sys.argv[1])
 torch.manual_seed(0)
 model = module.build()
-optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
 batches = (module.synthetic_batch(256, step=i) for i in itertools.count())
 summary = train(model, batches, steps=20, optimizer=optimizer, global_batch_size=256)
 print(json.dumps({"losses": summary.losses, "compiler_imported": "compiler" in sys.modules}))
@@ -46,6 +48,15 @@ def test_output_is_byte_identical_across_runs() -> None:
     second = emit(compile_spec("specs/dlrm_criteo.yaml"))
     assert first.source == second.source
     assert first.plan_json == second.plan_json
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_module_matches_golden(spec: str, golden) -> None:
+    """The generated training module is the contract between compiler and runtime: a diff of it
+    shows what a change does to every model. Normalised: the compiler version is a placeholder."""
+    source = emit(compile_spec(spec, Options(world_size=1))).source
+    normalised = source.replace(f"reccompile {__version__} ", "reccompile <version> ", 1)
+    golden.check(f"modules/{Path(spec).stem}.ws1.py.txt", normalised)
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -138,5 +149,7 @@ def test_the_training_forward_refuses_a_malformed_batch(case: str, tmp_path: Pat
     model = module.build()
     dense = module.synthetic_batch(3, step=0).dense
     make, message = MALFORMED[case]
+    for table, line in (("ta", 10), ("tb", 11)):  # a compiled table names its spec line
+        message = message.replace(f"table '{table}' with", f"table '{table}' ({spec}:{line}:5) with")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         model(dense, make())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -57,9 +58,12 @@ def _train(tmp_path: Path, capsys, seed: int) -> list[str]:
 
 def test_train_prints_progress_then_one_json_line(tmp_path: Path, capsys) -> None:
     lines = _train(tmp_path, capsys, seed=3)
-    assert [line.split()[:2] for line in lines[:-1]] == [["step", "3/6"], ["step", "6/6"]]
+    assert re.fullmatch(r"training two_tower_movielens on 1 rank: \d+ threads? per rank \(\d+ of \d+ cores free\)", lines[0])
+    assert [line.split()[:2] for line in lines[1:-1]] == [["step", "3/6"], ["step", "6/6"]]
     summary = json.loads(lines[-1])
-    assert set(summary) == {"steps", "samples_per_s", "loss_first", "loss_last", "metrics"}
+    assert set(summary) == {
+        "steps", "samples_per_s", "loss_first", "loss_last", "eval_seconds", "checkpoint_seconds", "metrics"
+    }  # fmt: skip
     assert set(summary["metrics"]["like"]) == {"ne", "auc", "accuracy"}
     assert summary["steps"] == 6 and summary["samples_per_s"] > 0
 
@@ -70,3 +74,16 @@ def test_train_is_deterministic_for_a_seed(tmp_path: Path, capsys) -> None:
     other = json.loads(_train(tmp_path, capsys, seed=6)[-1])
     assert (first["loss_first"], first["loss_last"]) == (second["loss_first"], second["loss_last"])
     assert first["loss_last"] != other["loss_last"]
+
+
+def test_a_plan_file_that_is_not_text_is_a_diagnostic(tmp_path: Path, capsys) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(b'{"format_version": 1,\n  "tables": \x89PNG\x00')
+    assert main(["specs/dlrm_criteo.yaml", "--plan", str(plan), "-o", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err == f"{plan}:2:13: error: not a plan: byte 0x89 is not UTF-8 text\n1 error\n"
+
+
+def test_predict_refuses_an_output_directory_before_reading_anything(tmp_path: Path, capsys) -> None:
+    # The export does not exist: the -o check comes first, so nothing was loaded or scored.
+    assert main(["predict", str(tmp_path / "no_export"), "-o", str(tmp_path)]) == 2
+    assert capsys.readouterr() == ("", f"error: -o {tmp_path}: is a directory; name the CSV file to write\n")

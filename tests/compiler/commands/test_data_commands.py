@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -59,7 +60,8 @@ def test_training_on_a_criteo_file_lowers_the_loss(criteo, capsys) -> None:
         "--eval-data", f"criteo:{held_out}", "--eval-every", "30", "--log-dir", str(logs),
     )  # fmt: skip
     assert code == 0, err
-    assert [line.split()[:2] for line in lines[:-1]] == [
+    assert lines[0].startswith("training tiny_criteo on 1 rank: ")
+    assert [line.split()[:2] for line in lines[1:-1]] == [
         ["step", "20/60"], ["eval", "30/60"], ["step", "40/60"], ["step", "60/60"], ["eval", "60/60"]
     ]
     final = json.loads(lines[-1])
@@ -127,6 +129,24 @@ def test_check_reports_a_spec_the_file_cannot_feed(tmp_path: Path, capsys) -> No
     assert main(["check", str(spec), "--data", f"criteo:{data}"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"{data}: error: criteo has 26 categorical columns (C1..C26) but the spec has 3 sparse")
+
+
+def test_a_truncated_gzip_file_is_one_clean_line_with_or_without_dataloader_workers(criteo, capsys) -> None:
+    spec, train, _ = criteo
+    whole = train.read_bytes()
+    cut = train.with_name("cut.gz")
+    cut.write_bytes(whole[: len(whole) // 2])
+    reason = "Compressed file ended before the end-of-stream marker was reached"
+    for workers in ("0", "1", "2"):
+        code = main(["train", str(spec), "-o", str(spec.parent / "build"), "--data", f"criteo:{cut}",
+                     "--steps", "40", "--data-workers", workers])  # fmt: skip
+        err = capsys.readouterr().err
+        assert code == 1
+        assert re.fullmatch(rf"error: rank 0: {re.escape(str(cut))}: cannot read past line \d+: {reason}\n", err), err
+    assert main(["check", str(spec), "--data", f"criteo:{cut}", "--sample", "3000"]) == 1
+    out, err = capsys.readouterr()
+    assert out == f"{spec}: ok\n"
+    assert re.fullmatch(rf"error: {re.escape(str(cut))}: cannot read past line \d+: {reason}\n", err), err
 
 
 MOVIELENS_SPEC = """\

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runtime.train.options import TrainOptions
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -49,7 +51,8 @@ def test_a_failing_worker_ends_the_job_with_its_error_once(tmp_path: Path) -> No
         [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
          "sys.exit(run_torchrun(sys.argv[1:]))",
          sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "runtime.train.worker", str(tmp_path / "two_tower_movielens.py"), "--steps", "2"],
+         "-m", "runtime.train.worker",
+         TrainOptions(module=str(tmp_path / "two_tower_movielens.py"), steps=2).to_json()],
         capture_output=True, text=True, timeout=600, cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )

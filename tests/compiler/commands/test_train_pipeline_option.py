@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from compiler.cli import main
-from runtime.train import train_pipeline
+from runtime.train import options as train_options
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -41,7 +41,7 @@ def test_pipelined_and_plain_training_print_the_same_losses(tmp_path: Path, caps
 )
 def test_the_pipeline_is_on_by_default_for_several_ranks(options: list[str], world_size: int, depth: int) -> None:
     parser = argparse.ArgumentParser()
-    train_pipeline.add_arguments(parser)
-    args = parser.parse_args(options)
-    assert train_pipeline.depth_from_args(args, world_size) == depth
-    assert parser.parse_args(train_pipeline.pass_through(args)) == args
+    train_options.add_arguments(parser)
+    chosen = train_options.from_args(parser.parse_args(options), module="m.py")
+    assert chosen.pipeline_depth_for(world_size) == depth
+    assert train_options.TrainOptions.from_json(chosen.to_json()) == chosen

@@ -20,6 +20,7 @@ CONSTRAINTS = {
     "twrw": {"sharding_types": ["table_row_wise"]},
     "dp": {"sharding_types": ["data_parallel"]},
     "cw": {"sharding_types": ["column_wise"], "ranks": [1, 2, 3]},
+    "tw": {"compute_kernels": ["fused"]},
 }
 IR = make_ir(
     [T("tw", 1000, 16), T("cw", 1000, 64, ids=20), T("rw", 10_000, 16), T("twrw", 10_001, 8), T("dp", 10, 8)],
@@ -105,7 +106,7 @@ def _constraints(data: dict) -> dict:
     rw.update(sharding_type="table_wise", shards=[{"rank": 0, "row_offset": 0, "rows": 10_000, "col_offset": 0, "cols": 16}])
     cw = data["tables"][index(data, "cw")]
     cw["shards"][0]["rank"] = 0
-    data["tables"][index(data, "tw")]["compute_kernel"] = "fused_uvm_caching"
+    data["tables"][index(data, "tw")]["compute_kernel"] = "dense"
     return data
 
 
@@ -149,6 +150,22 @@ def test_bad_plans_are_diagnosed(case: str, tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(CompileError) as error:
         read_plan("plan.json", IR, topology)
     golden.check(f"planner/check_{case}.txt", str(error.value) + "\n")
+
+
+def test_a_fused_kernel_for_a_dim_it_cannot_hold_is_a_diagnostic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ir = make_ir([T("odd", 100, 6)], world_size=1)
+    topology = topology_from_ir(ir)
+    data = plan(ir, topology).to_dict()
+    assert data["tables"][0]["compute_kernel"] == "dense"  # the planner's own choice
+    data["tables"][0]["compute_kernel"] = "fused"
+    monkeypatch.chdir(tmp_path)
+    Path("plan.json").write_text(json.dumps(data, indent=2) + "\n")
+    with pytest.raises(CompileError) as error:
+        read_plan("plan.json", ir, topology)
+    assert str(error.value).splitlines()[0].endswith(
+        "error: tables[0].compute_kernel: the fused kernel needs a dim that is a multiple of 4, "
+        "'odd' has 6; use the dense kernel"
+    )
 
 
 def test_a_missing_file_is_a_diagnostic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

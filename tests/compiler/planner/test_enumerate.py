@@ -46,13 +46,13 @@ def test_world_size_one_is_table_wise_only() -> None:
 def test_every_type_on_two_hosts() -> None:
     ir = make_ir([T("a", 1000, 16, optimizer="adagrad")], world_size=4, ranks_per_host=2)
     assert kinds(ir) == [
+        ("data_parallel", "fused", 4, (0, 1, 2, 3)),
         ("table_wise", "fused", 1, None),
         ("column_wise", "fused", 2, None),
         ("column_wise", "fused", 4, None),
         ("row_wise", "fused", 4, (0, 1, 2, 3)),
         ("table_row_wise", "fused", 2, (0, 1)),
         ("table_row_wise", "fused", 2, (2, 3)),
-        ("data_parallel", "fused", 4, (0, 1, 2, 3)),
     ]
 
 
@@ -60,11 +60,11 @@ def test_rowwise_adagrad_tables_are_column_wise_only_when_asked() -> None:
     # Each column shard would keep its own per-row accumulator (see ShardingEnumerator).
     ir = make_ir([T("a", 1000, 16)], world_size=4, ranks_per_host=2)  # rowwise_adagrad by default
     assert kinds(ir) == [
+        ("data_parallel", "fused", 4, (0, 1, 2, 3)),
         ("table_wise", "fused", 1, None),
         ("row_wise", "fused", 4, (0, 1, 2, 3)),
         ("table_row_wise", "fused", 2, (0, 1)),
         ("table_row_wise", "fused", 2, (2, 3)),
-        ("data_parallel", "fused", 4, (0, 1, 2, 3)),
     ]
     asked = make_ir(
         [T("a", 1000, 16)],
@@ -93,19 +93,34 @@ def test_constraints_narrow_types_kernels_and_ranks() -> None:
         [T("a", 1000, 16, optimizer="sgd")],
         world_size=4,
         ranks_per_host=2,
-        device="cuda",
-        constraints={"a": {"compute_kernels": ["dense", "fused_uvm_caching"], "ranks": [2, 3]}},
+        constraints={"a": {"compute_kernels": ["dense", "fused"], "ranks": [2, 3]}},
     )
     assert kinds(ir) == [
         ("table_wise", "dense", 1, None),
         ("column_wise", "dense", 2, None),
         ("table_row_wise", "dense", 2, (2, 3)),
-        ("table_wise", "fused_uvm_caching", 1, None),
-        ("column_wise", "fused_uvm_caching", 2, None),
-        ("table_row_wise", "fused_uvm_caching", 2, (2, 3)),
+        ("table_wise", "fused", 1, None),
+        ("column_wise", "fused", 2, None),
+        ("table_row_wise", "fused", 2, (2, 3)),
     ]
     (table,) = ShardingEnumerator().enumerate(ir, topology_from_ir(ir))
     assert table.allowed_ranks == (2, 3)
+
+
+def test_a_dim_the_fused_kernel_cannot_hold_gets_the_dense_kernel() -> None:
+    assert kinds(make_ir([T("a", 1000, 6)], world_size=1)) == [("table_wise", "dense", 1, None)]
+    ir = make_ir([T("a", 1000, 6)], world_size=2, constraints={"a": {"compute_kernels": ["fused", "dense"]}})
+    assert {kernel for _, kernel, *_ in kinds(ir)} == {"dense"}
+
+
+def test_a_fused_only_constraint_on_such_a_dim_is_diagnosed() -> None:
+    ir = make_ir([T("a", 1000, 6)], world_size=2, constraints={"a": {"compute_kernels": ["fused"]}})
+    with pytest.raises(CompileError) as error:
+        ShardingEnumerator().enumerate(ir, topology_from_ir(ir))
+    assert str(error.value) == (
+        "specs/test.yaml:500:3: error: sharding.constraints.a.compute_kernels: table 'a' has dim 6, which "
+        "the fused kernel cannot hold (it needs a multiple of 4); allow the dense kernel\n1 error"
+    )
 
 
 def test_table_spec_sums_the_features_of_a_table() -> None:
@@ -119,7 +134,7 @@ def test_bad_constraints_are_diagnosed(golden) -> None:
         [T("a", 1000, 16), T("b", 1000, 6), T("c", 1000, 16)],
         world_size=4,
         constraints={
-            "a": {"ranks": [1, 7], "compute_kernels": ["fused_uvm_caching"]},
+            "a": {"ranks": [1, 7]},
             "ghost": {"sharding_types": ["row_wise"]},
         },
     )

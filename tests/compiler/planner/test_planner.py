@@ -173,15 +173,16 @@ def test_infeasible_models_are_diagnosed(golden) -> None:
 
 
 class RoundRobin:
-    """A stand-in partitioner: first option, free shards dealt out in turn."""
+    """A stand-in partitioner: the first table_wise option, free shards dealt out in turn."""
 
     def partition(self, tables, topology):
         placements, rank = [], 0
         for table in tables:
-            candidate = table.options[0].candidate
+            choice = next(i for i, o in enumerate(table.options) if o.candidate.sharding_type == "table_wise")
+            candidate = table.options[choice].candidate
             ranks = candidate.ranks or tuple((rank + j) % topology.world_size for j in range(len(candidate.shards)))
             rank = (rank + len(candidate.shards)) % topology.world_size
-            placements.append(Placement(0, ranks, "round robin"))
+            placements.append(Placement(choice, ranks, "round robin"))
         return tuple(placements)
 
 

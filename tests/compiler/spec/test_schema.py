@@ -12,6 +12,7 @@ import yaml
 
 from compiler.spec.load import load
 from compiler.spec.validate import PATTERN_HINTS, load_schema, validate
+from runtime.sharding.types import COMPUTE_KERNELS, SHARDING_TYPES
 
 MINIMAL = """\
 version: 1
@@ -125,3 +126,9 @@ def test_every_pattern_has_a_readable_message() -> None:
         elif isinstance(item, list):
             stack.extend(item)
     assert patterns == set(PATTERN_HINTS)
+
+
+def test_sharding_types_and_kernels_are_the_runtimes() -> None:
+    constraint = load_schema()["$defs"]["constraint"]["properties"]
+    assert tuple(constraint["sharding_types"]["items"]["enum"]) == SHARDING_TYPES
+    assert tuple(constraint["compute_kernels"]["items"]["enum"]) == COMPUTE_KERNELS

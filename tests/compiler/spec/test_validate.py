@@ -14,7 +14,7 @@ import pytest
 
 from compiler.cli import main
 from compiler.diagnostics import CompileError
-from compiler.ir import Dot, Mlp, ModelIR, Moe
+from compiler.ir import Dot, Mlp, ModelIR, Moe, Optimizer
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
@@ -129,6 +129,16 @@ def test_blocks_come_in_topological_order_and_defaults_are_filled(tmp_path: Path
     assert (ir.training.dense_optimizer.type, ir.training.dense_optimizer.lr) == ("adagrad", 0.01)
     assert (ir.sharding.world_size, ir.sharding.device, ir.sharding.constraints) == (1, "cpu", ())
     assert ir.data is None
+
+
+def test_every_table_optimizer_is_resolved_in_the_ir(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    ir = validate(load("tests/specs/valid/kitchen_sink.yaml"))
+    sparse = ir.training.sparse_optimizer
+    assert sparse == Optimizer("adagrad", 0.05, eps=1e-6)
+    own = {t.name: t.optimizer for t in ir.tables if t.optimizer != sparse}
+    assert own == {"item": Optimizer("adam", 1e-3, beta2=0.99)}  # the one table with its own
+    assert all(isinstance(t.optimizer, Optimizer) for t in ir.tables)
 
 
 def test_sizes_in_units_become_bytes(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import socket
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -20,7 +21,8 @@ import torch.distributed as dist
 
 from runtime.checkpoint import store as checkpoint
 from runtime.sharding import distribute_dense
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 from runtime.train.worker import load_module
 
 BATCH = 64
@@ -78,8 +80,7 @@ def fresh(module: ModuleType, process_group: dist.ProcessGroup | None = None):
     """The model (its dense part in DDP on several ranks) and dense optimizer, as the worker has them."""
     torch.manual_seed(module.SPEC["training"]["seed"])
     model = module.build(process_group=process_group)
-    training = module.SPEC["training"]
-    optimizer = make_dense_optimizer(training["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     return distribute_dense(model, process_group), optimizer
 
 
@@ -169,3 +170,27 @@ def load_at(rank: int, world_size: int, port: int, module_path: str, directory: 
     del model, optimizer  # DDP's reducer before its process group: the other order can hang at exit
     dist.barrier()
     dist.destroy_process_group()
+
+
+def worker_pids(marker: str, ranks: int = 2, timeout: float = 60.0) -> dict[int, int]:
+    """{rank: pid} of the runtime.train.worker processes whose command line contains `marker`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                if b"runtime.train.worker" not in argv or not any(marker.encode() in a for a in argv):
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            rank = next((int(v[5:]) for v in environ if v.startswith(b"RANK=")), None)
+            if rank is not None:
+                found[rank] = int(entry.name)
+        if len(found) == ranks:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no {ranks} worker processes for {marker}")

@@ -108,8 +108,9 @@ def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_war
             warnings.simplefilter("always")
             assert native.library() is None
         print(caught[0].message)
+        torch.manual_seed(0)
         x = torch.randn(3, 8)
-        print(torch.allclose(DotInteraction(4, 2)(x), DotInteraction(4, 2)(x.double()).float()))
+        print(torch.allclose(DotInteraction(4, 2)(x), DotInteraction(4, 2)(x.double()).float(), atol=1e-6))
     """)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CC": "/nonexistent/cc",
            "RECCOMPILE_CACHE_DIR": str(tmp_path)}

@@ -24,7 +24,7 @@ from runtime.sparse.jagged import KeyedJaggedTensor
 
 
 def _check() -> IdCheck:
-    return IdCheck(KEYS, ["ta", "tb"], [10, 20])
+    return IdCheck(KEYS, ["table 'ta'", "table 'tb'"], [10, 20])
 
 
 @pytest.mark.parametrize("case", MALFORMED)
@@ -71,7 +71,7 @@ def test_a_sound_batch_passes_with_its_per_key_counts() -> None:
 
 
 def test_keys_without_a_table_are_checked_for_layout_only() -> None:
-    check = IdCheck(["a"], ["ta"], [10])
+    check = IdCheck(["a"], ["table 'ta'"], [10])
     check(make_kjt([1, 2, 3, 400, 500, 600, 700], lengths=[1, 2, 0, 1, 2, 1]))
     make, message = MALFORMED["offsets decrease once"]
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):

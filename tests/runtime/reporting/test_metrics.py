@@ -13,12 +13,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, auc, normalized_entropy
 
 HEADS = [
-    {"name": "click", "label": "click", "loss": "bce", "metrics": ["ne", "auc", "accuracy"]},
-    {"name": "rating", "label": "stars", "loss": "mse", "metrics": ["mse", "rmse"]},
-    {"name": "genre", "label": "genre", "loss": "softmax", "metrics": ["accuracy"]},
+    HeadConfig("click", "bce", "click", metrics=("ne", "auc", "accuracy")),
+    HeadConfig("rating", "mse", "stars", metrics=("mse", "rmse")),
+    HeadConfig("genre", "softmax", "genre", num_classes=3, metrics=("accuracy",)),
 ]
 
 

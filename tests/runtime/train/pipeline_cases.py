@@ -21,7 +21,8 @@ import torch.distributed as dist
 
 from runtime.train.train_pipeline import TrainPipeline
 from runtime.sharding import distribute_dense
-from runtime.train.loop import make_dense_optimizer, train_step
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train_step
 from runtime.train.worker import load_module
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
@@ -77,9 +78,7 @@ def train_case(
     """STEPS steps from the same initial state: the plain loop (depth None) or the pipeline."""
     torch.manual_seed(SEED)
     model = module.build(process_group=process_group)
-    optimizer = make_dense_optimizer(
-        module.SPEC["training"]["dense_optimizer"], model.dense_parameters()
-    )
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     trained = distribute_dense(model, process_group)
     batches = [
         module.synthetic_batch(GLOBAL_BATCH, step=i, rank=rank, world_size=world_size)

@@ -14,14 +14,15 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import checkpoint_cases as cc
 from compiler.cli import main as reccompile
+from runtime.checkpoint.files import latest_checkpoint
 from runtime.train import worker
+from runtime.train.options import TrainOptions
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 40  # ~50 ms each at batch 2048: the kill after step 12 comes long before the end
@@ -34,25 +35,26 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     return cc.compile_modules(tmp_path_factory.mktemp("modules"), (1,))
 
 
-def run_worker(module: Path, *options: str) -> int:
-    return worker.run([str(module), "--steps", "4", "--log-every", "1", *options])
+def run_worker(module: Path, **options: object) -> int:
+    return worker.run(TrainOptions(module=str(module), **{"steps": 4, "log_every": 1, **options}))
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(modules, tmp_path: Path, capsys) -> None:
-    assert run_worker(modules[1], "--checkpoint-dir", str(tmp_path), "--resume") == 1
+    assert run_worker(modules[1], checkpoint_dir=tmp_path, resume=True) == 1
     err = capsys.readouterr().err
     assert err == f"error: rank 0: --resume: no complete checkpoint in {tmp_path}\n"
 
 
 def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Path, capsys) -> None:
-    ckpt, logs = str(tmp_path / "ck"), str(tmp_path / "logs")
-    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--checkpoint-every", "3", "--log-dir", logs) == 0
-    assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step_00000003", "step_00000004"]
+    ckpt, logs = tmp_path / "ck", tmp_path / "logs"
+    assert run_worker(modules[1], checkpoint_dir=ckpt, checkpoint_every=3, log_dir=logs) == 0
+    assert sorted(p.name for p in ckpt.iterdir()) == [".lock", "step_00000003", "step_00000004"]
     capsys.readouterr()
-    assert run_worker(modules[1], "--checkpoint-dir", ckpt, "--resume", "--steps", "6", "--log-dir", logs) == 0
+    assert run_worker(modules[1], checkpoint_dir=ckpt, resume=True, steps=6, log_dir=logs) == 0
     out = capsys.readouterr().out
     assert f"resumed from {ckpt}/step_00000004 at step 4 (--resume)\n" in out
     assert re.findall(r"^step +(\d+)/6", out, re.M) == ["5", "6"]
+    assert latest_checkpoint(ckpt) == ckpt / "step_00000006"  # saved after the last step
     # The resumed run appends to the log: it keeps steps 1..6 (issue 20, section 3).
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["kind"], r.get("step")) for r in records] == [
@@ -62,13 +64,12 @@ def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Pa
 
     other_spec = cc.SPEC.replace("lr: 0.05}\n  sparse", "lr: 0.04}\n  sparse")
     other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
-    assert run_worker(other, "--checkpoint-dir", ckpt, "--resume", "--steps", "8") == 1
+    assert run_worker(other, checkpoint_dir=ckpt, resume=True, steps=8) == 1
     err = capsys.readouterr().err
-    assert err.startswith(f"error: rank 0: {ckpt}/step_00000004: written for another spec (sha256 ")
+    assert err.startswith(f"error: rank 0: {ckpt}/step_00000006: written for another spec (sha256 ")
     assert err.endswith("…); pass --allow-spec-change to load it anyway\n") and "Traceback" not in err
-    options = ("--checkpoint-dir", ckpt, "--resume", "--allow-spec-change", "--steps", "8")
-    assert run_worker(other, *options) == 0
-    assert "at step 4 (--resume)" in capsys.readouterr().out
+    assert run_worker(other, checkpoint_dir=ckpt, resume=True, allow_spec_change=True, steps=8) == 0
+    assert "at step 6 (--resume)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -129,7 +130,7 @@ def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
     for line in process.stdout:
         lines.append(line)
         if kill and line.startswith(f"step {KILL_AFTER:>5}/"):
-            os.kill(worker_pid(str(checkpoints), rank=1), signal.SIGKILL)
+            os.kill(cc.worker_pids(str(checkpoints))[1], signal.SIGKILL)
             kill = False
     assert process.wait(timeout=300) == 0, "".join(lines) + errors.read_text()
     log = (directory / "log" / "metrics.jsonl").read_text().splitlines()
@@ -140,25 +141,6 @@ def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
     after = records[resumes[-1] + 1 :] if resumes else records
     losses = {r["step"]: r["loss"] for r in after if r["kind"] == "train"}
     return Run("".join(lines), losses)
-
-
-def worker_pid(marker: str, rank: int) -> int:
-    """The pid of the runtime.train.worker process of `rank` whose command line contains `marker`."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                if b"runtime.train.worker" not in argv or not any(marker.encode() in a for a in argv):
-                    continue
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in environ:
-                return int(entry.name)
-    raise AssertionError(f"no worker process of rank {rank} for {marker}")
 
 
 def printed(out: str) -> list[tuple[int, str]]:

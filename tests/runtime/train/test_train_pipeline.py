@@ -23,7 +23,8 @@ from compiler.pipeline import Options, generate
 from runtime.data.batch import Batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.train_pipeline import PipelineError, TrainPipeline
-from runtime.train.loop import make_dense_optimizer, train
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.loop import train
 from runtime.train.worker import load_module
 
 
@@ -89,7 +90,7 @@ def test_two_ranks_train_differently_per_rank(two_ranks: dict[str, Any]) -> None
 def make_pipeline(module: Any, depth: int = 2) -> tuple[TrainPipeline, torch.nn.Module]:
     torch.manual_seed(pc.SEED)
     model = module.build()
-    optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     return TrainPipeline(model, optimizer, depth=depth), model
 
 
@@ -136,9 +137,7 @@ def test_train_loop_takes_a_pipeline_depth(one_rank_module: Any) -> None:
     for depth in (1, 2):
         torch.manual_seed(pc.SEED)
         model = one_rank_module.build()
-        optimizer = make_dense_optimizer(
-            one_rank_module.SPEC["training"]["dense_optimizer"], model.dense_parameters()
-        )
+        optimizer = make_dense_optimizer(one_rank_module.DENSE_OPTIMIZER, model.dense_parameters())
         source = itertools.cycle(batches(one_rank_module, 3))
         runs.append(train(
             model, source, steps=5, optimizer=optimizer, global_batch_size=pc.GLOBAL_BATCH,
@@ -198,7 +197,7 @@ def test_a_failing_stage_surfaces_once_with_its_name(one_rank_module: Any, stage
         pipeline.progress(source)
 
 
-def test_a_batch_with_a_bad_id_names_the_input_dist_stage(one_rank_module: Any) -> None:
+def test_a_batch_with_a_bad_id_names_the_input_dist_stage(one_rank_module: Any, specs_dir: Path) -> None:
     # Ids are checked where the batch arrives, before any kernel (runtime/embeddings/ids.py).
     pipeline, _ = make_pipeline(one_rank_module, depth=2)
     good = batches(one_rank_module, 1)[0]
@@ -210,7 +209,8 @@ def test_a_batch_with_a_bad_id_names_the_input_dist_stage(one_rank_module: Any) 
     )
     message = (
         "pipeline stage 'input_dist' failed on batch 0: IdOutOfRange: "
-        "feature 'a' at sample 0: id 10000 out of range for table 'a' with 60 rows"
+        f"feature 'a' at sample 0: id 10000 out of range for table 'a' ({specs_dir}/pipelined_mixed.yaml:7:7) "
+        "with 60 rows"
     )
     with pytest.raises(PipelineError, match=f"^{re.escape(message)}$"):
         pipeline.progress(iter([Batch(good.dense, sparse, good.labels)]))

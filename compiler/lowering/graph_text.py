@@ -18,7 +18,7 @@ from typing import Any
 import torch.fx as fx
 from torch.fx.node import _get_qualified_name
 
-from compiler.lower import LoweredModel
+from compiler.lowering.types import LoweredModel, SplitModel
 
 
 def graph_text(lowered: LoweredModel) -> str:
@@ -29,11 +29,9 @@ def graph_text(lowered: LoweredModel) -> str:
     return "\n".join(lines) + "\n"
 
 
-def stages_text(lowered: LoweredModel) -> str:
+def stages_text(lowered: SplitModel) -> str:
     """The graph cut for the pipeline (split.py): stage 0, stage 1, and forward calling both."""
     ir, plan, stages = lowered.ir, lowered.plan, lowered.stages
-    if stages is None:
-        raise ValueError("stages_text needs the stage graphs: run split.split_stages first")
     cut = ", ".join(f"%{name}" for name in stages.cut)
     lines = [f"stages {ir.name} (world size {plan.world_size}): cut at {cut}"]
     for title, graph in (

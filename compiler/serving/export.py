@@ -31,10 +31,10 @@ from typing import Any, Mapping
 import torch
 
 from compiler import __version__
-from compiler.codegen.emit_inference import emit_inference
+from compiler.serving.emit import emit_inference
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
-from compiler.lower_inference import lower_inference
+from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest

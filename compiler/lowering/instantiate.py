@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import torch
 import torch.fx as fx
 
-from compiler.lower import BuildArg, Call, LoweredModel
+from compiler.lowering.types import BuildArg, Call, LoweredModel
 
 
 def build_call(call: Call, build_args: Mapping[str, Any]) -> Any:

@@ -16,8 +16,9 @@ import torch
 import torch.fx as fx
 
 from compiler.diagnostics import CompileError, Diagnostic
-from compiler.instantiate import build_call
-from compiler.lower import LoweredModel, sparse_groups
+from compiler.lowering.instantiate import build_call
+from compiler.lowering.lower import sparse_groups
+from compiler.lowering.types import LoweredModel
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Done
 

@@ -28,9 +28,11 @@ import torch
 import torch.fx as fx
 
 from compiler.ir import ModelIR
-from compiler.lower import BuildArg, Call, LoweredModel, ModuleDecl, lower, table_config_call
+from compiler.lowering.calls import table_config_call
+from compiler.lowering.lower import lower
+from compiler.lowering.shapes import check_shapes
+from compiler.lowering.types import BuildArg, Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import RankPlan, Shard, ShardingPlan, TablePlan
-from compiler.shapes import check_shapes
 
 GROUP = "table_wise"  # the one sparse group of the whole-table plan
 EMBEDDINGS = "embeddings"  # the node holding the collection's KeyedTensor

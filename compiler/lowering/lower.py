@@ -17,66 +17,16 @@ both build from, so the two are the same program.
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.fx as fx
 
-from compiler.ir import (
-    Block,
-    Concat,
-    CrossNet,
-    Dot,
-    DotProduct,
-    Fm,
-    Head,
-    Input,
-    Location,
-    Mlp,
-    ModelIR,
-    Moe,
-    Sum,
-    Table,
-)
+from compiler.ir import Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Sum
+from compiler.lowering.calls import block_call, sparse_arch_call
+from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
-from runtime.sharding import SHARDING_TYPE_ORDER
-
-if TYPE_CHECKING:
-    from compiler.split import StageGraphs
-
-
-@dataclass(frozen=True, slots=True)
-class BuildArg:
-    """A value supplied when the model is built (`plan`, `process_group`, `device`)."""
-
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class Call:
-    """A call of a runtime factory with literal (or `Call`/`BuildArg`) arguments."""
-
-    factory: str  # dotted path, e.g. "runtime.modules.blocks.MLP"
-    kwargs: tuple[tuple[str, Any], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ModuleDecl:
-    """A submodule of the model: `self.<target> = <call>`."""
-
-    target: str
-    call: Call
-    loc: Location
-
-
-@dataclass(frozen=True)
-class LoweredModel:
-    ir: ModelIR
-    plan: ShardingPlan
-    modules: tuple[ModuleDecl, ...]
-    graph: fx.Graph = field(compare=False)
-    stages: StageGraphs | None = field(default=None, compare=False)  # set by split.py
+from runtime.sharding.types import SHARDING_TYPES
 
 
 def lower(ir: ModelIR, plan: ShardingPlan) -> LoweredModel:
@@ -90,11 +40,11 @@ def sparse_groups(ir: ModelIR, plan: ShardingPlan) -> list[tuple[str, list[str]]
     """(sharding type, output feature keys) per group, in the runtime's order.
 
     The runtime's SparseArch groups tables by sharding type in
-    SHARDING_TYPE_ORDER; inside a group, keys follow table order, then each
+    SHARDING_TYPES; inside a group, keys follow table order, then each
     table's feature order. The lowering must agree, so it asks the same rule.
     """
     groups: list[tuple[str, list[str]]] = []
-    for sharding_type in SHARDING_TYPE_ORDER:
+    for sharding_type in SHARDING_TYPES:
         keys = [
             feature
             for table in ir.tables
@@ -159,7 +109,7 @@ class _GraphBuilder:
         ir = self.ir
         if not ir.tables:
             return
-        self.modules.append(ModuleDecl("sparse_arch", _sparse_arch_call(ir), ir.tables[0].loc))
+        self.modules.append(ModuleDecl("sparse_arch", sparse_arch_call(ir), ir.tables[0].loc))
         for group, keys in sparse_groups(ir, self.plan):
             self.group_keys[group] = keys
             for index, key in enumerate(keys):
@@ -264,13 +214,13 @@ class _GraphBuilder:
             )
             return
         if isinstance(op, (DotProduct, Sum, Dot)):
-            self.declare(block, _block_call(block, in_width))
+            self.declare(block, block_call(block, in_width))
             self.values[name] = self.node(
                 "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path
             )
             return
         x = self.concat(f"{name}_input", nodes, loc)
-        self.declare(block, _block_call(block, in_width))
+        self.declare(block, block_call(block, in_width))
         result = self.node(
             "call_module", name, (x,), name=name, loc=loc, stage="dense", path=path
         )
@@ -301,85 +251,3 @@ def _table_of(ir: ModelIR, feature: str) -> str:
         if item.name == feature:
             return item.table
     raise KeyError(feature)
-
-
-def _vectors(block: Block) -> tuple[int, int]:
-    """(number of vectors, their width) for dot and fm: each input is one vector."""
-    return len(block.inputs), block.inputs[0].width
-
-
-def _block_call(block: Block, in_width: int) -> Call:
-    op = block.op
-    if isinstance(op, Mlp):
-        return Call("runtime.modules.blocks.MLP", (
-            ("in_features", in_width),
-            ("layers", list(op.layers)),
-            ("activation", op.activation),
-            ("final_activation", op.final_activation),
-        ))
-    if isinstance(op, Dot):
-        num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
-    if isinstance(op, Fm):
-        num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
-    if isinstance(op, CrossNet):
-        return Call("runtime.modules.blocks.CrossNet", (
-            ("in_features", in_width),
-            ("num_layers", op.num_layers),
-            ("low_rank", op.low_rank),
-        ))
-    if isinstance(op, DotProduct):
-        return Call("runtime.modules.blocks.DotProduct", ())
-    if isinstance(op, Sum):
-        return Call("runtime.modules.blocks.Sum", ())
-    if isinstance(op, Moe):
-        return Call("runtime.modules.blocks.MixtureOfExperts", (
-            ("in_features", in_width),
-            ("num_experts", op.num_experts),
-            ("expert_layers", list(op.expert_layers)),
-            ("num_tasks", len(op.tasks)),
-            ("activation", op.activation),
-        ))
-    raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
-
-
-def _optimizer_call(optimizer: Any) -> Call:
-    return Call("runtime.embeddings.optim.EmbeddingOptimizer", (
-        ("type", optimizer.type),
-        ("lr", optimizer.lr),
-        ("eps", optimizer.eps),
-        ("weight_decay", optimizer.weight_decay),
-        ("beta1", optimizer.beta1),
-        ("beta2", optimizer.beta2),
-    ))
-
-
-def table_config_call(table: Table, training: bool = True) -> Call:
-    """The table's runtime.embeddings.bag_collection.EmbeddingBagConfig; serving needs no init range or optimizer."""
-    shape = (
-        ("name", table.name),
-        ("num_embeddings", table.num_embeddings),
-        ("embedding_dim", table.dim),
-        ("feature_names", list(table.features)),
-        ("pooling", table.pooling),
-    )
-    if not training:
-        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", shape)
-    return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (
-        *shape,
-        ("weight_init_min", table.init_min),
-        ("weight_init_max", table.init_max),
-        ("optimizer", _optimizer_call(table.optimizer) if table.optimizer else None),
-    ))
-
-
-def _sparse_arch_call(ir: ModelIR) -> Call:
-    return Call("runtime.sharding.SparseArch", (
-        ("tables", [table_config_call(table) for table in ir.tables]),
-        ("optimizer", _optimizer_call(ir.training.sparse_optimizer)),
-        ("plan", BuildArg("plan")),
-        ("process_group", BuildArg("process_group")),
-        ("device", BuildArg("device")),
-        ("is_weighted", any(feature.weighted for feature in ir.sparse)),
-    ))

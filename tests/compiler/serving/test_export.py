@@ -30,10 +30,10 @@ import torch
 from compiler.cli import main
 from runtime.checkpoint.store import load_checkpoint
 from runtime.serving.export_dir import ExportError, load
-from runtime.train.loop import make_dense_optimizer
+from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.worker import load_module
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPEC = """\
 version: 1
 name: small_rec
@@ -92,7 +92,7 @@ def reference_scores(work: Path) -> list[list[str]]:
     """The training module in eval mode, checkpoint loaded, on predict's synthetic batches."""
     module = load_module(str(work / "build" / "small_rec.py"))
     model = module.build()
-    optimizer = make_dense_optimizer(module.SPEC["training"]["dense_optimizer"], model.dense_parameters())
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     load_checkpoint(work / "ckpt", model, optimizer, spec_sha256=module.SPEC_SHA256)
     model.eval()
     rows = []
@@ -246,6 +246,32 @@ def test_a_corrupted_or_mixed_export_directory_is_refused_with_a_clear_error(wor
     assert str(error.value) == (
         f"{work / 'fp32'}: table 'user' is fp32 in manifest.json but int8 in the module; "
         "the files come from different exports"
+    )
+
+
+def test_layout_json_is_checked_against_the_manifest_and_the_module(work: Path, tmp_path: Path) -> None:
+    from runtime.serving.export_dir import file_facts
+
+    edited = Path(shutil.copytree(work / "int8", tmp_path / "edited"))
+    layout_file = edited / "layout.json"
+    layout = json.loads(layout_file.read_text())
+    layout["tables"][0]["rows"] += 1
+    layout_file.write_text(json.dumps(layout, indent=2) + "\n")
+    actual = file_facts(layout_file)["sha256"]
+    listed = json.loads((edited / "manifest.json").read_text())["layout"]["sha256"]
+    with pytest.raises(ExportError) as error:
+        load(edited)
+    assert str(error.value) == (
+        f"{layout_file}: sha256 {actual[:12]}… does not match manifest.json ({listed[:12]}…); "
+        "the file was changed or corrupted, export again"
+    )
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["layout"].update(file_facts(layout_file))  # the manifest edited to match
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ExportError) as error:
+        load(edited)
+    assert str(error.value) == (
+        f"{layout_file}: describes other tables than the module's; the files come from different exports"
     )
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from compiler.diagnostics import CompileError
-from compiler.graph_text import graph_text
-from compiler.lower import lower
+from compiler.lowering.graph_text import graph_text
+from compiler.lowering.lower import lower
 from compiler.pipeline import Options, compile_spec
 from compiler.planner.planner import plan, topology_from_ir
-from compiler.shapes import check_shapes
+from compiler.lowering.shapes import check_shapes
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
 
 

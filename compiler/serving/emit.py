@@ -1,7 +1,7 @@
 """Emit the inference module: a lowered serving program -> `<name>.py` of an export directory.
 
-Runs in `reccompile export` after `compiler.lower_inference`. Like the
-training module (emit.py) the text is deterministic and readable: the
+Runs in `reccompile export` after `compiler.serving.lower`. Like the
+training module (codegen/emit.py) the text is deterministic and readable: the
 resolved SPEC, the tables' precisions, a `Model` whose `forward` is the fx
 graph's own code tagged with spec lines, and `build()` returning the eval
 model with the directory's weights. It imports torch and the runtime only.
@@ -10,8 +10,8 @@ model with the directory's weights. It imports torch and the runtime only.
 from __future__ import annotations
 
 from compiler import __version__
-from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, python_literal, render_call, spec_literal
-from compiler.lower import LoweredModel
+from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, heads_source, python_literal, render_call, spec_literal
+from compiler.lowering.types import LoweredModel
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 
@@ -26,6 +26,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         sha256=ir.source_sha256,
         name=ir.name,
         spec=python_literal(spec_literal(ir)),
+        heads=heads_source(ir),
         precisions=python_literal({t.name: precisions[t.name] for t in ir.tables}),
         dense_dtype=_DTYPES[dense_dtype],
         sparse_keys=python_literal([f for t in ir.tables for f in t.features]),

@@ -27,27 +27,17 @@ and `compute` returns the heads.
 
 from __future__ import annotations
 
-import dataclasses
 import operator
-from dataclasses import dataclass
 
 import torch.fx as fx
 
-from compiler.lower import LoweredModel
+from compiler.lowering.types import LoweredModel, SplitModel, StageGraphs
 
 INPUT_DIST, COMPUTE = 0, 1
 
 
-@dataclass(frozen=True)
-class StageGraphs:
-    input_dist: fx.Graph  # stage 0
-    compute: fx.Graph  # stage 1
-    forward: fx.Graph  # both, in sequence
-    cut: tuple[str, ...]  # the values stage 0 hands to stage 1, in order
-
-
-def split_stages(lowered: LoweredModel) -> LoweredModel:
-    """`lowered` with `stages` set: its graph cut at meta["pipeline_stage"]."""
+def split_stages(lowered: LoweredModel) -> SplitModel:
+    """`lowered` and its graph cut at meta["pipeline_stage"] into the two stages."""
     graph = lowered.graph
     nodes = [node for node in graph.nodes if node.op != "output"]
     _check_no_backward_edge(nodes)
@@ -64,7 +54,9 @@ def split_stages(lowered: LoweredModel) -> LoweredModel:
         forward=_forward_graph(placeholders, cut),
         cut=tuple(node.name for node in cut),
     )
-    return dataclasses.replace(lowered, stages=stages)
+    return SplitModel(
+        ir=lowered.ir, plan=lowered.plan, modules=lowered.modules, graph=graph, stages=stages
+    )
 
 
 def _check_no_backward_edge(nodes: list[fx.Node]) -> None:

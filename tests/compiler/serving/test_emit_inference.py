@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.codegen.emit_inference import emit_inference
-from compiler.lower_inference import lower_inference
+from compiler.serving.emit import emit_inference
+from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.serving.export_dir import import_module

@@ -1,0 +1,111 @@
+"""Running torchrun for `reccompile train`, so that the job always ends with a message.
+
+    a rank's error      every failing rank prints `error: rank R: MESSAGE`; each distinct
+                        message is shown once when the job ends, torchrun's failure report
+                        not at all
+    a rank's death      a rank killed by a signal (torchrun's "exitcode: -9") becomes one
+                        line naming the rank, the signal and the checkpoint to resume from
+    Ctrl-C              torchrun (in its own session, so a terminal's Ctrl-C reaches only
+                        this process) gets SIGTERM and stops the ranks; exit status 130
+    this process dies   torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG), even
+                        after a SIGKILL, and stops the ranks (which die with it in turn)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
+
+from runtime.checkpoint.files import latest_checkpoint
+from runtime.train.lifetime import set_parent_death_signal
+
+_WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
+_TORCHRUN_REPORT = re.compile(r"^(Traceback \(most recent call last\):|=+$|\[W\d{4}|[WEI]\d{4} )")
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+
+
+def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads: int = 1) -> int:
+    """Run torchrun, passing output through; its exit status, or 130 when interrupted."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    # torchrun's shared rendezvous store keeps the last attempt's keys, so workers restarted
+    # by --max-restarts may connect to their dead predecessors (pytorch/pytorch#135712).
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
+    )  # fmt: skip
+    assert process.stderr is not None
+    try:
+        report = _pass_through(process.stderr)
+        status = process.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        process.send_signal(signal.SIGTERM)
+        for _ in process.stderr:  # torchrun's report of the stop: nothing the user needs
+            pass
+        process.wait()
+        print(interrupted_message(checkpoint_dir), file=sys.stderr)
+        return 130
+    if status != 0 and report.killed is not None:  # the other ranks' errors follow from it
+        rank, number = report.killed
+        print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)
+    else:
+        sys.stderr.writelines(report.errors.values())
+    return status
+
+
+class _Report:
+    """What torchrun's stderr said: whether a worker reported an error, which rank a signal killed."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}  # each distinct worker error message -> its first line
+        self.killed: tuple[int, int] | None = None  # (rank, signal number) of the first failure
+
+
+def _pass_through(stream: IO[str]) -> _Report:
+    report = _Report()
+    in_torchrun_report = in_root_cause = False
+    rank: int | None = None
+    for line in stream:
+        match = _WORKER_ERROR.match(line)
+        if match:
+            report.errors.setdefault(match.group(2), line)
+            continue
+        in_torchrun_report = in_torchrun_report or bool(_TORCHRUN_REPORT.match(line))
+        if not in_torchrun_report and not report.errors:
+            sys.stderr.write(line)
+        in_root_cause = in_root_cause or line.startswith("Root Cause")
+        if not in_root_cause:
+            continue
+        if (found := _RANK.match(line)) is not None:
+            rank = int(found.group(1))
+        elif (code := _EXITCODE.match(line)) is not None and rank is not None and report.killed is None:
+            if int(code.group(1)) < 0:
+                report.killed = (rank, -int(code.group(1)))
+    return report
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"signal {number} ({signal.Signals(number).name})"
+    except ValueError:
+        return f"signal {number}"
+
+
+def interrupted_message(checkpoint_dir: Path | None) -> str:
+    return f"interrupted: {_where(checkpoint_dir)}"
+
+
+def _where(checkpoint_dir: Path | None) -> str:
+    if checkpoint_dir is None:
+        return "nothing was saved (no --checkpoint-dir)"
+    latest = latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        return f"no checkpoint was saved in {checkpoint_dir} yet"
+    return f"the last checkpoint is {latest}: continue with --resume"

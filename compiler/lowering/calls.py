@@ -1,0 +1,129 @@
+"""The runtime call each IR value lowers to: the contract between the compiler and the runtime.
+
+Every submodule of a generated model is built by a `Call` of a runtime
+factory made here, from the IR alone; `instantiate` evaluates the calls in
+memory and the code generator renders them as source, so both build the same
+program.
+"""
+
+from __future__ import annotations
+
+from compiler.ir import Block, CrossNet, Dot, DotProduct, Fm, Head, Mlp, ModelIR, Moe, Optimizer, Sum, Table
+from compiler.lowering.types import BuildArg, Call
+
+
+def _vectors(block: Block) -> tuple[int, int]:
+    """(number of vectors, their width) for dot and fm: each input is one vector."""
+    return len(block.inputs), block.inputs[0].width
+
+
+def block_call(block: Block, in_width: int) -> Call:
+    """The runtime module of `block`, told its spec location (`where`) for its errors."""
+    call = _block_op_call(block, in_width)
+    return Call(call.factory, (*call.kwargs, ("where", str(block.loc))))
+
+
+def _block_op_call(block: Block, in_width: int) -> Call:
+    op = block.op
+    if isinstance(op, Mlp):
+        return Call("runtime.modules.blocks.MLP", (
+            ("in_features", in_width),
+            ("layers", list(op.layers)),
+            ("activation", op.activation),
+            ("final_activation", op.final_activation),
+        ))
+    if isinstance(op, Dot):
+        num, dim = _vectors(block)
+        return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
+    if isinstance(op, Fm):
+        num, dim = _vectors(block)
+        return Call("runtime.modules.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
+    if isinstance(op, CrossNet):
+        return Call("runtime.modules.blocks.CrossNet", (
+            ("in_features", in_width),
+            ("num_layers", op.num_layers),
+            ("low_rank", op.low_rank),
+        ))
+    if isinstance(op, DotProduct):
+        return Call("runtime.modules.blocks.DotProduct", ())
+    if isinstance(op, Sum):
+        return Call("runtime.modules.blocks.Sum", ())
+    if isinstance(op, Moe):
+        return Call("runtime.modules.blocks.MixtureOfExperts", (
+            ("in_features", in_width),
+            ("num_experts", op.num_experts),
+            ("expert_layers", list(op.expert_layers)),
+            ("num_tasks", len(op.tasks)),
+            ("activation", op.activation),
+        ))
+    raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
+
+
+def optimizer_call(optimizer: Optimizer) -> Call:
+    return Call("runtime.embeddings.optim.EmbeddingOptimizer", (
+        ("type", optimizer.type),
+        ("lr", optimizer.lr),
+        ("eps", optimizer.eps),
+        ("weight_decay", optimizer.weight_decay),
+        ("beta1", optimizer.beta1),
+        ("beta2", optimizer.beta2),
+    ))
+
+
+def table_config_call(table: Table, training: bool = True) -> Call:
+    """The table's runtime.embeddings.bag_collection.EmbeddingBagConfig; serving needs no init range or optimizer."""
+    shape = (
+        ("name", table.name),
+        ("num_embeddings", table.num_embeddings),
+        ("embedding_dim", table.dim),
+        ("feature_names", list(table.features)),
+        ("pooling", table.pooling),
+    )
+    where = (("where", str(table.loc)),)
+    if not training:
+        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (*shape, *where))
+    return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (
+        *shape,
+        ("weight_init_min", table.init_min),
+        ("weight_init_max", table.init_max),
+        ("optimizer", optimizer_call(table.optimizer)),
+        *where,
+    ))
+
+
+def sparse_arch_call(ir: ModelIR) -> Call:
+    return Call("runtime.sharding.SparseArch", (
+        ("tables", [table_config_call(table) for table in ir.tables]),
+        ("optimizer", optimizer_call(ir.training.sparse_optimizer)),
+        ("plan", BuildArg("plan")),
+        ("process_group", BuildArg("process_group")),
+        ("device", BuildArg("device")),
+        ("is_weighted", any(feature.weighted for feature in ir.sparse)),
+    ))
+
+
+def head_config_call(head: Head) -> Call:
+    """The head as the runtime's loss, metrics and prediction read it."""
+    return Call("runtime.modules.losses.HeadConfig", (
+        ("name", head.name),
+        ("loss", head.loss),
+        ("label", head.label),
+        ("weight", head.weight),
+        ("num_classes", head.num_classes),
+        ("metrics", head.metrics),
+        ("where", str(head.loc)),
+    ))
+
+
+def dense_optimizer_call(ir: ModelIR) -> Call:
+    """The optimizer of the dense parameters (the training section's `dense_optimizer`)."""
+    optimizer = ir.training.dense_optimizer
+    return Call("runtime.train.dense_optimizer.DenseOptimizerConfig", (
+        ("type", optimizer.type),
+        ("lr", optimizer.lr),
+        ("eps", optimizer.eps),
+        ("weight_decay", optimizer.weight_decay),
+        ("beta1", optimizer.beta1),
+        ("beta2", optimizer.beta2),
+        ("where", str(ir.training.loc)),
+    ))

@@ -1,0 +1,120 @@
+"""HSTU: the Hierarchical Sequential Transduction Unit layer (the `hstu` block).
+
+One layer of generative-recommenders' HSTU (Zhai et al. 2024, "Actions Speak
+Louder than Words"), over a padded sequence x [B, L, D] with lengths and a
+timestamp per position:
+
+    U, V, Q, K = split(SiLU(LN(x) W_uvqk))               per head: U, V of `linear_dim`,
+                                                         Q, K of `attention_dim`
+    A[i, j]    = SiLU(Q_i . K_j + rab[i, j]) / N         for j <= i < length, else 0
+    out        = (LN(A V) * U) W_o + b_o + x
+
+with LN a LayerNorm without affine parameters (eps 1e-6), N the block's
+`max_length` (the paper's sequence length, fixed so a sample's output does
+not depend on how far its batch was padded), and the relative attention bias
+
+    rab[i, j]  = w_pos[max_length - 1 + j - i] + w_time[bucket(t_i - t_j)]
+    bucket(d)  = clamp(floor(ln(max(|d|, 1)) / 0.301), 0, num_buckets)
+
+generative-recommenders' bias with one change: it buckets t_{i+1} - t_j
+(the next position's time, the last position's own), which at a sample's
+last real position reads the padding; this block uses the query's own time.
+Outputs at padding positions are zero. The LayerNorms, projections and
+gating run on the real positions' rows [sum(L), ...] (fbgemm's jagged ops),
+as generative-recommenders runs them; only the attention is padded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.modules.blocks import _check_size
+from runtime.modules.linear import linear
+from runtime.modules.sequence_checks import check_sequence
+from runtime.sparse.sequence import PaddedLayout
+
+__all__ = ["HSTU"]
+
+LN_EPS = 1e-6
+BUCKET_DIVISOR = 0.301
+
+
+def time_buckets(timestamps: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """[B, L] timestamps -> [B, L, L] int64 buckets of t_i - t_j."""
+    delta = (timestamps.unsqueeze(2) - timestamps.unsqueeze(1)).abs().clamp(min=1)
+    buckets = (delta.to(torch.float32).log() / BUCKET_DIVISOR).floor().long()
+    return buckets.clamp(0, num_buckets)
+
+
+class HSTU(nn.Module):
+    """(x (B, L, dim), lengths (B,), timestamps (B, L)) -> (B, L, dim); see the module docstring."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention_dim: int,
+        linear_dim: int,
+        max_length: int,
+        num_buckets: int = 128,
+    ) -> None:
+        super().__init__()
+        self.dim = _check_size("HSTU", "dim", dim)
+        self.num_heads = _check_size("HSTU", "num_heads", num_heads)
+        self.attention_dim = _check_size("HSTU", "attention_dim", attention_dim)
+        self.linear_dim = _check_size("HSTU", "linear_dim", linear_dim)
+        self.max_length = _check_size("HSTU", "max_length", max_length)
+        self.num_buckets = _check_size("HSTU", "num_buckets", num_buckets)
+        width = num_heads * (2 * linear_dim + 2 * attention_dim)
+        # generative-recommenders' initialisation: N(0, 0.02) projections, xavier output.
+        self.uvqk = nn.Parameter(torch.empty(width, dim).normal_(0.0, 0.02))
+        self.output = nn.Linear(num_heads * linear_dim, dim)
+        nn.init.xavier_uniform_(self.output.weight)
+        self.position_bias = nn.Parameter(torch.empty(2 * max_length - 1).normal_(0.0, 0.02))
+        self.time_bias = nn.Parameter(torch.empty(num_buckets + 1).normal_(0.0, 0.02))
+
+    def relative_bias(self, timestamps: torch.Tensor) -> torch.Tensor:
+        """rab [B, L, L] for timestamps [B, L]."""
+        length = timestamps.shape[1]
+        steps = torch.arange(length, device=timestamps.device)
+        position = self.position_bias[self.max_length - 1 + steps.unsqueeze(0) - steps.unsqueeze(1)]
+        return position + self.time_bias[time_buckets(timestamps, self.num_buckets)]
+
+    def forward(
+        self, x: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
+    ) -> torch.Tensor:
+        check_sequence("HSTU", x, lengths, self.dim)
+        batch, length, dim = x.shape
+        if length > self.max_length:
+            raise ValueError(f"HSTU: a padded length of {length} exceeds max_length {self.max_length}")
+        if timestamps.shape != (batch, length):
+            raise ValueError(
+                f"HSTU: expected timestamps of shape ({batch}, {length}), got {tuple(timestamps.shape)}"
+            )
+        heads, a, u_dim = self.num_heads, self.attention_dim, self.linear_dim
+        # Position-wise work on the real rows; only the attention is padded.
+        layout = PaddedLayout(lengths, length)
+        rows = layout.rows(x)
+        uvqk = F.silu(linear(F.layer_norm(rows, (dim,), eps=LN_EPS), self.uvqk))
+        u, vqk = uvqk.split([heads * u_dim, uvqk.shape[1] - heads * u_dim], dim=1)
+        v, q, k = layout.padded(vqk).split([heads * u_dim, heads * a, heads * a], dim=2)
+        q = q.reshape(batch, length, heads, a).transpose(1, 2)
+        k = k.reshape(batch, length, heads, a).transpose(1, 2)
+        v = v.reshape(batch, length, heads, u_dim).transpose(1, 2)
+        scores = q @ k.transpose(2, 3) + self.relative_bias(timestamps).unsqueeze(1)
+        allowed = layout.mask.unsqueeze(1) & layout.mask.unsqueeze(2)
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
+        weights = F.silu(scores) * (allowed.unsqueeze(1).to(x.dtype) / self.max_length)
+        attended = layout.rows((weights @ v).transpose(1, 2).reshape(batch, length, heads * u_dim))
+        gated = F.layer_norm(attended, (heads * u_dim,), eps=LN_EPS) * u
+        out = linear(gated, self.output.weight, self.output.bias) + rows
+        return layout.padded(out)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, attention_dim={self.attention_dim}, "
+            f"linear_dim={self.linear_dim}, max_length={self.max_length}, "
+            f"num_buckets={self.num_buckets}"
+        )

@@ -1,0 +1,159 @@
+"""Transformer: a stack of encoder layers over padded sequences (the `transformer` block).
+
+Each layer is torch.nn.TransformerEncoderLayer's math (multi-head
+self-attention and a two-layer feed-forward, each with a residual and a
+LayerNorm, after it (post-norm, the default) or before it (`norm_first`),
+dropout 0), with the padding masked from the lengths, optionally causal, and
+learned positions (N(0, 1), as nn.Embedding) added to the input when
+`max_length` is given. Parameters are named as torch's layer names them, so
+its weights load unchanged.
+
+Only the attention needs the padded form: everything else (projections,
+feed-forward, norms, residuals) runs on the rows of the real positions
+[sum(L), dim], converted with fbgemm's jagged ops, which on seq-bench's
+histories (1-50 items, padded to 51) halves the GEMM work that torch's
+layer spends on padding. The GEMMs run on `runtime.modules.linear` (oneDNN
+on the CPU), the attention on `F.scaled_dot_product_attention`.
+
+Output positions at or after a sample's length are zero. A sample with no
+positions attends to its first (padding) position instead of to nothing, so
+no NaN appears, and its output is zero like all padding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.modules.blocks import _check_size
+from runtime.modules.linear import Linear, linear
+from runtime.modules.sequence_checks import check_sequence
+from runtime.sparse.sequence import PaddedLayout
+
+__all__ = ["Transformer", "TransformerLayer"]
+
+FFN_ACTIVATIONS = ("relu", "gelu")
+
+
+def _allowed(layout: PaddedLayout, causal: bool) -> torch.Tensor:
+    """[B, 1, L or 1, L] bool: the keys each query may attend to."""
+    length, device = layout.length, layout.lengths.device
+    # An empty sequence attends to its first position: a row with no allowed key is NaN.
+    keys = layout.mask | (torch.arange(length, device=device) == 0)
+    allowed = keys.view(-1, 1, 1, length)
+    if causal:
+        allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return allowed
+
+
+class _SelfAttention(nn.Module):
+    """Multi-head self-attention with nn.MultiheadAttention's parameter names."""
+
+    def __init__(self, dim: int, num_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * dim, dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * dim))
+        self.out_proj = Linear(dim, dim)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+        nn.init.zeros_(self.out_proj.bias)
+
+    def forward(self, rows: torch.Tensor, layout: PaddedLayout, allowed: torch.Tensor) -> torch.Tensor:
+        heads, dim = self.num_heads, rows.shape[1]
+        qkv = layout.padded(linear(rows, self.in_proj_weight, self.in_proj_bias))
+        batch, length = qkv.shape[:2]
+        q, k, v = qkv.view(batch, length, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        attended = layout.rows(attended.transpose(1, 2).reshape(batch, length, dim))
+        return linear(attended, self.out_proj.weight, self.out_proj.bias)
+
+
+class TransformerLayer(nn.Module):
+    """One encoder layer over the rows of the real positions (see the module docstring)."""
+
+    def __init__(
+        self, dim: int, num_heads: int, ffn_dim: int, norm_first: bool, activation: str
+    ) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.relu = activation == "relu"
+        self.self_attn = _SelfAttention(dim, num_heads)
+        self.linear1 = Linear(dim, ffn_dim)
+        self.linear2 = Linear(ffn_dim, dim)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(dim)
+
+    def _feed_forward(self, rows: torch.Tensor) -> torch.Tensor:
+        hidden = linear(rows, self.linear1.weight, self.linear1.bias, relu=self.relu)
+        if not self.relu:
+            hidden = F.gelu(hidden)
+        return linear(hidden, self.linear2.weight, self.linear2.bias)
+
+    def forward(self, rows: torch.Tensor, layout: PaddedLayout, allowed: torch.Tensor) -> torch.Tensor:
+        """The real positions' rows [sum(L), dim] in and out."""
+        if self.norm_first:
+            rows = rows + self.self_attn(self.norm1(rows), layout, allowed)
+            return rows + self._feed_forward(self.norm2(rows))
+        rows = self.norm1(rows + self.self_attn(rows, layout, allowed))
+        return self.norm2(rows + self._feed_forward(rows))
+
+
+class Transformer(nn.Module):
+    """Encoder layers over a padded sequence: (B, L, dim), lengths (B,) -> (B, L, dim).
+
+    `max_length` > 0 adds learned positions (and bounds L); 0 adds none.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        ffn_dim: int,
+        num_layers: int = 1,
+        norm_first: bool = False,
+        causal: bool = False,
+        max_length: int = 0,
+        activation: str = "relu",
+    ) -> None:
+        super().__init__()
+        self.dim = _check_size("Transformer", "dim", dim)
+        self.num_heads = _check_size("Transformer", "num_heads", num_heads)
+        self.ffn_dim = _check_size("Transformer", "ffn_dim", ffn_dim)
+        self.num_layers = _check_size("Transformer", "num_layers", num_layers)
+        self.max_length = _check_size("Transformer", "max_length", max_length, minimum=0)
+        if dim % num_heads:
+            raise ValueError(f"Transformer: dim {dim} is not divisible by num_heads {num_heads}")
+        if activation not in FFN_ACTIVATIONS:
+            raise ValueError(
+                f"Transformer: unknown activation {activation!r} (expected one of: relu, gelu)"
+            )
+        self.norm_first, self.causal, self.activation = bool(norm_first), bool(causal), activation
+        self.positions = nn.Parameter(torch.randn(max_length, dim)) if max_length else None
+        self.layers = nn.ModuleList(
+            TransformerLayer(dim, num_heads, ffn_dim, self.norm_first, activation)
+            for _ in range(num_layers)
+        )
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        check_sequence("Transformer", x, lengths, self.dim)
+        length = x.shape[1]
+        if self.positions is not None:
+            if length > self.max_length:
+                raise ValueError(
+                    f"Transformer: a padded length of {length} exceeds max_length {self.max_length}"
+                )
+            x = x + self.positions[:length]
+        layout = PaddedLayout(lengths, length)
+        allowed = _allowed(layout, self.causal)
+        rows = layout.rows(x)
+        for layer in self.layers:
+            rows = layer(rows, layout, allowed)
+        return layout.padded(rows)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, ffn_dim={self.ffn_dim}, "
+            f"num_layers={self.num_layers}, norm_first={self.norm_first}, causal={self.causal}, "
+            f"max_length={self.max_length}, activation={self.activation!r}"
+        )

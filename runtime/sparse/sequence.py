@@ -1,0 +1,122 @@
+"""Sequences between their jagged and padded forms, and their truncation.
+
+A sequence feature reaches the blocks as a JaggedTensor: values [sum(L), D]
+(embeddings) with lengths [B], most recent last. Attention blocks work on
+the padded form [B, max_length, D] with a mask of the real positions;
+`to_padded` and `to_jagged` convert on fbgemm's jagged ops (the gradient of
+one is the other), and `truncate` cuts sequences longer than `max_length`,
+keeping the most recent positions (the end) by default or the first ones.
+"""
+
+from __future__ import annotations
+
+import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
+import torch
+
+from runtime.sparse.jagged import JaggedTensor
+
+__all__ = ["KEEP_SIDES", "PaddedLayout", "padding_mask", "to_jagged", "to_padded", "truncate"]
+
+KEEP_SIDES = ("end", "start")
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.ops.fbgemm.asynchronous_complete_cumsum(lengths)
+
+
+def _check_max_length(owner: str, max_length: object) -> int:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"{owner}: max_length must be an integer >= 1 (got {max_length!r})")
+    return max_length
+
+
+def padding_mask(lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    """[B, max_length] bool, True at the real positions (j < lengths[b])."""
+    positions = torch.arange(max_length, device=lengths.device)
+    return positions.unsqueeze(0) < lengths.unsqueeze(1)
+
+
+class PaddedLayout:
+    """One batch's lengths and padded length, to convert many tensors without re-checking.
+
+    Blocks run their position-wise work (projections, feed-forward, norms) on
+    the real rows and pad only for attention; the checks of `to_padded` and
+    `to_jagged` ran once on the block's input.
+    """
+
+    def __init__(self, lengths: torch.Tensor, length: int) -> None:
+        self.lengths, self.length = lengths, length
+        self.offsets = _offsets(lengths)
+        self.total = int(self.offsets[-1])
+        self.mask = padding_mask(lengths, length)
+
+    def rows(self, padded: torch.Tensor) -> torch.Tensor:
+        """[B, length, ...] -> [sum(L), ...]."""
+        return torch.ops.fbgemm.dense_to_jagged(padded, [self.offsets], self.total)[0]
+
+    def padded(self, rows: torch.Tensor) -> torch.Tensor:
+        """[sum(L), ...] -> [B, length, ...], zeros at the padding."""
+        return torch.ops.fbgemm.jagged_to_padded_dense(rows, [self.offsets], [self.length], 0.0)
+
+
+def to_padded(values: torch.Tensor, lengths: torch.Tensor, max_length: int) -> torch.Tensor:
+    """[sum(L), D] rows with lengths [B] -> [B, max_length, D], zeros after each sequence.
+
+    Every length must be at most `max_length` (see `truncate`).
+    """
+    _check_max_length("to_padded", max_length)
+    if values.dim() != 2 or values.shape[0] != int(lengths.sum()):
+        raise ValueError(
+            f"to_padded: expected values of shape (sum(lengths) = {int(lengths.sum())}, D), "
+            f"got {tuple(values.shape)}"
+        )
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if longest > max_length:
+        raise ValueError(
+            f"to_padded: a sequence of length {longest} is longer than max_length {max_length}; "
+            "truncate it first"
+        )
+    return torch.ops.fbgemm.jagged_to_padded_dense(values, [_offsets(lengths)], [max_length], 0.0)
+
+
+def to_jagged(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B, L, D] with lengths [B] -> the [sum(lengths), D] rows of the real positions."""
+    if padded.dim() != 3 or padded.shape[0] != lengths.numel():
+        raise ValueError(
+            f"to_jagged: expected a padded tensor of shape (B = {lengths.numel()}, L, D), "
+            f"got {tuple(padded.shape)}"
+        )
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if longest > padded.shape[1]:
+        raise ValueError(
+            f"to_jagged: a sequence of length {longest} does not fit in {padded.shape[1]} positions"
+        )
+    total = int(lengths.sum())
+    return torch.ops.fbgemm.dense_to_jagged(padded, [_offsets(lengths)], total)[0]
+
+
+def truncate(sequence: JaggedTensor, max_length: int, keep: str = "end") -> JaggedTensor:
+    """Cuts every sequence to at most `max_length` positions, keeping its `end` or `start`.
+
+    Works on ids ([sum(L)]) and embeddings ([sum(L), D]); weights are cut alike.
+    """
+    _check_max_length("truncate", max_length)
+    if keep not in KEEP_SIDES:
+        raise ValueError(f"truncate: keep must be 'end' or 'start' (got {keep!r})")
+    lengths = sequence.lengths()
+    kept = lengths.clamp(max=max_length)
+    offsets = sequence.offsets()
+    first = offsets[1:] - kept if keep == "end" else offsets[:-1]
+    total = int(kept.sum())
+    new_offsets = _offsets(kept)
+    starts = first - new_offsets[:-1]
+    index = torch.arange(total, device=lengths.device) + starts.repeat_interleave(
+        kept, output_size=total
+    )
+    weights = sequence.weights_or_none()
+    return JaggedTensor(
+        sequence.values().index_select(0, index),
+        None if weights is None else weights.index_select(0, index),
+        lengths=kept,
+        offsets=new_offsets,
+    )

@@ -1,0 +1,147 @@
+"""Every option of a training worker in one frozen `TrainOptions`, checked once.
+
+`reccompile train` builds it from its command line (`add_arguments`,
+`from_args`: every usage error is a `UsageError` with one line naming the
+flag and the value), fills the spec's defaults in (`with_spec_defaults`),
+and hands it to the workers: in-process for one rank, as
+JSON on the worker's command line under torchrun (`to_json`, `from_json`).
+The worker trusts what it receives and checks nothing again.
+
+    --steps S, --batch-size B (global), --seed X, --log-every K
+    --data, --eval-data, --eval-every M, --bad-rows, --log-dir, --data-workers N, --rating-threshold T
+    --checkpoint-dir DIR, --checkpoint-every K, --keep N, --resume, --allow-spec-change
+    --pipeline / --no-pipeline, --pipeline-depth D
+    --threads N        torch intra-op threads per rank (default: from the cores free at launch)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from runtime.data.bad_rows import BAD_ROW_POLICIES
+from runtime.data.movielens import DEFAULT_THRESHOLD
+
+
+class UsageError(ValueError):
+    """A training option that cannot work; the message names the flag and its value."""
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    """What one training run was asked to do; `None` steps, batch size and seed mean the spec's."""
+
+    module: str  # the generated module's path
+    steps: int | None = None
+    batch_size: int | None = None  # global: each of N ranks trains batch_size / N samples
+    seed: int | None = None
+    log_every: int = 10
+    data: str | None = None  # synthetic, criteo:PATH, movielens:PATH or PATH; None: the spec's
+    eval_data: str | None = None
+    eval_every: int = 0  # 0: evaluate at the end only
+    bad_rows: str = "fail"
+    log_dir: Path | None = None
+    data_workers: int = 1  # DataLoader processes per rank parsing files
+    rating_threshold: float = DEFAULT_THRESHOLD
+    checkpoint_dir: Path | None = None
+    checkpoint_every: int | None = None  # None: save after the last step only
+    keep: int | None = None  # None: keep every checkpoint
+    resume: bool = False
+    allow_spec_change: bool = False
+    pipeline: bool | None = None  # None: pipelined when there are several ranks
+    pipeline_depth: int = 2
+    threads: int | None = None  # None: torch's default
+
+    def pipeline_depth_for(self, world_size: int) -> int:
+        """Batches in flight: 1 (the plain loop) unless pipelined."""
+        pipelined = self.pipeline if self.pipeline is not None else world_size > 1
+        return self.pipeline_depth if pipelined else 1
+
+    def with_spec_defaults(self, training: Mapping[str, Any]) -> TrainOptions:
+        """These options with the spec's `training` steps, batch size and seed where none was given."""
+        return dataclasses.replace(
+            self,
+            steps=self.steps if self.steps is not None else training["steps"],
+            batch_size=self.batch_size if self.batch_size is not None else training["batch_size"],
+            seed=self.seed if self.seed is not None else training["seed"],
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainOptions:
+        values = json.loads(text)
+        for key in ("log_dir", "checkpoint_dir"):
+            if values[key] is not None:
+                values[key] = Path(values[key])
+        return cls(**values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's options (the module path excepted), in groups, on `parser`."""
+    run = parser.add_argument_group("training run")
+    run.add_argument("--steps", type=int, help="default: the spec's training.steps")
+    run.add_argument("--batch-size", type=int, help="global batch size (default: the spec's)")
+    run.add_argument("--seed", type=int, help="default: the spec's training.seed")
+    run.add_argument("--log-every", type=int, default=10, help="steps between progress lines (default 10)")
+    run.add_argument("--threads", type=int, help="torch threads per rank (default: from the cores free)")
+    data = parser.add_argument_group("data and reporting")
+    data.add_argument("--data", help="synthetic, criteo:PATH, movielens:PATH or PATH (default: the spec's)")
+    data.add_argument("--eval-data", help="an evaluation split, same forms as --data")
+    data.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
+    data.add_argument("--bad-rows", choices=BAD_ROW_POLICIES, default="fail",
+                      help="stop at the first bad row (fail, default) or skip")  # fmt: skip
+    data.add_argument("--log-dir", type=Path, help="write metrics.jsonl and metrics.png here")
+    data.add_argument("--data-workers", type=int, default=1, help="DataLoader processes per rank (default 1)")
+    data.add_argument("--rating-threshold", type=float, default=DEFAULT_THRESHOLD,
+                      help=f"MovieLens: rating >= T is a positive ({DEFAULT_THRESHOLD:g})")  # fmt: skip
+    checkpoints = parser.add_argument_group("checkpoints")
+    checkpoints.add_argument("--checkpoint-dir", type=Path, help="save to DIR/step_<N> (after the last step)")
+    checkpoints.add_argument("--checkpoint-every", type=int, help="also save every K steps")
+    checkpoints.add_argument("--keep", type=int, help="keep only the newest K checkpoints (default: all)")
+    checkpoints.add_argument("--resume", action="store_true", help="start from the latest checkpoint in DIR")
+    checkpoints.add_argument("--allow-spec-change", action="store_true",
+                             help="resume from another spec's checkpoint")  # fmt: skip
+    pipelining = parser.add_argument_group("training pipeline")
+    pipelining.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
+                            help="overlap the next batch's input_dist with this batch's step "
+                                 "(default: on when there are several ranks)")  # fmt: skip
+    pipelining.add_argument("--pipeline-depth", type=int, default=2, help="batches in flight (default 2)")
+
+
+def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1) -> TrainOptions:
+    """The options of a parsed command line for `world_size` ranks; UsageError for the first that cannot work.
+
+    (The spec's own batch size is checked against the world size by the compiler.)
+    """
+    for flag, least in (
+        ("--steps", 1), ("--batch-size", 1), ("--log-every", 1), ("--threads", 1), ("--eval-every", 0),
+        ("--data-workers", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
+    ):  # fmt: skip
+        value = getattr(args, _dest(flag))
+        if value is not None and value < least:
+            bound = "at least 1" if least == 1 else "0 or more"
+            raise UsageError(f"{flag} must be {bound}, got {value}")
+    if args.batch_size is not None and args.batch_size < world_size:
+        raise UsageError(
+            f"--batch-size {args.batch_size} is less than the {world_size} ranks: each rank needs at least one sample"
+        )
+    if args.batch_size is not None and args.batch_size % world_size != 0:
+        raise UsageError(f"--batch-size {args.batch_size} does not divide evenly over {world_size} ranks")
+    if args.checkpoint_dir is None:
+        for flag in ("--checkpoint-every", "--keep", "--resume", "--allow-spec-change"):
+            if getattr(args, _dest(flag)) not in (None, False):
+                raise UsageError(f"{flag} needs --checkpoint-dir")
+    elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
+        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
+    fields = {f.name for f in dataclasses.fields(TrainOptions)} - {"module"}
+    return TrainOptions(module=str(module), **{name: getattr(args, name) for name in fields})
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")

@@ -1,0 +1,39 @@
+"""runtime/train/threads.py: threads per rank from the cores free at launch, DataLoader workers counted."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from runtime.train import threads
+from runtime.train.threads import ThreadChoice, choose_threads
+
+
+@pytest.mark.parametrize(
+    ("usable", "idle", "ranks", "data_workers", "expected"),
+    [
+        (2, 2.0, 1, 0, ThreadChoice(2, 2, 2)),  # an idle 2-core machine: both cores
+        (2, 1.1, 1, 0, ThreadChoice(1, 1, 2)),  # another process holds a core: one thread
+        (2, 0.2, 1, 0, ThreadChoice(1, 1, 2)),  # a saturated machine: still one
+        (8, 8.0, 2, 1, ThreadChoice(3, 8, 8)),  # 2 ranks, each with a DataLoader worker on a core
+        (8, 6.6, 2, 0, ThreadChoice(3, 7, 8)),
+        (4, 16.0, 1, 0, ThreadChoice(4, 4, 4)),  # more idle CPUs than this process may use
+        (4, None, 2, 0, ThreadChoice(2, 4, 4)),  # no /proc/stat: every usable core counts as free
+    ],
+)
+def test_threads_are_the_free_cores_shared_among_ranks(
+    monkeypatch: pytest.MonkeyPatch, usable: int, idle: float | None, ranks: int, data_workers: int,
+    expected: ThreadChoice,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)))
+    monkeypatch.setattr(threads, "idle_cpus", lambda seconds: idle)
+    assert choose_threads(ranks, data_workers) == expected
+
+
+def test_the_probe_measures_idle_cpus_on_this_machine() -> None:
+    idle = threads.idle_cpus(0.05)
+    assert idle is not None and 0.0 <= idle <= os.cpu_count()
+    assert ThreadChoice(1, 1, 2).describe() == "1 thread per rank (1 of 2 cores free)"
+    assert ThreadChoice(3, 7, 8).describe() == "3 threads per rank (7 of 8 cores free)"
+    assert ThreadChoice(2, None, 2).describe() == "2 threads per rank (--threads; 2 cores usable)"
