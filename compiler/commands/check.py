@@ -2,9 +2,11 @@
 
 Prints `SPEC: ok` for each good spec and the diagnostics of each bad one
 (stderr, sorted by position, then the error count). With `--data PATH` the
-first rows of a data file are checked against each good spec too (see
-runtime/data/sample_check.py): bad rows and mapping errors as `FILE:LINE:
-error: ...` on stderr, a summary of the good rows on stdout. Exit status: 0
+first `--sample` rows of a data file are parsed against each good spec too,
+and the output says which lines were not; MovieLens ids are read from the
+whole file, so every table is checked against the vocabulary training will
+build (see runtime/data/sample_check.py): bad rows and mapping errors as
+`FILE:LINE: error: ...` on stderr, a summary of the good rows on stdout. Exit status: 0
 when every spec (and the data) is good, 1 when any has errors (2 for bad
 usage, from argparse).
 """
@@ -28,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the first rows of this file against each spec: criteo:PATH, movielens:PATH, "
         "or PATH for the reader the spec's data section names",
     )
-    parser.add_argument("--sample", type=_rows, default=1000, metavar="N", help="rows of --data to check (1000)")
+    parser.add_argument(
+        "--sample", type=_rows, default=1000, metavar="N",
+        help="rows of --data to parse (1000); MovieLens ids are read from every row",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@
 
 Loads the export directory OUT (checked against its manifest) without
 compiling anything, streams the data through the model and writes one CSV
-row per sample (see runtime/serving/predict.py); reports rows/s. Exit status 1 when
+row per sample (see runtime/serving/predict.py); reports rows/s, bad rows and,
+for MovieLens, the ids outside the training vocabulary (scored with row 0). Exit status 1 when
 the export or the data is bad (the first bad row under `--bad-rows fail`).
 """
 
@@ -74,5 +75,6 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {report.rows:,} predictions to {args.output} in {report.seconds:.2f} s: "
         f"{report.rows_per_s:,.0f} rows/s ({report.model_rows_per_s:,.0f} rows/s in the model); "
         f"{report.bad_rows:,} bad rows skipped"
+        + ("" if report.unseen_ids is None else f"; {report.unseen_ids.describe()}")
     )
     return 0

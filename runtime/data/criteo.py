@@ -64,6 +64,7 @@ class CriteoReader:
     """Criteo TSV files (plain or gzip; a file or a directory of day files) for one spec."""
 
     name = "criteo"
+    unseen_features: tuple[str, ...] = ()  # ids are hashed into their table: none is unseen
 
     def __init__(self, spec: Spec, path: str | Path) -> None:
         self.layout = criteo_layout(spec)

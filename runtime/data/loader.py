@@ -24,6 +24,7 @@ from runtime.data.batch import Batch
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
+from runtime.data.unseen_ids import UnseenIds
 
 BLOCK_LINES = 4096
 
@@ -34,6 +35,7 @@ class Reader(Protocol):
     name: str  # the reader's name: criteo, movielens
     source: str  # the path it reads, for messages
     weighted: bool  # whether batches carry per-id weights
+    unseen_features: tuple[str, ...]  # features whose row 0 takes ids outside a vocabulary (runtime.data.unseen_ids)
 
     def epoch_lines(self) -> Iterable[tuple[str, int, bytes]]:
         """(file, line number, line) of every data line of one epoch, in order."""
@@ -121,9 +123,10 @@ def training_batches(
     bad_rows: BadRowLog,
     num_workers: int = 1,
     block_lines: int = BLOCK_LINES,
+    unseen: UnseenIds | None = None,
 ) -> Iterator[Batch]:
-    """Rank's share of every global batch, epoch after epoch, forever."""
-    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, epochs=None)
+    """Rank's share of every global batch, epoch after epoch, forever; `unseen` counts each batch taken."""
+    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, None, unseen)
     for share in shares:
         yield share.columns.to_batch(reader.weighted)
 
@@ -137,9 +140,12 @@ def epoch_batches(
     bad_rows: BadRowLog,
     num_workers: int = 1,
     block_lines: int = BLOCK_LINES,
+    unseen: UnseenIds | None = None,
 ) -> Iterator[LocalBatch]:
-    """Rank's share of every global batch of one epoch; the last may be padded (see `LocalBatch`)."""
-    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, epochs=1)
+    """Rank's share of every global batch of one epoch; the last may be padded (see `LocalBatch`).
+
+    `unseen` counts the real rows of each batch taken."""
+    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, 1, unseen)
     for share in shares:
         yield LocalBatch(share.columns.to_batch(reader.weighted), share.real)
 
@@ -153,6 +159,7 @@ def _shares(
     num_workers: int,
     block_lines: int,
     epochs: int | None,
+    unseen: UnseenIds | None,
 ) -> Iterator[Share]:
     dataset = BlockDataset(reader, block_lines, epochs, stop_at_bad=bad_rows.policy == "fail")
     loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
@@ -166,5 +173,6 @@ def _shares(
             yield block.columns, block.ends_epoch
 
     yield from rank_shares(
-        blocks(), global_batch, rank, world_size, last_partial=epochs is not None, source=reader.source
-    )
+        blocks(), global_batch, rank, world_size, last_partial=epochs is not None, source=reader.source,
+        on_batch=None if unseen is None else unseen.add,
+    )  # fmt: skip

@@ -13,7 +13,8 @@ the sparse feature `user_id`, `movieId` feeds `movie_id`, `genres` feeds
 `genres` (a multi-hot bag, weight 1 per genre) and `rating` feeds the first
 head's label: for a bce head 1 when the rating reaches the threshold (4 by
 default), for an mse head the rating itself. `data.columns` overrides any of
-it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens_vocab`).
+it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens_vocab`);
+an id outside it goes to row 0 and is counted (`unseen_features`, runtime.data.unseen_ids).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class MovieLensReader:
         self.vocabulary = vocabulary
         self.threshold = threshold
         self.weighted = is_weighted(spec)
+        self.unseen_features = tuple(f for f in (self.layout.user, self.layout.movie) if f is not None)
         self._separator = _SEPARATORS[self.format]
         check_rows(spec, self.layout, vocabulary)
 

@@ -83,11 +83,14 @@ def rank_shares(
     *,
     last_partial: bool,
     source: str,
+    on_batch: Callable[[Columns], None] | None = None,
 ) -> Iterator[Share]:
     """Rank's share of every global batch of the good rows of `blocks` (in order).
 
     `blocks` yields parsed rows with whether they end an epoch; with
     `last_partial` the rows left when `blocks` ends form a last, smaller batch.
+    `on_batch` sees the whole global batch (its real rows) as the rank's share
+    is taken, so every rank counts the same rows and only the batches used.
     """
     if global_batch % world_size != 0:
         raise ValueError(f"global batch size {global_batch} does not divide evenly over {world_size} ranks")
@@ -104,9 +107,13 @@ def rank_shares(
         start = 0
         lo, hi, _ = share_bounds(global_batch, rank, world_size)
         while len(buffer) - start >= global_batch:
+            if on_batch is not None:
+                on_batch(buffer.slice(start, start + global_batch))
             yield Share(buffer.slice(start + lo, start + hi), hi - lo)
             start += global_batch
     if last_partial and buffer is not None and len(buffer) > start:
         batch = buffer.slice(start, len(buffer))
+        if on_batch is not None:
+            on_batch(batch)
         lo, hi, size = share_bounds(len(batch), rank, world_size)
         yield Share(batch.slice(lo, hi).padded(size, batch), hi - lo)

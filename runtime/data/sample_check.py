@@ -1,19 +1,24 @@
-"""`reccompile check SPEC --data PATH`: the first rows of a data file checked against a spec.
+"""`reccompile check SPEC --data PATH`: a data file checked against a spec before training.
 
 Opens the reader the way training does (so every mapping error of spec
 against file shows up), parses the first `rows` lines with the same parser
 (field counts, types, label values: every bad line with its file:line,
 column and value), and summarises what the good rows would feed: each
 label's values and, for each sparse feature, how much of its table the
-sample's ids reach. MovieLens ids are checked against the table sizes with
-a vocabulary of the sample alone, so a full pass over a large file is not
-needed; the check cannot see ids that first appear later in the file.
+sample's ids reach. The parse is a sample and says so: when the file goes
+on past it, the output says which lines were not checked.
+
+MovieLens tables must hold every distinct id of the whole file (plus row 0),
+so the vocabulary is built from all of it, as training builds it: one
+streaming pass keeping only the distinct ids, and a table too small for
+them is the same error `train` would give.
 """
 
 from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -38,38 +43,59 @@ class SampleReport:
 
 
 def check_sample(spec: Spec, choice: DataChoice, rows: int = 1000) -> SampleReport:
-    """Check the first `rows` lines of `choice`'s data against `spec`."""
+    """Check the first `rows` lines of `choice`'s data against `spec` (MovieLens ids: all lines)."""
     report = SampleReport()
     try:
-        reader = _open(spec, choice, rows)
+        reader = _open(spec, choice, report)
     except DataError as error:
         report.errors.append(f"{choice.path}: error: {error}")
         return report
     good, bad, lines = [], [], 0
-    for file, number, line in itertools.islice(reader.epoch_lines(), rows):
+    stream = iter(reader.epoch_lines())
+    for file, number, line in itertools.islice(stream, rows):
         lines += 1
         try:
             good.append(reader.parse(line))
         except RowError as error:
             bad.append(BadRow.from_error(file, number, error))
+    rest = next(stream, None)
     for row in bad[:SHOWN_BAD_ROWS]:
         where, _, what = str(row).partition(": ")
         report.errors.append(f"{where}: error: {what}")
     if len(bad) > SHOWN_BAD_ROWS:
         report.errors.append(f"{choice.path}: error: ... and {len(bad) - SHOWN_BAD_ROWS} more bad rows")
-    report.notes.append(
-        f"{choice.path}: {choice.reader} data, first {lines:,} lines checked: {len(good):,} good, {len(bad):,} bad"
-    )
+    counted = f"{len(good):,} good, {len(bad):,} bad"
+    if rest is None:
+        report.notes.append(f"{choice.path}: {choice.reader} data, all {lines:,} lines checked: {counted}")
+    else:
+        report.notes.append(
+            f"{choice.path}: {choice.reader} data, first {lines:,} lines checked: {counted}; "
+            f"lines from {rest[0]}:{rest[1]} on were not parsed (--sample N checks more)"
+        )
     if good:
         report.notes += _describe(spec, reader.to_columns(good))
     return report
 
 
-def _open(spec: Spec, choice: DataChoice, rows: int) -> Reader:
+def _open(spec: Spec, choice: DataChoice, report: SampleReport) -> Reader:
+    """The reader of `choice`; MovieLens with the vocabulary of the whole file (noted in `report`)."""
     if choice.reader != "movielens" or choice.path is None:
         return open_reader(spec, choice)
+    movielens_layout(spec)  # a spec the file cannot feed fails before the pass over the file
     file, layout = ratings_file(choice.path)
-    vocabulary = build_vocabulary(itertools.islice(rating_ids(file, layout), rows))
+    good_lines = 0
+
+    def ids() -> Iterator[tuple[int, int]]:
+        nonlocal good_lines
+        for pair in rating_ids(file, layout):
+            good_lines += 1
+            yield pair
+
+    vocabulary = build_vocabulary(ids())
+    report.notes.append(
+        f"{choice.path}: movielens ids, all {good_lines:,} good lines read: "
+        f"{len(vocabulary.users):,} distinct userId, {len(vocabulary.movies):,} distinct movieId"
+    )
     if movielens_layout(spec).genres is not None:
         vocabulary = with_genres(vocabulary, movies_file(file, layout), layout)
     return open_reader(spec, choice, vocabulary=vocabulary)

@@ -4,8 +4,10 @@ The worker hands `TrainingMonitor.on_step` and `on_log` to `runtime.train.loop.t
 Every step adds the heads' outputs to the metrics window; every log step
 (`--log-every`) computes the window's metrics over all ranks, which rank 0
 shows (runtime.reporting.console) and writes to `--log-dir`; every `--eval-every` steps and at the end
-the evaluation split is scored. Metric computation and evaluation are
-collectives, so every rank calls these hooks; only rank 0 prints or writes.
+the evaluation split is scored (with MovieLens data, each pass also counts
+the ids outside the training vocabulary: runtime.data.unseen_ids). Metric
+computation and evaluation are collectives, so every rank calls these hooks;
+only rank 0 prints or writes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.data.batch import Batch
+from runtime.data.unseen_ids import UnseenIds
 from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.console import Console, format_metrics
@@ -36,6 +39,14 @@ class StepLog:
     samples_per_s: float
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """One pass over the evaluation split: the heads' metrics, and the unseen ids when data has a vocabulary."""
+
+    metrics: Metrics
+    unseen_ids: UnseenIds | None = None
+
+
 class TrainingMonitor:
     """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only."""
 
@@ -49,7 +60,7 @@ class TrainingMonitor:
         process_group: dist.ProcessGroup | None = None,
         console: Console | None = None,
         run_log: RunLog | None = None,
-        evaluation: Callable[[], Metrics] | None = None,
+        evaluation: Callable[[], Evaluation] | None = None,
         eval_every: int = 0,
     ) -> None:
         self.metrics = MetricSet(heads)
@@ -63,6 +74,7 @@ class TrainingMonitor:
         self.eval_every = eval_every
         self.last_metrics: Metrics = {}
         self.last_eval: Metrics | None = None
+        self.last_eval_unseen: dict[str, int] | None = None  # of the last evaluation pass
         self._last_eval_step = 0
         self._eval_after_log = False
         self._first_step: tuple[int, float] | None = None  # (step, when it finished); runs may resume
@@ -107,6 +119,8 @@ class TrainingMonitor:
         final = {**summary, "metrics": self.last_metrics}
         if self.last_eval is not None:
             final["eval_metrics"] = self.last_eval
+        if self.last_eval_unseen is not None:
+            final["eval_unseen_ids"] = self.last_eval_unseen
         if self.console is not None:
             self.console.close()
         if self.run_log is not None:
@@ -115,12 +129,16 @@ class TrainingMonitor:
 
     def _evaluate(self, step: int) -> None:
         assert self.evaluation is not None
-        self.last_eval = _rounded(self.evaluation())
+        result = self.evaluation()
+        self.last_eval = _rounded(result.metrics)
+        unseen = result.unseen_ids
+        self.last_eval_unseen = None if unseen is None else dict(unseen.counts)
         self._last_eval_step = step
         if self.console is not None:
-            self.console.message(f"eval {step:>5}/{self.steps}{format_metrics(self.last_eval)}")
+            seen = "" if unseen is None else f"  {unseen.describe()}"
+            self.console.message(f"eval {step:>5}/{self.steps}{format_metrics(self.last_eval)}{seen}")
         if self.run_log is not None:
-            self.run_log.eval(step, self.last_eval)
+            self.run_log.eval(step, self.last_eval, self.last_eval_unseen)
 
 
 def _rounded(metrics: Metrics) -> Metrics:

@@ -2,7 +2,7 @@
 
     DIR/metrics.jsonl     one object per line, written as the run goes:
                           {"kind": "train", "step", "loss", "samples_per_s", "metrics": {head: {metric: value}}}
-                          {"kind": "eval", "step", "metrics": {...}}
+                          {"kind": "eval", "step", "metrics": {...}}  (+ "unseen_ids": {feature: count})
                           {"kind": "resume", "step"}   a resumed run goes on from here (see below)
                           {"kind": "final", ...the run's final JSON line}
     DIR/events.out.tfevents.*   the same scalars for TensorBoard (`pip install 'reccompile[logs]'`)
@@ -59,8 +59,10 @@ class RunLog:
             self._writer.add_scalar("train/samples_per_s", samples_per_s, step)
             _add_metrics(self._writer, "train", step, metrics)
 
-    def eval(self, step: int, metrics: Metrics) -> None:
-        self._write({"kind": "eval", "step": step, "metrics": metrics})
+    def eval(self, step: int, metrics: Metrics, unseen_ids: Mapping[str, int] | None = None) -> None:
+        """An evaluation pass; `unseen_ids`: its ids outside the training vocabulary, per feature."""
+        extra = {} if unseen_ids is None else {"unseen_ids": dict(unseen_ids)}
+        self._write({"kind": "eval", "step": step, "metrics": metrics, **extra})
         if self._writer is not None:
             _add_metrics(self._writer, "eval", step, metrics)
 

@@ -6,7 +6,8 @@ process, without the compiler. Samples come in batches from
     synthetic          the spec's synthetic batches (runtime.data.synthetic), ids 0, 1, 2, ...
     criteo:PATH        Criteo TSV lines (runtime.data.criteo)
     movielens:PATH     MovieLens ratings (runtime.data.movielens), ids mapped with the
-                       vocabulary training used (the export's vocab.json)
+                       vocabulary training used (the export's vocab.json); ids outside it
+                       are scored with row 0 and counted (runtime.data.unseen_ids)
 
 and each becomes one CSV row: `id` (synthetic) or `file,line` (files), then
 one column per head: the sigmoid of the logit (bce), the value (mse), or one
@@ -30,6 +31,7 @@ from torch import nn
 
 from runtime.data.batch import Batch
 from runtime.data.synthetic import make_batch
+from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.modules.losses import HeadConfig
 
 # (row ids, batch): ids are [sample number] for synthetic data, [file, line] for files.
@@ -43,6 +45,7 @@ class PredictionReport:
     model_seconds: float  # forward passes only
     bad_rows: int
     bad_rows_summary: str | None
+    unseen_ids: UnseenIds | None = None  # MovieLens: the scored ids outside the training vocabulary
 
     @property
     def rows_per_s(self) -> float:
@@ -74,8 +77,9 @@ def synthetic_samples(spec: Mapping[str, Any], batch_size: int, rows: int, seed:
         step += 1
 
 
-def file_samples(reader: Any, batch_size: int, bad_rows: Any) -> Iterator[Keyed]:
-    """The good lines of `reader` (a runtime.data.loader.Reader) in batches, with file and line."""
+def file_samples(reader: Any, batch_size: int, bad_rows: Any, unseen: UnseenIds | None = None) -> Iterator[Keyed]:
+    """The good lines of `reader` (a runtime.data.loader.Reader) in batches, with file and line;
+    `unseen` counts the ids of every batch outside the vocabulary."""
     from runtime.data.bad_rows import BadRow
     from runtime.data.errors import RowError
 
@@ -90,10 +94,17 @@ def file_samples(reader: Any, batch_size: int, bad_rows: Any) -> Iterator[Keyed]
             continue
         where.append([file, number])
         if len(rows) == batch_size:
-            yield where, reader.to_columns(rows).to_batch(reader.weighted)
+            yield where, _batch(reader, rows, unseen)
             rows, where = [], []
     if rows:
-        yield where, reader.to_columns(rows).to_batch(reader.weighted)
+        yield where, _batch(reader, rows, unseen)
+
+
+def _batch(reader: Any, rows: list[Any], unseen: UnseenIds | None) -> Batch:
+    columns = reader.to_columns(rows)
+    if unseen is not None:
+        unseen.add(columns)
+    return columns.to_batch(reader.weighted)
 
 
 def predict(
@@ -139,7 +150,7 @@ def predict_file(
     vocab.json); without it MovieLens ids map through one built from `data`.
     """
     started = time.perf_counter()
-    log = None
+    log, unseen = None, None
     if data == "synthetic":
         samples, id_columns = synthetic_samples(spec, batch_size, rows, seed), ["id"]
     else:
@@ -152,8 +163,8 @@ def predict_file(
         threshold = DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold
         known = None if vocabulary is None else read_vocabulary(vocabulary)
         reader = open_reader(spec, choose_data(data, spec), threshold=threshold, vocabulary=known)
-        log = BadRowLog(bad_rows_policy, warn)
-        samples, id_columns = file_samples(reader, batch_size, log), ["file", "line"]
+        log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
+        samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.partial")
     try:
@@ -168,4 +179,5 @@ def predict_file(
         model_seconds=model_seconds,
         bad_rows=0 if log is None else log.bad,
         bad_rows_summary=None if log is None else log.summary(),
+        unseen_ids=unseen,
     )

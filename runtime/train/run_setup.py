@@ -3,7 +3,8 @@
 `setup_run` turns the data and reporting fields of a `TrainOptions` (see
 runtime.train.options) into the batches to train on and the
 `TrainingMonitor` whose hooks the training loop calls; `RunIO.finish` adds
-the final metrics and the bad-row count to the run's last JSON line.
+the final metrics, the bad-row count and, for MovieLens, the ids outside the
+vocabulary (runtime.data.unseen_ids) to the run's last JSON line.
 Evaluation passes are timed apart from training (runtime.train.timing).
 """
 
@@ -21,14 +22,16 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.sources import choose_data, open_reader
+from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.modules.losses import HeadConfig
 from runtime.train.evaluate import evaluate
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
-from runtime.reporting.monitor import TrainingMonitor
+from runtime.reporting.monitor import Evaluation, TrainingMonitor
 from runtime.reporting import console
 from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
+
 
 @dataclass
 class RunIO:
@@ -38,6 +41,7 @@ class RunIO:
     monitor: TrainingMonitor
     bad_rows: dict[str, BadRowLog]  # "bad_rows" / "eval_bad_rows" -> its log (file readers only)
     rank: int
+    unseen_ids: UnseenIds | None = None  # the training data's, when its reader has a vocabulary
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """Final evaluation and metrics; skipped rows summarised on stderr (rank 0).
@@ -47,8 +51,12 @@ class RunIO:
         if isinstance(self.batches, Generator):
             self.batches.close()  # stops the DataLoader workers now, not whenever it is collected
         self.monitor.final_evaluation()
-        counts = {key: log.bad for key, log in self.bad_rows.items()}
+        counts: dict[str, Any] = {key: log.bad for key, log in self.bad_rows.items()}
+        if self.unseen_ids is not None:
+            counts["unseen_ids"] = self.unseen_ids.counts
         final = self.monitor.finish({**summary, **counts})
+        if self.rank == 0 and self.unseen_ids is not None:
+            console.say(f"training data: {self.unseen_ids.describe()}")
         if self.rank == 0:
             for key, log in self.bad_rows.items():
                 report = log.summary()
@@ -79,6 +87,7 @@ def setup_run(
     vocab_path = Path(options.module).with_suffix(".vocab.json")  # beside the module and its checkpoint
     shape = dict(global_batch=global_batch, rank=rank, world_size=world_size, num_workers=workers)
 
+    unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(options.data, spec)
     reader = None
@@ -87,9 +96,10 @@ def setup_run(
     else:
         reader = open_reader(spec, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0)
         bad_rows["bad_rows"] = BadRowLog(policy, warn)
-        batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], **shape)
+        unseen = unseen_counter(reader)
+        batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
 
-    evaluation: Callable[[], dict[str, Any]] | None = None
+    evaluation: Callable[[], Evaluation] | None = None
     if options.eval_data is not None:
         vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
         eval_reader = open_reader(
@@ -98,10 +108,11 @@ def setup_run(
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
 
-        def evaluate_split() -> dict[str, Any]:
+        def evaluate_split() -> Evaluation:
             with other_work.measure("eval"):
-                local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], **shape)
-                return evaluate(model, local, heads, process_group, device)
+                counted = unseen_counter(eval_reader)  # afresh for every pass
+                local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], unseen=counted, **shape)
+                return Evaluation(evaluate(model, local, heads, process_group, device), counted)
 
         evaluation = evaluate_split
 
@@ -116,7 +127,7 @@ def setup_run(
         evaluation=evaluation,
         eval_every=options.eval_every,
     )
-    return RunIO(batches, monitor, bad_rows, rank)
+    return RunIO(batches, monitor, bad_rows, rank, unseen)
 
 
 _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}

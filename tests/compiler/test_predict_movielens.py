@@ -6,12 +6,15 @@ movies are a different set (some never seen in training). The training
 model's own scores of the held-out rows, with the training vocabulary, are
 the reference: predict must give the same numbers. Mapping the held-out
 file through a vocabulary built from itself (what predict did before the
-export carried vocab.json) gives other numbers.
+export carried vocab.json) gives other numbers. The held-out movies that
+training never saw are counted by every evaluation pass and by predict.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import random
 from pathlib import Path
@@ -65,12 +68,15 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "tiny.yaml").write_text(SPEC)
     _ratings(root / "train" / "u.data", range(1, 51), 400, seed=1)
     _ratings(root / "test" / "u.data", range(20, 56), 120, seed=2)  # movies 51..55: never trained
-    assert main([
-        "train", str(root / "tiny.yaml"), "--data", f"movielens:{root / 'train'}",
-        "--eval-data", f"movielens:{root / 'test'}", "--data-workers", "0", "--steps", "6",
-        "--log-every", "6", "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "6",
-        "-o", str(root / "build"),
-    ]) == 0
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        assert main([
+            "train", str(root / "tiny.yaml"), "--data", f"movielens:{root / 'train'}",
+            "--eval-data", f"movielens:{root / 'test'}", "--eval-every", "3", "--data-workers", "0",
+            "--steps", "6", "--log-every", "6", "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "6",
+            "-o", str(root / "build"),
+        ]) == 0
+    (root / "train.out").write_text(output.getvalue())
     assert main(["export", str(root / "tiny.yaml"), "--checkpoint", str(root / "ckpt"), "--no-aot",
                  "-o", str(root / "out")]) == 0
     return root
@@ -88,6 +94,15 @@ def _training_scores(root: Path) -> list[float]:
     batch = reader.to_columns(rows).to_batch(reader.weighted)
     with torch.no_grad():
         return torch.sigmoid(model(batch.dense, batch.sparse)["like"]).reshape(-1).tolist()
+
+
+def _unseen_movies(root: Path) -> int:
+    """The reference count: held-out rows whose movie id is not in the training file."""
+    trained = {line.split("\t")[1] for line in (root / "train" / "u.data").read_text().splitlines()}
+    return sum(line.split("\t")[1] not in trained for line in (root / "test" / "u.data").read_text().splitlines())
+
+
+UNSEEN = "ids not in the training vocabulary (row 0): user_id 0, movie_id 19 of 120 rows"
 
 
 def _predicted(path: Path) -> list[float]:
@@ -118,3 +133,23 @@ def test_a_vocabulary_of_the_scored_file_gives_other_scores(trained: Path) -> No
     output = trained / "own_vocabulary.csv"
     predict_file(model, module.SPEC, module.HEADS, output, data=f"movielens:{trained / 'test'}", batch_size=512, rows=0, seed=0)
     assert _predicted(output) != pytest.approx(_training_scores(trained), rel=1e-6, abs=1e-7)
+
+
+def test_every_evaluation_pass_and_the_result_count_the_unseen_ids(trained: Path) -> None:
+    assert _unseen_movies(trained) == 19
+    lines = (trained / "train.out").read_text().splitlines()
+    evals = [line for line in lines if line.startswith("eval ")]
+    assert [line[:12] for line in evals] == ["eval     3/6", "eval     6/6"]  # counted afresh by each pass
+    assert all(line.endswith(f"  {UNSEEN}") for line in evals)
+    assert lines[-2] == "training data: ids not in the training vocabulary (row 0): user_id 0, movie_id 0 of 192 rows"
+    result = json.loads(lines[-1])
+    assert result["unseen_ids"] == {"user_id": 0, "movie_id": 0}
+    assert result["eval_unseen_ids"] == {"user_id": 0, "movie_id": 19}
+
+
+def test_predict_counts_the_ids_training_never_saw(trained: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    output = trained / "counted.csv"
+    assert main(["predict", str(trained / "out"), "--data", f"movielens:{trained / 'test'}", "-o", str(output)]) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith(f"wrote 120 predictions to {output} in ")
+    assert line.endswith(f"; 0 bad rows skipped; {UNSEEN}")

@@ -109,7 +109,9 @@ def test_check_reports_bad_rows_with_file_and_line(criteo, capsys) -> None:
     assert main(["check", str(spec), "--data", f"criteo:{train}", "--sample", "100"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[:2] == [
-        f"{spec}: ok", f"{train}: criteo data, first 100 lines checked: 100 good, 0 bad"
+        f"{spec}: ok",
+        f"{train}: criteo data, first 100 lines checked: 100 good, 0 bad; "
+        f"lines from {train}:101 on were not parsed (--sample N checks more)",
     ]
     assert out.splitlines()[2].startswith("  label click: 0: ") and err == ""
     assert main(["check", str(spec), "--data", f"criteo:{held_out}"]) == 1
@@ -145,3 +147,66 @@ def test_a_truncated_gzip_file_is_one_clean_line_with_or_without_dataloader_work
     out, err = capsys.readouterr()
     assert out == f"{spec}: ok\n"
     assert re.fullmatch(rf"error: {re.escape(str(cut))}: cannot read past line \d+: {reason}\n", err), err
+
+
+MOVIELENS_SPEC = """\
+version: 1
+name: users_943
+features:
+  sparse:
+    - {name: user_id, num_embeddings: USERS, dim: 8}
+    - {name: movie_id, num_embeddings: 101, dim: 8}
+model:
+  user_tower: {type: mlp, input: sparse.user_id, layers: [8], final_activation: none}
+  item_tower: {type: mlp, input: sparse.movie_id, layers: [8], final_activation: none}
+  score: {type: dot_product, input: [user_tower, item_tower]}
+heads:
+  - {name: like, input: score, loss: bce}
+training:
+  batch_size: 32
+  dense_optimizer: {type: adam, lr: 0.01}
+  sparse_optimizer: {type: rowwise_adagrad, lr: 0.1}
+"""
+
+
+@pytest.fixture
+def users_943(tmp_path: Path) -> Path:
+    """ml-100k's u.data layout: 943 users, of whom only the first 500 rate in the first 1,000 lines."""
+    early = [f"{i % 500 + 1}\t{i % 100 + 1}\t{i % 5 + 1}\t{881250949 + i}" for i in range(1000)]
+    late = [f"{user}\t{user % 100 + 1}\t4\t{891250949 + user}" for user in range(501, 944)]
+    return write_lines(tmp_path / "ml-100k" / "u.data", early + late)
+
+
+@pytest.mark.parametrize("sample", [[], ["--sample", "10"]])
+def test_check_builds_the_movielens_vocabulary_from_the_whole_file(
+    users_943: Path, capsys, sample: list[str]
+) -> None:
+    spec = users_943.parent.parent / "users.yaml"
+    spec.write_text(MOVIELENS_SPEC.replace("USERS", "943"))
+    assert main(["check", str(spec), "--data", f"movielens:{users_943}", *sample]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        f"{spec}: ok",
+        f"{users_943}: movielens ids, all 1,443 good lines read: 943 distinct userId, 100 distinct movieId",
+    ]
+    message = "feature 'user_id': 944 rows needed (userId values plus row 0 for unseen ids) but its table has 943"
+    assert err.splitlines() == [f"{users_943}: error: {message}", "1 error"]
+    code, _, err = _train(capsys, spec, "--data", f"movielens:{users_943}", "--steps", "1")
+    assert (code, err) == (1, "error: rank 0: " + message + "\n")  # what check now says before training
+
+
+def test_check_says_which_lines_it_did_not_parse(users_943: Path, capsys) -> None:
+    spec = users_943.parent.parent / "users.yaml"
+    spec.write_text(MOVIELENS_SPEC.replace("USERS", "944"))
+    assert main(["check", str(spec), "--data", f"movielens:{users_943}"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1:3] == [
+        f"{users_943}: movielens ids, all 1,443 good lines read: 943 distinct userId, 100 distinct movieId",
+        f"{users_943}: movielens data, first 1,000 lines checked: 1,000 good, 0 bad; "
+        f"lines from {users_943}:1001 on were not parsed (--sample N checks more)",
+    ]
+    assert err == ""
+    assert main(["check", str(spec), "--data", f"movielens:{users_943}", "--sample", "1443"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == f"{users_943}: movielens data, all 1,443 lines checked: 1,443 good, 0 bad"
+    assert out[4] == "  feature user_id: 943 distinct rows of 944 (max row 943), 1 ids per row"

@@ -85,6 +85,18 @@ def test_a_fresh_run_starts_the_log_afresh(tmp_path: Path) -> None:
     assert [r.get("loss") for r in records(tmp_path)] == [0.25, None]
 
 
+def test_an_evaluation_record_carries_its_unseen_ids(tmp_path: Path) -> None:
+    log = RunLog(tmp_path)
+    log.begin(0)
+    log.eval(5, {"like": {"auc": 0.6}}, {"user_id": 0, "movie_id": 19})
+    log.eval(10, {"like": {"auc": 0.7}})
+    log.close({"steps": 10})
+    assert records(tmp_path)[:2] == [
+        {"kind": "eval", "step": 5, "metrics": {"like": {"auc": 0.6}}, "unseen_ids": {"user_id": 0, "movie_id": 19}},
+        {"kind": "eval", "step": 10, "metrics": {"like": {"auc": 0.7}}},
+    ]
+
+
 def test_without_tensorboard_or_matplotlib_it_says_so_once_and_keeps_the_json_lines(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
