@@ -52,7 +52,7 @@ from torch import nn
 from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
-from runtime.embeddings.kernels import COMPUTE_KERNELS, FUSED_DIM_MULTIPLE
+from runtime.embeddings.kernels import FUSED_DIM_MULTIPLE, check_compute_kernel
 from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.table_state import TablesOutsideModuleTree
@@ -321,10 +321,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         lookup_threads: int | None = None,
     ) -> None:
         super().__init__()
-        if compute_kernel not in COMPUTE_KERNELS:
-            raise ValueError(
-                f"unknown compute_kernel {compute_kernel!r}; expected one of {', '.join(COMPUTE_KERNELS)}"
-            )
+        check_compute_kernel(compute_kernel)
         if not tables:
             raise ValueError("EmbeddingBagCollection needs at least one table")
         _check_names(tables)

@@ -21,3 +21,9 @@ FUSED_DIM_MULTIPLE = 4  # fbgemm's fused kernel stores rows of a multiple of 4 f
 def kernel_fits(kernel: str, dim: int) -> bool:
     """Whether `kernel` can hold a table (or column shard) `dim` wide."""
     return kernel != "fused" or dim % FUSED_DIM_MULTIPLE == 0
+
+
+def check_compute_kernel(kernel: str) -> None:
+    """ValueError naming the kernels there are, for a collection asked for another."""
+    if kernel not in COMPUTE_KERNELS:
+        raise ValueError(f"unknown compute_kernel {kernel!r}; expected one of {', '.join(COMPUTE_KERNELS)}")

@@ -38,14 +38,10 @@ from typing import Callable
 
 import torch
 
-from runtime.embeddings.bag_collection import (
-    COMPUTE_KERNELS,
-    EmbeddingBagConfig,
-    _build_groups,
-    _check_names,
-)
+from runtime.embeddings.bag_collection import EmbeddingBagConfig, _build_groups, _check_names
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
+from runtime.embeddings.kernels import check_compute_kernel
 from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.embeddings.table_state import TablesOutsideModuleTree
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeySelection
@@ -120,10 +116,7 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         lookup_threads: int | None = None,
     ) -> None:
         super().__init__()
-        if compute_kernel not in COMPUTE_KERNELS:
-            raise ValueError(
-                f"unknown compute_kernel {compute_kernel!r}; expected 'fused' or 'dense'"
-            )
+        check_compute_kernel(compute_kernel)
         if not tables:
             raise ValueError("EmbeddingCollection needs at least one table")
         _check_names(tables)

@@ -187,7 +187,7 @@ def test_missing_feature_is_an_error() -> None:
         (lambda: EmbeddingCollection([]), "EmbeddingCollection needs at least one table"),
         (
             lambda: EmbeddingCollection(make_tables(), compute_kernel="sparse"),
-            "unknown compute_kernel 'sparse'; expected 'fused' or 'dense'",
+            "unknown compute_kernel 'sparse'; expected one of fused, dense",
         ),
         (
             lambda: EmbeddingCollection([EmbeddingConfig("t", 5, 6, ["f"])]),
