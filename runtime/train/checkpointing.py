@@ -117,6 +117,13 @@ class Checkpointing:
         self._say(f"resumed from {self._resumed.path} at step {self.start_step} ({why})")
         return self.start_step
 
+    def resumed_vocabulary(self) -> Path | None:
+        """The id vocabulary saved with the checkpoint this run resumed from, if it has one."""
+        if self._resumed is None:
+            return None
+        path = self._resumed.path / VOCABULARY_FILE
+        return path if path.is_file() else None
+
     def position(self, batches: Iterator[Batch], data: str | None) -> Iterator[Batch]:
         """`batches` of the worker's `--data` at the resumed data position.
 

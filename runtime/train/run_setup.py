@@ -21,6 +21,7 @@ import torch.distributed as dist
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.loader import epoch_batches, training_batches
+from runtime.data.movielens_vocab import read_vocabulary
 from runtime.data.sources import choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.modules.losses import HeadConfig
@@ -80,8 +81,15 @@ def setup_run(
     process_group: dist.ProcessGroup | None,
     device: torch.device | None,
     other_work: OtherWork,
+    resumed_vocabulary: Path | None = None,
 ) -> RunIO:
-    """Open the training and evaluation data of `options` and the monitor of the run."""
+    """Open the training and evaluation data of `options` and the monitor of the run.
+
+    `resumed_vocabulary`: the vocabulary saved with the checkpoint this run resumed
+    from. The tables' rows mean its ids, so the reader maps ids with it whatever
+    file the run now reads (ids it lacks are counted as unseen), and it stays
+    beside the module for the checkpoints this run writes.
+    """
     policy, workers, threshold = options.bad_rows, options.data_workers, options.rating_threshold
     warn = _warn if rank == 0 else None
     vocab_path = Path(options.module).with_suffix(".vocab.json")  # beside the module and its checkpoint
@@ -94,7 +102,12 @@ def setup_run(
     if choice.reader == "synthetic":
         batches = synthetic()
     else:
-        reader = open_reader(spec, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0)
+        trained = None if resumed_vocabulary is None else read_vocabulary(resumed_vocabulary)
+        if trained is not None and rank == 0:
+            _replace_file(vocab_path, resumed_vocabulary.read_bytes())
+        reader = open_reader(
+            spec, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0, vocabulary=trained
+        )
         bad_rows["bad_rows"] = BadRowLog(policy, warn)
         unseen = unseen_counter(reader)
         batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
@@ -135,3 +148,10 @@ _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}
 
 def _warn(message: str) -> None:
     console.say(f"warning: {message}", sys.stderr)
+
+
+def _replace_file(path: Path, content: bytes) -> None:
+    """Write `path` whole or not at all (a reader never sees half a file)."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_bytes(content)
+    temporary.replace(path)

@@ -109,6 +109,7 @@ def main(options: TrainOptions) -> int:
             process_group=process_group,
             device=device,
             other_work=other_work,
+            resumed_vocabulary=checkpoints.resumed_vocabulary(),
         )
         batches = checkpoints.position(run_io.batches, options.data)
         depth = options.pipeline_depth_for(world_size)

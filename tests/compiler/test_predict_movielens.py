@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,21 @@ def test_predict_counts_the_ids_training_never_saw(trained: Path, capsys: pytest
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith(f"wrote 120 predictions to {output} in ")
     assert line.endswith(f"; 0 bad rows skipped; {UNSEEN}")
+
+
+def test_a_resumed_run_maps_ids_with_the_checkpoints_vocabulary(trained: Path, tmp_path: Path) -> None:
+    # Resumed on another file, the tables' rows still mean the ids of the first: a vocabulary
+    # rebuilt from the new file would move every id to another row without a word.
+    shutil.copytree(trained / "ckpt", tmp_path / "ckpt")
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output):
+        assert main([
+            "train", str(trained / "tiny.yaml"), "--data", f"movielens:{trained / 'test'}", "--data-workers", "0",
+            "--steps", "9", "--log-every", "9", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume",
+            "-o", str(tmp_path / "build"),
+        ]) == 0
+    first = read_vocabulary(trained / "build" / "tiny_movielens.vocab.json")
+    assert read_vocabulary(tmp_path / "build" / "tiny_movielens.vocab.json") == first
+    assert read_vocabulary(tmp_path / "ckpt" / "step_00000009" / "vocab.json") == first
+    result = json.loads(output.getvalue().splitlines()[-1])
+    assert result["unseen_ids"]["movie_id"] > 0  # the held-out file's new movies, counted
