@@ -11,8 +11,10 @@ faster on some CPUs:
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
-one warm-up each, then a few interleaved repetitions, the median kept. The
-alternative is taken only when its median beats the baseline's by
+one warm-up each, then a few interleaved repetitions, the fastest kept (a
+neighbour's preemption only ever adds time, so the minimum is the least
+noisy figure of what each path costs). The alternative is taken only when it
+beats the baseline's by
 `MARGIN`, so the choice is never slower than the torch path it replaces.
 The outcome is kept on disk next to the native build cache
 (`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<kernel>/<shape>.json`), one file per
@@ -30,7 +32,6 @@ import json
 import logging
 import os
 import re
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -58,7 +59,7 @@ _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 
 @dataclass(frozen=True)
 class Choice:
-    """One decision: for `kernel` at `shape`, `winner`, from median times in milliseconds."""
+    """One decision: for `kernel` at `shape`, `winner`, from the fastest times in milliseconds."""
 
     kernel: str
     shape: str
@@ -125,8 +126,8 @@ def _writable(directory: Path) -> bool:
         return False
 
 
-def _median_ms(runs: Mapping[str, Callable[[], object]]) -> dict[str, float]:
-    """Each run's median time over REPEATS interleaved calls, after one warm-up call each."""
+def _fastest_ms(runs: Mapping[str, Callable[[], object]]) -> dict[str, float]:
+    """Each run's fastest time over REPEATS interleaved calls, after one warm-up call each."""
     for run in runs.values():
         run()
     samples: dict[str, list[float]] = {name: [] for name in runs}
@@ -135,7 +136,7 @@ def _median_ms(runs: Mapping[str, Callable[[], object]]) -> dict[str, float]:
             start = time.perf_counter()
             run()
             samples[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(times) for name, times in samples.items()}
+    return {name: min(times) for name, times in samples.items()}
 
 
 def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]]) -> str:
@@ -158,7 +159,7 @@ def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]]) ->
         return known.winner
     if not _writable(directory):
         return baseline
-    times = _median_ms(runs)
+    times = _fastest_ms(runs)
     winner = alternative if times[alternative] < times[baseline] * (1 - MARGIN) else baseline
     _write_once(directory, Choice(kernel, shape, winner, tuple(sorted(times.items()))))
     _read.cache_clear()
