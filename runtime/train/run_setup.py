@@ -13,17 +13,17 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
+from runtime.data.features import ModelInputs
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.sources import choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
-from runtime.modules.losses import HeadConfig
 from runtime.train.evaluate import evaluate
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
@@ -67,9 +67,8 @@ class RunIO:
 
 def setup_run(
     options: TrainOptions,
-    spec: Mapping[str, Any],
+    inputs: ModelInputs,
     *,
-    heads: Sequence[HeadConfig],
     model: torch.nn.Module,
     synthetic: Callable[[], Iterator[Batch]],
     steps: int,
@@ -89,12 +88,12 @@ def setup_run(
 
     unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
-    choice = choose_data(options.data, spec)
+    choice = choose_data(options.data, inputs)
     reader = None
     if choice.reader == "synthetic":
         batches = synthetic()
     else:
-        reader = open_reader(spec, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0)
+        reader = open_reader(inputs, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0)
         bad_rows["bad_rows"] = BadRowLog(policy, warn)
         unseen = unseen_counter(reader)
         batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
@@ -103,7 +102,7 @@ def setup_run(
     if options.eval_data is not None:
         vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
         eval_reader = open_reader(
-            spec, choose_data(options.eval_data, spec), threshold=threshold, vocab_path=vocab_path,
+            inputs, choose_data(options.eval_data, inputs), threshold=threshold, vocab_path=vocab_path,
             save_vocab=False, vocabulary=vocabulary,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
@@ -112,12 +111,12 @@ def setup_run(
             with other_work.measure("eval"):
                 counted = unseen_counter(eval_reader)  # afresh for every pass
                 local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], unseen=counted, **shape)
-                return Evaluation(evaluate(model, local, heads, process_group, device), counted)
+                return Evaluation(evaluate(model, local, inputs.heads, process_group, device), counted)
 
         evaluation = evaluate_split
 
     monitor = TrainingMonitor(
-        heads,
+        inputs.heads,
         steps=steps,
         log_every=log_every,
         global_batch_size=global_batch,
