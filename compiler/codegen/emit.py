@@ -7,7 +7,6 @@ insertion order, no timestamps, paths as given).
 
 from __future__ import annotations
 
-import dataclasses
 import pprint
 import re
 from dataclasses import dataclass
@@ -19,7 +18,7 @@ import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
-from compiler.lowering.calls import dense_optimizer_call, head_config_call
+from compiler.lowering.calls import dense_optimizer_call, head_config_call, model_inputs_call
 from compiler.lowering.types import BuildArg, Call, SplitModel
 
 TEMPLATES = jinja2.Environment(
@@ -62,7 +61,7 @@ def emit(lowered: SplitModel) -> GeneratedModule:
         name=ir.name,
         filename=filename,
         world_size=lowered.plan.world_size,
-        spec=python_literal(spec_literal(ir)),
+        inputs=inputs_source(ir),
         plan=python_literal(lowered.plan.to_dict()),
         heads=heads_source(ir),
         dense_optimizer=render_call(dense_optimizer_call(ir), indent=0),
@@ -75,35 +74,9 @@ def emit(lowered: SplitModel) -> GeneratedModule:
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
 
 
-# Built as typed runtime configs instead (the tables' EmbeddingBagConfigs, DENSE_OPTIMIZER).
-_NOT_IN_SPEC = {"loc", "optimizer", "init_min", "init_max", "dense_optimizer", "sparse_optimizer"}
-
-
-def spec_literal(ir: ModelIR) -> dict[str, Any]:
-    """The resolved spec as plain data for the data readers: features, tables, heads, training, data.
-
-    What the model itself is built from (optimizers, initialisation, blocks) is
-    not here: the generated code passes it to the runtime as typed configs.
-    """
-
-    def plain(value: Any) -> Any:
-        if dataclasses.is_dataclass(value):
-            fields = (f.name for f in dataclasses.fields(value) if f.name not in _NOT_IN_SPEC)
-            return {name: plain(getattr(value, name)) for name in fields}
-        if isinstance(value, (list, tuple)):
-            return [plain(item) for item in value]
-        return value
-
-    return {
-        "name": ir.name,
-        "dense": plain(ir.dense),
-        "sparse": plain(ir.sparse),
-        "tables": plain(ir.tables),
-        "heads": [{**plain(h), "input": h.input.ref()} for h in ir.heads],
-        "training": plain(ir.training),
-        "sharding": {"world_size": ir.sharding.world_size, "device": ir.sharding.device},
-        "data": None if ir.data is None else {**plain(ir.data), "columns": dict(ir.data.columns)},
-    }
+def inputs_source(ir: ModelIR) -> str:
+    """The INPUTS constant's value: the model's features, heads, training defaults and data section."""
+    return render_call(model_inputs_call(ir), indent=0)
 
 
 def heads_source(ir: ModelIR) -> str:

@@ -54,14 +54,14 @@ def run(args: argparse.Namespace) -> int:
 def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
     """Check `rows` rows of `data` against the spec; print what was found; True when good."""
     # The runtime (and torch) load only when data is to be checked.
-    from compiler.codegen.emit import spec_literal
+    from compiler.lowering.instantiate import model_inputs
     from runtime.data.errors import DataError
     from runtime.data.sample_check import check_sample
     from runtime.data.sources import choose_data
 
-    spec = spec_literal(ir)
+    inputs = model_inputs(ir)
     try:
-        choice = choose_data(data, spec)
+        choice = choose_data(data, inputs)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
         return False
@@ -69,7 +69,7 @@ def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
         print("synthetic data: nothing to check")
         return True
     try:
-        report = check_sample(spec, choice, rows)
+        report = check_sample(inputs, choice, rows)
     except DataError as error:  # the file cannot be read at all (missing, truncated)
         print(f"error: {error}", file=sys.stderr)
         return False

@@ -50,17 +50,15 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()
     try:
         module, model = load(args.export, verify=args.verify)
-        spec = module.SPEC
         vocabulary = data_file(args.export, "vocabulary", verify=args.verify)
         report = predict_file(
             model,
-            spec,
-            module.HEADS,
+            module.INPUTS,
             args.output,
             data=args.data,
             batch_size=args.batch_size,
             rows=args.rows,
-            seed=spec["training"]["seed"] if args.seed is None else args.seed,
+            seed=module.INPUTS.training.seed if args.seed is None else args.seed,
             bad_rows_policy=args.bad_rows,
             rating_threshold=args.rating_threshold,
             vocabulary=vocabulary,

@@ -21,9 +21,10 @@ import os
 import sys
 from pathlib import Path
 
-from compiler.codegen.emit import emit, spec_literal
+from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, outdir_problem, reporting_errors
 from compiler.commands.train_launch import interrupted_message, run_torchrun
+from compiler.lowering.instantiate import model_inputs
 from compiler.pipeline import compile_spec
 from runtime.data.errors import DataError
 from runtime.data.sources import choose_data
@@ -68,10 +69,10 @@ def run(args: argparse.Namespace) -> int:
 
     def action() -> int:
         lowered = compile_spec(args.spec, options_from_args(args, world_size=world_size))
-        spec = spec_literal(lowered.ir)
-        ready = options.with_spec_defaults(spec["training"])
+        inputs = model_inputs(lowered.ir)
+        ready = options.with_spec_defaults(inputs.training)
         try:
-            reads_files = choose_data(options.data, spec).reader != "synthetic"
+            reads_files = choose_data(options.data, inputs).reader != "synthetic"
         except DataError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

@@ -127,3 +127,46 @@ def dense_optimizer_call(ir: ModelIR) -> Call:
         ("beta2", optimizer.beta2),
         ("where", str(ir.training.loc)),
     ))
+
+
+def model_inputs_call(ir: ModelIR) -> Call:
+    """The model's features, heads (the module's HEADS), training defaults and data section."""
+    rows = {table.name: table.num_embeddings for table in ir.tables}
+    dense = [
+        Call("runtime.data.features.DenseFeatureConfig", (
+            ("name", f.name), ("size", f.size), ("where", str(f.loc)),
+        ))
+        for f in ir.dense
+    ]  # fmt: skip
+    sparse = [
+        Call("runtime.data.features.SparseFeatureConfig", (
+            ("name", f.name),
+            ("table", f.table),
+            ("num_embeddings", rows[f.table]),
+            ("ids_per_sample", f.ids_per_sample),
+            ("fixed_ids", f.fixed_ids),
+            ("weighted", f.weighted),
+            ("where", str(f.loc)),
+        ))
+        for f in ir.sparse
+    ]  # fmt: skip
+    training = Call("runtime.data.features.TrainingConfig", (
+        ("steps", ir.training.steps),
+        ("batch_size", ir.training.batch_size),
+        ("seed", ir.training.seed),
+        ("where", str(ir.training.loc)),
+    ))
+    data = None if ir.data is None else Call("runtime.data.features.DataConfig", (
+        ("reader", ir.data.reader),
+        ("path", ir.data.path),
+        ("columns", ir.data.columns),
+        ("where", str(ir.data.loc)),
+    ))
+    return Call("runtime.data.features.ModelInputs", (
+        ("dense", dense),
+        ("sparse", sparse),
+        ("heads", BuildArg("HEADS")),
+        ("training", training),
+        ("data", data),
+        ("device", ir.sharding.device),
+    ))

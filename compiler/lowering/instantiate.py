@@ -13,6 +13,8 @@ from typing import Any, Mapping
 import torch
 import torch.fx as fx
 
+from compiler.ir import ModelIR
+from compiler.lowering.calls import head_config_call, model_inputs_call
 from compiler.lowering.types import BuildArg, Call, LoweredModel
 
 
@@ -33,6 +35,12 @@ def _build_value(value: Any, build_args: Mapping[str, Any]) -> Any:
     if isinstance(value, list):
         return [_build_value(item, build_args) for item in value]
     return value
+
+
+def model_inputs(ir: ModelIR) -> Any:
+    """The runtime's `ModelInputs` of `ir`, as the generated module's INPUTS builds it."""
+    heads = tuple(build_call(head_config_call(head), {}) for head in ir.heads)
+    return build_call(model_inputs_call(ir), {"HEADS": heads})
 
 
 def instantiate(

@@ -2,7 +2,7 @@
 
 Runs in `reccompile export` after `compiler.serving.lower`. Like the
 training module (codegen/emit.py) the text is deterministic and readable: the
-resolved SPEC, the tables' precisions, a `Model` whose `forward` is the fx
+model's INPUTS, the tables' precisions, a `Model` whose `forward` is the fx
 graph's own code tagged with spec lines, and `build()` returning the eval
 model with the directory's weights. It imports torch and the runtime only.
 """
@@ -10,7 +10,7 @@ model with the directory's weights. It imports torch and the runtime only.
 from __future__ import annotations
 
 from compiler import __version__
-from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, heads_source, python_literal, render_call, spec_literal
+from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, heads_source, inputs_source, python_literal, render_call
 from compiler.lowering.types import LoweredModel
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
@@ -25,7 +25,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         source=ir.source,
         sha256=ir.source_sha256,
         name=ir.name,
-        spec=python_literal(spec_literal(ir)),
+        inputs=inputs_source(ir),
         heads=heads_source(ir),
         precisions=python_literal({t.name: precisions[t.name] for t in ir.tables}),
         dense_dtype=_DTYPES[dense_dtype],

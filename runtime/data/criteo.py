@@ -8,7 +8,7 @@ log(1 + max(x, 0)), an empty one 0; a categorical value becomes
 int(value, 16) mod the rows of the feature's table, an empty one 0. Both
 are pure functions of the text, so every process and machine agrees.
 
-Default mapping onto a spec: I1..I13 feed the spec's single dense feature
+Default mapping onto a inputs: I1..I13 feed the spec's single dense feature
 (13 wide), C1..C26 feed the sparse features in declaration order, and the
 label feeds the first bce head. `data.columns` (`C3: cat_7`, `label: ctr`)
 overrides any of it.
@@ -26,8 +26,8 @@ import torch
 
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
+from runtime.data.features import ModelInputs
 from runtime.data.spec_columns import (
-    Spec,
     check_labels_fed,
     explicit_columns,
     feature_list,
@@ -61,16 +61,16 @@ class CriteoLayout:
 
 
 class CriteoReader:
-    """Criteo TSV files (plain or gzip; a file or a directory of day files) for one spec."""
+    """Criteo TSV files (plain or gzip; a file or a directory of day files) for one inputs."""
 
     name = "criteo"
     unseen_features: tuple[str, ...] = ()  # ids are hashed into their table: none is unseen
 
-    def __init__(self, spec: Spec, path: str | Path) -> None:
-        self.layout = criteo_layout(spec)
+    def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
+        self.layout = criteo_layout(inputs)
         self.files = data_files(path)
         self.source = str(path)
-        self.weighted = is_weighted(spec)
+        self.weighted = is_weighted(inputs)
 
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
         """(file, line number, line) of every line of every file, in order."""
@@ -101,18 +101,18 @@ class CriteoReader:
         return Columns(dense, sparse, {self.layout.label: labels})
 
 
-def criteo_layout(spec: Spec) -> CriteoLayout:
-    """The mapping of Criteo columns onto `spec`'s features and label; DataError when it cannot fit."""
-    explicit = explicit_columns(spec, "criteo", COLUMNS)
-    dense_sizes = {f["name"]: f["size"] for f in spec["dense"]}
-    rows = table_rows(spec)
-    labels = heads_by_label(spec)
+def criteo_layout(inputs: ModelInputs) -> CriteoLayout:
+    """The mapping of Criteo columns onto `inputs`'s features and label; DataError when it cannot fit."""
+    explicit = explicit_columns(inputs, "criteo", COLUMNS)
+    dense_sizes = {f.name: f.size for f in inputs.dense}
+    rows = table_rows(inputs)
+    labels = heads_by_label(inputs)
     for column, target in explicit.items():
         kind, allowed = _target_kind(column)
         if target not in {"dense": dense_sizes, "sparse": rows, "label": labels}[kind]:
             raise DataError(f"data.columns.{column}: {allowed}, not {target!r}")
     return CriteoLayout(
-        _dense_layout(explicit, dense_sizes), _sparse_layout(spec, explicit, rows), _label(spec, explicit)
+        _dense_layout(explicit, dense_sizes), _sparse_layout(inputs, explicit, rows), _label(inputs, explicit)
     )
 
 
@@ -146,8 +146,8 @@ def _dense_layout(explicit: dict[str, str], sizes: dict[str, int]) -> tuple[tupl
     return tuple(layout)
 
 
-def _sparse_layout(spec: Spec, explicit: dict[str, str], rows: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
-    features = [f["name"] for f in spec["sparse"]]
+def _sparse_layout(inputs: ModelInputs, explicit: dict[str, str], rows: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
+    features = [f.name for f in inputs.sparse]
     mapped = {c: t for c, t in explicit.items() if c in CAT_COLUMNS}
     if not mapped and len(features) != len(CAT_COLUMNS):
         raise DataError(
@@ -171,14 +171,14 @@ def _sparse_layout(spec: Spec, explicit: dict[str, str], rows: dict[str, int]) -
     return tuple((f, CAT_COLUMNS.index(source[f]), rows[f]) for f in features)
 
 
-def _label(spec: Spec, explicit: dict[str, str]) -> str:
+def _label(inputs: ModelInputs, explicit: dict[str, str]) -> str:
     label = explicit.get(LABEL)
     if label is None:
-        bce = [head for head in spec["heads"] if head["loss"] == "bce"]
+        bce = [head for head in inputs.heads if head.loss == "bce"]
         if not bce:
             raise DataError("the criteo label (a click, 0 or 1) feeds the first bce head, but the spec has none")
-        label = bce[0]["label"]
-    check_labels_fed(spec, "criteo", {label})
+        label = bce[0].label
+    check_labels_fed(inputs, "criteo", {label})
     return label
 
 

@@ -27,9 +27,9 @@ import torch
 
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
+from runtime.data.features import ModelInputs
 from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary
 from runtime.data.spec_columns import (
-    Spec,
     check_labels_fed,
     explicit_columns,
     feature_list,
@@ -65,17 +65,17 @@ class MovieLensReader:
     name = "movielens"
 
     def __init__(
-        self, spec: Spec, path: str | Path, vocabulary: Vocabulary, threshold: float = DEFAULT_THRESHOLD
+        self, inputs: ModelInputs, path: str | Path, vocabulary: Vocabulary, threshold: float = DEFAULT_THRESHOLD
     ) -> None:
         self.file, self.format = ratings_file(path)
         self.source = str(path)
-        self.layout = movielens_layout(spec)
+        self.layout = movielens_layout(inputs)
         self.vocabulary = vocabulary
         self.threshold = threshold
-        self.weighted = is_weighted(spec)
+        self.weighted = is_weighted(inputs)
         self.unseen_features = tuple(f for f in (self.layout.user, self.layout.movie) if f is not None)
         self._separator = _SEPARATORS[self.format]
-        check_rows(spec, self.layout, vocabulary)
+        check_rows(inputs, self.layout, vocabulary)
 
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
         name = str(self.file)
@@ -161,12 +161,12 @@ def movies_file(ratings: Path, layout: str) -> Path:
     return ratings.with_name(MOVIES_FILES[layout])
 
 
-def movielens_layout(spec: Spec) -> MovieLensLayout:
-    """The mapping of MovieLens columns onto `spec`'s features and labels; DataError when it cannot fit."""
-    explicit = explicit_columns(spec, "movielens", COLUMNS)
-    sparse = [f["name"] for f in spec["sparse"]]
-    if spec["dense"]:
-        names = [f["name"] for f in spec["dense"]]
+def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
+    """The mapping of MovieLens columns onto `inputs`'s features and labels; DataError when it cannot fit."""
+    explicit = explicit_columns(inputs, "movielens", COLUMNS)
+    sparse = [f.name for f in inputs.sparse]
+    if inputs.dense:
+        names = [f.name for f in inputs.dense]
         raise DataError(f"movielens has no dense columns to feed dense features {feature_list(names)}")
     if "timestamp" in explicit:
         raise DataError("data.columns.timestamp: the timestamp column cannot feed a feature or label")
@@ -182,22 +182,22 @@ def movielens_layout(spec: Spec) -> MovieLensLayout:
             f"sparse features {feature_list(missing)} have no movielens column "
             f"(the columns userId, movieId and genres feed user_id, movie_id and genres by default)"
         )
-    label = explicit.get("rating", spec["heads"][0]["label"])
-    heads = [head for head in spec["heads"] if head["label"] == label]
+    label = explicit.get("rating", inputs.heads[0].label)
+    heads = [head for head in inputs.heads if head.label == label]
     if not heads:
         raise DataError(f"data.columns.rating: the rating column feeds a head label, not {label!r}")
-    if heads[0]["loss"] not in ("bce", "mse"):
+    if heads[0].loss not in ("bce", "mse"):
         raise DataError(
-            f"head {heads[0]['name']!r} has a {heads[0]['loss']} loss: movielens ratings feed bce heads "
+            f"head {heads[0].name!r} has a {heads[0].loss} loss: movielens ratings feed bce heads "
             f"(rating >= threshold) or mse heads (the rating)"
         )
-    check_labels_fed(spec, "movielens", {label})
-    return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], ((label, heads[0]["loss"]),))
+    check_labels_fed(inputs, "movielens", {label})
+    return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], ((label, heads[0].loss),))
 
 
-def check_rows(spec: Spec, layout: MovieLensLayout, vocabulary: Vocabulary) -> None:
+def check_rows(inputs: ModelInputs, layout: MovieLensLayout, vocabulary: Vocabulary) -> None:
     """The vocabulary must fit the tables: ids need one row each plus row 0 for unseen ids."""
-    rows = table_rows(spec)
+    rows = table_rows(inputs)
     needs: Mapping[str | None, tuple[int, str]] = {
         layout.user: (len(vocabulary.users) + 1, "userId values plus row 0 for unseen ids"),
         layout.movie: (len(vocabulary.movies) + 1, "movieId values plus row 0 for unseen ids"),

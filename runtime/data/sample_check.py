@@ -25,11 +25,12 @@ import torch
 from runtime.data.bad_rows import BadRow
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
+from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
 from runtime.data.movielens import movielens_layout, movies_file, rating_ids, ratings_file
 from runtime.data.movielens_vocab import build_vocabulary, with_genres
 from runtime.data.sources import DataChoice, open_reader
-from runtime.data.spec_columns import Spec, table_rows
+from runtime.data.spec_columns import table_rows
 
 SHOWN_BAD_ROWS = 20
 
@@ -42,11 +43,11 @@ class SampleReport:
     notes: list[str] = field(default_factory=list)
 
 
-def check_sample(spec: Spec, choice: DataChoice, rows: int = 1000) -> SampleReport:
-    """Check the first `rows` lines of `choice`'s data against `spec` (MovieLens ids: all lines)."""
+def check_sample(inputs: ModelInputs, choice: DataChoice, rows: int = 1000) -> SampleReport:
+    """Check the first `rows` lines of `choice`'s data against `inputs` (MovieLens ids: all lines)."""
     report = SampleReport()
     try:
-        reader = _open(spec, choice, report)
+        reader = _open(inputs, choice, report)
     except DataError as error:
         report.errors.append(f"{choice.path}: error: {error}")
         return report
@@ -73,15 +74,15 @@ def check_sample(spec: Spec, choice: DataChoice, rows: int = 1000) -> SampleRepo
             f"lines from {rest[0]}:{rest[1]} on were not parsed (--sample N checks more)"
         )
     if good:
-        report.notes += _describe(spec, reader.to_columns(good))
+        report.notes += _describe(inputs, reader.to_columns(good))
     return report
 
 
-def _open(spec: Spec, choice: DataChoice, report: SampleReport) -> Reader:
+def _open(inputs: ModelInputs, choice: DataChoice, report: SampleReport) -> Reader:
     """The reader of `choice`; MovieLens with the vocabulary of the whole file (noted in `report`)."""
     if choice.reader != "movielens" or choice.path is None:
-        return open_reader(spec, choice)
-    movielens_layout(spec)  # a spec the file cannot feed fails before the pass over the file
+        return open_reader(inputs, choice)
+    movielens_layout(inputs)  # a spec the file cannot feed fails before the pass over the file
     file, layout = ratings_file(choice.path)
     good_lines = 0
 
@@ -96,14 +97,14 @@ def _open(spec: Spec, choice: DataChoice, report: SampleReport) -> Reader:
         f"{choice.path}: movielens ids, all {good_lines:,} good lines read: "
         f"{len(vocabulary.users):,} distinct userId, {len(vocabulary.movies):,} distinct movieId"
     )
-    if movielens_layout(spec).genres is not None:
+    if movielens_layout(inputs).genres is not None:
         vocabulary = with_genres(vocabulary, movies_file(file, layout), layout)
-    return open_reader(spec, choice, vocabulary=vocabulary)
+    return open_reader(inputs, choice, vocabulary=vocabulary)
 
 
-def _describe(spec: Spec, columns: Columns) -> list[str]:
+def _describe(inputs: ModelInputs, columns: Columns) -> list[str]:
     """Each label's values and each sparse feature's reach into its table."""
-    losses = {head["label"]: head["loss"] for head in spec["heads"]}
+    losses = {head.label: head.loss for head in inputs.heads}
     notes = []
     for label, values in columns.labels.items():
         if losses.get(label) == "mse":
@@ -113,7 +114,7 @@ def _describe(spec: Spec, columns: Columns) -> list[str]:
             counts = torch.unique(values, return_counts=True)
             shown = ", ".join(f"{v:g}: {int(n):,}" for v, n in zip(counts[0].tolist(), counts[1]))
             notes.append(f"  label {label}: {shown}")
-    rows = table_rows(spec)
+    rows = table_rows(inputs)
     for name, jagged in columns.sparse.items():
         if jagged.values.numel() == 0:
             notes.append(f"  feature {name}: no ids in the sample")

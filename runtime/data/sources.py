@@ -16,6 +16,7 @@ from pathlib import Path
 
 from runtime.data.criteo import CriteoReader
 from runtime.data.errors import DataError
+from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
 from runtime.data.movielens import (
     DEFAULT_THRESHOLD,
@@ -26,7 +27,6 @@ from runtime.data.movielens import (
     ratings_file,
 )
 from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
-from runtime.data.spec_columns import Spec
 
 READERS = ("synthetic", "criteo", "movielens")
 
@@ -42,13 +42,13 @@ class DataChoice:
         return self.reader if self.path is None else f"{self.reader}:{self.path}"
 
 
-def choose_data(text: str | None, spec: Spec) -> DataChoice:
+def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
     """The data `--data TEXT` selects, falling back on the spec's `data:` section."""
-    section = spec.get("data")
+    section = inputs.data
     if text is None:
         if section is None:
             return DataChoice("synthetic", None)
-        return DataChoice(section["reader"], section.get("path"))
+        return DataChoice(section.reader, section.path)
     reader, colon, path = text.partition(":")
     if reader in READERS and (colon or reader == "synthetic"):
         if reader == "synthetic" and path:
@@ -56,15 +56,15 @@ def choose_data(text: str | None, spec: Spec) -> DataChoice:
         if reader != "synthetic" and not path:
             raise DataError(f"--data {text}: give the path after '{reader}:'")
         return DataChoice(reader, path or None)
-    if section is None or section["reader"] == "synthetic":
+    if section is None or section.reader == "synthetic":
         raise DataError(
             f"--data {text}: name the reader (criteo:PATH or movielens:PATH); the spec's data section does not"
         )
-    return DataChoice(section["reader"], text)
+    return DataChoice(section.reader, text)
 
 
 def open_reader(
-    spec: Spec,
+    inputs: ModelInputs,
     choice: DataChoice,
     *,
     threshold: float = DEFAULT_THRESHOLD,
@@ -72,15 +72,15 @@ def open_reader(
     save_vocab: bool = False,
     vocabulary: Vocabulary | None = None,
 ) -> Reader:
-    """The reader of `choice` for `spec`; MovieLens uses `vocabulary`, else the one saved at
+    """The reader of `choice` for `inputs`; MovieLens uses `vocabulary`, else the one saved at
     `vocab_path` while current, else one built now (and saved there when `save_vocab`)."""
     if choice.path is None:
         raise DataError(f"the {choice.reader} reader reads no files")
     reader: Reader
     if choice.reader == "criteo":
-        reader = CriteoReader(spec, choice.path)
+        reader = CriteoReader(inputs, choice.path)
     elif choice.reader == "movielens":
-        reader = _movielens(spec, choice.path, threshold, vocab_path, save_vocab, vocabulary)
+        reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary)
     else:
         raise DataError(f"unknown reader {choice.reader!r} (expected one of {', '.join(READERS)})")
     if next(iter(reader.epoch_lines()), None) is None:
@@ -89,14 +89,14 @@ def open_reader(
 
 
 def _movielens(
-    spec: Spec,
+    inputs: ModelInputs,
     path: str,
     threshold: float,
     vocab_path: Path | None,
     save_vocab: bool,
     vocabulary: Vocabulary | None,
 ) -> MovieLensReader:
-    layout = movielens_layout(spec)
+    layout = movielens_layout(inputs)
     file, file_layout = ratings_file(path)
     if vocabulary is None:
         vocabulary = load_or_build(
@@ -104,4 +104,4 @@ def _movielens(
         )
     if layout.genres is not None and not vocabulary.movie_genres:
         vocabulary = with_genres(vocabulary, movies_file(file, file_layout), file_layout)
-    return MovieLensReader(spec, path, vocabulary, threshold)
+    return MovieLensReader(inputs, path, vocabulary, threshold)

@@ -1,26 +1,24 @@
 """What the readers need to know about a spec: features, table sizes, labels, the column map.
 
-Readers take the generated module's SPEC dict (the runtime never imports
-the compiler). The spec's `data.columns` maps reader columns to features
+Readers take the generated module's `ModelInputs` (runtime.data.features;
+the runtime never imports the compiler). The spec's `data.columns` maps reader columns to features
 or head labels; it applies when the spec's `data.reader` is the reader in
 use, and columns it does not list keep the reader's default mapping.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from runtime.data.errors import DataError
+from runtime.data.features import ModelInputs
+from runtime.modules.losses import HeadConfig
 
-Spec = Mapping[str, Any]
 
-
-def explicit_columns(spec: Spec, reader: str, known: tuple[str, ...]) -> dict[str, str]:
+def explicit_columns(inputs: ModelInputs, reader: str, known: tuple[str, ...]) -> dict[str, str]:
     """The spec's `data.columns` for `reader` (column -> target); unknown columns are errors."""
-    data = spec.get("data")
-    if not data or data.get("reader") != reader:
+    data = inputs.data
+    if data is None or data.reader != reader:
         return {}
-    columns = dict(data.get("columns") or {})
+    columns = dict(data.columns)
     for column in columns:
         if column not in known:
             raise DataError(
@@ -29,31 +27,30 @@ def explicit_columns(spec: Spec, reader: str, known: tuple[str, ...]) -> dict[st
     return columns
 
 
-def table_rows(spec: Spec) -> dict[str, int]:
+def table_rows(inputs: ModelInputs) -> dict[str, int]:
     """Sparse feature name -> the number of rows of the table it looks up."""
-    rows = {table["name"]: table["num_embeddings"] for table in spec["tables"]}
-    return {feature["name"]: rows[feature["table"]] for feature in spec["sparse"]}
+    return {feature.name: feature.num_embeddings for feature in inputs.sparse}
 
 
-def is_weighted(spec: Spec) -> bool:
+def is_weighted(inputs: ModelInputs) -> bool:
     """Whether batches carry per-id weights (as soon as one sparse feature is weighted)."""
-    return any(feature["weighted"] for feature in spec["sparse"])
+    return any(feature.weighted for feature in inputs.sparse)
 
 
-def heads_by_label(spec: Spec) -> dict[str, Mapping[str, Any]]:
+def heads_by_label(inputs: ModelInputs) -> dict[str, HeadConfig]:
     """Label column -> the first head that reads it."""
-    heads: dict[str, Mapping[str, Any]] = {}
-    for head in spec["heads"]:
-        heads.setdefault(head["label"], head)
+    heads: dict[str, HeadConfig] = {}
+    for head in inputs.heads:
+        heads.setdefault(head.label, head)
     return heads
 
 
-def check_labels_fed(spec: Spec, reader: str, fed: set[str]) -> None:
+def check_labels_fed(inputs: ModelInputs, reader: str, fed: set[str]) -> None:
     """Every head's label must come from some column of the reader."""
-    for head in spec["heads"]:
-        if head["label"] not in fed:
+    for head in inputs.heads:
+        if head.label not in fed:
             raise DataError(
-                f"head {head['name']!r} reads label {head['label']!r}, which no {reader} column feeds "
+                f"head {head.name!r} reads label {head.label!r}, which no {reader} column feeds "
                 f"(map a column to it in data.columns)"
             )
 

@@ -1,4 +1,4 @@
-"""Synthetic batches made from a model's SPEC, with a signal a model can learn.
+"""Synthetic batches made from a model's inputs (runtime.data.features), with a signal a model can learn.
 
 Labels come from a fixed hidden model of the same inputs: a linear function
 of the dense features plus, for every sparse feature, the mean of a hashed
@@ -12,11 +12,12 @@ computation.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import torch
 
 from runtime.data.batch import Batch
+from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 _MASK32 = 0xFFFFFFFF
@@ -24,7 +25,7 @@ _ID_SKEW = 3.0  # ids = floor(rows * u**skew): row 0 is the most popular
 
 
 def make_batch(
-    spec: Mapping[str, Any],
+    inputs: ModelInputs,
     batch_size: int,
     step: int,
     seed: int = 0,
@@ -40,19 +41,16 @@ def make_batch(
     lo = rank * (batch_size // world_size)
     hi = lo + batch_size // world_size
 
-    dense = {
-        f["name"]: torch.randn(batch_size, f["size"], generator=gen) for f in spec["dense"]
-    }
-    tables = {t["name"]: t for t in spec["tables"]}
+    dense = {f.name: torch.randn(batch_size, f.size, generator=gen) for f in inputs.dense}
     lengths, values, weights, scores = [], [], [], []
-    any_weighted = any(f["weighted"] for f in spec["sparse"])
-    for index, feature in enumerate(spec["sparse"]):
-        rows = tables[feature["table"]]["num_embeddings"]
+    any_weighted = any(f.weighted for f in inputs.sparse)
+    for index, feature in enumerate(inputs.sparse):
+        rows = feature.num_embeddings
         ids_lengths = _lengths(feature, batch_size, gen)
         total = int(ids_lengths.sum())
         ids = (torch.rand(total, generator=gen, dtype=torch.float64).pow(_ID_SKEW) * rows).long()
         ids.clamp_(max=rows - 1)
-        bag_weights = torch.rand(total, generator=gen) if feature["weighted"] else torch.ones(total)
+        bag_weights = torch.rand(total, generator=gen) if feature.weighted else torch.ones(total)
         scores.append(_bag_mean(_hash_score(ids, salt=index), ids_lengths))
         offsets = torch.zeros(batch_size + 1, dtype=torch.long)
         torch.cumsum(ids_lengths, 0, out=offsets[1:])
@@ -60,9 +58,9 @@ def make_batch(
         values.append(ids[offsets[lo] : offsets[hi]])
         weights.append(bag_weights[offsets[lo] : offsets[hi]])
 
-    labels = _labels(spec, dense, scores, seed, gen)
+    labels = _labels(inputs, dense, scores, seed, gen)
     sparse = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f["name"] for f in spec["sparse"]],
+        keys=[f.name for f in inputs.sparse],
         values=torch.cat(values) if values else torch.empty(0, dtype=torch.long),
         lengths=torch.cat(lengths) if lengths else torch.empty(0, dtype=torch.long),
         weights=torch.cat(weights) if any_weighted else None,
@@ -75,15 +73,15 @@ def make_batch(
     )
 
 
-def _lengths(feature: Mapping[str, Any], batch_size: int, gen: torch.Generator) -> torch.Tensor:
-    n = feature["ids_per_sample"]
-    if feature["fixed_ids"]:
+def _lengths(feature: SparseFeatureConfig, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    n = feature.ids_per_sample
+    if feature.fixed_ids:
         return torch.full((batch_size,), n, dtype=torch.long)
     return torch.randint(0, n + 1, (batch_size,), generator=gen)
 
 
 def _labels(
-    spec: Mapping[str, Any],
+    inputs: ModelInputs,
     dense: Mapping[str, torch.Tensor],
     sparse_scores: list[torch.Tensor],
     seed: int,
@@ -93,8 +91,8 @@ def _labels(
     hidden = torch.Generator().manual_seed(_mix(seed, 0))
     batch_size = next(iter(dense.values())).shape[0] if dense else sparse_scores[0].shape[0]
     labels: dict[str, torch.Tensor] = {}
-    for head in spec["heads"]:
-        classes = max(head["num_classes"], 1)
+    for head in inputs.heads:
+        classes = max(head.num_classes, 1)
         logits = torch.zeros(batch_size, classes)
         for x in dense.values():
             w = torch.randn(x.shape[1], classes, generator=hidden) / x.shape[1] ** 0.5
@@ -104,12 +102,12 @@ def _labels(
         logits = logits - logits.mean(0)
         if batch_size > 1:  # one sample has no spread to scale by (its std is NaN)
             logits = logits / logits.std(0).clamp(min=1e-6) * 2.0
-        if head["loss"] == "bce":
-            labels[head["label"]] = torch.bernoulli(torch.sigmoid(logits[:, 0]), generator=gen)
-        elif head["loss"] == "mse":
-            labels[head["label"]] = logits[:, 0] + 0.1 * torch.randn(batch_size, generator=gen)
+        if head.loss == "bce":
+            labels[head.label] = torch.bernoulli(torch.sigmoid(logits[:, 0]), generator=gen)
+        elif head.loss == "mse":
+            labels[head.label] = logits[:, 0] + 0.1 * torch.randn(batch_size, generator=gen)
         else:
-            labels[head["label"]] = logits.argmax(dim=1)
+            labels[head.label] = logits.argmax(dim=1)
     return labels
 
 

@@ -24,12 +24,13 @@ import csv
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence, TextIO
+from typing import Any, Iterator, Sequence, TextIO
 
 import torch
 from torch import nn
 
 from runtime.data.batch import Batch
+from runtime.data.features import ModelInputs
 from runtime.data.synthetic import make_batch
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.modules.losses import HeadConfig
@@ -67,12 +68,12 @@ def score_columns(heads: Sequence[HeadConfig]) -> list[str]:
     return columns
 
 
-def synthetic_samples(spec: Mapping[str, Any], batch_size: int, rows: int, seed: int) -> Iterator[Keyed]:
+def synthetic_samples(inputs: ModelInputs, batch_size: int, rows: int, seed: int) -> Iterator[Keyed]:
     """`rows` samples of the spec's synthetic data, ids counted from 0."""
     done, step = 0, 0
     while done < rows:
         size = min(batch_size, rows - done)
-        yield [[done + i] for i in range(size)], make_batch(spec, size, step, seed)
+        yield [[done + i] for i in range(size)], make_batch(inputs, size, step, seed)
         done += size
         step += 1
 
@@ -131,8 +132,7 @@ def predict(
 
 def predict_file(
     model: nn.Module,
-    spec: Mapping[str, Any],
-    heads: Sequence[HeadConfig],
+    inputs: ModelInputs,
     output: Path,
     *,
     data: str,
@@ -152,7 +152,7 @@ def predict_file(
     started = time.perf_counter()
     log, unseen = None, None
     if data == "synthetic":
-        samples, id_columns = synthetic_samples(spec, batch_size, rows, seed), ["id"]
+        samples, id_columns = synthetic_samples(inputs, batch_size, rows, seed), ["id"]
     else:
         from runtime.data.bad_rows import BadRowLog
         from runtime.data.movielens import DEFAULT_THRESHOLD
@@ -162,14 +162,14 @@ def predict_file(
 
         threshold = DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold
         known = None if vocabulary is None else read_vocabulary(vocabulary)
-        reader = open_reader(spec, choose_data(data, spec), threshold=threshold, vocabulary=known)
+        reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=known)
         log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
         samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
     output.parent.mkdir(parents=True, exist_ok=True)
     partial = output.with_name(f".{output.name}.partial")
     try:
         with open(partial, "w", newline="") as out:
-            count, model_seconds = predict(model, heads, samples, out, id_columns)
+            count, model_seconds = predict(model, inputs.heads, samples, out, id_columns)
         partial.replace(output)
     finally:
         partial.unlink(missing_ok=True)

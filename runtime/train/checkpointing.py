@@ -133,7 +133,7 @@ class Checkpointing:
         are drawn and dropped, which gives the same data order, slowly.
         """
         self._batches = batches
-        if self.start_step == 0 or choose_data(data, self.module.SPEC).reader == "synthetic":
+        if self.start_step == 0 or choose_data(data, self.module.INPUTS).reader == "synthetic":
             return batches
         saved = self._resumed.data_state if self._resumed is not None else None
         if saved is not None and hasattr(batches, "load_state_dict"):

@@ -21,9 +21,9 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
 
 from runtime.data.bad_rows import BAD_ROW_POLICIES
+from runtime.data.features import TrainingConfig
 from runtime.data.movielens import DEFAULT_THRESHOLD
 
 
@@ -64,13 +64,13 @@ class TrainOptions:
         pipelined = self.pipeline if self.pipeline is not None else world_size > 1
         return self.pipeline_depth if pipelined else 1
 
-    def with_spec_defaults(self, training: Mapping[str, Any]) -> TrainOptions:
+    def with_spec_defaults(self, training: TrainingConfig) -> TrainOptions:
         """These options with the spec's `training` steps, batch size and seed where none was given."""
         return dataclasses.replace(
             self,
-            steps=self.steps if self.steps is not None else training["steps"],
-            batch_size=self.batch_size if self.batch_size is not None else training["batch_size"],
-            seed=self.seed if self.seed is not None else training["seed"],
+            steps=self.steps if self.steps is not None else training.steps,
+            batch_size=self.batch_size if self.batch_size is not None else training.batch_size,
+            seed=self.seed if self.seed is not None else training.seed,
         )
 
     def to_json(self) -> str:

@@ -13,18 +13,18 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any, Callable, Generator, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
+from runtime.data.features import ModelInputs
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.movielens_vocab import read_vocabulary
 from runtime.data.sources import choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
-from runtime.modules.losses import HeadConfig
 from runtime.train.evaluate import evaluate
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
@@ -68,9 +68,8 @@ class RunIO:
 
 def setup_run(
     options: TrainOptions,
-    spec: Mapping[str, Any],
+    inputs: ModelInputs,
     *,
-    heads: Sequence[HeadConfig],
     model: torch.nn.Module,
     synthetic: Callable[[], Iterator[Batch]],
     steps: int,
@@ -97,7 +96,7 @@ def setup_run(
 
     unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
-    choice = choose_data(options.data, spec)
+    choice = choose_data(options.data, inputs)
     reader = None
     if choice.reader == "synthetic":
         batches = synthetic()
@@ -106,7 +105,7 @@ def setup_run(
         if trained is not None and rank == 0:
             _replace_file(vocab_path, resumed_vocabulary.read_bytes())
         reader = open_reader(
-            spec, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0, vocabulary=trained
+            inputs, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0, vocabulary=trained
         )
         bad_rows["bad_rows"] = BadRowLog(policy, warn)
         unseen = unseen_counter(reader)
@@ -116,7 +115,7 @@ def setup_run(
     if options.eval_data is not None:
         vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
         eval_reader = open_reader(
-            spec, choose_data(options.eval_data, spec), threshold=threshold, vocab_path=vocab_path,
+            inputs, choose_data(options.eval_data, inputs), threshold=threshold, vocab_path=vocab_path,
             save_vocab=False, vocabulary=vocabulary,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
@@ -125,12 +124,12 @@ def setup_run(
             with other_work.measure("eval"):
                 counted = unseen_counter(eval_reader)  # afresh for every pass
                 local = epoch_batches(eval_reader, bad_rows=bad_rows["eval_bad_rows"], unseen=counted, **shape)
-                return Evaluation(evaluate(model, local, heads, process_group, device), counted)
+                return Evaluation(evaluate(model, local, inputs.heads, process_group, device), counted)
 
         evaluation = evaluate_split
 
     monitor = TrainingMonitor(
-        heads,
+        inputs.heads,
         steps=steps,
         log_every=log_every,
         global_batch_size=global_batch,

@@ -75,12 +75,10 @@ def main(options: TrainOptions) -> int:
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     module = load_module(options.module)
-    training = module.SPEC["training"]
-    steps = options.steps if options.steps is not None else training["steps"]
-    batch_size = options.batch_size if options.batch_size is not None else training["batch_size"]
-    seed = options.seed if options.seed is not None else training["seed"]
+    options = options.with_spec_defaults(module.INPUTS.training)
+    steps, batch_size, seed = options.steps, options.batch_size, options.seed
 
-    device_kind = module.SPEC["sharding"]["device"]
+    device_kind = module.INPUTS.device
     process_group = init_distributed(device_kind)
     rank = dist.get_rank() if process_group is not None else 0
     world_size = dist.get_world_size() if process_group is not None else 1
@@ -97,8 +95,7 @@ def main(options: TrainOptions) -> int:
         model = distribute_dense(model, process_group)
         run_io = run_setup.setup_run(
             options,
-            module.SPEC,
-            heads=module.HEADS,
+            module.INPUTS,
             model=model,
             synthetic=lambda: synthetic_batches(module, batch_size, seed, rank, world_size, start_step),
             steps=steps,

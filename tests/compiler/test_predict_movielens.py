@@ -90,7 +90,7 @@ def _training_scores(root: Path) -> list[float]:
     model.load_state_dict(load_model_state(root / "ckpt"), strict=False)
     model.eval()
     vocabulary = read_vocabulary(root / "build" / "tiny_movielens.vocab.json")
-    reader = open_reader(module.SPEC, choose_data(f"movielens:{root / 'test'}", module.SPEC), vocabulary=vocabulary)
+    reader = open_reader(module.INPUTS, choose_data(f"movielens:{root / 'test'}", module.INPUTS), vocabulary=vocabulary)
     rows = [reader.parse(line) for _, _, line in reader.epoch_lines()]
     batch = reader.to_columns(rows).to_batch(reader.weighted)
     with torch.no_grad():
@@ -132,7 +132,7 @@ def test_predict_scores_equal_the_training_models_scores(trained: Path) -> None:
 def test_a_vocabulary_of_the_scored_file_gives_other_scores(trained: Path) -> None:
     module, model = load(trained / "out")
     output = trained / "own_vocabulary.csv"
-    predict_file(model, module.SPEC, module.HEADS, output, data=f"movielens:{trained / 'test'}", batch_size=512, rows=0, seed=0)
+    predict_file(model, module.INPUTS, output, data=f"movielens:{trained / 'test'}", batch_size=512, rows=0, seed=0)
     assert _predicted(output) != pytest.approx(_training_scores(trained), rel=1e-6, abs=1e-7)
 
 

@@ -14,6 +14,7 @@ import torch
 
 from compiler.codegen.emit import emit
 from compiler.pipeline import compile_spec
+from runtime.data.features import DenseFeatureConfig, SparseFeatureConfig, TrainingConfig
 from runtime.embeddings.bag_collection import EmbeddingBagConfig
 from runtime.modules.blocks import MLP
 from runtime.modules.losses import HeadConfig, total_loss
@@ -41,7 +42,14 @@ def test_the_module_hands_the_runtime_typed_configs(dlrm) -> None:
     (click,) = dlrm.HEADS
     assert click == HeadConfig("click", "bce", "click", 1.0, 1, ("ne", "auc", "accuracy"), f"{SPEC}:19:5")
     assert dlrm.DENSE_OPTIMIZER == DenseOptimizerConfig("adagrad", 0.01, where=f"{SPEC}:21:1")
-    assert "optimizer" not in dlrm.SPEC["tables"][0] and "dense_optimizer" not in dlrm.SPEC["training"]
+    inputs = dlrm.INPUTS
+    assert inputs.dense == (DenseFeatureConfig("int", 13, f"{SPEC}:7:7"),)
+    assert inputs.sparse[3] == SparseFeatureConfig("cat_3", "cat_3", 100000, 1, True, False, f"{SPEC}:10:7")
+    assert [f.name for f in inputs.sparse] == [f"cat_{i}" for i in range(26)]
+    assert inputs.heads is dlrm.HEADS
+    assert inputs.training == TrainingConfig(steps=inputs.training.steps, batch_size=2048, seed=0, where=f"{SPEC}:21:1")
+    assert (inputs.data, inputs.device) == (None, "cpu")
+    assert not hasattr(dlrm, "SPEC")  # the readers and the trainer read INPUTS, not a dict
 
 
 def test_an_id_out_of_range_names_the_table_and_its_spec_line(dlrm) -> None:

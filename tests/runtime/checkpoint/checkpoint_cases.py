@@ -78,7 +78,7 @@ def compile_modules(directory: Path, world_sizes: tuple[int, ...], spec: str = S
 
 def fresh(module: ModuleType, process_group: dist.ProcessGroup | None = None):
     """The model (its dense part in DDP on several ranks) and dense optimizer, as the worker has them."""
-    torch.manual_seed(module.SPEC["training"]["seed"])
+    torch.manual_seed(module.INPUTS.training.seed)
     model = module.build(process_group=process_group)
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     return distribute_dense(model, process_group), optimizer

@@ -7,6 +7,15 @@ import random
 from pathlib import Path
 from typing import Any
 
+from runtime.data.features import (
+    DataConfig,
+    DenseFeatureConfig,
+    ModelInputs,
+    SparseFeatureConfig,
+    TrainingConfig,
+)
+from runtime.modules.losses import HeadConfig
+
 # A Criteo row whose click depends on I1 and C1, so a model can learn it.
 SIGNAL_HEX = ("0a1b2c3d", "ffee0011")
 
@@ -40,21 +49,23 @@ def spec(
     tables: dict[str, int],
     heads: list[dict[str, Any]],
     data: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A SPEC dict shaped like a generated module's."""
-    return {
-        "name": "test",
-        "dense": dense,
-        "sparse": [
-            {"ids_per_sample": 1, "fixed_ids": True, "weighted": False, "hashed": False, **f} for f in sparse
-        ],
-        "tables": [{"name": name, "num_embeddings": rows} for name, rows in tables.items()],
-        "heads": [{"num_classes": 1, "weight": 1.0, "metrics": None, **h} for h in heads],
-        "data": data,
-    }
+) -> ModelInputs:
+    """The `ModelInputs` a generated module would build for these features, tables and heads."""
+    return ModelInputs(
+        dense=tuple(DenseFeatureConfig(**f) for f in dense),
+        sparse=tuple(SparseFeatureConfig(num_embeddings=tables[f["table"]], **f) for f in sparse),
+        heads=tuple(HeadConfig(**h) for h in heads),
+        training=TrainingConfig(steps=10, batch_size=8, seed=0),
+        data=None if data is None else data_config(data),
+    )
 
 
-def criteo_spec(sparse_count: int = 26, rows: int = 1000, data: dict[str, Any] | None = None) -> dict[str, Any]:
+def data_config(data: dict[str, Any]) -> DataConfig:
+    """The spec's `data:` section as written in YAML, as a `DataConfig`."""
+    return DataConfig(data["reader"], data.get("path"), tuple((data.get("columns") or {}).items()))
+
+
+def criteo_spec(sparse_count: int = 26, rows: int = 1000, data: dict[str, Any] | None = None) -> ModelInputs:
     names = [f"cat_{i}" for i in range(sparse_count)]
     return spec(
         [{"name": "int", "size": 13}],
@@ -65,7 +76,7 @@ def criteo_spec(sparse_count: int = 26, rows: int = 1000, data: dict[str, Any] |
     )
 
 
-def movielens_spec(loss: str = "bce", genres: bool = False, users: int = 50, movies: int = 50) -> dict[str, Any]:
+def movielens_spec(loss: str = "bce", genres: bool = False, users: int = 50, movies: int = 50) -> ModelInputs:
     sparse = [{"name": "user_id", "table": "user_id"}, {"name": "movie_id", "table": "movie"}]
     tables = {"user_id": users, "movie": movies}
     if genres:

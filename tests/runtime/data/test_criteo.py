@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -126,6 +127,6 @@ def test_mapping_errors_name_the_column_and_the_target(columns: dict[str, str], 
 
 def test_a_second_head_without_a_column_is_an_error() -> None:
     spec = criteo_spec()
-    spec["heads"].append({**spec["heads"][0], "name": "cvr", "label": "cvr"})
+    spec = dataclasses.replace(spec, heads=(*spec.heads, dataclasses.replace(spec.heads[0], name="cvr", label="cvr")))
     with pytest.raises(DataError, match="head 'cvr' reads label 'cvr', which no criteo column feeds"):
         criteo_layout(spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from runtime.data.movielens import movielens_layout
 from runtime.data.sources import DataChoice, open_reader
-from sample_files import RATINGS, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
+from sample_files import RATINGS, data_config, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
 
 USERS = sorted({r[0] for r in RATINGS})
 MOVIES = sorted({r[1] for r in RATINGS})
@@ -109,10 +110,9 @@ def test_the_csv_header_is_not_a_row_and_line_numbers_count_it(tmp_path: Path) -
 
 def test_columns_map_other_feature_names_and_softmax_heads_are_refused() -> None:
     spec = movielens_spec()
-    spec["sparse"][1]["name"] = "item"
-    spec["data"] = {"reader": "movielens", "path": "x", "columns": {"movieId": "item"}}
-    assert movielens_layout(spec).movie == "item"
-    spec["data"] = None
+    spec = dataclasses.replace(spec, sparse=(spec.sparse[0], dataclasses.replace(spec.sparse[1], name="item")))
+    columns = dataclasses.replace(spec, data=data_config({"reader": "movielens", "path": "x", "columns": {"movieId": "item"}}))
+    assert movielens_layout(columns).movie == "item"
     with pytest.raises(DataError, match=r"sparse features item have no movielens column"):
         movielens_layout(spec)
     with pytest.raises(DataError, match="movielens ratings feed bce heads"):

@@ -5,21 +5,23 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.data.features import DenseFeatureConfig, ModelInputs, SparseFeatureConfig, TrainingConfig
 from runtime.data.synthetic import make_batch
+from runtime.modules.losses import HeadConfig
 
-SPEC = {
-    "dense": [{"name": "int", "size": 5}],
-    "sparse": [
-        {"name": "a", "table": "ta", "ids_per_sample": 3, "fixed_ids": True, "weighted": False, "hashed": False},
-        {"name": "b", "table": "tb", "ids_per_sample": 4, "fixed_ids": False, "weighted": True, "hashed": False},
-    ],
-    "tables": [{"name": "ta", "num_embeddings": 50}, {"name": "tb", "num_embeddings": 7}],
-    "heads": [
-        {"name": "click", "label": "click", "loss": "bce", "num_classes": 1},
-        {"name": "rating", "label": "rating", "loss": "mse", "num_classes": 1},
-        {"name": "genre", "label": "genre", "loss": "softmax", "num_classes": 4},
-    ],
-}
+INPUTS = ModelInputs(
+    dense=(DenseFeatureConfig("int", 5),),
+    sparse=(
+        SparseFeatureConfig("a", "ta", 50, ids_per_sample=3, fixed_ids=True, weighted=False),
+        SparseFeatureConfig("b", "tb", 7, ids_per_sample=4, fixed_ids=False, weighted=True),
+    ),
+    heads=(
+        HeadConfig("click", "bce", "click"),
+        HeadConfig("rating", "mse", "rating"),
+        HeadConfig("genre", "softmax", "genre", num_classes=4),
+    ),
+    training=TrainingConfig(steps=10, batch_size=16, seed=0),
+)
 
 
 def _per_key(batch, key):
@@ -28,17 +30,17 @@ def _per_key(batch, key):
 
 
 def test_same_seed_and_step_give_the_same_batch() -> None:
-    one, two = make_batch(SPEC, 16, step=3, seed=5), make_batch(SPEC, 16, step=3, seed=5)
+    one, two = make_batch(INPUTS, 16, step=3, seed=5), make_batch(INPUTS, 16, step=3, seed=5)
     assert torch.equal(one.dense["int"], two.dense["int"])
     assert torch.equal(one.sparse.values(), two.sparse.values())
     assert all(torch.equal(one.labels[k], two.labels[k]) for k in one.labels)
-    other = make_batch(SPEC, 16, step=4, seed=5)
+    other = make_batch(INPUTS, 16, step=4, seed=5)
     assert not torch.equal(one.dense["int"], other.dense["int"])
 
 
 def test_rank_slices_concatenate_to_the_global_batch() -> None:
-    whole = make_batch(SPEC, 12, step=1, seed=0)
-    parts = [make_batch(SPEC, 12, step=1, seed=0, rank=r, world_size=3) for r in range(3)]
+    whole = make_batch(INPUTS, 12, step=1, seed=0)
+    parts = [make_batch(INPUTS, 12, step=1, seed=0, rank=r, world_size=3) for r in range(3)]
     assert [p.batch_size for p in parts] == [4, 4, 4]
     assert torch.equal(torch.cat([p.dense["int"] for p in parts]), whole.dense["int"])
     for label in whole.labels:
@@ -52,7 +54,7 @@ def test_rank_slices_concatenate_to_the_global_batch() -> None:
 
 
 def test_ids_lengths_and_labels_respect_the_spec() -> None:
-    batch = make_batch(SPEC, 64, step=0, seed=1)
+    batch = make_batch(INPUTS, 64, step=0, seed=1)
     batch.sparse.validate()
     lengths_a, values_a, _ = _per_key(batch, "a")
     lengths_b, values_b, weights_b = _per_key(batch, "b")
@@ -68,7 +70,7 @@ def test_ids_lengths_and_labels_respect_the_spec() -> None:
 
 def test_labels_carry_a_signal_from_the_inputs() -> None:
     """The dense features alone predict the click label better than chance."""
-    batch = make_batch(SPEC, 4096, step=0, seed=2)
+    batch = make_batch(INPUTS, 4096, step=0, seed=2)
     x, y = batch.dense["int"], batch.labels["click"]
     w = torch.linalg.lstsq(torch.cat([x, torch.ones(len(x), 1)], 1), y[:, None]).solution
     predicted = (torch.cat([x, torch.ones(len(x), 1)], 1) @ w).squeeze(1) > 0.5
@@ -77,4 +79,4 @@ def test_labels_carry_a_signal_from_the_inputs() -> None:
 
 def test_uneven_batch_is_an_error() -> None:
     with pytest.raises(ValueError, match="^global batch size 10 does not divide evenly over 4 ranks$"):
-        make_batch(SPEC, 10, step=0, rank=0, world_size=4)
+        make_batch(INPUTS, 10, step=0, rank=0, world_size=4)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from compiler.cli import main
+from runtime.data.features import TrainingConfig
 from runtime.train import options as train_options
 from runtime.train.options import TrainOptions
 
@@ -83,7 +84,7 @@ def test_options_fill_the_spec_defaults_and_travel_as_json() -> None:
     assert options == TrainOptions(
         module="build/m.py", steps=7, checkpoint_dir=Path("ck"), keep=2, pipeline=False
     )
-    ready = options.with_spec_defaults({"steps": 100, "batch_size": 64, "seed": 3})
+    ready = options.with_spec_defaults(TrainingConfig(steps=100, batch_size=64, seed=3))
     assert (ready.steps, ready.batch_size, ready.seed) == (7, 64, 3)
     assert TrainOptions.from_json(ready.to_json()) == ready
     assert ready.pipeline_depth_for(4) == 1 and options.pipeline_depth_for(1) == 1

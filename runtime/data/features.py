@@ -1,0 +1,80 @@
+"""A model's inputs as the data readers and the trainer read them: typed, frozen, runtime-owned.
+
+A generated module builds one `ModelInputs` (its INPUTS constant) from the
+resolved spec, as it builds its tables' `EmbeddingBagConfig`s and its HEADS:
+the dense and sparse features, the heads, the `training:` defaults and the
+`data:` section. The readers, the synthetic data and the worker take it
+instead of the spec's dict form. `where` is the spec location a value was
+compiled from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.modules.losses import HeadConfig
+
+
+@dataclass(frozen=True, slots=True)
+class DenseFeatureConfig:
+    """A float vector of `size` columns."""
+
+    name: str
+    size: int
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SparseFeatureConfig:
+    """A bag of ids looked up in `table` (of `num_embeddings` rows).
+
+    A sample holds exactly `ids_per_sample` ids when `fixed_ids`, else 0 to
+    `ids_per_sample`; `weighted` features carry one weight per id.
+    """
+
+    name: str
+    table: str
+    num_embeddings: int
+    ids_per_sample: int = 1
+    fixed_ids: bool = True
+    weighted: bool = False
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingConfig:
+    """The spec's training defaults: steps, global batch size and seed (flags override them)."""
+
+    steps: int
+    batch_size: int
+    seed: int
+    where: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DataConfig:
+    """The spec's `data:` section: a reader, the path it reads, and column -> feature or label."""
+
+    reader: str
+    path: str | None = None
+    columns: tuple[tuple[str, str], ...] = ()
+    where: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", tuple((str(c), str(t)) for c, t in self.columns))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInputs:
+    """Everything outside the model the runtime needs to feed it: features, heads, training, data."""
+
+    dense: tuple[DenseFeatureConfig, ...]
+    sparse: tuple[SparseFeatureConfig, ...]
+    heads: tuple[HeadConfig, ...]
+    training: TrainingConfig
+    data: DataConfig | None = None
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("dense", "sparse", "heads"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
