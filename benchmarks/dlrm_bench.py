@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from runtime.train.threads import choose_threads
+
 REPO = Path(__file__).resolve().parent.parent
 WORKLOAD_DIR = REPO.parent / "shared" / "bench"
 
@@ -285,7 +287,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mode", choices=["local", "dist2"], default="local")
     parser.add_argument("--steps", type=int, help="timed steps (default: the workload's per variant)")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--threads", type=int, help="intra-op threads per process (dist2 default: 1)")
+    parser.add_argument(
+        "--threads", type=int,
+        help="intra-op threads per process (local default: the cores free, as reccompile train; dist2: 1)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
     parser.add_argument(
         "--pipeline", choices=["on", "off", "ab"],
@@ -315,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     workload = load_workload()
     if args.mode == "dist2" and args.threads is None:
         args.threads = 1  # two processes on two cores: one busy thread each
+    if args.mode == "local" and args.threads is None:
+        args.threads = choose_threads(1, 0).threads  # the cores free now, as `reccompile train` chooses
     if args.pipeline is None:
         args.pipeline = "on" if args.mode == "dist2" else "off"  # as `reccompile train` chooses
     if args.pipeline == "ab" and args.profile is not None:
