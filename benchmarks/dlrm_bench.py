@@ -69,10 +69,10 @@ def make_batches(workload: ModuleType, module: ModuleType, variant: str, rank: i
     from runtime.data.batch import Batch
     from runtime.sparse.jagged import KeyedJaggedTensor
 
-    spec = module.SPEC
-    dense_name = spec["dense"][0]["name"]
-    label = spec["heads"][0]["label"]
-    keys = [f["name"] for f in spec["sparse"]]
+    inputs = module.INPUTS
+    dense_name = inputs.dense[0].name
+    label = inputs.heads[0].label
+    keys = [feature.name for feature in inputs.sparse]
     batches = []
     for index in range(workload.NUM_BATCHES):
         dense, ids, labels = workload.make_batch(index, variant, rank=rank)

@@ -144,11 +144,11 @@ def quality(workdir: Path, eval_batches: int) -> dict[str, dict[str, Any]]:
     base_logits = None
     for config in CONFIGS:
         module, model = load(export_dir(workdir, config), verify=False)
-        spec = module.SPEC
+        inputs = module.INPUTS
         logits, labels = [], []
         with torch.inference_mode():
             for k in range(eval_batches):
-                batch = make_batch(spec, spec["training"]["batch_size"], HELD_OUT_STEP + k, spec["training"]["seed"])
+                batch = make_batch(inputs, inputs.training.batch_size, HELD_OUT_STEP + k, inputs.training.seed)
                 logits.append(model(batch.dense, batch.sparse)["click"])
                 labels.append(batch.labels["click"])
             probe = model(*reference)["click"]

@@ -1,0 +1,28 @@
+"""benchmarks/dlrm_bench.py still runs against the generated module (two steps, no timing claims)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOAD = REPO.parent / "shared" / "bench" / "workload.py"
+
+
+@pytest.mark.skipif(not WORKLOAD.is_file(), reason=f"no shared bench workload at {WORKLOAD}")
+def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "dlrm_bench.py"), "--variant", "criteo", "--mode", "local",
+         "--steps", "2", "--warmup", "1", "--threads", "1"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "RECCOMPILE_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "criteo", "local", 2)
+    assert line["samples_per_s"] > 0 and abs(line["loss_first"] - 0.6931) < 0.01
+    assert {"cpu", "cpu_flags", "kernels"} <= line.keys()
