@@ -455,7 +455,9 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         checks.check_layout(owner, tensors, stride, keys)
         claimed_lengths, claimed_offsets = self._length_per_key, self._offset_per_key
         self._length_per_key = self._offset_per_key = None
-        checks.check_per_key_caches(self, claimed_lengths, claimed_offsets)
+        checks.check_per_key_caches(
+            self.keys(), self.length_per_key(), self.offset_per_key(), claimed_lengths, claimed_offsets
+        )
         return self
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> KeyedJaggedTensor:

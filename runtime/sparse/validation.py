@@ -1,5 +1,8 @@
 """Layout checks behind `validate()` of the classes in runtime/sparse/jagged.py.
 
+A leaf: the checks take plain tensors and lists and import nothing of the
+runtime, so the jagged tensors use them without an import circle.
+
 They sync with the device, so the hot path never runs them; data readers
 and tests do, on untrusted input. Every failure is a ValueError that names
 the class, the key or sample, and the numbers.
@@ -7,12 +10,7 @@ the class, the key or sample, and the numbers.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from runtime.sparse.jagged import KeyedJaggedTensor
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -119,11 +117,14 @@ def _check_offsets(
 
 
 def check_per_key_caches(
-    kjt: KeyedJaggedTensor, claimed_lengths: list[int] | None, claimed_offsets: list[int] | None
+    keys: list[str],
+    length_per_key: list[int],
+    offset_per_key: list[int],
+    claimed_lengths: list[int] | None,
+    claimed_offsets: list[int] | None,
 ) -> None:
-    """Per-key lists a caller passed in agree with the ones `kjt` computes from its lengths."""
-    owner, keys = "KeyedJaggedTensor", kjt.keys()
-    length_per_key, offset_per_key = kjt.length_per_key(), kjt.offset_per_key()
+    """Per-key lists a caller passed in agree with the ones computed from the lengths."""
+    owner = "KeyedJaggedTensor"
     if claimed_lengths is not None:
         if len(claimed_lengths) != len(keys):
             raise ValueError(
