@@ -15,6 +15,7 @@ from typing import Literal, Union
 from runtime.sharding.types import ComputeKernel, ShardingType  # named once, for planner and runtime
 
 Pooling = Literal["sum", "mean"]
+Keep = Literal["end", "start"]  # which positions a sequence longer than its max_length keeps
 LossType = Literal["bce", "mse", "softmax"]
 OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 Device = Literal["cpu", "cuda"]
@@ -60,6 +61,10 @@ class SparseFeature:
     `ids_per_sample` is the exact count when `fixed_ids` is true, otherwise
     the maximum (samples hold 0..ids_per_sample ids). `hashed` means raw ids
     are hashed into the table's rows before lookup.
+
+    A sequence feature (`pooling: none` in the spec) has a `max_length`: its
+    value in the model is a sequence [B, L <= max_length, dim] with its
+    lengths, longer ones cut to their `keep` side (`end`: the most recent).
     """
 
     name: str
@@ -68,6 +73,25 @@ class SparseFeature:
     fixed_ids: bool
     weighted: bool
     hashed: bool
+    loc: Location
+    max_length: int | None = None  # set for sequence features only
+    keep: Keep = "end"
+
+    @property
+    def is_sequence(self) -> bool:
+        return self.max_length is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampsFeature:
+    """Per-position int64 times of the sequence feature `sequence`, referenced as `timestamps.<name>`.
+
+    In a batch it is a key of the sparse KeyedJaggedTensor with the
+    sequence's lengths; the model cuts it as it cuts the sequence.
+    """
+
+    name: str
+    sequence: str
     loc: Location
 
 
@@ -256,6 +280,7 @@ class ModelIR:
     sharding: Sharding
     data: Data | None
     loc: Location
+    timestamps: tuple[TimestampsFeature, ...] = ()
 
     def table(self, name: str) -> Table:
         for table in self.tables:

@@ -29,7 +29,9 @@ class SparseFeatureConfig:
     """A bag of ids looked up in `table` (of `num_embeddings` rows).
 
     A sample holds exactly `ids_per_sample` ids when `fixed_ids`, else 0 to
-    `ids_per_sample`; `weighted` features carry one weight per id.
+    `ids_per_sample`; `weighted` features carry one weight per id. A sequence
+    feature has a `max_length` (ids in time order, most recent last); the
+    model cuts longer ones to their `keep` side ("end" or "start").
     """
 
     name: str
@@ -38,6 +40,21 @@ class SparseFeatureConfig:
     ids_per_sample: int = 1
     fixed_ids: bool = True
     weighted: bool = False
+    where: str = ""
+    max_length: int | None = None
+    keep: str = "end"
+
+
+@dataclass(frozen=True, slots=True)
+class TimestampsConfig:
+    """Per-position times (int64, e.g. unix seconds) of the sequence feature `sequence`.
+
+    In a batch it is a key of the sparse KeyedJaggedTensor, named `name`,
+    with the sequence's lengths: one time per id.
+    """
+
+    name: str
+    sequence: str
     where: str = ""
 
 
@@ -74,7 +91,8 @@ class ModelInputs:
     training: TrainingConfig
     data: DataConfig | None = None
     device: str = "cpu"
+    timestamps: tuple[TimestampsConfig, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("dense", "sparse", "heads"):
+        for name in ("dense", "sparse", "heads", "timestamps"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
