@@ -3,6 +3,7 @@
     synthetic          batches made from the spec (the generated module's synthetic_batch)
     criteo:PATH        Criteo TSV files (runtime.data.criteo)
     movielens:PATH     MovieLens ratings (runtime.data.movielens)
+    prepared:DIR       rows prepared once into Parquet (runtime.data.prepared), read by rank
     PATH               the reader the spec's `data:` section names
 
 Without `--data`, the spec's `data:` section decides, and without one the
@@ -28,7 +29,7 @@ from runtime.data.movielens import (
 )
 from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
 
-READERS = ("synthetic", "criteo", "movielens")
+READERS = ("synthetic", "criteo", "movielens", "prepared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,8 @@ def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
         return DataChoice(reader, path or None)
     if section is None or section.reader == "synthetic":
         raise DataError(
-            f"--data {text}: name the reader (criteo:PATH or movielens:PATH); the spec's data section does not"
+            f"--data {text}: name the reader (criteo:PATH, movielens:PATH or prepared:DIR); the spec's data "
+            "section does not"
         )
     return DataChoice(section.reader, text)
 
@@ -80,6 +82,8 @@ def open_reader(
     evaluation file takes its rows' histories from the training file too."""
     if choice.path is None:
         raise DataError(f"the {choice.reader} reader reads no files")
+    if choice.reader == "prepared":
+        raise DataError(f"{choice}: prepared data is read by rank (runtime.data.prepared), not line by line")
     reader: Reader
     if choice.reader == "criteo":
         reader = CriteoReader(inputs, choice.path)
