@@ -81,8 +81,8 @@ class ShareDataset(IterableDataset):
         rows = self.global_batch if not self.one_epoch else min(self.global_batch, self.data.rows - begin)
         lo, hi, size = share_bounds(rows, self.rank, self.world_size)
         columns = reader.read(begin + lo, begin + hi)
-        if hi - lo < size:  # the last batch of an epoch: padded with a real row, as runtime.data.rank_slices does
-            filler = columns if hi > lo else reader.read(begin, begin + 1)
+        if hi - lo < size:  # the last batch of an epoch: padded with its first row, as runtime.data.rank_slices does
+            filler = columns if lo == 0 else reader.read(begin, begin + 1)
             columns = columns.padded(size, filler)
         return Share(columns, hi - lo)
 
