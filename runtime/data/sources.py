@@ -3,6 +3,7 @@
     synthetic          batches made from the spec (the generated module's synthetic_batch)
     criteo:PATH        Criteo TSV files (runtime.data.criteo)
     movielens:PATH     MovieLens ratings (runtime.data.movielens)
+    csv:PATH           CSV files whose columns data.columns maps (runtime.data.tables)
     prepared:DIR       rows prepared once into Parquet (runtime.data.prepared), read by rank
     PATH               the reader the spec's `data:` section names
 
@@ -19,6 +20,7 @@ from runtime.data.criteo import CriteoReader
 from runtime.data.errors import DataError
 from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
+from runtime.data.tables.csv_files import CsvReader
 from runtime.data.movielens import (
     DEFAULT_THRESHOLD,
     MovieLensReader,
@@ -29,7 +31,7 @@ from runtime.data.movielens import (
 )
 from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
 
-READERS = ("synthetic", "criteo", "movielens", "prepared")
+READERS = ("synthetic", "criteo", "movielens", "csv", "prepared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +89,8 @@ def open_reader(
     reader: Reader
     if choice.reader == "criteo":
         reader = CriteoReader(inputs, choice.path)
+    elif choice.reader == "csv":
+        reader = CsvReader(inputs, choice.path)
     elif choice.reader == "movielens":
         earlier = training.file if isinstance(training, MovieLensReader) else None
         reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier)
