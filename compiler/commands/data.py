@@ -24,7 +24,7 @@ from compiler.diagnostics import CompileError
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
-SOURCE_READERS = ("criteo", "movielens", "csv")
+SOURCE_READERS = ("criteo", "movielens", "csv", "parquet")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,6 +4,7 @@
     criteo:PATH        Criteo TSV files (runtime.data.criteo)
     movielens:PATH     MovieLens ratings (runtime.data.movielens)
     csv:PATH           CSV files whose columns data.columns maps (runtime.data.tables)
+    parquet:PATH       Parquet files whose columns data.columns maps (runtime.data.tables)
     prepared:DIR       rows prepared once into Parquet (runtime.data.prepared), read by rank
     PATH               the reader the spec's `data:` section names
 
@@ -31,7 +32,7 @@ from runtime.data.movielens import (
 )
 from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
 
-READERS = ("synthetic", "criteo", "movielens", "csv", "prepared")
+READERS = ("synthetic", "criteo", "movielens", "csv", "parquet", "prepared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,10 @@ def open_reader(
         reader = CriteoReader(inputs, choice.path)
     elif choice.reader == "csv":
         reader = CsvReader(inputs, choice.path)
+    elif choice.reader == "parquet":
+        from runtime.data.tables.parquet_files import ParquetReader  # pyarrow, an optional extra
+
+        reader = ParquetReader(inputs, choice.path)
     elif choice.reader == "movielens":
         earlier = training.file if isinstance(training, MovieLensReader) else None
         reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier)

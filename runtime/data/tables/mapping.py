@@ -79,6 +79,8 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
                 raise DataError(f"data.columns: {target!r} is fed by both {fed_sparse[target]} and {column}")
             fed_sparse[target] = column
         elif target in labels:
+            if target in fed_labels:
+                raise DataError(f"data.columns: label {target!r} is fed by both {fed_labels[target]} and {column}")
             fed_labels[target] = column
         else:
             raise DataError(f"data.columns.{column}: {target!r} is no feature or head label of the spec")
