@@ -40,6 +40,7 @@ from runtime.data.batch import Batch
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.reporting import console
+from runtime.train.lr_schedule import spell
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
@@ -129,8 +130,8 @@ class Checkpointing:
             return
         if not self.lr_scheduler.load_state_dict(saved):
             self._say(
-                f"warning: {self._resumed.path} was trained with lr_schedule {saved['schedule']}; "
-                f"this run goes on from step {self.start_step} with {self.lr_scheduler.schedule.describe()}",
+                f"warning: {self._resumed.path} was trained with lr_schedule {spell(saved['schedule'])}; "
+                f"this run goes on from step {self.start_step} with {spell(self.lr_scheduler.schedule.describe())}",
                 sys.stderr,
             )
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 LR_SCHEDULE_TYPES = ("constant", "step", "exponential", "linear", "cosine")
 
@@ -103,6 +103,12 @@ class LrSchedule:
     def describe(self) -> dict[str, Any]:
         """The schedule's parameters that are set, as plain data (checkpoint manifests keep it)."""
         return {key: getattr(self, key) for key in PARAMETERS if getattr(self, key) is not None}
+
+
+def spell(described: Mapping[str, Any]) -> str:
+    """`cosine(warmup_steps=2, total_steps=9)`: a `describe()` (or a manifest's copy) as one line."""
+    params = ", ".join(f"{key}={described[key]}" for key in PARAMETERS[1:] if key in described)
+    return f"{described['type']}({params})"
 
 
 def problems(
