@@ -195,10 +195,10 @@ class MLP(nn.Module):
         )
 
 
-def _check_norm(owner: str, norm: str | None) -> str:
+def _check_norm(owner: str, norm: str | None, name: str = "norm") -> str:
     key = "none" if norm is None else norm
     if key not in NORMS:
-        raise ValueError(f"{owner}: unknown norm {norm!r} (expected one of: {', '.join(NORMS)})")
+        raise ValueError(f"{owner}: unknown {name} {norm!r} (expected one of: {', '.join(NORMS)})")
     return key
 
 

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.modules.arguments import check_size, owner
-from runtime.modules.blocks import MLP
+from runtime.modules.arguments import check_probability, check_size, owner
+from runtime.modules.blocks import MLP, _check_norm
 from runtime.modules.dropout import derive_seed
 from runtime.modules.field_stack import check_stack
 
@@ -112,8 +112,10 @@ class Wukong(nn.Module):
             raise ValueError(f"{name}: fmb_layers must be a list of sizes (got {fmb_layers!r})")
         self.fmb_layers = [check_size(name, f"fmb_layers[{i}]", size) for i, size in enumerate(fmb_layers)]
         self.out_fields = self.num_fmb + self.num_lcb
+        mlp_norm = _check_norm(name, mlp_norm, "mlp_norm")
+        mlp_dropout = check_probability(name, "mlp_dropout", mlp_dropout)
         mlp_options: dict[str, Any] = {}
-        if mlp_norm not in (None, "none") or mlp_dropout:
+        if mlp_norm != "none" or mlp_dropout > 0:
             if not self.fmb_layers:
                 raise ValueError(f"{name}: mlp_norm and mlp_dropout need hidden fmb_layers (got [])")
             mlp_options = {"norm": mlp_norm, "dropout": mlp_dropout, "process_group": process_group}
