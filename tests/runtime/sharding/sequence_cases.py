@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import sharded_cases as sc
+from runtime.checkpoint.store import load_checkpoint, save_checkpoint
 from runtime.embeddings.bag_collection import EmbeddingBagConfig
 from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.embeddings.sequence_collection import EmbeddingConfig
@@ -182,14 +183,23 @@ def make_batch(
     return dense[lo:hi], kjt, labels[lo:hi]
 
 
+def dense_optimizer(model: SequenceModel) -> torch.optim.Optimizer:
+    """Plain SGD: no state, so a resumed run may start a new one."""
+    return torch.optim.SGD(model.dense_parameters(), lr=0.1)
+
+
 def train(
-    model: SequenceModel, process_group: dist.ProcessGroup | None, rank: int, world_size: int
+    model: SequenceModel,
+    process_group: dist.ProcessGroup | None,
+    rank: int,
+    world_size: int,
+    steps: range = range(STEPS),
 ) -> list[float]:
-    """STEPS steps; the global mean loss of each."""
-    optimizer = torch.optim.SGD(model.dense_parameters(), lr=0.1)
+    """`steps`; the global mean loss of each."""
+    optimizer = dense_optimizer(model)
     trained = distribute_dense(model, process_group)
     losses = []
-    for step in range(STEPS):
+    for step in steps:
         dense, sparse, labels = make_batch(step, rank, world_size)
         loss = F.binary_cross_entropy_with_logits(trained(dense, sparse), labels)
         optimizer.zero_grad()
@@ -287,4 +297,54 @@ def run_training(rank: int, port: int, out: str) -> None:
         }
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
+    dist.destroy_process_group()
+
+
+# Checkpoints: the mixed plan with Adam (exact under resharding: its state is per element).
+RESUME_CASE = "mixed-adam"
+SAVED_AT = 3
+
+
+def case_named(name: str) -> Case:
+    return next(case for case in cases() if case.name == name)
+
+
+def save(model: SequenceModel, directory: str, group: dist.ProcessGroup | None, world_size: int) -> None:
+    case = case_named(RESUME_CASE)
+    save_checkpoint(
+        directory, model, dense_optimizer(model), step=SAVED_AT, spec_sha256="sequences",
+        plan=case.plan(world_size), process_group=group,
+    )
+
+
+def resume(directory: str, group: dist.ProcessGroup | None, rank: int, world_size: int) -> SequenceModel:
+    model = build(case_named(RESUME_CASE), group, world_size)
+    load_checkpoint(directory, model, dense_optimizer(model), spec_sha256="sequences", process_group=group)
+    return model
+
+
+def run_checkpoints(rank: int, port: int, out: str, saved_at_one: str) -> None:
+    """Saves at WORLD_SIZE ranks after SAVED_AT steps and goes on; resumes `saved_at_one`.
+
+    Rank 0 saves the losses after the save, and those of the run resumed
+    from the one-process checkpoint, with the tables each run ends with.
+    """
+    group = sc.init(rank, port)
+    model = build(case_named(RESUME_CASE), group, WORLD_SIZE)
+    train(model, group, rank, WORLD_SIZE, range(SAVED_AT))
+    save(model, str(Path(out) / "ws2"), group, WORLD_SIZE)
+    saved = tables_of(model)
+    after = train(model, group, rank, WORLD_SIZE, range(SAVED_AT, STEPS))
+    resumed = resume(saved_at_one, group, rank, WORLD_SIZE)
+    loaded = tables_of(resumed)
+    resumed_losses = train(resumed, group, rank, WORLD_SIZE, range(SAVED_AT, STEPS))
+    results = {
+        "saved": saved,
+        "after": after,
+        "loaded_from_one": loaded,
+        "resumed_losses": resumed_losses,
+        "resumed_tables": tables_of(resumed),
+    }
+    if rank == 0:
+        torch.save(results, Path(out) / "checkpoints.pt")
     dist.destroy_process_group()
