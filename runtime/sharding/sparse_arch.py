@@ -6,7 +6,10 @@ each an `EmbeddingGroup` with the three stages the compiled graph calls:
 table order, then each table's feature order; the compiler's lowering relies
 on that. Sequence tables (`sequence_tables`, looked up as one row per id by
 `EmbeddingCollection`) get groups of their own, named `<type>_sequence`,
-whose output_dist yields `{feature: JaggedTensor}` of the local samples. At world size 1 every group runs locally (local.py); over several
+whose output_dist yields `{feature: JaggedTensor}` of the local samples;
+over several ranks they may be data_parallel, table_wise, column_wise or
+row_wise (each type module's `build_sequence`; the rows travel back in
+sequence_dist.py), not table_row_wise. At world size 1 every group runs locally (local.py); over several
 ranks each type has its module (data_parallel.py, table_wise.py,
 column_wise.py, row_wise.py, table_row_wise.py) on the collectives of
 `process_group`. Training on N ranks equals training one process on the

@@ -295,9 +295,37 @@ def run_training(rank: int, port: int, out: str) -> None:
             "tables": tables_of(model),
             "dense": {k: v.detach().clone() for k, v in model.named_parameters()},
         }
+    gathered: list[Any] = [None] * WORLD_SIZE
+    dist.all_gather_object(gathered, errors(group, rank), group=group)
+    results["errors"] = gathered
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
     dist.destroy_process_group()
+
+
+def errors(group: dist.ProcessGroup, rank: int) -> dict[str, str]:
+    """The messages of a table_row_wise sequence table and of an out-of-range sequence id.
+
+    Both are raised on every rank before any collective could wait for a peer.
+    """
+    out = {}
+    trw = Case("table_row_wise", {**MIXED, "s1": "table_row_wise"}, "sgd")
+    try:
+        SequenceModel(trw, trw.plan(), group)
+    except ValueError as error:
+        out["table_row_wise"] = str(error)
+    model = build(case_named("mixed-sgd"), group, WORLD_SIZE)
+    _, sparse, _ = make_batch(1, rank, WORLD_SIZE)
+    values = sparse.values().clone()
+    h0 = sparse.keys().index("h0")
+    values[sparse.offset_per_key()[h0]] = 40  # s0 has 40 rows
+    bad = KeyedJaggedTensor(sparse.keys(), values, lengths=sparse.lengths(), stride=sparse.stride())
+    try:
+        model.sparse_arch.row_wise_sequence.input_dist(bad)
+    except ValueError as error:
+        out["bad_id"] = str(error)
+    out["first_sample"] = str(int(sparse["h0"].lengths().nonzero()[0, 0]))
+    return out
 
 
 # Checkpoints: the mixed plan with Adam (exact under resharding: its state is per element).

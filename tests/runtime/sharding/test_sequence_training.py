@@ -60,3 +60,22 @@ def test_every_case_moves_every_sequence_table(distributed: dict[str, Any]) -> N
             name = f"{table.name}.weight"
             moved = (distributed[case.name]["tables"][name] - initial[name]).abs().max()
             assert moved > 1e-3, f"{case.name}: {name} moved by {float(moved)} only"
+
+
+def test_a_table_row_wise_sequence_table_is_refused_naming_it(distributed: dict[str, Any]) -> None:
+    for rank in range(qc.WORLD_SIZE):
+        assert distributed["errors"][rank]["table_row_wise"] == (
+            "plan for table 's1' (table_row_wise): sequence tables may be data_parallel, "
+            "table_wise, column_wise, row_wise, not table_row_wise"
+        )
+
+
+def test_an_out_of_range_sequence_id_names_feature_sample_table_and_rank(
+    distributed: dict[str, Any]
+) -> None:
+    for rank in range(qc.WORLD_SIZE):
+        got = distributed["errors"][rank]
+        assert got["bad_id"] == (
+            f"feature 'h0' at sample {got['first_sample']}: id 40 out of range for table 's0' "
+            f"with 40 rows (on rank {rank})"
+        )
