@@ -294,6 +294,7 @@ def run_training(rank: int, port: int, out: str) -> None:
             "losses": losses,
             "tables": tables_of(model),
             "dense": {k: v.detach().clone() for k, v in model.named_parameters()},
+            "groups": [name for name, _ in model.sparse_arch.named_children()],
         }
     gathered: list[Any] = [None] * WORLD_SIZE
     dist.all_gather_object(gathered, errors(group, rank), group=group)

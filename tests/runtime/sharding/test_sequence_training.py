@@ -41,6 +41,8 @@ def test_two_ranks_train_sequences_like_one_process(
     model, tables_of = qc.reference(case)
     losses = qc.train(model, None, rank=0, world_size=1)
     got = distributed[case.name]
+    present = [kind for kind in qc.SEQUENCE_TYPES if kind in case.types.values()]
+    assert got["groups"] == ["table_wise", *(f"{kind}_sequence" for kind in present)]
 
     relative = max(abs(a - b) / abs(b) for a, b in zip(got["losses"], losses))
     assert relative <= RTOL_LOSS, f"losses {got['losses']} vs one process {losses}"
