@@ -131,3 +131,18 @@ def test_training_on_data_prepared_for_another_spec_names_the_column(tmp_path: P
         f"error: rank 0: prepared data {prepared}: column 'sparse.cat_0' was prepared with table_rows 1000 but the "
         "spec's sparse feature 'cat_0' has table_rows 5000; prepare the data again for this spec"
     )
+
+
+def test_the_spec_data_section_names_prepared_data_and_evaluation_reads_it_too(tmp_path: Path, files, capsys) -> None:
+    spec, raw = files
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared), "--workers", "0"]) == 0
+    section = tmp_path / "section.yaml"
+    section.write_text(SPEC + f"data: {{reader: prepared, path: {prepared}}}\n")
+    capsys.readouterr()
+    code = main(["train", str(section), "--steps", "2", "--data-workers", "0", "--eval-data", f"prepared:{prepared}",
+                 "-o", str(tmp_path / "b")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["steps"] == 2 and set(summary["eval_metrics"]["click"]) == {"ne", "auc", "accuracy"}
