@@ -274,7 +274,7 @@ class Sharding:
 class Data:
     """Where training data comes from; `columns` maps a reader column to a feature or label."""
 
-    reader: Literal["synthetic", "criteo", "movielens"]
+    reader: Literal["synthetic", "criteo", "movielens", "csv", "parquet", "prepared"]
     path: str | None
     columns: tuple[tuple[str, str], ...]
     loc: Location

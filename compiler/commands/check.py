@@ -6,7 +6,9 @@ first `--sample` rows of a data file are parsed against each good spec too,
 and the output says which lines were not; MovieLens ids are read from the
 whole file, so every table is checked against the vocabulary training will
 build (see runtime/data/sample_check.py): bad rows and mapping errors as
-`FILE:LINE: error: ...` on stderr, a summary of the good rows on stdout. Exit status: 0
+`FILE:LINE: error: ...` on stderr, a summary of the good rows on stdout.
+`--data prepared:DIR` checks the manifest's columns against the spec and
+every file against its sha256. Exit status: 0
 when every spec (and the data) is good, 1 when any has errors (2 for bad
 usage, from argparse).
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from compiler.diagnostics import CompileError
 from compiler.ir import ModelIR
@@ -68,6 +71,8 @@ def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
     if choice.reader == "synthetic":
         print("synthetic data: nothing to check")
         return True
+    if choice.reader == "prepared":
+        return _check_prepared(inputs, choice.path)
     try:
         report = check_sample(inputs, choice, rows)
     except DataError as error:  # the file cannot be read at all (missing, truncated)
@@ -81,6 +86,23 @@ def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
         count = len(report.errors)
         print(f"{count} error{'s' if count != 1 else ''}", file=sys.stderr)
     return not report.errors
+
+
+def _check_prepared(inputs: Any, path: str | None) -> bool:
+    """The manifest's columns against the spec, and every part against its size and sha256."""
+    from runtime.data.errors import DataError
+    from runtime.data.prepared.manifest import check_files
+    from runtime.data.prepared.reading import open_prepared
+
+    try:
+        prepared = open_prepared(inputs, path or "")
+        check_files(prepared.manifest, hashes=True)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return False
+    manifest = prepared.manifest
+    print(f"{path}: {manifest.rows:,} prepared rows in {len(manifest.files)} files fit the spec; every file matches its sha256")
+    return True
 
 
 def _rows(text: str) -> int:

@@ -558,7 +558,7 @@ def resolve_data(checker: Checker, root: Node, targets: set[str]) -> Any:
     if reader == "synthetic" and isinstance(path, str):
         at = checker.child(node, "path") or node
         checker.error(at, "the synthetic reader reads no files; remove path", at_key=True)
-    elif reader in ("criteo", "movielens") and path is None:
+    elif reader in ("criteo", "movielens", "csv", "parquet", "prepared") and path is None:
         checker.error(node, f"missing required key 'path' (the {reader} reader reads files)")
     columns = []
     for column, target in checker.pairs(node, "columns"):

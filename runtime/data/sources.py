@@ -3,6 +3,9 @@
     synthetic          batches made from the spec (the generated module's synthetic_batch)
     criteo:PATH        Criteo TSV files (runtime.data.criteo)
     movielens:PATH     MovieLens ratings (runtime.data.movielens)
+    csv:PATH           CSV files whose columns data.columns maps (runtime.data.tables)
+    parquet:PATH       Parquet files whose columns data.columns maps (runtime.data.tables)
+    prepared:DIR       rows prepared once into Parquet (runtime.data.prepared), read by rank
     PATH               the reader the spec's `data:` section names
 
 Without `--data`, the spec's `data:` section decides, and without one the
@@ -18,6 +21,7 @@ from runtime.data.criteo import CriteoReader
 from runtime.data.errors import DataError
 from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
+from runtime.data.tables.csv_files import CsvReader
 from runtime.data.movielens import (
     DEFAULT_THRESHOLD,
     MovieLensReader,
@@ -28,7 +32,7 @@ from runtime.data.movielens import (
 )
 from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
 
-READERS = ("synthetic", "criteo", "movielens")
+READERS = ("synthetic", "criteo", "movielens", "csv", "parquet", "prepared")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +62,8 @@ def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
         return DataChoice(reader, path or None)
     if section is None or section.reader == "synthetic":
         raise DataError(
-            f"--data {text}: name the reader (criteo:PATH or movielens:PATH); the spec's data section does not"
+            f"--data {text}: name the reader (criteo:PATH, movielens:PATH or prepared:DIR); the spec's data "
+            "section does not"
         )
     return DataChoice(section.reader, text)
 
@@ -80,9 +85,17 @@ def open_reader(
     evaluation file takes its rows' histories from the training file too."""
     if choice.path is None:
         raise DataError(f"the {choice.reader} reader reads no files")
+    if choice.reader == "prepared":
+        raise DataError(f"{choice}: prepared data is read by rank (runtime.data.prepared), not line by line")
     reader: Reader
     if choice.reader == "criteo":
         reader = CriteoReader(inputs, choice.path)
+    elif choice.reader == "csv":
+        reader = CsvReader(inputs, choice.path)
+    elif choice.reader == "parquet":
+        from runtime.data.tables.parquet_files import ParquetReader  # pyarrow, an optional extra
+
+        reader = ParquetReader(inputs, choice.path)
     elif choice.reader == "movielens":
         earlier = training.file if isinstance(training, MovieLensReader) else None
         reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier)

@@ -147,13 +147,19 @@ class Checkpointing:
 
         Synthetic batches are indexed by step: the worker starts them at
         `start_step`. Other iterators get their saved state (`load_state_dict`,
-        same world size) or, failing that, the batches of the completed steps
-        are drawn and dropped, which gives the same data order, slowly.
+        same world size; prepared data's, a row, at any world size) or, failing
+        that, the batches of the completed steps are drawn and dropped, which
+        gives the same data order, slowly.
         """
         self._batches = batches
         if self.start_step == 0 or choose_data(data, self.module.INPUTS).reader == "synthetic":
             return batches
         saved = self._resumed.data_state if self._resumed is not None else None
+        state_after = getattr(batches, "state_after", None)
+        if saved is None and callable(state_after):
+            # Another world size: the store keeps no rank's data state, but a position that is
+            # a row (prepared data) follows from the step alone.
+            saved = state_after(self.start_step)
         if saved is not None and hasattr(batches, "load_state_dict"):
             batches.load_state_dict(saved)
             return batches
@@ -191,7 +197,9 @@ class Checkpointing:
 
     def save(self, step: int) -> None:
         assert self.directory is not None
-        state_dict = getattr(self._batches, "state_dict", None)
+        # The position after `step` batches, not the iterator's own: a pipeline has drawn batches ahead.
+        state_after = getattr(self._batches, "state_after", None)
+        state_dict = (lambda: state_after(step)) if callable(state_after) else getattr(self._batches, "state_dict", None)
         with self.other_work.measure("checkpoint"):
             save_checkpoint(
                 self.directory,

@@ -9,6 +9,7 @@ The worker trusts what it receives and checks nothing again.
 
     --steps S, --batch-size B (global), --seed X, --log-every K
     --data, --eval-data, --eval-every M, --bad-rows, --log-dir, --data-workers N, --rating-threshold T
+    --shuffle-window K  prepared data: shuffle every epoch, rows within windows of K row groups
     --checkpoint-dir DIR, --checkpoint-every K, --keep N, --resume, --allow-spec-change
     --pipeline / --no-pipeline, --pipeline-depth D
     --threads N        torch intra-op threads per rank (default: from the cores free at launch)
@@ -50,6 +51,7 @@ class TrainOptions:
     log_dir: Path | None = None
     data_workers: int = 1  # DataLoader processes per rank parsing files
     rating_threshold: float = DEFAULT_THRESHOLD
+    shuffle_window: int = 0  # prepared data: 0 keeps the prepared order
     checkpoint_dir: Path | None = None
     checkpoint_every: int | None = None  # None: save after the last step only
     keep: int = DEFAULT_KEEP  # the newest K checkpoints stay; older ones are removed after each save
@@ -103,6 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data-workers", type=int, default=1, help="DataLoader processes per rank (default 1)")
     data.add_argument("--rating-threshold", type=float, default=DEFAULT_THRESHOLD,
                       help=f"MovieLens: rating >= T is a positive ({DEFAULT_THRESHOLD:g})")  # fmt: skip
+    data.add_argument("--shuffle-window", type=int, default=0,
+                      help="prepared data: shuffle each epoch (seeded), rows within windows of K row groups "
+                           "(0, default: the prepared order)")  # fmt: skip
     checkpoints = parser.add_argument_group("checkpoints")
     checkpoints.add_argument("--checkpoint-dir", type=Path, help="save to DIR/step_<N> (after the last step)")
     checkpoints.add_argument("--checkpoint-every", type=int, help="also save every K steps")
@@ -126,7 +131,7 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     """
     for flag, least in (
         ("--steps", 1), ("--batch-size", 1), ("--log-every", 1), ("--threads", 1), ("--eval-every", 0),
-        ("--data-workers", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
+        ("--data-workers", 0), ("--shuffle-window", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
     ):  # fmt: skip
         value = getattr(args, _dest(flag))
         if value is not None and value < least:

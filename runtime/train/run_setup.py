@@ -10,10 +10,11 @@ Evaluation passes are timed apart from training (runtime.train.timing).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,10 @@ from runtime.data.batch import Batch
 from runtime.data.features import ModelInputs
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.movielens_vocab import read_vocabulary
-from runtime.data.sources import choose_data, open_reader
+from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
+from runtime.data.prepared.prepare import VOCABULARY
+from runtime.data.prepared.reading import PreparedData, open_prepared
+from runtime.data.sources import DataChoice, choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.train.evaluate import evaluate
 from runtime.train.options import TrainOptions
@@ -49,8 +53,9 @@ class RunIO:
 
         Every rank meets the same bad rows (see runtime.data.bad_rows): no reduction needed.
         """
-        if isinstance(self.batches, Generator):
-            self.batches.close()  # stops the DataLoader workers now, not whenever it is collected
+        close = getattr(self.batches, "close", None)
+        if callable(close):
+            close()  # stops the DataLoader workers now, not whenever the batches are collected
         self.monitor.final_evaluation()
         counts: dict[str, Any] = {key: log.bad for key, log in self.bad_rows.items()}
         if self.unseen_ids is not None:
@@ -98,8 +103,14 @@ def setup_run(
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(options.data, inputs)
     reader = None
+    batches: Iterator[Batch]
     if choice.reader == "synthetic":
         batches = synthetic()
+    elif choice.reader == "prepared":
+        prepared = _open_prepared(inputs, choice, options, global_batch, world_size, warn)
+        if rank == 0 and resumed_vocabulary is None:
+            _copy_vocabulary(prepared, vocab_path)
+        batches = PreparedBatches(prepared, **shape)
     else:
         trained = None if resumed_vocabulary is None else read_vocabulary(resumed_vocabulary)
         if trained is not None and rank == 0:
@@ -112,10 +123,21 @@ def setup_run(
         batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
 
     evaluation: Callable[[], Evaluation] | None = None
-    if options.eval_data is not None:
+    eval_choice = None if options.eval_data is None else choose_data(options.eval_data, inputs)
+    if eval_choice is not None and eval_choice.reader == "prepared":
+        eval_prepared = _open_prepared(inputs, eval_choice, dataclasses.replace(options, shuffle_window=0), 
+                                       global_batch, world_size, warn)  # fmt: skip
+
+        def evaluate_prepared() -> Evaluation:
+            with other_work.measure("eval"):
+                local = prepared_epoch_batches(eval_prepared, **shape)
+                return Evaluation(evaluate(model, local, inputs.heads, process_group, device), None)
+
+        evaluation = evaluate_prepared
+    elif eval_choice is not None:
         vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
         eval_reader = open_reader(
-            inputs, choose_data(options.eval_data, inputs), threshold=threshold, vocab_path=vocab_path,
+            inputs, eval_choice, threshold=threshold, vocab_path=vocab_path,
             save_vocab=False, vocabulary=vocabulary, training=reader,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
@@ -140,6 +162,29 @@ def setup_run(
         eval_every=options.eval_every,
     )
     return RunIO(batches, monitor, bad_rows, rank, unseen)
+
+
+def _open_prepared(
+    inputs: ModelInputs, choice: DataChoice, options: TrainOptions, global_batch: int, world_size: int,
+    warn: Callable[[str], None] | None,
+) -> PreparedData:
+    """The prepared data of `choice`, checked against the spec; a warning when ranks would share row groups."""
+    window = options.shuffle_window
+    prepared = open_prepared(inputs, choice.path or "", seed=options.seed if window else None, window=window)
+    share, group = global_batch // world_size, prepared.manifest.row_group_rows
+    if warn is not None and share % group != 0:
+        warn(
+            f"{choice}: row groups of {group:,} rows do not divide a rank's {share:,} rows of a batch, so ranks "
+            f"decode row groups they share; prepare with a --row-group-rows that divides {share:,} to read rows / N"
+        )
+    return prepared
+
+
+def _copy_vocabulary(prepared: PreparedData, vocab_path: Path) -> None:
+    """The MovieLens vocabulary the data was prepared with, beside the module: checkpoints carry it."""
+    saved = prepared.manifest.directory / VOCABULARY
+    if saved.is_file():
+        _replace_file(vocab_path, saved.read_bytes())
 
 
 _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}

@@ -1,0 +1,100 @@
+"""`reccompile data prepare SPEC --data READER:PATH -o DIR`: parse training data once into Parquet.
+
+Reads the raw files once with the reader training would use, as the spec
+declares them (runtime.data.prepared.prepare), drops and reports bad rows
+(file:line), and writes DIR: Parquet parts of fixed-size row groups and a
+manifest. A prepare stopped part-way (killed, Ctrl-C) continues where it
+stopped when run again with the same arguments; until it finishes, DIR
+holds no manifest and training refuses it. `reccompile train --data
+prepared:DIR` then reads each rank's rows only.
+
+Prints what was prepared and its throughput; exit status 0 when done, 1 for
+a spec or data error, 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from compiler.commands.common import positive_int
+from compiler.diagnostics import CompileError
+from compiler.spec.load import load
+from compiler.spec.validate import validate
+
+SOURCE_READERS = ("criteo", "movielens", "csv", "parquet")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    prepare = actions.add_parser("prepare", help="parse training data once into Parquet row groups and a manifest",
+                                 description="Parse training data once into Parquet row groups and a manifest.")
+    prepare.add_argument("spec", help="the model spec (YAML)")
+    prepare.add_argument("--data", required=True, metavar="READER:PATH",
+                         help=f"the raw data: {' or '.join(r + ':PATH' for r in SOURCE_READERS)}")
+    prepare.add_argument("-o", "--outdir", type=Path, required=True, help="the prepared directory to write")
+    prepare.add_argument("--row-group-rows", type=positive_int, default=512,
+                         help="rows per row group (512): a rank reads rows / N when this divides "
+                              "its share of a batch (batch size / ranks)")
+    prepare.add_argument("--part-row-groups", type=positive_int, default=256,
+                         help="row groups per Parquet file (256); a stopped prepare resumes after the last whole file")
+    prepare.add_argument("--bad-rows", choices=("skip", "fail"), default="skip",
+                         help="drop bad rows and report them (skip, default) or stop at the first (fail)")
+    prepare.add_argument("--workers", type=int, default=1, help="processes parsing lines (default 1; 0: none)")
+    prepare.add_argument("--rating-threshold", type=float, default=4.0,
+                         help="MovieLens: rating >= T is a positive (4)")  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.workers < 0:
+        print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
+        return 2
+    try:
+        ir = validate(load(args.spec))
+    except CompileError as error:
+        print(error, file=sys.stderr)
+        return 1
+    # The runtime (and torch, pyarrow) load only once the spec is good.
+    from compiler.lowering.instantiate import model_inputs
+    from runtime.data.errors import DataError
+    from runtime.data.sources import choose_data
+
+    inputs = model_inputs(ir)
+    try:
+        choice = choose_data(args.data, inputs)
+        if choice.reader not in SOURCE_READERS:
+            print(f"error: --data {args.data}: prepare reads {' or '.join(SOURCE_READERS)} data", file=sys.stderr)
+            return 2
+        from runtime.data.prepared.manifest import MANIFEST
+        from runtime.data.prepared.prepare import PrepareSettings, prepare
+
+        settings = PrepareSettings(
+            row_group_rows=args.row_group_rows, part_row_groups=args.part_row_groups, bad_rows=args.bad_rows,
+            workers=args.workers, rating_threshold=args.rating_threshold,
+        )  # fmt: skip
+        finished = (args.outdir / MANIFEST).is_file()
+        started = time.perf_counter()
+        manifest = prepare(inputs, choice, args.outdir, settings, report=_say)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted: run the same command again to continue the prepare in {args.outdir}", file=sys.stderr)
+        return 130
+    if finished:
+        return 0  # prepare said so: nothing to do
+    seconds = time.perf_counter() - started
+    source = manifest.source
+    groups = sum(len(part.row_groups) for part in manifest.files)
+    print(
+        f"prepared {manifest.rows:,} rows of {source['lines']:,} lines ({source['bad_rows']:,} bad rows dropped) "
+        f"into {args.outdir}: {len(manifest.files)} files, {groups} row groups of {manifest.row_group_rows:,} rows; "
+        f"{seconds:.1f} s, {manifest.rows / max(seconds, 1e-9):,.0f} rows/s"
+    )
+    return 0
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr if message.startswith("warning:") else sys.stdout, flush=True)

@@ -1,0 +1,167 @@
+"""A rank's share of every global batch of prepared data, read in DataLoader workers.
+
+Global batch g is stream positions [g * B, (g + 1) * B) (runtime.data.prepared.reading:
+epoch after epoch, in the prepared order or each epoch's shuffle), and rank
+r of N trains its contiguous slice [r * B/N, (r + 1) * B/N) of it, as the
+file readers' ranks do (runtime.data.rank_slices), so N ranks train exactly
+what one process would. Unlike a file reader's, a rank reads only its
+slice: the row groups it touches and the spec's columns, so its reading
+cost is rows / N.
+
+Batches are dealt to the DataLoader's workers in chunks of consecutive
+batches (about a row group's worth: consecutive slices share row groups,
+which each worker then decodes once); a DataLoader takes one item from
+each worker in turn, so chunks come back in order.
+
+The data position is a row: `state_after(step)` is the position after
+`step` global batches, which a checkpoint keeps; `load_state_dict` before
+the first batch starts there, and no row group before it is decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from runtime.data.batch import Batch
+from runtime.data.errors import DataError
+from runtime.data.loader import Failure, LocalBatch
+from runtime.data.prepared.arrow import pa
+from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
+from runtime.data.rank_slices import Share, share_bounds
+from runtime.data.sequence_check import check_timestamps
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A worker's shares of consecutive global batches, and what it decoded to read them."""
+
+    shares: list[Share]
+    decoded: DecodeLog
+
+
+class ShareDataset(IterableDataset):
+    """Rank's shares of global batches `first`, `first` + 1, ... (forever, or to the end of one epoch)."""
+
+    def __init__(
+        self, data: PreparedData, global_batch: int, rank: int, world_size: int, first: int, one_epoch: bool
+    ) -> None:
+        super().__init__()
+        if global_batch % world_size != 0:
+            raise ValueError(f"global batch size {global_batch} does not divide evenly over {world_size} ranks")
+        self.data, self.global_batch, self.rank, self.world_size = data, global_batch, rank, world_size
+        self.first, self.one_epoch = first, one_epoch
+        group_rows = max(data.manifest.row_group_rows, 1) * max(data.window, 1)
+        self.chunk = max(1, group_rows // global_batch)
+
+    def __iter__(self) -> Iterator[Chunk | Failure]:
+        try:
+            yield from self._chunks()
+        except (DataError, OSError, pa.ArrowException) as error:  # handed over as data, as the file readers do
+            yield Failure(f"prepared data {self.data.source}: {error}")
+
+    def _chunks(self) -> Iterator[Chunk]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        reader = RowReader(self.data)
+        batches = -(-self.data.rows // self.global_batch) if self.one_epoch else None
+        k = worker
+        while True:
+            start = self.first + k * self.chunk
+            stop = start + self.chunk if batches is None else min(start + self.chunk, batches)
+            if start >= stop:
+                return
+            yield Chunk([self._share(reader, g) for g in range(start, stop)], reader.log.drain())
+            k += workers
+
+    def _share(self, reader: RowReader, g: int) -> Share:
+        begin = g * self.global_batch
+        rows = self.global_batch if not self.one_epoch else min(self.global_batch, self.data.rows - begin)
+        lo, hi, size = share_bounds(rows, self.rank, self.world_size)
+        columns = reader.read(begin + lo, begin + hi)
+        if hi - lo < size:  # the last batch of an epoch: padded with its first row, as runtime.data.rank_slices does
+            filler = columns if lo == 0 else reader.read(begin, begin + 1)
+            columns = columns.padded(size, filler)
+        return Share(columns, hi - lo)
+
+
+class PreparedBatches:
+    """The rank's batches of prepared data, forever; resumable at a row (see the module docstring)."""
+
+    def __init__(
+        self, data: PreparedData, *, global_batch: int, rank: int, world_size: int, num_workers: int = 1
+    ) -> None:
+        self.data, self.global_batch, self.rank, self.world_size = data, global_batch, rank, world_size
+        self.num_workers = num_workers
+        self.first = 0  # the global batch to start at
+        self.decoded = DecodeLog()  # everything this rank's workers decoded
+        self._chunks: Iterator[Chunk] | None = None
+        self._shares: list[Share] = []
+
+    def state_after(self, step: int) -> dict[str, Any]:
+        """The data position after `step` global batches: what a checkpoint keeps."""
+        return {"reader": "prepared", "row": step * self.global_batch, "seed": self.data.seed, "window": self.data.window}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Start at a position `state_after` gave (before the first batch is taken)."""
+        if self._chunks is not None:
+            raise RuntimeError("the data position is set before the first batch is taken")
+        if state.get("reader") != "prepared":
+            raise DataError(f"the checkpoint's data position is for the {state.get('reader')} reader, not prepared data")
+        for key, flag in (("seed", "--seed"), ("window", "--shuffle-window")):
+            if state.get(key) != getattr(self.data, key):
+                raise DataError(
+                    f"the checkpoint read prepared data with {key} {state.get(key)!r}, this run with "
+                    f"{getattr(self.data, key)!r}: resume with the same {flag} to continue its order"
+                )
+        row = int(state["row"])
+        if row % self.global_batch != 0:
+            raise DataError(f"the checkpoint's data position, row {row}, is not at a batch of {self.global_batch}")
+        self.first = row // self.global_batch
+
+    def __iter__(self) -> PreparedBatches:
+        return self
+
+    def __next__(self) -> Batch:
+        if not self._shares:
+            if self._chunks is None:
+                self._chunks = _chunks(self.data, self.global_batch, self.rank, self.world_size, self.first,
+                                       False, self.num_workers)  # fmt: skip
+            chunk = next(self._chunks)
+            self.decoded.groups += chunk.decoded.groups
+            self.decoded.rows += chunk.decoded.rows
+            self._shares = list(chunk.shares)
+        return _batch(self.data, self._shares.pop(0))
+
+    def close(self) -> None:
+        """Stop the DataLoader workers now."""
+        if self._chunks is not None:
+            self._chunks.close()  # type: ignore[attr-defined]
+            self._chunks = None
+
+
+def prepared_epoch_batches(
+    data: PreparedData, *, global_batch: int, rank: int, world_size: int, num_workers: int = 1
+) -> Iterator[LocalBatch]:
+    """Rank's share of every global batch of one epoch; the last may be padded (evaluation)."""
+    for chunk in _chunks(data, global_batch, rank, world_size, 0, True, num_workers):
+        for share in chunk.shares:
+            yield LocalBatch(_batch(data, share), share.real)
+
+
+def _chunks(
+    data: PreparedData, global_batch: int, rank: int, world_size: int, first: int, one_epoch: bool, workers: int
+) -> Iterator[Chunk]:
+    dataset = ShareDataset(data, global_batch, rank, world_size, first, one_epoch)
+    for chunk in DataLoader(dataset, batch_size=None, num_workers=workers):
+        if isinstance(chunk, Failure):
+            raise DataError(chunk.message)
+        yield chunk
+
+
+def _batch(data: PreparedData, share: Share) -> Batch:
+    batch = share.columns.to_batch(data.weighted)
+    check_timestamps(batch.sparse, data.timestamps)
+    return batch

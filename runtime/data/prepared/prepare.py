@@ -1,0 +1,320 @@
+"""Prepare once: a spec's raw training files parsed into Parquet parts, resumably and atomically.
+
+    manifest = prepare(inputs, DataChoice("criteo", "day_0.gz"), "prepared/", PrepareSettings())
+
+The raw files are read once, in order, by the reader training would use
+(runtime.data.sources: hashing of ids into tables, MovieLens vocabularies
+and histories, log(1 + x) of Criteo integers), parsed by `workers`
+DataLoader processes (runtime.data.loader's blocks). Bad rows are dropped
+and counted, the first few named by file:line (`--bad-rows fail` stops at
+the first). Good rows go, in order, into parts `part-NNNNN.parquet` of
+`part_row_groups` row groups of `row_group_rows` rows (a last part may be
+shorter), with the columns of runtime.data.prepared.schema.
+
+Atomic: a part is written under a hidden name and renamed when complete;
+`manifest.json` is written last (runtime.data.prepared.manifest), so a
+directory without it is never read as data. Resumable: after each part a
+journal (`.prepare.json`) records the parts done and where the next row
+comes from: the start line of its block of lines and how many of that
+block's good rows are written already. A prepare run again on the same
+directory keeps those parts, skips the lines before that block unparsed,
+and goes on; parts it did not record are removed. The journal also names
+the spec, source and settings, and another combination is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from torch.utils.data import DataLoader
+
+from runtime.data.bad_rows import BadRow, BadRowLog
+from runtime.data.columns import Columns
+from runtime.data.errors import DataError
+from runtime.data.features import ModelInputs
+from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
+from runtime.data.prepared.arrow import pq
+from runtime.data.prepared.manifest import (
+    MANIFEST,
+    Manifest,
+    PartFile,
+    file_sha256,
+    read_manifest,
+    write_json_atomically,
+    write_manifest,
+)
+from runtime.data.prepared.schema import column_specs, spec_digest, to_table
+from runtime.data.prepared.stats import merge_stats, part_stats
+from runtime.data.sources import DataChoice, open_reader
+
+logger = logging.getLogger(__name__)
+
+JOURNAL = ".prepare.json"
+VOCABULARY = "vocab.json"  # a MovieLens vocabulary, beside the parts
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareSettings:
+    """How the parts are cut and how the raw files are read."""
+
+    row_group_rows: int = 65536
+    part_row_groups: int = 8
+    bad_rows: str = "skip"
+    workers: int = 1  # DataLoader processes parsing (0: in this process)
+    rating_threshold: float = 4.0
+    block_lines: int = BLOCK_LINES
+
+
+@dataclass
+class _Journal:
+    """What a prepare has finished: its parts, and where the rows after them come from."""
+
+    identity: dict[str, Any]  # spec hash, source and settings: a resume must match them
+    parts: list[PartFile] = field(default_factory=list)
+    lines: int = 0  # raw lines before the block the next row comes from
+    drop: int = 0  # good rows of that block already in a part
+    bad: int = 0  # bad rows before that block
+    bad_examples: list[dict[str, Any]] = field(default_factory=list)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "identity": self.identity, "parts": [p.to_json() for p in self.parts], "lines": self.lines,
+            "drop": self.drop, "bad": self.bad, "bad_examples": self.bad_examples,
+            "stats": self.stats,
+        }  # fmt: skip
+
+
+@dataclass
+class _Pending:
+    """Good rows of one block of lines not yet in a part."""
+
+    start_line: int  # raw lines before the block
+    columns: Columns  # its rows not yet written
+    taken: int  # its rows already written
+    bad_before: int  # bad rows before the block
+
+
+def prepare(
+    inputs: ModelInputs,
+    choice: DataChoice,
+    directory: str | Path,
+    settings: PrepareSettings = PrepareSettings(),
+    *,
+    report: Callable[[str], None] | None = None,
+) -> Manifest:
+    """Prepare `choice`'s rows for `inputs` into `directory` (resuming a prepare stopped there)."""
+    root = Path(directory)
+    if root.exists() and not root.is_dir():
+        raise DataError(f"{directory}: exists and is not a directory")
+    specs = column_specs(inputs)
+    identity = {
+        "spec_sha256": spec_digest(specs), "reader": choice.reader, "path": str(choice.path),
+        "rating_threshold": settings.rating_threshold if choice.reader == "movielens" else None,
+        "row_group_rows": settings.row_group_rows, "part_row_groups": settings.part_row_groups,
+    }  # fmt: skip
+    if (root / MANIFEST).is_file():
+        return _finished(root, identity, report)
+    root.mkdir(parents=True, exist_ok=True)
+    journal = _load_journal(root, identity, report)
+    _remove_strays(root, journal)
+    vocab = root / VOCABULARY if choice.reader == "movielens" else None
+    reader = open_reader(inputs, choice, threshold=settings.rating_threshold, vocab_path=vocab, save_vocab=True)
+    writer = _PartWriter(root, specs, settings, journal)
+    bad_rows = BadRowLog(settings.bad_rows, None if report is None else (lambda m: report(f"warning: {m}")))
+    bad_rows.bad = journal.bad
+    bad_rows.examples = [BadRow(**row) for row in journal.bad_examples]
+    rest = _ResumedReader(reader, journal.lines)
+    if journal.lines and next(iter(rest.epoch_lines()), None) is None:
+        blocks: Iterable[Block] = ()  # stopped after the last part, before the manifest
+    else:
+        blocks = _parsed_blocks(rest, settings)
+    writer.write_rows(blocks, bad_rows)
+    manifest = writer.manifest(choice, bad_rows, vocab)
+    write_manifest(manifest)
+    (root / JOURNAL).unlink()
+    return manifest
+
+
+def _finished(root: Path, identity: dict[str, Any], report: Callable[[str], None] | None) -> Manifest:
+    manifest = read_manifest(root)
+    made = {**manifest.source.get("identity", {})}
+    if made != identity:
+        raise DataError(f"{root}: already holds prepared data {_difference(made, identity)}; choose another -o")
+    if report is not None:
+        report(f"{root}: already prepared ({manifest.rows:,} rows); nothing to do")
+    return manifest
+
+
+def _load_journal(root: Path, identity: dict[str, Any], report: Callable[[str], None] | None) -> _Journal:
+    path = root / JOURNAL
+    if not path.is_file():
+        if any(not _ours(entry.name) for entry in root.iterdir()):
+            raise DataError(f"{root}: not empty and not a prepare of this spec and data; choose another -o")
+        return _Journal(identity)
+    data = json.loads(path.read_text())
+    if data["identity"] != identity:
+        raise DataError(
+            f"{root}: holds a stopped prepare {_difference(data['identity'], identity)}; "
+            "choose another -o, or remove the directory"
+        )
+    journal = _Journal(
+        identity, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"], data["bad"],
+        data["bad_examples"], data["stats"],
+    )  # fmt: skip
+    for part in journal.parts:
+        path = root / part.name
+        if not path.is_file() or path.stat().st_size != part.bytes:
+            raise DataError(f"{root}: part {part.name} of the stopped prepare is missing or changed; remove the directory")
+    if report is not None:
+        rows = sum(p.rows for p in journal.parts)
+        report(f"resuming a stopped prepare: {len(journal.parts)} parts ({rows:,} rows) kept, "
+               f"reading on from line {journal.lines + 1:,} of the data")  # fmt: skip
+    return journal
+
+
+def _difference(made: dict[str, Any], wanted: dict[str, Any]) -> str:
+    for key in wanted:
+        if made.get(key) != wanted[key]:
+            return f"with {key} {made.get(key)!r} (this prepare's: {wanted[key]!r})"
+    return "of another kind"
+
+
+def _remove_strays(root: Path, journal: _Journal) -> None:
+    """Parts the journal does not list (written after its last update) and temporary files."""
+    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY}
+    for path in root.iterdir():
+        if path.name not in kept and _ours(path.name):
+            path.unlink()
+
+
+def _ours(name: str) -> bool:
+    """Whether a prepare writes files of this name (parts, temporary files, the journal, the vocabulary)."""
+    return name.startswith(".") or name.startswith("part-") or name == VOCABULARY
+
+
+class _ResumedReader:
+    """A reader whose lines start after the first `skip` (read, not parsed)."""
+
+    def __init__(self, reader: Reader, skip: int) -> None:
+        self.reader, self.skip = reader, skip
+        self.name, self.source, self.weighted = reader.name, reader.source, reader.weighted
+        self.unseen_features, self.timestamps = reader.unseen_features, reader.timestamps
+
+    def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
+        lines = iter(self.reader.epoch_lines())
+        for _ in range(self.skip):
+            next(lines)
+        yield from lines
+
+    def parse(self, line: bytes) -> Any:
+        return self.reader.parse(line)
+
+    def to_columns(self, rows: list[Any]) -> Columns:
+        return self.reader.to_columns(rows)
+
+
+def _parsed_blocks(reader: _ResumedReader, settings: PrepareSettings) -> Iterator[Block]:
+    dataset = BlockDataset(reader, settings.block_lines, 1, stop_at_bad=settings.bad_rows == "fail")
+    for block in DataLoader(dataset, batch_size=None, num_workers=settings.workers):
+        if isinstance(block, Failure):
+            raise DataError(block.message)
+        yield block
+
+
+class _PartWriter:
+    """Good rows in, complete parts out, the journal updated after each."""
+
+    def __init__(self, root: Path, specs: dict[str, dict[str, Any]], settings: PrepareSettings, journal: _Journal):
+        self.root, self.specs, self.settings, self.journal = root, specs, settings, journal
+        self.part_rows = settings.row_group_rows * settings.part_row_groups
+        self.pending: deque[_Pending] = deque()
+        self.pending_rows = 0
+        self.lines = journal.lines
+
+    def write_rows(self, blocks: Iterable[Block], bad_rows: BadRowLog) -> None:
+        drop = self.journal.drop
+        for block in blocks:
+            bad_before = bad_rows.bad
+            bad_rows.count_rows(block.lines)
+            bad_rows.add_many(block.bad_rows, block.bad_count)
+            columns = block.columns.slice(drop, len(block.columns)) if drop else block.columns
+            self.pending.append(_Pending(self.lines, columns, drop, bad_before))
+            self.pending_rows += len(columns)
+            drop = 0
+            self.lines += block.lines
+            while self.pending_rows >= self.part_rows:
+                self._write_part(self._take(self.part_rows), bad_rows)
+        if self.pending_rows:
+            self._write_part(self._take(self.pending_rows), bad_rows)
+
+    def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None) -> Manifest:
+        journal = self.journal
+        source: dict[str, Any] = {
+            "reader": choice.reader, "path": str(choice.path), "identity": journal.identity,
+            "lines": self.lines, "bad_rows": bad_rows.bad,
+            "bad_examples": [str(row) for row in bad_rows.examples],
+        }  # fmt: skip
+        if vocab is not None:
+            source["vocabulary"] = {"name": vocab.name, "sha256": file_sha256(vocab)}
+        rows = sum(part.rows for part in journal.parts)
+        if rows == 0:
+            raise DataError(f"{choice}: no good rows to prepare")
+        columns = {name: {"spec": spec, "stats": journal.stats.get(name, {})} for name, spec in self.specs.items()}
+        return Manifest(
+            self.root, rows, self.settings.row_group_rows, journal.identity["spec_sha256"], columns,
+            tuple(journal.parts), source,
+        )  # fmt: skip
+
+    def _take(self, rows: int) -> Columns:
+        parts = []
+        while rows:
+            front = self.pending[0]
+            n = min(rows, len(front.columns))
+            parts.append(front.columns.slice(0, n))
+            front.columns = front.columns.slice(n, len(front.columns))
+            front.taken += n
+            rows -= n
+            self.pending_rows -= n
+            if len(front.columns) == 0:
+                self.pending.popleft()
+        return Columns.concat(parts)
+
+    def _write_part(self, columns: Columns, bad_rows: BadRowLog) -> None:
+        journal = self.journal
+        name = f"part-{len(journal.parts):05d}.parquet"
+        temporary = self.root / f".{name}.tmp"
+        pq.write_table(to_table(columns, self.specs), temporary, row_group_size=self.settings.row_group_rows)
+        _sync(temporary)
+        path = self.root / name
+        temporary.replace(path)
+        full, last = divmod(len(columns), self.settings.row_group_rows)
+        groups = (self.settings.row_group_rows,) * full + ((last,) if last else ())
+        journal.parts.append(PartFile(name, len(columns), groups, path.stat().st_size, file_sha256(path)))
+        journal.stats = merge_stats(journal.stats, part_stats(columns, self.specs))
+        if self.pending:
+            front = self.pending[0]
+            journal.lines, journal.drop, journal.bad = front.start_line, front.taken, front.bad_before
+        else:
+            journal.lines, journal.drop, journal.bad = self.lines, 0, bad_rows.bad
+        journal.bad_examples = [
+            {"file": r.file, "line": r.line, "column": r.column, "value": r.value, "reason": r.reason}
+            for r in bad_rows.examples
+        ]
+        write_json_atomically(self.root / JOURNAL, journal.to_json())
+        logger.info("wrote %s (%d rows)", name, len(columns))
+
+
+def _sync(path: Path) -> None:
+    """Flush `path` to disk before it is renamed into place (a crash leaves it whole or absent)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,63 @@
+"""`csv:PATH`: CSV files with a header line, their columns mapped by `data.columns` (runtime.data.tables.mapping).
+
+PATH is a file or a directory of them (runtime.data.text_lines: plain or
+gzip, natural order); each file starts with the same header line, naming
+its columns, the mapped ones among them. Fields are comma-separated, or
+tab-separated when the header has a tab, with CSV quoting.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Iterator
+
+from runtime.data.columns import Columns
+from runtime.data.errors import DataError, RowError
+from runtime.data.features import ModelInputs, TimestampsConfig
+from runtime.data.spec_columns import is_weighted
+from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
+from runtime.data.text_lines import data_files, first_line, numbered_lines
+
+
+class CsvReader:
+    """CSV files for one spec; lines are numbered from 1 (the header is line 1)."""
+
+    name = "csv"
+    unseen_features: tuple[str, ...] = ()
+
+    def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
+        self.layout: TableLayout = table_layout(inputs, "csv")
+        self.files = data_files(path)
+        self.source = str(path)
+        self.weighted = is_weighted(inputs)
+        self.timestamps: tuple[TimestampsConfig, ...] = inputs.timestamps
+        header = first_line(self.files[0])
+        if header is None:
+            raise DataError(f"{self.files[0]}: empty, expected a header line naming the columns")
+        self.delimiter = "\t" if b"\t" in header else ","
+        self.header = self._fields(header)
+        missing = [c for c in self.layout.columns if c not in self.header]
+        if missing:
+            raise DataError(f"{self.files[0]}:1: the header has no column {missing[0]!r} (data.columns maps it)")
+        for file in self.files[1:]:
+            if self._fields(first_line(file) or b"") != self.header:
+                raise DataError(f"{file}:1: the header differs from {self.files[0]}'s")
+
+    def _fields(self, line: bytes) -> list[str]:
+        return next(csv.reader([line.decode("utf-8", "replace")], delimiter=self.delimiter), [])
+
+    def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
+        for file in self.files:
+            name = str(file)
+            for number, line in numbered_lines(file, skip=1):
+                yield name, number, line
+
+    def parse(self, line: bytes) -> TableRow:
+        fields = self._fields(line)
+        if len(fields) != len(self.header):
+            raise RowError(None, line, f"{len(fields)} fields, the header has {len(self.header)}")
+        return parse_row(self.layout, dict(zip(self.header, fields)))
+
+    def to_columns(self, rows: list[TableRow]) -> Columns:
+        return to_columns(self.layout, rows)

@@ -1,0 +1,60 @@
+"""`parquet:PATH`: Parquet files, their columns mapped by `data.columns` (runtime.data.tables.mapping).
+
+PATH is a file or a directory of them (natural order). Only the mapped
+columns are read. A bag or sequence is a list column (or a `|`-separated
+string column); ids may be integers or strings (hashed). Rows are numbered
+from 1 within each file, so a bad row is named FILE:ROW as a text file's
+line would be.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+from runtime.data.columns import Columns
+from runtime.data.errors import DataError
+from runtime.data.features import ModelInputs, TimestampsConfig
+from runtime.data.prepared.arrow import pa, pq
+from runtime.data.spec_columns import is_weighted
+from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
+from runtime.data.text_lines import data_files
+
+_READ_ROWS = 4096
+
+
+class ParquetReader:
+    """Parquet files for one spec; a "line" here is one row, as a column -> value dict."""
+
+    name = "parquet"
+    unseen_features: tuple[str, ...] = ()
+
+    def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
+        self.layout: TableLayout = table_layout(inputs, "parquet")
+        self.files = data_files(path)
+        self.source = str(path)
+        self.weighted = is_weighted(inputs)
+        self.timestamps: tuple[TimestampsConfig, ...] = inputs.timestamps
+        for file in self.files:
+            try:
+                names = pq.ParquetFile(file).schema_arrow.names
+            except (OSError, pa.ArrowException) as error:
+                raise DataError(f"{file}: not a readable Parquet file ({error})") from None
+            missing = [c for c in self.layout.columns if c not in names]
+            if missing:
+                raise DataError(f"{file}: no column {missing[0]!r} (data.columns maps it)")
+
+    def epoch_lines(self) -> Iterator[tuple[str, int, Any]]:
+        """(file, row number from 1, the row's mapped columns) of every row of every file."""
+        for file in self.files:
+            number = 0
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=_READ_ROWS, columns=list(self.layout.columns)):
+                for row in batch.to_pylist():
+                    number += 1
+                    yield str(file), number, row
+
+    def parse(self, line: Any) -> TableRow:
+        return parse_row(self.layout, line)
+
+    def to_columns(self, rows: list[TableRow]) -> Columns:
+        return to_columns(self.layout, rows)

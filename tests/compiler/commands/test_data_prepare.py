@@ -1,0 +1,148 @@
+"""`reccompile data prepare` and `train --data prepared:DIR`: killed and resumed, exact at 1 and 2 ranks."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from compiler.cli import main
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime" / "data"))
+from sample_files import criteo_line, write_lines  # noqa: E402
+from test_data_commands import SPEC  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _reccompile(*args: str, **popen: object) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "compiler.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}, **popen,
+    )  # fmt: skip
+
+
+def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = process.communicate(timeout=600)
+    return process.returncode, out, err
+
+
+def _step_losses(stdout: str) -> dict[int, float]:
+    steps = [line.split() for line in stdout.splitlines() if line.startswith("step ")]
+    return {int(words[1].split("/")[0]): float(words[3]) for words in steps}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("criteo")
+    rng = random.Random(5)
+    lines = [criteo_line(rng) for _ in range(1500)]
+    lines[40] = "2\tbad"
+    spec = root / "tiny.yaml"
+    spec.write_text(SPEC)
+    return spec, write_lines(root / "day_0.gz", lines, gzipped=True)
+
+
+def test_a_killed_prepare_is_not_data_and_continues_to_the_same_files(tmp_path: Path, files) -> None:
+    spec, _ = files
+    block = [criteo_line(random.Random(1)) for _ in range(3000)]
+    raw = write_lines(tmp_path / "big.tsv", block * 12)  # 36,000 lines
+    out = tmp_path / "out"
+    args = ("data", "prepare", str(spec), "--data", f"criteo:{raw}", "--row-group-rows", "500",
+            "--part-row-groups", "2", "--workers", "0")  # fmt: skip
+    process = _reccompile(*args, "-o", str(out))
+    journal = out / ".prepare.json"
+    deadline = time.monotonic() + 300
+    while not (journal.is_file() and json.loads(journal.read_text())["parts"]):
+        assert process.poll() is None, "the prepare ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "manifest.json").exists()
+    assert main(["check", str(spec), "--data", f"prepared:{out}"]) == 1
+
+    code, stdout, stderr = _finish(_reccompile(*args, "-o", str(out)))
+    assert code == 0, stderr
+    kept = stdout.splitlines()[0]
+    assert kept.startswith("resuming a stopped prepare: ") and " parts (" in kept and "0 parts" not in kept, stdout
+    code, _, stderr = _finish(_reccompile(*args, "-o", str(tmp_path / "whole")))
+    assert code == 0, stderr
+    resumed = json.loads((out / "manifest.json").read_text())
+    whole = json.loads((tmp_path / "whole" / "manifest.json").read_text())
+    assert resumed["rows"] == whole["rows"] == 36000
+    assert [f["sha256"] for f in resumed["files"]] == [f["sha256"] for f in whole["files"]]
+    assert resumed["columns"] == whole["columns"]
+
+
+def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_the_row(
+    tmp_path: Path, files, capsys
+) -> None:
+    spec, raw = files
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared),
+                 "--row-group-rows", "32", "--workers", "0"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1].startswith(f"prepared 1,499 rows of 1,500 lines (1 bad rows dropped) into {prepared}")
+    assert f"{raw}:41: 2 tab-separated fields" in err
+    common = ("--steps", "6", "--batch-size", "128", "--log-every", "1", "--data-workers", "0")
+
+    def train(*args: str) -> dict[int, float]:
+        assert main(["train", str(spec), *common, *args]) == 0
+        return _step_losses(capsys.readouterr().out)
+
+    from_file = train("--data", f"criteo:{raw}", "--bad-rows", "skip", "-o", str(tmp_path / "a"))
+    one = train("--data", f"prepared:{prepared}", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3",
+                "-o", str(tmp_path / "b"))  # fmt: skip
+    assert one == from_file and len(one) == 6
+    shutil.rmtree(tmp_path / "ck" / "step_00000006")
+    two = _reccompile("train", str(spec), *common, "--data", f"prepared:{prepared}", "--nproc", "2",
+                      "-o", str(tmp_path / "c"))  # fmt: skip
+    resumed = _reccompile("train", str(spec), *common, "--data", f"prepared:{prepared}", "--nproc", "2",
+                          "--checkpoint-dir", str(tmp_path / "ck"), "--resume", "-o", str(tmp_path / "d"))  # fmt: skip
+    for process, expected_steps in ((two, range(1, 7)), (resumed, range(4, 7))):
+        code, stdout, stderr = _finish(process)
+        assert code == 0, stderr
+        losses = _step_losses(stdout)
+        assert sorted(losses) == list(expected_steps)
+        for step, loss in losses.items():
+            assert abs(loss - one[step]) <= 1e-5 * abs(one[step]), (losses, one)
+    assert f"resumed from {tmp_path / 'ck' / 'step_00000003'} at step 3 (--resume)" in stdout
+    assert "skipping the" not in stdout  # started at row 384, not by drawing the batches before it
+
+
+def test_training_on_data_prepared_for_another_spec_names_the_column(tmp_path: Path, files, capsys) -> None:
+    spec, raw = files
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared), "--workers", "0"]) == 0
+    other = tmp_path / "other.yaml"
+    other.write_text(SPEC.replace("num_embeddings: 1000", "num_embeddings: 5000"))
+    capsys.readouterr()
+    code = main(["train", str(other), "--steps", "1", "--data", f"prepared:{prepared}", "-o", str(tmp_path / "b")])
+    assert code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: rank 0: prepared data {prepared}: column 'sparse.cat_0' was prepared with table_rows 1000 but the "
+        "spec's sparse feature 'cat_0' has table_rows 5000; prepare the data again for this spec"
+    )
+
+
+def test_the_spec_data_section_names_prepared_data_and_evaluation_reads_it_too(tmp_path: Path, files, capsys) -> None:
+    spec, raw = files
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared), "--workers", "0"]) == 0
+    section = tmp_path / "section.yaml"
+    section.write_text(SPEC + f"data: {{reader: prepared, path: {prepared}}}\n")
+    capsys.readouterr()
+    code = main(["train", str(section), "--steps", "2", "--data-workers", "0", "--eval-data", f"prepared:{prepared}",
+                 "-o", str(tmp_path / "b")])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["steps"] == 2 and set(summary["eval_metrics"]["click"]) == {"ne", "auc", "accuracy"}

@@ -1,0 +1,8 @@
+"""The prepared-data tests build their raw files with ../sample_files.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -1,0 +1,84 @@
+"""runtime/data/tables: CSV columns mapped by data.columns to dense, ids, hashed strings, sequences, labels."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.data.bad_rows import BadRowLog
+from runtime.data.errors import DataError
+from runtime.data.features import TimestampsConfig
+from runtime.data.loader import epoch_batches
+from runtime.data.prepared.batches import prepared_epoch_batches
+from runtime.data.prepared.prepare import PrepareSettings, prepare
+from runtime.data.prepared.reading import open_prepared
+from runtime.data.sources import DataChoice, choose_data, open_reader
+from sample_files import spec, write_lines
+
+COLUMNS = {"price": "num", "age": "num", "user": "user", "item": "item", "seen": "history",
+           "seen_at": "history_time", "clicked": "click"}  # fmt: skip
+LINES = [
+    "clicked,price,user,item,seen,seen_at,age,note",
+    "1,2.5,alice,17,3|4|5,10|20|30,40,x",
+    '0,,bob,-3,,,7,"a, quoted"',
+    "1,1e2,alice,1000,9,50,1,",
+    "yes,1,carol,2,,,3,",
+]
+
+
+def _inputs(path: Path, columns: dict[str, str] = COLUMNS):
+    inputs = spec(
+        [{"name": "num", "size": 2}],
+        [{"name": "user", "table": "user"}, {"name": "item", "table": "item"},
+         {"name": "history", "table": "item", "max_length": 2, "fixed_ids": False}],
+        {"user": 50, "item": 100},
+        [{"name": "click", "label": "click", "loss": "bce"}],
+        {"reader": "csv", "path": str(path), "columns": columns},
+    )  # fmt: skip
+    return dataclasses.replace(inputs, timestamps=(TimestampsConfig("history_time", "history"),))
+
+
+def _hashed(text: str, rows: int) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") % rows
+
+
+def test_columns_feed_dense_ids_hashed_strings_sequences_and_labels(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "clicks.csv", LINES)
+    inputs = _inputs(path)
+    reader = open_reader(inputs, choose_data(None, inputs))
+    bad = BadRowLog("skip")
+    (local,) = epoch_batches(reader, global_batch=3, rank=0, world_size=1, bad_rows=bad, num_workers=0)
+    batch = local.batch
+    assert batch.dense["num"].tolist() == [[2.5, 40.0], [0.0, 7.0], [100.0, 1.0]]
+    assert batch.labels["click"].tolist() == [1.0, 0.0, 1.0]
+    assert batch.sparse["user"].values().tolist() == [_hashed("alice", 50), _hashed("bob", 50), _hashed("alice", 50)]
+    assert batch.sparse["item"].values().tolist() == [17, -3 % 100, 0]
+    assert batch.sparse["history"].lengths().tolist() == [2, 0, 1]  # max_length 2, keep end
+    assert batch.sparse["history"].values().tolist() == [4, 5, 9]
+    assert batch.sparse["history_time"].values().tolist() == [20, 30, 50]
+    assert [str(row) for row in bad.examples] == [f"{path}:5: column clicked: not a number (value 'yes')"]
+
+
+def test_a_csv_file_prepares_like_any_reader(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "clicks.csv", LINES)
+    inputs = _inputs(path)
+    prepare(inputs, DataChoice("csv", str(path)), tmp_path / "out", PrepareSettings(row_group_rows=2, workers=0))
+    (got,) = prepared_epoch_batches(open_prepared(inputs, tmp_path / "out"), global_batch=3, rank=0, world_size=1)
+    assert got.batch.sparse["history"].values().tolist() == [4, 5, 9]
+    assert torch.equal(got.batch.dense["num"], torch.tensor([[2.5, 40.0], [0.0, 7.0], [100.0, 1.0]]))
+
+
+def test_mapping_errors_name_the_feature_or_column(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "clicks.csv", LINES)
+    short = {k: v for k, v in COLUMNS.items() if k != "age"}
+    with pytest.raises(DataError, match=r"^dense feature 'num' has size 2 but 1 columns feed it \(price\)$"):
+        open_reader(_inputs(path, short), DataChoice("csv", str(path)))
+    unfed = {k: v for k, v in COLUMNS.items() if k != "seen_at"}
+    with pytest.raises(DataError, match=r"^history_time is fed by no column of data.columns$"):
+        open_reader(_inputs(path, unfed), DataChoice("csv", str(path)))
+    with pytest.raises(DataError, match=rf"^{path}:1: the header has no column 'price2' \(data.columns maps it\)$"):
+        open_reader(_inputs(path, {**short, "price2": "num"}), DataChoice("csv", str(path)))
