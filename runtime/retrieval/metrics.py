@@ -66,14 +66,16 @@ def positive_positions(
     step = max(1, chunk_size // max(1, positive_ids.shape[1]))  # the [B, P, chunk] comparison stays bounded
     for start in range(0, candidates.shape[0], step):
         block = candidates[start : start + step].detach().float()
-        ids = (
-            torch.arange(start, start + block.shape[0], device=positive_ids.device)
-            if candidate_ids is None
-            else candidate_ids[start : start + step].to(positive_ids.device)
-        )
+        ids = None if candidate_ids is None else candidate_ids[start : start + step].to(positive_ids.device)
         scores = queries @ block.T  # [B, c]
-        is_positive = (ids.view(1, 1, -1) == positive_ids.unsqueeze(2)).any(dim=1)  # [B, c]
-        scores = scores.masked_fill(is_positive, float("-inf"))
+        if candidate_ids is None:  # row numbers: each positive's row in the chunk is known
+            rows = positive_ids - start
+            inside = valid & (rows >= 0) & (rows < block.shape[0])
+            query_rows = torch.arange(queries.shape[0], device=rows.device).unsqueeze(1).expand_as(rows)
+            scores[query_rows[inside], rows[inside]] = float("-inf")
+        else:
+            is_positive = (ids.view(1, 1, -1) == positive_ids.unsqueeze(2)).any(dim=1)  # [B, c]
+            scores = scores.masked_fill(is_positive, float("-inf"))
         count += (scores.unsqueeze(1) >= own.unsqueeze(2)).sum(dim=2)
     positions = count.to(torch.float64)
     return positions.masked_fill(~valid, float("inf"))
