@@ -11,7 +11,7 @@ unless `verify=False`) before reading it; each failure is an `IndexFileError`
 naming the file and what to do. Tensors load with weights_only, so an index
 directory runs no pickled code.
 
-    >>> save_index(build_index(torch.eye(3)), "items.index")
+    >>> _ = save_index(build_index(torch.eye(3)), "items.index")
     >>> load_index("items.index").search(torch.tensor([[0.0, 2.0, 1.0]]), k=1)
     (tensor([[2.]]), tensor([[1]]))
 """

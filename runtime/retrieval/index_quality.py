@@ -11,9 +11,10 @@ Two figures at one k, over a set of queries:
 `threshold` (default 0.95) of exact recall@k (of the overlap when no
 positives are given), and `describe()` is the line an export prints.
 
-    >>> quality = check_index(index, exact, queries, k=100, positive_ids=held_out)
-    >>> quality.describe()
-    'index ivf: recall@100 0.4120 vs exact 0.4170 (ratio 0.9880), top-100 overlap 0.9710: ok (>= 0.95)'
+    >>> IndexQuality("ivf", 3, overlap=2 / 3, recall=0.45, exact_recall=0.5, threshold=0.95).describe()
+    'index ivf: recall@3 0.4500 vs exact 0.5000 (ratio 0.9000), top-3 overlap 0.6667: BELOW 0.95 of exact search'
+
+    (`check_index(index, exact, queries, k, positive_ids)` measures those figures.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ what the interrupted one would have. The caller looks their embeddings up
 rank then holds the same negatives for its own queries.
 
     >>> uniform_negatives(seed=0, step=3, num_samples=4, num_items=100, first_id=1).tolist()
-    [...]  # four ids in [1, 100), identical for every call with these arguments
+    [10, 32, 23, 30]
 """
 
 from __future__ import annotations
