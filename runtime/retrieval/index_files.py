@@ -23,7 +23,14 @@ from typing import Any, Mapping
 
 import torch
 
-from runtime.retrieval.index import ExactIndex, FaissIndex, ItemIndex, apply_search_params, faiss_available, require_faiss
+from runtime.retrieval.index import (
+    ExactIndex,
+    FaissIndex,
+    ItemIndex,
+    apply_search_params,
+    faiss_available,
+    require_faiss,
+)
 from runtime.storage.manifest import (
     MANIFEST,
     FileProblem,
@@ -111,7 +118,9 @@ def load_index(directory: str | Path, verify: bool = True) -> ItemIndex:
 def _checked(root: Path, manifest: Mapping[str, Any], name: str, verify: bool) -> Path:
     entry = manifest["files"].get(name)
     if entry is None:
-        raise IndexFileError(f"{root / MANIFEST}: lists no {name} for a {manifest['kind']!r} index; build the index again")
+        raise IndexFileError(
+            f"{root / MANIFEST}: lists no {name} for a {manifest['kind']!r} index; build the index again"
+        )
     try:
         check_file(root / entry["file"], entry, verify)
     except FileProblem as problem:

@@ -144,8 +144,8 @@ class RetrievalMetrics:
         """{metric: mean over the window's queries of all ranks} (None without queries); a collective."""
         sums = self._sums
         if distributed(process_group):
-            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(process_group) == "nccl" else "cpu"
-            sums = sums.to(device, copy=True)
+            nccl = dist.get_backend(process_group) == "nccl"
+            sums = sums.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu", copy=True)
             dist.all_reduce(sums, group=process_group)
             sums = sums.cpu()
         *totals, count = sums.tolist()
