@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	# torch first and pinned: a range would pull a multi-GB CUDA build.
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[$(FLAVOUR),test]'
+	$(PIP) install --quiet -e '.[$(FLAVOUR),test,faiss]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

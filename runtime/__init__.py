@@ -11,7 +11,7 @@ do not import torch or fbgemm_gpu.
 
 Packages, lowest layer first (each imports only from the layers below it;
 pyproject.toml's import-linter contract checks it): `sparse`, `storage`,
-`cpu` < `embeddings`, `modules` < `sharding` < `data` < `reporting` <
+`cpu` < `embeddings`, `modules`, `retrieval` < `sharding` < `data` < `reporting` <
 `checkpoint` < `train`, `serving`.
 """
 

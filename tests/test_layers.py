@@ -2,7 +2,7 @@
 
 The runtime never imports the compiler, and the runtime's packages import
 downward only (train | serving > checkpoint > reporting > data > sharding >
-modules | embeddings > cpu | sparse | storage). A broken contract fails this
+modules | embeddings | retrieval > cpu | sparse | storage). A broken contract fails this
 test with lint-imports' report, which names the importing line.
 """
 

@@ -26,7 +26,7 @@ def test_runtime_holds_only_packages() -> None:
     assert loose == []
     assert PACKAGES == [
         "checkpoint", "cpu", "data", "embeddings", "modules", "reporting",
-        "serving", "sharding", "sparse", "storage", "train",
+        "retrieval", "serving", "sharding", "sparse", "storage", "train",
     ]  # fmt: skip
 
 

@@ -1,0 +1,90 @@
+"""The global batch's rows on every rank: an all-gather that carries gradients back.
+
+In-batch negatives must come from the whole global batch, not the rank's
+slice, or N ranks would train a different (easier) softmax than one process.
+`gather_rows` all-gathers a [b, ...] tensor into the [B, ...] global one, in
+rank order; ranks may hold different numbers of rows (the last batch of an
+epoch). Its backward sums every rank's gradient of the gathered tensor and
+hands each rank the rows it contributed: the gradient of the sum of all
+ranks' losses, which the data-parallel average then divides by the world
+size, as it does for every other parameter. It runs on gloo, which has no
+reduce-scatter, and returns the input unchanged without a process group.
+
+    >>> rows, offset = gather_rows(torch.ones(2, 3), None)
+    >>> rows.shape, offset
+    (torch.Size([2, 3]), 0)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["gather_rows", "gather_ids", "distributed"]
+
+
+def distributed(process_group: dist.ProcessGroup | None) -> bool:
+    """True when `process_group` spans more than one rank."""
+    return process_group is not None and dist.get_world_size(process_group) > 1
+
+
+def _device(process_group: dist.ProcessGroup) -> torch.device:
+    if dist.get_backend(process_group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _row_counts(rows: int, process_group: dist.ProcessGroup, device: torch.device) -> list[int]:
+    count = torch.tensor([rows], dtype=torch.long, device=device)
+    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size(process_group))]
+    dist.all_gather(counts, count, group=process_group)
+    return [int(c) for c in counts]
+
+
+def _gather(tensor: torch.Tensor, counts: list[int], process_group: dist.ProcessGroup) -> torch.Tensor:
+    """All-gather rows padded to the longest rank's count, then cut back to each rank's own."""
+    longest = max(counts)
+    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in counts]
+    dist.all_gather(parts, padded.contiguous(), group=process_group)
+    return torch.cat([part[:count] for part, count in zip(parts, counts)])
+
+
+class _GatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, counts: list[int], rank: int, group: Any) -> torch.Tensor:
+        ctx.counts, ctx.rank, ctx.group = counts, rank, group
+        return _gather(tensor, counts, group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        start = sum(ctx.counts[: ctx.rank])
+        return total[start : start + ctx.counts[ctx.rank]], None, None, None
+
+
+def gather_rows(
+    tensor: torch.Tensor, process_group: dist.ProcessGroup | None
+) -> tuple[torch.Tensor, int]:
+    """(every rank's rows in rank order, the index of this rank's first row); differentiable."""
+    if not distributed(process_group):
+        return tensor, 0
+    device = _device(process_group)
+    counts = _row_counts(tensor.shape[0], process_group, device)
+    rank = dist.get_rank(process_group)
+    moved = tensor.to(device)
+    gathered = _GatherRows.apply(moved, counts, rank, process_group)
+    return gathered.to(tensor.device), sum(counts[:rank])
+
+
+def gather_ids(ids: torch.Tensor, process_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """Every rank's ids (1-d, lengths may differ) in rank order; no gradient."""
+    if not distributed(process_group):
+        return ids
+    device = _device(process_group)
+    counts = _row_counts(ids.shape[0], process_group, device)
+    return _gather(ids.to(device), counts, process_group).to(ids.device)

@@ -1,0 +1,153 @@
+"""Retrieval metrics: recall@k, NDCG@k, MRR and hit rate of held-out positives.
+
+Each query has one or more held-out positive items (a [B, P] id matrix, -1
+padding). A positive's position is the number of other candidates that score
+at least as high as it does (ties count against the positive, so a collapsed
+model scores worst, not best); positives rank against the candidates and the
+query's other positives. Per query, with relevant items R and k:
+
+    hit_rate@k  1 if some positive's position < k
+    recall@k    |{positives with position < k}| / |R|
+    ndcg@k      sum over positives with position p < k of 1 / log2(p + 2),
+                over the ideal sum over the first min(|R|, k) positions
+    mrr         1 / (1 + the best positive's position)
+
+The candidates are either the whole item table (`exact`) or a sampled set
+(`sampled`); sampled metrics are named with a `sampled_` prefix
+(`sampled_recall@10`), so the progress line, the JSON result and the run log
+say which they are. Candidates are scored in chunks of `chunk_size` rows, so
+a table of a million items never needs a [B, 1M] score matrix at once.
+
+`RetrievalMetrics` accumulates per-query sums over a window and `compute` (a
+collective) all-reduces the sums and the query count in float64, so N ranks
+report what one process would. Its result has the shape of
+runtime.reporting.metrics' MetricValues ({metric: value}), so the console,
+the run log and the result line print it as they print NE and AUC.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from runtime.retrieval.gather import distributed
+
+__all__ = ["CANDIDATES", "RetrievalMetrics", "metric_names", "positive_positions", "query_metrics"]
+
+CANDIDATES = ("exact", "sampled")
+DEFAULT_CHUNK = 1 << 16
+
+
+def positive_positions(
+    queries: torch.Tensor,
+    positive_ids: torch.Tensor,
+    positives: torch.Tensor,
+    candidates: torch.Tensor,
+    candidate_ids: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+) -> torch.Tensor:
+    """[B, P] positions (float64; padding -1 gives +inf) of each query's positives.
+
+    `queries` [B, D]; `positive_ids` [B, P] (-1: padding); `positives`
+    [B, P, D] their embeddings; `candidates` [N, D] with `candidate_ids` [N]
+    (default: row numbers, the exact case over a whole table). A candidate
+    with the id of one of the query's positives is not counted as a candidate
+    (the positives are counted among themselves instead).
+    """
+    queries = queries.detach().float()
+    valid = positive_ids >= 0
+    own = torch.einsum("bd,bpd->bp", queries, positives.detach().float())
+    # Among the positives themselves: the others scoring at least as high.
+    beaten = (own.unsqueeze(1) >= own.unsqueeze(2)) & valid.unsqueeze(1)
+    count = beaten.sum(dim=2) - 1
+    step = max(1, chunk_size // max(1, positive_ids.shape[1]))  # the [B, P, chunk] comparison stays bounded
+    for start in range(0, candidates.shape[0], step):
+        block = candidates[start : start + step].detach().float()
+        ids = None if candidate_ids is None else candidate_ids[start : start + step].to(positive_ids.device)
+        scores = queries @ block.T  # [B, c]
+        if candidate_ids is None:  # row numbers: each positive's row in the chunk is known
+            rows = positive_ids - start
+            inside = valid & (rows >= 0) & (rows < block.shape[0])
+            query_rows = torch.arange(queries.shape[0], device=rows.device).unsqueeze(1).expand_as(rows)
+            scores[query_rows[inside], rows[inside]] = float("-inf")
+        else:
+            is_positive = (ids.view(1, 1, -1) == positive_ids.unsqueeze(2)).any(dim=1)  # [B, c]
+            scores = scores.masked_fill(is_positive, float("-inf"))
+        count += (scores.unsqueeze(1) >= own.unsqueeze(2)).sum(dim=2)
+    positions = count.to(torch.float64)
+    return positions.masked_fill(~valid, float("inf"))
+
+
+def query_metrics(positions: torch.Tensor, positive_ids: torch.Tensor, ks: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Per query [B] (float64): hit_rate@k, recall@k, ndcg@k for each k, and mrr."""
+    relevant = (positive_ids >= 0).sum(dim=1).to(torch.float64)
+    gains = 1.0 / torch.log2(positions + 2.0)  # +inf positions (padding) give 0
+    values: dict[str, torch.Tensor] = {}
+    for k in ks:
+        inside = positions < k
+        ideal = torch.tensor([sum(1.0 / math.log2(p + 2) for p in range(n)) for n in range(k + 1)],
+                             dtype=torch.float64)  # fmt: skip
+        values[f"recall@{k}"] = inside.sum(dim=1) / relevant.clamp(min=1)
+        values[f"ndcg@{k}"] = (gains * inside).sum(dim=1) / ideal[relevant.long().clamp(max=k)].clamp(min=1e-300)
+        values[f"hit_rate@{k}"] = inside.any(dim=1).to(torch.float64)
+    values["mrr"] = 1.0 / (positions.min(dim=1).values + 1.0)
+    return values
+
+
+def metric_names(ks: Sequence[int], candidates: str = "exact") -> tuple[str, ...]:
+    """The names `compute` reports, in order: recall, ndcg, hit rate per k, then mrr."""
+    prefix = "sampled_" if candidates == "sampled" else ""
+    names = [f"{prefix}{name}@{k}" for k in ks for name in ("recall", "ndcg", "hit_rate")]
+    return (*names, f"{prefix}mrr")
+
+
+class RetrievalMetrics:
+    """Sums of the per-query metrics over a window, combined over ranks by `compute`."""
+
+    def __init__(self, ks: Sequence[int] = (10,), candidates: str = "exact", chunk_size: int = DEFAULT_CHUNK) -> None:
+        if candidates not in CANDIDATES:
+            raise ValueError(f"retrieval metrics: candidates {candidates!r} is not one of {', '.join(CANDIDATES)}")
+        if not ks or any(k < 1 for k in ks):
+            raise ValueError(f"retrieval metrics: every k must be at least 1 (got {list(ks)})")
+        self.ks = tuple(ks)
+        self.candidates = candidates
+        self.chunk_size = chunk_size
+        self.names = metric_names(self.ks, candidates)
+        self.reset()
+
+    def reset(self) -> None:
+        self._sums = torch.zeros(len(self.names) + 1, dtype=torch.float64)  # + the query count
+
+    def update(
+        self,
+        queries: torch.Tensor,
+        positive_ids: torch.Tensor,
+        positives: torch.Tensor,
+        candidates: torch.Tensor,
+        candidate_ids: torch.Tensor | None = None,
+    ) -> None:
+        """Add a batch of queries (see `positive_positions` for the arguments; 1-d ids: one positive)."""
+        if positive_ids.dim() == 1:
+            positive_ids, positives = positive_ids.unsqueeze(1), positives.unsqueeze(1)
+        keep = (positive_ids >= 0).any(dim=1)  # a query without positives counts for nothing
+        positive_ids, positives, queries = positive_ids[keep], positives[keep], queries[keep]
+        positions = positive_positions(queries, positive_ids, positives, candidates, candidate_ids, self.chunk_size)
+        values = query_metrics(positions, positive_ids, self.ks)
+        unprefixed = [name.removeprefix("sampled_") for name in self.names]
+        sums = [float(values[name].sum()) for name in unprefixed]
+        self._sums += torch.tensor([*sums, float(positive_ids.shape[0])], dtype=torch.float64)
+
+    def compute(self, process_group: dist.ProcessGroup | None = None) -> dict[str, float | None]:
+        """{metric: mean over the window's queries of all ranks} (None without queries); a collective."""
+        sums = self._sums
+        if distributed(process_group):
+            nccl = dist.get_backend(process_group) == "nccl"
+            sums = sums.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu", copy=True)
+            dist.all_reduce(sums, group=process_group)
+            sums = sums.cpu()
+        *totals, count = sums.tolist()
+        self.reset()
+        return {name: (total / count if count else None) for name, total in zip(self.names, totals)}

@@ -1,0 +1,276 @@
+"""The two-tower retrieval loss: a softmax over each query's positive and sampled negatives.
+
+For query i with positive item p_i, the candidates are
+
+    in_batch   the positives of the whole global batch (gathered from every
+               rank with gradient, see gather.py); a candidate whose id
+               equals p_i, other than p_i's own column, is masked out
+    uniform    S ids drawn uniformly from the item table for the step, shared
+               by every query and every rank (see sampling.py); an id equal
+               to p_i is masked out
+    both       the two together (mixed negative sampling)
+
+and the loss is -log softmax(logits)[own positive], with
+
+    logit(i, c) = <q_i, e_c> / temperature - log Q(c)    (log Q only with `logq`)
+
+after an optional L2 normalisation of q and every e. log Q is the log of the
+candidate's expected count in the sample it came from (Yi et al. 2019):
+in-batch candidates, the query's own positive included, take the item's
+batch frequency (streaming estimate or counts, see frequency.py); uniform
+samples take log(S / items). With uniform negatives alone the positive is
+corrected like a uniform sample, as TensorFlow's sampled softmax does; the
+constant then cancels.
+
+The loss is the mean (or sum) over this rank's queries. Over N ranks the
+mean of the ranks' losses is one process's loss on the global batch, and the
+gradients, averaged over ranks as data parallelism does, are its gradients.
+
+    >>> loss_fn = SampledSoftmaxLoss(SampledSoftmaxConfig(negatives="in_batch", temperature=0.05))
+    >>> loss = loss_fn(query, positive, positive_ids)  # query, positive: [B, D]; ids: [B]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
+from runtime.retrieval.gather import gather_ids, gather_rows
+from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
+
+__all__ = ["NEGATIVES", "SampledSoftmaxConfig", "SampledSoftmaxLoss", "sampled_softmax"]
+
+NEGATIVES = ("in_batch", "uniform", "both")
+FREQUENCIES = ("streaming", "counts")
+REDUCTIONS = ("mean", "sum", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class SampledSoftmaxConfig:
+    """A retrieval head's softmax.
+
+    `negatives`: in_batch, uniform or both. `num_negatives`: uniform samples a
+    step, drawn from ids [first_id, num_items) with generator key (seed,
+    step). `logq`: subtract log Q; `frequency`: its in-batch estimate,
+    `streaming` (over `frequency_slots` hash slots, moving-average weight
+    `frequency_alpha`) or `counts` (item counts handed to the loss).
+    """
+
+    negatives: str = "in_batch"
+    num_negatives: int = 0
+    num_items: int = 0
+    first_id: int = 0
+    temperature: float = 1.0
+    normalize: bool = False
+    logq: bool = False
+    frequency: str = "streaming"
+    frequency_slots: int = 1 << 20
+    frequency_alpha: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.negatives not in NEGATIVES:
+            raise ValueError(f"sampled softmax: negatives {self.negatives!r} is not one of {', '.join(NEGATIVES)}")
+        if self.frequency not in FREQUENCIES:
+            raise ValueError(f"sampled softmax: frequency {self.frequency!r} is not one of {', '.join(FREQUENCIES)}")
+        if self.temperature <= 0:
+            raise ValueError(f"sampled softmax: temperature must be > 0 (got {self.temperature})")
+        if self.uniform:
+            if self.num_negatives < 1:
+                raise ValueError(
+                    f"sampled softmax: negatives {self.negatives!r} needs num_negatives >= 1 (got {self.num_negatives})"
+                )
+            if self.num_items <= self.first_id:
+                raise ValueError(
+                    f"sampled softmax: uniform negatives need num_items > first_id "
+                    f"(got num_items {self.num_items}, first_id {self.first_id})"
+                )
+
+    @property
+    def in_batch(self) -> bool:
+        return self.negatives in ("in_batch", "both")
+
+    @property
+    def uniform(self) -> bool:
+        return self.negatives in ("uniform", "both")
+
+
+def sampled_softmax(
+    query: torch.Tensor,
+    positive: torch.Tensor,
+    positive_ids: torch.Tensor,
+    *,
+    in_batch: bool = True,
+    negatives: torch.Tensor | None = None,
+    negative_ids: torch.Tensor | None = None,
+    in_batch_log_q: torch.Tensor | None = None,
+    negative_log_q: float | None = None,
+    temperature: float = 1.0,
+    normalize: bool = False,
+    process_group: dist.ProcessGroup | None = None,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """The loss of this rank's queries; the module below fills the arguments from its config.
+
+    `query`, `positive`: [b, D]; `positive_ids`: [b]. `negatives` [S, D] with
+    `negative_ids` [S]: the step's uniform samples, the same on every rank.
+    `in_batch_log_q`: [B] over the GLOBAL batch's positives in rank order (or
+    None: no in-batch correction); `negative_log_q`: the uniform samples'
+    correction (None: none). Without in-batch candidates the positive takes
+    `negative_log_q`.
+    """
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"sampled softmax: reduction {reduction!r} is not one of {', '.join(REDUCTIONS)}")
+    if not in_batch and negatives is None:
+        raise ValueError("sampled softmax: no negatives (in_batch is off and no uniform negatives were given)")
+    if normalize:
+        query, positive = F.normalize(query, dim=-1), F.normalize(positive, dim=-1)
+        negatives = None if negatives is None else F.normalize(negatives, dim=-1)
+    rows = torch.arange(query.shape[0], device=query.device)
+    blocks, ids, corrections = [], [], []
+    if in_batch:
+        candidates, offset = gather_rows(positive, process_group)
+        blocks.append(query @ candidates.T)
+        ids.append(gather_ids(positive_ids, process_group))
+        corrections.append(in_batch_log_q)
+        own = rows + offset
+    else:
+        blocks.append((query * positive).sum(dim=-1, keepdim=True))
+        ids.append(None)
+        corrections.append(None if negative_log_q is None else torch.full((1,), negative_log_q, dtype=torch.float64))
+        own = torch.zeros_like(rows)
+    if negatives is not None:
+        blocks.append(query @ negatives.T)
+        ids.append(negative_ids)
+        corrections.append(
+            None if negative_log_q is None else torch.full((negatives.shape[0],), negative_log_q, dtype=torch.float64)
+        )
+    logits = torch.cat([block / temperature for block in blocks], dim=1)
+    if any(correction is not None for correction in corrections):
+        logits = logits - _columns(corrections, blocks, logits)
+    hits = _accidental_hits(ids, blocks, positive_ids)
+    hits[rows, own] = False
+    logits = logits.masked_fill(hits, float("-inf"))
+    losses = -torch.log_softmax(logits, dim=1)[rows, own]
+    if reduction == "none":
+        return losses
+    return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def _columns(
+    corrections: list[torch.Tensor | None], blocks: list[torch.Tensor], logits: torch.Tensor
+) -> torch.Tensor:
+    """One row [1, C] of every column's log Q (0 where a block has none)."""
+    parts = [
+        torch.zeros(block.shape[1], dtype=torch.float64) if c is None else c.to(torch.float64).reshape(-1)
+        for c, block in zip(corrections, blocks)
+    ]
+    return torch.cat(parts).to(device=logits.device, dtype=logits.dtype).unsqueeze(0)
+
+
+def _accidental_hits(
+    ids: list[torch.Tensor | None], blocks: list[torch.Tensor], positive_ids: torch.Tensor
+) -> torch.Tensor:
+    """[b, C]: the candidate's id is the query's positive id (its own column is unmasked after)."""
+    parts = [
+        torch.zeros_like(block, dtype=torch.bool)
+        if block_ids is None
+        else block_ids.to(positive_ids.device).unsqueeze(0) == positive_ids.unsqueeze(1)
+        for block_ids, block in zip(ids, blocks)
+    ]
+    return torch.cat(parts, dim=1)
+
+
+class SampledSoftmaxLoss(nn.Module):
+    """`SampledSoftmaxConfig` as a module: it draws the uniform ids and keeps the frequency state.
+
+    A training step: `ids = loss.negative_ids()` (None without uniform
+    negatives), the caller looks their embeddings up, then
+    `loss(query, positive, positive_ids, negatives)`. Each training forward
+    moves to the next step (the step is a buffer, so a resumed run draws the
+    interrupted one's ids); evaluation does not.
+    """
+
+    def __init__(
+        self,
+        config: SampledSoftmaxConfig,
+        item_counts: torch.Tensor | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.process_group = process_group
+        counting = config.logq and config.in_batch and config.frequency == "counts"
+        if counting != (item_counts is not None):
+            raise ValueError(
+                "sampled softmax: item_counts are needed exactly when logq is on with in-batch "
+                "negatives and frequency 'counts'"
+            )
+        if item_counts is not None and config.num_items and item_counts.numel() < config.num_items:
+            raise ValueError(
+                f"sampled softmax: item_counts has {item_counts.numel()} entries for {config.num_items} items"
+            )
+        self.register_buffer("step", torch.zeros((), dtype=torch.long))
+        self.register_buffer("item_counts", item_counts, persistent=False)
+        uses_stream = config.logq and config.in_batch and config.frequency == "streaming"
+        self.frequency = StreamingFrequency(config.frequency_slots, config.frequency_alpha) if uses_stream else None
+
+    def negative_ids(self, device: torch.device | str | None = None) -> torch.Tensor | None:
+        """The current step's uniform negative ids, or None without uniform negatives."""
+        c = self.config
+        if not c.uniform:
+            return None
+        return uniform_negatives(c.seed, int(self.step), c.num_negatives, c.num_items, c.first_id, device)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        positive: torch.Tensor,
+        positive_ids: torch.Tensor,
+        negatives: torch.Tensor | None = None,
+        reduction: str = "mean",
+    ) -> torch.Tensor:
+        """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`."""
+        c = self.config
+        if c.uniform and negatives is None:
+            raise ValueError(f"sampled softmax: negatives {c.negatives!r} needs the embeddings of negative_ids()")
+        if not c.uniform and negatives is not None:
+            raise ValueError("sampled softmax: negatives given but the config draws none (negatives 'in_batch')")
+        negative_ids = self.negative_ids(positive_ids.device)
+        if negatives is not None and negatives.shape[0] != c.num_negatives:
+            raise ValueError(
+                f"sampled softmax: {negatives.shape[0]} negative embeddings for {c.num_negatives} negative ids"
+            )
+        loss = sampled_softmax(
+            query,
+            positive,
+            positive_ids,
+            in_batch=c.in_batch,
+            negatives=negatives,
+            negative_ids=negative_ids,
+            in_batch_log_q=self._in_batch_log_q(positive_ids),
+            negative_log_q=uniform_log_q(c.num_negatives, c.num_items, c.first_id) if c.logq and c.uniform else None,
+            temperature=c.temperature,
+            normalize=c.normalize,
+            process_group=self.process_group,
+            reduction=reduction,
+        )
+        if self.training:
+            self.step += 1
+        return loss
+
+    def _in_batch_log_q(self, positive_ids: torch.Tensor) -> torch.Tensor | None:
+        c = self.config
+        if not (c.logq and c.in_batch):
+            return None
+        global_ids = gather_ids(positive_ids, self.process_group)
+        if self.frequency is not None:
+            if self.training:
+                self.frequency.update(global_ids)
+            return self.frequency.log_q(global_ids)
+        return counts_log_q(self.item_counts, global_ids, global_ids.numel())

@@ -1,0 +1,126 @@
+"""Two ranks (gloo, loopback) train the sampled softmax exactly as one process on the global batch.
+
+Each step's global batch is made from the step number; rank r takes its
+slice. The ranks' losses and gradients are gathered and compared with one
+process's at 1e-5: with the mean, the mean of the ranks' losses is the
+global loss and each gradient, averaged over ranks as data parallelism does,
+is the global gradient; with the sum (here with unequal slices, as at the end
+of an epoch), losses and gradients add up.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+
+WORLD = 2
+GLOBAL_BATCH, DIM, ITEMS, STEPS = 8, 4, 12, 3
+CASES: dict[str, dict[str, Any]] = {
+    "both_streaming_mean": dict(
+        config=SampledSoftmaxConfig(
+            negatives="both", num_negatives=5, num_items=ITEMS, first_id=1, temperature=0.2,
+            normalize=True, logq=True, frequency_slots=8, frequency_alpha=0.3, seed=4,
+        ),
+        slices=(4, 4), reduction="mean",
+    ),
+    "in_batch_counts_sum": dict(
+        config=SampledSoftmaxConfig(negatives="in_batch", num_items=ITEMS, logq=True, frequency="counts"),
+        slices=(5, 3), reduction="sum",
+    ),
+}  # fmt: skip
+COUNTS = torch.arange(ITEMS, dtype=torch.float64) * 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(100 + step)
+    query = torch.randn(GLOBAL_BATCH, DIM, generator=generator)
+    positive = torch.randn(GLOBAL_BATCH, DIM, generator=generator)
+    ids = torch.randint(1, 6, (GLOBAL_BATCH,), generator=generator)  # few ids: accidental hits across ranks
+    return query, positive, ids
+
+
+def _negatives(step: int, count: int) -> torch.Tensor:
+    return torch.randn(count, DIM, generator=torch.Generator().manual_seed(200 + step))
+
+
+def _train(case: dict[str, Any], rows: slice, group: dist.ProcessGroup | None) -> dict[str, Any]:
+    """Losses and gradients of `rows` of each step, and the loss module's state at the end."""
+    config = case["config"]
+    loss_fn = SampledSoftmaxLoss(config, COUNTS if config.frequency == "counts" else None, group)
+    steps = []
+    for step in range(STEPS):
+        query, positive, ids = _batch(step)
+        query = query[rows].clone().requires_grad_()
+        positive = positive[rows].clone().requires_grad_()
+        negatives = None
+        if config.uniform:
+            negatives = _negatives(step, config.num_negatives).requires_grad_()
+        loss = loss_fn(query, positive, ids[rows], negatives, reduction=case["reduction"])
+        loss.backward()
+        steps.append({
+            "loss": loss.detach(), "query": query.grad, "positive": positive.grad,
+            "negatives": None if negatives is None else negatives.grad, "ids": loss_fn.negative_ids(),
+        })  # fmt: skip
+    return {"steps": steps, "state": loss_fn.state_dict()}
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )  # fmt: skip
+    results = {}
+    for name, case in CASES.items():
+        start = sum(case["slices"][:rank])
+        results[name] = _train(case, slice(start, start + case["slices"][rank]), dist.group.WORLD)
+    gathered: list[Any] = [None] * WORLD
+    dist.all_gather_object(gathered, results)
+    if rank == 0:
+        torch.save(gathered, Path(out) / "ranks.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    out = tmp_path_factory.mktemp("ranks")
+    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=WORLD)
+    return torch.load(out / "ranks.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_two_ranks_equal_one_process(ranks: list[dict[str, Any]], name: str) -> None:
+    case = CASES[name]
+    one = _train(case, slice(None), None)
+    scale = WORLD if case["reduction"] == "mean" else 1  # the data-parallel average divides by it
+    per_rank = [r[name]["steps"] for r in ranks]
+    for step, expected in enumerate(one["steps"]):
+        got = [steps[step] for steps in per_rank]
+        losses = torch.stack([g["loss"] for g in got])
+        total = losses.mean() if case["reduction"] == "mean" else losses.sum()
+        torch.testing.assert_close(total, expected["loss"], rtol=1e-5, atol=1e-5)
+        for key in ("query", "positive"):
+            joined = torch.cat([g[key] for g in got]) / scale
+            torch.testing.assert_close(joined, expected[key], rtol=1e-5, atol=1e-5)
+        if expected["negatives"] is not None:
+            summed = sum(g["negatives"] for g in got) / scale
+            torch.testing.assert_close(summed, expected["negatives"], rtol=1e-5, atol=1e-5)
+            assert all(torch.equal(g["ids"], expected["ids"]) for g in got)
+    for rank in ranks:
+        for key, value in one["state"].items():
+            assert torch.equal(rank[name]["state"][key], value), key
