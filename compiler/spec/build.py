@@ -136,7 +136,8 @@ def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str,
         refs = [ref for item in items for ref in _resolve(checker, item, features, blocks)]
         block.refs = _dedupe(checker, [ref for ref in refs if ref.kind])
         block.complete = all(ref.kind for ref in refs)
-        _parse_side(checker, block, features, blocks)
+        if block.kind in SEQUENCE_BLOCKS:
+            _parse_side(checker, block, features, blocks)
     return blocks
 
 
@@ -150,7 +151,9 @@ def _parse_side(checker: Checker, block: ParsedBlock, features: Features, blocks
         items = field_node.value if field_node.is_sequence else [field_node]
         refs = []
         for item in items:
-            if key == "timestamps":
+            if not isinstance(item.value, str):
+                block.side_complete = False  # the schema reports it
+            elif key == "timestamps":
                 refs.append(_resolve_timestamps(checker, item, features))
             elif item.value == "sparse.*":
                 checker.error(item, f"{key} names vectors one by one; 'sparse.*' names every pooled feature")
@@ -377,6 +380,8 @@ def _infer(
 ) -> None:
     """Set the block's op and output width, checking its type's input rules."""
     kind = block.kind
+    if not isinstance(kind, str):
+        return
     if kind in SEQUENCE_BLOCKS:
         infer_sequence_block(checker, block, blocks, features)
         return
