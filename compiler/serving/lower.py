@@ -27,6 +27,7 @@ import operator
 import torch
 import torch.fx as fx
 
+from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
 from compiler.lowering.calls import table_config_call
 from compiler.lowering.lower import lower
@@ -46,6 +47,13 @@ def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
     The collection reads its tables' precisions and the dense dtype from the
     generated module's PRECISIONS and DENSE_DTYPE constants.
     """
+    sequences = [feature for feature in ir.sparse if feature.is_sequence]
+    if sequences:
+        message = (
+            f"sequence feature '{sequences[0].name}': exporting models with sequence features "
+            "(pooling: none) is not supported yet"
+        )
+        raise CompileError([Diagnostic(sequences[0].loc, "features.sparse", message)])
     ir = dataclasses.replace(ir, sharding=dataclasses.replace(ir.sharding, world_size=1, device="cpu"))
     training = check_shapes(lower(ir, whole_table_plan(ir)))
     modules = tuple(
