@@ -12,6 +12,7 @@ from __future__ import annotations
 from compiler import __version__
 from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, heads_source, inputs_source, python_literal, render_call
 from compiler.lowering.types import LoweredModel
+from compiler.serving.lower import sequence_tables
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 
@@ -20,6 +21,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
     """The text of the inference module of `lowered`: tables at `precisions`, dense blocks in
     `dense_dtype` ("fp32" or "bf16", as `lower_inference` was given)."""
     ir = lowered.ir
+    sequences = set(sequence_tables(ir))
     return TEMPLATES.get_template("inference.py.j2").render(
         version=__version__,
         source=ir.source,
@@ -27,12 +29,16 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         name=ir.name,
         inputs=inputs_source(ir),
         heads=heads_source(ir),
-        precisions=python_literal({t.name: precisions[t.name] for t in ir.tables}),
+        precisions=python_literal({t.name: precisions[t.name] for t in ir.tables if t.name not in sequences}),
+        sequence_precisions=(
+            python_literal({t.name: precisions[t.name] for t in ir.tables if t.name in sequences})
+            if sequences else None
+        ),
         dense_dtype=_DTYPES[dense_dtype],
         sparse_keys=python_literal([f for t in ir.tables for f in t.features]),
         tables=[
-            {"name": t.name, "rows": t.num_embeddings, "dim": t.dim, "pooling": t.pooling,
-             "precision": precisions[t.name]}
+            {"name": t.name, "rows": t.num_embeddings, "dim": t.dim,
+             "pooling": "sequences" if t.name in sequences else t.pooling, "precision": precisions[t.name]}
             for t in ir.tables
         ],
         modules=[

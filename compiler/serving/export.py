@@ -34,12 +34,13 @@ from compiler import __version__
 from compiler.serving.emit import emit_inference
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
-from compiler.serving.lower import lower_inference
+from compiler.serving.lower import lower_inference, sequence_tables
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.serving.export_dir import (
+    COLLECTIONS,
     DENSE_FILE,
     FORMAT,
     FORMAT_VERSION,
@@ -48,7 +49,9 @@ from runtime.serving.export_dir import (
     export_program,
     file_facts,
     import_module,
+    table_collections,
     table_file,
+    table_layout,
 )
 from runtime.storage.manifest import write_manifest
 from runtime.serving.quant_embedding import PRECISIONS, row_bytes
@@ -90,20 +93,20 @@ def export(request: ExportRequest) -> dict[str, Any]:
         module_path = staging / f"{ir.name}.py"
         module_path.write_text(source)
         model = import_module(module_path).Model()
+        collections = table_collections(model)
         with torch.no_grad():
             # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
             model.load_state_dict(_dense_state(model, state, request.checkpoint), strict=False)
-            if ir.tables:
-                model.sparse_arch.quantize_from(tables)
+            for collection in collections.values():
+                collection.quantize_from({name: tables[name] for name in collection.precisions()})
         model.eval()
-        dense = {k: v for k, v in model.state_dict().items() if not k.startswith("sparse_arch.")}
+        dense = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
         (staging / "weights" / "tables").mkdir(parents=True)
         torch.save(dense, staging / DENSE_FILE)
-        stored = model.sparse_arch.table_rows() if ir.tables else {}
-        for name, rows in stored.items():
-            torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
-        layout = model.sparse_arch.layout() if ir.tables else {"tables": []}
-        (staging / "layout.json").write_text(json.dumps(layout, indent=2) + "\n")
+        for collection in collections.values():
+            for name, rows in collection.table_rows().items():
+                torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
+        (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
         aot = _write_program(model, ir, staging) if request.aot else None
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
@@ -182,8 +185,8 @@ def _dense_state(
     model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: Path
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's dense entries, exactly the keys and shapes of the serving model's."""
-    expected = {k: v for k, v in model.state_dict().items() if not k.startswith("sparse_arch.")}
-    given = {k: v for k, v in state.items() if not k.startswith("sparse_arch.")}
+    expected = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
+    given = {k: v for k, v in state.items() if not _is_table_key(k)}
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
     if missing or unexpected:
@@ -198,6 +201,12 @@ def _dense_state(
                 f"{tuple(tensor.shape)} in the spec"
             )
     return {k: given[k] for k in expected}
+
+
+def _is_table_key(key: str) -> bool:
+    """A table's entry: the training model holds every table under `sparse_arch.`, the serving
+    model the pooled ones there and the sequence ones under `sequence_arch.`."""
+    return key.split(".", 1)[0] in COLLECTIONS
 
 
 # -- writing ------------------------------------------------------------------------
@@ -235,6 +244,7 @@ def _manifest(
         return {"file": file, **file_facts(staging / file)}
 
     tables = []
+    sequences = sequence_tables(ir)
     for table in ir.tables:
         precision = precisions[table.name]
         tables.append({
@@ -242,6 +252,7 @@ def _manifest(
             "rows": table.num_embeddings,
             "dim": table.dim,
             "pooling": table.pooling,
+            "lookup": "rows" if table.name in sequences else "pooled",  # rows: sequence_arch
             "features": list(table.features),
             "precision": precision,
             "row_bytes": row_bytes(table.dim, precision),
