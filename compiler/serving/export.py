@@ -10,7 +10,9 @@ The steps, in order:
     lower_inference + emit_inference -> OUT/<name>.py, the generated serving module
     read_checkpoint                  -> the full single-process state (dense + whole tables), checked
     quantize and write               -> OUT/weights/dense.pt, OUT/weights/tables/<table>.pt, OUT/layout.json
-    export_program                   -> OUT/<name>.pt2 (torch.export: lookup + dense part)
+    export_program                   -> OUT/<name>.pt2 (torch.export: lookup + dense part; not for
+                                        models with sequence tables, whose row counts torch.export
+                                        cannot trace)
     the checkpoint's vocab.json      -> OUT/vocab.json (MovieLens: the ids training mapped, for predict)
     manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
 
@@ -107,7 +109,8 @@ def export(request: ExportRequest) -> dict[str, Any]:
             for name, rows in collection.table_rows().items():
                 torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
         (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
-        aot = _write_program(model, ir, staging) if request.aot else None
+        # torch.export cannot trace a sequence lookup: its per-feature row counts are data-dependent.
+        aot = _write_program(model, ir, staging) if request.aot and not sequence_tables(ir) else None
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
             shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
