@@ -10,11 +10,28 @@ model with the directory's weights. It imports torch and the runtime only.
 from __future__ import annotations
 
 from compiler import __version__
-from compiler.codegen.emit import ASSIGNED_LINE, TEMPLATES, heads_source, inputs_source, python_literal, render_call
+from compiler.codegen.emit import (
+    ASSIGNED_LINE,
+    TEMPLATES,
+    heads_source,
+    inputs_source,
+    python_literal,
+    render_call,
+    runtime_imports,
+)
 from compiler.lowering.types import LoweredModel
 from compiler.serving.lower import sequence_tables
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+# What inference.py.j2 imports for every model; other runtime modules are imported when used.
+TEMPLATE_IMPORTS = (
+    "runtime.data.features",
+    "runtime.modules.blocks",
+    "runtime.embeddings.bag_collection",
+    "runtime.modules.losses",
+    "runtime.serving.export_dir",
+    "runtime.serving.quant_embedding",
+)
 
 
 def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtype: str = "fp32") -> str:
@@ -45,6 +62,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
             {"target": d.target, "loc": f"{d.loc.file}:{d.loc.line}", "source": render_call(d.call, indent=8)}
             for d in lowered.modules
         ],
+        extra_imports=runtime_imports(lowered.modules, (lowered.graph,), TEMPLATE_IMPORTS),
         forward=_forward_source(lowered),
     )
 
