@@ -20,7 +20,6 @@ from compiler.codegen.emit import (
     runtime_imports,
 )
 from compiler.lowering.types import LoweredModel
-from compiler.serving.lower import sequence_tables
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 # What inference.py.j2 imports for every model; other runtime modules are imported when used.
@@ -38,7 +37,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
     """The text of the inference module of `lowered`: tables at `precisions`, dense blocks in
     `dense_dtype` ("fp32" or "bf16", as `lower_inference` was given)."""
     ir = lowered.ir
-    sequences = set(sequence_tables(ir))
+    sequences = {table.name for table in ir.sequence_tables()}
     return TEMPLATES.get_template("inference.py.j2").render(
         version=__version__,
         source=ir.source,

@@ -36,7 +36,7 @@ from compiler import __version__
 from compiler.serving.emit import emit_inference
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
-from compiler.serving.lower import lower_inference, sequence_tables
+from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
@@ -110,7 +110,7 @@ def export(request: ExportRequest) -> dict[str, Any]:
                 torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
         (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
         # torch.export cannot trace a sequence lookup: its per-feature row counts are data-dependent.
-        aot = _write_program(model, ir, staging) if request.aot and not sequence_tables(ir) else None
+        aot = _write_program(model, ir, staging) if request.aot and not ir.sequence_tables() else None
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
             shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
@@ -247,7 +247,7 @@ def _manifest(
         return {"file": file, **file_facts(staging / file)}
 
     tables = []
-    sequences = sequence_tables(ir)
+    sequences = {table.name for table in ir.sequence_tables()}
     for table in ir.tables:
         precision = precisions[table.name]
         tables.append({

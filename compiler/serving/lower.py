@@ -95,15 +95,9 @@ def whole_table_plan(ir: ModelIR) -> ShardingPlan:
     )
 
 
-def sequence_tables(ir: ModelIR) -> tuple[str, ...]:
-    """The tables that serve at least one sequence feature, in table order (looked up as rows)."""
-    sequences = {feature.name for feature in ir.sparse if feature.is_sequence}
-    return tuple(table.name for table in ir.tables if sequences.intersection(table.features))
-
-
 def _split_tables(ir: ModelIR) -> tuple[list[Table], list[Table]]:
     """(pooled tables, sequence tables), each in table order."""
-    sequences = set(sequence_tables(ir))
+    sequences = {table.name for table in ir.sequence_tables()}
     return (
         [t for t in ir.tables if t.name not in sequences],
         [t for t in ir.tables if t.name in sequences],

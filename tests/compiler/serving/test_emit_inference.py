@@ -37,7 +37,12 @@ def test_dlrm_inference_module_matches_the_golden_text(golden, dense: str) -> No
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_every_spec_lowers_to_one_lookup_and_imports_only_torch_and_the_runtime(spec: str, tmp_path: Path) -> None:
+def test_every_spec_lowers_to_one_lookup_per_collection_and_imports_only_torch_and_the_runtime(
+    spec: str, tmp_path: Path
+) -> None:
+    ir = validate(load(spec))
+    sequences = [table.name for table in ir.sequence_tables()]
+    has_pooled = len(sequences) < len(ir.tables)
     source = inference_source(spec, "int4")
     imported = {
         alias.name.split(".")[0]
@@ -47,9 +52,17 @@ def test_every_spec_lowers_to_one_lookup_and_imports_only_torch_and_the_runtime(
     }
     assert imported == {"os", "torch", "runtime"}
     assert "input_dist" not in source and "output_dist" not in source
-    assert source.count("self.sparse_arch(sparse)") == 1
+    assert source.count("self.sparse_arch(sparse)") == int(has_pooled)
+    assert source.count("self.sequence_arch(") == int(bool(sequences))
     path = tmp_path / "module.py"
     path.write_text(source)
     with torch.device("meta"):
         model = import_module(path).Model()
-    assert type(model.sparse_arch).__name__ == "QuantEmbeddingBagCollection"
+    assert type(getattr(model, "sparse_arch", None)).__name__ == (
+        "QuantEmbeddingBagCollection" if has_pooled else "NoneType"
+    )
+    assert type(getattr(model, "sequence_arch", None)).__name__ == (
+        "QuantEmbeddingCollection" if sequences else "NoneType"
+    )
+    if sequences:
+        assert model.sequence_arch.precisions() == {name: "int4" for name in sequences}
