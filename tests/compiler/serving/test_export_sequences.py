@@ -86,18 +86,18 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def trained_model(work: Path) -> tuple[object, torch.nn.Module]:
+def trained_model(work: Path, name: str = "seq_rec") -> tuple[object, torch.nn.Module]:
     """The training module and its model in eval mode, the checkpoint loaded."""
-    module = load_module(str(work / "build" / "seq_rec.py"))
+    module = load_module(str(work / "build" / f"{name}.py"))
     model = module.build()
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     load_checkpoint(work / "ckpt", model, optimizer, spec_sha256=module.SPEC_SHA256)
     return module, model.eval()
 
 
-def reference_scores(work: Path) -> list[list[str]]:
+def reference_scores(work: Path, name: str = "seq_rec") -> list[list[str]]:
     """The training model's click probabilities on predict's synthetic batches."""
-    module, model = trained_model(work)
+    module, model = trained_model(work, name)
     rows = []
     with torch.no_grad():
         for step, start in enumerate(range(0, ROWS, BATCH)):
@@ -168,3 +168,41 @@ def test_the_manifest_and_layout_name_the_sequence_tables(work: Path, capsys) ->
     module, model = load(work / "mixed")
     assert type(model.sequence_arch).__name__ == "QuantEmbeddingCollection"
     assert model.sequence_arch.precisions() == {"items": "fp16", "pages": "int8"}
+
+
+HSTU_SPEC = """\
+version: 1
+name: hstu_rec
+features:
+  sparse:
+    - {name: item, table: items}
+    - {name: history, table: items, pooling: none, max_length: 8}
+  timestamps:
+    - {name: history_time, sequence: history}
+tables:
+  - {name: items, num_embeddings: 80, dim: 8}
+model:
+  recent: {type: hstu, input: sparse.history, timestamps: timestamps.history_time, num_heads: 2,
+           attention_dim: 4, linear_dim: 4, num_buckets: 16}
+  last: {type: sequence_pool, input: recent, mode: last}
+  top: {type: mlp, input: [sparse.item, last], layers: [8, 1], final_activation: none}
+heads:
+  - {name: click, input: top, loss: bce}
+training:
+  batch_size: 32
+  dense_optimizer: {type: adagrad, lr: 0.05}
+  sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}
+"""
+
+
+def test_an_hstu_model_with_timestamps_and_only_sequence_tables_predicts_exactly(tmp_path: Path, capsys) -> None:
+    (tmp_path / "hstu.yaml").write_text(HSTU_SPEC)
+    assert main([
+        "train", str(tmp_path / "hstu.yaml"), "--steps", "2", "--batch-size", str(BATCH), "--log-every", "2",
+        "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "-o", str(tmp_path / "build"),
+    ]) == 0
+    assert main(["export", str(tmp_path / "hstu.yaml"), "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "fp32")]) == 0
+    capsys.readouterr()
+    _, model = load(tmp_path / "fp32")
+    assert not hasattr(model, "sparse_arch")
+    assert predicted(tmp_path, "fp32", capsys) == reference_scores(tmp_path, "hstu_rec")
