@@ -18,6 +18,7 @@ Pooling = Literal["sum", "mean"]
 Keep = Literal["end", "start"]  # which positions a sequence longer than its max_length keeps
 LossType = Literal["bce", "mse", "softmax"]
 OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
+LrScheduleType = Literal["constant", "step", "exponential", "linear", "cosine"]
 Device = Literal["cpu", "cuda"]
 
 
@@ -285,6 +286,21 @@ class Head:
 
 
 @dataclass(frozen=True, slots=True)
+class LrSchedule:
+    """The learning-rate factor per step, for every optimizer (runtime.train.lr_schedule has the
+    formulas); parameters the type does not read are None. `loc` is None for the default."""
+
+    type: LrScheduleType = "constant"
+    warmup_steps: int = 0
+    start_factor: float = 0.0
+    step_size: int | None = None
+    gamma: float | None = None
+    total_steps: int | None = None
+    final_factor: float | None = None
+    loc: Location | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     batch_size: int  # global: each of N ranks gets batch_size / N
     seed: int
@@ -292,6 +308,7 @@ class Training:
     dense_optimizer: Optimizer
     sparse_optimizer: Optimizer
     loc: Location
+    lr_schedule: LrSchedule = LrSchedule()
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
-from compiler.lowering.calls import dense_optimizer_call, head_config_call, model_inputs_call
+from compiler.lowering.calls import dense_optimizer_call, head_config_call, lr_schedule_call, model_inputs_call
 from compiler.lowering.types import BuildArg, Call, ModuleDecl, SplitModel
 
 TEMPLATES = jinja2.Environment(
@@ -65,6 +65,7 @@ def emit(lowered: SplitModel) -> GeneratedModule:
         plan=python_literal(lowered.plan.to_dict()),
         heads=heads_source(ir),
         dense_optimizer=render_call(dense_optimizer_call(ir), indent=0),
+        lr_schedule=render_call(lr_schedule_call(ir), indent=0),
         modules=[
             {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
             for d in lowered.modules
@@ -84,6 +85,7 @@ TEMPLATE_IMPORTS = (
     "runtime.modules.losses",
     "runtime.sharding",
     "runtime.train.dense_optimizer",
+    "runtime.train.lr_schedule",
 )
 
 

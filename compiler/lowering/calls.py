@@ -206,6 +206,22 @@ def dense_optimizer_call(ir: ModelIR) -> Call:
     ))
 
 
+def lr_schedule_call(ir: ModelIR) -> Call:
+    """The learning-rate schedule of every optimizer (the training section's `lr_schedule`)."""
+    schedule = ir.training.lr_schedule
+    params = (
+        ("type", schedule.type),
+        ("warmup_steps", schedule.warmup_steps),
+        ("start_factor", schedule.start_factor),
+        ("step_size", schedule.step_size),
+        ("gamma", schedule.gamma),
+        ("total_steps", schedule.total_steps),
+        ("final_factor", schedule.final_factor),
+    )
+    where = () if schedule.loc is None else (("where", str(schedule.loc)),)
+    return Call("runtime.train.lr_schedule.LrSchedule", (*((k, v) for k, v in params if v is not None), *where))
+
+
 def model_inputs_call(ir: ModelIR) -> Call:
     """The model's features, heads (the module's HEADS), training defaults and data section."""
     rows = {table.name: table.num_embeddings for table in ir.tables}

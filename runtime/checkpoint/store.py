@@ -120,6 +120,7 @@ def save_checkpoint(
     keep: int | None = None,
     process_group: dist.ProcessGroup | None = None,
     files: Mapping[str, bytes] | None = None,
+    lr_schedule: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
@@ -130,6 +131,8 @@ def save_checkpoint(
     `files` (name -> contents, rank 0's) are saved beside the state and listed
     with their hashes in the manifest: what training used to read its data,
     such as the MovieLens vocabulary, travels with the weights it shaped.
+    `lr_schedule` (plain data: runtime.train.lr_scheduler's `state_dict`) is
+    kept as the manifest's "lr_schedule".
     """
     root = Path(directory)
     group = _group(process_group)
@@ -147,6 +150,8 @@ def save_checkpoint(
     }
     if batch_size is not None:
         manifest["global_batch_size"] = batch_size
+    if lr_schedule is not None:
+        manifest["lr_schedule"] = dict(lr_schedule)
 
     def finish() -> Path:
         for name, contents in (files or {}).items():

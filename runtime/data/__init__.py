@@ -16,5 +16,6 @@ lazy_exports(
         "sources": ("choose_data", "open_reader"),
         "loader": ("epoch_batches", "training_batches"),
         "synthetic": ("make_batch",),
+        "sequence_check": ("check_timestamps",),
     },
 )

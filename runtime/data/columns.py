@@ -5,7 +5,9 @@ dense feature and label, a jagged (lengths, values, weights) triple per
 sparse feature); the rank's assembler (`runtime.data.rank_slices`) joins blocks,
 cuts global batches and its own share by row, and only then builds the
 `KeyedJaggedTensor`. Sparse features are kept in the spec's order, which
-is the key order of the batch.
+is the key order of the batch, followed by the timestamps features. A
+sequence feature and its timestamps are jagged like any bag (one int64 time
+per id), so cutting by row keeps them aligned.
 """
 
 from __future__ import annotations

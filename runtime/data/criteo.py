@@ -26,7 +26,7 @@ import torch
 
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs
+from runtime.data.features import ModelInputs, TimestampsConfig
 from runtime.data.spec_columns import (
     check_labels_fed,
     explicit_columns,
@@ -65,6 +65,7 @@ class CriteoReader:
 
     name = "criteo"
     unseen_features: tuple[str, ...] = ()  # ids are hashed into their table: none is unseen
+    timestamps: tuple[TimestampsConfig, ...] = ()  # criteo_layout refuses timestamps features
 
     def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
         self.layout = criteo_layout(inputs)
@@ -107,6 +108,9 @@ def criteo_layout(inputs: ModelInputs) -> CriteoLayout:
     dense_sizes = {f.name: f.size for f in inputs.dense}
     rows = table_rows(inputs)
     labels = heads_by_label(inputs)
+    if inputs.timestamps:
+        names = [t.name for t in inputs.timestamps]
+        raise DataError(f"criteo has no timestamps to feed timestamps features {feature_list(names)}")
     for column, target in explicit.items():
         kind, allowed = _target_kind(column)
         if target not in {"dense": dense_sizes, "sparse": rows, "label": labels}[kind]:

@@ -23,7 +23,9 @@ from runtime.data.bad_rows import EXAMPLES, BadRow, BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
+from runtime.data.features import TimestampsConfig
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
+from runtime.data.sequence_check import check_timestamps
 from runtime.data.unseen_ids import UnseenIds
 
 BLOCK_LINES = 4096
@@ -36,6 +38,7 @@ class Reader(Protocol):
     source: str  # the path it reads, for messages
     weighted: bool  # whether batches carry per-id weights
     unseen_features: tuple[str, ...]  # features whose row 0 takes ids outside a vocabulary (runtime.data.unseen_ids)
+    timestamps: tuple[TimestampsConfig, ...]  # the timestamps features its batches carry
 
     def epoch_lines(self) -> Iterable[tuple[str, int, bytes]]:
         """(file, line number, line) of every data line of one epoch, in order."""
@@ -128,7 +131,7 @@ def training_batches(
     """Rank's share of every global batch, epoch after epoch, forever; `unseen` counts each batch taken."""
     shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, None, unseen)
     for share in shares:
-        yield share.columns.to_batch(reader.weighted)
+        yield _batch(reader, share)
 
 
 def epoch_batches(
@@ -147,7 +150,13 @@ def epoch_batches(
     `unseen` counts the real rows of each batch taken."""
     shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, 1, unseen)
     for share in shares:
-        yield LocalBatch(share.columns.to_batch(reader.weighted), share.real)
+        yield LocalBatch(_batch(reader, share), share.real)
+
+
+def _batch(reader: Reader, share: Share) -> Batch:
+    batch = share.columns.to_batch(reader.weighted)
+    check_timestamps(batch.sparse, reader.timestamps)
+    return batch
 
 
 def _shares(

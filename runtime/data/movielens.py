@@ -12,8 +12,11 @@ named as in ml-latest's header: `userId`, `movieId`, `rating`,
 the sparse feature `user_id`, `movieId` feeds `movie_id`, `genres` feeds
 `genres` (a multi-hot bag, weight 1 per genre) and `rating` feeds the first
 head's label: for a bce head 1 when the rating reaches the threshold (4 by
-default), for an mse head the rating itself. `data.columns` overrides any of
-it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens_vocab`);
+default), for an mse head the rating itself. `history` (the user's movieIds
+rated before this rating, oldest first; runtime.data.movielens_history says
+exactly which) feeds the sequence feature `history`, cut to its
+`max_length` as it is read, and every timestamps feature of that sequence
+gets the history's timestamps. `data.columns` overrides any of it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens_vocab`);
 an id outside it goes to row 0 and is counted (`unseen_features`, runtime.data.unseen_ids).
 """
 
@@ -27,7 +30,8 @@ import torch
 
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs
+from runtime.data.features import ModelInputs, SparseFeatureConfig
+from runtime.data.movielens_history import HistoryIndex
 from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary
 from runtime.data.spec_columns import (
     check_labels_fed,
@@ -38,15 +42,15 @@ from runtime.data.spec_columns import (
 )
 from runtime.data.text_lines import first_line, numbered_lines
 
-COLUMNS = ("userId", "movieId", "rating", "timestamp", "genres")
+COLUMNS = ("userId", "movieId", "rating", "timestamp", "genres", "history")
 RATINGS_FILES = ("u.data", "ratings.dat", "ratings.csv")
-DEFAULT_FEATURES = {"userId": "user_id", "movieId": "movie_id", "genres": "genres"}
+DEFAULT_FEATURES = {"userId": "user_id", "movieId": "movie_id", "genres": "genres", "history": "history"}
 DEFAULT_THRESHOLD = 4.0
 _SEPARATORS = {"tab": b"\t", "dat": b"::", "csv": b","}
 _FIELDS = ("userId", "movieId", "rating", "timestamp")
 
-# One parsed line: user id, movie id, rating.
-RatingRow = tuple[int, int, float]
+# One parsed line: user id, movie id, rating, timestamp.
+RatingRow = tuple[int, int, float, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +61,29 @@ class MovieLensLayout:
     movie: str | None
     genres: str | None
     labels: tuple[tuple[str, str], ...]  # (head label, "bce" | "mse")
+    history: str | None = None  # a sequence feature
+    max_length: int = 0  # the history feature's
+    keep: str = "end"
+    timestamps: tuple[str, ...] = ()  # the timestamps features of the history feature
+    keys: tuple[str, ...] = ()  # the batch's sparse keys: sparse features, then timestamps features
 
 
 class MovieLensReader:
-    """One MovieLens ratings file for one spec; ids map to rows through `vocabulary`."""
+    """One MovieLens ratings file for one spec; ids map to rows through `vocabulary`.
+
+    `earlier`: the training ratings file when this one is read for evaluation;
+    its ratings count as history for this file's (runtime.data.movielens_history).
+    """
 
     name = "movielens"
 
     def __init__(
-        self, inputs: ModelInputs, path: str | Path, vocabulary: Vocabulary, threshold: float = DEFAULT_THRESHOLD
+        self,
+        inputs: ModelInputs,
+        path: str | Path,
+        vocabulary: Vocabulary,
+        threshold: float = DEFAULT_THRESHOLD,
+        earlier: Path | None = None,
     ) -> None:
         self.file, self.format = ratings_file(path)
         self.source = str(path)
@@ -75,7 +93,13 @@ class MovieLensReader:
         self.weighted = is_weighted(inputs)
         self.unseen_features = tuple(f for f in (self.layout.user, self.layout.movie) if f is not None)
         self._separator = _SEPARATORS[self.format]
+        self.timestamps = inputs.timestamps
         check_rows(inputs, self.layout, vocabulary)
+        self.histories: HistoryIndex | None = None
+        if self.layout.history is not None:
+            files = [self.file] if earlier is None or _same_file(earlier, self.file) else [earlier, self.file]
+            events = ((u, m, t) for f in files for u, m, _, t in good_ratings(f, ratings_file(f)[1]))
+            self.histories = HistoryIndex.build(events, vocabulary.movies)
 
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
         name = str(self.file)
@@ -83,7 +107,7 @@ class MovieLensReader:
             yield name, number, line
 
     def parse(self, line: bytes) -> RatingRow:
-        """User id, movie id and rating of one line; RowError names the bad column."""
+        """User id, movie id, rating and timestamp of one line; RowError names the bad column."""
         return parse_rating(line, self._separator)
 
     def to_columns(self, rows: list[RatingRow]) -> Columns:
@@ -102,10 +126,18 @@ class MovieLensReader:
         labels = {
             label: (stars >= self.threshold).float() if loss == "bce" else stars for label, loss in layout.labels
         }
-        return Columns({}, sparse, labels)
+        if layout.history is not None and self.histories is not None:
+            users = torch.tensor([r[0] for r in rows], dtype=torch.long)
+            stamps = torch.tensor([r[3] for r in rows], dtype=torch.long)
+            lengths, movies, times = self.histories.cut(users, stamps, layout.max_length, layout.keep)
+            sparse[layout.history] = Jagged(lengths, movies, None)
+            for name in layout.timestamps:
+                sparse[name] = Jagged(lengths, times, None)
+        return Columns({}, {key: sparse[key] for key in layout.keys}, labels)
+
 
 def parse_rating(line: bytes, separator: bytes) -> RatingRow:
-    """User id, movie id and rating of one ratings line; RowError names the bad column."""
+    """User id, movie id, rating and timestamp of one ratings line; RowError names the bad column."""
     fields = line.split(separator)
     if len(fields) != len(_FIELDS):
         sep = separator.decode()
@@ -120,20 +152,29 @@ def parse_rating(line: bytes, separator: bytes) -> RatingRow:
         raise RowError("rating", rating, "not a number") from None
     if not 0.0 < stars <= 5.0:
         raise RowError("rating", rating, "outside the MovieLens range (0, 5]")
-    return int(user), int(movie), stars
+    return int(user), int(movie), stars, int(stamp)
 
 
-def rating_ids(file: Path, layout: str) -> Iterator[tuple[int, int]]:
-    """(user id, movie id) of every good line of a ratings file: the vocabulary's one pass.
+def good_ratings(file: Path, layout: str) -> Iterator[RatingRow]:
+    """Every good line of a ratings file, parsed, in file order.
 
     Bad lines are passed over here; the training pass reports them.
     """
     for _, line in numbered_lines(file, skip=1 if layout == "csv" else 0):
         try:
-            user, movie, _ = parse_rating(line, _SEPARATORS[layout])
+            yield parse_rating(line, _SEPARATORS[layout])
         except RowError:
             continue
+
+
+def rating_ids(file: Path, layout: str) -> Iterator[tuple[int, int]]:
+    """(user id, movie id) of every good line of a ratings file: the vocabulary's one pass."""
+    for user, movie, _, _ in good_ratings(file, layout):
         yield user, movie
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    return one.resolve() == other.resolve()
 
 
 def ratings_file(path: str | Path) -> tuple[Path, str]:
@@ -180,8 +221,10 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
     if missing:
         raise DataError(
             f"sparse features {feature_list(missing)} have no movielens column "
-            f"(the columns userId, movieId and genres feed user_id, movie_id and genres by default)"
+            f"(the columns userId, movieId, genres and history feed user_id, movie_id, genres and "
+            f"history by default)"
         )
+    history = _history_feature(inputs, feeds["history"])
     label = explicit.get("rating", inputs.heads[0].label)
     heads = [head for head in inputs.heads if head.label == label]
     if not heads:
@@ -192,7 +235,34 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
             f"(rating >= threshold) or mse heads (the rating)"
         )
     check_labels_fed(inputs, "movielens", {label})
-    return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], ((label, heads[0].loss),))
+    return MovieLensLayout(
+        feeds["userId"],
+        feeds["movieId"],
+        feeds["genres"],
+        ((label, heads[0].loss),),
+        history=feeds["history"],
+        max_length=0 if history is None else history.max_length or 0,
+        keep="end" if history is None else history.keep,
+        timestamps=tuple(t.name for t in inputs.timestamps),
+        keys=(*sparse, *(t.name for t in inputs.timestamps)),
+    )
+
+
+def _history_feature(inputs: ModelInputs, name: str | None) -> SparseFeatureConfig | None:
+    """The sequence feature the history column feeds; every timestamps feature must belong to it."""
+    feature = next((f for f in inputs.sparse if f.name == name), None)
+    if feature is not None and feature.max_length is None:
+        raise DataError(
+            f"feature {name!r}: the history column feeds a sequence feature (pooling: none with a "
+            f"max_length), but {name!r} is pooled"
+        )
+    for stamps in inputs.timestamps:
+        if stamps.sequence != name:
+            raise DataError(
+                f"timestamps feature {stamps.name!r} belongs to sequence {stamps.sequence!r}, which the "
+                f"history column does not feed: movielens has timestamps for the history only"
+            )
+    return feature
 
 
 def check_rows(inputs: ModelInputs, layout: MovieLensLayout, vocabulary: Vocabulary) -> None:
@@ -202,6 +272,7 @@ def check_rows(inputs: ModelInputs, layout: MovieLensLayout, vocabulary: Vocabul
         layout.user: (len(vocabulary.users) + 1, "userId values plus row 0 for unseen ids"),
         layout.movie: (len(vocabulary.movies) + 1, "movieId values plus row 0 for unseen ids"),
         layout.genres: (len(vocabulary.genres), "genres"),
+        layout.history: (len(vocabulary.movies) + 1, "movieId values plus row 0 for unseen ids"),
     }
     for feature, (needed, what) in needs.items():
         if feature is not None and needed > rows[feature]:

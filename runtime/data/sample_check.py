@@ -29,6 +29,7 @@ from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
 from runtime.data.movielens import movielens_layout, movies_file, rating_ids, ratings_file
 from runtime.data.movielens_vocab import build_vocabulary, with_genres
+from runtime.data.sequence_check import check_timestamps
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.spec_columns import table_rows
 
@@ -74,7 +75,12 @@ def check_sample(inputs: ModelInputs, choice: DataChoice, rows: int = 1000) -> S
             f"lines from {rest[0]}:{rest[1]} on were not parsed (--sample N checks more)"
         )
     if good:
-        report.notes += _describe(inputs, reader.to_columns(good))
+        columns = reader.to_columns(good)
+        try:
+            check_timestamps(columns.to_batch(reader.weighted).sparse, inputs.timestamps)
+        except DataError as error:
+            report.errors.append(f"{choice.path}: error: {error} (counting the good rows of the sample from 0)")
+        report.notes += _describe(inputs, columns)
     return report
 
 
@@ -115,7 +121,12 @@ def _describe(inputs: ModelInputs, columns: Columns) -> list[str]:
             shown = ", ".join(f"{v:g}: {int(n):,}" for v, n in zip(counts[0].tolist(), counts[1]))
             notes.append(f"  label {label}: {shown}")
     rows = table_rows(inputs)
+    timestamps = {t.name for t in inputs.timestamps}
     for name, jagged in columns.sparse.items():
+        if name in timestamps and jagged.values.numel():
+            low, high = int(jagged.values.min()), int(jagged.values.max())
+            notes.append(f"  timestamps {name}: {low} to {high}, {jagged.values.numel() / len(columns):.2g} per row")
+            continue
         if jagged.values.numel() == 0:
             notes.append(f"  feature {name}: no ids in the sample")
             continue

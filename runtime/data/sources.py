@@ -71,16 +71,21 @@ def open_reader(
     vocab_path: Path | None = None,
     save_vocab: bool = False,
     vocabulary: Vocabulary | None = None,
+    training: Reader | None = None,
 ) -> Reader:
     """The reader of `choice` for `inputs`; MovieLens uses `vocabulary`, else the one saved at
-    `vocab_path` while current, else one built now (and saved there when `save_vocab`)."""
+    `vocab_path` while current, else one built now (and saved there when `save_vocab`).
+
+    `training`: the training data's reader when `choice` is evaluation data; a MovieLens
+    evaluation file takes its rows' histories from the training file too."""
     if choice.path is None:
         raise DataError(f"the {choice.reader} reader reads no files")
     reader: Reader
     if choice.reader == "criteo":
         reader = CriteoReader(inputs, choice.path)
     elif choice.reader == "movielens":
-        reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary)
+        earlier = training.file if isinstance(training, MovieLensReader) else None
+        reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier)
     else:
         raise DataError(f"unknown reader {choice.reader!r} (expected one of {', '.join(READERS)})")
     if next(iter(reader.epoch_lines()), None) is None:
@@ -95,6 +100,7 @@ def _movielens(
     vocab_path: Path | None,
     save_vocab: bool,
     vocabulary: Vocabulary | None,
+    earlier: Path | None,
 ) -> MovieLensReader:
     layout = movielens_layout(inputs)
     file, file_layout = ratings_file(path)
@@ -104,4 +110,4 @@ def _movielens(
         )
     if layout.genres is not None and not vocabulary.movie_genres:
         vocabulary = with_genres(vocabulary, movies_file(file, file_layout), file_layout)
-    return MovieLensReader(inputs, path, vocabulary, threshold)
+    return MovieLensReader(inputs, path, vocabulary, threshold, earlier)

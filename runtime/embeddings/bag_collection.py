@@ -193,6 +193,10 @@ class _FusedGroup(nn.Module):
             tables.append(tensors)
         return tables
 
+    def set_lr_scale(self, scale: float) -> None:
+        """Train on at `scale` times the optimizer's learning rate (a schedule's factor)."""
+        self.tbe.set_learning_rate(self.optimizer.lr * scale)
+
     def after_load(self) -> None:
         if self.optimizer.type == "adam":
             # fbgemm re-reads its host copy of the step counter from `iter` when it is 0.
@@ -214,6 +218,7 @@ class _DenseTable(nn.EmbeddingBag):
             _weight=torch.empty(rows, dim, device=device),
         )
         self.optimizer = optimizer
+        self.lr = optimizer.lr  # this step's: a schedule changes it (set_lr_scale)
         self.state_names = tuple(state_shapes(optimizer, rows, dim))
         for name, tensor in init_state(optimizer, rows, dim, device).items():
             self.register_buffer(name, tensor)
@@ -230,7 +235,7 @@ class _DenseTable(nn.EmbeddingBag):
     def _step(self, weight: torch.Tensor) -> None:
         grad, weight.grad = weight.grad, None
         grad = grad.coalesce()
-        apply_update(self.optimizer, weight, self.tensors(), grad.indices()[0], grad.values())
+        apply_update(self.optimizer, weight, self.tensors(), grad.indices()[0], grad.values(), self.lr)
 
     def lookup(
         self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
@@ -287,6 +292,11 @@ class _DenseGroup(nn.Module):
     def table_tensors(self) -> list[dict[str, torch.Tensor]]:
         """Per table: its live weight and optimizer state."""
         return [bag.tensors() for bag in self.bags]
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Train on at `scale` times the optimizer's learning rate (a schedule's factor)."""
+        for bag in self.bags:
+            bag.lr = bag.optimizer.lr * scale
 
     def after_load(self) -> None:
         pass

@@ -103,17 +103,19 @@ def apply_update(
     state: dict[str, torch.Tensor],
     rows: torch.Tensor,
     grad: torch.Tensor,
+    lr: float | None = None,
 ) -> None:
     """Updates `weight` and `state` in place for `rows` (unique) with their summed `grad`.
 
-    `rows` is int64 of shape (n,), `grad` float of shape (n, dim).
+    `rows` is int64 of shape (n,), `grad` float of shape (n, dim). `lr` is
+    this step's learning rate (a schedule's); the optimizer's own by default.
     """
-    lr = optimizer.lr
+    lr = optimizer.lr if lr is None else lr
     if optimizer.type == "sgd":
         weight.index_add_(0, rows, grad, alpha=-lr)
         return
     if optimizer.type == "adam":
-        _adam(optimizer, weight, state, rows, grad)
+        _adam(optimizer, weight, state, rows, grad, lr)
         return
     momentum1 = state["momentum1"]
     if optimizer.type == "adagrad":
@@ -132,6 +134,7 @@ def _adam(
     state: dict[str, torch.Tensor],
     rows: torch.Tensor,
     grad: torch.Tensor,
+    lr: float,
 ) -> None:
     step = int(state["iter"].add_(1).item())
     b1, b2 = optimizer.beta1, optimizer.beta2
@@ -143,4 +146,4 @@ def _adam(
     update = m1.div_(1 - math.pow(b1, step)).div_(denom)
     w = weight.index_select(0, rows)
     update.add_(w, alpha=optimizer.weight_decay)
-    weight.index_copy_(0, rows, w.sub_(update, alpha=optimizer.lr))
+    weight.index_copy_(0, rows, w.sub_(update, alpha=lr))

@@ -8,7 +8,8 @@ them the rest of nn.Module's contract over that list: the state dict (one
 device moves, and the table-order initialisation both kernels draw alike.
 
 A subclass sets `self._tables` (configs with `name` and `init_range()`) and
-`self._groups` (modules with `tables`, `table_tensors()` and `after_load()`).
+`self._groups` (modules with `tables`, `table_tensors()`, `set_lr_scale()` and
+`after_load()`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,15 @@ class TablesOutsideModuleTree(nn.Module):
     def embedding_parameters(self) -> dict[str, torch.Tensor]:
         """Each table's weight (rows x dim, live), by table name; trained in backward only."""
         return {name: tensors["weight"] for name, tensors in self._table_tensors().items()}
+
+    def set_lr_scale(self, scale: float) -> None:
+        """Every table trains at `scale` times its optimizer's learning rate from the next backward on.
+
+        A learning-rate schedule's factor (runtime.train.lr_scheduler); each
+        table keeps its own optimizer's base rate, per-table optimizers included.
+        """
+        for group in self._groups:
+            group.set_lr_scale(scale)
 
     def _save_to_state_dict(
         self, destination: dict[str, Any], prefix: str, keep_vars: bool

@@ -43,10 +43,14 @@ class Console:
         self._bar.set_postfix_str(f"{samples_per_s:,.0f} samples/s", refresh=False)
         self._bar.update(step - self._bar.n)
 
-    def log(self, step: int, loss: float, samples_per_s: float, metrics: Metrics) -> None:
-        """A progress line: step, loss, samples/s, ETA and the metrics of the last window."""
+    def log(
+        self, step: int, loss: float, samples_per_s: float, metrics: Metrics, lr: float | None = None
+    ) -> None:
+        """A progress line: step, loss, the dense learning rate (when given), samples/s, ETA and
+        the metrics of the last window."""
+        rate = "" if lr is None else f"  lr {lr:.4g}"
         self.message(
-            f"step {step:>5}/{self.total}  loss {loss:.6f}  samples/s {samples_per_s:,.0f}  "
+            f"step {step:>5}/{self.total}  loss {loss:.6f}{rate}  samples/s {samples_per_s:,.0f}  "
             f"ETA {self._eta(step)}{format_metrics(metrics)}"
         )
 

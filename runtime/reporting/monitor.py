@@ -37,6 +37,8 @@ class StepLog:
     step: int  # 1-based
     loss: float  # the global mean loss of this step
     samples_per_s: float
+    lr: float | None = None  # the dense optimizer's learning rate in this step, when scheduled
+    lr_scale: float | None = None  # the schedule's factor of every optimizer's rate
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,11 @@ class TrainingMonitor:
         """Every log step: the window's metrics over all ranks, printed and logged on rank 0."""
         self.last_metrics = _rounded(self.metrics.compute(self.process_group))
         if self.console is not None:
-            self.console.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
+            self.console.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics, entry.lr)
         if self.run_log is not None:
-            self.run_log.train(entry.step, entry.loss, entry.samples_per_s, self.last_metrics)
+            self.run_log.train(
+                entry.step, entry.loss, entry.samples_per_s, self.last_metrics, entry.lr, entry.lr_scale
+            )
         if self._eval_after_log:
             self._eval_after_log = False
             self._evaluate(entry.step)

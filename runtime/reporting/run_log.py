@@ -2,11 +2,14 @@
 
     DIR/metrics.jsonl     one object per line, written as the run goes:
                           {"kind": "train", "step", "loss", "samples_per_s", "metrics": {head: {metric: value}}}
+                          (+ "lr", "lr_scale": the dense optimizer's learning rate in that step and
+                          the schedule's factor of every optimizer's rate, when the run has a schedule)
                           {"kind": "eval", "step", "metrics": {...}}  (+ "unseen_ids": {feature: count})
                           {"kind": "resume", "step"}   a resumed run goes on from here (see below)
                           {"kind": "final", ...the run's final JSON line}
     DIR/events.out.tfevents.*   the same scalars for TensorBoard (`pip install 'reccompile[logs]'`)
-    DIR/metrics.png       the loss, then every head's metrics (train and eval), against the step
+    DIR/metrics.png       the loss, the learning rate, then every head's metrics (train and eval),
+                          against the step
                           (matplotlib: `pip install 'reccompile[plots]'`)
 
 A run that starts from a checkpoint (`--resume`, or a restart by torchrun)
@@ -50,13 +53,26 @@ class RunLog:
         if resumed:
             self._write({"kind": "resume", "step": start_step})
 
-    def train(self, step: int, loss: float, samples_per_s: float, metrics: Metrics) -> None:
+    def train(
+        self,
+        step: int,
+        loss: float,
+        samples_per_s: float,
+        metrics: Metrics,
+        lr: float | None = None,
+        lr_scale: float | None = None,
+    ) -> None:
+        """A log step; `lr` and `lr_scale` (the dense rate, the schedule's factor) when scheduled."""
+        rates = {key: value for key, value in (("lr", lr), ("lr_scale", lr_scale)) if value is not None}
         self._write(
-            {"kind": "train", "step": step, "loss": loss, "samples_per_s": round(samples_per_s, 1), "metrics": metrics}
-        )
+            {"kind": "train", "step": step, "loss": loss, **rates, "samples_per_s": round(samples_per_s, 1),
+             "metrics": metrics}
+        )  # fmt: skip
         if self._writer is not None:
             self._writer.add_scalar("train/loss", loss, step)
             self._writer.add_scalar("train/samples_per_s", samples_per_s, step)
+            for key, value in rates.items():
+                self._writer.add_scalar(f"train/{key}", value, step)
             _add_metrics(self._writer, "train", step, metrics)
 
     def eval(self, step: int, metrics: Metrics, unseen_ids: Mapping[str, int] | None = None) -> None:
@@ -93,9 +109,12 @@ def history(jsonl: Path) -> list[Record]:
 
 
 def panels(records: list[Record]) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """{title: {series: [(step, value)]}}: the loss, then one panel per head and metric (train, eval)."""
+    """{title: {series: [(step, value)]}}: the loss, the learning rate (when logged), then one panel per
+    head and metric (train, eval)."""
     train = [r for r in records if r["kind"] == "train"]
     found: dict[str, dict[str, list[tuple[float, float]]]] = {"loss": {"train": [(r["step"], r["loss"]) for r in train]}}
+    if any("lr" in r for r in train):
+        found["lr"] = {"train": [(r["step"], r["lr"]) for r in train if "lr" in r]}
     for record in records:
         for head, values in record["metrics"].items():
             for metric, value in values.items():

@@ -132,6 +132,11 @@ class SparseArch(torch.nn.Module):
     def _collections(self) -> list[EmbeddingBagCollection | EmbeddingCollection]:
         return [c for group in self.groups() for c in group.lookup.collections()]
 
+    def set_lr_scale(self, scale: float) -> None:
+        """Every local table trains at `scale` times its optimizer's learning rate (a schedule's factor)."""
+        for collection in self._collections():
+            collection.set_lr_scale(scale)
+
     def _local_weights(self) -> list[tuple[LocalTable, torch.Tensor]]:
         return [pair for group in self.groups() for pair in group.lookup.weights()]
 

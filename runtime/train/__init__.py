@@ -9,6 +9,8 @@ lazy_exports(
     {
         "loop": ("TrainSummary", "train", "train_step"),
         "dense_optimizer": ("DenseOptimizerConfig", "make_dense_optimizer"),
+        "lr_schedule": ("LrSchedule",),
+        "lr_scheduler": ("LrScheduler",),
         "train_pipeline": ("PipelineError", "TrainPipeline"),
         "checkpointing": ("Checkpointing",),
         "worker": ("load_module",),

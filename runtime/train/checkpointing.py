@@ -40,6 +40,8 @@ from runtime.data.batch import Batch
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.reporting import console
+from runtime.train.lr_schedule import spell
+from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 
@@ -59,6 +61,7 @@ class Checkpointing:
         rank: int,
         other_work: OtherWork | None = None,
         stream: TextIO | None = None,
+        lr_scheduler: LrScheduler | None = None,
     ) -> None:
         self.directory: Path | None = options.checkpoint_dir
         self.every: int | None = options.checkpoint_every
@@ -69,6 +72,7 @@ class Checkpointing:
         self.other_work = other_work if other_work is not None else OtherWork()
         self.module, self.model, self.optimizer = module, model, optimizer
         self.process_group, self.rank = process_group, rank
+        self.lr_scheduler = lr_scheduler
         self.stream = sys.stdout if stream is None else stream
         self.start_step = 0
         self.last_saved: int | None = None
@@ -113,9 +117,23 @@ class Checkpointing:
             raise CheckpointError(
                 f"{self._resumed.path} is at step {self.start_step}, past this run's last step {steps}"
             )
+        self._resume_schedule()
         why = "torchrun restarted this job" if restarted else "--resume"
         self._say(f"resumed from {self._resumed.path} at step {self.start_step} ({why})")
         return self.start_step
+
+    def _resume_schedule(self) -> None:
+        """The learning-rate schedule goes on at the resumed step; a changed one is said."""
+        assert self._resumed is not None
+        saved = self._resumed.manifest.get("lr_schedule")
+        if self.lr_scheduler is None or saved is None:
+            return
+        if not self.lr_scheduler.load_state_dict(saved):
+            self._say(
+                f"warning: {self._resumed.path} was trained with lr_schedule {spell(saved['schedule'])}; "
+                f"this run goes on from step {self.start_step} with {spell(self.lr_scheduler.schedule.describe())}",
+                sys.stderr,
+            )
 
     def resumed_vocabulary(self) -> Path | None:
         """The id vocabulary saved with the checkpoint this run resumed from, if it has one."""
@@ -187,6 +205,7 @@ class Checkpointing:
                 keep=self.keep,
                 process_group=self.process_group,
                 files=self._data_files(),
+                lr_schedule=None if self.lr_scheduler is None else self.lr_scheduler.state_dict(step),
             )
         self.last_saved = step
 

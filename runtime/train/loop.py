@@ -2,7 +2,9 @@
 
 Embedding tables update themselves in backward (their optimizer is fused
 into the embedding kernels), so the loop only steps the dense optimizer over
-`model.dense_parameters()` (runtime/train/dense_optimizer.py makes it).
+`model.dense_parameters()` (runtime/train/dense_optimizer.py makes it). A
+learning-rate schedule sets both kinds of rates before each step
+(runtime/train/lr_scheduler.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
+from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.timing import OtherWork
 from runtime.train.train_pipeline import TrainPipeline
 
@@ -71,6 +74,7 @@ def train(
     device: torch.device | None = None,
     start_step: int = 0,
     other_work: OtherWork | None = None,
+    lr_scheduler: LrScheduler | None = None,
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
@@ -86,6 +90,10 @@ def train(
 
     `other_work`: what the hooks measured as evaluation or checkpoint saving;
     samples/s leaves that time out.
+
+    `lr_scheduler`: sets the dense and embedding learning rates before each step
+    from the number of steps completed, so a resumed run keeps its schedule; the
+    log entries carry the rate.
     """
     other = other_work if other_work is not None else OtherWork()
     model.train()
@@ -95,6 +103,8 @@ def train(
     other_before = other.total()  # other work before timed_from
     run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
     for step in range(start_step + 1, steps + 1):
+        if lr_scheduler is not None:
+            lr_scheduler.start_step(step - 1)
         batch, loss, outputs = run_step()
         local_losses.append(loss)
         if on_step is not None:
@@ -105,7 +115,7 @@ def train(
         if on_log is not None and (step % log_every == 0 or step == steps):
             training_seconds = now - timed_from - (other.total() - other_before)
             rate = _rate(global_batch_size, step - start_step - 1, training_seconds)
-            on_log(StepLog(step, _global_mean(loss, process_group), rate))
+            on_log(StepLog(step, _global_mean(loss, process_group), rate, *_rates(lr_scheduler)))
     elapsed = time.perf_counter() - timed_from - (other.total() - other_before)
     losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
     return TrainSummary(
@@ -140,6 +150,13 @@ def _step_runner(
         return pipeline.last_batch, loss, outputs
 
     return pipelined
+
+
+def _rates(lr_scheduler: LrScheduler | None) -> tuple[float | None, float | None]:
+    """(the dense learning rate, the schedule's factor) of the step just run, for the log."""
+    if lr_scheduler is None:
+        return None, None
+    return lr_scheduler.lr, lr_scheduler.scale
 
 
 def _rate(batch_size: int, steps: int, seconds: float) -> float:

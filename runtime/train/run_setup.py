@@ -116,7 +116,7 @@ def setup_run(
         vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
         eval_reader = open_reader(
             inputs, choose_data(options.eval_data, inputs), threshold=threshold, vocab_path=vocab_path,
-            save_vocab=False, vocabulary=vocabulary,
+            save_vocab=False, vocabulary=vocabulary, training=reader,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
 

@@ -31,6 +31,7 @@ from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, run_setup
 from runtime.train.lifetime import die_with_parent
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
@@ -87,8 +88,11 @@ def main(options: TrainOptions) -> int:
     torch.manual_seed(seed)
     model = module.build(process_group=process_group, device=device)
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
+    lr_scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model)
     other_work = OtherWork()
-    checkpoints = checkpointing.Checkpointing(options, module, model, optimizer, process_group, rank, other_work)
+    checkpoints = checkpointing.Checkpointing(
+        options, module, model, optimizer, process_group, rank, other_work, lr_scheduler=lr_scheduler
+    )
     try:
         start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
         # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
@@ -127,6 +131,7 @@ def main(options: TrainOptions) -> int:
             pipeline_depth=depth,
             device=device,
             other_work=other_work,
+            lr_scheduler=lr_scheduler,
         )
         checkpoints.finish(steps)
         final = run_io.finish({**summary.as_json(), **other_work.as_json()})

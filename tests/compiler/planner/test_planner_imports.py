@@ -1,4 +1,5 @@
-"""The planner loads no torch: from the runtime it imports only runtime.sharding.types."""
+"""The planner loads no torch: from the runtime it imports only runtime.sharding.types and the
+learning-rate schedule's rules (runtime.train.lr_schedule, plain Python)."""
 
 from __future__ import annotations
 
@@ -27,4 +28,6 @@ def test_the_planner_imports_only_the_runtimes_sharding_types() -> None:
         "runtime.embeddings.kernels",
         "runtime.sharding",
         "runtime.sharding.types",
+        "runtime.train",
+        "runtime.train.lr_schedule",
     ]

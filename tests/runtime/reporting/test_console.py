@@ -27,6 +27,14 @@ def test_plain_lines_without_a_terminal() -> None:
     assert "\r" not in out.getvalue()
 
 
+def test_a_scheduled_run_shows_its_learning_rate_after_the_loss() -> None:
+    out = io.StringIO()
+    console = Console(2, out)
+    console.advance(1, 10.0)
+    console.log(1, 0.5, 10.0, {}, lr=0.0123456)
+    assert out.getvalue().startswith("step     1/2  loss 0.500000  lr 0.01235  samples/s 10  ETA 0:00:0")
+
+
 def test_a_tqdm_bar_on_a_terminal_keeps_lines_above_it() -> None:
     out = io.StringIO()
     console = Console(4, out, live=True)

@@ -117,3 +117,18 @@ def test_without_tensorboard_or_matplotlib_it_says_so_once_and_keeps_the_json_li
         "--log-dir: matplotlib is not installed, so no metrics.png "
         "(pip install 'reccompile[plots]'); metrics.jsonl has every record",
     ]
+
+
+def test_a_scheduled_run_logs_its_learning_rate_in_every_form(tmp_path: Path) -> None:
+    log = RunLog(tmp_path / "logs")
+    log.begin(0)
+    log.train(1, 0.7, 50.0, METRICS, lr=0.025, lr_scale=0.5)
+    log.train(2, 0.6, 60.0, METRICS, lr=0.05, lr_scale=1.0)
+    log.close({"steps": 2})
+    found = records(tmp_path / "logs")
+    assert [(r["lr"], r["lr_scale"]) for r in found if r["kind"] == "train"] == [(0.025, 0.5), (0.05, 1.0)]
+    shown = panels(history(tmp_path / "logs" / "metrics.jsonl"))
+    assert list(shown)[:2] == ["loss", "lr"] and shown["lr"] == {"train": [(1, 0.025), (2, 0.05)]}
+    tensorboard = scalars(tmp_path / "logs")
+    assert tensorboard["train/lr"] == [(1, 0.025), (2, 0.05)]
+    assert tensorboard["train/lr_scale"] == [(1, 0.5), (2, 1.0)]

@@ -1,0 +1,78 @@
+"""Applies a learning-rate schedule to a model's optimizers before each training step.
+
+The training loop (runtime/train/loop.py) calls `LrScheduler.start_step(t)`
+before the step that follows t completed steps, plainly or pipelined: the
+pipeline's stage 1 (backward, where the tables update, and the dense
+optimizer's step) runs inside that step, and its stage 0 reads no learning
+rate. The factor `schedule.factor(t)` (runtime.train.lr_schedule) multiplies
+
+- each parameter group of the dense optimizer: lr = initial lr x factor, the
+  initial lr kept in the group as `initial_lr` (torch's own schedulers' key);
+- every embedding table's optimizer, fused into backward: fbgemm TBE's
+  learning rate, or the dense kernel's optimizer hook (`set_lr_scale` of
+  SparseArch and of the embedding collections), each table at its own
+  optimizer's lr x factor, per-table optimizers included.
+
+The factor depends on the step alone, so a resumed run sets exactly the
+rates the uninterrupted run had. `state_dict()` goes into the checkpoint's
+manifest; `load_state_dict` reads it back on resume and says whether the
+checkpoint was trained with another schedule (possible with
+--allow-spec-change only): the run then goes on with its own schedule, at
+its step.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from runtime.train.lr_schedule import LrSchedule
+
+__all__ = ["LrScheduler"]
+
+
+class LrScheduler:
+    """Sets the learning rates of `optimizer` and of `model`'s embedding tables per step.
+
+    Build it before loading a checkpoint into `optimizer`: the initial rates
+    are read from its groups here (or from their `initial_lr`, when set).
+    """
+
+    def __init__(self, schedule: LrSchedule, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+        self.schedule = schedule
+        self.optimizer = optimizer
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+        # SparseArch, or embedding collections held in the module tree.
+        self._tables = [m for m in model.modules() if callable(getattr(m, "set_lr_scale", None))]
+        self.completed = 0
+        self.scale = schedule.factor(0)
+
+    def start_step(self, completed: int) -> float:
+        """Set every rate for the update after `completed` steps; returns the factor."""
+        self.completed, self.scale = completed, self.schedule.factor(completed)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * self.scale
+        for module in self._tables:
+            module.set_lr_scale(self.scale)
+        return self.scale
+
+    @property
+    def lr(self) -> float:
+        """The dense optimizer's learning rate (of its first group) in the current step."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def state_dict(self, completed: int) -> dict[str, Any]:
+        """Plain data for the manifest of a checkpoint after `completed` steps: the schedule, the
+        steps, and the factor the next step trains at."""
+        return {
+            "schedule": self.schedule.describe(),
+            "completed": completed,
+            "next_scale": self.schedule.factor(completed),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> bool:
+        """Go on from a checkpoint's `state_dict()`; False if it was saved under another schedule."""
+        self.start_step(int(state["completed"]))
+        return dict(state["schedule"]) == self.schedule.describe()
