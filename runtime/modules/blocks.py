@@ -23,12 +23,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from runtime.cpu import choice, native
+from runtime.modules.arguments import check_layers as _check_layers
+from runtime.modules.arguments import check_probability
+from runtime.modules.arguments import check_size as _check_size
+from runtime.modules.arguments import owner as _owner
+from runtime.modules.dropout import KeyedDropout
 from runtime.modules.linear import Linear, linear
+from runtime.modules.sync_norm import SyncBatchNorm
 
 __all__ = [
     "ACTIVATIONS",
@@ -40,6 +47,7 @@ __all__ = [
     "FactorizationMachine",
     "MLP",
     "MixtureOfExperts",
+    "NORMS",
     "Sum",
 ]
 
@@ -56,23 +64,6 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
 }
 
 
-def _owner(kind: str, where: str) -> str:
-    """How errors name a block: its type, and the spec location it was compiled from when known."""
-    return f"{kind} ({where})" if where else kind
-
-
-def _check_size(owner: str, name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{owner}: {name} must be an integer >= {minimum} (got {value!r})")
-    return value
-
-
-def _check_layers(owner: str, name: str, layers: Any) -> list[int]:
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence) or not layers:
-        raise ValueError(f"{owner}: {name} must be a non-empty list of sizes (got {layers!r})")
-    return [_check_size(owner, f"{name}[{i}]", size) for i, size in enumerate(layers)]
-
-
 def _activation(owner: str, name: str, value: str | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     key = "none" if value is None else value
     if key not in ACTIVATIONS:
@@ -86,12 +77,27 @@ def _check_input(owner: str, x: torch.Tensor, width: int) -> None:
         raise ValueError(f"{owner}: expected input of shape (B, {width}), got {tuple(x.shape)}")
 
 
+NORMS = ("batch", "layer", "none")
+
+
 class MLP(nn.Module):
     """Stack of Linear layers: h_{k+1} = act_k(W_k h_k + b_k).
 
     `activation` follows every hidden layer and `final_activation` the last
     one (None or "none" leaves a linear output, e.g. a logit).
     Shapes: (B, in_features) -> (B, layers[-1]). nn.Linear's default init.
+
+    Options, on the layers followed by an activation (every hidden layer, and
+    the last one unless its output is linear):
+    h_{k+1} = shortcut(h_k) + dropout(act_k(norm(W_k h_k + b_k))).
+    `norm`: "layer" (nn.LayerNorm) or "batch" (SyncBatchNorm over
+    `process_group`, so N ranks normalise with the global batch's
+    statistics). `dropout`: a probability, masks drawn by KeyedDropout with
+    `seed` and the layer index as its stream, so they do not depend on the
+    world size. `residual`: the shortcut is h_k itself where the widths
+    agree, else a bias-free linear projection of it (ResNet's option B).
+    Left at their defaults, none of these modules exist and the layers run
+    as before.
     """
 
     def __init__(
@@ -101,6 +107,12 @@ class MLP(nn.Module):
         activation: str = "relu",
         final_activation: str | None = "relu",
         where: str = "",
+        *,
+        norm: str | None = None,
+        dropout: float = 0.0,
+        residual: bool = False,
+        seed: int = 0,
+        process_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.where = where
@@ -115,21 +127,79 @@ class MLP(nn.Module):
         widths = [self.in_features, *self.layers]
         self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
         self._activations = [hidden] * (len(self.layers) - 1) + [final]
+        self.norm = _check_norm(owner, norm)
+        self.dropout = check_probability(owner, "dropout", dropout)
+        if not isinstance(residual, bool):
+            raise ValueError(f"{owner}: residual must be true or false (got {residual!r})")
+        self.residual = residual
+        self._decorated = self.norm != "none" or self.dropout > 0 or residual
+        if self._decorated:
+            self._decorate(owner, widths, seed, process_group)
+
+    def _decorate(
+        self, owner: str, widths: list[int], seed: int, process_group: dist.ProcessGroup | None
+    ) -> None:
+        """Build the norms, dropouts and shortcuts of the layers followed by an activation."""
+        count = len(self.layers) - (self.final_activation == "none")
+        if count == 0:
+            raise ValueError(
+                f"{owner}: norm, dropout and residual apply to the layers followed by an activation, "
+                f"and the only layer has final_activation none"
+            )
+        outs = widths[1 : count + 1]
+        if self.norm == "layer":
+            self.norms = nn.ModuleList(nn.LayerNorm(w) for w in outs)
+        elif self.norm == "batch":
+            self.norms = nn.ModuleList(
+                SyncBatchNorm(w, process_group=process_group, where=self.where) for w in outs
+            )
+        if self.dropout > 0:
+            self.dropouts = nn.ModuleList(
+                KeyedDropout(self.dropout, seed, k, process_group, where=self.where) for k in range(count)
+            )
+        if self.residual:
+            self.shortcuts = nn.ModuleList(
+                nn.Identity() if a == b else Linear(a, b, bias=False) for a, b in zip(widths[:count], outs)
+            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input(_owner("MLP", self.where), x, self.in_features)
-        for layer, act in zip(self.linears, self._activations):
+        for k, (layer, act) in enumerate(zip(self.linears, self._activations)):
+            if self._decorated and k < len(self.layers) - (self.final_activation == "none"):
+                x = self._decorated_layer(k, x, layer, act)
+                continue
             fused_relu = act is torch.relu_
             x = linear(x, layer.weight, layer.bias, relu=fused_relu)
             if act is not None and not fused_relu:
                 x = act(x)
         return x
 
+    def _decorated_layer(
+        self, k: int, x: torch.Tensor, layer: nn.Module, act: Callable[[torch.Tensor], torch.Tensor] | None
+    ) -> torch.Tensor:
+        fused_relu = act is torch.relu_ and self.norm == "none"
+        y = linear(x, layer.weight, layer.bias, relu=fused_relu)
+        if self.norm != "none":
+            y = self.norms[k](y)
+        if act is not None and not fused_relu:
+            y = act(y)
+        if self.dropout > 0:
+            y = self.dropouts[k](y)
+        return y + self.shortcuts[k](x) if self.residual else y
+
     def extra_repr(self) -> str:
+        extras = f", norm={self.norm}, dropout={self.dropout}, residual={self.residual}" if self._decorated else ""
         return (
             f"in_features={self.in_features}, layers={self.layers}, "
-            f"activation={self.activation}, final_activation={self.final_activation}"
+            f"activation={self.activation}, final_activation={self.final_activation}{extras}"
         )
+
+
+def _check_norm(owner: str, norm: str | None, name: str = "norm") -> str:
+    key = "none" if norm is None else norm
+    if key not in NORMS:
+        raise ValueError(f"{owner}: unknown {name} {norm!r} (expected one of: {', '.join(NORMS)})")
+    return key
 
 
 class _PairwiseDot(torch.autograd.Function):

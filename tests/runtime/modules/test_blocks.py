@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -26,6 +27,7 @@ from runtime.modules.blocks import (
     MixtureOfExperts,
     Sum,
 )
+from runtime.modules.dropout import keep_mask
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 F32 = {"rtol": 1e-5, "atol": 1e-5}
@@ -422,3 +424,89 @@ def test_extra_repr_shows_config() -> None:
     assert MixtureOfExperts(8, 4, [16, 8], 2).extra_repr() == (
         "in_features=8, num_experts=4, expert_layers=[16, 8], num_tasks=2, activation=relu"
     )
+
+
+# ---- MLP: norm, dropout, residual -------------------------------------------
+
+
+def _decorated_reference(mlp: MLP, x: torch.Tensor, masks: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """h' = shortcut(h) + drop(relu(norm(W h + b))) on the layers with an activation; a linear last layer."""
+    count = len(mlp.linears) - (mlp.final_activation == "none")
+    for k, linear in enumerate(mlp.linears):
+        y = x @ linear.weight.detach().T + linear.bias.detach()
+        if k >= count:
+            x = y
+            continue
+        if mlp.norm == "layer":
+            y = F.layer_norm(y, y.shape[1:], mlp.norms[k].weight, mlp.norms[k].bias)
+        elif mlp.norm == "batch":
+            mean, var = y.mean(0), y.var(0, unbiased=False)
+            y = (y - mean) / torch.sqrt(var + 1e-5) * mlp.norms[k].weight + mlp.norms[k].bias
+        y = torch.relu(y)
+        if masks is not None:
+            y = y * masks[k] / (1 - mlp.dropout)
+        if mlp.residual:
+            shortcut = mlp.shortcuts[k]
+            y = y + (x if isinstance(shortcut, nn.Identity) else x @ shortcut.weight.detach().T)
+        x = y
+    return x
+
+
+def _perturb(module: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return module
+
+
+@pytest.mark.parametrize("norm", ["layer", "batch"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_mlp_norm_and_residual_match_formula(norm: str, residual: bool) -> None:
+    torch.manual_seed(0)
+    mlp = _perturb(MLP(5, [5, 7, 1], final_activation=None, norm=norm, residual=residual).double())
+    x = _randn(9, 5)
+    assert len(mlp.norms) == 2
+    torch.testing.assert_close(mlp(x), _decorated_reference(mlp, x), **F64)
+
+
+def test_mlp_dropout_masks_are_keyed_by_layer_and_step() -> None:
+    torch.manual_seed(0)
+    mlp = MLP(4, [6, 3], dropout=0.4, seed=11, residual=True).double()
+    x = _randn(8, 4)
+    for step in range(2):
+        masks = [keep_mask(0.4, 11, k, step, torch.arange(8), w).double() for k, w in enumerate([6, 3])]
+        torch.testing.assert_close(mlp(x), _decorated_reference(mlp, x, masks), **F64)
+    mlp.eval()
+    torch.testing.assert_close(mlp(x), _decorated_reference(mlp, x), **F64)
+
+
+def test_mlp_batch_norm_gradcheck() -> None:
+    torch.manual_seed(0)
+    mlp = MLP(3, [4, 2], norm="batch", residual=True).double()
+    x = _randn(5, 3).requires_grad_()
+    torch.autograd.gradcheck(mlp, (x,))
+
+
+def test_mlp_defaults_add_no_modules() -> None:
+    keys = ["linears.0.weight", "linears.0.bias", "linears.1.weight", "linears.1.bias"]
+    assert list(MLP(3, [4, 2]).state_dict()) == keys
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"norm": "group"}, "MLP: unknown norm 'group' (expected one of: batch, layer, none)"),
+        ({"dropout": 1.0}, "MLP: dropout must be a number in [0, 1) (got 1.0)"),
+        ({"dropout": -0.1}, "MLP: dropout must be a number in [0, 1) (got -0.1)"),
+        ({"residual": "yes"}, "MLP: residual must be true or false (got 'yes')"),
+        (
+            {"layers": [1], "final_activation": None, "norm": "layer"},
+            "MLP: norm, dropout and residual apply to the layers followed by an activation, "
+            "and the only layer has final_activation none",
+        ),
+    ],
+)
+def test_mlp_rejects_bad_options(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        MLP(**{"in_features": 3, "layers": [4], **kwargs})
+    assert str(err.value) == message

@@ -1,0 +1,41 @@
+"""The field stack value: N field vectors of width D per sample, a [B, N, D] tensor.
+
+Pooled embeddings (and blocks' outputs) stacked along a field axis are the
+input of the blocks that model interactions between fields: FieldSelfAttention
+(AutoInt), CIN (xDeepFM), Wukong, MaskNet. `Flatten` turns a stack back into
+a pooled vector for the blocks that take [B, W].
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime.modules.arguments import check_size, owner
+
+__all__ = ["Flatten", "check_stack"]
+
+
+def check_stack(name: str, x: torch.Tensor, num_fields: int, dim: int) -> None:
+    """Raise ValueError naming the block `name` unless x is (B, num_fields, dim)."""
+    if x.dim() != 3 or x.shape[1] != num_fields or x.shape[2] != dim:
+        raise ValueError(f"{name}: expected a field stack of shape (B, {num_fields}, {dim}), got {tuple(x.shape)}")
+
+
+class Flatten(nn.Module):
+    """[B, N, D] -> [B, N * D], field after field (row-major)."""
+
+    def __init__(self, num_fields: int, dim: int, where: str = "") -> None:
+        super().__init__()
+        self.where = where
+        name = owner("Flatten", where)
+        self.num_fields = check_size(name, "num_fields", num_fields)
+        self.dim = check_size(name, "dim", dim)
+        self.out_features = self.num_fields * self.dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_stack(owner("Flatten", self.where), x, self.num_fields, self.dim)
+        return x.reshape(x.shape[0], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"num_fields={self.num_fields}, dim={self.dim}"
