@@ -206,3 +206,21 @@ def test_an_hstu_model_with_timestamps_and_only_sequence_tables_predicts_exactly
     _, model = load(tmp_path / "fp32")
     assert not hasattr(model, "sparse_arch")
     assert predicted(tmp_path, "fp32", capsys) == reference_scores(tmp_path, "hstu_rec")
+
+
+def test_a_checkpoint_of_two_ranks_exports_what_one_process_scores_with_it(tmp_path: Path, capsys) -> None:
+    """Sequence tables sharded over 2 gloo ranks in training (the planner picks row_wise for both): the
+    export reads them whole, and fp32
+    predicts exactly what the training module scores in one process with the checkpoint loaded."""
+    (tmp_path / "seq.yaml").write_text(SPEC)
+    assert main([
+        "train", str(tmp_path / "seq.yaml"), "--nproc", "2", "--steps", "2", "--batch-size", str(BATCH),
+        "--log-every", "2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
+        "-o", str(tmp_path / "build"),
+    ]) == 0
+    assert main(["export", str(tmp_path / "seq.yaml"), "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "fp32")]) == 0
+    assert json.loads((tmp_path / "fp32" / "manifest.json").read_text())["checkpoint"]["world_size"] == 2
+    # The reference runs in one process: the training module compiled for world size 1.
+    assert main(["compile", str(tmp_path / "seq.yaml"), "--world-size", "1", "-o", str(tmp_path / "build")]) == 0
+    capsys.readouterr()
+    assert predicted(tmp_path, "fp32", capsys) == reference_scores(tmp_path)
