@@ -63,6 +63,6 @@ lazy_exports(
         "reporting": ("MetricSet",),
         "checkpoint": ("CheckpointError", "load_checkpoint", "load_model_state", "save_checkpoint"),
         "train": ("TrainPipeline", "make_dense_optimizer"),
-        "serving": ("ExportError", "QuantEmbeddingBagCollection"),
+        "serving": ("ExportError", "QuantEmbeddingBagCollection", "QuantEmbeddingCollection"),
     },
 )

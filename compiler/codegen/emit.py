@@ -11,7 +11,7 @@ import pprint
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jinja2
 import torch.fx as fx
@@ -19,7 +19,7 @@ import torch.fx as fx
 from compiler import __version__
 from compiler.ir import ModelIR
 from compiler.lowering.calls import dense_optimizer_call, head_config_call, lr_schedule_call, model_inputs_call
-from compiler.lowering.types import BuildArg, Call, SplitModel
+from compiler.lowering.types import BuildArg, Call, ModuleDecl, SplitModel
 
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("compiler.codegen", "templates"),
@@ -96,15 +96,20 @@ def extra_imports(lowered: SplitModel) -> list[str]:
     functions the graph calls by the names fx's code gives them, imported as
     such (`from runtime.sparse.sequence import to_padded as runtime_sparse_sequence_to_padded`).
     """
-    modules: list[str] = []
-    for decl in lowered.modules:
+    return runtime_imports(lowered.modules, (lowered.stages.input_dist, lowered.stages.compute), TEMPLATE_IMPORTS)
+
+
+def runtime_imports(modules: Sequence[ModuleDecl], graphs: Sequence[fx.Graph], known: Sequence[str]) -> list[str]:
+    """`extra_imports` for any module declarations and graphs, `known` being what a template imports."""
+    imported: list[str] = []
+    for decl in modules:
         for call in _calls(decl.call):
             module = call.factory.rpartition(".")[0]
-            if module not in TEMPLATE_IMPORTS and module not in modules:
-                modules.append(module)
-    lines = [f"import {module}" for module in modules]
+            if module not in known and module not in imported:
+                imported.append(module)
+    lines = [f"import {module}" for module in imported]
     functions: dict[str, str] = {}
-    for graph in (lowered.stages.input_dist, lowered.stages.compute):
+    for graph in graphs:
         for name, value in graph.python_code(root_module="self").globals.items():
             module = getattr(value, "__module__", None) or ""
             if callable(value) and module.startswith("runtime."):

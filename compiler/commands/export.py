@@ -79,6 +79,8 @@ def summary(manifest: dict, outdir: Path) -> str:
     )
     files = [manifest["module"], manifest["layout"], manifest["dense"]]
     files += [manifest["aot"]] if manifest["aot"] else []
+    if manifest["aot"] is None and any(table["lookup"] == "rows" for table in manifest["tables"]):
+        lines.append(f"no {manifest['name']}.pt2: torch.export cannot trace sequence lookups; serve the module")
     files += [manifest["vocabulary"]] if manifest["vocabulary"] else []
     lines += [f"wrote {outdir / entry['file']} ({entry['bytes']:,} bytes)" for entry in files]
     lines.append(f"wrote {outdir / 'weights' / 'tables'}/ ({len(manifest['tables'])} tables)")

@@ -10,7 +10,9 @@ The steps, in order:
     lower_inference + emit_inference -> OUT/<name>.py, the generated serving module
     read_checkpoint                  -> the full single-process state (dense + whole tables), checked
     quantize and write               -> OUT/weights/dense.pt, OUT/weights/tables/<table>.pt, OUT/layout.json
-    export_program                   -> OUT/<name>.pt2 (torch.export: lookup + dense part)
+    export_program                   -> OUT/<name>.pt2 (torch.export: lookup + dense part; not for
+                                        models with sequence tables, whose row counts torch.export
+                                        cannot trace)
     the checkpoint's vocab.json      -> OUT/vocab.json (MovieLens: the ids training mapped, for predict)
     manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
 
@@ -40,6 +42,7 @@ from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.serving.export_dir import (
+    COLLECTIONS,
     DENSE_FILE,
     FORMAT,
     FORMAT_VERSION,
@@ -48,7 +51,9 @@ from runtime.serving.export_dir import (
     export_program,
     file_facts,
     import_module,
+    table_collections,
     table_file,
+    table_layout,
 )
 from runtime.storage.manifest import write_manifest
 from runtime.serving.quant_embedding import PRECISIONS, row_bytes
@@ -90,21 +95,22 @@ def export(request: ExportRequest) -> dict[str, Any]:
         module_path = staging / f"{ir.name}.py"
         module_path.write_text(source)
         model = import_module(module_path).Model()
+        collections = table_collections(model)
         with torch.no_grad():
             # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
             model.load_state_dict(_dense_state(model, state, request.checkpoint), strict=False)
-            if ir.tables:
-                model.sparse_arch.quantize_from(tables)
+            for collection in collections.values():
+                collection.quantize_from({name: tables[name] for name in collection.precisions()})
         model.eval()
-        dense = {k: v for k, v in model.state_dict().items() if not k.startswith("sparse_arch.")}
+        dense = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
         (staging / "weights" / "tables").mkdir(parents=True)
         torch.save(dense, staging / DENSE_FILE)
-        stored = model.sparse_arch.table_rows() if ir.tables else {}
-        for name, rows in stored.items():
-            torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
-        layout = model.sparse_arch.layout() if ir.tables else {"tables": []}
-        (staging / "layout.json").write_text(json.dumps(layout, indent=2) + "\n")
-        aot = _write_program(model, ir, staging) if request.aot else None
+        for collection in collections.values():
+            for name, rows in collection.table_rows().items():
+                torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
+        (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
+        # torch.export cannot trace a sequence lookup: its per-feature row counts are data-dependent.
+        aot = _write_program(model, ir, staging) if request.aot and not ir.sequence_tables() else None
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
             shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
@@ -182,8 +188,8 @@ def _dense_state(
     model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: Path
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's dense entries, exactly the keys and shapes of the serving model's."""
-    expected = {k: v for k, v in model.state_dict().items() if not k.startswith("sparse_arch.")}
-    given = {k: v for k, v in state.items() if not k.startswith("sparse_arch.")}
+    expected = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
+    given = {k: v for k, v in state.items() if not _is_table_key(k)}
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
     if missing or unexpected:
@@ -198,6 +204,12 @@ def _dense_state(
                 f"{tuple(tensor.shape)} in the spec"
             )
     return {k: given[k] for k in expected}
+
+
+def _is_table_key(key: str) -> bool:
+    """A table's entry: the training model holds every table under `sparse_arch.`, the serving
+    model the pooled ones there and the sequence ones under `sequence_arch.`."""
+    return key.split(".", 1)[0] in COLLECTIONS
 
 
 # -- writing ------------------------------------------------------------------------
@@ -235,6 +247,7 @@ def _manifest(
         return {"file": file, **file_facts(staging / file)}
 
     tables = []
+    sequences = {table.name for table in ir.sequence_tables()}
     for table in ir.tables:
         precision = precisions[table.name]
         tables.append({
@@ -242,6 +255,7 @@ def _manifest(
             "rows": table.num_embeddings,
             "dim": table.dim,
             "pooling": table.pooling,
+            "lookup": "rows" if table.name in sequences else "pooled",  # rows: sequence_arch
             "features": list(table.features),
             "precision": precision,
             "row_bytes": row_bytes(table.dim, precision),

@@ -2,13 +2,18 @@
 
 Runs in `reccompile export` in place of the planner and `split`: every table
 is whole on one process, so the sparse stages of the training graph
-(input_dist -> lookup -> output_dist -> wait) collapse into one call of
-`runtime.serving.quant_embedding.QuantEmbeddingBagCollection`, whose tables keep
-their per-table precision. The dense blocks and heads are the training
-graph's own nodes (same targets, so the dense state dict carries over), and
-the output order of the collection (table order, then each table's
-features) is the order the world-size-1 lowering gives its one group, so the
-column slices of the dense inputs are unchanged.
+(input_dist -> lookup -> output_dist -> wait) collapse into one call per
+group: the pooled tables' `table_wise` group into `sparse_arch`, a
+`runtime.serving.quant_embedding.QuantEmbeddingBagCollection`, and the
+sequence tables' `table_wise_sequence` group (a table serving at least one
+`pooling: none` feature) into `sequence_arch`, a
+`runtime.serving.quant_sequence.QuantEmbeddingCollection` returning the same
+`{feature: JaggedTensor}` as the group's `wait`. Both keep the tables'
+per-table precision. Everything else, the truncation of long sequences
+included, is the training graph's own nodes (same targets, so the dense
+state dict carries over), and the output order of each collection (table
+order, then each table's features) is the order the world-size-1 lowering
+gives its group, so the column slices of the dense inputs are unchanged.
 
 With `dense_dtype` bfloat16 (`reccompile export --dense bf16`) the dense
 blocks compute in bfloat16: each dense input is cast once where it enters,
@@ -27,16 +32,19 @@ import operator
 import torch
 import torch.fx as fx
 
-from compiler.diagnostics import CompileError, Diagnostic
-from compiler.ir import ModelIR
+from compiler.ir import ModelIR, Table
 from compiler.lowering.calls import table_config_call
 from compiler.lowering.lower import lower
 from compiler.lowering.shapes import check_shapes
 from compiler.lowering.types import BuildArg, Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import RankPlan, Shard, ShardingPlan, TablePlan
 
-GROUP = "table_wise"  # the one sparse group of the whole-table plan
-EMBEDDINGS = "embeddings"  # the node holding the collection's KeyedTensor
+GROUP = "table_wise"  # the sharding type of every table in the whole-table plan
+SEQUENCE_GROUP = f"{GROUP}_sequence"  # its group of sequence tables (runtime.sharding.SparseArch)
+EMBEDDINGS = "embeddings"  # the node holding the pooled collection's KeyedTensor
+SEQUENCES = "sequences"  # the node holding the sequence collection's {feature: JaggedTensor}
+# group of the training graph -> (module of the serving model, name of its output node)
+_COLLECTIONS = {GROUP: ("sparse_arch", EMBEDDINGS), SEQUENCE_GROUP: ("sequence_arch", SEQUENCES)}
 _SPARSE_STAGES = ("input_dist", "lookup", "output_dist")
 DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -44,24 +52,24 @@ DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
     """The serving graph of `ir`, its dense blocks in `dense_dtype` ("fp32" or "bf16").
 
-    The collection reads its tables' precisions and the dense dtype from the
-    generated module's PRECISIONS and DENSE_DTYPE constants.
+    The collections read their tables' precisions and the dense dtype from the
+    generated module's PRECISIONS (pooled tables), SEQUENCE_PRECISIONS (sequence
+    tables) and DENSE_DTYPE constants.
     """
-    sequences = [feature for feature in ir.sparse if feature.is_sequence]
-    if sequences:
-        message = (
-            f"sequence feature '{sequences[0].name}': exporting models with sequence features "
-            "(pooling: none) is not supported yet"
-        )
-        raise CompileError([Diagnostic(sequences[0].loc, "features.sparse", message)])
     ir = dataclasses.replace(ir, sharding=dataclasses.replace(ir.sharding, world_size=1, device="cpu"))
     training = check_shapes(lower(ir, whole_table_plan(ir)))
-    modules = tuple(
-        ModuleDecl("sparse_arch", _collection_call(ir), decl.loc) if decl.target == "sparse_arch" else decl
-        for decl in training.modules
-    )
+    modules: list[ModuleDecl] = []
+    for decl in training.modules:
+        if decl.target != "sparse_arch":
+            modules.append(decl)
+            continue
+        pooled, sequences = _split_tables(ir)
+        if pooled:
+            modules.append(ModuleDecl("sparse_arch", _collection_call(ir, pooled), decl.loc))
+        if sequences:
+            modules.append(ModuleDecl("sequence_arch", _sequence_collection_call(sequences), decl.loc))
     graph = _serving_graph(training.graph, DENSE_DTYPES[dense_dtype])
-    return LoweredModel(ir=training.ir, plan=training.plan, modules=modules, graph=graph)
+    return LoweredModel(ir=training.ir, plan=training.plan, modules=tuple(modules), graph=graph)
 
 
 def whole_table_plan(ir: ModelIR) -> ShardingPlan:
@@ -87,29 +95,60 @@ def whole_table_plan(ir: ModelIR) -> ShardingPlan:
     )
 
 
-def _collection_call(ir: ModelIR) -> Call:
+def _split_tables(ir: ModelIR) -> tuple[list[Table], list[Table]]:
+    """(pooled tables, sequence tables), each in table order."""
+    sequences = {table.name for table in ir.sequence_tables()}
+    return (
+        [t for t in ir.tables if t.name not in sequences],
+        [t for t in ir.tables if t.name in sequences],
+    )
+
+
+def _collection_call(ir: ModelIR, tables: list[Table]) -> Call:
     return Call("runtime.serving.quant_embedding.QuantEmbeddingBagCollection", (
-        ("tables", [table_config_call(table, training=False) for table in ir.tables]),
-        ("precisions", BuildArg("PRECISIONS")),  # the module's constant: table -> precision
+        ("tables", [table_config_call(table, training=False) for table in tables]),
+        ("precisions", BuildArg("PRECISIONS")),  # the module's constant: pooled table -> precision
         ("is_weighted", any(feature.weighted for feature in ir.sparse)),
         ("output_dtype", BuildArg("DENSE_DTYPE")),  # the dense blocks' dtype
     ))
 
 
+def _sequence_collection_call(tables: list[Table]) -> Call:
+    return Call("runtime.serving.quant_sequence.QuantEmbeddingCollection", (
+        ("tables", [_sequence_table_call(table) for table in tables]),
+        ("precisions", BuildArg("SEQUENCE_PRECISIONS")),  # sequence table -> precision
+        ("output_dtype", BuildArg("DENSE_DTYPE")),
+    ))
+
+
+def _sequence_table_call(table: Table) -> Call:
+    """The table's runtime EmbeddingConfig; serving needs no init range or optimizer."""
+    return Call("runtime.embeddings.sequence_collection.EmbeddingConfig", (
+        ("name", table.name),
+        ("num_embeddings", table.num_embeddings),
+        ("embedding_dim", table.dim),
+        ("feature_names", list(table.features)),
+        ("where", str(table.loc)),
+    ))
+
+
 def _serving_graph(graph: fx.Graph, dtype: torch.dtype) -> fx.Graph:
-    """A copy of `graph` with the sparse stages replaced by one `sparse_arch(sparse)` call,
-    and with casts at the dense inputs and the heads unless `dtype` is float32."""
+    """A copy of `graph` with each group's sparse stages replaced by one call of its collection on
+    the group's input, and with casts at the dense inputs and the heads unless `dtype` is float32."""
     cast = dtype != torch.float32
     serving = fx.Graph()
     copied: dict[fx.Node, fx.Node] = {}
-    sparse_input: fx.Node | None = None
+    group_inputs: dict[str, fx.Node] = {}  # group -> what its input_dist read (the KJT)
     for node in graph.nodes:
-        stage = _sparse_stage(node)
-        if stage in _SPARSE_STAGES:
+        group, stage = _sparse_stage(node)
+        if group is not None and stage in _SPARSE_STAGES:
+            if stage == "input_dist":
+                group_inputs[group] = copied[node.args[0]]
             continue
         if node.op == "call_method" and node.target == "wait":
-            assert sparse_input is not None
-            new = serving.create_node("call_module", "sparse_arch", (sparse_input,), {}, name=EMBEDDINGS)
+            waited, _ = _sparse_stage(node.args[0])
+            module, name = _COLLECTIONS[waited]
+            new = serving.create_node("call_module", module, (group_inputs[waited],), {}, name=name)
         elif node.op == "output" and cast:
             heads = {}
             for head, value in node.args[0].items():
@@ -128,8 +167,6 @@ def _serving_graph(graph: fx.Graph, dtype: torch.dtype) -> fx.Graph:
             new = serving.create_node("call_method", "to", (new, dtype), name=f"{new.name}_{_short(dtype)}")
             new.meta["loc"] = node.meta["loc"]
         copied[node] = new
-        if node.op == "placeholder" and node.target == "sparse":
-            sparse_input = new
     serving.lint()
     return serving
 
@@ -149,15 +186,19 @@ def _short(dtype: torch.dtype) -> str:
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
 
 
-def _sparse_stage(node: fx.Node) -> str | None:
+def _sparse_stage(node: fx.Node) -> tuple[str | None, str | None]:
+    """(group, stage) of a `sparse_arch.<group>.<stage>` call; (None, None) for any other node."""
     if node.op != "call_module" or not isinstance(node.target, str):
-        return None
+        return None, None
     parts = node.target.split(".")
-    return parts[2] if len(parts) == 3 and parts[0] == "sparse_arch" else None
+    return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "sparse_arch" else (None, None)
 
 
 def _rename(name: str) -> str:
-    """`table_wise_values` -> `embeddings_values`: no sharding words in the serving code."""
-    prefix = f"{GROUP}_"
-    return EMBEDDINGS + "_" + name[len(prefix):] if name.startswith(prefix) else name
-
+    """`table_wise_values` -> `embeddings_values`, `table_wise_sequence_x` -> `sequences_x`:
+    no sharding words in the serving code."""
+    for group in (SEQUENCE_GROUP, GROUP):
+        module, output = _COLLECTIONS[group]
+        if name.startswith(f"{group}_"):
+            return f"{output}_{name[len(group) + 1:]}"
+    return name

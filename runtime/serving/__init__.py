@@ -8,6 +8,7 @@ lazy_exports(
     globals(),
     {
         "quant_embedding": ("PRECISIONS", "QuantEmbeddingBagCollection"),
+        "quant_sequence": ("QuantEmbeddingCollection",),
         "export_dir": ("ExportError", "load", "read_export_manifest"),
         "predict": ("PredictionReport", "predict_file"),
     },

@@ -5,7 +5,8 @@ module reads without the compiler:
 
     manifest.json         what is there: spec hash, precision and size per table, sha256 per file
     <name>.py             the generated inference module (`build()` -> the eval model)
-    layout.json           the single-process table layout (byte offsets, features, columns)
+    layout.json           the single-process table layout (byte offsets, features, columns);
+                          the sequence tables' under "sequence" (see `table_layout`)
     weights/dense.pt      the dense parameters (torch.save of a dict of tensors)
     weights/tables/T.pt   table T's stored rows (uint8, fbgemm's row layout)
     <name>.pt2            torch.export program of lookup + dense part (torch + fbgemm_gpu only)
@@ -38,6 +39,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MANIFEST",
     "AotModel",
+    "COLLECTIONS",
     "ExportError",
     "checked_file",
     "export_program",
@@ -48,13 +50,17 @@ __all__ = [
     "load_tensors",
     "load_weights",
     "read_export_manifest",
+    "table_collections",
     "table_file",
+    "table_layout",
 ]
 
 FORMAT = "reccompile-export"
 FORMAT_VERSION = 1
 DENSE_FILE = "weights/dense.pt"
 TABLES_DIR = "weights/tables"
+# The serving model's quantized collections: the pooled tables', the sequence tables'.
+COLLECTIONS = ("sparse_arch", "sequence_arch")
 
 
 class ExportError(Exception):
@@ -122,6 +128,21 @@ def load_tensors(root: Path, entry: Mapping[str, Any], verify: bool = True) -> A
         raise ExportError(f"{path}: cannot be read ({first}); export again") from None
 
 
+def table_collections(model: nn.Module) -> dict[str, nn.Module]:
+    """The collections `model` holds, by attribute (`sparse_arch`, then `sequence_arch`)."""
+    return {name: getattr(model, name) for name in COLLECTIONS if getattr(model, name, None) is not None}
+
+
+def table_layout(model: nn.Module) -> dict[str, Any]:
+    """What layout.json holds: the pooled collection's layout ({"tables": []} without one), with the
+    sequence collection's under "sequence" when the model has sequence tables."""
+    collections = table_collections(model)
+    layout = collections["sparse_arch"].layout() if "sparse_arch" in collections else {"tables": []}
+    if "sequence_arch" in collections:
+        layout = {**layout, "sequence": collections["sequence_arch"].layout()}
+    return layout
+
+
 @torch.no_grad()
 def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, verify: bool = True) -> None:
     """Fill a generated inference `Model` with the weights of `directory`, checked on the way."""
@@ -134,10 +155,12 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
         )
     checked_file(root, manifest["module"], verify)
     state = dict(load_tensors(root, manifest["dense"], verify))
-    collection = getattr(model, "sparse_arch", None)
-    precisions = collection.precisions() if collection is not None else {}
+    precisions, holders = {}, {}
+    for attribute, collection in table_collections(model).items():
+        for name, precision in collection.precisions().items():
+            precisions[name], holders[name] = precision, attribute
     listed = {table["name"]: table for table in manifest["tables"]}
-    if list(listed) != list(precisions):
+    if sorted(listed) != sorted(precisions):
         raise ExportError(
             f"{root}: {MANIFEST} lists tables {list(listed)} but the module has {list(precisions)}; "
             "the files come from different exports"
@@ -148,22 +171,22 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
                 f"{root}: table {name!r} is {listed[name]['precision']} in {MANIFEST} but {precision} in "
                 "the module; the files come from different exports"
             )
-        state[f"sparse_arch.{name}.packed"] = load_tensors(root, listed[name], verify)
-    _check_layout(root, manifest, collection, verify)
+        state[f"{holders[name]}.{name}.packed"] = load_tensors(root, listed[name], verify)
+    _check_layout(root, manifest, model, verify)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
         raise ExportError(f"{root}: the weights do not fit the module: {error}") from None
 
 
-def _check_layout(root: Path, manifest: Mapping[str, Any], collection: Any, verify: bool) -> None:
+def _check_layout(root: Path, manifest: Mapping[str, Any], model: nn.Module, verify: bool) -> None:
     """layout.json is the manifest's (size, sha256) and describes the module's tables."""
     path = checked_file(root, manifest["layout"], verify)
     try:
         saved = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ExportError(f"{path}: not valid JSON ({error}); export again") from None
-    expected = json.loads(json.dumps(collection.layout())) if collection is not None else {"tables": []}
+    expected = json.loads(json.dumps(table_layout(model)))
     if saved != expected:
         raise ExportError(
             f"{path}: describes other tables than the module's; the files come from different exports"

@@ -32,7 +32,8 @@ nearest. Error per value, measured against the fp32 row:
     int4  <= scale / 2, scale = the row's range / 15
 
 so a pooled bag is off by at most the sum of those over its ids (times the
-per-id weights). tests/runtime/test_quant_embedding.py asserts these bounds.
+per-id weights). tests/runtime/serving/test_quant_embedding.py asserts these bounds;
+runtime/serving/quant_sequence.py reads the same layout as sequences.
 
 Pooling: `sum`, or `mean` computed as training computes it (sum pooling
 with per-id weights w_i / L), so fp32 tables give bit-identical results to
@@ -393,17 +394,28 @@ class QuantEmbeddingBagCollection(nn.Module):
         offsets: torch.Tensor,
         weights: torch.Tensor | None,
         kjt: KeyedJaggedTensor | None = None,
+        checked: bool = False,
     ) -> torch.Tensor:
-        """Pooled rows (B x output width) for ids in this collection's feature order."""
+        """Pooled rows (B x output width) for ids in this collection's feature order.
+
+        `checked`: the caller has already checked the ids (the sequence collection checks
+        its own features'), so the kernels do not check them again.
+        """
+        check = self.bounds_check and not checked
         native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
             [self.weights, values], dtype=None
         )
-        if native_kernel and self._choose(values, offsets, weights, kjt) == "native":
-            return self._native_pool(values, offsets, weights, kjt)
-        return self._fbgemm_pool(values, offsets, weights, kjt)
+        if native_kernel and self._choose(values, offsets, weights, kjt, check) == "native":
+            return self._native_pool(values, offsets, weights, kjt, check)
+        return self._fbgemm_pool(values, offsets, weights, kjt, check)
 
     def _choose(
-        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        kjt: KeyedJaggedTensor | None,
+        check: bool,
     ) -> str:
         """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
         out-of-range id raises there, before fbgemm's kernel could read past a table)."""
@@ -411,12 +423,12 @@ class QuantEmbeddingBagCollection(nn.Module):
         shape = (
             f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
             f"_f{features}_{self._layout_key}"
-            f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if self.bounds_check else ''}"
+            f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
             f"_t{torch.get_num_threads()}"
         )
         return choice.choose("quant_pool", shape, {
-            "native": lambda: self._native_pool(values, offsets, weights, kjt),
-            "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt),
+            "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
+            "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
         })
 
     def _bag_weights(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
@@ -431,19 +443,29 @@ class QuantEmbeddingBagCollection(nn.Module):
         return scale if weights is None else weights * scale
 
     def _native_pool(
-        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        kjt: KeyedJaggedTensor | None,
+        check: bool,
     ) -> torch.Tensor:
         weights = self._bag_weights(values, offsets, weights)
-        rows = self.rows_per_feature if self.bounds_check else None  # the C kernel checks ids as it pools
+        rows = self.rows_per_feature if check else None  # the C kernel checks ids as it pools
         pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
         if pooled is None:
             raise self._bad_id_error(values, offsets, kjt)
         return pooled
 
     def _fbgemm_pool(
-        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, kjt: KeyedJaggedTensor | None
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        kjt: KeyedJaggedTensor | None,
+        check: bool,
     ) -> torch.Tensor:
-        if self.bounds_check:
+        if check:
             self._check_bounds(values, offsets, kjt)
         weights = self._bag_weights(values, offsets, weights)
         dims = self._layout.max_dims

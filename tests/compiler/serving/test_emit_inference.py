@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler.diagnostics import CompileError
 from compiler.serving.emit import emit_inference
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
@@ -17,8 +16,6 @@ from runtime.serving.export_dir import import_module
 
 REPO = Path(__file__).resolve().parents[3]
 SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
-SEQUENCE_SPECS = ["specs/bst.yaml", "specs/din.yaml", "specs/hstu.yaml", "specs/sasrec.yaml"]  # not exported yet
-POOLED_SPECS = [spec for spec in SPECS if spec not in SEQUENCE_SPECS]
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +36,13 @@ def test_dlrm_inference_module_matches_the_golden_text(golden, dense: str) -> No
     golden.check(f"export/dlrm_criteo.int8.{dense}.py.txt", source)
 
 
-@pytest.mark.parametrize("spec", POOLED_SPECS)
-def test_every_spec_lowers_to_one_lookup_and_imports_only_torch_and_the_runtime(spec: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("spec", SPECS)
+def test_every_spec_lowers_to_one_lookup_per_collection_and_imports_only_torch_and_the_runtime(
+    spec: str, tmp_path: Path
+) -> None:
+    ir = validate(load(spec))
+    sequences = [table.name for table in ir.sequence_tables()]
+    has_pooled = len(sequences) < len(ir.tables)
     source = inference_source(spec, "int4")
     imported = {
         alias.name.split(".")[0]
@@ -50,18 +52,17 @@ def test_every_spec_lowers_to_one_lookup_and_imports_only_torch_and_the_runtime(
     }
     assert imported == {"os", "torch", "runtime"}
     assert "input_dist" not in source and "output_dist" not in source
-    assert source.count("self.sparse_arch(sparse)") == 1
+    assert source.count("self.sparse_arch(sparse)") == int(has_pooled)
+    assert source.count("self.sequence_arch(") == int(bool(sequences))
     path = tmp_path / "module.py"
     path.write_text(source)
     with torch.device("meta"):
         model = import_module(path).Model()
-    assert type(model.sparse_arch).__name__ == "QuantEmbeddingBagCollection"
-
-
-def test_a_sequence_model_is_refused_with_a_diagnostic() -> None:
-    with pytest.raises(CompileError) as caught:
-        inference_source("specs/din.yaml", "int8")
-    assert [str(d) for d in caught.value.diagnostics] == [
-        "specs/din.yaml:14:7: error: features.sparse: sequence feature 'history': exporting models with "
-        "sequence features (pooling: none) is not supported yet"
-    ]
+    assert type(getattr(model, "sparse_arch", None)).__name__ == (
+        "QuantEmbeddingBagCollection" if has_pooled else "NoneType"
+    )
+    assert type(getattr(model, "sequence_arch", None)).__name__ == (
+        "QuantEmbeddingCollection" if sequences else "NoneType"
+    )
+    if sequences:
+        assert model.sequence_arch.precisions() == {name: "int4" for name in sequences}
