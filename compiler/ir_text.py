@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from compiler.ir import Block, Data, Head, Input, Location, ModelIR, Sharding, Training
+from compiler.ir import Block, Data, Head, Input, Location, ModelIR, Sharding, SparseFeature, Training
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./*-]*")
 _YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"}
@@ -32,7 +32,7 @@ def format_ir(ir: ModelIR) -> str:
         "  dense:" + ("" if ir.dense else " []"),
         *(_entry(4, feature, feature.loc) for feature in ir.dense),
         "  sparse:" + ("" if ir.sparse else " []"),
-        *(_entry(4, feature, feature.loc) for feature in ir.sparse),
+        *(_sparse_entry(feature) for feature in ir.sparse),
         *(["  timestamps:"] if ir.timestamps else []),
         *(_entry(4, feature, feature.loc) for feature in ir.timestamps),
         "tables:" + ("" if ir.tables else " []"),
@@ -97,6 +97,13 @@ def _body(value: Any, skip: tuple[str, ...] = ()) -> list[str]:
 
 def _entry(indent: int, value: Any, loc: Location) -> str:
     return " " * indent + "- " + _flow(value) + _comment(loc)
+
+
+def _sparse_entry(feature: SparseFeature) -> str:
+    """A sparse feature; `max_length` and `keep` only on a sequence (a pooled feature has neither)."""
+    skip = () if feature.is_sequence else ("max_length", "keep")
+    fields = ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(feature, skip).items())
+    return "    - {" + fields + "}" + _comment(feature.loc)
 
 
 def _comment(loc: Location) -> str:

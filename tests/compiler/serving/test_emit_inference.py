@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from compiler.diagnostics import CompileError
 from compiler.serving.emit import emit_inference
+from compiler.serving.export import resolve_precisions
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
@@ -41,6 +43,16 @@ def test_every_spec_lowers_to_one_lookup_per_collection_and_imports_only_torch_a
     spec: str, tmp_path: Path
 ) -> None:
     ir = validate(load(spec))
+    unstorable = [t for t in ir.tables if t.dim % 4]
+    if unstorable:  # refused before lowering, at the table's line (hstu.yaml: dim 50, as published)
+        with pytest.raises(CompileError) as caught:
+            resolve_precisions(ir, "int4", {})
+        assert [str(d) for d in caught.value.diagnostics] == [
+            f"{t.loc}: error: tables.{t.name}: dim {t.dim} is not a multiple of 4: "
+            "fbgemm's inference kernel cannot store the table"
+            for t in unstorable
+        ]
+        return
     sequences = [table.name for table in ir.sequence_tables()]
     has_pooled = len(sequences) < len(ir.tables)
     source = inference_source(spec, "int4")
