@@ -41,6 +41,7 @@ from torch import nn
 
 from runtime.modules.blocks import _check_size
 from runtime.modules.linear import Linear, linear
+from runtime.modules.one_query_attention import one_query_attention
 from runtime.modules.sequence_checks import check_sequence
 from runtime.sparse.sequence import PaddedLayout
 
@@ -82,10 +83,10 @@ class _SelfAttention(nn.Module):
         attended = layout.rows(attended.transpose(1, 2).reshape(batch, length, dim))
         return linear(attended, self.out_proj.weight, self.out_proj.bias)
 
-    def attend_from(self, x: torch.Tensor, position: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def attend_from(self, x: torch.Tensor, position: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The attention output [B, dim] of one query per sample over the padded `x` [B, L, dim].
 
-        `position` [B] is each sample's query position, `allowed` [B, L] its keys.
+        `position` [B] is each sample's query position; it attends to positions 0 .. counts[b]-1.
         """
         heads, (batch, _, dim) = self.num_heads, x.shape
         head_dim = dim // heads
@@ -93,8 +94,7 @@ class _SelfAttention(nn.Module):
         own = x[torch.arange(batch, device=x.device), position]
         q = linear(own, self.in_proj_weight[:dim], self.in_proj_bias[:dim]).view(batch, heads, head_dim)
         q_in_x = torch.einsum("bhe,hed->bhd", q, weight_k) * head_dim**-0.5  # [B, heads, dim]
-        scores = torch.bmm(x, q_in_x.transpose(1, 2)).masked_fill(~allowed.unsqueeze(2), float("-inf"))
-        weighted = torch.bmm(torch.softmax(scores, dim=1).transpose(1, 2), x)  # [B, heads, dim]
+        weighted = one_query_attention(x, q_in_x, counts)  # [B, heads, dim]
         values = torch.einsum("bhd,hed->bhe", weighted, weight_v) + self.in_proj_bias[2 * dim :].view(heads, head_dim)
         return linear(values.reshape(batch, dim), self.out_proj.weight, self.out_proj.bias)
 
@@ -128,13 +128,13 @@ class TransformerLayer(nn.Module):
         rows = self.norm1(rows + self.self_attn(rows, layout, allowed))
         return self.norm2(rows + self._feed_forward(rows))
 
-    def forward_at(self, x: torch.Tensor, position: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def forward_at(self, x: torch.Tensor, position: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """`forward`'s output at one position per sample of the padded `x` [B, L, dim] -> [B, dim]."""
         own = x[torch.arange(x.shape[0], device=x.device), position]
         if self.norm_first:
-            own = own + self.self_attn.attend_from(self.norm1(x), position, allowed)
+            own = own + self.self_attn.attend_from(self.norm1(x), position, counts)
             return own + self._feed_forward(self.norm2(own))
-        own = self.norm1(own + self.self_attn.attend_from(x, position, allowed))
+        own = self.norm1(own + self.self_attn.attend_from(x, position, counts))
         return self.norm2(own + self._feed_forward(own))
 
 
@@ -206,12 +206,10 @@ class Transformer(nn.Module):
     def _one_position(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The last layer at each sample's first or last position only: [B, dim]."""
         position = (lengths - 1).clamp(min=0) if self.output == "last" else torch.zeros_like(lengths)
-        keys = torch.arange(x.shape[1], device=x.device)
+        # The keys are a prefix: all real positions, or under `causal` those up to the query's.
         # An empty sequence attends to its first position (no NaN); its output is zeroed below.
-        allowed = (keys < lengths.unsqueeze(1)) | (keys == 0)
-        if self.causal:
-            allowed = allowed & (keys <= position.unsqueeze(1))
-        out = self.layers[-1].forward_at(x, position, allowed)
+        counts = position + 1 if self.causal else lengths.clamp(min=1)
+        out = self.layers[-1].forward_at(x, position, counts)
         return out * (lengths > 0).unsqueeze(1).to(out.dtype)
 
     def extra_repr(self) -> str:
