@@ -83,15 +83,15 @@ class _SelfAttention(nn.Module):
         attended = layout.rows(attended.transpose(1, 2).reshape(batch, length, dim))
         return linear(attended, self.out_proj.weight, self.out_proj.bias)
 
-    def attend_from(self, x: torch.Tensor, position: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def attend_from(self, x: torch.Tensor, own: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """The attention output [B, dim] of one query per sample over the padded `x` [B, L, dim].
 
-        `position` [B] is each sample's query position; it attends to positions 0 .. counts[b]-1.
+        `own` [B, dim] is the query position's row of `x`; sample b attends to its positions
+        0 .. counts[b]-1.
         """
         heads, (batch, _, dim) = self.num_heads, x.shape
         head_dim = dim // heads
         weight_q, weight_k, weight_v = self.in_proj_weight.view(3, heads, head_dim, dim).unbind(0)
-        own = x[torch.arange(batch, device=x.device), position]
         q = linear(own, self.in_proj_weight[:dim], self.in_proj_bias[:dim]).view(batch, heads, head_dim)
         q_in_x = torch.einsum("bhe,hed->bhd", q, weight_k) * head_dim**-0.5  # [B, heads, dim]
         weighted = one_query_attention(x, q_in_x, counts)  # [B, heads, dim]
@@ -128,13 +128,17 @@ class TransformerLayer(nn.Module):
         rows = self.norm1(rows + self.self_attn(rows, layout, allowed))
         return self.norm2(rows + self._feed_forward(rows))
 
-    def forward_at(self, x: torch.Tensor, position: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """`forward`'s output at one position per sample of the padded `x` [B, L, dim] -> [B, dim]."""
-        own = x[torch.arange(x.shape[0], device=x.device), position]
+    def forward_at(self, x: torch.Tensor, position: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor:
+        """`forward`'s output at one position per sample of the padded `x` [B, L, dim] -> [B, dim].
+
+        `position` [B] holds each sample's position (None: the first for all). The sample attends to its positions 0 .. counts[b]-1.
+        """
+        own = x[:, 0] if position is None else x[torch.arange(x.shape[0], device=x.device), position]
         if self.norm_first:
-            own = own + self.self_attn.attend_from(self.norm1(x), position, counts)
+            # LayerNorm is row-wise: the query's row of norm1(x) is norm1 of its row.
+            own = own + self.self_attn.attend_from(self.norm1(x), self.norm1(own), counts)
             return own + self._feed_forward(self.norm2(own))
-        own = self.norm1(own + self.self_attn.attend_from(x, position, counts))
+        own = self.norm1(own + self.self_attn.attend_from(x, own, counts))
         return self.norm2(own + self._feed_forward(own))
 
 
@@ -205,10 +209,14 @@ class Transformer(nn.Module):
 
     def _one_position(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The last layer at each sample's first or last position only: [B, dim]."""
-        position = (lengths - 1).clamp(min=0) if self.output == "last" else torch.zeros_like(lengths)
         # The keys are a prefix: all real positions, or under `causal` those up to the query's.
         # An empty sequence attends to its first position (no NaN); its output is zeroed below.
-        counts = position + 1 if self.causal else lengths.clamp(min=1)
+        if self.output == "last":
+            position = (lengths - 1).clamp(min=0)
+            counts = position + 1
+        else:
+            position = None
+            counts = torch.ones_like(lengths) if self.causal else lengths.clamp(min=1)
         out = self.layers[-1].forward_at(x, position, counts)
         return out * (lengths > 0).unsqueeze(1).to(out.dtype)
 
