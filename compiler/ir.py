@@ -115,13 +115,21 @@ class Input:
     """One resolved input of a block or head.
 
     kind `dense` / `sparse` name a feature; kind `block` names a block and,
-    for blocks with several outputs (moe), the `port` (a task name).
+    for blocks with several outputs (moe), the `port` (a task name); kind
+    `timestamps` names a timestamps feature (a side input of `hstu`).
+    A vector is [B, width]; a sequence has a `length` and is
+    [B, <= length, width] with its lengths.
     """
 
-    kind: Literal["dense", "sparse", "block"]
+    kind: Literal["dense", "sparse", "block", "timestamps"]
     name: str
     width: int
     port: str | None = None
+    length: int | None = None  # set for sequences only
+
+    @property
+    def is_sequence(self) -> bool:
+        return self.length is not None
 
     def ref(self) -> str:
         """The reference as written in a spec (`dense.x`, `sparse.y`, `b`, `b.task`)."""
@@ -178,18 +186,68 @@ class Moe:
     activation: str
 
 
-BlockOp = Union[Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe]
+@dataclass(frozen=True, slots=True)
+class SequencePool:
+    """One sequence reduced to a vector over its real positions."""
+
+    mode: Literal["sum", "mean", "max", "first", "last"]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetAttention:
+    """DIN's attention of the vector `query` over the sequence input (same width)."""
+
+    query: Input
+    hidden: tuple[int, ...]
+    activation: str
+
+
+@dataclass(frozen=True, slots=True)
+class Transformer:
+    """Encoder layers over the sequence input, after the `prepend` vectors placed before it."""
+
+    num_layers: int
+    num_heads: int
+    ffn_dim: int
+    norm: Literal["pre", "post"]
+    causal: bool
+    positions: Literal["learned", "none"]
+    activation: Literal["relu", "gelu"]
+    prepend: tuple[Input, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hstu:
+    """HSTU layers over the sequence input, with the times of its positions."""
+
+    num_layers: int
+    num_heads: int
+    attention_dim: int
+    linear_dim: int
+    num_buckets: int
+    timestamps: Input
+
+
+BlockOp = Union[
+    Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe, SequencePool, TargetAttention, Transformer, Hstu
+]
+SEQUENCE_OPS = (SequencePool, TargetAttention, Transformer, Hstu)  # the blocks that read a sequence
 
 
 @dataclass(frozen=True, slots=True)
 class Block:
-    """A node of the dense DAG. `width` is the output width (per port for moe)."""
+    """A node of the dense DAG. `width` is the output width (per port for moe).
+
+    A block whose output is a sequence (transformer, hstu) has its `length`,
+    the longest sequence it gives.
+    """
 
     name: str
     op: BlockOp
     inputs: tuple[Input, ...]
     width: int
     loc: Location
+    length: int | None = None
 
     @property
     def type(self) -> str:
@@ -205,6 +263,10 @@ BLOCK_TYPE_NAMES: dict[type, str] = {
     DotProduct: "dot_product",
     Sum: "sum",
     Moe: "moe",
+    SequencePool: "sequence_pool",
+    TargetAttention: "target_attention",
+    Transformer: "transformer",
+    Hstu: "hstu",
 }
 
 
@@ -287,6 +349,17 @@ class ModelIR:
             if table.name == name:
                 return table
         raise KeyError(name)
+
+    def feature(self, name: str) -> SparseFeature:
+        for feature in self.sparse:
+            if feature.name == name:
+                return feature
+        raise KeyError(name)
+
+    def sequence_tables(self) -> tuple[Table, ...]:
+        """The tables that serve a sequence: all their features are looked up as rows."""
+        sequences = {feature.table for feature in self.sparse if feature.is_sequence}
+        return tuple(table for table in self.tables if table.name in sequences)
 
     def block(self, name: str) -> Block:
         for block in self.blocks:

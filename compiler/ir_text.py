@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from compiler.ir import Block, Data, Head, Location, ModelIR, Sharding, Training
+from compiler.ir import Block, Data, Head, Input, Location, ModelIR, Sharding, SparseFeature, Training
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./*-]*")
 _YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"}
@@ -32,7 +32,9 @@ def format_ir(ir: ModelIR) -> str:
         "  dense:" + ("" if ir.dense else " []"),
         *(_entry(4, feature, feature.loc) for feature in ir.dense),
         "  sparse:" + ("" if ir.sparse else " []"),
-        *(_entry(4, feature, feature.loc) for feature in ir.sparse),
+        *(_sparse_entry(feature) for feature in ir.sparse),
+        *(["  timestamps:"] if ir.timestamps else []),
+        *(_entry(4, feature, feature.loc) for feature in ir.timestamps),
         "tables:" + ("" if ir.tables else " []"),
         *(_entry(2, table, table.loc) for table in ir.tables),
         "model:",
@@ -50,10 +52,24 @@ def _block(block: Block) -> list[str]:
     fields = _fields(block.op)
     lines = [f"  {block.name}:{_comment(block.loc)}", f"    type: {block.type}"]
     lines.append("    input:")
-    lines += [f"      {ref.ref()}: {ref.width}" for ref in block.inputs]
+    lines += [f"      {ref.ref()}: {_value_shape(ref)}" for ref in block.inputs]
     lines += [f"    {key}: {_flow(value)}" for key, value in fields.items()]
     lines.append(f"    width: {block.width}")
+    if block.length is not None:
+        lines.append(f"    length: {block.length}")  # a sequence output: [B, <= length, width]
     return lines
+
+
+def _sparse_entry(feature: SparseFeature) -> str:
+    """A sparse feature; max_length and keep only for a sequence (a pooled feature has neither)."""
+    skip = () if feature.is_sequence else ("max_length", "keep")
+    fields = ", ".join(f"{key}: {_flow(value)}" for key, value in _fields(feature, skip).items())
+    return "    - {" + fields + "}" + _comment(feature.loc)
+
+
+def _value_shape(ref: Input) -> str:
+    """A vector's width, or a sequence's {length, width}."""
+    return str(ref.width) if ref.length is None else f"{{length: {ref.length}, width: {ref.width}}}"
 
 
 def _head(head: Head) -> list[str]:
@@ -105,6 +121,8 @@ def _fields(value: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def _flow(value: Any) -> str:
     """One value in YAML flow style."""
+    if isinstance(value, Input):
+        return _scalar(value.ref())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return "{" + ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(value).items()) + "}"
     if isinstance(value, (tuple, list)):

@@ -69,9 +69,55 @@ def emit(lowered: SplitModel) -> GeneratedModule:
             {"target": d.target, "loc": _short_loc(d.loc), "source": render_call(d.call, indent=8)}
             for d in lowered.modules
         ],
+        extra_imports=extra_imports(lowered),
         **_stage_sources(lowered),
     )
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
+
+
+# What the template imports for every model; other runtime modules are imported when used.
+TEMPLATE_IMPORTS = (
+    "runtime.data.features",
+    "runtime.modules.blocks",
+    "runtime.embeddings.bag_collection",
+    "runtime.embeddings.optim",
+    "runtime.modules.losses",
+    "runtime.sharding",
+    "runtime.train.dense_optimizer",
+)
+
+
+def extra_imports(lowered: SplitModel) -> list[str]:
+    """Import lines for the runtime modules of the model's factories and graph functions beyond the template's.
+
+    The factories are called by their dotted names (`import runtime.x`); the
+    functions the graph calls by the names fx's code gives them, imported as
+    such (`from runtime.sparse.sequence import to_padded as runtime_sparse_sequence_to_padded`).
+    """
+    modules: list[str] = []
+    for decl in lowered.modules:
+        for call in _calls(decl.call):
+            module = call.factory.rpartition(".")[0]
+            if module not in TEMPLATE_IMPORTS and module not in modules:
+                modules.append(module)
+    lines = [f"import {module}" for module in modules]
+    functions: dict[str, str] = {}
+    for graph in (lowered.stages.input_dist, lowered.stages.compute):
+        for name, value in graph.python_code(root_module="self").globals.items():
+            module = getattr(value, "__module__", None) or ""
+            if callable(value) and module.startswith("runtime."):
+                functions[name] = f"from {module} import {value.__qualname__} as {name}"
+    return lines + sorted(functions.values())
+
+
+def _calls(call: Call) -> list[Call]:
+    """`call` and every Call among its arguments."""
+    found = [call]
+    for _, value in call.kwargs:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, Call):
+                found.extend(_calls(item))
+    return found
 
 
 def inputs_source(ir: ModelIR) -> str:

@@ -8,7 +8,25 @@ program.
 
 from __future__ import annotations
 
-from compiler.ir import Block, CrossNet, Dot, DotProduct, Fm, Head, Mlp, ModelIR, Moe, Optimizer, Sum, Table
+from compiler.ir import (
+    SEQUENCE_OPS,
+    Block,
+    CrossNet,
+    Dot,
+    DotProduct,
+    Fm,
+    Head,
+    Hstu,
+    Mlp,
+    ModelIR,
+    Moe,
+    Optimizer,
+    SequencePool,
+    Sum,
+    Table,
+    TargetAttention,
+    Transformer,
+)
 from compiler.lowering.types import BuildArg, Call
 
 
@@ -18,8 +36,14 @@ def _vectors(block: Block) -> tuple[int, int]:
 
 
 def block_call(block: Block, in_width: int) -> Call:
-    """The runtime module of `block`, told its spec location (`where`) for its errors."""
+    """The runtime module of `block`, told its spec location (`where`) for its errors.
+
+    The sequence blocks' modules take no `where`: their inputs are checked
+    at compile time (compiler/spec/values.py) and their errors name the block type.
+    """
     call = _block_op_call(block, in_width)
+    if isinstance(block.op, SEQUENCE_OPS):
+        return call
     return Call(call.factory, (*call.kwargs, ("where", str(block.loc))))
 
 
@@ -56,7 +80,41 @@ def _block_op_call(block: Block, in_width: int) -> Call:
             ("num_tasks", len(op.tasks)),
             ("activation", op.activation),
         ))
+    if isinstance(op, SEQUENCE_OPS):
+        return _sequence_block_call(block)
     raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
+
+
+def _sequence_block_call(block: Block) -> Call:
+    op, dim = block.op, block.inputs[0].width
+    if isinstance(op, SequencePool):
+        return Call("runtime.modules.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
+    if isinstance(op, TargetAttention):
+        return Call("runtime.modules.target_attention.TargetAttention", (
+            ("dim", dim), ("hidden", list(op.hidden)), ("activation", op.activation),
+        ))  # fmt: skip
+    if isinstance(op, Transformer):
+        assert block.length is not None
+        return Call("runtime.modules.transformer.Transformer", (
+            ("dim", dim),
+            ("num_heads", op.num_heads),
+            ("ffn_dim", op.ffn_dim),
+            ("num_layers", op.num_layers),
+            ("norm_first", op.norm == "pre"),
+            ("causal", op.causal),
+            ("max_length", block.length if op.positions == "learned" else 0),
+            ("activation", op.activation),
+        ))
+    assert isinstance(op, Hstu) and block.length is not None
+    return Call("runtime.modules.hstu.hstu_layers", (
+        ("num_layers", op.num_layers),
+        ("dim", dim),
+        ("num_heads", op.num_heads),
+        ("attention_dim", op.attention_dim),
+        ("linear_dim", op.linear_dim),
+        ("max_length", block.length),
+        ("num_buckets", op.num_buckets),
+    ))
 
 
 def optimizer_call(optimizer: Optimizer) -> Call:
@@ -91,14 +149,33 @@ def table_config_call(table: Table, training: bool = True) -> Call:
     ))
 
 
+def sequence_table_config_call(table: Table) -> Call:
+    """A sequence table's runtime.embeddings.sequence_collection.EmbeddingConfig (all its features read as rows)."""
+    return Call("runtime.embeddings.sequence_collection.EmbeddingConfig", (
+        ("name", table.name),
+        ("num_embeddings", table.num_embeddings),
+        ("embedding_dim", table.dim),
+        ("feature_names", list(table.features)),
+        ("weight_init_min", table.init_min),
+        ("weight_init_max", table.init_max),
+        ("optimizer", optimizer_call(table.optimizer)),
+        ("where", str(table.loc)),
+    ))
+
+
 def sparse_arch_call(ir: ModelIR) -> Call:
+    """The SparseArch: pooled tables on bag collections, sequence tables (if any) as rows."""
+    sequence_tables = ir.sequence_tables()
+    pooled = [table for table in ir.tables if table not in sequence_tables]
+    sequences = (("sequence_tables", [sequence_table_config_call(t) for t in sequence_tables]),)
     return Call("runtime.sharding.SparseArch", (
-        ("tables", [table_config_call(table) for table in ir.tables]),
+        ("tables", [table_config_call(table) for table in pooled]),
         ("optimizer", optimizer_call(ir.training.sparse_optimizer)),
         ("plan", BuildArg("plan")),
         ("process_group", BuildArg("process_group")),
         ("device", BuildArg("device")),
         ("is_weighted", any(feature.weighted for feature in ir.sparse)),
+        *(sequences if sequence_tables else ()),
     ))
 
 
@@ -146,9 +223,16 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("ids_per_sample", f.ids_per_sample),
             ("fixed_ids", f.fixed_ids),
             ("weighted", f.weighted),
+            *((("max_length", f.max_length), ("keep", f.keep)) if f.is_sequence else ()),
             ("where", str(f.loc)),
         ))
         for f in ir.sparse
+    ]  # fmt: skip
+    timestamps = [
+        Call("runtime.data.features.TimestampsConfig", (
+            ("name", t.name), ("sequence", t.sequence), ("where", str(t.loc)),
+        ))
+        for t in ir.timestamps
     ]  # fmt: skip
     training = Call("runtime.data.features.TrainingConfig", (
         ("steps", ir.training.steps),
@@ -169,4 +253,5 @@ def model_inputs_call(ir: ModelIR) -> Call:
         ("training", training),
         ("data", data),
         ("device", ir.sharding.device),
+        *((("timestamps", timestamps),) if timestamps else ()),
     ))

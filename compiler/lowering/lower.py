@@ -7,6 +7,13 @@ is built node by node from the IR, never traced, and shows every stage:
     input_dist -> lookup -> output_dist   (one triple per sharding type in the plan)
     -> wait -> dense blocks in DAG order -> heads
 
+A model with sequence features first cuts them (and their timestamps) to
+their max_length (`truncate_keyed`); its sequence tables have groups of their
+own (`<type>_sequence`) whose output is each feature's rows, a JaggedTensor.
+A sequence value is two nodes, the padded [B, max_length, D] rows and the
+lengths [B], kept together; a pooled feature of a sequence table is pooled
+from its rows (`pool_rows`).
+
 Each node carries `meta["loc"]` (its spec location), `meta["stage"]` and
 `meta["pipeline_stage"]` (0: the input side the pipeline runs ahead, 1: the
 rest). Submodules are described by `ModuleDecl`s, plain data that the
@@ -22,11 +29,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.ir import Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Sum
+from compiler.ir import SEQUENCE_OPS, Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Sum
 from compiler.lowering.calls import block_call, sparse_arch_call
+from compiler.lowering.sequences import SequenceLowering, groups_of
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
-from runtime.sharding.types import SHARDING_TYPES
 
 
 def lower(ir: ModelIR, plan: ShardingPlan) -> LoweredModel:
@@ -43,17 +50,8 @@ def sparse_groups(ir: ModelIR, plan: ShardingPlan) -> list[tuple[str, list[str]]
     SHARDING_TYPES; inside a group, keys follow table order, then each
     table's feature order. The lowering must agree, so it asks the same rule.
     """
-    groups: list[tuple[str, list[str]]] = []
-    for sharding_type in SHARDING_TYPES:
-        keys = [
-            feature
-            for table in ir.tables
-            if plan.table(table.name).sharding_type == sharding_type
-            for feature in table.features
-        ]
-        if keys:
-            groups.append((sharding_type, keys))
-    return groups
+    pooled = [table for table in ir.tables if table not in ir.sequence_tables()]
+    return groups_of(pooled, plan, "")
 
 
 class _GraphBuilder:
@@ -67,6 +65,7 @@ class _GraphBuilder:
         self.group_keys: dict[str, list[str]] = {}
         self.group_pending: dict[str, fx.Node] = {}  # group -> output_dist awaitable node
         self.group_ready: dict[str, fx.Node] = {}  # group -> waited KeyedTensor node
+        self.sequences = SequenceLowering(self)
 
     # -- nodes -------------------------------------------------------------
     def node(
@@ -114,19 +113,24 @@ class _GraphBuilder:
             self.group_keys[group] = keys
             for index, key in enumerate(keys):
                 self.sparse_home[key] = (group, index)
-            loc = ir.table(_table_of(ir, keys[0])).loc
-            ids = self.node(
-                "call_module", f"sparse_arch.{group}.input_dist", (sparse,),
-                name=f"{group}_ids", loc=loc, stage="input_dist",
-            )
-            pooled = self.node(
-                "call_module", f"sparse_arch.{group}.lookup", (ids,),
-                name=f"{group}_pooled", loc=loc, stage="lookup",
-            )
-            self.group_pending[group] = self.node(
-                "call_module", f"sparse_arch.{group}.output_dist", (pooled,),
-                name=f"{group}_embeddings_pending", loc=loc, stage="output_dist",
-            )
+            self.build_group(group, keys, sparse, "pooled")
+        self.sequences.build_groups(sparse)
+
+    def build_group(self, group: str, keys: list[str], sparse: fx.Node, looked_up: str) -> None:
+        """The group's three stages; its output is waited for where it is first used."""
+        loc = self.ir.table(_table_of(self.ir, keys[0])).loc
+        ids = self.node(
+            "call_module", f"sparse_arch.{group}.input_dist", (sparse,),
+            name=f"{group}_ids", loc=loc, stage="input_dist",
+        )
+        result = self.node(
+            "call_module", f"sparse_arch.{group}.lookup", (ids,),
+            name=f"{group}_{looked_up}", loc=loc, stage="lookup",
+        )
+        self.group_pending[group] = self.node(
+            "call_module", f"sparse_arch.{group}.output_dist", (result,),
+            name=f"{group}_embeddings_pending", loc=loc, stage="output_dist",
+        )
 
     def embeddings(self, group: str, loc: Location) -> fx.Node:
         """The group's KeyedTensor, waited for just before its first use.
@@ -178,7 +182,7 @@ class _GraphBuilder:
                 run.clear()
 
         for item in inputs:
-            if item.kind == "sparse":
+            if item.kind == "sparse" and item.name in self.sparse_home:
                 if run:
                     group, index = self.sparse_home[run[-1]]
                     if self.sparse_home[item.name] != (group, index + 1):
@@ -191,8 +195,10 @@ class _GraphBuilder:
         return nodes
 
     def value(self, item: Input, loc: Location) -> fx.Node:
-        if item.kind == "sparse":
+        if item.kind == "sparse" and item.name in self.sparse_home:
             return self.sparse_run([item.name], loc, f"sparse_{item.name}")
+        if item.kind == "sparse":
+            return self.sequences.feature(item.name, loc)
         return self.values[item.ref()]
 
     def concat(self, name: str, nodes: list[fx.Node], loc: Location) -> fx.Node:
@@ -205,6 +211,10 @@ class _GraphBuilder:
     def build_block(self, block: Block) -> None:
         op, loc, name = block.op, block.loc, block.name
         path = f"model.{name}"
+        if isinstance(op, SEQUENCE_OPS):
+            self.declare(block, block_call(block, block.inputs[0].width))
+            self.sequences.block(block)
+            return
         nodes = self.input_nodes(name, block.inputs, loc)
         in_width = sum(item.width for item in block.inputs)
         if isinstance(op, Concat):

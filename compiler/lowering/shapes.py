@@ -6,6 +6,8 @@ stand-ins that return embeddings of the planned widths, so the whole dense
 program is checked at compile time: a width that does not fit becomes a
 diagnostic at the spec line that produced the node, not a runtime error.
 Records each node's output shape in `node.meta["shape"]` for the graph text.
+Sequence blocks and the sequence functions of the graph's edges are stood in
+for by `sequence_shapes` (they read lengths' values, which meta tensors lack).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import torch.fx as fx
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.lowering.instantiate import build_call
 from compiler.lowering.lower import sparse_groups
+from compiler.lowering.sequence_shapes import META_FUNCTIONS, SequenceShapeError, meta_forward
+from compiler.lowering.sequences import sequence_groups
 from compiler.lowering.types import LoweredModel
-from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Done
 
 # A batch size no width in a real spec is likely to equal, so the text can
@@ -39,10 +43,11 @@ def check_shapes(lowered: LoweredModel) -> LoweredModel:
     if ir.tables:
         root.sparse_arch = _MetaSparseArch(lowered)
     dense = {f.name: torch.empty(META_BATCH, f.size, device="meta") for f in ir.dense}
+    keys = [f.name for f in ir.sparse] + [t.name for t in ir.timestamps]
     sparse = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f.name for f in ir.sparse],
+        keys=keys,
         values=torch.empty(0, dtype=torch.long),
-        lengths=torch.zeros(META_BATCH * len(ir.sparse), dtype=torch.long),
+        lengths=torch.zeros(META_BATCH * len(keys), dtype=torch.long),
         stride=META_BATCH,
     )
     try:
@@ -59,7 +64,16 @@ class _ShapeInterpreter(fx.Interpreter):
         expected = getattr(module, "in_features", None)
         if expected is not None and isinstance(args[0], torch.Tensor) and args[0].shape[-1] != expected:
             raise _WidthError(f"the block takes width {expected} but its inputs give {args[0].shape[-1]}")
-        return super().call_module(target, args, kwargs)
+        try:
+            result = meta_forward(module, args)
+        except SequenceShapeError as exc:
+            raise _WidthError(str(exc)) from None
+        return result if result is not None else super().call_module(target, args, kwargs)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target in META_FUNCTIONS:
+            return META_FUNCTIONS[target](*args, **kwargs)
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, node: fx.Node) -> Any:
         try:
@@ -69,8 +83,8 @@ class _ShapeInterpreter(fx.Interpreter):
         except Exception as exc:  # any failure inside a block is the spec's width problem
             message = f"shapes do not fit (checked with batch size {META_BATCH}): {_first_line(exc)}"
             raise _ShapeFailure(_diagnostic(node, message)) from None
-        if isinstance(result, torch.Tensor):
-            node.meta["shape"] = tuple(result.shape)
+        if isinstance(result, torch.Tensor) and result.dim() and result.shape[0] == META_BATCH:
+            node.meta["shape"] = tuple(result.shape)  # not the rows of a sequence: their count is no batch
         return result
 
 
@@ -125,11 +139,11 @@ def _first_line(exc: Exception) -> str:
 class _MetaGroup(torch.nn.Module):
     """Stands in for one sharding group: ids in, embeddings of the planned widths out."""
 
-    def __init__(self, keys: list[str], widths: list[int]) -> None:
+    def __init__(self, keys: list[str], widths: list[int], output_dist: torch.nn.Module | None = None) -> None:
         super().__init__()
         self.input_dist = _Passthrough()
         self.lookup = _Passthrough()
-        self.output_dist = _MetaEmbeddings(keys, widths)
+        self.output_dist = output_dist if output_dist is not None else _MetaEmbeddings(keys, widths)
 
 
 class _Passthrough(torch.nn.Module):
@@ -147,6 +161,19 @@ class _MetaEmbeddings(torch.nn.Module):
         return Done(KeyedTensor(keys=self.keys, length_per_key=self.widths, values=values))
 
 
+class _MetaRows(torch.nn.Module):
+    """A sequence group's output: each feature's rows, none, [0, width], with zero lengths."""
+
+    def __init__(self, keys: list[str], widths: list[int]) -> None:
+        super().__init__()
+        self.keys, self.widths = keys, widths
+
+    def forward(self, _: Any) -> Done:
+        lengths = torch.zeros(META_BATCH, dtype=torch.long)
+        rows = {key: JaggedTensor(torch.empty(0, width), lengths=lengths) for key, width in zip(self.keys, self.widths)}
+        return Done(rows)
+
+
 class _MetaSparseArch(torch.nn.Module):
     def __init__(self, lowered: LoweredModel) -> None:
         super().__init__()
@@ -154,3 +181,5 @@ class _MetaSparseArch(torch.nn.Module):
         dims = {f.name: ir.table(f.table).dim for f in ir.sparse}
         for group, keys in sparse_groups(ir, lowered.plan):
             self.add_module(group, _MetaGroup(keys, [dims[k] for k in keys]))
+        for group, keys in sequence_groups(ir, lowered.plan):
+            self.add_module(group, _MetaGroup(keys, [dims[k] for k in keys], _MetaRows(keys, [dims[k] for k in keys])))

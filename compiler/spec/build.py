@@ -4,9 +4,10 @@ Called by `compiler.spec.validate` after the schema pass, with the paths of
 the nodes the schema rejected (they are skipped, not re-reported). Resolves
 features, tables and settings through `compiler.spec.semantic`, then the
 blocks: references (with "did you mean"), cycles (named), a topological
-order, output widths and the width rules of each block type, the heads and
-their losses, and blocks or moe tasks that no head uses. Returns the IR only
-when nothing at all was wrong.
+order, output widths and the width rules of each block type, the kind of
+every value (a vector, or a sequence that only the sequence blocks read),
+the heads and their losses, and blocks or moe tasks that no head uses.
+Returns the IR only when nothing at all was wrong.
 """
 
 from __future__ import annotations
@@ -34,8 +35,6 @@ from compiler.ir import (
 )
 from compiler.spec.load import Document, Node, Path
 from compiler.spec.semantic import (
-    FLOAT_BYTES,
-    INT64_MAX,
     INVALID,
     Checker,
     Features,
@@ -46,42 +45,30 @@ from compiler.spec.semantic import (
     resolve_training,
     where,
 )
+from compiler.spec.values import (
+    SEQUENCE_OUTPUTS,
+    ParsedBlock,
+    Ref,
+    article,
+    describe,
+    infer_sequence_block,
+    input_ir,
+    is_sequence,
+    layer_widths,
+    value_width,
+)
 
 METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
 _MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2}
-
-
-@dataclass(frozen=True, slots=True)
-class _Ref:
-    """One input reference after `sparse.*` expansion."""
-
-    kind: str  # dense | sparse | block
-    name: str
-    port: str | None
-    node: Node
-
-    def text(self) -> str:
-        if self.kind == "block":
-            return self.name if self.port is None else f"{self.name}.{self.port}"
-        return f"{self.kind}.{self.name}"
-
-
-@dataclass(slots=True)
-class _Block:
-    name: str
-    node: Node
-    kind: Any  # the block type, None if missing, INVALID if rejected
-    refs: list[_Ref]  # the inputs that resolved
-    complete: bool = False  # every input resolved
-    width: int | None = None
-    op: BlockOp | None = None
+SEQUENCE_BLOCKS = ("sequence_pool", "target_attention", "transformer", "hstu")  # they read a sequence
+_SIDE_KEYS = ("query", "prepend", "timestamps")  # references outside `input`
 
 
 @dataclass(slots=True)
 class _Head:
     name: str
     node: Node
-    ref: _Ref | None
+    ref: Ref | None
     loss: Any
     label: Any
 
@@ -98,7 +85,7 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     head_fed = {head.ref.name for head in heads if head.ref is not None}
     for name in order:
         _infer(checker, blocks[name], blocks, features, name in head_fed)
-    heads_ir = [_head_ir(checker, head, blocks) for head in heads]
+    heads_ir = [_head_ir(checker, head, blocks, features) for head in heads]
     _check_unused(checker, blocks, heads)
     sharding = resolve_sharding(checker, root, features.table_names)
     world_size = checker.value(checker.child(root, "sharding"), "world_size", 1)
@@ -129,14 +116,15 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
             sharding=sharding,
             data=data,
             loc=root.loc,
+            timestamps=tuple(features.timestamps),
         ),
         [],
     )
 
 
-def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str, _Block]:
+def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str, ParsedBlock]:
     blocks = {
-        name: _Block(name, node, checker.value(node, "type"), []) for name, node in checker.pairs(root, "model")
+        name: ParsedBlock(name, node, checker.value(node, "type"), []) for name, node in checker.pairs(root, "model")
     }
     for block in blocks.values():
         field = checker.child(block.node, "input")
@@ -146,11 +134,44 @@ def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str,
         refs = [ref for item in items for ref in _resolve(checker, item, features, blocks)]
         block.refs = _dedupe(checker, [ref for ref in refs if ref.kind])
         block.complete = all(ref.kind for ref in refs)
+        _parse_side(checker, block, features, blocks)
     return blocks
 
 
-def _dedupe(checker: Checker, refs: list[_Ref]) -> list[_Ref]:
-    seen: dict[tuple[str, str, str | None], _Ref] = {}
+def _parse_side(checker: Checker, block: ParsedBlock, features: Features, blocks: dict[str, ParsedBlock]) -> None:
+    """The references a sequence block takes beside `input`: query, prepend, timestamps."""
+    for key in _SIDE_KEYS:
+        field_node = checker.child(block.node, key)
+        if field_node is None or field_node.path in checker.tainted:
+            block.side_complete = block.side_complete and (field_node is None)
+            continue
+        items = field_node.value if field_node.is_sequence else [field_node]
+        refs = []
+        for item in items:
+            if key == "timestamps":
+                refs.append(_resolve_timestamps(checker, item, features))
+            elif item.value == "sparse.*":
+                checker.error(item, f"{key} names vectors one by one; 'sparse.*' names every pooled feature")
+                refs.append(Ref("", item.value, None, item))
+            else:
+                refs.extend(_resolve(checker, item, features, blocks))
+        block.side[key] = [ref for ref in refs if ref.kind]
+        block.side_complete = block.side_complete and all(ref.kind for ref in refs)
+
+
+def _resolve_timestamps(checker: Checker, item: Node, features: Features) -> Ref:
+    kind, _, name = item.value.partition(".")
+    if kind != "timestamps" or not name:
+        checker.error(item, f"'{item.value}' is not a timestamps reference: expected timestamps.<name>")
+        return Ref("", item.value, None, item)
+    if name not in features.timestamps_names:
+        checker.error(item, f"unknown timestamps feature '{name}'{checker.suggest(name, features.timestamps_names)}")
+        return Ref("", item.value, None, item)
+    return Ref("timestamps", name, None, item)
+
+
+def _dedupe(checker: Checker, refs: list[Ref]) -> list[Ref]:
+    seen: dict[tuple[str, str, str | None], Ref] = {}
     for ref in refs:
         key = (ref.kind, ref.name, ref.port)
         if key in seen:
@@ -161,13 +182,16 @@ def _dedupe(checker: Checker, refs: list[_Ref]) -> list[_Ref]:
     return list(seen.values())
 
 
-def _resolve(checker: Checker, item: Node, features: Features, blocks: dict[str, _Block]) -> list[_Ref]:
+def _resolve(checker: Checker, item: Node, features: Features, blocks: dict[str, ParsedBlock]) -> list[Ref]:
     """The references one input string stands for; a bad one is reported and gives `kind=''`."""
     text: str = item.value
     parts = text.split(".")
-    bad = [_Ref("", text, None, item)]
+    bad = [Ref("", text, None, item)]
     if parts[0] in ("dense", "sparse") and len(parts) == 2 and parts[1]:
         return _resolve_feature(checker, item, parts[0], parts[1], features) or bad
+    if parts[0] == "timestamps" and parts[0] not in blocks:
+        checker.error(item, f"'{text}' is a timestamps feature: only an hstu block reads it, as its `timestamps`")
+        return bad
     if parts[0] not in ("dense", "sparse") and len(parts) <= 2 and all(parts):
         return _resolve_block(checker, item, blocks, features) or bad
     expected = "dense.<feature>, sparse.<feature>, sparse.*, <block> or <block>.<task>"
@@ -175,14 +199,17 @@ def _resolve(checker: Checker, item: Node, features: Features, blocks: dict[str,
     return bad
 
 
-def _resolve_feature(checker: Checker, item: Node, kind: str, name: str, features: Features) -> list[_Ref]:
+def _resolve_feature(checker: Checker, item: Node, kind: str, name: str, features: Features) -> list[Ref]:
     if kind == "sparse" and name == "*":
+        pooled = [feature for feature in features.sparse_dims if feature not in features.sequence_lengths]
         if not features.sparse_dims:
             checker.error(item, "sparse.* names no features: the spec has no sparse features")
-        return [_Ref("sparse", feature, None, item) for feature in features.sparse_dims]
+        elif not pooled:
+            checker.error(item, "sparse.* names no features: every sparse feature is a sequence (pooling: none)")
+        return [Ref("sparse", feature, None, item) for feature in pooled]
     names = features.dense_sizes if kind == "dense" else features.sparse_dims
     if name in names:
-        return [_Ref(kind, name, None, item)]
+        return [Ref(kind, name, None, item)]
     other = "sparse" if kind == "dense" else "dense"
     others = features.sparse_dims if kind == "dense" else features.dense_sizes
     if name in others:
@@ -197,7 +224,7 @@ def _resolve_feature(checker: Checker, item: Node, kind: str, name: str, feature
     return []
 
 
-def _resolve_block(checker: Checker, item: Node, blocks: dict[str, _Block], features: Features) -> list[_Ref]:
+def _resolve_block(checker: Checker, item: Node, blocks: dict[str, ParsedBlock], features: Features) -> list[Ref]:
     """`<block>` or `<block>.<task>` (the text of `item`), checked against the block's outputs."""
     name, _, task = item.value.partition(".")
     port = task or None
@@ -216,7 +243,7 @@ def _resolve_block(checker: Checker, item: Node, blocks: dict[str, _Block], feat
         checker.error(item, f"block '{name}' is a moe block with one output per task: use {choices}")
         return []
     if port is not None and isinstance(block.kind, str) and block.kind != "moe":
-        message = f"block '{name}' is {_a(block.kind)} block with a single output; '{item.value}' names no task"
+        message = f"block '{name}' is {article(block.kind)} block with a single output; '{item.value}' names no task"
         checker.error(item, message)
         return []
     if port is not None and tasks and port not in tasks:
@@ -224,25 +251,19 @@ def _resolve_block(checker: Checker, item: Node, blocks: dict[str, _Block], feat
         message = f"moe block '{name}' has no task '{port}'{hint}; its tasks: {', '.join(tasks)}"
         checker.error(item, message)
         return []
-    return [_Ref("block", name, port, item)]
+    return [Ref("block", name, port, item)]
 
 
 def _either(choices: list[str]) -> str:
     return choices[0] if len(choices) == 1 else ", ".join(choices[:-1]) + " or " + choices[-1]
 
 
-def _a(word: str) -> str:
-    """`word` with its indefinite article, as the word is spoken (`an mlp`, `a moe`)."""
-    spoken_vowel = word[0] in "aeio" or word in ("mlp", "mse", "fm")
-    return ("an " if spoken_vowel else "a ") + word
-
-
-def _tasks(checker: Checker, block: _Block) -> list[str]:
+def _tasks(checker: Checker, block: ParsedBlock) -> list[str]:
     tasks = checker.value(block.node, "tasks") if block.kind == "moe" else None
     return tasks if isinstance(tasks, list) else []
 
 
-def _parse_heads(checker: Checker, root: Node, blocks: dict[str, _Block], features: Features) -> list[_Head]:
+def _parse_heads(checker: Checker, root: Node, blocks: dict[str, ParsedBlock], features: Features) -> list[_Head]:
     heads: list[_Head] = []
     names: dict[str, Node] = {}
     for entry in checker.entries(root, "heads"):
@@ -261,7 +282,7 @@ def _parse_heads(checker: Checker, root: Node, blocks: dict[str, _Block], featur
     return heads
 
 
-def _head_ref(checker: Checker, entry: Node, blocks: dict[str, _Block], features: Features) -> _Ref | None:
+def _head_ref(checker: Checker, entry: Node, blocks: dict[str, ParsedBlock], features: Features) -> Ref | None:
     item = checker.child(entry, "input")
     if item is None or item.path in checker.tainted:
         return None
@@ -277,7 +298,7 @@ def _head_ref(checker: Checker, entry: Node, blocks: dict[str, _Block], features
     return refs[0] if refs else None
 
 
-def _order(checker: Checker, blocks: dict[str, _Block]) -> list[str]:
+def _order(checker: Checker, blocks: dict[str, ParsedBlock]) -> list[str]:
     """Report every cycle; return the acyclic blocks in a topological order (ties: declaration order)."""
     deps = {name: _block_deps(block, blocks) for name, block in blocks.items()}
     index = {name: i for i, name in enumerate(blocks)}
@@ -301,8 +322,8 @@ def _order(checker: Checker, blocks: dict[str, _Block]) -> list[str]:
     return order
 
 
-def _block_deps(block: _Block, blocks: dict[str, _Block]) -> list[str]:
-    names = [ref.name for ref in block.refs if ref.kind == "block" and ref.name in blocks]
+def _block_deps(block: ParsedBlock, blocks: dict[str, ParsedBlock]) -> list[str]:
+    names = [ref.name for ref in block.all_refs() if ref.kind == "block" and ref.name in blocks]
     return list(dict.fromkeys(names))
 
 
@@ -336,7 +357,7 @@ def _cycles(deps: dict[str, list[str]]) -> list[list[str]]:
     return cycles
 
 
-def _report_cycle(checker: Checker, cycle: list[str], blocks: dict[str, _Block], index: dict[str, int]) -> None:
+def _report_cycle(checker: Checker, cycle: list[str], blocks: dict[str, ParsedBlock], index: dict[str, int]) -> None:
     """Name the cycle in data-flow order, from (and at) its first declared block."""
     flow = list(reversed(cycle[:-1]))  # data flows from an input to its reader
     first = min(range(len(flow)), key=lambda i: index[flow[i]])
@@ -349,21 +370,26 @@ def _report_cycle(checker: Checker, cycle: list[str], blocks: dict[str, _Block],
         checker.error(at, "cycle in the model: " + " -> ".join(flow + [flow[0]]))
 
 
-def _width(ref: _Ref, blocks: dict[str, _Block], features: Features) -> int | None:
-    if ref.kind == "dense":
-        return features.dense_sizes.get(ref.name)
-    if ref.kind == "sparse":
-        return features.sparse_dims.get(ref.name)
-    return blocks[ref.name].width
-
-
 def _infer(
-    checker: Checker, block: _Block, blocks: dict[str, _Block], features: Features, head_fed: bool
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, head_fed: bool
 ) -> None:
     """Set the block's op and output width, checking its type's input rules."""
-    widths = [_width(ref, blocks, features) for ref in block.refs]
-    total = sum(w for w in widths if w is not None) if block.complete and None not in widths else None
     kind = block.kind
+    if kind in SEQUENCE_BLOCKS:
+        infer_sequence_block(checker, block, blocks, features)
+        return
+    sequences = [ref for ref in block.refs if is_sequence(ref, blocks, features)]
+    for ref in sequences:
+        message = (
+            f"'{ref.text()}' is a sequence {describe(ref, blocks, features)}; {article(kind)} block takes vectors: "
+            "pool it first (sequence_pool or target_attention)"
+        )
+        checker.error(ref.node, message)
+    if sequences:
+        block.width = 1 if kind in ("fm", "dot_product") else None
+        return
+    widths = [value_width(ref, blocks, features) for ref in block.refs]
+    total = sum(w for w in widths if w is not None) if block.complete and None not in widths else None
     if kind == "mlp":
         block.op, block.width = _mlp(checker, block, total, head_fed)
     elif kind == "moe":
@@ -377,35 +403,20 @@ def _infer(
     elif kind in ("fm", "dot_product"):
         # a scalar per sample, whatever the inputs: known even when they are broken
         block.width = 1
-        if _vector_width(checker, block, widths) is not None:
+        if _vectorvalue_width(checker, block, widths) is not None:
             block.op = Fm() if kind == "fm" else DotProduct()
     elif kind in ("dot", "sum"):
-        width = _vector_width(checker, block, widths)
+        width = _vectorvalue_width(checker, block, widths)
         if width is not None:
             count = len(widths)
             pairs = count * (count - 1) // 2
             block.op, block.width = (Dot(), width + pairs) if kind == "dot" else (Sum(), width)
 
 
-def _layers(checker: Checker, block: _Block, key: str, total: int | None) -> list[int] | None:
-    """A list of layer widths, checking that each weight matrix's byte size fits in int64."""
-    layers = checker.value(block.node, key)
-    if not isinstance(layers, list):
-        return None
-    sizes = ([total] if total is not None else []) + layers
-    offset = 0 if total is not None else 1
-    for i in range(1, len(sizes)):
-        if sizes[i - 1] * sizes[i] * FLOAT_BYTES > INT64_MAX:
-            layer = checker.entries(block.node, key)[i - 1 + offset]
-            checker.error(layer, f"a {sizes[i - 1]} x {sizes[i]} weight matrix needs more than 2**63 bytes")
-            return None
-    return layers
-
-
 def _mlp(
-    checker: Checker, block: _Block, total: int | None, head_fed: bool
+    checker: Checker, block: ParsedBlock, total: int | None, head_fed: bool
 ) -> tuple[BlockOp | None, int | None]:
-    layers = _layers(checker, block, "layers", total)
+    layers = layer_widths(checker, block, "layers", total)
     activation = checker.value(block.node, "activation", "relu")
     final = checker.value(block.node, "final_activation", "none" if head_fed else activation)
     if layers is None:
@@ -414,8 +425,8 @@ def _mlp(
     return op, layers[-1]
 
 
-def _moe(checker: Checker, block: _Block, total: int | None) -> tuple[BlockOp | None, int | None]:
-    layers = _layers(checker, block, "expert_layers", total)
+def _moe(checker: Checker, block: ParsedBlock, total: int | None) -> tuple[BlockOp | None, int | None]:
+    layers = layer_widths(checker, block, "expert_layers", total)
     experts, tasks = checker.value(block.node, "num_experts"), checker.value(block.node, "tasks")
     activation = checker.value(block.node, "activation", "relu")
     if layers is None:
@@ -425,7 +436,7 @@ def _moe(checker: Checker, block: _Block, total: int | None) -> tuple[BlockOp | 
     return Moe(experts, tuple(layers), tuple(tasks), activation), layers[-1]
 
 
-def _vector_width(checker: Checker, block: _Block, widths: list[int | None]) -> int | None:
+def _vectorvalue_width(checker: Checker, block: ParsedBlock, widths: list[int | None]) -> int | None:
     """The common width of the input vectors of dot / fm / dot_product / sum, or None.
 
     Unequal widths among the inputs that resolved are reported even when others
@@ -456,16 +467,20 @@ def _summary(refs: list[str]) -> str:
     return refs[0] if len(refs) == 1 else f"{refs[0]} and {len(refs) - 1} more"
 
 
-def _head_ir(checker: Checker, head: _Head, blocks: dict[str, _Block]) -> Head | None:
+def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], features: Features) -> Head | None:
     label = checker.value(head.node, "label", head.name)
     weight = checker.value(head.node, "weight", 1.0)
     metrics = _metrics(checker, head)
     width = blocks[head.ref.name].width if head.ref is not None else None
+    if head.ref is not None and blocks[head.ref.name].kind in SEQUENCE_OUTPUTS:
+        text = f"'{head.ref.text()}' is a sequence {describe(head.ref, blocks, features)}"
+        checker.error(head.ref.node, f"a head reads a vector, but {text}: pool it first (sequence_pool)")
+        return None
     if head.ref is None or width is None or not known(head.loss, label, weight, metrics):
         return None
     source = f"'{head.ref.text()}' is {width} wide"
     if head.loss in ("bce", "mse") and width != 1:
-        checker.error(head.ref.node, f"{_a(head.loss)} head needs a 1-wide input, but {source}")
+        checker.error(head.ref.node, f"{article(head.loss)} head needs a 1-wide input, but {source}")
         return None
     if head.loss == "softmax" and width < 2:
         checker.error(head.ref.node, f"a softmax head needs one logit per class (at least 2), but {source}")
@@ -485,12 +500,12 @@ def _metrics(checker: Checker, head: _Head) -> Any:
         return list(allowed)
     misfits = [item for item in checker.entries(head.node, "metrics") if item.value not in allowed]
     for item in misfits:
-        message = f"metric '{item.value}' does not apply to {_a(head.loss)} head (allowed: {', '.join(allowed)})"
+        message = f"metric '{item.value}' does not apply to {article(head.loss)} head (allowed: {', '.join(allowed)})"
         checker.error(item, message)
     return INVALID if misfits else metrics
 
 
-def _check_unused(checker: Checker, blocks: dict[str, _Block], heads: list[_Head]) -> None:
+def _check_unused(checker: Checker, blocks: dict[str, ParsedBlock], heads: list[_Head]) -> None:
     """Every block must lead to a head, and every task of a used moe block must be read."""
     used: set[str] = set()
     ports: set[tuple[str, str | None]] = set()
@@ -500,8 +515,10 @@ def _check_unused(checker: Checker, blocks: dict[str, _Block], heads: list[_Head
         ports.add((ref.name, ref.port))
         if ref.name not in used:
             used.add(ref.name)
-            stack.extend(r for r in blocks[ref.name].refs if r.kind == "block")
-    broken = any(head.ref is None for head in heads) or any(not blocks[name].complete for name in used)
+            stack.extend(r for r in blocks[ref.name].all_refs() if r.kind == "block")
+    broken = any(head.ref is None for head in heads) or any(
+        not (blocks[name].complete and blocks[name].side_complete) for name in used
+    )
     if broken or not heads:
         return  # a broken reference may be the missing reader
     for block in blocks.values():
@@ -515,11 +532,8 @@ def _check_unused(checker: Checker, blocks: dict[str, _Block], heads: list[_Head
                     checker.error(item, message)
 
 
-def _block_ir(block: _Block, blocks: dict[str, _Block], features: Features) -> Block:
+def _block_ir(block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features) -> Block:
     assert block.op is not None and block.width is not None
-    inputs = []
-    for ref in block.refs:
-        width = _width(ref, blocks, features)
-        assert width is not None
-        inputs.append(Input(ref.kind, ref.name, width, ref.port))  # type: ignore[arg-type]
-    return Block(block.name, block.op, tuple(inputs), block.width, block.node.key_loc or block.node.loc)
+    inputs = tuple(input_ir(ref, blocks, features) for ref in block.refs)
+    loc = block.node.key_loc or block.node.loc
+    return Block(block.name, block.op, inputs, block.width, loc, block.length)

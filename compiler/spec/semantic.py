@@ -5,8 +5,9 @@ only nodes the schema accepted (a rejected node reads as `INVALID` and every
 check that needs it is skipped), so one mistake gives one diagnostic. The
 rules here: `count` expansion, unique feature and table names, each sparse
 feature in exactly one table (its own, or a shared one that alone sets the
-sizes), size arithmetic within int64, optimizer hyper-parameters that fit the
-optimizer, and the training / sharding / data cross-checks.
+sizes), sequence features (`pooling: none` with `max_length`) and their
+timestamps, size arithmetic within int64, optimizer hyper-parameters that fit
+the optimizer, and the training / sharding / data cross-checks.
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ from fractions import Fraction
 from typing import Any, Collection
 
 from compiler.diagnostics import Diagnostic
-from compiler.ir import Constraint, Data, DenseFeature, Location, Optimizer, Sharding, SparseFeature, Table, Training
+from compiler.ir import (
+    Constraint,
+    Data,
+    DenseFeature,
+    Location,
+    Optimizer,
+    Sharding,
+    SparseFeature,
+    Table,
+    TimestampsFeature,
+    Training,
+)
 from compiler.spec.load import Node, Path, format_path
 
 INT64_MAX = (1 << 63) - 1
@@ -155,6 +167,9 @@ class Features:
     sparse_dims: dict[str, int | None]
     table_names: set[str]  # every table, including those with errors
     counted: set[str]  # the names of `count` entries (prefixes of the expanded names)
+    sequence_lengths: dict[str, int | None] = field(default_factory=dict)  # sequence feature -> max_length
+    timestamps: list[TimestampsFeature] = field(default_factory=list)
+    timestamps_names: set[str] = field(default_factory=set)  # every timestamps feature, even broken ones
 
 
 def resolve_features(checker: Checker, root: Node) -> Features:
@@ -174,7 +189,45 @@ def resolve_features(checker: Checker, root: Node) -> Features:
         spec = by_feature.get(s.name)
         sparse_dims[s.name] = spec.dim if spec is not None and isinstance(spec.dim, int) else None
     counted = {s.written for s in sparse if s.written != s.name}
-    return Features(dense, sparse_ir, tables_ir, dense_sizes, sparse_dims, set(tables), counted)
+    sequences = {s.name: s.fields["max_length"] for s in sparse if s.fields["pooling"] == "none"}
+    sequences = {name: length if isinstance(length, int) else None for name, length in sequences.items()}
+    timestamps, timestamps_names = _timestamps(checker, features, names, sequences, set(sparse_dims))
+    return Features(
+        dense, sparse_ir, tables_ir, dense_sizes, sparse_dims, set(tables), counted,
+        sequences, timestamps, timestamps_names,
+    )
+
+
+def _timestamps(
+    checker: Checker,
+    features: Node | None,
+    names: dict[str, tuple[Node, str]],
+    sequences: dict[str, int | None],
+    sparse: set[str],
+) -> tuple[list[TimestampsFeature], set[str]]:
+    """The timestamps features: each names a sequence feature, at most one per sequence."""
+    out: list[TimestampsFeature] = []
+    seen: set[str] = set()
+    owner: dict[str, Node] = {}
+    for entry in checker.entries(features, "timestamps"):
+        name = checker.name(entry)
+        if name is None or not _register(checker, names, name, checker.child(entry, "name") or entry, ""):
+            continue
+        seen.add(name)
+        sequence, node = checker.value(entry, "sequence"), checker.child(entry, "sequence")
+        if not isinstance(sequence, str) or node is None:
+            continue
+        if sequence not in sparse:
+            checker.error(node, f"unknown sequence feature '{sequence}'{checker.suggest(sequence, sequences)}")
+        elif sequence not in sequences:
+            checker.error(node, f"'{sequence}' is a pooled feature; timestamps belong to a sequence (pooling: none)")
+        elif sequence in owner:
+            first = owner[sequence]
+            checker.error(node, f"sequence '{sequence}' already has timestamps (at {where(first)})")
+        else:
+            owner[sequence] = node
+            out.append(TimestampsFeature(name, sequence, entry.loc))
+    return out, seen
 
 
 def _register(checker: Checker, names: dict[str, tuple[Node, str]], name: str, node: Node, origin: str) -> bool:
@@ -205,8 +258,14 @@ def _dense(
 
 
 _SPARSE_FIELDS = (
-    "num_embeddings", "dim", "pooling", "table", "ids_per_sample", "max_ids_per_sample", "weighted", "hash"
+    "num_embeddings", "dim", "pooling", "table", "ids_per_sample", "max_ids_per_sample", "weighted", "hash",
+    "max_length", "keep",
 )  # fmt: skip
+_POOLED_ONLY = {  # keys a sequence feature must not have, and why
+    "ids_per_sample": "a sequence's length is bounded by max_length",
+    "max_ids_per_sample": "a sequence's length is bounded by max_length",
+    "weighted": "a sequence's rows are not pooled, so there is nothing to weight",
+}
 
 
 def _expand_sparse(checker: Checker, features: Node | None, names: dict[str, tuple[Node, str]]) -> list[_Sparse]:
@@ -220,6 +279,8 @@ def _expand_sparse(checker: Checker, features: Node | None, names: dict[str, tup
             break
         fields = {key: checker.value(entry, key) for key in _SPARSE_FIELDS}
         _check_ids(checker, entry)
+        if not _check_sequence_keys(checker, entry, fields):
+            fields["max_length"] = INVALID
         expanded = [name] if count is None else [f"{name}_{i}" for i in range(count)]
         if len(expanded[-1]) > MAX_NAME_LENGTH and count is not None:
             at = checker.child(entry, "count") or entry
@@ -239,6 +300,32 @@ def _check_ids(checker: Checker, entry: Node) -> None:
     if exact is not None and up_to is not None:
         message = "set ids_per_sample (exactly N ids) or max_ids_per_sample (up to N ids), not both"
         checker.error(up_to, message, at_key=True)
+
+
+def _check_sequence_keys(checker: Checker, entry: Node, fields: dict[str, Any]) -> bool:
+    """A sequence (`pooling: none`) has max_length and no pooled-only keys; a pooled feature no max_length."""
+    pooling = fields["pooling"]
+    if pooling == "none":
+        good = True
+        if fields["max_length"] is None:
+            at = checker.child(entry, "pooling") or entry
+            checker.error(at, "pooling: none (a sequence) needs max_length, the longest sequence the model reads")
+            good = False
+        for key, why in _POOLED_ONLY.items():
+            node = checker.child(entry, key)
+            if node is not None:
+                checker.error(node, f"{key} applies to pooled features only: {why}", at_key=True)
+                good = False
+        return good
+    if not known(pooling):
+        return True
+    for key in ("max_length", "keep"):
+        node = checker.child(entry, key)
+        if node is not None:
+            written = f" (pooling: {pooling})" if pooling is not None else ""
+            message = f"{key} applies to sequences (pooling: none) only; this feature is pooled{written}"
+            checker.error(node, message, at_key=True)
+    return True
 
 
 def _tables(checker: Checker, root: Node, sparse: list[_Sparse]) -> dict[str, _TableSpec]:
@@ -355,7 +442,7 @@ def _check_no_sizes(checker: Checker, feature: _Sparse, spec: _TableSpec, why: s
     for key, table_value in on_table.items():
         node = checker.child(feature.entry, key)
         mine = feature.fields[key]
-        if node is None or not known(mine):
+        if node is None or not known(mine) or (key == "pooling" and mine == "none"):
             continue
         if known(table_value) and table_value != mine:
             message = (
@@ -394,7 +481,7 @@ def _implied_table(checker: Checker, feature: _Sparse, explicit: dict[str, _Tabl
         node=feature.entry,
         rows=rows,
         dim=dim,
-        pooling=feature.fields["pooling"] if feature.fields["pooling"] is not None else "sum",
+        pooling=feature.fields["pooling"] if feature.fields["pooling"] not in (None, "none") else "sum",
         init=None,
         optimizer=None,
         features=[feature.name],
@@ -407,6 +494,9 @@ def _sparse_ir(feature: _Sparse, table: _TableSpec | None) -> SparseFeature | No
         return None
     fixed = fields["max_ids_per_sample"] is None
     ids = fields["ids_per_sample"] if fixed else fields["max_ids_per_sample"]
+    max_length = fields["max_length"] if fields["pooling"] == "none" else None
+    if max_length is not None:
+        fixed, ids = False, max_length  # a sequence holds 0..max_length ids
     return SparseFeature(
         name=feature.name,
         table=table.name,
@@ -415,6 +505,8 @@ def _sparse_ir(feature: _Sparse, table: _TableSpec | None) -> SparseFeature | No
         weighted=bool(fields["weighted"]),
         hashed=bool(fields["hash"]),
         loc=feature.entry.loc,
+        max_length=max_length,
+        keep=fields["keep"] or "end",
     )
 
 

@@ -4,6 +4,10 @@ Labels come from a fixed hidden model of the same inputs: a linear function
 of the dense features plus, for every sparse feature, the mean of a hashed
 per-id score. Ids are skewed towards small row numbers (popular ids recur, as
 in real logs), so embeddings see repeated rows within a few steps.
+Sequence features (a `max_length`) and their timestamps come from
+runtime.data.synthetic_sequences, with a label term that only the history
+explains; the batch's sparse keys are the sparse features in the spec's
+order, then the timestamps features.
 
 Batches are generated globally and sliced per rank, so N ranks together see
 exactly the batch one process would: training at any world size is the same
@@ -18,6 +22,7 @@ import torch
 
 from runtime.data.batch import Batch
 from runtime.data.features import ModelInputs, SparseFeatureConfig
+from runtime.data.synthetic_sequences import HISTORY_WEIGHT, draw_sequence, history_term
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 _MASK32 = 0xFFFFFFFF
@@ -42,25 +47,42 @@ def make_batch(
     hi = lo + batch_size // world_size
 
     dense = {f.name: torch.randn(batch_size, f.size, generator=gen) for f in inputs.dense}
-    lengths, values, weights, scores = [], [], [], []
-    any_weighted = any(f.weighted for f in inputs.sparse)
+    # Sequences draw from a generator of their own: pooled features stay what they were without them.
+    sequence_gen = torch.Generator().manual_seed(_mix(seed, -(step + 1)))
+    columns: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # key -> lengths, values, weights
+    scores, pooled_ids, sequences = [], {}, {}
     for index, feature in enumerate(inputs.sparse):
-        rows = feature.num_embeddings
-        ids_lengths = _lengths(feature, batch_size, gen)
-        total = int(ids_lengths.sum())
-        ids = (torch.rand(total, generator=gen, dtype=torch.float64).pow(_ID_SKEW) * rows).long()
-        ids.clamp_(max=rows - 1)
-        bag_weights = torch.rand(total, generator=gen) if feature.weighted else torch.ones(total)
+        if feature.max_length is not None:
+            sequence = draw_sequence(feature, batch_size, _ID_SKEW, sequence_gen)
+            sequences[feature.name] = sequence
+            ids_lengths, ids = sequence.lengths, sequence.ids
+            bag_weights = _weights(feature, ids.numel(), sequence_gen)
+        else:
+            rows = feature.num_embeddings
+            ids_lengths = _lengths(feature, batch_size, gen)
+            total = int(ids_lengths.sum())
+            ids = (torch.rand(total, generator=gen, dtype=torch.float64).pow(_ID_SKEW) * rows).long()
+            ids.clamp_(max=rows - 1)
+            bag_weights = _weights(feature, total, gen)
+            pooled_ids[feature.name] = ids
         scores.append(_bag_mean(_hash_score(ids, salt=index), ids_lengths))
+        columns[feature.name] = (ids_lengths, ids, bag_weights)
+    for stamps in inputs.timestamps:
+        sequence = sequences[stamps.sequence]
+        columns[stamps.name] = (sequence.lengths, sequence.times, torch.ones(sequence.times.numel()))
+
+    history = HISTORY_WEIGHT * history_term(inputs, sequences, pooled_ids, batch_size) if sequences else None
+    labels = _labels(inputs, dense, scores, seed, gen, history)
+    lengths, values, weights = [], [], []
+    for ids_lengths, ids, bag_weights in columns.values():
         offsets = torch.zeros(batch_size + 1, dtype=torch.long)
         torch.cumsum(ids_lengths, 0, out=offsets[1:])
         lengths.append(ids_lengths[lo:hi])
         values.append(ids[offsets[lo] : offsets[hi]])
         weights.append(bag_weights[offsets[lo] : offsets[hi]])
-
-    labels = _labels(inputs, dense, scores, seed, gen)
+    any_weighted = any(f.weighted for f in inputs.sparse)
     sparse = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f.name for f in inputs.sparse],
+        keys=list(columns),
         values=torch.cat(values) if values else torch.empty(0, dtype=torch.long),
         lengths=torch.cat(lengths) if lengths else torch.empty(0, dtype=torch.long),
         weights=torch.cat(weights) if any_weighted else None,
@@ -71,6 +93,10 @@ def make_batch(
         sparse=sparse,
         labels={name: y[lo:hi] for name, y in labels.items()},
     )
+
+
+def _weights(feature: SparseFeatureConfig, total: int, gen: torch.Generator) -> torch.Tensor:
+    return torch.rand(total, generator=gen) if feature.weighted else torch.ones(total)
 
 
 def _lengths(feature: SparseFeatureConfig, batch_size: int, gen: torch.Generator) -> torch.Tensor:
@@ -86,8 +112,12 @@ def _labels(
     sparse_scores: list[torch.Tensor],
     seed: int,
     gen: torch.Generator,
+    history: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One label tensor per head label, from the hidden model (fixed per seed)."""
+    """One label tensor per head label, from the hidden model (fixed per seed).
+
+    `history` (the sequences' term, runtime.data.synthetic_sequences) adds to
+    every head's first logit after the rest is scaled."""
     hidden = torch.Generator().manual_seed(_mix(seed, 0))
     batch_size = next(iter(dense.values())).shape[0] if dense else sparse_scores[0].shape[0]
     labels: dict[str, torch.Tensor] = {}
@@ -102,6 +132,8 @@ def _labels(
         logits = logits - logits.mean(0)
         if batch_size > 1:  # one sample has no spread to scale by (its std is NaN)
             logits = logits / logits.std(0).clamp(min=1e-6) * 2.0
+        if history is not None:
+            logits[:, 0] += history
         if head.loss == "bce":
             labels[head.label] = torch.bernoulli(torch.sigmoid(logits[:, 0]), generator=gen)
         elif head.loss == "mse":

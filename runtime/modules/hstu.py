@@ -35,7 +35,7 @@ from runtime.modules.linear import linear
 from runtime.modules.sequence_checks import check_sequence
 from runtime.sparse.sequence import PaddedLayout
 
-__all__ = ["HSTU"]
+__all__ = ["HSTU", "hstu_layers"]
 
 LN_EPS = 1e-6
 BUCKET_DIVISOR = 0.301
@@ -118,3 +118,9 @@ class HSTU(nn.Module):
             f"linear_dim={self.linear_dim}, max_length={self.max_length}, "
             f"num_buckets={self.num_buckets}"
         )
+
+
+def hstu_layers(num_layers: int, **layer: int) -> nn.ModuleList:
+    """`num_layers` HSTU layers of the same sizes (`layer`: HSTU's arguments), run in turn by the graph."""
+    _check_size("hstu_layers", "num_layers", num_layers)
+    return nn.ModuleList(HSTU(**layer) for _ in range(num_layers))

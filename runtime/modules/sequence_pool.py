@@ -1,7 +1,8 @@
 """SequencePool: a padded sequence reduced to one vector per sample (the `sequence_pool` block).
 
-Takes [B, L, D] with lengths [B] and returns [B, D]: the sum, mean, max or
-last of the real positions; an empty sequence gives zeros in every mode.
+Takes [B, L, D] with lengths [B] and returns [B, D]: the sum, mean, max,
+first or last of the real positions; an empty sequence gives zeros in every
+mode. `first` reads position 0, where a transformer's `prepend` puts the target.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from runtime.sparse.sequence import padding_mask
 
 __all__ = ["POOL_MODES", "SequencePool"]
 
-POOL_MODES = ("sum", "mean", "max", "last")
+POOL_MODES = ("sum", "mean", "max", "first", "last")
 
 
 class SequencePool(nn.Module):
@@ -32,6 +33,8 @@ class SequencePool(nn.Module):
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         check_sequence("SequencePool", x, lengths, self.dim)
+        if self.mode == "first":
+            return x[:, 0] * (lengths > 0).unsqueeze(1).to(x.dtype)
         if self.mode == "last":
             index = (lengths - 1).clamp(min=0).view(-1, 1, 1).expand(-1, 1, self.dim)
             last = x.gather(1, index).squeeze(1)

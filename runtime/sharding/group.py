@@ -65,7 +65,7 @@ class PooledShards:
 class EmbeddingGroup(nn.Module):
     """The tables of one sharding type: the three stages the compiled graph calls."""
 
-    def __init__(self, input_dist: nn.Module, lookup: ShardLookup, output_dist: nn.Module) -> None:
+    def __init__(self, input_dist: nn.Module, lookup: nn.Module, output_dist: nn.Module) -> None:
         super().__init__()
         self.input_dist = input_dist
         self.lookup = lookup

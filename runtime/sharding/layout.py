@@ -21,8 +21,10 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from runtime.embeddings.bag_collection import EmbeddingBagConfig
+from runtime.embeddings.sequence_collection import EmbeddingConfig
 from runtime.sharding.types import ROW_SHARDED, SHARDING_TYPES
 
+TableConfig = EmbeddingBagConfig | EmbeddingConfig  # a bag table, or a sequence table (rows per id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,7 @@ class Shard:
 class TableLayout:
     """One table, its sharding type and compute kernel, and its shards sorted by offset."""
 
-    config: EmbeddingBagConfig
+    config: TableConfig
     sharding_type: str
     kernel: str
     shards: tuple[Shard, ...]
@@ -70,7 +72,7 @@ class LocalTable:
 
     layout: TableLayout
     shard: Shard
-    config: EmbeddingBagConfig
+    config: TableConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,7 @@ class Slot:
 
 
 def table_layouts(
-    tables: Sequence[EmbeddingBagConfig], plan: Mapping[str, Any], world_size: int
+    tables: Sequence[TableConfig], plan: Mapping[str, Any], world_size: int
 ) -> list[TableLayout]:
     """The layout of every table, in table order; ValueError naming the table if the plan is bad."""
     entries = {entry["table"]: entry for entry in plan["tables"]}
@@ -179,9 +181,20 @@ def local_tables(tables: Sequence[TableLayout], rank: int) -> list[LocalTable]:
     return built
 
 
-def _shard_config(layout: TableLayout, shard: Shard) -> EmbeddingBagConfig:
+def _shard_config(layout: TableLayout, shard: Shard) -> TableConfig:
     table = layout.config
     low, high = table.init_range()
+    if isinstance(table, EmbeddingConfig):
+        return EmbeddingConfig(
+            name=layout.shard_name(shard),
+            num_embeddings=shard.rows,
+            embedding_dim=shard.cols,
+            feature_names=tuple(layout.slot_name(f, shard) for f in table.feature_names),
+            weight_init_min=low,
+            weight_init_max=high,
+            optimizer=table.optimizer,
+            where=table.where,
+        )
     return EmbeddingBagConfig(
         name=layout.shard_name(shard),
         num_embeddings=shard.rows,

@@ -4,7 +4,9 @@ One child per sharding type present in the plan, in SHARDING_TYPES (types.py),
 each an `EmbeddingGroup` with the three stages the compiled graph calls:
 `input_dist`, `lookup` and `output_dist`. Inside a group, output keys follow
 table order, then each table's feature order; the compiler's lowering relies
-on that. At world size 1 every group runs locally (local.py); over several
+on that. Sequence tables (`sequence_tables`, looked up as one row per id by
+`EmbeddingCollection`) get groups of their own, named `<type>_sequence`,
+whose output_dist yields `{feature: JaggedTensor}` of the local samples. At world size 1 every group runs locally (local.py); over several
 ranks each type has its module (data_parallel.py, table_wise.py,
 column_wise.py, row_wise.py, table_row_wise.py) on the collectives of
 `process_group`. Training on N ranks equals training one process on the
@@ -43,6 +45,7 @@ import torch.distributed as dist
 
 from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
 from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
 from runtime.sharding import (
     column_wise,
     data_parallel,
@@ -51,6 +54,7 @@ from runtime.sharding import (
     table_row_wise,
     table_wise,
 )
+from runtime.sharding.sequence_lookup import build_local as build_local_sequences
 from runtime.sharding.group import EmbeddingGroup, GroupEnv
 from runtime.sharding.layout import LocalTable, TableLayout, digest, table_layouts
 from runtime.sharding.types import SHARDING_TYPES
@@ -71,6 +75,7 @@ class SparseArch(torch.nn.Module):
 
     `is_weighted`: the KeyedJaggedTensor's per-id weights multiply the
     embeddings (and travel with the ids); otherwise they are ignored.
+    `sequence_tables` are looked up as rows, one per id, never pooled.
     """
 
     def __init__(
@@ -81,6 +86,7 @@ class SparseArch(torch.nn.Module):
         process_group: dist.ProcessGroup | None = None,
         device: torch.device | str | None = None,
         is_weighted: bool = False,
+        sequence_tables: Sequence[EmbeddingConfig] = (),
     ) -> None:
         super().__init__()
         world_size = dist.get_world_size(process_group) if process_group is not None else 1
@@ -90,28 +96,40 @@ class SparseArch(torch.nn.Module):
                 f"{world_size} rank{'s' if world_size != 1 else ''}: recompile with "
                 f"--world-size {world_size}"
             )
-        self._layouts = table_layouts(tables, plan, world_size)
+        _check_distinct(tables, sequence_tables)
+        self._layouts = table_layouts([*tables, *sequence_tables], plan, world_size)
         self._group = process_group if world_size > 1 else None
         self._rank = dist.get_rank(process_group) if self._group is not None else 0
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         seed = int(torch.randint(0, 2**62, (1,)))
         if self._group is not None:
-            configs = [list(tables), optimizer, is_weighted]
+            configs = [list(tables), optimizer, is_weighted, list(sequence_tables)]
             seed = _agree(seed, plan, configs, self._group, self._device)
         env = GroupEnv(self._rank, world_size, self._group, self._device, optimizer, is_weighted)
         with _forked_rng(self._device):
             for sharding_type in SHARDING_TYPES:
-                group = [t for t in self._layouts if t.sharding_type == sharding_type]
+                group = [t for t in self._bag_layouts() if t.sharding_type == sharding_type]
                 if group:
                     build = local.build if world_size == 1 else _BUILDERS[sharding_type]
                     # .to() brings the stages' index buffers to the device of the tables.
                     self.add_module(sharding_type, build(group, env).to(self._device))
+            for sharding_type in SHARDING_TYPES:
+                group = [t for t in self._sequence_layouts() if t.sharding_type == sharding_type]
+                if group:
+                    build = build_local_sequences if world_size == 1 else _sequence_builder(sharding_type)
+                    self.add_module(f"{sharding_type}_sequence", build(group, env).to(self._device))
         self._init_weights(seed)
+
+    def _bag_layouts(self) -> list[TableLayout]:
+        return [t for t in self._layouts if isinstance(t.config, EmbeddingBagConfig)]
+
+    def _sequence_layouts(self) -> list[TableLayout]:
+        return [t for t in self._layouts if isinstance(t.config, EmbeddingConfig)]
 
     def groups(self) -> list[EmbeddingGroup]:
         return [child for child in self.children() if isinstance(child, EmbeddingGroup)]
 
-    def _collections(self) -> list[EmbeddingBagCollection]:
+    def _collections(self) -> list[EmbeddingBagCollection | EmbeddingCollection]:
         return [c for group in self.groups() for c in group.lookup.collections()]
 
     def _local_weights(self) -> list[tuple[LocalTable, torch.Tensor]]:
@@ -214,6 +232,25 @@ class SparseArch(torch.nn.Module):
                 for key in state_dict
                 if key.startswith(prefix) and key not in expected and not key.startswith(children)
             )
+
+
+def _check_distinct(
+    tables: Sequence[EmbeddingBagConfig], sequence_tables: Sequence[EmbeddingConfig]
+) -> None:
+    pooled = {t.name for t in tables}
+    for table in sequence_tables:
+        if table.name in pooled:
+            raise ValueError(
+                f"table {table.name!r} is given twice: as a pooled table and as a sequence table"
+            )
+
+
+def _sequence_builder(
+    sharding_type: str,
+) -> Callable[[Sequence[TableLayout], GroupEnv], EmbeddingGroup]:
+    raise ValueError(
+        f"sequence tables cannot be sharded {sharding_type} over several ranks in this build"
+    )
 
 
 def _forked_rng(device: torch.device) -> Any:

@@ -6,16 +6,34 @@ the padded form [B, max_length, D] with a mask of the real positions;
 `to_padded` and `to_jagged` convert on fbgemm's jagged ops (the gradient of
 one is the other), and `truncate` cuts sequences longer than `max_length`,
 keeping the most recent positions (the end) by default or the first ones.
+
+A compiled model calls three more at the edges of its graph: `truncate_keyed`
+cuts the sequence keys of the whole batch (and their timestamps) once at the
+start of forward, `pool_rows` pools the rows of a pooled feature that a
+sequence table looked up, and `pad_times` pads a timestamps key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
 
-from runtime.sparse.jagged import JaggedTensor
+from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
 
-__all__ = ["KEEP_SIDES", "PaddedLayout", "padding_mask", "to_jagged", "to_padded", "truncate"]
+__all__ = [
+    "KEEP_SIDES",
+    "PaddedLayout",
+    "pad_times",
+    "padding_mask",
+    "pool_rows",
+    "to_jagged",
+    "to_padded",
+    "truncate",
+    "truncate_keyed",
+]
+ROW_POOLING = ("sum", "mean")
 
 KEEP_SIDES = ("end", "start")
 
@@ -120,3 +138,81 @@ def truncate(sequence: JaggedTensor, max_length: int, keep: str = "end") -> Jagg
         lengths=kept,
         offsets=new_offsets,
     )
+
+
+def truncate_keyed(
+    features: KeyedJaggedTensor, limits: Mapping[str, tuple[int, str]]
+) -> KeyedJaggedTensor:
+    """Cuts the bags of the keys in `limits` ({key: (max_length, keep)}) as `truncate` does.
+
+    Other keys pass unchanged, and so does the whole batch, uncopied, when no
+    bag is longer than its key's limit. Keys of `limits` absent from the
+    batch are ignored.
+    """
+    keys, stride = features.keys(), features.stride()
+    lengths = features.lengths()
+    caps, ends = [], []
+    for key in keys:
+        max_length, keep = limits.get(key, (None, "end"))
+        if max_length is not None:
+            _check_max_length(f"truncate_keyed: key {key!r}", max_length)
+        if keep not in KEEP_SIDES:
+            raise ValueError(f"truncate_keyed: key {key!r}: keep must be 'end' or 'start' (got {keep!r})")
+        caps.append(-1 if max_length is None else max_length)
+        ends.append(keep == "end")
+    cap = torch.tensor(caps, dtype=lengths.dtype, device=lengths.device).repeat_interleave(stride)
+    cap = torch.where(cap < 0, lengths, cap)
+    kept = torch.minimum(lengths, cap)
+    if torch.equal(kept, lengths):
+        return features
+    end = torch.tensor(ends, device=lengths.device).repeat_interleave(stride)
+    offsets = _offsets(lengths)
+    first = torch.where(end, offsets[1:] - kept, offsets[:-1])
+    new_offsets = _offsets(kept)
+    total = int(new_offsets[-1])
+    index = torch.arange(total, device=lengths.device) + (first - new_offsets[:-1]).repeat_interleave(
+        kept, output_size=total
+    )
+    weights = features.weights_or_none()
+    return KeyedJaggedTensor(
+        keys,
+        features.values().index_select(0, index),
+        None if weights is None else weights.index_select(0, index),
+        lengths=kept,
+        stride=stride,
+    )
+
+
+def pool_rows(rows: JaggedTensor, mode: str, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """[sum(L), D] rows with lengths [B] -> [B, D]: their sum or mean per sample, each row times its weight.
+
+    A bag's pooled embedding, from the rows a sequence table looked up: the
+    mean divides the (weighted) sum by the bag's id count, as the bag kernels
+    do; an empty bag gives zeros.
+    """
+    if mode not in ROW_POOLING:
+        raise ValueError(f"pool_rows: mode must be 'sum' or 'mean' (got {mode!r})")
+    values, lengths = rows.values(), rows.lengths().long()
+    if weights is not None:
+        values = values * weights.unsqueeze(1).to(values.dtype)
+    batch = lengths.numel()
+    sample = torch.arange(batch, device=values.device).repeat_interleave(lengths, output_size=values.shape[0])
+    pooled = values.new_zeros(batch, values.shape[1]).index_add(0, sample, values)
+    if mode == "mean":
+        pooled = pooled / lengths.clamp(min=1).unsqueeze(1).to(values.dtype)
+    return pooled
+
+
+def pad_times(times: JaggedTensor, max_length: int) -> torch.Tensor:
+    """A timestamps key [sum(L)] with lengths [B] -> [B, max_length] int64, zeros after each sequence."""
+    _check_max_length("pad_times", max_length)
+    lengths = times.lengths()
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if longest > max_length:
+        raise ValueError(
+            f"pad_times: a sequence of length {longest} is longer than max_length {max_length}; "
+            "truncate it first"
+        )
+    padded = torch.zeros(lengths.numel(), max_length, dtype=torch.int64, device=lengths.device)
+    padded[padding_mask(lengths, max_length)] = times.values().to(torch.int64)
+    return padded

@@ -71,7 +71,13 @@ def test_the_full_example_is_a_valid_spec(tmp_path: Path) -> None:
     assert validate(load(str(path))).name == "tiny_dlrm"
 
 
-@pytest.mark.parametrize("block_type", ["mlp", "dot", "concat", "crossnet", "fm", "dot_product", "sum", "moe"])
+@pytest.mark.parametrize(
+    "block_type",
+    [
+        "mlp", "dot", "concat", "crossnet", "fm", "dot_product", "sum", "moe",
+        "sequence_pool", "target_attention", "transformer", "hstu",
+    ],  # fmt: skip
+)
 def test_each_block_type_has_a_valid_example(block_type: str) -> None:
     schema = load_schema()
     validator = jsonschema.Draft202012Validator({"$ref": "#/$defs/block", "$defs": schema["$defs"]})

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.modules.hstu import HSTU
+from runtime.modules.hstu import HSTU, hstu_layers
 from sequence_inputs import padded_batch
 
 DIM, HEADS, ATTN, LIN, MAX_LEN, BUCKETS = 8, 2, 3, 4, 7, 16
@@ -107,3 +107,15 @@ def test_causal_a_later_position_does_not_change_earlier_outputs() -> None:
 def test_errors_name_the_block(call, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         call()
+
+
+def test_hstu_layers_are_independent_layers_of_the_same_sizes() -> None:
+    torch.manual_seed(0)
+    layers = hstu_layers(2, dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5, num_buckets=16)
+    assert [type(layer).__name__ for layer in layers] == ["HSTU", "HSTU"]
+    assert not torch.equal(layers[0].uvqk, layers[1].uvqk)
+    assert layers[1].extra_repr() == (
+        "dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5, num_buckets=16"
+    )
+    with pytest.raises(ValueError, match=r"^hstu_layers: num_layers must be"):
+        hstu_layers(0, dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5)

@@ -14,6 +14,7 @@ REDUCE = {
     "sum": lambda s: s.sum(0),
     "mean": lambda s: s.mean(0),
     "max": lambda s: s.max(0).values,
+    "first": lambda s: s[0],
     "last": lambda s: s[-1],
 }
 
@@ -37,7 +38,7 @@ def test_pools_the_real_positions_and_empty_gives_zero(mode: str) -> None:
     ("call", "message"),
     [
         (lambda: SequencePool(5, "median"),
-         "SequencePool: unknown mode 'median' (expected one of: sum, mean, max, last)"),
+         "SequencePool: unknown mode 'median' (expected one of: sum, mean, max, first, last)"),
         (lambda: SequencePool(0), "SequencePool: dim must be an integer >= 1 (got 0)"),
         (lambda: SequencePool(4)(*padded_batch(dim=5)),
          "SequencePool: expected a sequence of shape (B, L, 4), got (5, 6, 5)"),

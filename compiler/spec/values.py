@@ -1,0 +1,254 @@
+"""The values of the model DAG while it is built: parsed references and blocks, and their kinds.
+
+Used by `compiler.spec.build`. A value is a vector [B, W] or a sequence
+[B, <= L, D] with its lengths (a sparse feature with `pooling: none`, or the
+output of a transformer or hstu block). This module says which a reference
+is, describes it for messages, and checks the four sequence blocks
+(sequence_pool, target_attention, transformer, hstu): each reads exactly one
+sequence, and its side inputs (query, prepend, timestamps) fit that sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from compiler.ir import BlockOp, Hstu, Input, SequencePool, TargetAttention, Transformer
+from compiler.spec.load import Node
+from compiler.spec.semantic import FLOAT_BYTES, INT64_MAX, Checker, Features, known
+
+SEQUENCE_OUTPUTS = ("transformer", "hstu")  # the blocks whose output is a sequence
+DEFAULT_HIDDEN = [80, 40]  # DIN's attention MLP
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """One input reference after `sparse.*` expansion."""
+
+    kind: str  # dense | sparse | block | timestamps
+    name: str
+    port: str | None
+    node: Node
+
+    def text(self) -> str:
+        if self.kind == "block":
+            return self.name if self.port is None else f"{self.name}.{self.port}"
+        return f"{self.kind}.{self.name}"
+
+
+@dataclass(slots=True)
+class ParsedBlock:
+    name: str
+    node: Node
+    kind: Any  # the block type, None if missing, INVALID if rejected
+    refs: list[Ref]  # the inputs that resolved
+    complete: bool = False  # every input resolved
+    width: int | None = None
+    op: BlockOp | None = None
+    side: dict[str, list[Ref]] = field(default_factory=dict)  # query / prepend / timestamps, resolved
+    side_complete: bool = True
+    length: int | None = None  # of a sequence output
+    origin: str | None = None  # the sparse feature whose positions a sequence output has
+
+    def all_refs(self) -> list[Ref]:
+        return self.refs + [ref for refs in self.side.values() for ref in refs]
+
+
+def article(word: str) -> str:
+    """`word` with its indefinite article, as the word is spoken (`an mlp`, `a moe`)."""
+    spoken_vowel = word[0] in "aeio" or word in ("mlp", "mse", "fm")
+    return ("an " if spoken_vowel else "a ") + word
+
+
+def value_width(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> int | None:
+    if ref.kind == "dense":
+        return features.dense_sizes.get(ref.name)
+    if ref.kind == "sparse":
+        return features.sparse_dims.get(ref.name)
+    return blocks[ref.name].width
+
+
+def layer_widths(checker: Checker, block: ParsedBlock, key: str, total: int | None) -> list[int] | None:
+    """A list of layer widths, checking that each weight matrix's byte size fits in int64."""
+    layers = checker.value(block.node, key)
+    if not isinstance(layers, list):
+        return None
+    sizes = ([total] if total is not None else []) + layers
+    offset = 0 if total is not None else 1
+    for i in range(1, len(sizes)):
+        if sizes[i - 1] * sizes[i] * FLOAT_BYTES > INT64_MAX:
+            layer = checker.entries(block.node, key)[i - 1 + offset]
+            checker.error(layer, f"a {sizes[i - 1]} x {sizes[i]} weight matrix needs more than 2**63 bytes")
+            return None
+    return layers
+
+
+def is_sequence(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> bool:
+    if ref.kind == "sparse":
+        return ref.name in features.sequence_lengths
+    return ref.kind == "block" and blocks[ref.name].kind in SEQUENCE_OUTPUTS
+
+
+def value_length(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> int | None:
+    """The longest sequence `ref` gives (None for a vector, or when not known)."""
+    if ref.kind == "sparse":
+        return features.sequence_lengths.get(ref.name)
+    return blocks[ref.name].length if ref.kind == "block" else None
+
+
+def describe(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> str:
+    """The value's shape as messages show it: `[B, <=50, 64]` or `[B, 64]`."""
+    width = value_width(ref, blocks, features)
+    width_text = "?" if width is None else str(width)
+    if not is_sequence(ref, blocks, features):
+        return f"[B, {width_text}]"
+    length = value_length(ref, blocks, features)
+    return f"[B, <={'?' if length is None else length}, {width_text}]"
+
+
+def input_ir(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> Input:
+    width = value_width(ref, blocks, features)
+    assert width is not None
+    length = value_length(ref, blocks, features) if is_sequence(ref, blocks, features) else None
+    return Input(ref.kind, ref.name, width, ref.port, length)  # type: ignore[arg-type]
+
+
+def infer_sequence_block(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features
+) -> None:
+    """Set the op, width and (for sequence outputs) length of a sequence block, checking its inputs."""
+    sequence = _sequence_input(checker, block, blocks, features)
+    width = value_width(sequence, blocks, features) if sequence is not None else None
+    length = value_length(sequence, blocks, features) if sequence is not None else None
+    block.width = width
+    if block.kind == "sequence_pool":
+        mode = checker.value(block.node, "mode", "mean")
+        if sequence is not None and known(mode):
+            block.op = SequencePool(mode)
+    elif block.kind == "target_attention":
+        block.op = _target_attention(checker, block, blocks, features, sequence)
+    elif block.kind == "transformer":
+        block.op = _transformer(checker, block, blocks, features, sequence)
+        prepended = len(block.side.get("prepend", []))
+        block.length = None if length is None else length + prepended
+        block.origin = _origin(sequence, blocks) if sequence is not None and not prepended else None
+    else:
+        block.op = _hstu(checker, block, blocks, features, sequence)
+        block.length = length
+        block.origin = _origin(sequence, blocks) if sequence is not None else None
+
+
+def _sequence_input(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features
+) -> Ref | None:
+    """The one sequence the block reads, or None (reported, unless its inputs did not resolve)."""
+    at = checker.child(block.node, "input") or block.node
+    if not block.complete or not block.refs:
+        return None
+    if len(block.refs) != 1:
+        checker.error(at, f"{block.kind} reads one sequence (got {len(block.refs)} inputs)")
+        return None
+    ref = block.refs[0]
+    if not is_sequence(ref, blocks, features):
+        shape = describe(ref, blocks, features)
+        checker.error(ref.node, f"{block.kind} needs a sequence, but '{ref.text()}' is a vector {shape}")
+        return None
+    return ref if value_width(ref, blocks, features) is not None else None
+
+
+def _origin(sequence: Ref, blocks: dict[str, ParsedBlock]) -> str | None:
+    return sequence.name if sequence.kind == "sparse" else blocks[sequence.name].origin
+
+
+def _vector_of_width(
+    checker: Checker,
+    ref: Ref,
+    role: str,
+    sequence: Ref,
+    blocks: dict[str, ParsedBlock],
+    features: Features,
+) -> Input | None:
+    """`ref` as an Input if it is a vector as wide as `sequence`; reported otherwise."""
+    shape = describe(ref, blocks, features)
+    if is_sequence(ref, blocks, features):
+        checker.error(ref.node, f"{role} must be a vector, but '{ref.text()}' is a sequence {shape}")
+        return None
+    width, wanted = value_width(ref, blocks, features), value_width(sequence, blocks, features)
+    if width is None:
+        return None
+    if width != wanted:
+        message = (
+            f"{role} '{ref.text()}' is {width} wide but the sequence '{sequence.text()}' is {wanted} wide; "
+            "they must be equal"
+        )
+        checker.error(ref.node, message)
+        return None
+    return input_ir(ref, blocks, features)
+
+
+def _target_attention(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
+) -> BlockOp | None:
+    hidden = layer_widths(checker, block, "hidden", None) if checker.child(block.node, "hidden") else DEFAULT_HIDDEN
+    activation = checker.value(block.node, "activation", "sigmoid")
+    queries = block.side.get("query", [])
+    if sequence is None or len(queries) != 1:
+        return None
+    query = _vector_of_width(checker, queries[0], "the query", sequence, blocks, features)
+    if query is None or hidden is None or not known(activation):
+        return None
+    return TargetAttention(query, tuple(hidden), activation)
+
+
+def _transformer(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
+) -> BlockOp | None:
+    keys = ("num_layers", "num_heads", "ffn_dim", "norm", "causal", "positions", "activation")
+    defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu"}
+    values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
+    if sequence is None:
+        return None
+    width = value_width(sequence, blocks, features)
+    prepend = [_vector_of_width(checker, ref, "prepend", sequence, blocks, features) for ref in block.side.get("prepend", [])]
+    heads = values["num_heads"]
+    if isinstance(heads, int) and width is not None and width % heads:
+        at = checker.child(block.node, "num_heads") or block.node
+        checker.error(at, f"the sequence width {width} is not divisible by num_heads {heads}")
+        return None
+    if None in prepend or not block.side_complete or not known(*values.values()) or None in values.values():
+        return None
+    return Transformer(prepend=tuple(prepend), **values)  # type: ignore[arg-type]
+
+
+def _hstu(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
+) -> BlockOp | None:
+    keys = ("num_layers", "num_heads", "attention_dim", "linear_dim", "num_buckets")
+    defaults = {"num_layers": 1, "num_buckets": 128}
+    values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
+    stamps = block.side.get("timestamps", [])
+    if sequence is None or len(stamps) != 1:
+        return None
+    stamp = stamps[0]
+    described = {ts.name: ts.sequence for ts in features.timestamps}
+    if stamp.name not in described:
+        return None  # its own definition is broken, and reported
+    origin = _origin(sequence, blocks)
+    if origin is None:
+        message = (
+            f"hstu reads '{sequence.text()}', whose positions include vectors a transformer prepended; "
+            "no timestamps describe them"
+        )
+        checker.error(checker.child(block.node, "input") or block.node, message)
+        return None
+    if described[stamp.name] != origin:
+        message = (
+            f"timestamps '{stamp.name}' are the times of 'sparse.{described[stamp.name]}', but this hstu reads "
+            f"the positions of 'sparse.{origin}'"
+        )
+        checker.error(stamp.node, message)
+        return None
+    if not known(*values.values()) or None in values.values():
+        return None
+    timestamps = Input("timestamps", stamp.name, 1, None, value_length(sequence, blocks, features))
+    return Hstu(timestamps=timestamps, **values)
