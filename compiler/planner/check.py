@@ -3,7 +3,8 @@
 Runs where the planner would: after validate, before lower. A plan passes
 when it is for this world size and device, covers every table of the spec
 exactly once, lays each table's shards out as its sharding type requires
-(docs/planner.md, "Shard layouts"), respects the spec's constraints and
+(docs/planner.md, "Shard layouts"), shards no sequence table table_row_wise,
+respects the spec's constraints and
 fits every rank's memory under the planner's own storage estimate. Every
 problem is reported, at the plan file's line and column and with its JSON
 path, the way spec diagnostics are.
@@ -23,6 +24,7 @@ from compiler.planner.enumerate import (
     ShardShape,
     TableSpec,
     row_splits,
+    sequence_row_wise_message,
     table_specs,
 )
 from compiler.planner.estimate import BandwidthEstimator
@@ -97,6 +99,10 @@ def _check_table(
             f"the {kernel} kernel needs a dim that is a multiple of {FUSED_DIM_MULTIPLE}, "
             f"'{table.name}' has {table.dim}; use the dense kernel",
         ))
+    if kind == "table_row_wise" and table.is_sequence:
+        problems.append(
+            (f"{path}.sharding_type", sequence_row_wise_message(table.name, table.sequence_features))
+        )
     if constraint is not None and constraint.sharding_types and kind not in constraint.sharding_types:
         allowed = ", ".join(constraint.sharding_types)
         problems.append((f"{path}.sharding_type", f"the spec's constraints allow only {allowed} {only}"))

@@ -36,11 +36,16 @@ class TableSpec:
     name: str
     rows: int
     dim: int
-    ids_per_sample: int  # all its features together (the maximum where not fixed)
-    pooled_per_sample: int  # pooled vectors per sample: one per feature
+    ids_per_sample: int  # all its features together (the maximum where not fixed; max_length of a sequence)
+    outputs_per_sample: int  # vectors out per sample: one per feature, or one row per id (sequence)
     weighted: bool  # some feature carries per-id weights
     optimizer: OptimizerType
     loc: Location
+    sequence_features: tuple[str, ...] = ()  # non-empty: a sequence table, looked up as rows
+
+    @property
+    def is_sequence(self) -> bool:
+        return bool(self.sequence_features)
 
 
 class ShardShape(NamedTuple):
@@ -87,17 +92,21 @@ def table_specs(ir: ModelIR) -> tuple[TableSpec, ...]:
     for index, table in enumerate(ir.tables):
         own = features.get(table.name, [])
         optimizer = table.optimizer
+        ids = sum(f.max_length if f.is_sequence else f.ids_per_sample for f in own)
+        sequences = tuple(f.name for f in own if f.is_sequence)
         specs.append(
             TableSpec(
                 index=index,
                 name=table.name,
                 rows=table.num_embeddings,
                 dim=table.dim,
-                ids_per_sample=sum(f.ids_per_sample for f in own),
-                pooled_per_sample=max(1, len(own)),
+                ids_per_sample=ids,
+                # A sequence table returns every id's row, its pooled features' too.
+                outputs_per_sample=ids if sequences else max(1, len(own)),
                 weighted=any(f.weighted for f in own),
                 optimizer=optimizer.type,
                 loc=table.loc,
+                sequence_features=sequences,
             )
         )
     return tuple(specs)
@@ -134,7 +143,8 @@ class ShardingEnumerator:
 
     kernel `fused`, or `dense` for a table whose dim fbgemm's fused kernel
     cannot hold (not a multiple of 4); at world size 1 only table_wise;
-    table_row_wise only with more than one host (on one host it is row_wise);
+    table_row_wise only with more than one host (on one host it is row_wise),
+    and never for a sequence table (the runtime does not build it);
     column_wise in 2, 4, 8 ... shards, one per rank, and not for
     rowwise_adagrad tables (each shard would keep its own row accumulator).
     A kernel the runtime cannot build for a table is never a candidate.
@@ -165,7 +175,7 @@ class ShardingEnumerator:
             kernels = ("fused",) if kernel_fits("fused", table.dim) else ("dense",)
         if types is None:
             types = ("table_wise",) if world == 1 else SHARDING_TYPES
-            if topology.num_hosts == 1:
+            if topology.num_hosts == 1 or table.is_sequence:
                 types = tuple(t for t in types if t != "table_row_wise")
             if table.optimizer == "rowwise_adagrad":
                 # Each column shard would keep its own per-row accumulator, so
@@ -201,14 +211,24 @@ class ShardingEnumerator:
 
 
 def _check_constraints(ir: ModelIR, topology: Topology) -> dict[str, Constraint]:
-    """Constraints by table; unknown tables and ranks outside the world are errors."""
+    """Constraints by table; unknown tables, ranks outside the world and table_row_wise
+    for a sequence table are errors."""
     names = {t.name for t in ir.tables}
+    sequences = {t.name: t.sequence_features for t in table_specs(ir) if t.is_sequence}
     problems, by_table = [], {}
     for constraint in ir.sharding.constraints:
         path = f"sharding.constraints.{constraint.table}"
         if constraint.table not in names:
             problems.append(Diagnostic(constraint.loc, path, f"no table named '{constraint.table}'"))
             continue
+        if constraint.table in sequences and "table_row_wise" in constraint.sharding_types:
+            problems.append(
+                Diagnostic(
+                    constraint.loc,
+                    f"{path}.sharding_types",
+                    sequence_row_wise_message(constraint.table, sequences[constraint.table]),
+                )
+            )
         bad_ranks = [r for r in constraint.ranks if not 0 <= r < topology.world_size]
         if bad_ranks:
             problems.append(
@@ -222,6 +242,14 @@ def _check_constraints(ir: ModelIR, topology: Topology) -> dict[str, Constraint]
     if problems:
         raise CompileError(problems)
     return by_table
+
+
+def sequence_row_wise_message(table: str, features: tuple[str, ...]) -> str:
+    """Why a sequence table cannot be table_row_wise."""
+    return (
+        f"table '{table}' serves the sequence feature(s) {', '.join(features)}, and sequence "
+        "tables cannot be table_row_wise; use row_wise, table_wise, column_wise or data_parallel"
+    )
 
 
 def _no_candidate(table: TableSpec, constraint: Constraint | None, topology: Topology) -> Diagnostic:

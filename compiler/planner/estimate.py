@@ -7,7 +7,8 @@ touched over the kernel's memory bandwidth) plus the communication the
 sharding type needs: the ids all-to-all or, for data_parallel, all-gather
 (input_dist), and the pooled all-to-all or reduce-scatter, forward and
 backward, or data_parallel's all-gather of pooled gradients in backward
-(output_dist); collectives count only the bytes that cross between ranks,
+(output_dist); a sequence table's output is one row per id, L·B·D for a
+sequence of max_length L, sent by the same collectives; collectives count only the bytes that cross between ranks,
 (W-1)/W of the global batch's. Every type, data_parallel included, looks up
 the global batch with the optimizer fused into backward
 (runtime/sharding/data_parallel.py). docs/planner.md writes out every
@@ -79,17 +80,23 @@ def state_bytes_per_row(optimizer: OptimizerType, cols: int) -> int:
 def shard_traffic(
     table: TableSpec, sharding_type: ShardingType, rows: int, topology: Topology
 ) -> tuple[float, float]:
-    """(ids looked up, pooled vectors written) by one shard per step.
+    """(ids looked up, vectors written) by one shard per step.
 
     Every shard serves the global batch, a data_parallel replica included.
     Row splits see the share of ids that falls in their rows (ids are assumed
-    uniform over rows) but write partial sums for every sample.
+    uniform over rows) but write partial sums for every sample; a sequence
+    table writes one row per id (L per sample for a sequence of max_length
+    L), so its row splits write their share of the rows only.
     """
     samples = topology.batch_size_per_rank * topology.world_size
     ids = float(samples * table.ids_per_sample)
+    out = float(samples * table.outputs_per_sample)
     if sharding_type in ("row_wise", "table_row_wise"):
-        ids *= rows / table.rows if table.rows else 0.0
-    return ids, float(samples * table.pooled_per_sample)
+        share = rows / table.rows if table.rows else 0.0
+        ids *= share
+        if table.is_sequence:
+            out *= share
+    return ids, out
 
 
 def estimate_shard(

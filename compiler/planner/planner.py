@@ -148,9 +148,10 @@ def inputs_text(ir: ModelIR, topology: Topology) -> str:
             f"table {table.name} {table.num_embeddings} {table.dim} {table.pooling} {table.optimizer.type}"
         )
     for feature in ir.sparse:
+        sequence = f" max_length {feature.max_length}" if feature.is_sequence else ""
         lines.append(
             f"feature {feature.name} {feature.table} {feature.ids_per_sample} "
-            f"{feature.fixed_ids} {feature.weighted}"
+            f"{feature.fixed_ids} {feature.weighted}{sequence}"
         )
     for c in ir.sharding.constraints:
         lines.append(f"constraint {c.table} {list(c.sharding_types)} {list(c.compute_kernels)} {list(c.ranks)}")

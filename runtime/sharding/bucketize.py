@@ -45,6 +45,19 @@ class RowBuckets:
         )
         return bucketised[0], bucketised[1], bucketised[2]
 
+    def with_positions(
+        self, lengths: torch.Tensor, values: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(lengths, rebased ids, and for each input id its position among the bucketised ids).
+
+        The positions take looked-up rows back to their ids' places (sequences).
+        """
+        block_sizes, positions = self._as_tensors(values.dtype, values.device)
+        bucketised = torch.ops.fbgemm.block_bucketize_sparse_features(
+            lengths, values, False, True, block_sizes, self.buckets, None, None, -1, positions
+        )
+        return bucketised[0], bucketised[1], bucketised[4]
+
     def _as_tensors(
         self, dtype: torch.dtype, device: torch.device
     ) -> _Tensors:

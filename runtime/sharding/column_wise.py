@@ -27,6 +27,11 @@ logger = logging.getLogger(__name__)
 
 def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
     """The column_wise group of `tables`."""
+    _warn_rowwise_adagrad(tables, env)
+    return table_wise.build(tables, env)
+
+
+def _warn_rowwise_adagrad(tables: Sequence[TableLayout], env: GroupEnv) -> None:
     for layout in tables:
         optimizer = layout.config.optimizer or env.optimizer
         if optimizer.type == "rowwise_adagrad" and len(layout.shards) > 1:
@@ -35,4 +40,9 @@ def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
                 "shard, so training differs from an unsharded table's",
                 layout.config.name,
             )
-    return table_wise.build(tables, env)
+
+
+def build_sequence(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
+    """The column_wise group of sequence `tables`: each key's rows are its shards' columns."""
+    _warn_rowwise_adagrad(tables, env)
+    return table_wise.build_sequence(tables, env)

@@ -12,6 +12,11 @@ Instead every replica applies the same global update:
   the world size, so every replica's kernel gets the gradient one process
   would compute on the global batch.
 
+Sequence tables (`build_sequence`) work the same way: every replica looks
+up one row per id of the global batch, a rank keeps its own samples' rows
+(`ReplicatedSequenceOutputDist`), and backward gathers the row gradients of
+every rank, blocks of different sizes, with one all_to_all_single.
+
 This is exact for every optimizer, including rowwise_adagrad, whose update is
 not linear in the gradient (averaging updates would not be), and needs no
 hook on the embedding kernels. The price is the lookup of the global batch on
@@ -26,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.sparse.jagged import KeyedTensor
+from runtime.sparse.jagged import JaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import (
     EmbeddingGroup,
@@ -37,7 +42,9 @@ from runtime.sharding.group import (
     slot_columns,
 )
 from runtime.sharding.layout import Slot, TableLayout, group_keys, slots_by_rank
-from runtime.sharding.table_wise import CopyInputDist
+from runtime.sharding.sequence_dist import KeyRows
+from runtime.sharding.sequence_group import SequenceShards, sequence_lookup
+from runtime.sharding.table_wise import CopyInputDist, CopySequenceInputDist
 
 
 class _LocalRows(torch.autograd.Function):
@@ -77,6 +84,51 @@ class ReplicatedOutputDist(nn.Module):
         return Done(KeyedTensor(self.keys, self.dims, values))
 
 
+class _LocalBlock(torch.autograd.Function):
+    """This rank's block of a flat [source]-ordered buffer; backward gathers every rank's block.
+
+    The blocks differ in size (each rank's samples have their own ids), so
+    the gather is an all_to_all_single that sends a rank's gradient to all.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, values: torch.Tensor, sizes: list[int], rank: int, group: dist.ProcessGroup
+    ) -> torch.Tensor:
+        ctx.sizes, ctx.rank, ctx.group = sizes, rank, group
+        start = sum(sizes[:rank])
+        return values[start : start + sizes[rank]].clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        world_size = len(ctx.sizes)
+        gathered = grad.new_empty(sum(ctx.sizes))
+        dist.all_to_all_single(
+            gathered,
+            grad.contiguous().repeat(world_size),
+            ctx.sizes,
+            [ctx.sizes[ctx.rank]] * world_size,
+            group=ctx.group,
+        )
+        return gathered.div_(world_size), None, None, None
+
+
+class ReplicatedSequenceOutputDist(nn.Module):
+    """Keeps this rank's samples' rows of every sequence key (see the module docstring)."""
+
+    def __init__(self, keys: Sequence[str], slots: Sequence[Slot], env: GroupEnv) -> None:
+        super().__init__()
+        self.keys = list(keys)
+        self._rows = KeyRows(keys, slots, by_position=False)
+        self._rank, self._group = env.rank, env.process_group
+
+    def forward(self, shards: SequenceShards) -> Awaitable[dict[str, JaggedTensor]]:
+        received = shards.routed.received
+        sizes = [sum(self._rows.block_sizes(row)) for row in received]
+        mine = _LocalBlock.apply(shards.values, sizes, self._rank, self._group)
+        return Done(self._rows(mine, received[self._rank], shards.routed))
+
+
 def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
     """The data_parallel group of `tables`."""
     keys, dims = group_keys(tables)
@@ -85,4 +137,15 @@ def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
         CopyInputDist(slots, env),
         sharded_lookup(tables, env),
         ReplicatedOutputDist(keys, dims, slots[env.rank], env),
+    )
+
+
+def build_sequence(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
+    """The data_parallel group of sequence `tables`."""
+    keys, _ = group_keys(tables)
+    slots = slots_by_rank(tables, env.world_size)
+    return EmbeddingGroup(
+        CopySequenceInputDist(slots, env),
+        sequence_lookup(tables, env),
+        ReplicatedSequenceOutputDist(keys, slots[env.rank], env),
     )

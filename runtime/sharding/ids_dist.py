@@ -115,6 +115,15 @@ class IdsAllToAll:
         self._transpose_on: dict[torch.device, torch.Tensor] = {}
 
     def start(self, routed: KeyedJaggedTensor) -> Awaitable[KeyedJaggedTensor]:
+        return self.start_counted(routed)[0]
+
+    def start_counted(
+        self, routed: KeyedJaggedTensor
+    ) -> tuple[Awaitable[KeyedJaggedTensor], list[list[int]]]:
+        """`start`, and the ids of each local slot from each source rank ([source][slot]).
+
+        The sequence output_dist sends rows back with these counts as its splits.
+        """
         batch, length_per_key = routed.stride(), routed.length_per_key()
         message = count_message(batch, length_per_key, self._slots_per_rank)
         batch_sizes, received_ids = read_counts(
@@ -153,7 +162,7 @@ class IdsAllToAll:
             transpose = self._transpose_tensor(data.device)
             return unpack_ids(data, weights, batch, received_ids, self._local_keys, transpose)
 
-        return Awaitable(finish)
+        return Awaitable(finish), received_ids
 
     def _exchange_counts(self, message: list[int], routed: KeyedJaggedTensor) -> list[int]:
         sent = torch.tensor(message, dtype=torch.int64, device=routed.device())

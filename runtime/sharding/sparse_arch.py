@@ -6,7 +6,10 @@ each an `EmbeddingGroup` with the three stages the compiled graph calls:
 table order, then each table's feature order; the compiler's lowering relies
 on that. Sequence tables (`sequence_tables`, looked up as one row per id by
 `EmbeddingCollection`) get groups of their own, named `<type>_sequence`,
-whose output_dist yields `{feature: JaggedTensor}` of the local samples. At world size 1 every group runs locally (local.py); over several
+whose output_dist yields `{feature: JaggedTensor}` of the local samples;
+over several ranks they may be data_parallel, table_wise, column_wise or
+row_wise (each type module's `build_sequence`; the rows travel back in
+sequence_dist.py), not table_row_wise. At world size 1 every group runs locally (local.py); over several
 ranks each type has its module (data_parallel.py, table_wise.py,
 column_wise.py, row_wise.py, table_row_wise.py) on the collectives of
 `process_group`. Training on N ranks equals training one process on the
@@ -69,6 +72,13 @@ _BUILDERS: dict[str, Callable[[Sequence[TableLayout], GroupEnv], EmbeddingGroup]
     "table_row_wise": table_row_wise.build,
 }
 
+_SEQUENCE_BUILDERS: dict[str, Callable[[Sequence[TableLayout], GroupEnv], EmbeddingGroup]] = {
+    "data_parallel": data_parallel.build_sequence,
+    "table_wise": table_wise.build_sequence,
+    "column_wise": column_wise.build_sequence,
+    "row_wise": row_wise.build_sequence,
+}
+
 
 class SparseArch(torch.nn.Module):
     """The model's embedding tables over `process_group` (see the module docstring).
@@ -116,7 +126,7 @@ class SparseArch(torch.nn.Module):
             for sharding_type in SHARDING_TYPES:
                 group = [t for t in self._sequence_layouts() if t.sharding_type == sharding_type]
                 if group:
-                    build = build_local_sequences if world_size == 1 else _sequence_builder(sharding_type)
+                    build = build_local_sequences if world_size == 1 else _sequence_builder(group)
                     self.add_module(f"{sharding_type}_sequence", build(group, env).to(self._device))
         self._init_weights(seed)
 
@@ -246,11 +256,16 @@ def _check_distinct(
 
 
 def _sequence_builder(
-    sharding_type: str,
+    layouts: Sequence[TableLayout],
 ) -> Callable[[Sequence[TableLayout], GroupEnv], EmbeddingGroup]:
-    raise ValueError(
-        f"sequence tables cannot be sharded {sharding_type} over several ranks in this build"
-    )
+    """The builder of sequence `layouts`' type; table_row_wise is refused, naming the table."""
+    sharding_type = layouts[0].sharding_type
+    if sharding_type not in _SEQUENCE_BUILDERS:
+        raise ValueError(
+            f"plan for table {layouts[0].config.name!r} ({sharding_type}): sequence tables "
+            f"may be {', '.join(_SEQUENCE_BUILDERS)}, not {sharding_type}"
+        )
+    return _SEQUENCE_BUILDERS[sharding_type]
 
 
 def _forked_rng(device: torch.device) -> Any:

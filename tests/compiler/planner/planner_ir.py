@@ -20,7 +20,8 @@ SPEC = "specs/test.yaml"
 
 @dataclass(frozen=True)
 class T:
-    """A table for `make_ir`: `features` features of `ids` ids per sample each."""
+    """A table for `make_ir`: `features` features of `ids` ids per sample each
+    (sequences of up to `max_length` ids when it is given)."""
 
     name: str
     rows: int
@@ -29,6 +30,7 @@ class T:
     features: int = 1
     weighted: bool = False
     optimizer: str | None = None
+    max_length: int | None = None  # its features are sequences of at most this many ids
 
 
 def loc(line: int) -> Location:
@@ -49,7 +51,11 @@ def make_ir(
     for i, t in enumerate(tables):
         names = [t.name] if t.features == 1 else [f"{t.name}_f{k}" for k in range(t.features)]
         for name in names:
-            features.append(SparseFeature(name, t.name, t.ids, True, t.weighted, False, loc(100 + len(features))))
+            features.append(
+                SparseFeature(
+                    name, t.name, t.ids, True, t.weighted, False, loc(100 + len(features)), t.max_length
+                )
+            )
         optimizer = Optimizer(t.optimizer or sparse_optimizer, 0.01)  # type: ignore[arg-type]  # resolved, as build_ir does
         ir_tables.append(Table(t.name, t.rows, t.dim, "sum", tuple(names), -0.01, 0.01, optimizer, loc(10 + i)))
     constraint_list = tuple(

@@ -126,7 +126,7 @@ def test_a_fused_only_constraint_on_such_a_dim_is_diagnosed() -> None:
 def test_table_spec_sums_the_features_of_a_table() -> None:
     ir = make_ir([T("a", 1000, 16, ids=5, features=3, weighted=True, optimizer="adam")])
     (spec,) = table_specs(ir)
-    assert (spec.ids_per_sample, spec.pooled_per_sample, spec.weighted, spec.optimizer) == (15, 3, True, "adam")
+    assert (spec.ids_per_sample, spec.outputs_per_sample, spec.weighted, spec.optimizer) == (15, 3, True, "adam")
 
 
 def test_bad_constraints_are_diagnosed(golden) -> None:
