@@ -91,7 +91,7 @@ class _SelfAttention(nn.Module):
         """
         heads, (batch, _, dim) = self.num_heads, x.shape
         head_dim = dim // heads
-        weight_q, weight_k, weight_v = self.in_proj_weight.view(3, heads, head_dim, dim).unbind(0)
+        _, weight_k, weight_v = self.in_proj_weight.view(3, heads, head_dim, dim).unbind(0)
         q = linear(own, self.in_proj_weight[:dim], self.in_proj_bias[:dim]).view(batch, heads, head_dim)
         q_in_x = torch.einsum("bhe,hed->bhd", q, weight_k) * head_dim**-0.5  # [B, heads, dim]
         weighted = one_query_attention(x, q_in_x, counts)  # [B, heads, dim]
