@@ -29,13 +29,16 @@ run: setup
 test: setup
 	$(PY) -m pytest -q
 
-# dlrm-bench (../shared/bench/WORKLOAD.md), both variants, one process then two ranks; then
+# dlrm-bench (../shared/bench/WORKLOAD.md), both variants, one process then two ranks; seq-bench
+# (../shared/bench/SEQUENCE.md) likewise; then
 # inference-bench (../shared/bench/INFERENCE.md) per table precision, against TorchRec where its
 # venv is (bash ../shared/bench/setup_torchrec_venv.sh /tmp/venv-torchrec).
 TORCHREC_PY := /tmp/venv-torchrec/bin/python
 bench: setup
 	$(PY) benchmarks/dlrm_bench.py --mode local
 	$(PY) benchmarks/dlrm_bench.py --mode dist2
+	$(PY) benchmarks/seq_bench.py --mode local
+	$(PY) benchmarks/seq_bench.py --mode dist2
 	$(PY) benchmarks/inference_bench.py --configs fp32,fp16,int8,int4 --rounds 1 \
 		$(if $(wildcard $(TORCHREC_PY)),--torchrec-python $(TORCHREC_PY),--skip-torchrec)
 

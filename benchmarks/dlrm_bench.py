@@ -25,50 +25,31 @@ measured and kept under `$RECCOMPILE_CACHE_DIR/bench` apart from other runs'.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
-import resource
-import socket
-import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from runtime.train.threads import choose_threads
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's runtime and compiler
+import harness  # noqa: E402
 
-REPO = Path(__file__).resolve().parent.parent
-WORKLOAD_DIR = REPO.parent / "shared" / "bench"
-
-
-def load_workload() -> ModuleType:
-    if not (WORKLOAD_DIR / "workload.py").is_file():
-        raise SystemExit(f"error: {WORKLOAD_DIR / 'workload.py'} not found (the shared bench folder)")
-    sys.path.insert(0, str(WORKLOAD_DIR))
-    import workload
-
-    return workload
+REPO = harness.REPO
 
 
 def compile_module(variant: str, world_size: int, outdir: str) -> Path:
-    from compiler.pipeline import Options, generate
-
-    spec = REPO / "specs" / "bench" / f"dlrm_bench_{variant}.yaml"
-    generated = generate(str(spec.relative_to(REPO)), Options(world_size=world_size))
-    return generated.write(outdir)[0]
+    return harness.compile_spec(REPO / "specs" / "bench" / f"dlrm_bench_{variant}.yaml", world_size, outdir)
 
 
-def make_batches(workload: ModuleType, module: ModuleType, variant: str, rank: int) -> list[Any]:
+def make_batches(variant: str, module: ModuleType, rank: int) -> list[Any]:
     """The workload's pre-generated batches as the compiled model's Batch objects."""
     from runtime.data.batch import Batch
     from runtime.sparse.jagged import KeyedJaggedTensor
 
+    workload = harness.load_reference("workload")
     inputs = module.INPUTS
     dense_name = inputs.dense[0].name
     label = inputs.heads[0].label
@@ -89,254 +70,41 @@ def make_batches(workload: ModuleType, module: ModuleType, variant: str, rank: i
     return batches
 
 
-def cpu_counters() -> tuple[int, int] | None:
-    """(busy, total) jiffies of the whole machine, from /proc/stat."""
-    try:
-        with open("/proc/stat") as stat:
-            fields = [int(x) for x in stat.readline().split()[1:]]
-    except OSError:
-        return None
-    return fields[0] + fields[1] + fields[2] + fields[5] + fields[6], sum(fields[:8])
-
-
-def run_rank(args: argparse.Namespace, module_path: str, rank: int, world_size: int) -> dict[str, Any]:
-    from runtime.cpu.allocator import retain_freed_memory
-    from runtime.train.train_pipeline import TrainPipeline
-    from runtime.sharding import distribute_dense
-    from runtime.train.dense_optimizer import make_dense_optimizer
-    from runtime.train.loop import train_step
-    from runtime.train.worker import load_module
-
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    retain_freed_memory()  # as runtime.train.worker does for `reccompile train`
-    workload = load_workload()
-    module = load_module(module_path)
-    group = dist.group.WORLD if world_size > 1 else None
-    torch.manual_seed(workload.MODEL_SEED)
-    model = module.build(process_group=group)
-    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
-    model = distribute_dense(model, group)  # dense gradients averaged over the ranks, as in TorchRec
-    batches = make_batches(workload, module, args.variant, rank)
-
-    def run_block(pipelined: bool, first: int, count: int, timed: dict[str, list[float]] | None) -> None:
-        """Steps first..first+count-1, plain or through a pipeline that drains at the end."""
-        if pipelined:
-            pipeline = TrainPipeline(model, optimizer, depth=args.pipeline_depth)
-            source = (batches[i % len(batches)] for i in range(first, first + count))
-            step_once = lambda step: pipeline.progress(source)[0]  # noqa: E731
-        else:
-            step_once = lambda step: train_step(model, optimizer, batches[step % len(batches)])  # noqa: E731
-        for step in range(first, first + count):
-            started, cpu_started = time.perf_counter(), time.thread_time()
-            losses.append(step_once(step))
-            if timed is not None:
-                timed["times"].append(time.perf_counter() - started)
-                # wall time the main thread did not run: waits, collectives, peers, the scheduler
-                timed["blocked"].append(timed["times"][-1] - (time.thread_time() - cpu_started))
-
-    losses: list[torch.Tensor] = []
-    run_block(args.pipeline != "off", 0, args.warmup, None)
-    if group is not None:
-        dist.barrier()
-    timed = {mode: {"times": [], "blocked": []} for mode in modes(args)}
-    profiler = start_profiler(args)
-    usage_before, machine_before = resource.getrusage(resource.RUSAGE_SELF), cpu_counters()
-    step = args.warmup
-    for mode, count in schedule(args):
-        run_block(mode == "on", step, count, timed[mode])
-        step += count
-    usage_after, machine_after = resource.getrusage(resource.RUSAGE_SELF), cpu_counters()
-    profile = stop_profiler(profiler, args, rank)
-    cpu_s = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
-    busy = total = None
-    if machine_before and machine_after:
-        hz = os.sysconf("SC_CLK_TCK")
-        busy = (machine_after[0] - machine_before[0]) / hz
-        total = (machine_after[1] - machine_before[1]) / hz
-    return {
-        "timed": timed,
-        "loss_first": float(losses[0]),
-        "loss_last": float(losses[-1]),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-        "cpu_s": cpu_s,
-        "machine_busy_s": busy,
-        "machine_total_s": total,
-        "threads": torch.get_num_threads(),
-        "profile": profile,
-    }
-
-
-def modes(args: argparse.Namespace) -> list[str]:
-    return ["off", "on"] if args.pipeline == "ab" else [args.pipeline]
-
-
-def schedule(args: argparse.Namespace) -> list[tuple[str, int]]:
-    """(mode, steps) blocks: one block, or `ab`'s alternating blocks of --ab-block steps each."""
-    if args.pipeline != "ab":
-        return [(args.pipeline, args.steps)]
-    blocks = []
-    for first in range(0, args.steps, args.ab_block):
-        count = min(args.ab_block, args.steps - first)
-        order = ("off", "on") if (first // args.ab_block) % 2 == 0 else ("on", "off")
-        blocks += [(mode, count) for mode in order]
-    return blocks
-
-
-def start_profiler(args: argparse.Namespace) -> Any:
-    if args.profile is None:
-        return None
-    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-    profiler.__enter__()
-    return profiler
-
-
-def stop_profiler(profiler: Any, args: argparse.Namespace, rank: int) -> dict[str, Any] | None:
-    """Per timed step: ms of the top ops by self time, of each pipeline stage, and of the
-    collectives (from issue to completion, on gloo's threads); writes a chrome trace."""
-    if profiler is None:
-        return None
-    profiler.__exit__(None, None, None)
-    out = Path(args.profile)
-    out.mkdir(parents=True, exist_ok=True)
-    profiler.export_chrome_trace(str(out / f"{args.variant}_{args.mode}_pipeline-{args.pipeline}_rank{rank}.json"))
-    per_step = lambda us: round(us / 1e3 / args.steps, 3)  # noqa: E731
-    averages = profiler.key_averages()
-    by_self = sorted(averages, key=lambda e: e.self_cpu_time_total, reverse=True)
-    return {
-        "top_self_ms": {e.key: per_step(e.self_cpu_time_total) for e in by_self[: args.profile_top]},
-        "stage_ms": {e.key: per_step(e.cpu_time_total) for e in averages if e.key.startswith("## ")},
-        "collective_ms": {e.key: per_step(e.cpu_time_total) for e in averages if e.key.startswith("gloo:")},
-    }
-
-
-def summarize(
-    args: argparse.Namespace, world_size: int, results: list[dict[str, Any]], mode: str
-) -> dict[str, Any]:
-    """Step time = the slowest rank's per step; samples/s = global batch / median step."""
-    timed = [r["timed"][mode] for r in results]
-    step_s = [max(t["times"][i] for t in timed) for i in range(len(timed[0]["times"]))]
-    median = statistics.median(step_s)
-    global_batch = 2048 * world_size
-    first = results[0]
-    other = None
-    if first["machine_busy_s"] is not None and first["machine_total_s"]:
-        used = sum(r["cpu_s"] for r in results)
-        other = round(max(0.0, 100.0 * (first["machine_busy_s"] - used) / first["machine_total_s"]), 1)
-    return {
-        "impl": "reccompile",
-        "variant": args.variant,
-        "mode": args.mode,
-        "pipeline": mode == "on",
-        "samples_per_s": round(global_batch / median, 1),
-        "step_ms_median": round(median * 1e3, 3),
-        "peak_rss_mb": round(sum(r["peak_rss_mb"] for r in results), 1),
-        "loss_first": float(f"{first['loss_first']:.6g}"),
-        "loss_last": float(f"{first['loss_last']:.6g}"),
-        "world_size": world_size,
-        "steps": args.steps,
-        "threads_per_proc": first["threads"],
-        "step_ms_min": round(min(step_s) * 1e3, 3),
-        "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
-        **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
-        "other_cpu_pct": other,
-        **({"profile": [r["profile"] for r in results]} if results[0]["profile"] else {}),
-    }
-
-
-def _dist_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, module_path: str, queue: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        result = run_rank(args, module_path, rank, world_size)
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, result)
-        if rank == 0:
-            queue.put(gathered)
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One summary per mode run: one, or plain and pipelined for `--pipeline ab`."""
-    world_size = 2 if args.mode == "dist2" else 1
-    with tempfile.TemporaryDirectory() as outdir:
-        module_path = str(compile_module(args.variant, world_size, outdir))
-        if world_size == 1:
-            results = [run_rank(args, module_path, 0, 1)]
-        else:
-            context = mp.get_context("spawn")
-            queue = context.SimpleQueue()
-            mp.start_processes(
-                _dist_rank, args=(world_size, free_port(), args, module_path, queue),
-                nprocs=world_size, start_method="spawn",
-            )
-            results = queue.get()
-        return [summarize(args, world_size, results, mode) for mode in modes(args)]
+def dlrm_workload(variant: str) -> harness.Workload:
+    workload = harness.load_reference("workload")
+    return harness.Workload(
+        variant=variant,
+        batch_size=2048,
+        model_seed=workload.MODEL_SEED,
+        compile=functools.partial(compile_module, variant),
+        batches=functools.partial(make_batches, variant),
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--variant", choices=["criteo", "multihot", "all"], default="all")
-    parser.add_argument("--mode", choices=["local", "dist2"], default="local")
-    parser.add_argument("--steps", type=int, help="timed steps (default: the workload's per variant)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument(
-        "--threads", type=int,
-        help="intra-op threads per process (local default: the cores free, as reccompile train; dist2: 1)",
-    )
-    parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
-    parser.add_argument(
-        "--pipeline", choices=["on", "off", "ab"],
-        help="train through runtime.train.train_pipeline.TrainPipeline (default: on for dist2, off for local); "
-        "ab: alternate blocks of plain and pipelined steps in one run, a line for each",
-    )
-    parser.add_argument("--ab-block", type=int, default=5, help="steps per block with --pipeline ab")
-    parser.add_argument("--pipeline-depth", type=int, default=2, help="with --pipeline on (default 2)")
-    parser.add_argument("--profile", metavar="DIR", help="profile the timed steps (torch.profiler): "
-                        "chrome traces in DIR, per-step ms in the JSON line")
-    parser.add_argument("--profile-top", type=int, default=15, help="ops listed by self time")
+    harness.add_run_arguments(parser)
     return parser.parse_args(argv)
-
-
-def bench_cache() -> None:
-    """Keeps this benchmark's kernel choices apart from other runs' (each JSON line lists them all)."""
-    if "RECCOMPILE_CACHE_DIR" not in os.environ:
-        from runtime.cpu.native.build import cache_root
-
-        os.environ["RECCOMPILE_CACHE_DIR"] = str(cache_root() / "bench")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    bench_cache()
+    harness.bench_cache()
     from runtime.cpu import choice
-    workload = load_workload()
-    if args.mode == "dist2" and args.threads is None:
-        args.threads = 1  # two processes on two cores: one busy thread each
-    if args.mode == "local" and args.threads is None:
-        args.threads = choose_threads(1, 0).threads  # the cores free now, as `reccompile train` chooses
-    if args.pipeline is None:
-        args.pipeline = "on" if args.mode == "dist2" else "off"  # as `reccompile train` chooses
-    if args.pipeline == "ab" and args.profile is not None:
-        raise SystemExit("error: --profile needs one mode: --pipeline on or off")
+
+    workload = harness.load_reference("workload")
+    harness.settle_defaults(args)
     variants = ["criteo", "multihot"] if args.variant == "all" else [args.variant]
     for variant in variants:
         for _ in range(args.repeat):
             run_args = argparse.Namespace(**{**vars(args), "variant": variant})
             if run_args.steps is None:
                 run_args.steps = workload.DEFAULT_STEPS[variant]
-            for summary in run(run_args):
+            for summary in harness.run(run_args, dlrm_workload(variant)):
                 print(json.dumps({**summary, **choice.machine()}), flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     sys.exit(main())

@@ -4,8 +4,10 @@ Forward + backward of one encoder layer at seq-bench's shapes
 (../shared/bench/SEQUENCE.md: batch 1,024, 51 positions = target + 1-50
 history items, dim 64, 2 heads, FFN 256, post-norm, learned positions,
 padding masked), with the same weights and the same input and lengths for
-both; the two variants alternate round by round (A B A B ...) so machine
-noise hits both alike. Prints one JSON line per variant:
+all; the variants alternate round by round (A B C A B C ...) so machine
+noise hits all alike. `runtime_first` is the layer as seq-bench's model
+builds it (`output="first"`: only the target's position, which is all the
+model reads), given that position's gradient. Prints one JSON line per variant:
 
     {"bench": "transformer", "variant": "runtime", "fwd_bwd_ms_median": 41.2, ...}
 
@@ -38,6 +40,8 @@ def main() -> None:
     torch.manual_seed(0)
 
     block = Transformer(DIM, HEADS, FFN, max_length=POSITIONS)
+    first = Transformer(DIM, HEADS, FFN, max_length=POSITIONS, output="first")
+    first.load_state_dict(block.state_dict())
     reference = nn.TransformerEncoderLayer(DIM, HEADS, FFN, dropout=0.0, batch_first=True)
     reference.load_state_dict(block.layers[0].state_dict())
     positions = nn.Parameter(block.positions.detach().clone())
@@ -52,7 +56,10 @@ def main() -> None:
     def torch_step() -> None:
         reference(x + positions, src_key_padding_mask=padding).backward(grad)
 
-    variants: dict[str, Callable[[], None]] = {"runtime": runtime_step, "torch": torch_step}
+    def first_step() -> None:
+        first(x, lengths).backward(grad[:, 0])
+
+    variants: dict[str, Callable[[], None]] = {"runtime": runtime_step, "runtime_first": first_step, "torch": torch_step}
     times: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(args.rounds + 2):
         for name, step in variants.items():

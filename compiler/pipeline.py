@@ -1,6 +1,7 @@
 """The compiler from start to finish: read this file first.
 
-    spec.yaml -> load -> validate -> overrides -> plan -> lower -> check shapes -> split -> emit
+    spec.yaml -> load -> validate -> overrides -> plan -> lower -> read one position -> check shapes
+              -> split -> emit
 
 Each step is one call of one module's entry function; each raises
 CompileError with every diagnostic it found.
@@ -16,6 +17,7 @@ from compiler.codegen.emit import GeneratedModule, emit
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
 from compiler.lowering.lower import lower
+from compiler.lowering.one_position import read_one_position
 from compiler.lowering.shapes import check_shapes
 from compiler.lowering.split import split_stages
 from compiler.lowering.types import SplitModel
@@ -49,6 +51,7 @@ def compile_spec(path: str, options: Options = Options()) -> SplitModel:
     else:
         sharding_plan = plan(ir, topology)  # cost model -> balanced, feasible ShardingPlan
     lowered = lower(ir, sharding_plan)  # fx graph: input_dist, lookup, output_dist, blocks, heads
+    lowered = read_one_position(lowered)  # a transformer only pooled at first/last computes that position
     lowered = check_shapes(lowered)  # meta tensors through the graph; widths checked
     return split_stages(lowered)  # the graph cut for the pipeline: input_dist | compute
 

@@ -55,7 +55,7 @@ def meta_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> torch.Tensor
         return _meta(keys.shape[0], module.dim)
     if isinstance(module, Transformer):
         _sequence("transformer", args[0], module.dim, module.max_length)
-        return _meta(*args[0].shape)
+        return _meta(*args[0].shape) if module.output == "sequence" else _meta(args[0].shape[0], module.dim)
     if isinstance(module, HSTU):
         _sequence("hstu", args[0], module.dim, module.max_length)
         return _meta(*args[0].shape)

@@ -143,6 +143,8 @@ def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str,
 
 def _parse_side(checker: Checker, block: ParsedBlock, features: Features, blocks: dict[str, ParsedBlock]) -> None:
     """The references a sequence block takes beside `input`: query, prepend, timestamps."""
+    if block.kind not in SEQUENCE_BLOCKS:
+        return  # no such keys on other types; without a type the schema could not check them
     for key in _SIDE_KEYS:
         field_node = checker.child(block.node, key)
         if field_node is None or field_node.path in checker.tainted:
@@ -386,6 +388,9 @@ def _infer(
         infer_sequence_block(checker, block, blocks, features)
         return
     sequences = [ref for ref in block.refs if is_sequence(ref, blocks, features)]
+    if sequences and not isinstance(kind, str):  # no valid type (the schema said so): nothing to check against
+        block.width = None
+        return
     for ref in sequences:
         message = (
             f"'{ref.text()}' is a sequence {describe(ref, blocks, features)}; {article(kind)} block takes vectors: "

@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Four places in the runtime hold two implementations that compute the same
+Five places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -8,6 +8,7 @@ faster on some CPUs:
     linear      aten (F.linear)    | onednn (runtime/modules/linear.py)
     lookup      sequential groups  | concurrent groups (runtime/embeddings/concurrent.py)
     quant_pool  fbgemm             | native (runtime/cpu/native/quant_pool.c)
+    attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
@@ -51,6 +52,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "linear": ("aten", "onednn"),
     "lookup": ("sequential", "concurrent"),
     "quant_pool": ("fbgemm", "native"),
+    "attention": ("torch", "native"),
 }
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
 REPEATS = 5

@@ -18,6 +18,19 @@ on the CPU), the attention on `F.scaled_dot_product_attention`.
 Output positions at or after a sample's length are zero. A sample with no
 positions attends to its first (padding) position instead of to nothing, so
 no NaN appears, and its output is zero like all padding.
+
+`output="first"` or `"last"` returns only that position of each sequence
+[B, dim] (zeros for an empty one): what the full output followed by
+`SequencePool(mode="first"|"last")` gives, up to float rounding, at a
+fraction of the work. The last layer then has one query per sample, and its
+keys and values are never formed: with q_h the query of head h, the scores
+x_t . (W_k,h^T q_h) and the weighted sum (sum_t p_t x_t) W_v,h^T + b_v,h
+need only [B, L, dim] x [B, dim, heads] products over the padded input, no
+projection of the B x L positions (the key bias adds the same score to every
+position, which softmax ignores). A BST-style model reads the target's
+position alone; at seq-bench's shapes this cuts the layer's forward and
+backward about 5x. The compiler sets it when a `sequence_pool` of that mode
+is the transformer's only reader.
 """
 
 from __future__ import annotations
@@ -28,12 +41,14 @@ from torch import nn
 
 from runtime.modules.blocks import _check_size
 from runtime.modules.linear import Linear, linear
+from runtime.modules.one_query_attention import one_query_attention
 from runtime.modules.sequence_checks import check_sequence
 from runtime.sparse.sequence import PaddedLayout
 
-__all__ = ["Transformer", "TransformerLayer"]
+__all__ = ["OUTPUTS", "Transformer", "TransformerLayer"]
 
 FFN_ACTIVATIONS = ("relu", "gelu")
+OUTPUTS = ("sequence", "first", "last")
 
 
 def _allowed(layout: PaddedLayout, causal: bool) -> torch.Tensor:
@@ -68,6 +83,21 @@ class _SelfAttention(nn.Module):
         attended = layout.rows(attended.transpose(1, 2).reshape(batch, length, dim))
         return linear(attended, self.out_proj.weight, self.out_proj.bias)
 
+    def attend_from(self, x: torch.Tensor, own: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The attention output [B, dim] of one query per sample over the padded `x` [B, L, dim].
+
+        `own` [B, dim] is the query position's row of `x`; sample b attends to its positions
+        0 .. counts[b]-1.
+        """
+        heads, (batch, _, dim) = self.num_heads, x.shape
+        head_dim = dim // heads
+        _, weight_k, weight_v = self.in_proj_weight.view(3, heads, head_dim, dim).unbind(0)
+        q = linear(own, self.in_proj_weight[:dim], self.in_proj_bias[:dim]).view(batch, heads, head_dim)
+        q_in_x = torch.einsum("bhe,hed->bhd", q, weight_k) * head_dim**-0.5  # [B, heads, dim]
+        weighted = one_query_attention(x, q_in_x, counts)  # [B, heads, dim]
+        values = torch.einsum("bhd,hed->bhe", weighted, weight_v) + self.in_proj_bias[2 * dim :].view(heads, head_dim)
+        return linear(values.reshape(batch, dim), self.out_proj.weight, self.out_proj.bias)
+
 
 class TransformerLayer(nn.Module):
     """One encoder layer over the rows of the real positions (see the module docstring)."""
@@ -98,11 +128,26 @@ class TransformerLayer(nn.Module):
         rows = self.norm1(rows + self.self_attn(rows, layout, allowed))
         return self.norm2(rows + self._feed_forward(rows))
 
+    def forward_at(self, x: torch.Tensor, position: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor:
+        """`forward`'s output at one position per sample of the padded `x` [B, L, dim] -> [B, dim].
+
+        `position` [B] holds each sample's position (None: the first for all). The sample attends to its positions 0 .. counts[b]-1.
+        """
+        own = x[:, 0] if position is None else x[torch.arange(x.shape[0], device=x.device), position]
+        if self.norm_first:
+            # LayerNorm is row-wise: the query's row of norm1(x) is norm1 of its row.
+            own = own + self.self_attn.attend_from(self.norm1(x), self.norm1(own), counts)
+            return own + self._feed_forward(self.norm2(own))
+        own = self.norm1(own + self.self_attn.attend_from(x, own, counts))
+        return self.norm2(own + self._feed_forward(own))
+
 
 class Transformer(nn.Module):
     """Encoder layers over a padded sequence: (B, L, dim), lengths (B,) -> (B, L, dim).
 
     `max_length` > 0 adds learned positions (and bounds L); 0 adds none.
+    `output` "first" or "last" returns that position only, (B, dim); see the
+    module docstring.
     """
 
     def __init__(
@@ -115,6 +160,7 @@ class Transformer(nn.Module):
         causal: bool = False,
         max_length: int = 0,
         activation: str = "relu",
+        output: str = "sequence",
     ) -> None:
         super().__init__()
         self.dim = _check_size("Transformer", "dim", dim)
@@ -128,7 +174,12 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"Transformer: unknown activation {activation!r} (expected one of: relu, gelu)"
             )
+        if output not in OUTPUTS:
+            raise ValueError(
+                f"Transformer: unknown output {output!r} (expected one of: {', '.join(OUTPUTS)})"
+            )
         self.norm_first, self.causal, self.activation = bool(norm_first), bool(causal), activation
+        self.output = output
         self.positions = nn.Parameter(torch.randn(max_length, dim)) if max_length else None
         self.layers = nn.ModuleList(
             TransformerLayer(dim, num_heads, ffn_dim, self.norm_first, activation)
@@ -144,16 +195,34 @@ class Transformer(nn.Module):
                     f"Transformer: a padded length of {length} exceeds max_length {self.max_length}"
                 )
             x = x + self.positions[:length]
-        layout = PaddedLayout(lengths, length)
-        allowed = _allowed(layout, self.causal)
-        rows = layout.rows(x)
-        for layer in self.layers:
-            rows = layer(rows, layout, allowed)
-        return layout.padded(rows)
+        full = self.layers if self.output == "sequence" else self.layers[:-1]
+        if len(full):
+            layout = PaddedLayout(lengths, length)
+            allowed = _allowed(layout, self.causal)
+            rows = layout.rows(x)
+            for layer in full:
+                rows = layer(rows, layout, allowed)
+            x = layout.padded(rows)
+        if self.output == "sequence":
+            return x
+        return self._one_position(x, lengths)
+
+    def _one_position(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The last layer at each sample's first or last position only: [B, dim]."""
+        # The keys are a prefix: all real positions, or under `causal` those up to the query's.
+        # An empty sequence attends to its first position (no NaN); its output is zeroed below.
+        if self.output == "last":
+            position = (lengths - 1).clamp(min=0)
+            counts = position + 1
+        else:
+            position = None
+            counts = torch.ones_like(lengths) if self.causal else lengths.clamp(min=1)
+        out = self.layers[-1].forward_at(x, position, counts)
+        return out * (lengths > 0).unsqueeze(1).to(out.dtype)
 
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, ffn_dim={self.ffn_dim}, "
             f"num_layers={self.num_layers}, norm_first={self.norm_first}, causal={self.causal}, "
-            f"max_length={self.max_length}, activation={self.activation!r}"
+            f"max_length={self.max_length}, activation={self.activation!r}, output={self.output!r}"
         )

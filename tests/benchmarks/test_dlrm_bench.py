@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from bench_env import WORKLOADS, bench_env
+
 REPO = Path(__file__).resolve().parents[2]
-WORKLOAD = REPO.parent / "shared" / "bench" / "workload.py"
 
 
-@pytest.mark.skipif(not WORKLOAD.is_file(), reason=f"no shared bench workload at {WORKLOAD}")
+@pytest.mark.skipif(not (WORKLOADS / "workload.py").is_file(), reason=f"no shared bench workload in {WORKLOADS}")
 def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "dlrm_bench.py"), "--variant", "criteo", "--mode", "local",
          "--steps", "2", "--warmup", "1", "--threads", "1"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "RECCOMPILE_CACHE_DIR": str(tmp_path), "HOME": str(tmp_path)},
+        capture_output=True, text=True, timeout=600, cwd=REPO, env=bench_env(tmp_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])

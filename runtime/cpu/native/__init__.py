@@ -1,8 +1,10 @@
 """C kernels of the runtime, compiled on first use with the machine's C compiler.
 
 DLRM's pairwise dot interaction (dot_interaction.c), 3-5x faster on the CPU
-than `torch.bmm` over the full Gram matrix, and the pooled lookup of
-quantized inference tables (quant_pool.c), which fbgemm runs on one thread.
+than `torch.bmm` over the full Gram matrix, the pooled lookup of
+quantized inference tables (quant_pool.c), which fbgemm runs on one thread,
+and the attention of one query per sample over a padded sequence
+(one_query_attention.c), where `torch.bmm` pays per-matrix overhead.
 They are plain C with no torch headers, built on first use by build.py
 (`$CC` with -O3 -march=native, cached per source, compiler and CPU).
 Tensors cross by pointer through ctypes, which releases the GIL for the
@@ -27,7 +29,10 @@ import torch
 
 from runtime.cpu.native import build
 
-__all__ = ["QuantLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library", "quant_pool"]
+__all__ = [
+    "QuantLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library",
+    "one_query_attention_backward", "one_query_attention_forward", "quant_pool",
+]
 
 _I64 = ctypes.c_int64
 _PTR = ctypes.c_void_p
@@ -51,6 +56,10 @@ def library() -> ctypes.CDLL | None:
     lib.reccompile_dot_forward.restype = lib.reccompile_dot_backward.restype = ctypes.c_int
     lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
     lib.reccompile_quant_pool.restype = ctypes.c_int
+    lib.reccompile_one_query_attention_forward.argtypes = [*[_I64] * 4, *[_PTR] * 5, _I64]
+    lib.reccompile_one_query_attention_backward.argtypes = [*[_I64] * 4, *[_PTR] * 7, _I64]
+    lib.reccompile_one_query_attention_forward.restype = None
+    lib.reccompile_one_query_attention_backward.restype = None
     return lib
 
 
@@ -102,6 +111,38 @@ def dot_backward(parts: Sequence[torch.Tensor], dim: int, grad_out: torch.Tensor
     )
     _check(status, "backward")
     return grads
+
+
+def one_query_attention_forward(
+    x: torch.Tensor, query: torch.Tensor, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weighted [B, H, D], probabilities [B, H, L]) of queries [B, H, D] over the first
+    counts[b] rows of x [B, L, D] (contiguous float32; counts int64, clamped to [1, L])."""
+    lib = library()
+    assert lib is not None, "one_query_attention_forward called where applies() is False"
+    (batch, length, dim), heads = x.shape, query.shape[1]
+    weighted, probs = torch.empty(batch, heads, dim), torch.empty(batch, heads, length)
+    lib.reccompile_one_query_attention_forward(
+        batch, length, heads, dim, x.data_ptr(), query.data_ptr(), counts.data_ptr(),
+        weighted.data_ptr(), probs.data_ptr(), torch.get_num_threads(),
+    )
+    return weighted, probs
+
+
+def one_query_attention_backward(
+    x: torch.Tensor, query: torch.Tensor, counts: torch.Tensor, probs: torch.Tensor, grad: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradients (of x, of the queries) of `one_query_attention_forward`, given the weighted
+    output's (contiguous)."""
+    lib = library()
+    assert lib is not None, "one_query_attention_backward called where applies() is False"
+    (batch, length, dim), heads = x.shape, query.shape[1]
+    grad_x, grad_query = torch.empty_like(x), torch.empty_like(query)
+    lib.reccompile_one_query_attention_backward(
+        batch, length, heads, dim, x.data_ptr(), query.data_ptr(), counts.data_ptr(), probs.data_ptr(),
+        grad.data_ptr(), grad_x.data_ptr(), grad_query.data_ptr(), torch.get_num_threads(),
+    )
+    return grad_x, grad_query
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,8 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         choice.choose("dot", "b1", {"torch": _never, "native": _never})
     assert str(err.value) == (
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
-        "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native"
+        "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
+        "attention=torch|native"
     )
 
 

@@ -76,12 +76,55 @@ def test_padding_does_not_change_real_outputs_and_empty_is_zero() -> None:
     assert torch.isfinite(x.grad).all()
 
 
+def one_position(sequence: torch.Tensor, lengths: torch.Tensor, output: str) -> torch.Tensor:
+    """The full output's first or last real position per sample, zeros for an empty sample."""
+    position = (lengths - 1).clamp(min=0) if output == "last" else torch.zeros_like(lengths)
+    picked = sequence[torch.arange(len(lengths)), position]
+    return picked * (lengths > 0).unsqueeze(1).to(picked.dtype)
+
+
+@pytest.mark.parametrize("output", ["first", "last"])
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_one_position_output_equals_that_position_of_the_full_output(
+    output: str, norm_first: bool, causal: bool, num_layers: int
+) -> None:
+    torch.manual_seed(0)
+    full = Transformer(DIM, HEADS, FFN, num_layers, norm_first, causal, max_length=6)
+    block = Transformer(DIM, HEADS, FFN, num_layers, norm_first, causal, max_length=6, output=output)
+    block.load_state_dict(full.state_dict())
+    x, lengths = padded_batch(DIM)
+    x_full, x_one = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    expected = one_position(full(x_full, lengths), lengths, output)
+    out = block(x_one, lengths)
+    torch.testing.assert_close(out, expected, **TOL)
+    assert out[1].abs().sum() == 0  # the empty sample
+
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    (expected * weights).sum().backward()
+    (out * weights).sum().backward()
+    torch.testing.assert_close(x_one.grad, x_full.grad, **TOL)
+    theirs = dict(full.named_parameters())
+    for name, param in block.named_parameters():
+        torch.testing.assert_close(param.grad, theirs[name].grad, **TOL, msg=name)
+
+
+def test_one_position_output_of_empty_sequences_is_zero() -> None:
+    block = Transformer(DIM, HEADS, FFN, max_length=6, output="first")
+    x, lengths = padded_batch(DIM, lengths=[0, 0])
+    assert torch.equal(block(x, lengths), torch.zeros(2, DIM))
+
+
 @pytest.mark.parametrize(
     ("call", "message"),
     [
         (lambda: Transformer(6, 4, 8), "Transformer: dim 6 is not divisible by num_heads 4"),
         (lambda: Transformer(8, 2, 8, activation="tanh"),
          "Transformer: unknown activation 'tanh' (expected one of: relu, gelu)"),
+        (lambda: Transformer(8, 2, 8, output="mean"),
+         "Transformer: unknown output 'mean' (expected one of: sequence, first, last)"),
         (lambda: Transformer(8, 2, 0), "Transformer: ffn_dim must be an integer >= 1 (got 0)"),
         (lambda: Transformer(8, 2, 8, max_length=-1),
          "Transformer: max_length must be an integer >= 0 (got -1)"),
