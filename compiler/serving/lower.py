@@ -35,6 +35,7 @@ import torch.fx as fx
 from compiler.ir import ModelIR, Table
 from compiler.lowering.calls import table_config_call
 from compiler.lowering.lower import lower
+from compiler.lowering.one_position import read_one_position
 from compiler.lowering.shapes import check_shapes
 from compiler.lowering.types import BuildArg, Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import RankPlan, Shard, ShardingPlan, TablePlan
@@ -57,7 +58,8 @@ def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
     tables) and DENSE_DTYPE constants.
     """
     ir = dataclasses.replace(ir, sharding=dataclasses.replace(ir.sharding, world_size=1, device="cpu"))
-    training = check_shapes(lower(ir, whole_table_plan(ir)))
+    # The training program's passes, so serving computes what training computed.
+    training = check_shapes(read_one_position(lower(ir, whole_table_plan(ir))))
     modules: list[ModuleDecl] = []
     for decl in training.modules:
         if decl.target != "sparse_arch":
