@@ -41,7 +41,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.train.process_group import close_process_group, init_process_group
 from runtime.train.threads import choose_threads
 
 REPO = Path(__file__).resolve().parent.parent
@@ -246,6 +245,8 @@ def summarize(
 
 
 def _dist_rank(rank: int, world_size: int, port: int, args: argparse.Namespace, module_path: str, queue: Any) -> None:
+    from runtime.train.process_group import close_process_group, init_process_group
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     init_process_group(backend="gloo", rank=rank, world_size=world_size)
     try:
