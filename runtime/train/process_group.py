@@ -49,7 +49,7 @@ def close_process_group() -> bool:
 
     Call it where the objects that held the group (model, DDP, optimizer)
     are gone. Returns True when the group was freed here (or there was
-    none); False, with a warning, when something still holds it.
+    none); False, with a warning, when a Python reference still holds it.
     """
     if not dist.is_initialized():
         return True
