@@ -233,16 +233,18 @@ def summarize(
 def _dist_rank(
     rank: int, world_size: int, port: int, args: argparse.Namespace, workload: Workload, module_path: str, queue: Any
 ) -> None:
+    from runtime.train.process_group import close_process_group, init_process_group
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    init_process_group(backend="gloo", rank=rank, world_size=world_size)
     try:
-        result = run_rank(args, workload, module_path, rank, world_size)
+        result = run_rank(args, workload, module_path, rank, world_size)  # the model is gone when it returns
         gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, result)
         if rank == 0:
             queue.put(gathered)
     finally:
-        dist.destroy_process_group()
+        close_process_group()  # gloo's threads end here, not in the interpreter's exit (issue 15)
 
 
 def free_port() -> int:

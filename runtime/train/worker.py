@@ -34,6 +34,7 @@ from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
+from runtime.train.process_group import close_process_group, init_process_group
 from runtime.train.timing import OtherWork
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
@@ -59,7 +60,7 @@ def init_distributed(device_kind: str) -> dist.ProcessGroup | None:
     backend = "nccl" if device_kind == "cuda" else "gloo"
     if device_kind == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
+    init_process_group(backend=backend, timeout=COLLECTIVE_TIMEOUT)
     return dist.group.WORLD
 
 
@@ -139,9 +140,7 @@ def main(options: TrainOptions) -> int:
         checkpoints.close()
     if rank == 0:
         console.result(final)
-    if process_group is not None:
-        dist.destroy_process_group()
-    return 0
+    return 0  # run() closes the process group, where this frame's model is gone
 
 
 def run(options: TrainOptions) -> int:
@@ -149,7 +148,10 @@ def run(options: TrainOptions) -> int:
 
     Under torchrun every failing rank reports; `reccompile train` shows each
     distinct message once. RECCOMPILE_TRACEBACK=1 prints the traceback too.
+    The process group ends here, before the interpreter does
+    (runtime.train.process_group).
     """
+    ours = not dist.is_initialized()  # a group the caller made is the caller's to close
     try:
         return main(options)
     except Exception as error:  # the job must end with a message, never a bare traceback
@@ -157,6 +159,9 @@ def run(options: TrainOptions) -> int:
             traceback.print_exc()
         console.say(f"error: rank {os.environ.get('RANK', '0')}: {error}", sys.stderr)
         return 1
+    finally:
+        if ours:
+            close_process_group()
 
 
 if __name__ == "__main__":
