@@ -6,10 +6,17 @@ parsing processes) and reports rows/s. Then, for each N, starts N processes
 at once, rank r of N reading its share of every global batch of one epoch
 (runtime.data.prepared.batches, as `train --data prepared:DIR` does) and
 reports per rank: rows/s of the rows it trains, and the rows it decoded
-(which fall as 1/N when --row-group-rows divides batch / N). One JSON line
-per result.
+(which fall as 1/N when --row-group-rows divides batch / N). Last, the
+dlrm-bench step (specs/bench/dlrm_bench_criteo.yaml, one rank) on the same
+rows prepared for it, read by --data-workers DataLoader workers as
+`reccompile train --data prepared:DIR` does, against the same model on
+synthetic batches already in memory: blocks of --ab-block steps alternate
+between the two so both see the same machine, and `slowdown` is the prepared
+data's median step time over the synthetic one's, minus 1 (the goal: at most
+0.05). One JSON line per result.
 
     python benchmarks/data_bench.py [--rows 2000000] [--ranks 1 2 4] [--batch-size 4096] [--workdir DIR]
+                                    [--train-steps 200] [--ab-block 10] [--data-workers 1]
 """
 
 from __future__ import annotations
@@ -18,23 +25,32 @@ import argparse
 import json
 import multiprocessing
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from compiler.codegen.emit import emit  # noqa: E402
 from compiler.lowering.instantiate import model_inputs  # noqa: E402
+from compiler.pipeline import Options, compile_spec  # noqa: E402
 from compiler.spec.load import load  # noqa: E402
 from compiler.spec.validate import validate  # noqa: E402
 from runtime.data.prepared.batches import PreparedBatches  # noqa: E402
 from runtime.data.prepared.prepare import PrepareSettings, prepare  # noqa: E402
 from runtime.data.prepared.reading import open_prepared  # noqa: E402
 from runtime.data.sources import DataChoice  # noqa: E402
+from runtime.train.dense_optimizer import make_dense_optimizer  # noqa: E402
+from runtime.train.loop import train_step  # noqa: E402
+from runtime.train.worker import load_module  # noqa: E402
 
 SPEC = Path(__file__).resolve().parent.parent / "specs" / "dlrm_criteo.yaml"
+BENCH_SPEC = Path(__file__).resolve().parent.parent / "specs" / "bench" / "dlrm_bench_criteo.yaml"
+SYNTHETIC_BATCHES = 8  # made before timing and cycled: no data cost at all
 
 
 def write_criteo(path: Path, rows: int, seed: int = 0, chunk: int = 100_000) -> None:
@@ -69,6 +85,39 @@ def read_share(directory: str, rank: int, world_size: int, batch: int, results: 
                  "row_groups_decoded": len(batches.decoded.groups), "rows_per_s": round(rows / seconds)})  # fmt: skip
 
 
+def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
+    """dlrm-bench's criteo step on prepared data against synthetic batches in memory, alternating."""
+    out = args.workdir / "prepared_dlrm_bench"
+    shutil.rmtree(out, ignore_errors=True)
+    settings = PrepareSettings(row_group_rows=args.row_group_rows, workers=args.workers)
+    prepare(model_inputs(validate(load(str(BENCH_SPEC)))), DataChoice("criteo", str(raw)), out, settings)
+    module = load_module(str(emit(compile_spec(str(BENCH_SPEC), Options(world_size=1))).write(args.workdir / "build")[0]))
+    torch.manual_seed(0)
+    model = module.build()
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
+    batch = args.batch_size
+    synthetic = [module.synthetic_batch(batch, step=i, seed=0, rank=0, world_size=1) for i in range(SYNTHETIC_BATCHES)]
+    prepared = PreparedBatches(open_prepared(module.INPUTS, out), global_batch=batch, rank=0, world_size=1,
+                               num_workers=args.data_workers)  # fmt: skip
+    sources = {"synthetic": lambda step: synthetic[step % SYNTHETIC_BATCHES], "prepared": lambda step: next(prepared)}
+    times: dict[str, list[float]] = {name: [] for name in sources}
+    for name in sources:  # warm-up: kernels chosen, allocator filled, the DataLoader workers started
+        for step in range(args.ab_block):
+            train_step(model, optimizer, sources[name](step))
+    for block in range(max(1, args.train_steps // (2 * args.ab_block))):
+        for name, source in sources.items():
+            for step in range(args.ab_block):
+                started = time.perf_counter()
+                train_step(model, optimizer, source(block * args.ab_block + step))
+                times[name].append(time.perf_counter() - started)
+    prepared.close()
+    median = {name: statistics.median(values) for name, values in times.items()}
+    return {"bench": "dlrm_step", "spec": BENCH_SPEC.name, "batch_size": batch, "data_workers": args.data_workers,
+            "threads": torch.get_num_threads(), "steps_each": len(times["prepared"]),
+            "median_ms": {name: round(1000 * value, 2) for name, value in median.items()},
+            "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4)}  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
@@ -77,6 +126,9 @@ def main() -> int:
     parser.add_argument("--row-group-rows", type=int, default=512)
     parser.add_argument("--workers", type=int, default=1, help="parsing processes of the prepare")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/reccompile_data_bench"))
+    parser.add_argument("--train-steps", type=int, default=200, help="timed dlrm-bench steps, both sources together")
+    parser.add_argument("--ab-block", type=int, default=10, help="steps per block of one source")
+    parser.add_argument("--data-workers", type=int, default=1, help="DataLoader workers reading prepared data")
     args = parser.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     raw = args.workdir / f"criteo_{args.rows}.tsv"
@@ -103,6 +155,8 @@ def main() -> int:
             process.join()
         print(json.dumps({"bench": "prepared_read", "ranks": world_size, "batch_size": args.batch_size,
                           "row_group_rows": args.row_group_rows, "per_rank": shares}), flush=True)  # fmt: skip
+    if args.train_steps > 0:
+        print(json.dumps(training_step(raw, args)), flush=True)
     return 0
 
 

@@ -33,6 +33,9 @@ class Options:
 
     world_size: int | None = None
     ranks_per_host: int | None = None
+    # Ranks the launcher starts on each host (torchrun's local world size): the host
+    # size when neither ranks_per_host nor the spec's sharding.ranks_per_host gives one.
+    launched_ranks_per_host: int | None = None
     memory_per_rank: int | None = None
     batch_size: int | None = None
     plan_file: Path | None = None
@@ -42,7 +45,7 @@ def compile_spec(path: str, options: Options = Options()) -> SplitModel:
     """Spec file -> checked, lowered model (the fx graph, its two stages and its submodules)."""
     document = load(path)  # YAML -> a tree that keeps file:line:col for every node
     ir = validate(document)  # JSON Schema + semantic checks -> frozen, resolved ModelIR
-    ir = apply_options(ir, options)  # the command line's world size and batch size win
+    ir = apply_options(ir, options)  # the command line's world size, batch size and host size win
     topology = topology_from_ir(
         ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank
     )
@@ -67,6 +70,8 @@ def apply_options(ir: ModelIR, options: Options) -> ModelIR:
         sharding = dataclasses.replace(sharding, world_size=options.world_size)
     if options.batch_size is not None:
         training = dataclasses.replace(training, batch_size=options.batch_size)
+    if sharding.ranks_per_host is None and options.launched_ranks_per_host is not None:
+        sharding = dataclasses.replace(sharding, ranks_per_host=options.launched_ranks_per_host)
     if training.batch_size % sharding.world_size:
         raise CompileError([Diagnostic(
             training.loc,

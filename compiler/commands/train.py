@@ -68,7 +68,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     def action() -> int:
-        lowered = compile_spec(args.spec, options_from_args(args, world_size=world_size))
+        # Unless --ranks-per-host or the spec say otherwise, a host holds the ranks torchrun
+        # starts on it (its local world size), so table_row_wise stays within each node.
+        compile_options = options_from_args(args, world_size=world_size, launched_ranks_per_host=args.nproc)
+        lowered = compile_spec(args.spec, compile_options)
         inputs = model_inputs(lowered.ir)
         ready = options.with_spec_defaults(inputs.training)
         try:
@@ -80,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         module_path = emit(lowered).write(args.outdir)[0]
         ready = dataclasses.replace(ready, module=str(module_path), threads=choice.threads)
         ranks = f"{world_size} rank{'s' if world_size != 1 else ''}"
+        if world_size != args.nproc:
+            ranks += f" ({world_size // args.nproc} nodes × {args.nproc} rank{'s' if args.nproc != 1 else ''})"
         print(f"training {lowered.ir.name} on {ranks}: {choice.describe()}", flush=True)
         if world_size == 1:
             return worker.run(ready)

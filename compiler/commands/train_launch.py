@@ -5,6 +5,9 @@
                         not at all
     a rank's death      a rank killed by a signal (torchrun's "exitcode: -9") becomes one
                         line naming the rank, the signal and the checkpoint to resume from
+    a peer's death      on the other nodes, gloo's "Connection reset by peer" in a rank's
+                        error becomes one line saying a rank elsewhere stopped, with the
+                        checkpoint to resume from
     Ctrl-C              torchrun (in its own session, so a terminal's Ctrl-C reaches only
                         this process) gets SIGTERM and stops the ranks; exit status 130
     this process dies   torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG), even
@@ -28,6 +31,8 @@ _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
 _TORCHRUN_REPORT = re.compile(r"^(Traceback \(most recent call last\):|=+$|\[W\d{4}|[WEI]\d{4} )")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+# gloo's words when the other end of a rank's connection went away (its process died).
+_PEER_LOST = re.compile(r"\[\S*gloo\S*\] (.*?Connection (?:reset|closed) by peer(?: \S+)?)")
 
 
 def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads: int = 1) -> int:
@@ -56,8 +61,19 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
         rank, number = report.killed
         print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)
     else:
-        sys.stderr.writelines(report.errors.values())
+        sys.stderr.writelines(_peer_lost(line, checkpoint_dir) for line in report.errors.values())
     return status
+
+
+def _peer_lost(line: str, checkpoint_dir: Path | None) -> str:
+    """A rank's error line; gloo's report of a vanished peer in the words of the job."""
+    rank_error, lost = _WORKER_ERROR.match(line), _PEER_LOST.search(line)
+    if rank_error is None or lost is None:
+        return line
+    return (
+        f"error: rank {rank_error.group(1)}: lost its connection to another rank (gloo: {lost.group(1)}): "
+        f"that rank stopped, on this node or another, and its own output says why; {_where(checkpoint_dir)}\n"
+    )
 
 
 class _Report:

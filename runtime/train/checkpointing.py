@@ -7,9 +7,9 @@
     --resume                start from the newest intact checkpoint in DIR (an error if none)
     --allow-spec-change     resume from a checkpoint of another spec (entries must keep their shapes)
 
-A worker that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0, with
-`--max-restarts`) resumes from the latest complete checkpoint by itself, or
-starts afresh if none was written yet. A damaged newest checkpoint is passed
+A job that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0 on any rank,
+with `--max-restarts`) resumes from the latest complete checkpoint by itself,
+or starts afresh if none was written yet. A damaged newest checkpoint is passed
 over, with a warning naming it, for the newest intact one. A checkpoint
 keeps the global batch size its steps consumed: resuming with another one
 is refused, since the data position is counted in batches. Rank 0 holds
@@ -44,6 +44,25 @@ from runtime.train.lr_schedule import spell
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
+
+
+def restarted_by_torchrun(process_group: dist.ProcessGroup | None) -> bool:
+    """Whether torchrun restarted this job: the same answer on every rank (a collective).
+
+    Each node's agent counts only its own restarts (TORCHELASTIC_RESTART_COUNT):
+    when a rank on one node fails, that node's count goes up, but the other
+    nodes restart for the new rendezvous round with theirs unchanged. All ranks
+    must resume together, so they take the largest count of any rank.
+    """
+    count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if process_group is None:
+        return count > 0
+    cuda = dist.get_backend(process_group) == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    counts = torch.tensor([count], device=device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=process_group)
+    return int(counts.item()) > 0
+
 
 class Checkpointing:
     """One worker's checkpoints: `resume()` before training, `on_step` after each step.
@@ -85,10 +104,12 @@ class Checkpointing:
 
         `steps`: the run's last step, which the checkpoint must not be past.
         """
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-        if self.directory is not None and self.rank == 0:
+        if self.directory is None:
+            return 0
+        if self.rank == 0:
             self._lock = DirectoryLock(self.directory)
-        if self.directory is None or not (self.resume_requested or restarted):
+        restarted = restarted_by_torchrun(self.process_group)
+        if not (self.resume_requested or restarted):
             return 0
         if latest_checkpoint(self.directory) is None:
             if self.resume_requested:

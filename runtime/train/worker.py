@@ -31,6 +31,7 @@ from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, run_setup
 from runtime.train.lifetime import die_with_parent
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
@@ -85,6 +86,9 @@ def main(options: TrainOptions) -> int:
     rank = dist.get_rank() if process_group is not None else 0
     world_size = dist.get_world_size() if process_group is not None else 1
     device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else None
+    local_ranks = ranks_per_node()
+    if process_group is not None and local_ranks is not None:
+        check_plan_fits_nodes(module.PLAN, local_ranks)
 
     torch.manual_seed(seed)
     model = module.build(process_group=process_group, device=device)
