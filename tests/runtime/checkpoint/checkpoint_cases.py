@@ -24,6 +24,7 @@ from runtime.sharding import distribute_dense
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train
 from runtime.train.worker import load_module
+from runtime.train.process_group import close_process_group, init_process_group
 
 BATCH = 64
 SAVED_AT = 5
@@ -122,8 +123,8 @@ def free_port() -> int:
 
 def init(rank: int, world_size: int, port: int) -> dist.ProcessGroup:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+    init_process_group(
+        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
         timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     return dist.group.WORLD
@@ -154,7 +155,7 @@ def save_and_resume(rank: int, port: int, module_path: str, out: str) -> None:
         torch.save(results, Path(out) / "results.pt")
     del model, optimizer  # DDP's reducer before its process group: the other order can hang at exit
     dist.barrier()
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def load_at(rank: int, world_size: int, port: int, module_path: str, directory: str, out: str) -> None:
@@ -169,7 +170,7 @@ def load_at(rank: int, world_size: int, port: int, module_path: str, directory: 
         torch.save(state, out)
     del model, optimizer  # DDP's reducer before its process group: the other order can hang at exit
     dist.barrier()
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def worker_pids(marker: str, ranks: int = 2, timeout: float = 60.0) -> dict[int, int]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from runtime.modules.blocks import MLP
+from runtime.train.process_group import close_process_group, init_process_group
 
 WORLD_SIZE = 2
 GLOBAL_BATCH = 8
@@ -101,8 +102,8 @@ def gather_uneven(t: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 
 def run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
+    init_process_group(
+        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
         timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     group = dist.group.WORLD
@@ -120,4 +121,4 @@ def run(rank: int, port: int, out: str) -> None:
     results["rank1"] = held[1]
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
-    dist.destroy_process_group()
+    close_process_group()

@@ -15,6 +15,7 @@ import torch.multiprocessing as mp
 
 from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, auc, normalized_entropy
+from runtime.train.process_group import close_process_group, init_process_group
 
 HEADS = [
     HeadConfig("click", "bce", "click", metrics=("ne", "auc", "accuracy")),
@@ -98,8 +99,8 @@ def _free_port() -> int:
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    init_process_group(
+        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     outputs, labels = _data(301)
@@ -111,7 +112,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     values = metrics.compute(dist.group.WORLD)
     if rank == 0:
         Path(out).write_text(json.dumps(values))
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def test_two_ranks_give_the_one_rank_metrics(tmp_path: Path) -> None:

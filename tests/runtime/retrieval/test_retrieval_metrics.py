@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 
 from runtime.reporting.console import format_metrics
 from runtime.retrieval.metrics import RetrievalMetrics, metric_names
+from runtime.train.process_group import close_process_group, init_process_group
 
 KS = (1, 5, 20)
 
@@ -149,8 +150,8 @@ def test_bad_settings_are_named() -> None:
 
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    init_process_group(
+        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     table = _table()
@@ -162,7 +163,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     values = metrics.compute(dist.group.WORLD)
     if rank == 0:
         torch.save(values, Path(out) / "metrics.pt")
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.train.process_group import close_process_group, init_process_group
 
 WORLD = 2
 GLOBAL_BATCH, DIM, ITEMS, STEPS = 8, 4, 12, 3
@@ -81,8 +82,8 @@ def _train(case: dict[str, Any], rows: slice, group: dist.ProcessGroup | None) -
 
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+    init_process_group(
+        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     results = {}
@@ -93,7 +94,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     dist.all_gather_object(gathered, results)
     if rank == 0:
         torch.save(gathered, Path(out) / "ranks.pt")
-    dist.destroy_process_group()
+    close_process_group()
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ from runtime.embeddings.sequence_collection import EmbeddingConfig
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from runtime.sparse.sequence import to_padded
 from runtime.sharding import SparseArch, distribute_dense
+from runtime.train.process_group import close_process_group
 
 WORLD_SIZE = sc.WORLD_SIZE
 GLOBAL_BATCH = 8
@@ -301,7 +302,7 @@ def run_training(rank: int, port: int, out: str) -> None:
     results["errors"] = gathered
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def errors(group: dist.ProcessGroup, rank: int) -> dict[str, str]:
@@ -376,4 +377,4 @@ def run_checkpoints(rank: int, port: int, out: str, saved_at_one: str) -> None:
     }
     if rank == 0:
         torch.save(results, Path(out) / "checkpoints.pt")
-    dist.destroy_process_group()
+    close_process_group()

@@ -25,6 +25,7 @@ from runtime.embeddings.bag_collection import EmbeddingBagConfig
 from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding import SparseArch, distribute_dense
+from runtime.train.process_group import close_process_group, init_process_group
 
 WORLD_SIZE = 2
 GLOBAL_BATCH = 8
@@ -369,8 +370,8 @@ def free_port() -> int:
 
 def init(rank: int, port: int) -> dist.ProcessGroup:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
+    init_process_group(
+        backend="gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=WORLD_SIZE,
@@ -394,7 +395,8 @@ def run_training(rank: int, port: int, out: str) -> None:
     results["state"] = state_checks(model, group)
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
-    dist.destroy_process_group()
+    del model, group  # nothing may hold the group when it closes (see runtime/train/process_group.py)
+    close_process_group()
 
 
 def state_checks(model: TinyModel, group: dist.ProcessGroup) -> dict[str, Any]:

@@ -20,12 +20,13 @@ import torch.multiprocessing as mp
 
 import sharded_cases as sc
 from runtime.sharding.pooled_dist import all_to_all_pooled
+from runtime.train.process_group import close_process_group, init_process_group
 
 
 def _run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+    init_process_group(
+        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )
     values = torch.arange(8.0, requires_grad=True)
@@ -42,7 +43,7 @@ def _run(rank: int, port: int, out: str) -> None:
     dist.all_gather_object(gathered, result)
     if rank == 0:
         torch.save(gathered, Path(out) / "pooled.pt")
-    dist.destroy_process_group()
+    close_process_group()
 
 
 def test_the_received_values_are_freed_after_backward(tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from runtime.sharding import distribute_dense
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train_step
 from runtime.train.worker import load_module
+from runtime.train.process_group import close_process_group, init_process_group
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 CASES = (*SHARDING_TYPES, "mixed")
@@ -117,8 +118,8 @@ def free_port() -> int:
 def run_ranks(rank: int, port: int, paths: dict[str, str], out: str) -> None:
     """Every case at two ranks, plain then pipelined (depth 2, and 3 for `mixed`)."""
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
+    init_process_group(
+        backend="gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
         world_size=2,
@@ -139,4 +140,4 @@ def run_ranks(rank: int, port: int, paths: dict[str, str], out: str) -> None:
             results[case][mode] = result
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
-    dist.destroy_process_group()
+    close_process_group()
