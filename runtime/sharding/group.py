@@ -72,7 +72,48 @@ class EmbeddingGroup(nn.Module):
         self.output_dist = output_dist
 
 
-class ShardLookup(nn.Module):
+class KernelCollections(nn.Module):
+    """This rank's shards as sub-tables on one collection per compute kernel, kept outside the tree.
+
+    `make_collection(configs, kernel)` builds one collection (bag or sequence)
+    of the shards that use `kernel`; the lookup stages of both kinds share the
+    rest: the weights by local table, and moving the collections with the module.
+    """
+
+    def __init__(
+        self, tables: Sequence[LocalTable], make_collection: Callable[[list[Any], str], Any]
+    ) -> None:
+        super().__init__()
+        self.tables = list(tables)
+        by_kernel: dict[str, list[LocalTable]] = {}
+        for table in self.tables:
+            by_kernel.setdefault(table.layout.kernel, []).append(table)
+        self._collection_tables = list(by_kernel.values())
+        self._collections = [
+            make_collection([t.config for t in kernel_tables], kernel)
+            for kernel, kernel_tables in by_kernel.items()
+        ]
+
+    def collections(self) -> list[Any]:
+        return list(self._collections)
+
+    def weights(self) -> list[tuple[LocalTable, torch.Tensor]]:
+        """Each local table with its live weight (rows x cols of its shard)."""
+        return [
+            (table, collection.embedding_parameters()[table.config.name])
+            for collection, tables in zip(self._collections, self._collection_tables)
+            for table in tables
+        ]
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> KernelCollections:
+        # The collections are outside the module tree; move them with it.
+        if recurse:
+            for collection in self._collections:
+                collection._apply(fn)
+        return super()._apply(fn, recurse)
+
+
+class ShardLookup(KernelCollections):
     """Pools this rank's slots with its shards' collections (see the module docstring)."""
 
     def __init__(
@@ -83,36 +124,19 @@ class ShardLookup(nn.Module):
         is_weighted: bool,
         bounds_check: bool,
     ) -> None:
-        super().__init__()
-        self.tables = list(tables)
-        by_kernel: dict[str, list[LocalTable]] = {}
-        for table in self.tables:
-            by_kernel.setdefault(table.layout.kernel, []).append(table)
-        self._collection_tables = list(by_kernel.values())
-        self._collections = [
-            EmbeddingBagCollection(
-                [t.config for t in kernel_tables],
+        super().__init__(
+            tables,
+            lambda configs, kernel: EmbeddingBagCollection(
+                configs,
                 is_weighted=is_weighted,
                 device=device,
                 compute_kernel=kernel,
                 optimizer=optimizer,
                 bounds_check=bounds_check,
-            )
-            for kernel, kernel_tables in by_kernel.items()
-        ]
+            ),
+        )
         self._keys = [f for t in self.tables for f in t.config.feature_names]
         self._splits = [len(c.feature_names()) for c in self._collections]
-
-    def collections(self) -> list[EmbeddingBagCollection]:
-        return list(self._collections)
-
-    def weights(self) -> list[tuple[LocalTable, torch.Tensor]]:
-        """Each local table with its live weight (rows x cols of its shard)."""
-        return [
-            (table, collection.embedding_parameters()[table.config.name])
-            for collection, tables in zip(self._collections, self._collection_tables)
-            for table in tables
-        ]
 
     def forward(self, ids: Awaitable[RoutedIds]) -> PooledShards:
         routed = ids.wait()
@@ -131,13 +155,6 @@ class ShardLookup(nn.Module):
             else [features] * len(self._collections)
         )
         return torch.cat([c(p).values() for c, p in zip(self._collections, parts)], dim=1)
-
-    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> ShardLookup:
-        # The collections are outside the module tree; move them with it.
-        if recurse:
-            for collection in self._collections:
-                collection._apply(fn)
-        return super()._apply(fn, recurse)
 
 
 def sharded_lookup(tables: Sequence[TableLayout], env: GroupEnv) -> ShardLookup:

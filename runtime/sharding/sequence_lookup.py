@@ -12,7 +12,7 @@ and output_dist hands them on in the group's key order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from torch import nn
 from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.sharding.awaitable import Awaitable, Done
-from runtime.sharding.group import EmbeddingGroup, GroupEnv, RoutedIds
+from runtime.sharding.group import EmbeddingGroup, GroupEnv, KernelCollections, RoutedIds
 from runtime.sharding.layout import LocalTable, Shard, TableLayout, group_keys, local_tables
 from runtime.sharding.local import LocalInputDist
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
@@ -34,7 +34,7 @@ class SequenceRows:
     batch_size: int  # the local batch size (the same on every rank)
 
 
-class SequenceShardLookup(nn.Module):
+class SequenceShardLookup(KernelCollections):
     """Looks up this rank's sequence shards, one EmbeddingCollection per compute kernel."""
 
     def __init__(
@@ -44,33 +44,16 @@ class SequenceShardLookup(nn.Module):
         device: torch.device,
         bounds_check: bool,
     ) -> None:
-        super().__init__()
-        self.tables = list(tables)
-        by_kernel: dict[str, list[LocalTable]] = {}
-        for table in self.tables:
-            by_kernel.setdefault(table.layout.kernel, []).append(table)
-        self._collection_tables = list(by_kernel.values())
-        self._collections = [
-            EmbeddingCollection(
-                [t.config for t in kernel_tables],
+        super().__init__(
+            tables,
+            lambda configs, kernel: EmbeddingCollection(
+                configs,
                 device=device,
                 compute_kernel=kernel,
                 optimizer=optimizer,
                 bounds_check=bounds_check,
-            )
-            for kernel, kernel_tables in by_kernel.items()
-        ]
-
-    def collections(self) -> list[EmbeddingCollection]:
-        return list(self._collections)
-
-    def weights(self) -> list[tuple[LocalTable, torch.Tensor]]:
-        """Each local table with its live weight (rows x cols of its shard)."""
-        return [
-            (table, collection.embedding_parameters()[table.config.name])
-            for collection, tables in zip(self._collections, self._collection_tables)
-            for table in tables
-        ]
+            ),
+        )
 
     def forward(self, ids: Awaitable[RoutedIds]) -> SequenceRows:
         routed = ids.wait()
@@ -82,13 +65,6 @@ class SequenceShardLookup(nn.Module):
         for collection in self._collections:
             rows.update(collection(features))
         return rows
-
-    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> SequenceShardLookup:
-        # The collections are outside the module tree; move them with it.
-        if recurse:
-            for collection in self._collections:
-                collection._apply(fn)
-        return super()._apply(fn, recurse)
 
 
 class LocalSequenceOutputDist(nn.Module):
