@@ -37,12 +37,18 @@ from runtime.sharding.sequence_group import RoutedSequences, sequence_lookup
 
 
 class CopyInputDist(nn.Module):
-    """Sends each slot's ids, unchanged, to the rank that looks the slot up."""
+    """Sends each slot's ids, unchanged, to the rank that looks the slot up.
 
-    def __init__(self, slots: Sequence[Sequence[Slot]], env: GroupEnv) -> None:
+    `weighted` (default: the group's) says whether per-id weights travel too.
+    """
+
+    def __init__(
+        self, slots: Sequence[Sequence[Slot]], env: GroupEnv, weighted: bool | None = None
+    ) -> None:
         super().__init__()
+        weighted = env.is_weighted if weighted is None else weighted
         routed = [slot for rank_slots in slots for slot in rank_slots]
-        self._select = FeatureSelection([slot.feature for slot in routed], env.is_weighted)
+        self._select = FeatureSelection([slot.feature for slot in routed], weighted)
         self._check = id_check(
             [slot.feature for slot in routed],
             [slot.layout.config.describe() for slot in routed],
@@ -53,7 +59,7 @@ class CopyInputDist(nn.Module):
             [len(rank_slots) for rank_slots in slots],
             [slot.name for slot in slots[env.rank]],
             env.process_group,
-            env.is_weighted,
+            weighted,
         )
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedIds]:
@@ -63,25 +69,12 @@ class CopyInputDist(nn.Module):
         return Awaitable(lambda: RoutedIds(pending.wait(), batch))
 
 
-class CopySequenceInputDist(nn.Module):
+class CopySequenceInputDist(CopyInputDist):
     """`CopyInputDist` for sequence tables: no weights, and the counts the rows go back with."""
 
     def __init__(self, slots: Sequence[Sequence[Slot]], env: GroupEnv) -> None:
-        super().__init__()
+        super().__init__(slots, env, weighted=False)
         routed = [slot for rank_slots in slots for slot in rank_slots]
-        self._select = FeatureSelection([slot.feature for slot in routed], False)
-        self._check = id_check(
-            [slot.feature for slot in routed],
-            [slot.layout.config.describe() for slot in routed],
-            [slot.layout.config.num_embeddings for slot in routed],
-            env.rank,
-        )
-        self._ids = IdsAllToAll(
-            [len(rank_slots) for rank_slots in slots],
-            [slot.name for slot in slots[env.rank]],
-            env.process_group,
-            False,
-        )
         # Each key's lengths: those of the first routed slot that carries it.
         first: dict[int, int] = {}
         for t, slot in enumerate(routed):
@@ -89,7 +82,7 @@ class CopySequenceInputDist(nn.Module):
         key_rows = torch.tensor([first[k] for k in sorted(first)], dtype=torch.int64)
         self.register_buffer("key_rows", key_rows, persistent=False)
 
-    def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedSequences]:
+    def forward(self, features: KeyedJaggedTensor) -> Awaitable[RoutedSequences]:  # type: ignore[override]
         routed = self._select(self._check(features))
         batch = routed.stride()
         pending, received = self._ids.start_counted(routed)
