@@ -20,7 +20,6 @@ from malformed_batches import MALFORMED
 from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[3]
-SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
 
 # Trains a generated module in a fresh interpreter that never imports the compiler.
 TRAIN_SCRIPT = """
@@ -28,6 +27,7 @@ import itertools, json, sys, torch
 from runtime.train.worker import load_module
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train
+from model_specs import SPECS, golden_stem
 module = load_module(sys.argv[1])
 torch.manual_seed(0)
 model = module.build()
@@ -56,7 +56,7 @@ def test_module_matches_golden(spec: str, golden) -> None:
     shows what a change does to every model. Normalised: the compiler version is a placeholder."""
     source = emit(compile_spec(spec, Options(world_size=1))).source
     normalised = source.replace(f"reccompile {__version__} ", "reccompile <version> ", 1)
-    golden.check(f"modules/{Path(spec).stem}.ws1.py.txt", normalised)
+    golden.check(f"modules/{golden_stem(spec)}.ws1.py.txt", normalised)
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -15,9 +15,9 @@ from compiler.planner.planner import plan, topology_from_ir
 from compiler.lowering.shapes import check_shapes
 from compiler.spec.load import load
 from compiler.spec.validate import validate
+from model_specs import SPECS, golden_stem
 
 REPO = Path(__file__).resolve().parents[3]
-SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,7 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("spec", SPECS)
 def test_graph_matches_golden(spec: str, world_size: int, golden) -> None:
     lowered = compile_spec(spec, Options(world_size=world_size))
-    golden.check(f"{Path(spec).stem}.ws{world_size}.graph.txt", graph_text(lowered))
+    golden.check(f"{golden_stem(spec)}.ws{world_size}.graph.txt", graph_text(lowered))
 
 
 def test_graph_has_the_distributed_stages_in_order() -> None:

@@ -13,9 +13,9 @@ from compiler.lowering.graph_text import stages_text
 from compiler.pipeline import Options, compile_spec
 from compiler.lowering.split import split_stages
 from runtime.train.worker import load_module
+from model_specs import SPECS, golden_stem
 
 REPO = Path(__file__).resolve().parents[3]
-SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)
@@ -26,7 +26,7 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("spec", SPECS)
 def test_stages_match_golden(spec: str, golden) -> None:
     lowered = compile_spec(spec, Options(world_size=2))
-    golden.check(f"{Path(spec).stem}.ws2.stages.txt", stages_text(lowered))
+    golden.check(f"{golden_stem(spec)}.ws2.stages.txt", stages_text(lowered))
 
 
 def test_graph_stages_prints_the_golden_text(capsys) -> None:

@@ -15,9 +15,9 @@ from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.serving.export_dir import import_module
+from model_specs import SPECS, golden_stem
 
 REPO = Path(__file__).resolve().parents[3]
-SPECS = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "specs").glob("*.yaml"))
 
 
 @pytest.fixture(autouse=True)
