@@ -12,7 +12,11 @@ their max_length (`truncate_keyed`); its sequence tables have groups of their
 own (`<type>_sequence`) whose output is each feature's rows, a JaggedTensor.
 A sequence value is two nodes, the padded [B, max_length, D] rows and the
 lengths [B], kept together; a pooled feature of a sequence table is pooled
-from its rows (`pool_rows`).
+from its rows (`pool_rows`). A field stack is one [B, N, D] node: a `stack`
+block unflattens its vector inputs (a run of k adjacent sparse features is
+one [B, k * D] slice) and concatenates them along the fields; `dot` and `fm`
+read a stack flattened; a dense feature with `embed` is its
+`dense_<name>_embedding` module's output.
 
 Each node carries `meta["loc"]` (its spec location), `meta["stage"]` and
 `meta["pipeline_stage"]` (0: the input side the pipeline runs ahead, 1: the
@@ -29,8 +33,23 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.ir import SEQUENCE_OPS, Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Sum
-from compiler.lowering.calls import block_call, sparse_arch_call
+from compiler.ir import (
+    SEQUENCE_OPS,
+    STACK_OPS,
+    Block,
+    Concat,
+    Dot,
+    DotProduct,
+    Fm,
+    Head,
+    Input,
+    Location,
+    ModelIR,
+    Moe,
+    Stack,
+    Sum,
+)
+from compiler.lowering.calls import block_call, numeric_embedding_call, sparse_arch_call
 from compiler.lowering.sequences import SequenceLowering, groups_of
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
@@ -97,6 +116,13 @@ class _GraphBuilder:
                 "call_function", operator.getitem, (dense, feature.name),
                 name=f"dense_{feature.name}", loc=feature.loc, stage="input",
             )
+            if feature.is_stack:
+                target = f"dense_{feature.name}_embedding"
+                self.modules.append(ModuleDecl(target, numeric_embedding_call(feature), feature.loc))
+                self.values[f"dense.{feature.name}"] = self.node(
+                    "call_module", target, (self.values[f"dense.{feature.name}"],),
+                    name=target, loc=feature.loc, stage="dense", path=f"features.dense.{feature.name}",
+                )
         self.build_sparse(sparse)
         for block in ir.blocks:
             self.build_block(block)
@@ -173,26 +199,60 @@ class _GraphBuilder:
     # -- blocks ------------------------------------------------------------
     def input_nodes(self, block_name: str, inputs: tuple[Input, ...], loc: Location) -> list[fx.Node]:
         """Nodes for the inputs; runs of sparse features contiguous in one group become one node."""
-        nodes: list[fx.Node] = []
-        run: list[str] = []
+        return [node for node, _ in self.input_runs(block_name, inputs, loc)]
+
+    def input_runs(
+        self, block_name: str, inputs: tuple[Input, ...], loc: Location
+    ) -> list[tuple[fx.Node, list[Input]]]:
+        """`input_nodes` with the inputs each node holds (several for a run of sparse features)."""
+        nodes: list[tuple[fx.Node, list[Input]]] = []
+        run: list[Input] = []
 
         def flush() -> None:
             if run:
-                nodes.append(self.sparse_run(list(run), loc, f"{block_name}_sparse"))
+                nodes.append((self.sparse_run([i.name for i in run], loc, f"{block_name}_sparse"), list(run)))
                 run.clear()
 
         for item in inputs:
             if item.kind == "sparse" and item.name in self.sparse_home:
                 if run:
-                    group, index = self.sparse_home[run[-1]]
+                    group, index = self.sparse_home[run[-1].name]
                     if self.sparse_home[item.name] != (group, index + 1):
                         flush()
-                run.append(item.name)
+                run.append(item)
                 continue
             flush()
-            nodes.append(self.value(item, loc))
+            nodes.append((self.value(item, loc), [item]))
         flush()
         return nodes
+
+    def vector_nodes(self, block: Block) -> list[fx.Node]:
+        """`input_nodes` with each field stack flattened to [B, N * D]: dot and fm read its fields as vectors."""
+        nodes = []
+        for node, items in self.input_runs(block.name, block.inputs, block.loc):
+            if items[0].is_stack:
+                node = self.node(
+                    "call_method", "flatten", (node, 1), name=f"{block.name}_fields", loc=block.loc, stage="dense"
+                )
+            nodes.append(node)
+        return nodes
+
+    def stack(self, block: Block) -> fx.Node:
+        """The inputs as one field stack [B, N, D]: vectors unflattened to fields, concatenated along them."""
+        parts = []
+        for node, items in self.input_runs(block.name, block.inputs, block.loc):
+            if not items[0].is_stack:
+                node = self.node(
+                    "call_method", "unflatten", (node, 1, (len(items), block.width)),
+                    name=f"{block.name}_fields", loc=block.loc, stage="dense",
+                )
+            parts.append(node)
+        if len(parts) == 1:
+            return parts[0]
+        return self.node(
+            "call_function", torch.cat, (parts,), {"dim": 1},
+            name=block.name, loc=block.loc, stage="dense", path=f"model.{block.name}",
+        )
 
     def value(self, item: Input, loc: Location) -> fx.Node:
         if item.kind == "sparse" and item.name in self.sparse_home:
@@ -215,15 +275,33 @@ class _GraphBuilder:
             self.declare(block, block_call(block, block.inputs[0].width))
             self.sequences.block(block)
             return
-        nodes = self.input_nodes(name, block.inputs, loc)
+        if isinstance(op, Stack):
+            self.values[name] = self.stack(block)
+            return
+        if isinstance(op, STACK_OPS):
+            self.declare(block, block_call(block, block.inputs[0].width))
+            x = self.value(block.inputs[0], loc)
+            self.values[name] = self.node("call_module", name, (x,), name=name, loc=loc, stage="dense", path=path)
+            return
         in_width = sum(item.width for item in block.inputs)
+        if isinstance(op, (DotProduct, Sum)):
+            # One tensor per input: these blocks read their inputs as separate vectors, so a run of
+            # sparse features adjacent in one group must not arrive as one merged tensor.
+            self.declare(block, block_call(block, in_width))
+            nodes = [self.value(item, loc) for item in block.inputs]
+            self.values[name] = self.node(
+                "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path
+            )
+            return
+        dot_or_fm = isinstance(op, (Dot, Fm))
+        nodes = self.vector_nodes(block) if dot_or_fm else self.input_nodes(name, block.inputs, loc)
         if isinstance(op, Concat):
             self.values[name] = self.node(
                 "call_function", torch.cat, (nodes,), {"dim": 1},
                 name=name, loc=loc, stage="dense", path=path,
             )
             return
-        if isinstance(op, (DotProduct, Sum, Dot)):
+        if isinstance(op, Dot):
             self.declare(block, block_call(block, in_width))
             self.values[name] = self.node(
                 "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path
