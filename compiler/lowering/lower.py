@@ -38,6 +38,7 @@ from compiler.ir import (
     STACK_OPS,
     Block,
     Concat,
+    DenseFeature,
     Dot,
     DotProduct,
     Fm,
@@ -85,6 +86,7 @@ class _GraphBuilder:
         self.group_pending: dict[str, fx.Node] = {}  # group -> output_dist awaitable node
         self.group_ready: dict[str, fx.Node] = {}  # group -> waited KeyedTensor node
         self.sequences = SequenceLowering(self)
+        self.unembedded: dict[str, DenseFeature] = {}  # dense features with `embed`, until first read
 
     # -- nodes -------------------------------------------------------------
     def node(
@@ -117,12 +119,8 @@ class _GraphBuilder:
                 name=f"dense_{feature.name}", loc=feature.loc, stage="input",
             )
             if feature.is_stack:
-                target = f"dense_{feature.name}_embedding"
-                self.modules.append(ModuleDecl(target, numeric_embedding_call(feature), feature.loc))
-                self.values[f"dense.{feature.name}"] = self.node(
-                    "call_module", target, (self.values[f"dense.{feature.name}"],),
-                    name=target, loc=feature.loc, stage="dense", path=f"features.dense.{feature.name}",
-                )
+                self.modules.append(ModuleDecl(_embedding_target(feature), numeric_embedding_call(feature), feature.loc))
+                self.unembedded[f"dense.{feature.name}"] = feature
         self.build_sparse(sparse)
         for block in ir.blocks:
             self.build_block(block)
@@ -255,11 +253,21 @@ class _GraphBuilder:
         )
 
     def value(self, item: Input, loc: Location) -> fx.Node:
+        if item.ref() in self.unembedded:
+            self.embed_dense(self.unembedded.pop(item.ref()))
         if item.kind == "sparse" and item.name in self.sparse_home:
             return self.sparse_run([item.name], loc, f"sparse_{item.name}")
         if item.kind == "sparse":
             return self.sequences.feature(item.name, loc)
         return self.values[item.ref()]
+
+    def embed_dense(self, feature: DenseFeature) -> None:
+        """The feature's field stack, made where it is first read: after the sparse stages have started."""
+        ref, target = f"dense.{feature.name}", _embedding_target(feature)
+        self.values[ref] = self.node(
+            "call_module", target, (self.values[ref],),
+            name=target, loc=feature.loc, stage="dense", path=f"features.dense.{feature.name}",
+        )
 
     def concat(self, name: str, nodes: list[fx.Node], loc: Location) -> fx.Node:
         if len(nodes) == 1:
@@ -332,6 +340,10 @@ class _GraphBuilder:
             "call_method", "squeeze", (x, -1),
             name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
         )
+
+
+def _embedding_target(feature: DenseFeature) -> str:
+    return f"dense_{feature.name}_embedding"
 
 
 def _table_of(ir: ModelIR, feature: str) -> str:

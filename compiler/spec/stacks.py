@@ -88,8 +88,8 @@ def _stack(checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock],
     for ref in misfits:
         shape = describe(ref, blocks, features)
         message = (
-            f"'{ref.text()}' is {kind_name(ref, blocks, features)} {shape} with fields {widths[id(ref)]} wide, "
-            f"but this stack's fields are {dim} wide ({others}); every input of a stack has the same width"
+            f"'{ref.text()}' {shape} is {widths[id(ref)]} wide, but the other inputs of this stack are {dim} wide "
+            f"({others}); a stack's inputs have one width"
         )
         checker.error(ref.node, message)
     fields = [1 if not is_stack(ref, blocks, features) else value_fields(ref, blocks, features) for ref in refs]
