@@ -48,11 +48,22 @@ class Optimizer:
 
 @dataclass(frozen=True, slots=True)
 class DenseFeature:
-    """A float vector of `size` columns, referenced as `dense.<name>`."""
+    """A float vector of `size` columns, referenced as `dense.<name>`.
+
+    With `embed_dim` (`embed: {dim: D}` in the spec) the value in the model is
+    a field stack [B, size, D] instead: column i times its own learned
+    vector v_i, plus a learned b_i with `embed_bias`.
+    """
 
     name: str
     size: int
     loc: Location
+    embed_dim: int | None = None
+    embed_bias: bool = False
+
+    @property
+    def is_stack(self) -> bool:
+        return self.embed_dim is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +130,8 @@ class Input:
     for blocks with several outputs (moe), the `port` (a task name); kind
     `timestamps` names a timestamps feature (a side input of `hstu`).
     A vector is [B, width]; a sequence has a `length` and is
-    [B, <= length, width] with its lengths.
+    [B, <= length, width] with its lengths; a field stack has `fields` and
+    is [B, fields, width].
     """
 
     kind: Literal["dense", "sparse", "block", "timestamps"]
@@ -127,10 +139,15 @@ class Input:
     width: int
     port: str | None = None
     length: int | None = None  # set for sequences only
+    fields: int | None = None  # set for field stacks only
 
     @property
     def is_sequence(self) -> bool:
         return self.length is not None
+
+    @property
+    def is_stack(self) -> bool:
+        return self.fields is not None
 
     def ref(self) -> str:
         """The reference as written in a spec (`dense.x`, `sparse.y`, `b`, `b.task`)."""
@@ -229,10 +246,64 @@ class Hstu:
     timestamps: Input
 
 
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """Vectors and field stacks of one width D stacked along a field axis: [B, N, D]."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flatten:
+    """A field stack [B, N, D] as the vector [B, N * D], field after field."""
+
+
+@dataclass(frozen=True, slots=True)
+class SelfAttention:
+    """AutoInt's interacting layers: multi-head self-attention over the fields of a stack."""
+
+    num_layers: int
+    num_heads: int
+    attention_dim: int  # per head; the output fields are num_heads * attention_dim wide
+    residual: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Cin:
+    """xDeepFM's compressed interaction network over a stack; its output is a vector."""
+
+    layer_sizes: tuple[int, ...]
+    split_half: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Wukong:
+    """Wukong layers (factorization-machine block + linear compress block) over a stack."""
+
+    num_layers: int
+    num_fmb: int
+    num_lcb: int
+    rank: int
+    fmb_layers: tuple[int, ...]
+    activation: str
+
+
+@dataclass(frozen=True, slots=True)
+class MaskNet:
+    """MaskNet's instance-guided mask blocks over a stack, serial or parallel; its output is a vector."""
+
+    mode: Literal["serial", "parallel"]
+    block_sizes: tuple[int, ...]
+    reduction_ratio: float
+    layer_norm: bool
+    emb_layer_norm: bool
+    layers: tuple[int, ...]
+
+
 BlockOp = Union[
-    Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe, SequencePool, TargetAttention, Transformer, Hstu
-]
+    Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe, SequencePool, TargetAttention, Transformer, Hstu,
+    Stack, Flatten, SelfAttention, Cin, Wukong, MaskNet,
+]  # fmt: skip
 SEQUENCE_OPS = (SequencePool, TargetAttention, Transformer, Hstu)  # the blocks that read a sequence
+STACK_OPS = (Flatten, SelfAttention, Cin, Wukong, MaskNet)  # the blocks that read one field stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +311,8 @@ class Block:
     """A node of the dense DAG. `width` is the output width (per port for moe).
 
     A block whose output is a sequence (transformer, hstu) has its `length`,
-    the longest sequence it gives.
+    the longest sequence it gives; one whose output is a field stack (stack,
+    self_attention, wukong) has its `fields`, [B, fields, width].
     """
 
     name: str
@@ -249,6 +321,7 @@ class Block:
     width: int
     loc: Location
     length: int | None = None
+    fields: int | None = None
 
     @property
     def type(self) -> str:
@@ -268,6 +341,12 @@ BLOCK_TYPE_NAMES: dict[type, str] = {
     TargetAttention: "target_attention",
     Transformer: "transformer",
     Hstu: "hstu",
+    Stack: "stack",
+    Flatten: "flatten",
+    SelfAttention: "self_attention",
+    Cin: "cin",
+    Wukong: "wukong",
+    MaskNet: "mask_block",
 }
 
 

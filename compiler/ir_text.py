@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from compiler.ir import Block, Data, Head, Input, Location, ModelIR, Sharding, SparseFeature, Training
+from compiler.ir import Block, Data, DenseFeature, Head, Input, Location, ModelIR, Sharding, SparseFeature, Training
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_./*-]*")
 _YAML_WORDS = {"true", "false", "null", "yes", "no", "on", "off", "y", "n", "~"}
@@ -30,7 +30,7 @@ def format_ir(ir: ModelIR) -> str:
         f"source_sha256: {ir.source_sha256}",
         "features:",
         "  dense:" + ("" if ir.dense else " []"),
-        *(_entry(4, feature, feature.loc) for feature in ir.dense),
+        *(_dense_entry(feature) for feature in ir.dense),
         "  sparse:" + ("" if ir.sparse else " []"),
         *(_sparse_entry(feature) for feature in ir.sparse),
         *(["  timestamps:"] if ir.timestamps else []),
@@ -57,11 +57,15 @@ def _block(block: Block) -> list[str]:
     lines.append(f"    width: {block.width}")
     if block.length is not None:
         lines.append(f"    length: {block.length}")  # a sequence output: [B, <= length, width]
+    if block.fields is not None:
+        lines.append(f"    fields: {block.fields}")  # a field stack output: [B, fields, width]
     return lines
 
 
 def _value_shape(ref: Input) -> str:
-    """A vector's width, or a sequence's {length, width}."""
+    """A vector's width, a sequence's {length, width}, or a field stack's {fields, width}."""
+    if ref.fields is not None:
+        return f"{{fields: {ref.fields}, width: {ref.width}}}"
     return str(ref.width) if ref.length is None else f"{{length: {ref.length}, width: {ref.width}}}"
 
 
@@ -97,6 +101,13 @@ def _body(value: Any, skip: tuple[str, ...] = ()) -> list[str]:
 
 def _entry(indent: int, value: Any, loc: Location) -> str:
     return " " * indent + "- " + _flow(value) + _comment(loc)
+
+
+def _dense_entry(feature: DenseFeature) -> str:
+    """A dense feature; `embed_dim` and `embed_bias` only on one with `embed` (a field stack)."""
+    skip = () if feature.is_stack else ("embed_dim", "embed_bias")
+    fields = ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(feature, skip).items())
+    return "    - {" + fields + "}" + _comment(feature.loc)
 
 
 def _sparse_entry(feature: SparseFeature) -> str:

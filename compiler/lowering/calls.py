@@ -10,29 +10,36 @@ from __future__ import annotations
 
 from compiler.ir import (
     SEQUENCE_OPS,
+    STACK_OPS,
     Block,
+    Cin,
     CrossNet,
+    DenseFeature,
     Dot,
     DotProduct,
+    Flatten,
     Fm,
     Head,
     Hstu,
+    MaskNet,
     Mlp,
     ModelIR,
     Moe,
     Optimizer,
+    SelfAttention,
     SequencePool,
     Sum,
     Table,
     TargetAttention,
     Transformer,
+    Wukong,
 )
 from compiler.lowering.types import BuildArg, Call
 
 
 def _vectors(block: Block) -> tuple[int, int]:
-    """(number of vectors, their width) for dot and fm: each input is one vector."""
-    return len(block.inputs), block.inputs[0].width
+    """(number of vectors, their width) for dot and fm: each input is one vector, a field stack its fields."""
+    return sum(item.fields or 1 for item in block.inputs), block.inputs[0].width
 
 
 def block_call(block: Block, in_width: int) -> Call:
@@ -82,6 +89,8 @@ def _block_op_call(block: Block, in_width: int) -> Call:
         ))
     if isinstance(op, SEQUENCE_OPS):
         return _sequence_block_call(block)
+    if isinstance(op, STACK_OPS):
+        return _stack_block_call(block)
     raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
 
 
@@ -114,6 +123,57 @@ def _sequence_block_call(block: Block) -> Call:
         ("linear_dim", op.linear_dim),
         ("max_length", block.length),
         ("num_buckets", op.num_buckets),
+    ))
+
+
+def _stack_block_call(block: Block) -> Call:
+    op, stack = block.op, block.inputs[0]
+    assert stack.fields is not None
+    shape = (("num_fields", stack.fields), ("dim", stack.width))
+    if isinstance(op, Flatten):
+        return Call("runtime.modules.field_stack.Flatten", shape)
+    if isinstance(op, SelfAttention):
+        return Call("runtime.modules.field_attention.FieldSelfAttention", (
+            *shape,
+            ("head_dim", op.attention_dim),
+            ("num_heads", op.num_heads),
+            ("num_layers", op.num_layers),
+            ("residual", op.residual),
+        ))
+    if isinstance(op, Cin):
+        return Call("runtime.modules.cin.CIN", (
+            *shape, ("layer_sizes", list(op.layer_sizes)), ("split_half", op.split_half),
+        ))  # fmt: skip
+    if isinstance(op, Wukong):
+        return Call("runtime.modules.wukong.Wukong", (
+            *shape,
+            ("num_layers", op.num_layers),
+            ("num_fmb", op.num_fmb),
+            ("num_lcb", op.num_lcb),
+            ("rank", op.rank),
+            ("fmb_layers", list(op.fmb_layers)),
+            ("activation", op.activation),
+        ))
+    assert isinstance(op, MaskNet)
+    return Call("runtime.modules.mask_block.MaskNet", (
+        *shape,
+        ("mode", op.mode),
+        ("block_sizes", list(op.block_sizes)),
+        ("reduction_ratio", op.reduction_ratio),
+        ("emb_layer_norm", op.emb_layer_norm),
+        ("layer_norm", op.layer_norm),
+        ("layers", list(op.layers)),
+    ))
+
+
+def numeric_embedding_call(feature: DenseFeature) -> Call:
+    """The module that makes a dense feature with `embed` a field stack [B, size, dim]."""
+    assert feature.embed_dim is not None
+    return Call("runtime.modules.field_stack.NumericEmbedding", (
+        ("size", feature.size),
+        ("dim", feature.embed_dim),
+        ("bias", feature.embed_bias),
+        ("where", str(feature.loc)),
     ))
 
 

@@ -12,7 +12,11 @@ their max_length (`truncate_keyed`); its sequence tables have groups of their
 own (`<type>_sequence`) whose output is each feature's rows, a JaggedTensor.
 A sequence value is two nodes, the padded [B, max_length, D] rows and the
 lengths [B], kept together; a pooled feature of a sequence table is pooled
-from its rows (`pool_rows`).
+from its rows (`pool_rows`). A field stack is one [B, N, D] node: a `stack`
+block unflattens its vector inputs (a run of k adjacent sparse features is
+one [B, k * D] slice) and concatenates them along the fields; `dot` and `fm`
+read a stack flattened; a dense feature with `embed` is its
+`dense_<name>_embedding` module's output.
 
 Each node carries `meta["loc"]` (its spec location), `meta["stage"]` and
 `meta["pipeline_stage"]` (0: the input side the pipeline runs ahead, 1: the
@@ -29,8 +33,24 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.ir import SEQUENCE_OPS, Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Sum
-from compiler.lowering.calls import block_call, sparse_arch_call
+from compiler.ir import (
+    SEQUENCE_OPS,
+    STACK_OPS,
+    Block,
+    Concat,
+    DenseFeature,
+    Dot,
+    DotProduct,
+    Fm,
+    Head,
+    Input,
+    Location,
+    ModelIR,
+    Moe,
+    Stack,
+    Sum,
+)
+from compiler.lowering.calls import block_call, numeric_embedding_call, sparse_arch_call
 from compiler.lowering.sequences import SequenceLowering, groups_of
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
@@ -66,6 +86,7 @@ class _GraphBuilder:
         self.group_pending: dict[str, fx.Node] = {}  # group -> output_dist awaitable node
         self.group_ready: dict[str, fx.Node] = {}  # group -> waited KeyedTensor node
         self.sequences = SequenceLowering(self)
+        self.unembedded: dict[str, DenseFeature] = {}  # dense features with `embed`, until first read
 
     # -- nodes -------------------------------------------------------------
     def node(
@@ -97,6 +118,9 @@ class _GraphBuilder:
                 "call_function", operator.getitem, (dense, feature.name),
                 name=f"dense_{feature.name}", loc=feature.loc, stage="input",
             )
+            if feature.is_stack:
+                self.modules.append(ModuleDecl(_embedding_target(feature), numeric_embedding_call(feature), feature.loc))
+                self.unembedded[f"dense.{feature.name}"] = feature
         self.build_sparse(sparse)
         for block in ir.blocks:
             self.build_block(block)
@@ -173,33 +197,77 @@ class _GraphBuilder:
     # -- blocks ------------------------------------------------------------
     def input_nodes(self, block_name: str, inputs: tuple[Input, ...], loc: Location) -> list[fx.Node]:
         """Nodes for the inputs; runs of sparse features contiguous in one group become one node."""
-        nodes: list[fx.Node] = []
-        run: list[str] = []
+        return [node for node, _ in self.input_runs(block_name, inputs, loc)]
+
+    def input_runs(
+        self, block_name: str, inputs: tuple[Input, ...], loc: Location
+    ) -> list[tuple[fx.Node, list[Input]]]:
+        """`input_nodes` with the inputs each node holds (several for a run of sparse features)."""
+        nodes: list[tuple[fx.Node, list[Input]]] = []
+        run: list[Input] = []
 
         def flush() -> None:
             if run:
-                nodes.append(self.sparse_run(list(run), loc, f"{block_name}_sparse"))
+                nodes.append((self.sparse_run([i.name for i in run], loc, f"{block_name}_sparse"), list(run)))
                 run.clear()
 
         for item in inputs:
             if item.kind == "sparse" and item.name in self.sparse_home:
                 if run:
-                    group, index = self.sparse_home[run[-1]]
+                    group, index = self.sparse_home[run[-1].name]
                     if self.sparse_home[item.name] != (group, index + 1):
                         flush()
-                run.append(item.name)
+                run.append(item)
                 continue
             flush()
-            nodes.append(self.value(item, loc))
+            nodes.append((self.value(item, loc), [item]))
         flush()
         return nodes
 
+    def vector_nodes(self, block: Block) -> list[fx.Node]:
+        """`input_nodes` with each field stack flattened to [B, N * D]: dot and fm read its fields as vectors."""
+        nodes = []
+        for node, items in self.input_runs(block.name, block.inputs, block.loc):
+            if items[0].is_stack:
+                node = self.node(
+                    "call_method", "flatten", (node, 1), name=f"{block.name}_fields", loc=block.loc, stage="dense"
+                )
+            nodes.append(node)
+        return nodes
+
+    def stack(self, block: Block) -> fx.Node:
+        """The inputs as one field stack [B, N, D]: vectors unflattened to fields, concatenated along them."""
+        parts = []
+        for node, items in self.input_runs(block.name, block.inputs, block.loc):
+            if not items[0].is_stack:
+                node = self.node(
+                    "call_method", "unflatten", (node, 1, (len(items), block.width)),
+                    name=f"{block.name}_fields", loc=block.loc, stage="dense",
+                )
+            parts.append(node)
+        if len(parts) == 1:
+            return parts[0]
+        return self.node(
+            "call_function", torch.cat, (parts,), {"dim": 1},
+            name=block.name, loc=block.loc, stage="dense", path=f"model.{block.name}",
+        )
+
     def value(self, item: Input, loc: Location) -> fx.Node:
+        if item.ref() in self.unembedded:
+            self.embed_dense(self.unembedded.pop(item.ref()))
         if item.kind == "sparse" and item.name in self.sparse_home:
             return self.sparse_run([item.name], loc, f"sparse_{item.name}")
         if item.kind == "sparse":
             return self.sequences.feature(item.name, loc)
         return self.values[item.ref()]
+
+    def embed_dense(self, feature: DenseFeature) -> None:
+        """The feature's field stack, made where it is first read: after the sparse stages have started."""
+        ref, target = f"dense.{feature.name}", _embedding_target(feature)
+        self.values[ref] = self.node(
+            "call_module", target, (self.values[ref],),
+            name=target, loc=feature.loc, stage="dense", path=f"features.dense.{feature.name}",
+        )
 
     def concat(self, name: str, nodes: list[fx.Node], loc: Location) -> fx.Node:
         if len(nodes) == 1:
@@ -215,15 +283,33 @@ class _GraphBuilder:
             self.declare(block, block_call(block, block.inputs[0].width))
             self.sequences.block(block)
             return
-        nodes = self.input_nodes(name, block.inputs, loc)
+        if isinstance(op, Stack):
+            self.values[name] = self.stack(block)
+            return
+        if isinstance(op, STACK_OPS):
+            self.declare(block, block_call(block, block.inputs[0].width))
+            x = self.value(block.inputs[0], loc)
+            self.values[name] = self.node("call_module", name, (x,), name=name, loc=loc, stage="dense", path=path)
+            return
         in_width = sum(item.width for item in block.inputs)
+        if isinstance(op, (DotProduct, Sum)):
+            # One tensor per input: these blocks read their inputs as separate vectors, so a run of
+            # sparse features adjacent in one group must not arrive as one merged tensor.
+            self.declare(block, block_call(block, in_width))
+            nodes = [self.value(item, loc) for item in block.inputs]
+            self.values[name] = self.node(
+                "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path
+            )
+            return
+        dot_or_fm = isinstance(op, (Dot, Fm))
+        nodes = self.vector_nodes(block) if dot_or_fm else self.input_nodes(name, block.inputs, loc)
         if isinstance(op, Concat):
             self.values[name] = self.node(
                 "call_function", torch.cat, (nodes,), {"dim": 1},
                 name=name, loc=loc, stage="dense", path=path,
             )
             return
-        if isinstance(op, (DotProduct, Sum, Dot)):
+        if isinstance(op, Dot):
             self.declare(block, block_call(block, in_width))
             self.values[name] = self.node(
                 "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path
@@ -254,6 +340,10 @@ class _GraphBuilder:
             "call_method", "squeeze", (x, -1),
             name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
         )
+
+
+def _embedding_target(feature: DenseFeature) -> str:
+    return f"dense_{feature.name}_embedding"
 
 
 def _table_of(ir: ModelIR, feature: str) -> str:

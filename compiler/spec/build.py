@@ -5,7 +5,8 @@ the nodes the schema rejected (they are skipped, not re-reported). Resolves
 features, tables and settings through `compiler.spec.semantic`, then the
 blocks: references (with "did you mean"), cycles (named), a topological
 order, output widths and the width rules of each block type, the kind of
-every value (a vector, or a sequence that only the sequence blocks read),
+every value (a vector, a sequence that only the sequence blocks read, or a
+field stack that only `dot`, `fm` and the stack blocks read),
 the heads and their losses, and blocks or moe tasks that no head uses.
 Returns the IR only when nothing at all was wrong.
 """
@@ -48,6 +49,7 @@ from compiler.spec.semantic import (
 )
 from compiler.spec.values import (
     SEQUENCE_OUTPUTS,
+    STACK_OUTPUTS,
     ParsedBlock,
     Ref,
     article,
@@ -55,9 +57,12 @@ from compiler.spec.values import (
     infer_sequence_block,
     input_ir,
     is_sequence,
+    is_stack,
     layer_widths,
+    value_fields,
     value_width,
 )
+from compiler.spec.stacks import STACK_BLOCKS, infer_stack_block
 
 METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
 _MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2}
@@ -387,6 +392,9 @@ def _infer(
     if kind in SEQUENCE_BLOCKS:
         infer_sequence_block(checker, block, blocks, features)
         return
+    if kind in STACK_BLOCKS:
+        infer_stack_block(checker, block, blocks, features)
+        return
     sequences = [ref for ref in block.refs if is_sequence(ref, blocks, features)]
     if sequences and not isinstance(kind, str):  # no valid type (the schema said so): nothing to check against
         block.width = None
@@ -397,10 +405,20 @@ def _infer(
             "pool it first (sequence_pool or target_attention)"
         )
         checker.error(ref.node, message)
-    if sequences:
+    stacks = [ref for ref in block.refs if is_stack(ref, blocks, features)] if kind not in ("dot", "fm") else []
+    for ref in stacks:
+        message = (
+            f"'{ref.text()}' is a field stack {describe(ref, blocks, features)}; {article(kind)} block takes "
+            "vectors: flatten it first (flatten)"
+        )
+        checker.error(ref.node, message)
+    if sequences or stacks:
         block.width = 1 if kind in ("fm", "dot_product") else None
         return
     widths = [value_width(ref, blocks, features) for ref in block.refs]
+    # dot and fm read a field stack as its N vectors
+    fields = [value_fields(ref, blocks, features) if is_stack(ref, blocks, features) else 1 for ref in block.refs]
+    count = sum(f for f in fields if f is not None) if None not in fields else None
     total = sum(w for w in widths if w is not None) if block.complete and None not in widths else None
     if kind == "mlp":
         block.op, block.width = _mlp(checker, block, total, head_fed)
@@ -415,12 +433,11 @@ def _infer(
     elif kind in ("fm", "dot_product"):
         # a scalar per sample, whatever the inputs: known even when they are broken
         block.width = 1
-        if _vectorvalue_width(checker, block, widths) is not None:
+        if _vectorvalue_width(checker, block, widths, count) is not None:
             block.op = Fm() if kind == "fm" else DotProduct()
     elif kind in ("dot", "sum"):
-        width = _vectorvalue_width(checker, block, widths)
-        if width is not None:
-            count = len(widths)
+        width = _vectorvalue_width(checker, block, widths, count)
+        if width is not None and count is not None:
             pairs = count * (count - 1) // 2
             block.op, block.width = (Dot(), width + pairs) if kind == "dot" else (Sum(), width)
 
@@ -448,14 +465,17 @@ def _moe(checker: Checker, block: ParsedBlock, total: int | None) -> tuple[Block
     return Moe(experts, tuple(layers), tuple(tasks), activation), layers[-1]
 
 
-def _vectorvalue_width(checker: Checker, block: ParsedBlock, widths: list[int | None]) -> int | None:
+def _vectorvalue_width(
+    checker: Checker, block: ParsedBlock, widths: list[int | None], count: int | None
+) -> int | None:
     """The common width of the input vectors of dot / fm / dot_product / sum, or None.
 
     Unequal widths among the inputs that resolved are reported even when others
-    did not; the count of vectors only when all of them resolved.
+    did not; the count of vectors (a field stack's fields each count) only when
+    all of them resolved.
     """
     at = checker.child(block.node, "input") or block.node
-    count, kind = len(widths), block.kind
+    kind = block.kind
     groups: dict[int, list[str]] = {}
     for ref, width in zip(block.refs, widths):
         if width is not None:
@@ -464,7 +484,7 @@ def _vectorvalue_width(checker: Checker, block: ParsedBlock, widths: list[int | 
         listed = ", ".join(f"{width} ({_summary(refs)})" for width, refs in groups.items())
         checker.error(at, f"{kind} needs inputs of equal width, got {listed}")
         return None
-    if not block.complete:
+    if not block.complete or count is None:
         return None
     if kind == "dot_product" and count != 2:
         checker.error(at, f"dot_product needs exactly two inputs (got {count})")
@@ -487,6 +507,10 @@ def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], feat
     if head.ref is not None and blocks[head.ref.name].kind in SEQUENCE_OUTPUTS:
         text = f"'{head.ref.text()}' is a sequence {describe(head.ref, blocks, features)}"
         checker.error(head.ref.node, f"a head reads a vector, but {text}: pool it first (sequence_pool)")
+        return None
+    if head.ref is not None and blocks[head.ref.name].kind in STACK_OUTPUTS:
+        text = f"'{head.ref.text()}' is a field stack {describe(head.ref, blocks, features)}"
+        checker.error(head.ref.node, f"a head reads a vector, but {text}: flatten it first (flatten)")
         return None
     if head.ref is None or width is None or not known(head.loss, label, weight, metrics):
         return None
@@ -548,4 +572,4 @@ def _block_ir(block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Feat
     assert block.op is not None and block.width is not None
     inputs = tuple(input_ir(ref, blocks, features) for ref in block.refs)
     loc = block.node.key_loc or block.node.loc
-    return Block(block.name, block.op, inputs, block.width, loc, block.length)
+    return Block(block.name, block.op, inputs, block.width, loc, block.length, block.fields)

@@ -170,6 +170,7 @@ class Features:
     sequence_lengths: dict[str, int | None] = field(default_factory=dict)  # sequence feature -> max_length
     timestamps: list[TimestampsFeature] = field(default_factory=list)
     timestamps_names: set[str] = field(default_factory=set)  # every timestamps feature, even broken ones
+    dense_embed_dims: dict[str, int | None] = field(default_factory=dict)  # dense features with `embed`: their D
 
 
 def resolve_features(checker: Checker, root: Node) -> Features:
@@ -194,7 +195,7 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     timestamps, timestamps_names = _timestamps(checker, features, names, sequences, set(sparse_dims))
     return Features(
         dense, sparse_ir, tables_ir, dense_sizes, sparse_dims, set(tables), counted,
-        sequences, timestamps, timestamps_names,
+        sequences, timestamps, timestamps_names, _embed_dims(checker, features),
     )
 
 
@@ -252,9 +253,24 @@ def _dense(
         if name is None or not _register(checker, names, name, checker.child(entry, "name") or entry, ""):
             continue
         sizes[name] = size if isinstance(size, int) else None
-        if isinstance(size, int):
+        embed = checker.child(entry, "embed")
+        dim, bias = checker.value(embed, "dim"), checker.value(embed, "bias", False)
+        if isinstance(size, int) and embed is None:
             dense.append(DenseFeature(name=name, size=size, loc=entry.loc))
+        elif isinstance(size, int) and isinstance(dim, int) and known(bias):
+            dense.append(DenseFeature(name=name, size=size, loc=entry.loc, embed_dim=dim, embed_bias=bias))
     return dense, sizes
+
+
+def _embed_dims(checker: Checker, features: Node | None) -> dict[str, int | None]:
+    """The dense features with `embed` (each a field stack [B, size, dim]) and their dim (None: invalid)."""
+    dims: dict[str, int | None] = {}
+    for entry in checker.entries(features, "dense"):
+        name, embed = checker.name(entry), checker.child(entry, "embed")
+        if name is not None and embed is not None and name not in dims:
+            dim = checker.value(embed, "dim")
+            dims[name] = dim if isinstance(dim, int) else None
+    return dims
 
 
 _SPARSE_FIELDS = (

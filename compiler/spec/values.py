@@ -1,9 +1,10 @@
 """The values of the model DAG while it is built: parsed references and blocks, and their kinds.
 
-Used by `compiler.spec.build`. A value is a vector [B, W] or a sequence
+Used by `compiler.spec.build`. A value is a vector [B, W], a sequence
 [B, <= L, D] with its lengths (a sparse feature with `pooling: none`, or the
-output of a transformer or hstu block). This module says which a reference
-is, describes it for messages, and checks the four sequence blocks
+output of a transformer or hstu block) or a field stack [B, N, D] (a dense
+feature with `embed`, or the output of a stack, self_attention or wukong
+block). This module says which a reference is, describes it for messages, and checks the four sequence blocks
 (sequence_pool, target_attention, transformer, hstu): each reads exactly one
 sequence, and its side inputs (query, prepend, timestamps) fit that sequence.
 """
@@ -18,6 +19,7 @@ from compiler.spec.load import Node
 from compiler.spec.semantic import FLOAT_BYTES, INT64_MAX, Checker, Features, known
 
 SEQUENCE_OUTPUTS = ("transformer", "hstu")  # the blocks whose output is a sequence
+STACK_OUTPUTS = ("stack", "self_attention", "wukong")  # the blocks whose output is a field stack
 DEFAULT_HIDDEN = [80, 40]  # DIN's attention MLP
 
 
@@ -49,6 +51,7 @@ class ParsedBlock:
     side_complete: bool = True
     length: int | None = None  # of a sequence output
     origin: str | None = None  # the sparse feature whose positions a sequence output has
+    fields: int | None = None  # of a field stack output
 
     def all_refs(self) -> list[Ref]:
         return self.refs + [ref for refs in self.side.values() for ref in refs]
@@ -62,6 +65,8 @@ def article(word: str) -> str:
 
 def value_width(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> int | None:
     if ref.kind == "dense":
+        if ref.name in features.dense_embed_dims:
+            return features.dense_embed_dims[ref.name]
         return features.dense_sizes.get(ref.name)
     if ref.kind == "sparse":
         return features.sparse_dims.get(ref.name)
@@ -89,6 +94,19 @@ def is_sequence(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) ->
     return ref.kind == "block" and blocks[ref.name].kind in SEQUENCE_OUTPUTS
 
 
+def is_stack(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> bool:
+    if ref.kind == "dense":
+        return ref.name in features.dense_embed_dims
+    return ref.kind == "block" and blocks[ref.name].kind in STACK_OUTPUTS
+
+
+def value_fields(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> int | None:
+    """The number of fields N of a field stack [B, N, D] (None for other values, or when not known)."""
+    if ref.kind == "dense":
+        return features.dense_sizes.get(ref.name) if ref.name in features.dense_embed_dims else None
+    return blocks[ref.name].fields if ref.kind == "block" else None
+
+
 def value_length(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> int | None:
     """The longest sequence `ref` gives (None for a vector, or when not known)."""
     if ref.kind == "sparse":
@@ -97,20 +115,31 @@ def value_length(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -
 
 
 def describe(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> str:
-    """The value's shape as messages show it: `[B, <=50, 64]` or `[B, 64]`."""
+    """The value's shape as messages show it: `[B, <=50, 64]`, `[B, 26, 16]` (a stack) or `[B, 64]`."""
     width = value_width(ref, blocks, features)
     width_text = "?" if width is None else str(width)
+    if is_stack(ref, blocks, features):
+        fields = value_fields(ref, blocks, features)
+        return f"[B, {'?' if fields is None else fields}, {width_text}]"
     if not is_sequence(ref, blocks, features):
         return f"[B, {width_text}]"
     length = value_length(ref, blocks, features)
     return f"[B, <={'?' if length is None else length}, {width_text}]"
 
 
+def kind_name(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> str:
+    """`a vector`, `a sequence` or `a field stack`, for messages."""
+    if is_stack(ref, blocks, features):
+        return "a field stack"
+    return "a sequence" if is_sequence(ref, blocks, features) else "a vector"
+
+
 def input_ir(ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> Input:
     width = value_width(ref, blocks, features)
     assert width is not None
     length = value_length(ref, blocks, features) if is_sequence(ref, blocks, features) else None
-    return Input(ref.kind, ref.name, width, ref.port, length)  # type: ignore[arg-type]
+    fields = value_fields(ref, blocks, features) if is_stack(ref, blocks, features) else None
+    return Input(ref.kind, ref.name, width, ref.port, length, fields)  # type: ignore[arg-type]
 
 
 def infer_sequence_block(
@@ -150,8 +179,8 @@ def _sequence_input(
         return None
     ref = block.refs[0]
     if not is_sequence(ref, blocks, features):
-        shape = describe(ref, blocks, features)
-        checker.error(ref.node, f"{block.kind} needs a sequence, but '{ref.text()}' is a vector {shape}")
+        shape, kind = describe(ref, blocks, features), kind_name(ref, blocks, features)
+        checker.error(ref.node, f"{block.kind} needs a sequence, but '{ref.text()}' is {kind} {shape}")
         return None
     return ref if value_width(ref, blocks, features) is not None else None
 
@@ -170,8 +199,9 @@ def _vector_of_width(
 ) -> Input | None:
     """`ref` as an Input if it is a vector as wide as `sequence`; reported otherwise."""
     shape = describe(ref, blocks, features)
-    if is_sequence(ref, blocks, features):
-        checker.error(ref.node, f"{role} must be a vector, but '{ref.text()}' is a sequence {shape}")
+    if is_sequence(ref, blocks, features) or is_stack(ref, blocks, features):
+        kind = kind_name(ref, blocks, features)
+        checker.error(ref.node, f"{role} must be a vector, but '{ref.text()}' is {kind} {shape}")
         return None
     width, wanted = value_width(ref, blocks, features), value_width(sequence, blocks, features)
     if width is None:

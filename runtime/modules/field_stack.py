@@ -3,7 +3,9 @@
 Pooled embeddings (and blocks' outputs) stacked along a field axis are the
 input of the blocks that model interactions between fields: FieldSelfAttention
 (AutoInt), CIN (xDeepFM), Wukong, MaskNet. `Flatten` turns a stack back into
-a pooled vector for the blocks that take [B, W].
+a pooled vector for the blocks that take [B, W]. `NumericEmbedding` makes a
+stack of a dense feature's columns, one learned vector per column, as AutoInt
+and FiBiNET embed numeric fields.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from torch import nn
 
 from runtime.modules.arguments import check_size, owner
 
-__all__ = ["Flatten", "check_stack"]
+__all__ = ["Flatten", "NumericEmbedding", "check_stack"]
 
 
 def check_stack(name: str, x: torch.Tensor, num_fields: int, dim: int) -> None:
@@ -39,3 +41,34 @@ class Flatten(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_fields={self.num_fields}, dim={self.dim}"
+
+
+class NumericEmbedding(nn.Module):
+    """[B, size] -> [B, size, dim]: e[b, i] = x[b, i] * v_i (+ c_i with `bias`).
+
+    Each column i has its own learned vector v_i (xavier-uniform over the
+    [size, dim] matrix) and, with `bias`, its own learned offset c_i (zeros
+    at the start), so a column's value scales its field's direction.
+    """
+
+    def __init__(self, size: int, dim: int, bias: bool = False, where: str = "") -> None:
+        super().__init__()
+        self.where = where
+        name = owner("NumericEmbedding", where)
+        self.size = check_size(name, "size", size)
+        self.dim = check_size(name, "dim", dim)
+        if not isinstance(bias, bool):
+            raise ValueError(f"{name}: bias must be true or false (got {bias!r})")
+        self.weight = nn.Parameter(torch.empty(self.size, self.dim))
+        nn.init.xavier_uniform_(self.weight)
+        self.bias = nn.Parameter(torch.zeros(self.size, self.dim)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2 or x.shape[1] != self.size:
+            name = owner("NumericEmbedding", self.where)
+            raise ValueError(f"{name}: expected input of shape (B, {self.size}), got {tuple(x.shape)}")
+        stack = x.unsqueeze(2) * self.weight
+        return stack + self.bias if self.bias is not None else stack
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, dim={self.dim}, bias={self.bias is not None}"

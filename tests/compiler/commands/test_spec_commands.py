@@ -64,3 +64,15 @@ def test_show_needs_exactly_one_spec(capsys) -> None:
 def test_schema_prints_the_json_schema(capsys) -> None:
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out) == load_schema()
+
+
+def test_schema_lists_the_field_stack_blocks_with_their_descriptions(capsys) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    stack_blocks = ["stack", "flatten", "self_attention", "cin", "wukong", "mask_block"]
+    assert schema["$defs"]["block"]["properties"]["type"]["enum"][-6:] == stack_blocks
+    for name in stack_blocks:
+        block = schema["$defs"][name]
+        assert block["properties"]["type"] == {"const": name, "description": f"`{name}`."}
+        assert all(prop.get("description") for prop in block["properties"].values()), name
+    assert schema["$defs"]["dense_feature"]["properties"]["embed"]["$ref"] == "#/$defs/numeric_embed"
