@@ -215,7 +215,10 @@ class _GraphBuilder:
             self.declare(block, block_call(block, block.inputs[0].width))
             self.sequences.block(block)
             return
-        nodes = self.input_nodes(name, block.inputs, loc)
+        if isinstance(op, (Sum, DotProduct)):  # each input its own tensor: no merged run of features
+            nodes = [self.value(item, loc) for item in block.inputs]
+        else:
+            nodes = self.input_nodes(name, block.inputs, loc)
         in_width = sum(item.width for item in block.inputs)
         if isinstance(op, Concat):
             self.values[name] = self.node(
