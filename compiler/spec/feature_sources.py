@@ -45,6 +45,10 @@ class Source:
 def check_entry(checker: Checker, entry: Node, fields: dict[str, Any]) -> None:
     """Per-entry rules; fills in a bucketized feature's num_embeddings (len(boundaries) + 1)."""
     boundaries, column = fields["boundaries"], fields["column"]
+    if boundaries is not None and not isinstance(boundaries, list):  # rejected by the schema, reported there
+        if fields["num_embeddings"] is None:
+            fields["num_embeddings"] = boundaries  # unknown rows: no table error on top
+        return
     if isinstance(boundaries, list):
         _check_boundaries(checker, entry, boundaries, fields)
         if column is None:
@@ -117,6 +121,8 @@ def resolve_columns(checker: Checker, sparse: list[_Sparse], dense_sizes: dict[s
         counted = feature.written != feature.name
         index = int(feature.name.rpartition("_")[2]) if counted else 0
         boundaries = feature.fields["boundaries"]
+        if boundaries is not None and not isinstance(boundaries, list):
+            continue  # rejected by the schema: no source, no IR
         if isinstance(boundaries, list):
             source = _dense_source(column, node, counts[feature.entry.path], dense_sizes, once, checker, index)
             if source is not None:
