@@ -1,8 +1,9 @@
 """runtime/data/feature_columns.py: one id column fanned out to several features, dense columns bucketized,
-the same in every reader (synthetic, criteo, csv, prepared)."""
+the same in every reader (synthetic, criteo, csv, movielens, prepared)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -13,12 +14,13 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import bucketize, read_inputs, to_features
+from runtime.data.features import SparseFeatureConfig
 from runtime.data.loader import epoch_batches
 from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import RowReader, open_prepared
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.synthetic import make_batch
-from sample_files import criteo_lines, spec, write_lines
+from sample_files import criteo_lines, movielens_spec, spec, write_lines, write_ml100k
 
 BOUNDARIES = (0.5, 1.0, 2.0, 3.5)
 
@@ -143,3 +145,22 @@ def test_a_nan_to_bucketize_names_the_feature_row_and_column() -> None:
     assert str(caught.value) == (
         "feature 'bucket_12' (): row 2 of the batch has NaN in column 12 of dense feature 'int', which has no bucket"
     )
+
+
+def test_movielens_ids_fan_out_to_the_wide_tables(tmp_path: Path) -> None:
+    path = write_ml100k(tmp_path / "ml-100k")
+    base = movielens_spec(genres=True)
+    wide = [
+        SparseFeatureConfig("wide_movie", "wide_movie", 50, column="movie_id"),
+        SparseFeatureConfig("wide_genres", "wide_genres", 19, 6, False, True, column="genres"),
+    ]
+    inputs = dataclasses.replace(base, sparse=(*base.sparse, *wide))
+    reader = open_reader(inputs, DataChoice("movielens", str(path)))
+    (local,) = epoch_batches(reader, global_batch=10, rank=0, world_size=1, bad_rows=BadRowLog("fail"), num_workers=0)
+    sparse = local.batch.sparse
+    assert sparse.keys() == ["user_id", "movie_id", "genres", "wide_movie", "wide_genres"]
+    for wide_key, key in (("wide_movie", "movie_id"), ("wide_genres", "genres")):
+        assert torch.equal(sparse[wide_key].values(), sparse[key].values())
+        assert torch.equal(sparse[wide_key].lengths(), sparse[key].lengths())
+        assert torch.equal(sparse[wide_key].weights(), sparse[key].weights())
+    assert int(sparse["genres"].lengths().max()) == 2
