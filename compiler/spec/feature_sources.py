@@ -95,11 +95,17 @@ def _check_boundaries(checker: Checker, entry: Node, boundaries: list[Any], fiel
     if rows is None and checker.child(entry, "table") is None:
         fields["num_embeddings"] = len(boundaries) + 1
     elif node is not None and isinstance(rows, int) and rows != len(boundaries) + 1:
-        message = f"{len(boundaries)} boundaries make {len(boundaries) + 1} buckets, so num_embeddings must be {len(boundaries) + 1} (got {rows}); or leave it out"
+        buckets = len(boundaries) + 1
+        message = (
+            f"{len(boundaries)} boundaries make {buckets} buckets, so num_embeddings must be {buckets} "
+            f"(got {rows}); or leave it out"
+        )
         checker.error(node, message)
 
 
-def resolve_columns(checker: Checker, sparse: list[_Sparse], dense_sizes: dict[str, int | None]) -> dict[str, Source]:
+def resolve_columns(
+    checker: Checker, sparse: list[_Sparse], dense_sizes: dict[str, int | None]
+) -> dict[str, Source]:
     """Each feature's source; a feature reading another's column takes that feature's ids keys."""
     by_name = {feature.name: feature for feature in sparse}
     sources: dict[str, Source] = {}
@@ -143,7 +149,7 @@ def resolve_columns(checker: Checker, sparse: list[_Sparse], dense_sizes: dict[s
             if feature.fields["weighted"] is True:
                 once(at, f"position_weights replace per-id weights; the column's feature '{target}' is weighted")
             elif feature.fields["max_ids_per_sample"] is None:
-                once(at, f"position_weights needs max_ids_per_sample, which the column's feature '{target}' does not set")
+                once(at, f"position_weights needs max_ids_per_sample, which '{target}' (its column) does not set")
         sources[feature.name] = Source(target)
     return sources
 
@@ -152,7 +158,8 @@ def _dense_source(
     column: str, node: Node, count: int, dense_sizes: dict[str, int | None], once: Any, checker: Checker, index: int
 ) -> Source | None:
     if column not in dense_sizes:
-        once(node, f"column '{column}' is not a dense feature (boundaries bucketize a numeric column){checker.suggest(column, dense_sizes)}")
+        hint = checker.suggest(column, dense_sizes)
+        once(node, f"column '{column}' is not a dense feature (boundaries bucketize a numeric column){hint}")
         return None
     size = dense_sizes[column]
     if isinstance(size, int) and size != count:
@@ -172,7 +179,8 @@ def _sparse_problem(
     if target in dense_sizes or column in dense_sizes:
         return f"column '{column}' is a dense feature: give boundaries to bucketize it"
     if target not in by_name:
-        return f"unknown column '{target}': name a sparse feature whose ids this one reads{checker.suggest(target, by_name)}"
+        hint = checker.suggest(target, by_name)
+        return f"unknown column '{target}': name a sparse feature whose ids this one reads{hint}"
     own = by_name[target]
     if own.fields["pooling"] == "none":
         return f"column '{target}' is a sequence feature; only a pooled feature's ids can feed another table"
@@ -181,12 +189,17 @@ def _sparse_problem(
     return None
 
 
-def check_column_rows(checker: Checker, sparse: list[_Sparse], sources: dict[str, Source], tables: dict[str, _TableSpec]) -> None:
-    """A feature reading another's ids needs a table of as many rows (the same ids index both)."""
+def check_column_rows(
+    checker: Checker, sparse: list[_Sparse], sources: dict[str, Source], tables: dict[str, _TableSpec]
+) -> None:
+    """A feature reading another's ids needs a table of as many rows (the same ids index both); a
+    bucketized feature's shared table needs one row per bucket."""
     by_feature = {name: spec for spec in tables.values() for name in spec.features}
     reported: set[tuple] = set()
     for feature in sparse:
         source = sources.get(feature.name)
+        if source is not None and source.boundaries:
+            _check_bucket_rows(checker, feature, by_feature.get(feature.name), len(source.boundaries) + 1, reported)
         if source is None or source.column is None or source.boundaries:
             continue
         mine, theirs = by_feature.get(feature.name), by_feature.get(source.column)
@@ -201,3 +214,18 @@ def check_column_rows(checker: Checker, sparse: list[_Sparse], sources: dict[str
                 f"{theirs.rows} rows, but its own table '{mine.name}' has {mine.rows}; "
                 "tables that share ids need the same num_embeddings",
             )
+
+
+def _check_bucket_rows(
+    checker: Checker, feature: _Sparse, table: _TableSpec | None, buckets: int, reported: set
+) -> None:
+    node = checker.child(feature.entry, "table")
+    if table is None or node is None or not isinstance(table.rows, int) or table.rows == buckets:
+        return
+    if node.path not in reported:
+        reported.add(node.path)
+        checker.error(
+            node,
+            f"{buckets - 1} boundaries make {buckets} buckets, but the shared table '{table.name}' has "
+            f"{table.rows} rows",
+        )

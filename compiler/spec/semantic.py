@@ -492,7 +492,9 @@ def _implied_table(checker: Checker, feature: _Sparse, explicit: dict[str, _Tabl
     )
 
 
-def _sparse_ir(feature: _Sparse, table: _TableSpec | None, source: feature_sources.Source | None) -> SparseFeature | None:
+def _sparse_ir(
+    feature: _Sparse, table: _TableSpec | None, source: feature_sources.Source | None
+) -> SparseFeature | None:
     fields = feature.fields
     if table is None or source is None or not known(*fields.values()):
         return None
