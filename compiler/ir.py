@@ -77,6 +77,12 @@ class SparseFeature:
     A sequence feature (`pooling: none` in the spec) has a `max_length`: its
     value in the model is a sequence [B, L <= max_length, dim] with its
     lengths, longer ones cut to their `keep` side (`end`: the most recent).
+
+    `column` is the data column the feature reads when not its own name:
+    another sparse feature's ids (fanned out by the readers), or, with
+    `boundaries`, column `column_index` of a dense feature, bucketized into
+    one id per sample. A `position_weighted` feature scales the j-th id of a
+    bag by a learned weight j before pooling (its table is looked up as rows).
     """
 
     name: str
@@ -88,6 +94,10 @@ class SparseFeature:
     loc: Location
     max_length: int | None = None  # set for sequence features only
     keep: Keep = "end"
+    column: str | None = None  # None: the feature's own name
+    column_index: int = 0  # the dense column a bucketized feature reads
+    boundaries: tuple[float, ...] = ()  # set for bucketized features only
+    position_weighted: bool = False
 
     @property
     def is_sequence(self) -> bool:
@@ -453,8 +463,9 @@ class ModelIR:
         raise KeyError(name)
 
     def sequence_tables(self) -> tuple[Table, ...]:
-        """The tables that serve a sequence: all their features are looked up as rows."""
-        sequences = {feature.table for feature in self.sparse if feature.is_sequence}
+        """The tables that serve a sequence or a position-weighted feature: all their features are
+        looked up as rows."""
+        sequences = {feature.table for feature in self.sparse if feature.is_sequence or feature.position_weighted}
         return tuple(table for table in self.tables if table.name in sequences)
 
     def block(self, name: str) -> Block:

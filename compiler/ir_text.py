@@ -111,8 +111,15 @@ def _dense_entry(feature: DenseFeature) -> str:
 
 
 def _sparse_entry(feature: SparseFeature) -> str:
-    """A sparse feature; `max_length` and `keep` only on a sequence (a pooled feature has neither)."""
-    skip = () if feature.is_sequence else ("max_length", "keep")
+    """A sparse feature; `max_length` and `keep` only on a sequence (a pooled feature has neither),
+    `column` and its index and boundaries only where it reads another column, `position_weighted` when set."""
+    skip: tuple[str, ...] = () if feature.is_sequence else ("max_length", "keep")
+    if feature.column is None:
+        skip += ("column", "column_index", "boundaries")
+    elif not feature.boundaries:
+        skip += ("column_index", "boundaries")
+    if not feature.position_weighted:
+        skip += ("position_weighted",)
     fields = ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(feature, skip).items())
     return "    - {" + fields + "}" + _comment(feature.loc)
 

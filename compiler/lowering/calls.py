@@ -239,6 +239,25 @@ def sparse_arch_call(ir: ModelIR) -> Call:
     ))
 
 
+POSITION_WEIGHTS = "_position_weights"  # the model's module of position-weighted pools (no block name starts with _)
+
+
+def position_weights_call(ir: ModelIR) -> Call:
+    """The position-weighted pools of `ir`'s position-weighted features, one per feature."""
+    return Call("runtime.modules.position_weights.PositionWeights", (
+        ("pools", [
+            Call("runtime.modules.position_weights.PositionWeightedPool", (
+                ("max_ids", f.ids_per_sample),
+                ("mode", ir.table(f.table).pooling),
+                ("feature", f.name),
+                ("where", str(f.loc)),
+            ))
+            for f in ir.sparse
+            if f.position_weighted
+        ]),
+    ))  # fmt: skip
+
+
 def head_config_call(head: Head) -> Call:
     """The head as the runtime's loss, metrics and prediction read it."""
     return Call("runtime.modules.losses.HeadConfig", (
@@ -300,6 +319,8 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("fixed_ids", f.fixed_ids),
             ("weighted", f.weighted),
             *((("max_length", f.max_length), ("keep", f.keep)) if f.is_sequence else ()),
+            *((("column", f.column),) if f.column is not None else ()),
+            *((("column_index", f.column_index), ("boundaries", f.boundaries)) if f.boundaries else ()),
             ("where", str(f.loc)),
         ))
         for f in ir.sparse

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from runtime.modules.hstu import HSTU
+from runtime.modules.position_weights import PositionWeightedPool
 from runtime.modules.sequence_pool import SequencePool
 from runtime.modules.target_attention import TargetAttention
 from runtime.modules.transformer import Transformer
@@ -43,7 +44,7 @@ def _sequence(owner: str, x: torch.Tensor, dim: int, max_length: int = 0) -> Non
 
 
 def meta_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> torch.Tensor | None:
-    """The output of a sequence block on meta inputs, or None for any other module."""
+    """The output of a sequence block (or a position-weighted pool) on meta inputs, or None for any other module."""
     if isinstance(module, SequencePool):
         _sequence("sequence_pool", args[0], module.dim)
         return _meta(args[0].shape[0], module.dim)
@@ -56,6 +57,8 @@ def meta_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> torch.Tensor
     if isinstance(module, Transformer):
         _sequence("transformer", args[0], module.dim, module.max_length)
         return _meta(*args[0].shape) if module.output == "sequence" else _meta(args[0].shape[0], module.dim)
+    if isinstance(module, PositionWeightedPool):  # pools rows like pool_rows
+        return _meta(args[0].lengths().shape[0], args[0].values().shape[1])
     if isinstance(module, HSTU):
         _sequence("hstu", args[0], module.dim, module.max_length)
         return _meta(*args[0].shape)

@@ -9,6 +9,7 @@ the values; this module adds the nodes of sequences to it:
     %history_lengths = lengths(%history_rows)                            # [B]
     %history = to_padded(values(%history_rows), %history_lengths, L)     # [B, L, D]
     %sparse_item = pool_rows(%item_rows, 'sum')                          # a pooled feature, [B, D]
+    %sparse_tags = _position_weights.tags(%tags_rows)                    # position-weighted, [B, D]
 
 A sequence value is its padded node and its lengths node, kept together
 (`lengths`); a transformer's prepended vectors add positions, so its output
@@ -24,6 +25,8 @@ import torch
 import torch.fx as fx
 
 from compiler.ir import Block, Hstu, Input, Location, ModelIR, SequencePool, Table, TargetAttention, Transformer
+from compiler.lowering.calls import POSITION_WEIGHTS, position_weights_call
+from compiler.lowering.types import ModuleDecl
 from compiler.planner.plan import ShardingPlan
 from runtime.sharding.types import SHARDING_TYPES
 from runtime.sparse.sequence import pad_times, pool_rows, to_padded, truncate_keyed
@@ -76,8 +79,16 @@ class SequenceLowering:
         limits = {f.name: (f.max_length, f.keep) for f in self.ir.sparse if f.is_sequence}
         for stamps in self.ir.timestamps:
             limits[stamps.name] = limits[stamps.sequence]
-        first = next(f for f in self.ir.sparse if f.is_sequence)
-        self.cut = self.node("call_function", truncate_keyed, (sparse, limits), "sparse_cut", first.loc, stage="input")
+        first = next((f for f in self.ir.sparse if f.is_sequence), None)
+        if first is None:  # only position-weighted features: nothing to cut
+            self.cut = sparse
+        else:
+            self.cut = self.node(
+                "call_function", truncate_keyed, (sparse, limits), "sparse_cut", first.loc, stage="input"
+            )
+        weighted = [f for f in self.ir.sparse if f.position_weighted]
+        if weighted:
+            self.builder.modules.append(ModuleDecl(POSITION_WEIGHTS, position_weights_call(self.ir), weighted[0].loc))
         for group, keys in groups:
             self.builder.group_keys[group] = keys
             for key in keys:
@@ -101,6 +112,11 @@ class SequenceLowering:
                 stage="dense",
             )
             self.lengths[ref] = lengths
+            return values[ref]
+        if feature.position_weighted:
+            values[ref] = self.node(
+                "call_module", f"{POSITION_WEIGHTS}.{name}", (rows,), f"sparse_{name}", loc, stage="dense"
+            )
             return values[ref]
         args: tuple = (rows, self.ir.table(feature.table).pooling)
         if feature.weighted:

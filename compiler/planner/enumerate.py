@@ -93,7 +93,7 @@ def table_specs(ir: ModelIR) -> tuple[TableSpec, ...]:
         own = features.get(table.name, [])
         optimizer = table.optimizer
         ids = sum(f.max_length if f.is_sequence else f.ids_per_sample for f in own)
-        sequences = tuple(f.name for f in own if f.is_sequence)
+        sequences = tuple(f.name for f in own if f.is_sequence or f.position_weighted)  # looked up as rows
         specs.append(
             TableSpec(
                 index=index,

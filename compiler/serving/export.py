@@ -229,9 +229,22 @@ def _write_program(model: torch.nn.Module, ir: ModelIR, staging: Path) -> dict[s
             "weights": "float32 per-id weights, like values" if weighted else None,
         },
         "sparse_keys": sparse_keys,
+        **_derived(ir),
         "outputs": {head.name: "logits" if head.loss != "mse" else "values" for head in ir.heads},
         "requires": ["torch", "fbgemm_gpu"],
     }
+
+
+def _derived(ir: ModelIR) -> dict[str, Any]:
+    """The sparse keys a caller derives from data columns (runtime.data.feature_columns), if any:
+    a copy of another key's ids, or a dense column bucketized (torch.bucketize, right=True)."""
+    derived = {}
+    for f in ir.sparse:
+        if f.boundaries:
+            derived[f.name] = {"bucketize": f.column, "column": f.column_index, "boundaries": list(f.boundaries)}
+        elif f.column is not None:
+            derived[f.name] = {"copy_of": f.column}
+    return {"derived_keys": derived} if derived else {}
 
 
 def _manifest(

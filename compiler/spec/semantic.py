@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Any, Collection
 
 from compiler.diagnostics import Diagnostic
+from compiler.spec import feature_sources
 from compiler.ir import (
     Constraint,
     Data,
@@ -179,9 +180,11 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     names: dict[str, tuple[Node, str]] = {}
     dense, dense_sizes = _dense(checker, features, names)
     sparse = _expand_sparse(checker, features, names)
+    sources = feature_sources.resolve_columns(checker, sparse, dense_sizes)
     tables = _tables(checker, root, sparse)
+    feature_sources.check_column_rows(checker, sparse, sources, tables)
     by_feature = {name: spec for spec in tables.values() for name in spec.features}
-    sparse_ir = [ir for ir in (_sparse_ir(s, by_feature.get(s.name)) for s in sparse) if ir]
+    sparse_ir = [ir for ir in (_sparse_ir(s, by_feature.get(s.name), sources.get(s.name)) for s in sparse) if ir]
     position = {s.name: i for i, s in enumerate(sparse)}
     ordered = sorted(tables.values(), key=lambda t: min((position[f] for f in t.features), default=0))
     tables_ir = [ir for ir in (_table_ir(checker, spec) for spec in ordered) if ir]
@@ -275,7 +278,7 @@ def _embed_dims(checker: Checker, features: Node | None) -> dict[str, int | None
 
 _SPARSE_FIELDS = (
     "num_embeddings", "dim", "pooling", "table", "ids_per_sample", "max_ids_per_sample", "weighted", "hash",
-    "max_length", "keep",
+    "max_length", "keep", "column", "boundaries", "position_weights",
 )  # fmt: skip
 _POOLED_ONLY = {  # keys a sequence feature must not have, and why
     "ids_per_sample": "a sequence's length is bounded by max_length",
@@ -295,6 +298,7 @@ def _expand_sparse(checker: Checker, features: Node | None, names: dict[str, tup
             break
         fields = {key: checker.value(entry, key) for key in _SPARSE_FIELDS}
         _check_ids(checker, entry)
+        feature_sources.check_entry(checker, entry, fields)
         if not _check_sequence_keys(checker, entry, fields):
             fields["max_length"] = INVALID
         expanded = [name] if count is None else [f"{name}_{i}" for i in range(count)]
@@ -504,9 +508,11 @@ def _implied_table(checker: Checker, feature: _Sparse, explicit: dict[str, _Tabl
     )
 
 
-def _sparse_ir(feature: _Sparse, table: _TableSpec | None) -> SparseFeature | None:
+def _sparse_ir(
+    feature: _Sparse, table: _TableSpec | None, source: feature_sources.Source | None
+) -> SparseFeature | None:
     fields = feature.fields
-    if table is None or not known(*fields.values()):
+    if table is None or source is None or not known(*fields.values()):
         return None
     fixed = fields["max_ids_per_sample"] is None
     ids = fields["ids_per_sample"] if fixed else fields["max_ids_per_sample"]
@@ -523,6 +529,10 @@ def _sparse_ir(feature: _Sparse, table: _TableSpec | None) -> SparseFeature | No
         loc=feature.entry.loc,
         max_length=max_length,
         keep=fields["keep"] or "end",
+        column=source.column,
+        column_index=source.index,
+        boundaries=source.boundaries,
+        position_weighted=bool(fields["position_weights"]),
     )
 
 

@@ -32,6 +32,11 @@ class SparseFeatureConfig:
     `ids_per_sample`; `weighted` features carry one weight per id. A sequence
     feature has a `max_length` (ids in time order, most recent last); the
     model cuts longer ones to their `keep` side ("end" or "start").
+
+    A feature with a `column` reads that column instead of its own: another
+    sparse feature's ids (the readers fan them out), or, with `boundaries`,
+    column `column_index` of a dense feature, bucketized (see
+    runtime.data.feature_columns).
     """
 
     name: str
@@ -43,6 +48,12 @@ class SparseFeatureConfig:
     where: str = ""
     max_length: int | None = None
     keep: str = "end"
+    column: str | None = None
+    column_index: int = 0
+    boundaries: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "boundaries", tuple(float(b) for b in self.boundaries))
 
 
 @dataclass(frozen=True, slots=True)

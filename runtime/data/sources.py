@@ -19,6 +19,7 @@ from pathlib import Path
 
 from runtime.data.criteo import CriteoReader
 from runtime.data.errors import DataError
+from runtime.data.feature_columns import FeatureReader, derives, read_inputs
 from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
 from runtime.data.tables.csv_files import CsvReader
@@ -87,6 +88,23 @@ def open_reader(
         raise DataError(f"the {choice.reader} reader reads no files")
     if choice.reader == "prepared":
         raise DataError(f"{choice}: prepared data is read by rank (runtime.data.prepared), not line by line")
+    reader = _open(read_inputs(inputs), choice, threshold, vocab_path, save_vocab, vocabulary, training)
+    if next(iter(reader.epoch_lines()), None) is None:
+        raise DataError(f"{choice.path}: no data lines")
+    return FeatureReader(reader, inputs) if derives(inputs) else reader
+
+
+def _open(
+    inputs: ModelInputs,
+    choice: DataChoice,
+    threshold: float,
+    vocab_path: Path | None,
+    save_vocab: bool,
+    vocabulary: Vocabulary | None,
+    training: Reader | None,
+) -> Reader:
+    """The reader of `choice` parsing the columns of `inputs`."""
+    assert choice.path is not None
     reader: Reader
     if choice.reader == "criteo":
         reader = CriteoReader(inputs, choice.path)
@@ -97,12 +115,11 @@ def open_reader(
 
         reader = ParquetReader(inputs, choice.path)
     elif choice.reader == "movielens":
+        training = training.inner if isinstance(training, FeatureReader) else training
         earlier = training.file if isinstance(training, MovieLensReader) else None
         reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier)
     else:
         raise DataError(f"unknown reader {choice.reader!r} (expected one of {', '.join(READERS)})")
-    if next(iter(reader.epoch_lines()), None) is None:
-        raise DataError(f"{choice.path}: no data lines")
     return reader
 
 

@@ -21,6 +21,7 @@ from typing import Mapping
 import torch
 
 from runtime.data.batch import Batch
+from runtime.data.feature_columns import bucketize, derives, read_inputs
 from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.data.synthetic_sequences import HISTORY_WEIGHT, draw_sequence, history_term
 from runtime.sparse.jagged import KeyedJaggedTensor
@@ -51,7 +52,7 @@ def make_batch(
     sequence_gen = torch.Generator().manual_seed(_mix(seed, -(step + 1)))
     columns: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # key -> lengths, values, weights
     scores, pooled_ids, sequences = [], {}, {}
-    for index, feature in enumerate(inputs.sparse):
+    for index, feature in enumerate(read_inputs(inputs).sparse):
         if feature.max_length is not None:
             sequence = draw_sequence(feature, batch_size, _ID_SKEW, sequence_gen)
             sequences[feature.name] = sequence
@@ -71,6 +72,7 @@ def make_batch(
         sequence = sequences[stamps.sequence]
         columns[stamps.name] = (sequence.lengths, sequence.times, torch.ones(sequence.times.numel()))
 
+    columns = _features(inputs, columns, dense)
     history = HISTORY_WEIGHT * history_term(inputs, sequences, pooled_ids, batch_size) if sequences else None
     labels = _labels(inputs, dense, scores, seed, gen, history)
     lengths, values, weights = [], [], []
@@ -93,6 +95,26 @@ def make_batch(
         sparse=sparse,
         labels={name: y[lo:hi] for name, y in labels.items()},
     )
+
+
+def _features(
+    inputs: ModelInputs,
+    columns: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    dense: Mapping[str, torch.Tensor],
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The drawn columns as the spec's sparse features (runtime.data.feature_columns), then timestamps."""
+    if not derives(inputs):
+        return columns
+    out = {}
+    for feature in inputs.sparse:
+        if feature.boundaries:
+            ids = bucketize(dense[feature.column][:, feature.column_index], feature.boundaries)
+            out[feature.name] = (torch.ones_like(ids), ids, torch.ones(ids.numel()))
+        else:
+            out[feature.name] = columns[feature.column or feature.name]
+    names = {feature.name for feature in inputs.sparse}
+    out.update({key: column for key, column in columns.items() if key not in names})
+    return out
 
 
 def _weights(feature: SparseFeatureConfig, total: int, gen: torch.Generator) -> torch.Tensor:
