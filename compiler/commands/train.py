@@ -30,6 +30,7 @@ from runtime.data.errors import DataError
 from runtime.data.sources import choose_data
 from runtime.train import options as train_options
 from runtime.train import worker
+from runtime.train.early_stopping import resolve_best_metric
 from runtime.train.options import TrainOptions, UsageError
 from runtime.train.threads import ThreadChoice, choose_threads
 
@@ -76,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
         ready = options.with_spec_defaults(inputs.training)
         try:
             reads_files = choose_data(options.data, inputs).reader != "synthetic"
-        except DataError as error:
+            if options.best_metric is not None:
+                resolve_best_metric(options.best_metric, inputs.heads)
+        except (DataError, UsageError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         choice = _threads(ready, args.nproc, reads_files)

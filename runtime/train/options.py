@@ -11,6 +11,8 @@ The worker trusts what it receives and checks nothing again.
     --data, --eval-data, --eval-every M, --bad-rows, --log-dir, --data-workers N, --rating-threshold T
     --shuffle-window K  prepared data: shuffle every epoch, rows within windows of K row groups
     --checkpoint-dir DIR, --checkpoint-every K, --keep N, --resume, --allow-spec-change
+    --best-metric NAME  keep the best evaluation's checkpoint in DIR/best (runtime.train.early_stopping)
+    --patience P        stop after P evaluations without a gain of --best-metric
     --pipeline / --no-pipeline, --pipeline-depth D
     --threads N        torch intra-op threads per rank (default: from the cores free at launch)
 """
@@ -57,6 +59,8 @@ class TrainOptions:
     keep: int = DEFAULT_KEEP  # the newest K checkpoints stay; older ones are removed after each save
     resume: bool = False
     allow_spec_change: bool = False
+    best_metric: str | None = None  # `metric` or `head.metric` of the evaluation split
+    patience: int | None = None  # None: never stop early
     pipeline: bool | None = None  # None: pipelined when there are several ranks
     pipeline_depth: int = 2
     threads: int | None = None  # None: torch's default
@@ -117,6 +121,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     checkpoints.add_argument("--resume", action="store_true", help="start from the latest checkpoint in DIR")
     checkpoints.add_argument("--allow-spec-change", action="store_true",
                              help="resume from another spec's checkpoint")  # fmt: skip
+    best = parser.add_argument_group("early stopping")
+    best.add_argument("--best-metric", metavar="NAME",
+                      help="the eval metric (auc, ne, head.metric ...) whose best pass is kept in "
+                           "CHECKPOINT_DIR/best; lower is better for ne, mse, rmse, loss")  # fmt: skip
+    best.add_argument("--patience", type=int, help="stop after P evaluations without a gain of --best-metric")
     pipelining = parser.add_argument_group("training pipeline")
     pipelining.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
                             help="overlap the next batch's input_dist with this batch's step "
@@ -132,6 +141,7 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     for flag, least in (
         ("--steps", 1), ("--batch-size", 1), ("--log-every", 1), ("--threads", 1), ("--eval-every", 0),
         ("--data-workers", 0), ("--shuffle-window", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
+        ("--patience", 1),
     ):  # fmt: skip
         value = getattr(args, _dest(flag))
         if value is not None and value < least:
@@ -149,11 +159,24 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
                 raise UsageError(f"{flag} needs --checkpoint-dir")
     elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
+    _check_early_stopping(args)
     fields = {f.name for f in dataclasses.fields(TrainOptions)} - {"module"}
     values = {name: getattr(args, name) for name in fields}
     if values["keep"] is None:
         values["keep"] = DEFAULT_KEEP
     return TrainOptions(module=str(module), **values)
+
+
+def _check_early_stopping(args: argparse.Namespace) -> None:
+    """--best-metric needs an evaluation split; --patience needs --best-metric and periodic evaluation."""
+    if args.best_metric is not None and args.eval_data is None:
+        raise UsageError(f"--best-metric {args.best_metric} needs --eval-data (the split it is measured on)")
+    if args.patience is not None and args.best_metric is None:
+        raise UsageError(f"--patience {args.patience} needs --best-metric (the metric that must improve)")
+    if args.patience is not None and not args.eval_every:
+        raise UsageError(
+            f"--patience {args.patience} needs --eval-every K (evaluating only at the end cannot stop early)"
+        )
 
 
 def _dest(flag: str) -> str:
