@@ -75,10 +75,14 @@ def run(args: argparse.Namespace) -> int:
         lowered = compile_spec(args.spec, compile_options)
         inputs = model_inputs(lowered.ir)
         ready = options.with_spec_defaults(inputs.training)
+        unused = options.spec_early_stopping_unused(inputs.training)
+        if unused is not None:
+            print(f"note: {unused}", file=sys.stderr)
         try:
             reads_files = choose_data(options.data, inputs).reader != "synthetic"
-            if options.best_metric is not None:
-                resolve_best_metric(options.best_metric, inputs.heads)
+            train_options.check_early_stopping(ready)
+            if ready.best_metric is not None:
+                resolve_best_metric(ready.best_metric, inputs.heads)
         except (DataError, UsageError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

@@ -71,13 +71,29 @@ class TrainOptions:
         return self.pipeline_depth if pipelined else 1
 
     def with_spec_defaults(self, training: TrainingConfig) -> TrainOptions:
-        """These options with the spec's `training` steps, batch size and seed where none was given."""
+        """These options with the spec's `training` steps, batch size, seed and early stopping where
+        none was given; the spec's early stopping only where it can apply (`spec_early_stopping_unused`)."""
+        stopping = self.best_metric is None and self.spec_early_stopping_unused(training) is None
         return dataclasses.replace(
             self,
             steps=self.steps if self.steps is not None else training.steps,
             batch_size=self.batch_size if self.batch_size is not None else training.batch_size,
             seed=self.seed if self.seed is not None else training.seed,
+            best_metric=training.best_metric if stopping else self.best_metric,
+            patience=training.patience if stopping and self.patience is None else self.patience,
         )
+
+    def spec_early_stopping_unused(self, training: TrainingConfig) -> str | None:
+        """Why the spec's `training.early_stopping` cannot apply to this run, or None when it can
+        (or there is none, or --best-metric replaces it)."""
+        if training.best_metric is None or self.best_metric is not None:
+            return None
+        where = f"training.early_stopping ({training.early_stopping_where})"
+        if self.eval_data is None:
+            return f"{where} is not applied: there is no --eval-data to measure {training.best_metric} on"
+        if training.patience is not None and self.patience is None and not self.eval_every:
+            return f"{where} is not applied: its patience needs --eval-every K"
+        return None
 
     def to_json(self) -> str:
         return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()})
@@ -159,7 +175,6 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
                 raise UsageError(f"{flag} needs --checkpoint-dir")
     elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
-    _check_early_stopping(args)
     fields = {f.name for f in dataclasses.fields(TrainOptions)} - {"module"}
     values = {name: getattr(args, name) for name in fields}
     if values["keep"] is None:
@@ -167,15 +182,19 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     return TrainOptions(module=str(module), **values)
 
 
-def _check_early_stopping(args: argparse.Namespace) -> None:
-    """--best-metric needs an evaluation split; --patience needs --best-metric and periodic evaluation."""
-    if args.best_metric is not None and args.eval_data is None:
-        raise UsageError(f"--best-metric {args.best_metric} needs --eval-data (the split it is measured on)")
-    if args.patience is not None and args.best_metric is None:
-        raise UsageError(f"--patience {args.patience} needs --best-metric (the metric that must improve)")
-    if args.patience is not None and not args.eval_every:
+def check_early_stopping(options: TrainOptions) -> None:
+    """After the spec's defaults: --best-metric needs an evaluation split, --patience a metric and
+    periodic evaluation; UsageError for the first that is missing."""
+    if options.best_metric is not None and options.eval_data is None:
+        raise UsageError(f"--best-metric {options.best_metric} needs --eval-data (the split it is measured on)")
+    if options.patience is not None and options.best_metric is None:
         raise UsageError(
-            f"--patience {args.patience} needs --eval-every K (evaluating only at the end cannot stop early)"
+            f"--patience {options.patience} needs --best-metric or the spec's training.early_stopping "
+            "(the metric that must improve)"
+        )
+    if options.patience is not None and not options.eval_every:
+        raise UsageError(
+            f"--patience {options.patience} needs --eval-every K (evaluating only at the end cannot stop early)"
         )
 
 

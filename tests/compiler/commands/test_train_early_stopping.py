@@ -190,3 +190,26 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_did(
     assert resumed["best"] == {**best, "checkpoint": str(tmp_path / "ck" / "best" / f"step_{best['step']:08d}")}
     stop = resumed["stopped_early"]["step"]
     assert [r["step"] for r in _records(tmp_path, "eval")] == [25, 50, 75, 75, *range(100, stop + 1, EVERY)]
+
+
+def test_the_specs_training_early_stopping_stops_alike_and_the_flags_override_it(
+    ratings: tuple[Path, Path, Path], one_rank: tuple[Path, dict], tmp_path: Path
+) -> None:
+    spec, train, held_out = ratings
+    stopping = tmp_path / "ml_deepfm.yaml"
+    stopping.write_text(SPEC + f"  early_stopping: {{metric: auc, patience: {PATIENCE}}}\n")
+    common = ["--steps", str(STEPS), "--data", f"movielens:{train}", "--eval-every", str(EVERY), "--log-every", "100"]
+    done = _reccompile("train", str(stopping), *common, "--eval-data", f"movielens:{held_out}",
+                       "-o", str(tmp_path / "spec"))  # fmt: skip
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result["stopped_early"] == one_rank[1]["result"]["stopped_early"]
+    assert result["best"] == {k: v for k, v in one_rank[1]["result"]["best"].items() if k != "checkpoint"}
+    overridden = _reccompile("train", str(stopping), *common, "--eval-data", f"movielens:{held_out}",
+                             "--best-metric", "accuracy", "--patience", "1", "-o", str(tmp_path / "flags"))  # fmt: skip
+    assert json.loads(overridden.stdout.splitlines()[-1])["best"]["metric"] == "click.accuracy"
+    unused = _reccompile("train", str(stopping), *common, "--steps", "2", "-o", str(tmp_path / "none"))
+    line = f"{stopping}:18:3"  # the early_stopping key
+    assert unused.stderr.splitlines()[0] == (
+        f"note: training.early_stopping ({line}) is not applied: there is no --eval-data to measure auc on"
+    )
+    assert "stopped_early" not in json.loads(unused.stdout.splitlines()[-1])

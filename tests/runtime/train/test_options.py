@@ -46,7 +46,7 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
         (["--nproc", "0"], "--nproc must be at least 1, got 0"),
         (["--best-metric", "auc"], "--best-metric auc needs --eval-data (the split it is measured on)"),
         (["--eval-data", "synthetic", "--eval-every", "5", "--patience", "2"],
-         "--patience 2 needs --best-metric (the metric that must improve)"),
+         "--patience 2 needs --best-metric or the spec's training.early_stopping (the metric that must improve)"),
         (["--eval-data", "synthetic", "--best-metric", "auc", "--patience", "2"],
          "--patience 2 needs --eval-every K (evaluating only at the end cannot stop early)"),
         (["--eval-data", "synthetic", "--eval-every", "5", "--best-metric", "auc", "--patience", "0"],
