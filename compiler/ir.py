@@ -390,6 +390,16 @@ class LrSchedule:
 
 
 @dataclass(frozen=True, slots=True)
+class EarlyStopping:
+    """`training.early_stopping`: the eval metric whose best pass is kept (`metric` or
+    `head.metric`, checked against the heads) and the passes without a gain before stopping."""
+
+    metric: str
+    patience: int | None
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     batch_size: int  # global: each of N ranks gets batch_size / N
     seed: int
@@ -398,6 +408,7 @@ class Training:
     sparse_optimizer: Optimizer
     loc: Location
     lr_schedule: LrSchedule = LrSchedule()
+    early_stopping: EarlyStopping | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,10 @@
-"""`reccompile check SPEC...`: validate specs and print every diagnostic.
+"""`reccompile check SPEC...`: validate specs, plan them, and print every diagnostic.
 
 Prints `SPEC: ok` for each good spec and the diagnostics of each bad one
-(stderr, sorted by position, then the error count). With `--data PATH` the
+(stderr, sorted by position, then the error count). A spec is planned as
+`reccompile plan` would (`--world-size`, `--ranks-per-host`,
+`--memory-per-rank` as there), so a model whose tables do not fit its ranks
+fails here, naming the tables, the bytes and the world size that would fit. With `--data PATH` the
 first `--sample` rows of a data file are parsed against each good spec too,
 and the output says which lines were not; MovieLens ids are read from the
 whole file, so every table is checked against the vocabulary training will
@@ -19,8 +22,11 @@ import argparse
 import sys
 from typing import Any
 
+from compiler.commands.common import memory_size, positive_int
 from compiler.diagnostics import CompileError
 from compiler.ir import ModelIR
+from compiler.pipeline import Options, apply_options
+from compiler.planner.planner import plan, topology_from_ir
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
@@ -33,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the first rows of this file against each spec: criteo:PATH, movielens:PATH, "
         "or PATH for the reader the spec's data section names",
     )
+    parser.add_argument("--world-size", type=positive_int, help="ranks to plan for (default: the spec's)")
+    parser.add_argument("--ranks-per-host", type=positive_int, help="ranks on each host (default: all on one)")
+    parser.add_argument(
+        "--memory-per-rank", type=memory_size, help="memory of each rank, e.g. 16GiB (default: the device's)"
+    )
     parser.add_argument(
         "--sample", type=_rows, default=1000, metavar="N",
         help="rows of --data to parse (1000); MovieLens ids are read from every row",
@@ -43,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for spec in args.specs:
         try:
-            ir = validate(load(spec))
+            ir = _planned(validate(load(spec)), args)
         except CompileError as error:
             print(error, file=sys.stderr)
             status = 1
@@ -52,6 +63,15 @@ def run(args: argparse.Namespace) -> int:
             if args.data is not None and not _check_data(ir, args.data, args.sample):
                 status = 1
     return status
+
+
+def _planned(ir: ModelIR, args: argparse.Namespace) -> ModelIR:
+    """`ir` with the command line's world size, once the planner has found its tables room."""
+    options = Options(world_size=args.world_size, ranks_per_host=args.ranks_per_host,
+                      memory_per_rank=args.memory_per_rank)  # fmt: skip
+    ir = apply_options(ir, options)
+    plan(ir, topology_from_ir(ir, ranks_per_host=args.ranks_per_host, memory_per_rank=args.memory_per_rank))
+    return ir
 
 
 def _check_data(ir: ModelIR, data: str, rows: int) -> bool:

@@ -17,7 +17,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=positive_int, help="ranks to plan for (default: the spec's)")
     parser.add_argument("--ranks-per-host", type=positive_int, help="ranks on each host (default: all on one)")
     parser.add_argument(
-        "--memory-per-rank", type=_bytes, help="memory of each rank, e.g. 16GiB (default: the device's)"
+        "--memory-per-rank", type=memory_size, help="memory of each rank, e.g. 16GiB (default: the device's)"
     )
     parser.add_argument("--plan", type=Path, dest="plan_file", help="use this plan.json instead of planning")
 
@@ -61,7 +61,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _bytes(text: str) -> int:
+def memory_size(text: str) -> int:
+    """argparse type: a size such as 16GiB."""
     try:
         return parse_bytes(text)
     except ValueError as error:

@@ -30,6 +30,7 @@ from runtime.data.errors import DataError
 from runtime.data.sources import choose_data
 from runtime.train import options as train_options
 from runtime.train import worker
+from runtime.train.early_stopping import resolve_best_metric
 from runtime.train.options import TrainOptions, UsageError
 from runtime.train.threads import ThreadChoice, choose_threads
 
@@ -74,9 +75,15 @@ def run(args: argparse.Namespace) -> int:
         lowered = compile_spec(args.spec, compile_options)
         inputs = model_inputs(lowered.ir)
         ready = options.with_spec_defaults(inputs.training)
+        unused = options.spec_early_stopping_unused(inputs.training)
+        if unused is not None:
+            print(f"note: {unused}", file=sys.stderr)
         try:
             reads_files = choose_data(options.data, inputs).reader != "synthetic"
-        except DataError as error:
+            train_options.check_early_stopping(ready)
+            if ready.best_metric is not None:
+                resolve_best_metric(ready.best_metric, inputs.heads)
+        except (DataError, UsageError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         choice = _threads(ready, args.nproc, reads_files)

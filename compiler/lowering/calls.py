@@ -331,12 +331,18 @@ def model_inputs_call(ir: ModelIR) -> Call:
         ))
         for t in ir.timestamps
     ]  # fmt: skip
+    stopping = ir.training.early_stopping
     training = Call("runtime.data.features.TrainingConfig", (
         ("steps", ir.training.steps),
         ("batch_size", ir.training.batch_size),
         ("seed", ir.training.seed),
         ("where", str(ir.training.loc)),
-    ))
+        *(() if stopping is None else (
+            ("best_metric", stopping.metric),
+            ("patience", stopping.patience),
+            ("early_stopping_where", str(stopping.loc)),
+        )),
+    ))  # fmt: skip
     data = None if ir.data is None else Call("runtime.data.features.DataConfig", (
         ("reader", ir.data.reader),
         ("path", ir.data.path),

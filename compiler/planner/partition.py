@@ -154,21 +154,23 @@ def _no_room(table: TableOptions, free: Sequence[int], topology: Topology) -> Di
     return Diagnostic(table.table.loc, "", message)
 
 
-def check_total_memory(tables: Sequence[TableOptions], topology: Topology, loc: Location) -> None:
-    """All tables together against all ranks: one clear diagnostic (at `loc`, the spec's
-    sharding section) before any placement is tried."""
+def check_total_memory(tables: Sequence[TableOptions], topology: Topology) -> None:
+    """All tables together against all ranks: one clear diagnostic, at the largest table's
+    spec line, before any placement is tried."""
     least = {t.table.name: min(o.total_storage for o in t.options) for t in tables}
     need, have = sum(least.values()), topology.memory_per_rank * topology.world_size
     if need <= have:
         return
     largest = sorted(least, key=lambda name: -least[name])[:3]
-    ranks = f"{topology.world_size} rank" + ("s" if topology.world_size != 1 else "")
+    where = next(t.table.loc for t in tables if t.table.name == largest[0])
+    world = topology.world_size
+    ranks = "1 rank has" if world == 1 else f"the {world} ranks have"
+    each = "" if world == 1 else f" ({format_bytes(topology.memory_per_rank)} each)"
     message = (
-        f"the tables need at least {format_bytes(need)} together, the {ranks} have {format_bytes(have)} "
-        f"({format_bytes(topology.memory_per_rank)} each); largest: "
-        + ", ".join(f"'{name}' {format_bytes(least[name])}" for name in largest)
+        f"the tables need at least {format_bytes(need)} together, {ranks} {format_bytes(have)}{each}; "
+        "largest: " + ", ".join(f"'{name}' {format_bytes(least[name])}" for name in largest)
     )
-    raise CompileError([Diagnostic(loc, "sharding.memory_per_rank", message)])
+    raise CompileError([Diagnostic(where, "", message)])
 
 
 def _select(tables: Sequence[TableOptions], target: float, topology: Topology) -> tuple[list[int], list[str]]:

@@ -16,9 +16,11 @@ topology always give the same plan.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import astuple
 
+from compiler.diagnostics import CompileError
 from compiler.ir import ModelIR
 from compiler.planner.enumerate import (
     Candidate,
@@ -29,10 +31,12 @@ from compiler.planner.enumerate import (
     TableSpec,
 )
 from compiler.planner.estimate import BandwidthEstimator, Estimator
+from compiler.planner.fit import fitting_hint, grown, succeeds
 from compiler.planner.partition import (
     GreedyPartitioner,
     Option,
     Partitioner,
+    Placement,
     TableOptions,
     check_total_memory,
     lower_bound_ms,
@@ -59,16 +63,39 @@ class Planner:
     def plan(self, ir: ModelIR, topology: Topology, given: ShardingPlan | None = None) -> ShardingPlan:
         """Plan `ir` for `topology`; with `given` (a plan checked by check.check_plan),
         keep its shards and ranks and only estimate them."""
-        tables = tuple(self._options(c, topology) for c in self.enumerator.enumerate(ir, topology))
+        tables = self._tables(ir, topology)
         if given is None:
-            check_total_memory(tables, topology, ir.sharding.loc)
-            placements = self.partitioner.partition(tables, topology)
+            try:
+                placements = self._place(tables, topology)
+            except CompileError as error:
+                raise self._with_fitting_world_size(error, ir, topology) from None
             chosen = [
                 (t.table, t.options[p.option], p.ranks, p.reason) for t, p in zip(tables, placements)
             ]
         else:
             chosen = [self._given(t.table, given.table(t.table.name), topology) for t in tables]
         return _assemble(ir, topology, chosen, lower_bound_ms(tables, topology))
+
+    def _tables(self, ir: ModelIR, topology: Topology) -> tuple[TableOptions, ...]:
+        return tuple(self._options(c, topology) for c in self.enumerator.enumerate(ir, topology))
+
+    def _place(self, tables: tuple[TableOptions, ...], topology: Topology) -> tuple[Placement, ...]:
+        check_total_memory(tables, topology)
+        return self.partitioner.partition(tables, topology)
+
+    def _with_fitting_world_size(self, error: CompileError, ir: ModelIR, topology: Topology) -> CompileError:
+        """`error` (no room for the tables) with the world size that would fit (compiler/planner/fit.py)."""
+        batch = ir.training.batch_size
+
+        def fits(world_size: int) -> bool:
+            larger = grown(topology, world_size, batch)
+            return succeeds(lambda: self._place(self._tables(ir, larger), larger))
+
+        step = topology.ranks_per_host if topology.num_hosts > 1 else 1
+        need = sum(min(o.total_storage for o in t.options) for t in self._tables(ir, topology))
+        least = -(-need // topology.memory_per_rank)  # no fewer ranks can hold the bytes
+        hint = fitting_hint(fits, topology.world_size, batch, step, least)
+        return CompileError(dataclasses.replace(d, message=f"{d.message}; {hint}") for d in error.diagnostics)
 
     def _options(self, candidates: TableCandidates, topology: Topology) -> TableOptions:
         table = candidates.table

@@ -34,7 +34,6 @@ import torch
 
 from compiler import __version__
 from compiler.serving.emit import emit_inference
-from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
@@ -56,7 +55,7 @@ from runtime.serving.export_dir import (
     table_layout,
 )
 from runtime.storage.manifest import write_manifest
-from runtime.serving.quant_embedding import PRECISIONS, row_bytes
+from runtime.serving.quant_embedding import PRECISIONS, row_bytes, stored_dim
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
 DENSE_CHOICES = ("fp32", "bf16")
@@ -124,7 +123,7 @@ def export(request: ExportRequest) -> dict[str, Any]:
 
 
 def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str]) -> dict[str, str]:
-    """Table -> precision; fbgemm's constraints become diagnostics at the table's spec line."""
+    """Table -> precision (any dim: runtime/serving/quant_embedding.py pads rows to fbgemm's multiple of 4)."""
     default = "fp32" if quantize == "none" else quantize
     names = [t.name for t in ir.tables]
     for name, precision in per_table.items():
@@ -134,19 +133,7 @@ def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str])
             raise UsageError(
                 f"--per-table: {name}={precision}: unknown precision (expected one of {', '.join(PRECISIONS)})"
             )
-    precisions = {t.name: per_table.get(t.name, default) for t in ir.tables}
-    problems = [
-        Diagnostic(
-            t.loc,
-            f"tables.{t.name}",
-            f"dim {t.dim} is not a multiple of 4: fbgemm's inference kernel cannot store the table",
-        )
-        for t in ir.tables
-        if t.dim % 4
-    ]
-    if problems:
-        raise CompileError(problems)
-    return precisions
+    return {t.name: per_table.get(t.name, default) for t in ir.tables}
 
 
 # -- the checkpoint ---------------------------------------------------------------
@@ -271,7 +258,7 @@ def _manifest(
             "lookup": "rows" if table.name in sequences else "pooled",  # rows: sequence_arch
             "features": list(table.features),
             "precision": precision,
-            "row_bytes": row_bytes(table.dim, precision),
+            "row_bytes": row_bytes(stored_dim(table.dim), precision),  # padded to a multiple of 4 values
             "fp32_bytes": table.num_embeddings * table.dim * 4,
             **facts(table_file(table.name)),
         })

@@ -35,6 +35,7 @@ from compiler.ir import (
     Sum,
 )
 from compiler.spec.load import Document, Node, Path
+from compiler.spec.early_stopping import resolve_early_stopping
 from compiler.spec.lr_schedule import resolve_lr_schedule
 from compiler.spec.semantic import (
     INVALID,
@@ -97,10 +98,11 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     world_size = checker.value(checker.child(root, "sharding"), "world_size", 1)
     training = resolve_training(checker, root, world_size)
     lr_schedule = resolve_lr_schedule(checker, checker.child(root, "training"))
+    early_stopping = resolve_early_stopping(checker, checker.child(root, "training"), heads_ir)
     labels = {head.label for head in heads if isinstance(head.label, str)}
     data = resolve_data(checker, root, set(features.dense_sizes) | set(features.sparse_dims) | labels)
     name, version = checker.value(root, "name"), checker.value(root, "version")
-    complete = known(sharding, training, lr_schedule, data, name, version) and None not in heads_ir
+    complete = known(sharding, training, lr_schedule, early_stopping, data, name, version) and None not in heads_ir
     if tainted or checker.diagnostics or not complete:
         return None, checker.diagnostics
     ir_blocks = tuple(_block_ir(blocks[name], blocks, features) for name in order)
@@ -119,7 +121,7 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
             ),
             blocks=ir_blocks,
             heads=tuple(h for h in heads_ir if h is not None),
-            training=dataclasses.replace(training, lr_schedule=lr_schedule),
+            training=dataclasses.replace(training, lr_schedule=lr_schedule, early_stopping=early_stopping),
             sharding=sharding,
             data=data,
             loc=root.loc,

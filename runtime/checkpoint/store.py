@@ -121,6 +121,7 @@ def save_checkpoint(
     process_group: dist.ProcessGroup | None = None,
     files: Mapping[str, bytes] | None = None,
     lr_schedule: Mapping[str, Any] | None = None,
+    early_stopping: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
@@ -132,7 +133,8 @@ def save_checkpoint(
     with their hashes in the manifest: what training used to read its data,
     such as the MovieLens vocabulary, travels with the weights it shaped.
     `lr_schedule` (plain data: runtime.train.lr_scheduler's `state_dict`) is
-    kept as the manifest's "lr_schedule".
+    kept as the manifest's "lr_schedule", `early_stopping` (the best evaluation
+    so far: runtime.train.early_stopping) as its "early_stopping".
     """
     root = Path(directory)
     group = _group(process_group)
@@ -152,6 +154,8 @@ def save_checkpoint(
         manifest["global_batch_size"] = batch_size
     if lr_schedule is not None:
         manifest["lr_schedule"] = dict(lr_schedule)
+    if early_stopping is not None:
+        manifest["early_stopping"] = dict(early_stopping)
 
     def finish() -> Path:
         for name, contents in (files or {}).items():

@@ -71,12 +71,16 @@ class TimestampsConfig:
 
 @dataclass(frozen=True, slots=True)
 class TrainingConfig:
-    """The spec's training defaults: steps, global batch size and seed (flags override them)."""
+    """The spec's training defaults: steps, global batch size, seed and early stopping
+    (`training.early_stopping`: runtime/train/early_stopping.py); flags override them."""
 
     steps: int
     batch_size: int
     seed: int
     where: str = ""
+    best_metric: str | None = None
+    patience: int | None = None
+    early_stopping_where: str = ""  # the spec location of `training.early_stopping`
 
 
 @dataclass(frozen=True, slots=True)

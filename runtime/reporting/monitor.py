@@ -5,7 +5,8 @@ Every step adds the heads' outputs to the metrics window; every log step
 (`--log-every`) computes the window's metrics over all ranks, which rank 0
 shows (runtime.reporting.console) and writes to `--log-dir`; every `--eval-every` steps and at the end
 the evaluation split is scored (with MovieLens data, each pass also counts
-the ids outside the training vocabulary: runtime.data.unseen_ids). Metric
+the ids outside the training vocabulary: runtime.data.unseen_ids), and each
+pass goes to `on_evaluation` (early stopping: runtime.train.early_stopping). Metric
 computation and evaluation are collectives, so every rank calls these hooks;
 only rank 0 prints or writes.
 """
@@ -64,6 +65,7 @@ class TrainingMonitor:
         run_log: RunLog | None = None,
         evaluation: Callable[[], Evaluation] | None = None,
         eval_every: int = 0,
+        on_evaluation: Callable[[int, Metrics], None] | None = None,
     ) -> None:
         self.metrics = MetricSet(heads)
         self.steps = steps
@@ -74,11 +76,14 @@ class TrainingMonitor:
         self.run_log = run_log
         self.evaluation = evaluation
         self.eval_every = eval_every
+        self.on_evaluation = on_evaluation
+        self.stopped: dict[str, Any] | None = None  # {"step", "reason"} of a run stopped early
         self.last_metrics: Metrics = {}
         self.last_eval: Metrics | None = None
         self.last_eval_unseen: dict[str, int] | None = None  # of the last evaluation pass
         self._last_eval_step = 0
         self._eval_after_log = False
+        self._log_begun = False
         self._first_step: tuple[int, float] | None = None  # (step, when it finished); runs may resume
 
     def on_step(self, step: int, batch: Batch, outputs: Mapping[str, torch.Tensor], loss: torch.Tensor) -> None:
@@ -87,8 +92,7 @@ class TrainingMonitor:
         now = time.perf_counter()
         if self._first_step is None:
             self._first_step = (step, now)
-            if self.run_log is not None:
-                self.run_log.begin(step - 1)  # a resumed run appends to the log
+            self._begin_log(step - 1)
         if self.console is not None:
             first, since = self._first_step
             elapsed = now - since
@@ -113,10 +117,29 @@ class TrainingMonitor:
             self._eval_after_log = False
             self._evaluate(entry.step)
 
+    def evaluate(self, step: int) -> None:
+        """Score the evaluation split now, as after `step` (a resumed run's missed pass)."""
+        self._begin_log(step)
+        self._evaluate(step)
+
+    def _begin_log(self, start_step: int) -> None:
+        if self.run_log is not None and not self._log_begun:
+            self.run_log.begin(start_step)  # a resumed run appends to the log
+            self._log_begun = True
+
+    def stop(self, step: int, reason: str) -> None:
+        """Training stopped early after `step`: said on the console and in the log, kept for the result."""
+        self.stopped = {"step": step, "reason": reason}
+        if self.console is not None:
+            self.console.message(f"stopped early at step {step}/{self.steps}: {reason}")
+        if self.run_log is not None:
+            self.run_log.stop(step, reason)
+
     def final_evaluation(self) -> None:
         """Score the evaluation split after the last step (unless that was just done)."""
-        if self.evaluation is not None and self._last_eval_step != self.steps:
-            self._evaluate(self.steps)
+        last = self.steps if self.stopped is None else self.stopped["step"]
+        if self.evaluation is not None and self._last_eval_step != last:
+            self._evaluate(last)
 
     def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
         """`summary` plus the final metrics: the run's last JSON line (also logged)."""
@@ -125,6 +148,8 @@ class TrainingMonitor:
             final["eval_metrics"] = self.last_eval
         if self.last_eval_unseen is not None:
             final["eval_unseen_ids"] = self.last_eval_unseen
+        if self.stopped is not None:
+            final["stopped_early"] = self.stopped
         if self.console is not None:
             self.console.close()
         if self.run_log is not None:
@@ -143,6 +168,8 @@ class TrainingMonitor:
             self.console.message(f"eval {step:>5}/{self.steps}{format_metrics(self.last_eval)}{seen}")
         if self.run_log is not None:
             self.run_log.eval(step, self.last_eval, self.last_eval_unseen)
+        if self.on_evaluation is not None:
+            self.on_evaluation(step, self.last_eval)
 
 
 def _rounded(metrics: Metrics) -> Metrics:

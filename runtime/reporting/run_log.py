@@ -6,6 +6,7 @@
                           the schedule's factor of every optimizer's rate, when the run has a schedule)
                           {"kind": "eval", "step", "metrics": {...}}  (+ "unseen_ids": {feature: count})
                           {"kind": "resume", "step"}   a resumed run goes on from here (see below)
+                          {"kind": "stop", "step", "reason"}   training stopped early (--patience)
                           {"kind": "final", ...the run's final JSON line}
     DIR/events.out.tfevents.*   the same scalars for TensorBoard (`pip install 'reccompile[logs]'`)
     DIR/metrics.png       the loss, the learning rate, then every head's metrics (train and eval),
@@ -81,6 +82,10 @@ class RunLog:
         self._write({"kind": "eval", "step": step, "metrics": metrics, **extra})
         if self._writer is not None:
             _add_metrics(self._writer, "eval", step, metrics)
+
+    def stop(self, step: int, reason: str) -> None:
+        """Training stopped early after `step`, for `reason` (runtime.train.early_stopping)."""
+        self._write({"kind": "stop", "step": step, "reason": reason})
 
     def close(self, final: Mapping[str, Any]) -> None:
         """Write the final record, close the files, and draw the plot of the whole history."""

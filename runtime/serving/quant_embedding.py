@@ -35,6 +35,14 @@ so a pooled bag is off by at most the sum of those over its ids (times the
 per-id weights). tests/runtime/serving/test_quant_embedding.py asserts these bounds;
 runtime/serving/quant_sequence.py reads the same layout as sequences.
 
+Tables whose dim is not a multiple of 4 (fbgemm's kernels store rows of
+4-byte units: hstu.yaml's and sasrec.yaml's 50) are stored padded to the
+next multiple (`stored_dim`): each row ends in copies of its last value,
+so an int8/int4 row keeps its minimum, maximum and codes, and the kernel's
+output keeps only the table's own columns. The stored rows (state dict,
+`table_rows`, an export's files) are the padded ones; everything else
+(`dequantized_weights`, the output, `quantize_from`) is at the table's dim.
+
 Pooling: `sum`, or `mean` computed as training computes it (sum pooling
 with per-id weights w_i / L), so fp32 tables give bit-identical results to
 the training collection. State dict: `<table>.packed`, the table's rows in
@@ -70,6 +78,7 @@ from runtime.embeddings.state_views import load_views
 
 __all__ = [
     "PRECISIONS",
+    "stored_dim",
     "QuantEmbeddingBagCollection",
     "dequantize_rows",
     "quantize_rows",
@@ -87,18 +96,26 @@ _BITS = {"int8": 8, "int4": 4}
 _OUTPUT_TYPES = {torch.float32: SparseType.FP32, torch.bfloat16: SparseType.BF16, torch.float16: SparseType.FP16}
 _SCALE_BIAS_BYTES = 4  # float16 scale + float16 bias in front of an int8/int4 row
 _FP16_MAX = 65504.0
+_DIM_MULTIPLE = 4  # fbgemm's inference kernels store rows of whole 4-byte units of values
 
 
 def check_precision(table: EmbeddingBagConfig, precision: str) -> None:
-    """Raise ValueError unless `table` can be stored at `precision` by fbgemm."""
-    where = f"table {table.name!r}"
+    """Raise ValueError unless `precision` is one fbgemm can store `table` at."""
     if precision not in _SPARSE_TYPES:
-        raise ValueError(f"{where}: unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})")
-    if table.embedding_dim % 4:
         raise ValueError(
-            f"{where}: embedding_dim {table.embedding_dim} is not a multiple of 4, "
-            "which fbgemm's inference kernel requires"
+            f"table {table.name!r}: unknown precision {precision!r} (expected one of {', '.join(PRECISIONS)})"
         )
+
+
+def stored_dim(dim: int) -> int:
+    """The width a `dim`-wide table is stored at: the next multiple of 4, as fbgemm's kernels need."""
+    return -(-dim // _DIM_MULTIPLE) * _DIM_MULTIPLE
+
+
+def pad_columns(weight: torch.Tensor, width: int) -> torch.Tensor:
+    """`weight` (rows x dim) widened to `width` with copies of each row's last value."""
+    extra = width - weight.shape[1]
+    return weight if extra == 0 else torch.cat([weight, weight[:, -1:].expand(-1, extra)], dim=1)
 
 
 def row_bytes(dim: int, precision: str) -> int:
@@ -205,6 +222,9 @@ class QuantEmbeddingBagCollection(nn.Module):
 
         self._feature_names = [f for t in tables for f in t.feature_names]
         self._feature_dims = [t.embedding_dim for t in tables for _ in t.feature_names]
+        stored_dims = [stored_dim(t.embedding_dim) for t in tables for _ in t.feature_names]
+        self._padded = stored_dims != self._feature_dims
+        self._output_width = sum(self._feature_dims)
         self._feature_tables = [t for t in tables for _ in t.feature_names]
         self._has_mean = any(t.pooling == "mean" for t in tables)
         self._select = KeySelection(self._feature_names)
@@ -242,6 +262,11 @@ class QuantEmbeddingBagCollection(nn.Module):
             "no_bytes": torch.zeros(0, dtype=torch.uint8, device=device),
             "no_locations": torch.zeros(0, dtype=torch.int32, device=device),
             "mean_features": torch.tensor([t.pooling == "mean" for t in self._feature_tables], device=device),
+            # The kernel's output columns that are the tables' own (padded tables' end in copies).
+            "output_columns": torch.cat([
+                torch.arange(start, start + dim, device=device)
+                for start, dim in zip(tbe.D_offsets[:-1].tolist(), self._feature_dims)
+            ]),
         }
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor, persistent=False)
@@ -249,18 +274,19 @@ class QuantEmbeddingBagCollection(nn.Module):
             table_offsets=tbe.weights_offsets.to(torch.int64),
             strides=torch.tensor([self._padded_row_bytes(t) for t in self._feature_tables], dtype=torch.int64),
             types=tbe.weights_tys.to(torch.int64),
-            dims=torch.tensor(self._feature_dims, dtype=torch.int64),
+            dims=torch.tensor(stored_dims, dtype=torch.int64),
             out_offsets=tbe.D_offsets[:-1].to(torch.int64),
             total_dim=tbe.total_D,
         )
-        layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), self._feature_dims))
+        layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), stored_dims))
         self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
         return IntNBitTableBatchedEmbeddingBagsCodegen(
             [
-                (t.name, t.num_embeddings, t.embedding_dim, _SPARSE_TYPES[self._precisions[t.name]], location)
+                (t.name, t.num_embeddings, stored_dim(t.embedding_dim), _SPARSE_TYPES[self._precisions[t.name]],
+                 location)
                 for t in self._tables
             ],
             feature_table_map=[i for i, t in enumerate(self._tables) for _ in t.feature_names],
@@ -292,18 +318,21 @@ class QuantEmbeddingBagCollection(nn.Module):
         for table, offset in zip(self._tables, self._layout.table_offsets):
             stride = self._padded_row_bytes(table)
             block = self.weights[offset : offset + table.num_embeddings * stride]
-            width = row_bytes(table.embedding_dim, self._precisions[table.name])
+            width = row_bytes(stored_dim(table.embedding_dim), self._precisions[table.name])
             views[table.name] = block.view(table.num_embeddings, stride)[:, :width]
         return views
 
     def table_bytes(self) -> dict[str, int]:
         """Bytes each table's stored rows take (what an export writes per table)."""
-        return {t.name: t.num_embeddings * row_bytes(t.embedding_dim, self._precisions[t.name]) for t in self._tables}
+        return {
+            t.name: t.num_embeddings * row_bytes(stored_dim(t.embedding_dim), self._precisions[t.name])
+            for t in self._tables
+        }
 
     def dequantized_weights(self) -> dict[str, torch.Tensor]:
         """Each table as the fp32 values the kernel reads (rows x dim), new tensors."""
         return {
-            t.name: dequantize_rows(rows, self._precisions[t.name], t.embedding_dim)
+            t.name: dequantize_rows(rows, self._precisions[t.name], stored_dim(t.embedding_dim))[:, : t.embedding_dim]
             for t, rows in zip(self._tables, self.table_rows().values())
         }
 
@@ -327,7 +356,8 @@ class QuantEmbeddingBagCollection(nn.Module):
                 "pooling": table.pooling,
                 "precision": precision,
                 "fbgemm_type": _SPARSE_TYPES[precision].name,
-                "row_bytes": row_bytes(table.embedding_dim, precision),
+                **({"stored_dim": stored_dim(table.embedding_dim)} if table.embedding_dim % _DIM_MULTIPLE else {}),
+                "row_bytes": row_bytes(stored_dim(table.embedding_dim), precision),
                 "padded_row_bytes": self._padded_row_bytes(table),
                 "byte_offset": offset,
                 "features": [
@@ -340,12 +370,12 @@ class QuantEmbeddingBagCollection(nn.Module):
             "pooling_mode": "sum (mean tables: per-id weights 1/L)",
             "weights_bytes": self._layout.buffer_bytes,
             "row_alignment": self._layout.row_alignment,
-            "output_width": self._layout.total_dim,
+            "output_width": self._output_width,
             "tables": tables,
         }
 
     def _padded_row_bytes(self, table: EmbeddingBagConfig) -> int:
-        size = row_bytes(table.embedding_dim, self._precisions[table.name])
+        size = row_bytes(stored_dim(table.embedding_dim), self._precisions[table.name])
         return -(-size // self._layout.row_alignment) * self._layout.row_alignment
 
     @torch.no_grad()
@@ -361,11 +391,13 @@ class QuantEmbeddingBagCollection(nn.Module):
                 raise ValueError(
                     f"table {table.name!r}: weights of shape {tuple(weight.shape)}, expected {expected}"
                 )
-            targets[table.name].copy_(quantize_rows(weight, self._precisions[table.name], table.name))
+            stored = pad_columns(weight, stored_dim(table.embedding_dim))
+            targets[table.name].copy_(quantize_rows(stored, self._precisions[table.name], table.name))
         return self
 
     def to_fbgemm(self) -> IntNBitTableBatchedEmbeddingBagsCodegen:
-        """The fbgemm TBE module with these tables and weights (mean tables need weights 1/L)."""
+        """The fbgemm TBE module with these tables and weights (mean tables need weights 1/L;
+        padded tables at their stored dim)."""
         tbe = self._fbgemm_module(self.weights.device)
         tbe.initialize_weights()
         for (rows, scale_bias), stored in zip(tbe.split_embedding_weights(), self.table_rows().values()):
@@ -406,8 +438,10 @@ class QuantEmbeddingBagCollection(nn.Module):
             [self.weights, values], dtype=None
         )
         if native_kernel and self._choose(values, offsets, weights, kjt, check) == "native":
-            return self._native_pool(values, offsets, weights, kjt, check)
-        return self._fbgemm_pool(values, offsets, weights, kjt, check)
+            pooled = self._native_pool(values, offsets, weights, kjt, check)
+        else:
+            pooled = self._fbgemm_pool(values, offsets, weights, kjt, check)
+        return pooled.index_select(1, self.output_columns) if self._padded else pooled
 
     def _choose(
         self,

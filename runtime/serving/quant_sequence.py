@@ -105,7 +105,7 @@ class QuantEmbeddingCollection(QuantEmbeddingBagCollection):
             offsets = _slot_offsets(slot_rows, values.device).to(values.dtype)
             rows = self.lookup(values, offsets, None, checked=True)
         else:
-            rows = self.weights.new_zeros((0, self._layout.total_dim), dtype=self._rows_dtype)
+            rows = self.weights.new_zeros((0, self._output_width), dtype=self._rows_dtype)
         blocks, key, column = [], 0, 0
         for table, count in zip(self._sequence_tables, slot_rows):
             width, features_in_table = table.embedding_dim, len(table.feature_names)

@@ -6,6 +6,8 @@
     --keep K                keep only the newest K checkpoints (default: all)
     --resume                start from the newest intact checkpoint in DIR (an error if none)
     --allow-spec-change     resume from a checkpoint of another spec (entries must keep their shapes)
+    --best-metric NAME      also keep the best evaluation's checkpoint in DIR/best (one, replaced
+                            atomically by a better one; load it as any checkpoint directory)
 
 A job that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0 on any rank,
 with `--max-restarts`) resumes from the latest complete checkpoint by itself,
@@ -28,6 +30,7 @@ from typing import Any, Callable, Iterator, TextIO
 import torch
 import torch.distributed as dist
 
+from runtime.checkpoint.files import complete_checkpoints
 from runtime.checkpoint.lock import DirectoryLock
 from runtime.checkpoint.store import (
     CheckpointError,
@@ -41,9 +44,12 @@ from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.reporting import console
 from runtime.train.lr_schedule import spell
+from runtime.train.early_stopping import EarlyStopping
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
+
+BEST_DIR = "best"  # under --checkpoint-dir: the best evaluation's checkpoint, DIR/best/step_<N>
 
 
 def restarted_by_torchrun(process_group: dist.ProcessGroup | None) -> bool:
@@ -81,6 +87,7 @@ class Checkpointing:
         other_work: OtherWork | None = None,
         stream: TextIO | None = None,
         lr_scheduler: LrScheduler | None = None,
+        early_stopping: EarlyStopping | None = None,
     ) -> None:
         self.directory: Path | None = options.checkpoint_dir
         self.every: int | None = options.checkpoint_every
@@ -92,9 +99,12 @@ class Checkpointing:
         self.module, self.model, self.optimizer = module, model, optimizer
         self.process_group, self.rank = process_group, rank
         self.lr_scheduler = lr_scheduler
+        self.early_stopping = early_stopping
         self.stream = sys.stdout if stream is None else stream
         self.start_step = 0
         self.last_saved: int | None = None
+        self.resumed_early_stopping = False  # the tracker goes on from the checkpoint's state
+        self.best_path: Path | None = None  # DIR/best/step_<N>, once this run saved one
         self._resumed: Resumed | None = None
         self._batches: Iterator[Batch] | None = None
         self._lock: DirectoryLock | None = None
@@ -139,6 +149,7 @@ class Checkpointing:
                 f"{self._resumed.path} is at step {self.start_step}, past this run's last step {steps}"
             )
         self._resume_schedule()
+        self._resume_early_stopping()
         why = "torchrun restarted this job" if restarted else "--resume"
         self._say(f"resumed from {self._resumed.path} at step {self.start_step} ({why})")
         return self.start_step
@@ -153,6 +164,23 @@ class Checkpointing:
             self._say(
                 f"warning: {self._resumed.path} was trained with lr_schedule {spell(saved['schedule'])}; "
                 f"this run goes on from step {self.start_step} with {spell(self.lr_scheduler.schedule.describe())}",
+                sys.stderr,
+            )
+
+    def _resume_early_stopping(self) -> None:
+        """The best evaluation so far and the passes since it, as the checkpoint kept them."""
+        assert self._resumed is not None
+        saved = self._resumed.manifest.get("early_stopping")
+        if self.early_stopping is None or saved is None:
+            return
+        self.resumed_early_stopping = self.early_stopping.load_state_dict(saved)
+        best = complete_checkpoints(self.directory / BEST_DIR) if self.directory is not None else []
+        if self.resumed_early_stopping and best and best[-1][0] == self.early_stopping.best_step:
+            self.best_path = best[-1][1]  # this run's result names it until a better one replaces it
+        if not self.resumed_early_stopping:
+            self._say(
+                f"warning: {self._resumed.path} tracked --best-metric {saved.get('metric')}; this run tracks "
+                f"{self.early_stopping.metric.name} from scratch",
                 sys.stderr,
             )
 
@@ -216,14 +244,21 @@ class Checkpointing:
             self._lock.release()
             self._lock = None
 
-    def save(self, step: int) -> None:
+    def save_best(self, step: int) -> None:
+        """The model after `step`, the best evaluation so far, to DIR/best (replacing the one there)."""
+        if self.directory is not None:
+            self.best_path = self.save(step, best=True)
+
+    def save(self, step: int, best: bool = False) -> Path:
+        """Save the model after `step` to DIR, or with `best` to DIR/best (keeping only that one)."""
         assert self.directory is not None
         # The position after `step` batches, not the iterator's own: a pipeline has drawn batches ahead.
         state_after = getattr(self._batches, "state_after", None)
         state_dict = (lambda: state_after(step)) if callable(state_after) else getattr(self._batches, "state_dict", None)
+        tracked = None if self.early_stopping is None else self.early_stopping.state_dict()
         with self.other_work.measure("checkpoint"):
-            save_checkpoint(
-                self.directory,
+            path = save_checkpoint(
+                self.directory / BEST_DIR if best else self.directory,
                 self.model,
                 self.optimizer,
                 step=step,
@@ -231,12 +266,15 @@ class Checkpointing:
                 plan=self.module.PLAN,
                 data_state=state_dict() if callable(state_dict) else None,
                 batch_size=self.batch_size,
-                keep=self.keep,
+                keep=1 if best else self.keep,
                 process_group=self.process_group,
                 files=self._data_files(),
                 lr_schedule=None if self.lr_scheduler is None else self.lr_scheduler.state_dict(step),
+                early_stopping=tracked,
             )
-        self.last_saved = step
+        if not best:
+            self.last_saved = step
+        return path
 
     def _data_files(self) -> dict[str, bytes]:
         """The vocabulary the data reader maps ids with (`<module>.vocab.json`), when there is one."""

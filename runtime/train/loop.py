@@ -75,6 +75,7 @@ def train(
     start_step: int = 0,
     other_work: OtherWork | None = None,
     lr_scheduler: LrScheduler | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
@@ -94,6 +95,9 @@ def train(
     `lr_scheduler`: sets the dense and embedding learning rates before each step
     from the number of steps completed, so a resumed run keeps its schedule; the
     log entries carry the rate.
+
+    `should_stop`: asked after each step's hooks (runtime.train.early_stopping); when it
+    says yes, that step is logged and is the last. Every rank must answer alike.
     """
     other = other_work if other_work is not None else OtherWork()
     model.train()
@@ -102,6 +106,14 @@ def train(
     timed_from = started  # the first step warms up and is left out of samples/s
     other_before = other.total()  # other work before timed_from
     run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
+    last = steps
+
+    def log(step: int, loss: torch.Tensor, now: float) -> None:
+        if on_log is not None:
+            training_seconds = now - timed_from - (other.total() - other_before)
+            rate = _rate(global_batch_size, step - start_step - 1, training_seconds)
+            on_log(StepLog(step, _global_mean(loss, process_group), rate, *_rates(lr_scheduler)))
+
     for step in range(start_step + 1, steps + 1):
         if lr_scheduler is not None:
             lr_scheduler.start_step(step - 1)
@@ -112,15 +124,20 @@ def train(
         now = time.perf_counter()
         if step == start_step + 1:
             timed_from, other_before = now, other.total()
-        if on_log is not None and (step % log_every == 0 or step == steps):
-            training_seconds = now - timed_from - (other.total() - other_before)
-            rate = _rate(global_batch_size, step - start_step - 1, training_seconds)
-            on_log(StepLog(step, _global_mean(loss, process_group), rate, *_rates(lr_scheduler)))
+        logged = step % log_every == 0 or step == steps
+        if logged:
+            log(step, loss, now)
+        # Asked after the log step, whose hook may evaluate; a stopping step is logged too.
+        if should_stop is not None and step < steps and should_stop():
+            if not logged:
+                log(step, loss, now)
+            last = step
+            break
     elapsed = time.perf_counter() - timed_from - (other.total() - other_before)
     losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
     return TrainSummary(
-        steps=steps - start_step,
-        samples_per_s=_rate(global_batch_size, steps - start_step - 1, elapsed),
+        steps=last - start_step,
+        samples_per_s=_rate(global_batch_size, last - start_step - 1, elapsed),
         losses=tuple(losses) if isinstance(losses, list) else (losses,),
     )
 

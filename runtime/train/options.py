@@ -11,6 +11,8 @@ The worker trusts what it receives and checks nothing again.
     --data, --eval-data, --eval-every M, --bad-rows, --log-dir, --data-workers N, --rating-threshold T
     --shuffle-window K  prepared data: shuffle every epoch, rows within windows of K row groups
     --checkpoint-dir DIR, --checkpoint-every K, --keep N, --resume, --allow-spec-change
+    --best-metric NAME  keep the best evaluation's checkpoint in DIR/best (runtime.train.early_stopping)
+    --patience P        stop after P evaluations without a gain of --best-metric
     --pipeline / --no-pipeline, --pipeline-depth D
     --threads N        torch intra-op threads per rank (default: from the cores free at launch)
 """
@@ -57,6 +59,8 @@ class TrainOptions:
     keep: int = DEFAULT_KEEP  # the newest K checkpoints stay; older ones are removed after each save
     resume: bool = False
     allow_spec_change: bool = False
+    best_metric: str | None = None  # `metric` or `head.metric` of the evaluation split
+    patience: int | None = None  # None: never stop early
     pipeline: bool | None = None  # None: pipelined when there are several ranks
     pipeline_depth: int = 2
     threads: int | None = None  # None: torch's default
@@ -67,13 +71,29 @@ class TrainOptions:
         return self.pipeline_depth if pipelined else 1
 
     def with_spec_defaults(self, training: TrainingConfig) -> TrainOptions:
-        """These options with the spec's `training` steps, batch size and seed where none was given."""
+        """These options with the spec's `training` steps, batch size, seed and early stopping where
+        none was given; the spec's early stopping only where it can apply (`spec_early_stopping_unused`)."""
+        stopping = self.best_metric is None and self.spec_early_stopping_unused(training) is None
         return dataclasses.replace(
             self,
             steps=self.steps if self.steps is not None else training.steps,
             batch_size=self.batch_size if self.batch_size is not None else training.batch_size,
             seed=self.seed if self.seed is not None else training.seed,
+            best_metric=training.best_metric if stopping else self.best_metric,
+            patience=training.patience if stopping and self.patience is None else self.patience,
         )
+
+    def spec_early_stopping_unused(self, training: TrainingConfig) -> str | None:
+        """Why the spec's `training.early_stopping` cannot apply to this run, or None when it can
+        (or there is none, or --best-metric replaces it)."""
+        if training.best_metric is None or self.best_metric is not None:
+            return None
+        where = f"training.early_stopping ({training.early_stopping_where})"
+        if self.eval_data is None:
+            return f"{where} is not applied: there is no --eval-data to measure {training.best_metric} on"
+        if training.patience is not None and self.patience is None and not self.eval_every:
+            return f"{where} is not applied: its patience needs --eval-every K"
+        return None
 
     def to_json(self) -> str:
         return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(self).items()})
@@ -117,6 +137,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     checkpoints.add_argument("--resume", action="store_true", help="start from the latest checkpoint in DIR")
     checkpoints.add_argument("--allow-spec-change", action="store_true",
                              help="resume from another spec's checkpoint")  # fmt: skip
+    best = parser.add_argument_group("early stopping")
+    best.add_argument("--best-metric", metavar="NAME",
+                      help="the eval metric (auc, ne, head.metric ...) whose best pass is kept in "
+                           "CHECKPOINT_DIR/best; lower is better for ne, mse, rmse, loss")  # fmt: skip
+    best.add_argument("--patience", type=int, help="stop after P evaluations without a gain of --best-metric")
     pipelining = parser.add_argument_group("training pipeline")
     pipelining.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
                             help="overlap the next batch's input_dist with this batch's step "
@@ -132,6 +157,7 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     for flag, least in (
         ("--steps", 1), ("--batch-size", 1), ("--log-every", 1), ("--threads", 1), ("--eval-every", 0),
         ("--data-workers", 0), ("--shuffle-window", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
+        ("--patience", 1),
     ):  # fmt: skip
         value = getattr(args, _dest(flag))
         if value is not None and value < least:
@@ -154,6 +180,22 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     if values["keep"] is None:
         values["keep"] = DEFAULT_KEEP
     return TrainOptions(module=str(module), **values)
+
+
+def check_early_stopping(options: TrainOptions) -> None:
+    """After the spec's defaults: --best-metric needs an evaluation split, --patience a metric and
+    periodic evaluation; UsageError for the first that is missing."""
+    if options.best_metric is not None and options.eval_data is None:
+        raise UsageError(f"--best-metric {options.best_metric} needs --eval-data (the split it is measured on)")
+    if options.patience is not None and options.best_metric is None:
+        raise UsageError(
+            f"--patience {options.patience} needs --best-metric or the spec's training.early_stopping "
+            "(the metric that must improve)"
+        )
+    if options.patience is not None and not options.eval_every:
+        raise UsageError(
+            f"--patience {options.patience} needs --eval-every K (evaluating only at the end cannot stop early)"
+        )
 
 
 def _dest(flag: str) -> str:

@@ -48,8 +48,12 @@ class RunIO:
     rank: int
     unseen_ids: UnseenIds | None = None  # the training data's, when its reader has a vocabulary
 
-    def finish(self, summary: Mapping[str, Any]) -> dict[str, Any]:
+    def finish(
+        self, summary: Mapping[str, Any], after_evaluation: Callable[[], Mapping[str, Any]] | None = None
+    ) -> dict[str, Any]:
         """Final evaluation and metrics; skipped rows summarised on stderr (rank 0).
+
+        `after_evaluation` adds what the final evaluation decides (the best checkpoint).
 
         Every rank meets the same bad rows (see runtime.data.bad_rows): no reduction needed.
         """
@@ -58,6 +62,8 @@ class RunIO:
             close()  # stops the DataLoader workers now, not whenever the batches are collected
         self.monitor.final_evaluation()
         counts: dict[str, Any] = {key: log.bad for key, log in self.bad_rows.items()}
+        if after_evaluation is not None:
+            counts.update(after_evaluation())
         if self.unseen_ids is not None:
             counts["unseen_ids"] = self.unseen_ids.counts
         final = self.monitor.finish({**summary, **counts})
@@ -86,6 +92,7 @@ def setup_run(
     device: torch.device | None,
     other_work: OtherWork,
     resumed_vocabulary: Path | None = None,
+    on_evaluation: Callable[[int, Mapping[str, Any]], None] | None = None,
 ) -> RunIO:
     """Open the training and evaluation data of `options` and the monitor of the run.
 
@@ -93,6 +100,7 @@ def setup_run(
     from. The tables' rows mean its ids, so the reader maps ids with it whatever
     file the run now reads (ids it lacks are counted as unseen), and it stays
     beside the module for the checkpoints this run writes.
+    `on_evaluation(step, metrics)` follows every evaluation pass (early stopping).
     """
     policy, workers, threshold = options.bad_rows, options.data_workers, options.rating_threshold
     warn = _warn if rank == 0 else None
@@ -160,6 +168,7 @@ def setup_run(
         run_log=RunLog(options.log_dir) if rank == 0 and options.log_dir is not None else None,
         evaluation=evaluation,
         eval_every=options.eval_every,
+        on_evaluation=on_evaluation,
     )
     return RunIO(batches, monitor, bad_rows, rank, unseen)
 

@@ -31,6 +31,7 @@ from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, run_setup
 from runtime.train.lifetime import die_with_parent
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.early_stopping import EarlyStopping, resolve_best_metric
 from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.loop import train
@@ -95,9 +96,25 @@ def main(options: TrainOptions) -> int:
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     lr_scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model)
     other_work = OtherWork()
+    stopping = None
+    if options.best_metric is not None:
+        stopping = EarlyStopping(resolve_best_metric(options.best_metric, module.INPUTS.heads), options.patience)
     checkpoints = checkpointing.Checkpointing(
-        options, module, model, optimizer, process_group, rank, other_work, lr_scheduler=lr_scheduler
-    )
+        options, module, model, optimizer, process_group, rank, other_work,
+        lr_scheduler=lr_scheduler, early_stopping=stopping,
+    )  # fmt: skip
+
+    def on_evaluation(step: int, metrics: dict) -> None:
+        assert stopping is not None
+        if stopping.observe(step, metrics):
+            checkpoints.save_best(step)
+
+    def best_result() -> dict:
+        if stopping is None:
+            return {}
+        saved = {} if checkpoints.best_path is None else {"checkpoint": str(checkpoints.best_path)}
+        return {"best": {**stopping.best(), **saved}}
+
     try:
         start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
         # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
@@ -116,7 +133,11 @@ def main(options: TrainOptions) -> int:
             device=device,
             other_work=other_work,
             resumed_vocabulary=checkpoints.resumed_vocabulary(),
+            on_evaluation=None if stopping is None else on_evaluation,
         )
+        resumed_tracker = stopping is not None and checkpoints.resumed_early_stopping
+        if resumed_tracker and stopping.missed(start_step, options.eval_every):
+            run_io.monitor.evaluate(start_step)  # so the count goes on as in the run that saved it
         batches = checkpoints.position(run_io.batches, options.data)
         depth = options.pipeline_depth_for(world_size)
         if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
@@ -137,9 +158,13 @@ def main(options: TrainOptions) -> int:
             device=device,
             other_work=other_work,
             lr_scheduler=lr_scheduler,
+            should_stop=None if stopping is None else stopping.should_stop,
         )
-        checkpoints.finish(steps)
-        final = run_io.finish({**summary.as_json(), **other_work.as_json()})
+        last_step = start_step + summary.steps
+        if stopping is not None and stopping.stop_reason is not None and last_step < steps:
+            run_io.monitor.stop(last_step, stopping.stop_reason)
+        checkpoints.finish(last_step)
+        final = run_io.finish({**summary.as_json(), **other_work.as_json()}, best_result)
     finally:
         checkpoints.close()
     if rank == 0:

@@ -76,3 +76,49 @@ def test_schema_lists_the_field_stack_blocks_with_their_descriptions(capsys) -> 
         assert block["properties"]["type"] == {"const": name, "description": f"`{name}`."}
         assert all(prop.get("description") for prop in block["properties"].values()), name
     assert schema["$defs"]["dense_feature"]["properties"]["embed"]["$ref"] == "#/$defs/numeric_embed"
+
+
+TOO_BIG = "tests/specs/infeasible/too_big.yaml"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ([], "1 rank has 16 GiB; largest: 'user' 95.4 GiB, 'item' 23.8 GiB, 'small' 261 KiB; "
+             "8 ranks would fit (--world-size 8)"),
+        (["--world-size", "4", "--ranks-per-host", "2"],
+         "the 4 ranks have 64 GiB (16 GiB each); largest: 'user' 95.4 GiB, 'item' 23.8 GiB, 'small' 261 KiB; "
+         "8 ranks would fit (--world-size 8)"),
+        (["--memory-per-rank", "64GiB"], "1 rank has 64 GiB; largest: 'user' 95.4 GiB, 'item' 23.8 GiB, "
+                                         "'small' 261 KiB; 2 ranks would fit (--world-size 2)"),
+    ],
+)
+def test_check_plans_and_names_the_tables_bytes_and_world_size_that_would_fit(
+    capsys, options: list[str], message: str
+) -> None:
+    assert main(["check", TOO_BIG, *options]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == f"{TOO_BIG}:10:7: error: the tables need at least 119.2 GiB together, {message}\n1 error\n"
+
+
+def test_check_passes_at_the_world_size_it_suggested(capsys) -> None:
+    assert main(["check", TOO_BIG, "--world-size", "8"]) == 0
+    assert capsys.readouterr().out == f"{TOO_BIG}: ok\n"
+
+
+def test_check_says_when_no_world_size_would_fit(capsys) -> None:
+    spec = "tests/specs/infeasible/pinned_table.yaml"
+    assert main(["check", spec]) == 1
+    assert capsys.readouterr().err == (
+        f"{spec}:7:7: error: the tables need at least 47.7 GiB together, the 2 ranks have 32 GiB (16 GiB each); "
+        "largest: 'user' 47.7 GiB; no larger world size that the batch size 256 divides over would fit\n1 error\n"
+    )
+
+
+def test_check_refuses_a_world_size_the_batch_does_not_divide_over(capsys) -> None:
+    assert main(["check", TOO_BIG, "--world-size", "3"]) == 1
+    assert capsys.readouterr().err == (
+        f"{TOO_BIG}:17:1: error: training.batch_size: global batch size 1024 does not divide evenly over 3 ranks\n"
+        "1 error\n"
+    )

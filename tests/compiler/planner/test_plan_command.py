@@ -62,8 +62,9 @@ def test_errors(capsys: pytest.CaptureFixture[str]) -> None:
     status, out, err = reccompile(capsys, "plan", SPEC, "--world-size", "2", "--memory-per-rank", "100MiB")
     assert (status, out) == (1, "")
     assert err == (
-        "specs/dlrm_criteo.yaml:2:1: error: sharding.memory_per_rank: the tables need at least 671.1 MiB together, "
-        "the 2 ranks have 200 MiB (100 MiB each); largest: 'cat_0' 25.8 MiB, 'cat_1' 25.8 MiB, 'cat_2' 25.8 MiB\n"
+        "specs/dlrm_criteo.yaml:10:7: error: the tables need at least 671.1 MiB together, "
+        "the 2 ranks have 200 MiB (100 MiB each); largest: 'cat_0' 25.8 MiB, 'cat_1' 25.8 MiB, 'cat_2' 25.8 MiB; "
+        "8 ranks would fit (--world-size 8)\n"
         "1 error\n"
     )
     status, _, err = reccompile(capsys, "plan", SPEC, "--world-size", "8", "--ranks-per-host", "3")

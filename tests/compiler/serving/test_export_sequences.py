@@ -195,8 +195,12 @@ training:
 """
 
 
-def test_an_hstu_model_with_timestamps_and_only_sequence_tables_predicts_exactly(tmp_path: Path, capsys) -> None:
-    (tmp_path / "hstu.yaml").write_text(HSTU_SPEC)
+@pytest.mark.parametrize("dim", [8, 10])  # 10: trained on the dense kernel, served padded to 12 columns
+def test_an_hstu_model_with_timestamps_and_only_sequence_tables_predicts_exactly(
+    tmp_path: Path, capsys, dim: int
+) -> None:
+    (tmp_path / "hstu.yaml").write_text(HSTU_SPEC.replace("{name: items, num_embeddings: 80, dim: 8}",
+                                                          f"{{name: items, num_embeddings: 80, dim: {dim}}}"))
     assert main([
         "train", str(tmp_path / "hstu.yaml"), "--steps", "2", "--batch-size", str(BATCH), "--log-every", "2",
         "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "-o", str(tmp_path / "build"),

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.serving.quant_embedding import PRECISIONS, QuantEmbeddingBagCollection, row_bytes
+from runtime.serving.quant_embedding import PRECISIONS, QuantEmbeddingBagCollection, row_bytes, stored_dim
 
 BATCH = 16
 
@@ -244,11 +244,62 @@ def test_unstorable_tables_are_refused_with_the_table_named() -> None:
         "table 'big': a value of magnitude 70000 is beyond float16's range (±65504); export the table at fp32 or int8"
     )):
         qebc.quantize_from({"big": torch.full((4, 8), 7e4)})
-    with pytest.raises(ValueError, match=re.escape(
-        "table 'odd': embedding_dim 6 is not a multiple of 4, which fbgemm's inference kernel requires"
-    )):
-        QuantEmbeddingBagCollection([EmbeddingBagConfig("odd", 4, 6, ["g"])], "int8")
     nan = torch.zeros(4, 8)
     nan[2, 3] = float("nan")
     with pytest.raises(ValueError, match=re.escape("table 'big': row 2 holds a non-finite value; it cannot be exported")):
         QuantEmbeddingBagCollection([big], "int8").quantize_from({"big": nan})
+
+
+ODD = [
+    EmbeddingBagConfig("d50", 60, 50, ["a", "b"]),
+    EmbeddingBagConfig("d8", 40, 8, ["c"], pooling="mean"),
+    EmbeddingBagConfig("d6", 30, 6, ["d"], weight_init_min=-2.0, weight_init_max=3.0),
+]
+
+
+def _stored_as(table: EmbeddingBagConfig) -> EmbeddingBagConfig:
+    """`table` at its stored width, as a table of its own."""
+    return EmbeddingBagConfig(table.name, table.num_embeddings, stored_dim(table.embedding_dim),
+                              table.feature_names, table.pooling)  # fmt: skip
+
+
+@pytest.mark.parametrize("kernel", ["native", "fbgemm"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_a_dim_that_is_not_a_multiple_of_4_is_stored_padded_and_read_at_its_own_width(
+    precision: str, kernel: str, monkeypatch, request
+) -> None:
+    """Against the same rows padded by hand (copies of each row's last value) in tables of the stored
+    width: the same stored bytes, and the same pooled sums in the table's own columns, bit for bit."""
+    from runtime.cpu import choice, native
+
+    if kernel == "native":
+        request.getfixturevalue("native_kernels")
+        monkeypatch.setenv(choice.ENV, "quant_pool=native")
+    else:
+        monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+    torch.manual_seed(2)
+    weights = EmbeddingBagCollection(ODD, compute_kernel="dense").embedding_parameters()
+    padded = {
+        name: torch.cat([w, w[:, -1:].expand(-1, stored_dim(w.shape[1]) - w.shape[1])], dim=1)
+        for name, w in weights.items()
+    }
+    odd = QuantEmbeddingBagCollection(ODD, precision, is_weighted=True).quantize_from(weights)
+    wide = QuantEmbeddingBagCollection([_stored_as(t) for t in ODD], precision, is_weighted=True)
+    wide.quantize_from(padded)
+    assert {n: tuple(r.shape) for n, r in odd.table_rows().items()} == {
+        "d50": (60, row_bytes(52, precision)), "d8": (40, row_bytes(8, precision)), "d6": (30, row_bytes(8, precision)),
+    }
+    for name, rows in odd.table_rows().items():
+        assert torch.equal(rows, wide.table_rows()[name])
+    for name, values in odd.dequantized_weights().items():
+        assert torch.equal(values, wide.dequantized_weights()[name][:, : weights[name].shape[1]])
+    if precision == "fp32":
+        assert all(torch.equal(odd.dequantized_weights()[n], w) for n, w in weights.items())
+    own = torch.cat([torch.arange(0, 50), torch.arange(52, 102), torch.arange(104, 112), torch.arange(112, 118)])
+    for seed in range(3):
+        kjt = make_kjt(ODD, seed=seed)
+        out = odd(kjt)
+        assert out.keys() == ["a", "b", "c", "d"] and out.length_per_key() == [50, 50, 8, 6]
+        assert torch.equal(out.values(), wide(kjt).values()[:, own])
+    assert odd.layout()["output_width"] == 114
+    assert [t.get("stored_dim") for t in odd.layout()["tables"]] == [52, None, 8]

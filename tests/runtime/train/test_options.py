@@ -44,6 +44,17 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
         (["--pipeline-depth", "0"], "--pipeline-depth must be at least 1, got 0"),
         (["--threads", "0"], "--threads must be at least 1, got 0"),
         (["--nproc", "0"], "--nproc must be at least 1, got 0"),
+        (["--best-metric", "auc"], "--best-metric auc needs --eval-data (the split it is measured on)"),
+        (["--eval-data", "synthetic", "--eval-every", "5", "--patience", "2"],
+         "--patience 2 needs --best-metric or the spec's training.early_stopping (the metric that must improve)"),
+        (["--eval-data", "synthetic", "--best-metric", "auc", "--patience", "2"],
+         "--patience 2 needs --eval-every K (evaluating only at the end cannot stop early)"),
+        (["--eval-data", "synthetic", "--eval-every", "5", "--best-metric", "auc", "--patience", "0"],
+         "--patience must be at least 1, got 0"),
+        (["--eval-data", "synthetic", "--best-metric", "recall@10"],
+         "--best-metric 'recall@10': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy"),
+        (["--eval-data", "synthetic", "--best-metric", "click.auc"],
+         "--best-metric 'click.auc': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy"),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(tmp_path: Path, capsys, options: list[str], message: str) -> None:
