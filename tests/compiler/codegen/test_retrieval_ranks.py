@@ -9,7 +9,8 @@ in-batch ones come from the global batch (all-gathered), uniform ones are
 drawn alike on every rank and looked up through the same sharded table as
 the positives. After STEPS steps on the same global batches (synthetic,
 sliced per rank), the global losses agree to a relative 1e-5 and every table
-row, dense parameter and loss buffer to an absolute 1e-5.
+row, dense parameter and loss buffer to an absolute 1e-5; also when the two
+ranks train through the pipeline (the next batch's input_dist ahead).
 """
 
 from __future__ import annotations
@@ -75,24 +76,30 @@ sharding:
     history: {{sharding_types: [{sharding}]}}
 """
 
+# case -> (spec, the item table's sharding type, pipeline depth of the two ranks)
 CASES = {
-    "two_tower_data_parallel": (TWO_TOWER, "data_parallel"),
-    "two_tower_row_wise": (TWO_TOWER, "row_wise"),
-    "next_item_table_wise": (NEXT_ITEM, "table_wise"),
+    "two_tower_data_parallel": (TWO_TOWER, "data_parallel", 1),
+    "two_tower_row_wise": (TWO_TOWER, "row_wise", 1),
+    "two_tower_row_wise_pipelined": (TWO_TOWER, "row_wise", 2),
+    "next_item_table_wise": (NEXT_ITEM, "table_wise", 1),
 }
 
 
 def compiled(name: str, world_size: int, out: Path) -> str:
     """The generated module of case `name` for `world_size` ranks; its path."""
-    template, sharding = CASES[name]
+    template, sharding, _ = CASES[name]
     spec = out / f"{name}.yaml"
     spec.write_text(template.format(name=name, batch=BATCH, sharding=sharding))
     written = emit(compile_spec(str(spec), Options(world_size=world_size))).write(out / f"ws{world_size}")
     return str(written[0])
 
 
-def run(path: str, rank: int, world_size: int, group: Any) -> dict[str, Any]:
-    """STEPS steps of the module at `path` on this rank's slices; the global losses and full state."""
+def run(path: str, rank: int, world_size: int, group: Any, depth: int = 1) -> dict[str, Any]:
+    """STEPS steps of the module at `path` on this rank's slices; the global losses and full state.
+
+    With `depth` > 1 through the training pipeline: batch i+1's ids all-to-alls are in flight while
+    batch i's loss looks its uniform negatives up through the same tables.
+    """
     module = load_module(path)
     torch.manual_seed(0)
     model = module.build(process_group=group)
@@ -100,8 +107,9 @@ def run(path: str, rank: int, world_size: int, group: Any) -> dict[str, Any]:
     wrapped = distribute_dense(model, group)
     batches = (module.synthetic_batch(BATCH, step=i, rank=rank, world_size=world_size) for i in range(STEPS))
     summary = train(
-        wrapped, batches, steps=STEPS, optimizer=optimizer, global_batch_size=BATCH, process_group=group
-    )
+        wrapped, batches, steps=STEPS, optimizer=optimizer, global_batch_size=BATCH, process_group=group,
+        pipeline_depth=depth,
+    )  # fmt: skip
     return {"losses": summary.losses, "state": model.full_state_dict()}
 
 
@@ -112,7 +120,7 @@ def _rank(rank: int, port: int, paths: dict[str, str], out: str) -> None:
         timeout=datetime.timedelta(seconds=120),
     )  # fmt: skip
     group = torch.distributed.group.WORLD
-    results = {name: run(path, rank, WORLD, group) for name, path in paths.items()}
+    results = {name: run(path, rank, WORLD, group, CASES[name][2]) for name, path in paths.items()}
     if rank == 0:
         torch.save(results, Path(out) / "results.pt")
     del results
