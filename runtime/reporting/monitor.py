@@ -51,7 +51,10 @@ class Evaluation:
 
 
 class TrainingMonitor:
-    """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only."""
+    """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only.
+
+    `catalogue`: the model's item vectors, for the metrics of a retrieval head (see MetricSet).
+    """
 
     def __init__(
         self,
@@ -66,8 +69,9 @@ class TrainingMonitor:
         evaluation: Callable[[], Evaluation] | None = None,
         eval_every: int = 0,
         on_evaluation: Callable[[int, Metrics], None] | None = None,
+        catalogue: Callable[[], torch.Tensor] | None = None,
     ) -> None:
-        self.metrics = MetricSet(heads)
+        self.metrics = MetricSet(heads, catalogue)
         self.steps = steps
         self.log_every = log_every
         self.global_batch_size = global_batch_size
