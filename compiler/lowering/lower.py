@@ -29,7 +29,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from compiler.ir import SEQUENCE_OPS, Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Sum
+from compiler.ir import SEQUENCE_OPS, Block, Concat, Dot, DotProduct, Head, Input, Location, ModelIR, Moe, Product, Sum
 from compiler.lowering.calls import block_call, sparse_arch_call
 from compiler.lowering.sequences import SequenceLowering, groups_of
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
@@ -223,7 +223,7 @@ class _GraphBuilder:
                 name=name, loc=loc, stage="dense", path=path,
             )
             return
-        if isinstance(op, (DotProduct, Sum, Dot)):
+        if isinstance(op, (DotProduct, Sum, Dot, Product)):
             self.declare(block, block_call(block, in_width))
             self.values[name] = self.node(
                 "call_module", name, tuple(nodes), name=name, loc=loc, stage="dense", path=path

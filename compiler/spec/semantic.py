@@ -170,6 +170,7 @@ class Features:
     sequence_lengths: dict[str, int | None] = field(default_factory=dict)  # sequence feature -> max_length
     timestamps: list[TimestampsFeature] = field(default_factory=list)
     timestamps_names: set[str] = field(default_factory=set)  # every timestamps feature, even broken ones
+    groups: dict[str, list[tuple[str, str]] | None] = field(default_factory=dict)  # compiler/spec/groups.py
 
 
 def resolve_features(checker: Checker, root: Node) -> Features:
