@@ -85,4 +85,13 @@ def head_output(checker: Checker, head: Node, loss: Any, source: Any) -> Any:
             )
             checker.error(node, message)
             return INVALID
+        shifted = [key for key, off in (("dropout", 0), ("residual", False)) if checker.value(source.node, key, off)]
+        if shifted and known(*(checker.value(source.node, key) for key in shifted)):
+            effect = "scales its kept outputs by 1/(1-p)" if shifted[0] == "dropout" else "adds its input"
+            message = (
+                f"output: probability needs values in [0, 1], but mlp '{source.name}' applies {shifted[0]} to its "
+                f"sigmoid output (it {effect}); end the mlp with a linear layer and add an activation block"
+            )
+            checker.error(node, message)
+            return INVALID
     return output

@@ -12,7 +12,7 @@ block's input with the names that exist.
 from __future__ import annotations
 
 from compiler.spec.load import Node
-from compiler.spec.semantic import Checker, Features
+from compiler.spec.semantic import Checker, Features, where
 
 PREFIX = "groups"
 
@@ -32,8 +32,7 @@ def resolve_groups(checker: Checker, root: Node, features: Features) -> dict[str
             if member is None:
                 complete = False
             elif member in seen:
-                line = seen[member].loc.line
-                checker.error(item, f"group '{name}' lists '{item.value}' twice (also on line {line})")
+                checker.error(item, f"group '{name}' lists '{item.value}' twice (also at {where(seen[member])})")
                 complete = False
             else:
                 seen[member] = item
@@ -47,7 +46,10 @@ def _member(checker: Checker, item: Node, features: Features) -> tuple[str, str]
         return None
     kind, _, name = item.value.partition(".")
     if kind not in ("dense", "sparse") or not name or "." in name:
-        checker.error(item, f"'{item.value}' is not a feature reference: a group lists dense.<feature> or sparse.<feature>")
+        bare = "dense" if item.value in features.dense_sizes else "sparse" if item.value in features.sparse_dims else None
+        hint = f" (did you mean '{bare}.{item.value}'?)" if bare else ""
+        expected = "a group lists dense.<feature> or sparse.<feature>"
+        checker.error(item, f"'{item.value}' is not a feature reference{hint}: {expected}")
         return None
     if name == "*":
         checker.error(item, "a group lists features one by one; 'sparse.*' names every pooled feature")

@@ -72,6 +72,15 @@ def head_loss(loss: str, output: torch.Tensor, label: torch.Tensor, probability:
     raise ValueError(f"unknown loss {loss!r} (expected bce, mse or softmax)")
 
 
+def _check_probabilities(head: HeadConfig, output: torch.Tensor) -> None:
+    low, high = output.detach().aminmax()
+    if not (low >= 0 and high <= 1):  # NaN fails too
+        raise ValueError(
+            f"{head.describe()}: output 'probability' holds values outside [0, 1] "
+            f"(min {low.item():.6g}, max {high.item():.6g}); the block it reads must give probabilities"
+        )
+
+
 def total_loss(
     outputs: Mapping[str, torch.Tensor],
     labels: Mapping[str, torch.Tensor],
@@ -85,7 +94,10 @@ def total_loss(
                 f"{head.describe()}: label column {head.label!r} is not in the batch "
                 f"(labels present: {sorted(labels)})"
             )
-        term = head.weight * head_loss(head.loss, outputs[head.name], labels[head.label], head.probability)
+        output = outputs[head.name]
+        if head.probability:
+            _check_probabilities(head, output)
+        term = head.weight * head_loss(head.loss, output, labels[head.label], head.probability)
         total = term if total is None else total + term
     if total is None:
         raise ValueError("a model needs at least one head to have a loss")

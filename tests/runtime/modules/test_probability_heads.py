@@ -72,3 +72,13 @@ def test_only_a_bce_head_reads_a_probability() -> None:
     with pytest.raises(ValueError) as raised:
         HeadConfig("rating", "mse", "stars", output="probability", where="x.yaml:9:5")
     assert str(raised.value) == message
+
+
+def test_a_probability_head_outside_0_1_names_the_head_and_the_values() -> None:
+    head = HeadConfig("ctcvr", "bce", "ctcvr", output="probability", where="x.yaml:12:5")
+    with pytest.raises(ValueError) as raised:
+        total_loss({"ctcvr": torch.tensor([0.5, 1.25, -0.5])}, {"ctcvr": torch.ones(3)}, [head])
+    assert str(raised.value) == (
+        "head 'ctcvr' (x.yaml:12:5): output 'probability' holds values outside [0, 1] (min -0.5, max 1.25); "
+        "the block it reads must give probabilities"
+    )
