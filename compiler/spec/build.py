@@ -187,7 +187,8 @@ def _dedupe(checker: Checker, refs: list[Ref]) -> list[Ref]:
     for ref in refs:
         key = (ref.kind, ref.name, ref.port)
         if key in seen:
-            wide = [n.value for n in (seen[key].node, ref.node) if n.value == "sparse.*" or n.value.startswith("groups.")]
+            nodes = (seen[key].node, ref.node)
+            wide = [n.value for n in nodes if n.value == "sparse.*" or n.value.startswith(f"{GROUPS}.")]
             via = f" ({wide[0]} includes it)" if wide else ""
             checker.error(ref.node, f"'{ref.text()}' is already an input of this block{via}")
         else:

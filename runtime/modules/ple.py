@@ -58,7 +58,9 @@ class ExtractionLayer(nn.Module):
         total = num_tasks * task_experts + shared_experts
         self.shared_gate = None if last else Linear(in_features, total)
 
-    def forward(self, tasks: list[torch.Tensor], shared: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    def forward(
+        self, tasks: list[torch.Tensor], shared: torch.Tensor
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         own = [[e(x) for e in experts] for experts, x in zip(self.task, tasks)]
         common = [e(shared) for e in self.shared]
         outputs = [_mix(gate, x, mine + common) for gate, x, mine in zip(self.task_gates, tasks, own)]
