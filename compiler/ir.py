@@ -168,9 +168,18 @@ class Input:
 
 @dataclass(frozen=True, slots=True)
 class Mlp:
+    """Linear layers; `norm`, `dropout` and `residual` decorate the layers followed by an activation."""
+
     layers: tuple[int, ...]
     activation: str
     final_activation: str  # "none" for a linear (logit) output
+    norm: Literal["none", "layer", "batch"] = "none"
+    dropout: float = 0.0
+    residual: bool = False
+
+    @property
+    def decorated(self) -> bool:
+        return self.norm != "none" or self.dropout > 0 or self.residual
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,12 +215,36 @@ class Sum:
 
 @dataclass(frozen=True, slots=True)
 class Moe:
-    """Multi-gate mixture of experts; one output port per task."""
+    """Multi-gate mixture of experts; one output port per task.
+
+    With `task_experts` > 0 or `levels` > 1 it is PLE (progressive layered
+    extraction): `num_experts` shared experts and `task_experts` experts per
+    task in each of `levels` extraction layers, each task's gate over its own
+    and the shared experts.
+    """
 
     num_experts: int
     expert_layers: tuple[int, ...]
     tasks: tuple[str, ...]
     activation: str
+    task_experts: int = 0
+    levels: int = 1
+
+    @property
+    def is_ple(self) -> bool:
+        return self.task_experts > 0 or self.levels > 1
+
+
+@dataclass(frozen=True, slots=True)
+class Product:
+    """Elementwise product of inputs of equal width (gating, ESMM's p(ctr) x p(cvr))."""
+
+
+@dataclass(frozen=True, slots=True)
+class Activation:
+    """An activation function applied elementwise to the concatenated inputs."""
+
+    fn: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +343,7 @@ class MaskNet:
 
 BlockOp = Union[
     Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe, SequencePool, TargetAttention, Transformer, Hstu,
-    Stack, Flatten, SelfAttention, Cin, Wukong, MaskNet,
+    Stack, Flatten, SelfAttention, Cin, Wukong, MaskNet, Product, Activation,
 ]  # fmt: skip
 SEQUENCE_OPS = (SequencePool, TargetAttention, Transformer, Hstu)  # the blocks that read a sequence
 STACK_OPS = (Flatten, SelfAttention, Cin, Wukong, MaskNet)  # the blocks that read one field stack
@@ -357,6 +390,8 @@ BLOCK_TYPE_NAMES: dict[type, str] = {
     Cin: "cin",
     Wukong: "wukong",
     MaskNet: "mask_block",
+    Product: "product",
+    Activation: "activation",
 }
 
 
@@ -399,6 +434,7 @@ class Head:
     metrics: tuple[str, ...]
     loc: Location
     retrieval: Retrieval | None = None
+    output: Literal["logit", "probability"] = "logit"  # what a bce head's input holds
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,5 +63,5 @@ def _count_types(plan: ShardingPlan) -> dict[str, int]:
 def _block_params(lowered: LoweredModel, target: str) -> int:
     decl = next(d for d in lowered.modules if d.target == target)
     with torch.device("meta"):
-        module = build_call(decl.call, {})
+        module = build_call(decl.call, {"process_group": None})
     return sum(p.numel() for p in module.parameters())

@@ -11,6 +11,7 @@ from __future__ import annotations
 from compiler.ir import (
     SEQUENCE_OPS,
     STACK_OPS,
+    Activation,
     Block,
     Cin,
     CrossNet,
@@ -26,6 +27,7 @@ from compiler.ir import (
     ModelIR,
     Moe,
     Optimizer,
+    Product,
     SelfAttention,
     SequencePool,
     Sum,
@@ -62,6 +64,7 @@ def _block_op_call(block: Block, in_width: int) -> Call:
             ("layers", list(op.layers)),
             ("activation", op.activation),
             ("final_activation", op.final_activation),
+            *(_mlp_options(op, block) if op.decorated else ()),
         ))
     if isinstance(op, Dot):
         num, dim = _vectors(block)
@@ -79,6 +82,20 @@ def _block_op_call(block: Block, in_width: int) -> Call:
         return Call("runtime.modules.blocks.DotProduct", ())
     if isinstance(op, Sum):
         return Call("runtime.modules.blocks.Sum", ())
+    if isinstance(op, Product):
+        return Call("runtime.modules.elementwise.Product", ())
+    if isinstance(op, Activation):
+        return Call("runtime.modules.elementwise.Activation", (("activation", op.fn),))
+    if isinstance(op, Moe) and op.is_ple:
+        return Call("runtime.modules.ple.ProgressiveLayeredExtraction", (
+            ("in_features", in_width),
+            ("shared_experts", op.num_experts),
+            ("task_experts", op.task_experts),
+            ("expert_layers", list(op.expert_layers)),
+            ("num_tasks", len(op.tasks)),
+            ("levels", op.levels),
+            ("activation", op.activation),
+        ))
     if isinstance(op, Moe):
         return Call("runtime.modules.blocks.MixtureOfExperts", (
             ("in_features", in_width),
@@ -92,6 +109,26 @@ def _block_op_call(block: Block, in_width: int) -> Call:
     if isinstance(op, STACK_OPS):
         return _stack_block_call(block)
     raise TypeError(f"block {block.name!r}: no lowering for {type(op).__name__}")
+
+
+def _mlp_options(op: Mlp, block: Block) -> tuple[tuple[str, object], ...]:
+    """norm, dropout and residual; batch norm's all-reduce and dropout's global sample index need the
+    process group, and dropout's masks the training seed with the block's name (stable across recompiles)."""
+    return (
+        ("norm", op.norm),
+        ("dropout", op.dropout),
+        ("residual", op.residual),
+        *((("seed", _block_seed(block)),) if op.dropout > 0 else ()),
+        *((("process_group", BuildArg("process_group")),) if op.norm == "batch" or op.dropout > 0 else ()),
+    )
+
+
+def _block_seed(block: Block) -> int:
+    """A 31-bit seed per block: its name's bytes hashed with FNV-1a (the same on every run and rank)."""
+    h = 0x811C9DC5
+    for byte in block.name.encode():
+        h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return h & 0x7FFFFFFF
 
 
 def _sequence_block_call(block: Block) -> Call:
@@ -267,6 +304,7 @@ def head_config_call(head: Head) -> Call:
         ("weight", head.weight),
         ("num_classes", head.num_classes),
         ("metrics", head.metrics),
+        *((("output", head.output),) if head.output != "logit" else ()),
         ("where", str(head.loc)),
     ))
 

@@ -51,6 +51,7 @@ from compiler.ir import (
     Location,
     ModelIR,
     Moe,
+    Product,
     Stack,
     Sum,
 )
@@ -299,7 +300,7 @@ class _GraphBuilder:
             self.values[name] = self.node("call_module", name, (x,), name=name, loc=loc, stage="dense", path=path)
             return
         in_width = sum(item.width for item in block.inputs)
-        if isinstance(op, (DotProduct, Sum)):
+        if isinstance(op, (DotProduct, Sum, Product)):
             # One tensor per input: these blocks read their inputs as separate vectors, so a run of
             # sparse features adjacent in one group must not arrive as one merged tensor.
             self.declare(block, block_call(block, in_width))

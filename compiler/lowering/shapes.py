@@ -49,7 +49,7 @@ def check_shapes(lowered: LoweredModel) -> LoweredModel:
         if decl.target == "sparse_arch":
             continue
         with torch.device("meta"):
-            setattr(root, decl.target, build_call(decl.call, {}))
+            setattr(root, decl.target, build_call(decl.call, {"process_group": None}))  # one process
     if ir.tables:
         root.sparse_arch = _MetaSparseArch(lowered)
     dense = {f.name: torch.empty(META_BATCH, f.size, device="meta") for f in ir.dense}
@@ -60,8 +60,9 @@ def check_shapes(lowered: LoweredModel) -> LoweredModel:
         lengths=torch.zeros(META_BATCH * len(keys), dtype=torch.long),
         stride=META_BATCH,
     )
+    # Eval mode: dropout's masks and batch norm's statistics need values, which meta tensors lack.
     try:
-        _ShapeInterpreter(fx.GraphModule(root, lowered.graph)).run(dense, sparse)
+        _ShapeInterpreter(fx.GraphModule(root, lowered.graph).eval()).run(dense, sparse)
     except _ShapeFailure as failure:
         raise CompileError([failure.diagnostic]) from None
     _check_heads(lowered)

@@ -63,7 +63,7 @@ def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
     modules: list[ModuleDecl] = []
     for decl in training.modules:
         if decl.target != "sparse_arch":
-            modules.append(decl)
+            modules.append(_single_process(decl))
             continue
         pooled, sequences = _split_tables(ir)
         if pooled:
@@ -72,6 +72,12 @@ def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
             modules.append(ModuleDecl("sequence_arch", _sequence_collection_call(sequences), decl.loc))
     graph = _serving_graph(training.graph, DENSE_DTYPES[dense_dtype])
     return LoweredModel(ir=training.ir, plan=training.plan, modules=tuple(modules), graph=graph)
+
+
+def _single_process(decl: ModuleDecl) -> ModuleDecl:
+    """The block without a process group: serving is one process, and batch norm and dropout are off in eval."""
+    kwargs = tuple((key, None if value == BuildArg("process_group") else value) for key, value in decl.call.kwargs)
+    return dataclasses.replace(decl, call=Call(decl.call.factory, kwargs))
 
 
 def whole_table_plan(ir: ModelIR) -> ShardingPlan:

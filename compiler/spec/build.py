@@ -20,6 +20,7 @@ from typing import Any
 
 from compiler.diagnostics import Diagnostic
 from compiler.ir import (
+    Activation,
     BlockOp,
     Block,
     Concat,
@@ -32,8 +33,11 @@ from compiler.ir import (
     Mlp,
     ModelIR,
     Moe,
+    Product,
     Sum,
 )
+from compiler.spec.block_options import head_output, mlp_options, ple_options
+from compiler.spec.groups import PREFIX as GROUPS, group_members, resolve_groups
 from compiler.spec.load import Document, Node, Path
 from compiler.spec.early_stopping import resolve_early_stopping
 from compiler.spec.lr_schedule import resolve_lr_schedule
@@ -67,7 +71,7 @@ from compiler.spec.values import (
 from compiler.spec.stacks import STACK_BLOCKS, infer_stack_block
 
 METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
-_MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2}
+_MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2, "product": 2}
 SEQUENCE_BLOCKS = ("sequence_pool", "target_attention", "transformer", "hstu")  # they read a sequence
 _SIDE_KEYS = ("query", "prepend", "timestamps")  # references outside `input`
 
@@ -88,12 +92,16 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     root = doc.root
     assert root is not None
     features = resolve_features(checker, root)
+    features.groups = resolve_groups(checker, root, features)
     blocks = _parse_blocks(checker, root, features)
     heads = _parse_heads(checker, root, blocks, features)
     order = _order(checker, blocks)
-    head_fed = {ref.name for head in heads for ref in (head.ref, head.item) if ref is not None and ref.kind == "block"}
+    head_fed = {  # block -> the `output` of the head reading it (None: a logit or a retrieval vector)
+        ref.name: checker.value(head.node, "output") if ref is head.ref else None
+        for head in heads for ref in (head.ref, head.item) if ref is not None and ref.kind == "block"
+    }
     for name in order:
-        _infer(checker, blocks[name], blocks, features, name in head_fed)
+        _infer(checker, blocks[name], blocks, features, head_fed.get(name, False))
     heads_ir = [_head_ir(checker, head, blocks, features) for head in heads]
     _check_unused(checker, blocks, heads)
     sharding = resolve_sharding(checker, root, features.table_names)
@@ -191,7 +199,9 @@ def _dedupe(checker: Checker, refs: list[Ref]) -> list[Ref]:
     for ref in refs:
         key = (ref.kind, ref.name, ref.port)
         if key in seen:
-            via = " (sparse.* includes it)" if "sparse.*" in (seen[key].node.value, ref.node.value) else ""
+            nodes = (seen[key].node, ref.node)
+            wide = [n.value for n in nodes if n.value == "sparse.*" or n.value.startswith(f"{GROUPS}.")]
+            via = f" ({wide[0]} includes it)" if wide else ""
             checker.error(ref.node, f"'{ref.text()}' is already an input of this block{via}")
         else:
             seen[key] = ref
@@ -205,6 +215,9 @@ def _resolve(checker: Checker, item: Node, features: Features, blocks: dict[str,
     bad = [Ref("", text, None, item)]
     if parts[0] in ("dense", "sparse") and len(parts) == 2 and parts[1]:
         return _resolve_feature(checker, item, parts[0], parts[1], features) or bad
+    if parts[0] == GROUPS and parts[0] not in blocks and len(parts) == 2 and parts[1]:
+        members = group_members(checker, item, features.groups)
+        return [Ref(kind, name, None, item) for kind, name in members] if members else bad
     if parts[0] == "timestamps" and parts[0] not in blocks:
         checker.error(item, f"'{text}' is a timestamps feature: only an hstu block reads it, as its `timestamps`")
         return bad
@@ -398,7 +411,7 @@ def _report_cycle(checker: Checker, cycle: list[str], blocks: dict[str, ParsedBl
 
 
 def _infer(
-    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, head_fed: bool
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, head_fed: Any
 ) -> None:
     """Set the block's op and output width, checking its type's input rules."""
     kind = block.kind
@@ -445,27 +458,34 @@ def _infer(
         block.op = CrossNet(num_layers, low_rank) if known(num_layers, low_rank) and num_layers else None
     elif kind == "concat":
         block.op, block.width = Concat(), total
+    elif kind == "activation":
+        fn = checker.value(block.node, "fn")
+        block.op, block.width = (Activation(fn) if known(fn) and fn else None), total
     elif kind in ("fm", "dot_product"):
         # a scalar per sample, whatever the inputs: known even when they are broken
         block.width = 1
         if _vectorvalue_width(checker, block, widths, count) is not None:
             block.op = Fm() if kind == "fm" else DotProduct()
-    elif kind in ("dot", "sum"):
+    elif kind in ("dot", "sum", "product"):
         width = _vectorvalue_width(checker, block, widths, count)
         if width is not None and count is not None:
             pairs = count * (count - 1) // 2
-            block.op, block.width = (Dot(), width + pairs) if kind == "dot" else (Sum(), width)
+            ops = {"dot": (Dot(), width + pairs), "sum": (Sum(), width), "product": (Product(), width)}
+            block.op, block.width = ops[kind]
 
 
 def _mlp(
-    checker: Checker, block: ParsedBlock, total: int | None, head_fed: bool
+    checker: Checker, block: ParsedBlock, total: int | None, head_fed: Any
 ) -> tuple[BlockOp | None, int | None]:
+    """`head_fed`: False, or the `output` of the head reading the block (its final activation's default)."""
     layers = layer_widths(checker, block, "layers", total)
     activation = checker.value(block.node, "activation", "relu")
-    final = checker.value(block.node, "final_activation", "none" if head_fed else activation)
+    final_default = {False: activation, "probability": "sigmoid"}.get(head_fed, "none")
+    final = checker.value(block.node, "final_activation", final_default)
     if layers is None:
         return None, None
-    op = Mlp(tuple(layers), activation, final) if known(activation, final) else None
+    options = mlp_options(checker, block, layers, final)
+    op = Mlp(tuple(layers), activation, final, **options) if known(activation, final, options) else None
     return op, layers[-1]
 
 
@@ -475,9 +495,10 @@ def _moe(checker: Checker, block: ParsedBlock, total: int | None) -> tuple[Block
     activation = checker.value(block.node, "activation", "relu")
     if layers is None:
         return None, None
-    if not (known(experts, tasks, activation) and experts and tasks):
+    ple = ple_options(checker, block)
+    if not (known(experts, tasks, activation, ple) and experts and tasks):
         return None, layers[-1]
-    return Moe(experts, tuple(layers), tuple(tasks), activation), layers[-1]
+    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), layers[-1]
 
 
 def _vectorvalue_width(
@@ -522,6 +543,7 @@ def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], feat
     label = checker.value(head.node, "label", head.name)
     weight = checker.value(head.node, "weight", 1.0)
     metrics = _metrics(checker, head)
+    output = head_output(checker, head.node, head.loss, blocks[head.ref.name] if head.ref is not None else None)
     width = blocks[head.ref.name].width if head.ref is not None else None
     if head.ref is not None and blocks[head.ref.name].kind in SEQUENCE_OUTPUTS:
         text = f"'{head.ref.text()}' is a sequence {describe(head.ref, blocks, features)}"
@@ -531,7 +553,7 @@ def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], feat
         text = f"'{head.ref.text()}' is a field stack {describe(head.ref, blocks, features)}"
         checker.error(head.ref.node, f"a head reads a vector, but {text}: flatten it first (flatten)")
         return None
-    if head.ref is None or width is None or not known(head.loss, label, weight, metrics):
+    if head.ref is None or width is None or not known(head.loss, label, weight, metrics, output):
         return None
     source = f"'{head.ref.text()}' is {width} wide"
     if head.loss in ("bce", "mse") and width != 1:
@@ -542,7 +564,9 @@ def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], feat
         return None
     num_classes = width if head.loss == "softmax" else 1
     ref = Input("block", head.ref.name, width, head.ref.port)
-    return Head(head.name, ref, head.loss, label, float(weight), num_classes, tuple(metrics), head.node.loc)
+    return Head(
+        head.name, ref, head.loss, label, float(weight), num_classes, tuple(metrics), head.node.loc, output=output
+    )
 
 
 def _metrics(checker: Checker, head: _Head) -> Any:

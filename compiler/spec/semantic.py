@@ -172,6 +172,7 @@ class Features:
     timestamps: list[TimestampsFeature] = field(default_factory=list)
     timestamps_names: set[str] = field(default_factory=set)  # every timestamps feature, even broken ones
     dense_embed_dims: dict[str, int | None] = field(default_factory=dict)  # dense features with `embed`: their D
+    groups: dict[str, list[tuple[str, str]] | None] = field(default_factory=dict)  # compiler/spec/groups.py
 
 
 def resolve_features(checker: Checker, root: Node) -> Features:

@@ -92,7 +92,7 @@ class MLP(nn.Module):
     h_{k+1} = shortcut(h_k) + dropout(act_k(norm(W_k h_k + b_k))).
     `norm`: "layer" (nn.LayerNorm) or "batch" (SyncBatchNorm over
     `process_group`, so N ranks normalise with the global batch's
-    statistics). `dropout`: a probability, masks drawn by KeyedDropout with
+    statistics; the layers it follows have no bias b_k, which it would cancel). `dropout`: a probability, masks drawn by KeyedDropout with
     `seed` and the layer index as its stream, so they do not depend on the
     world size. `residual`: the shortcut is h_k itself where the widths
     agree, else a bias-free linear projection of it (ResNet's option B).
@@ -125,9 +125,14 @@ class MLP(nn.Module):
         final = _activation(owner, "final_activation", final_activation)
         self.out_features = self.layers[-1]
         widths = [self.in_features, *self.layers]
-        self.linears = nn.ModuleList(Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
         self._activations = [hidden] * (len(self.layers) - 1) + [final]
         self.norm = _check_norm(owner, norm)
+        # A bias before batch norm is cancelled by its mean: its true gradient is 0, and adaptive
+        # optimizers would turn the rounding noise left in it into steps that differ across ranks.
+        normed = len(self.layers) - (self.final_activation == "none") if self.norm == "batch" else 0
+        self.linears = nn.ModuleList(
+            Linear(a, b, bias=k >= normed) for k, (a, b) in enumerate(zip(widths[:-1], widths[1:]))
+        )
         self.dropout = check_probability(owner, "dropout", dropout)
         if not isinstance(residual, bool):
             raise ValueError(f"{owner}: residual must be true or false (got {residual!r})")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 LOSSES = ("bce", "mse", "softmax", "sampled_softmax")
+OUTPUTS = ("logit", "probability")  # what a bce head's output holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,8 @@ class HeadConfig:
 
     `metrics` are the ones reported for it (empty: the loss's defaults);
     `where` is the spec location it was compiled from, named in errors.
+    `output`: a bce head's output is a `logit` or already a `probability`
+    (ESMM's p(ctr) x p(cvr)); loss, metrics and prediction read it as such.
     """
 
     name: str
@@ -30,6 +33,7 @@ class HeadConfig:
     num_classes: int = 1
     metrics: tuple[str, ...] = ()
     where: str = ""
+    output: str = "logit"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
@@ -37,14 +41,30 @@ class HeadConfig:
             raise ValueError(
                 f"{self.describe()}: unknown loss {self.loss!r} (expected bce, mse, softmax or sampled_softmax)"
             )
+        if self.output not in OUTPUTS or (self.output == "probability" and self.loss != "bce"):
+            raise ValueError(
+                f"{self.describe()}: output {self.output!r} does not fit loss {self.loss!r} "
+                "(a bce head's output is 'logit' or 'probability', any other head's 'logit')"
+            )
+
+    @property
+    def probability(self) -> bool:
+        """Whether the output is a probability (a bce head with output 'probability')."""
+        return self.output == "probability"
 
     def describe(self) -> str:
         """`head 'click'`, with its spec location when known."""
         return f"head {self.name!r}" + (f" ({self.where})" if self.where else "")
 
 
-def head_loss(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """Mean loss of one head: `output` holds logits (bce, softmax) or values (mse)."""
+def head_loss(loss: str, output: torch.Tensor, label: torch.Tensor, probability: bool = False) -> torch.Tensor:
+    """Mean loss of one head: `output` holds logits (bce, softmax) or values (mse).
+
+    With `probability`, a bce head's output holds probabilities: torch's BCELoss,
+    which clamps each log at -100 so a probability of exactly 0 or 1 costs 100, not inf.
+    """
+    if loss == "bce" and probability:
+        return F.binary_cross_entropy(output, label.to(output.dtype))
     if loss == "bce":
         return F.binary_cross_entropy_with_logits(output, label.to(output.dtype))
     if loss == "mse":
@@ -52,6 +72,15 @@ def head_loss(loss: str, output: torch.Tensor, label: torch.Tensor) -> torch.Ten
     if loss == "softmax":
         return F.cross_entropy(output, label.long())
     raise ValueError(f"unknown loss {loss!r} (expected bce, mse or softmax)")
+
+
+def _check_probabilities(head: HeadConfig, output: torch.Tensor) -> None:
+    low, high = output.detach().aminmax()
+    if not (low >= 0 and high <= 1):  # NaN fails too
+        raise ValueError(
+            f"{head.describe()}: output 'probability' holds values outside [0, 1] "
+            f"(min {low.item():.6g}, max {high.item():.6g}); the block it reads must give probabilities"
+        )
 
 
 def total_loss(
@@ -78,7 +107,10 @@ def total_loss(
                 f"{head.describe()}: label column {head.label!r} is not in the batch "
                 f"(labels present: {sorted(labels)})"
             )
-        term = head.weight * head_loss(head.loss, outputs[head.name], labels[head.label])
+        output = outputs[head.name]
+        if head.probability:
+            _check_probabilities(head, output)
+        term = head.weight * head_loss(head.loss, output, labels[head.label], head.probability)
         total = term if total is None else total + term
     if total is None:
         raise ValueError("a model needs at least one head to have a loss")

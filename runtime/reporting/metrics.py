@@ -54,6 +54,7 @@ class HeadMetrics:
         self.name = head.name
         self.label = head.label
         self.loss = head.loss
+        self.probability = head.probability
         self.metrics = head.metrics or DEFAULT_METRICS[self.loss]
         self._keep_scores = "auc" in self.metrics
         self.reset()
@@ -71,8 +72,8 @@ class HeadMetrics:
         count = float(label.numel())
         if self.loss == "bce":
             output = output.reshape(-1)
-            ce = F.softplus(output) - label * output  # log loss from the logit, stable
-            correct = ((output >= 0) == (label > 0.5)).sum()
+            ce = _log_loss(output, label, self.probability)
+            correct = ((output >= (0.5 if self.probability else 0.0)) == (label > 0.5)).sum()
             self._add(count, float(ce.sum()), float(label.sum()), float(correct))
             if self._keep_scores:
                 self._scores.append(output)
@@ -103,6 +104,16 @@ class HeadMetrics:
                 values[metric] = math.sqrt(fourth / count) if count else None
         self.reset()
         return {metric: values[metric] for metric in self.metrics}
+
+
+def _log_loss(output: torch.Tensor, label: torch.Tensor, probability: bool) -> torch.Tensor:
+    """Per-sample log loss: from the logit (softplus, stable), or from a probability with each log
+    clamped at -100 as the probability head's loss (torch's BCELoss) clamps it."""
+    if not probability:
+        return F.softplus(output) - label * output
+    log_p = torch.log(output).clamp(min=-100.0)
+    log_q = torch.log1p(-output).clamp(min=-100.0)
+    return -(label * log_p + (1 - label) * log_q)
 
 
 class MetricSet:

@@ -222,11 +222,12 @@ def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Mod
 def head_scores(
     outputs: Mapping[str, torch.Tensor], heads: Sequence[HeadConfig]
 ) -> dict[str, torch.Tensor]:
-    """Per head: sigmoid of the logit (bce), softmax over classes (softmax), the value (mse)."""
+    """Per head: sigmoid of the logit (bce), the probability as it is (bce with output probability),
+    softmax over classes (softmax), the value (mse)."""
     scores = {}
     for head in heads:
         output = outputs[head.name]
-        if head.loss == "bce":
+        if head.loss == "bce" and not head.probability:
             scores[head.name] = torch.sigmoid(output)
         elif head.loss == "softmax":
             scores[head.name] = torch.softmax(output, dim=1)

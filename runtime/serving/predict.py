@@ -10,7 +10,7 @@ process, without the compiler. Samples come in batches from
                        are scored with row 0 and counted (runtime.data.unseen_ids)
 
 and each becomes one CSV row: `id` (synthetic) or `file,line` (files), then
-one column per head: the sigmoid of the logit (bce), the value (mse), or one
+one column per head: the sigmoid of the logit (bce; a probability head's output as is), the value (mse), or one
 probability per class (softmax: `<head>_<k>`). Floats are written with 9
 significant digits, which round-trips float32 exactly. File lines are parsed
 by the reader's own `parse` and `to_columns`, line by line in file order, so

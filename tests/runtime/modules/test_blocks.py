@@ -433,7 +433,9 @@ def _decorated_reference(mlp: MLP, x: torch.Tensor, masks: list[torch.Tensor] | 
     """h' = shortcut(h) + drop(relu(norm(W h + b))) on the layers with an activation; a linear last layer."""
     count = len(mlp.linears) - (mlp.final_activation == "none")
     for k, linear in enumerate(mlp.linears):
-        y = x @ linear.weight.detach().T + linear.bias.detach()
+        y = x @ linear.weight.detach().T
+        if linear.bias is not None:
+            y = y + linear.bias.detach()
         if k >= count:
             x = y
             continue
@@ -466,6 +468,8 @@ def test_mlp_norm_and_residual_match_formula(norm: str, residual: bool) -> None:
     mlp = _perturb(MLP(5, [5, 7, 1], final_activation=None, norm=norm, residual=residual).double())
     x = _randn(9, 5)
     assert len(mlp.norms) == 2
+    # the layers batch norm follows have no bias (it would cancel it); the linear last layer keeps its own
+    assert [layer.bias is None for layer in mlp.linears] == [norm == "batch"] * 2 + [False]
     torch.testing.assert_close(mlp(x), _decorated_reference(mlp, x), **F64)
 
 

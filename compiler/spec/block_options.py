@@ -1,0 +1,97 @@
+"""The options of blocks beyond their shape: mlp's norm / dropout / residual, PLE's experts, heads on probabilities.
+
+Used by `compiler.spec.build` while it infers each block's op. Each function
+reads a block's (or head's) keys, reports a misuse at the key that causes it,
+and returns the values the IR holds, or INVALID when something was wrong.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from compiler.spec.load import Node
+from compiler.spec.semantic import INVALID, Checker, known
+from compiler.spec.values import ParsedBlock
+
+MLP_OPTIONS = ("norm", "dropout", "residual")
+
+
+def mlp_options(checker: Checker, block: ParsedBlock, layers: list[int], final: Any) -> Any:
+    """{norm, dropout, residual} of an mlp, or INVALID (reported).
+
+    They decorate the layers followed by an activation; an mlp whose only
+    layer is linear (final_activation none) has no such layer.
+    """
+    values = {
+        "norm": checker.value(block.node, "norm", "none"),
+        "dropout": checker.value(block.node, "dropout", 0.0),
+        "residual": checker.value(block.node, "residual", False),
+    }
+    if not known(*values.values()):
+        return INVALID
+    values["dropout"] = float(values["dropout"])
+    defaults = ("none", 0.0, False)
+    used = [key for key in MLP_OPTIONS if checker.child(block.node, key) is not None and values[key] not in defaults]
+    if used and len(layers) == 1 and final == "none":
+        at = checker.child(block.node, used[0])
+        assert at is not None
+        message = (
+            f"{used[0]} applies to the layers followed by an activation, and this mlp's only layer is linear "
+            "(final_activation: none); add a hidden layer or set final_activation"
+        )
+        checker.error(at, message, at_key=True)
+        return INVALID
+    return values
+
+
+def ple_options(checker: Checker, block: ParsedBlock) -> Any:
+    """(task_experts, levels) of a moe block, or INVALID (reported)."""
+    task_experts = checker.value(block.node, "task_experts", 0)
+    levels = checker.value(block.node, "levels", 1)
+    if not known(task_experts, levels):
+        return INVALID
+    if levels > 1 and task_experts == 0:
+        at = checker.child(block.node, "levels")
+        assert at is not None
+        message = (
+            f"levels: {levels} stacks PLE extraction layers, which need task-specific experts: "
+            "set task_experts (at least 1)"
+        )
+        checker.error(at, message)
+        return INVALID
+    return task_experts, levels
+
+
+def head_output(checker: Checker, head: Node, loss: Any, source: Any) -> Any:
+    """A head's `output` ("logit" or "probability"), or INVALID (reported).
+
+    `source` is the block the head reads (its ParsedBlock), if it resolved.
+    A probability head must read values in [0, 1]: an mlp ending in a linear
+    layer gives logits, so it is refused.
+    """
+    output = checker.value(head, "output", "logit")
+    node = checker.child(head, "output")
+    if output != "probability" or node is None:
+        return output
+    if known(loss) and loss != "bce":
+        checker.error(node, f"output: probability applies to bce heads only (this head's loss is {loss})")
+        return INVALID
+    if isinstance(source, ParsedBlock) and source.kind == "mlp":
+        final = checker.value(source.node, "final_activation", "sigmoid")
+        if final not in ("sigmoid", INVALID):
+            message = (
+                f"output: probability needs values in [0, 1], but mlp '{source.name}' ends with "
+                f"final_activation {final}; use sigmoid (or leave it out) or read the logit (output: logit)"
+            )
+            checker.error(node, message)
+            return INVALID
+        shifted = [key for key, off in (("dropout", 0), ("residual", False)) if checker.value(source.node, key, off)]
+        if shifted and known(*(checker.value(source.node, key) for key in shifted)):
+            effect = "scales its kept outputs by 1/(1-p)" if shifted[0] == "dropout" else "adds its input"
+            message = (
+                f"output: probability needs values in [0, 1], but mlp '{source.name}' applies {shifted[0]} to its "
+                f"sigmoid output (it {effect}); end the mlp with a linear layer and add an activation block"
+            )
+            checker.error(node, message)
+            return INVALID
+    return output
