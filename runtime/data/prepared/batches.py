@@ -36,9 +36,9 @@ from runtime.data.sequence_check import check_timestamps
 
 @dataclass(frozen=True)
 class Chunk:
-    """A worker's shares of consecutive global batches, and what it decoded to read them."""
+    """A worker's shares of consecutive global batches, as batches, and what it decoded to read them."""
 
-    shares: list[Share]
+    batches: list[LocalBatch]
     decoded: DecodeLog
 
 
@@ -73,7 +73,7 @@ class ShareDataset(IterableDataset):
             stop = start + self.chunk if batches is None else min(start + self.chunk, batches)
             if start >= stop:
                 return
-            yield Chunk([self._share(reader, g) for g in range(start, stop)], reader.log.drain())
+            yield Chunk([_batch(self.data, self._share(reader, g)) for g in range(start, stop)], reader.log.drain())
             k += workers
 
     def _share(self, reader: RowReader, g: int) -> Share:
@@ -98,7 +98,7 @@ class PreparedBatches:
         self.first = 0  # the global batch to start at
         self.decoded = DecodeLog()  # everything this rank's workers decoded
         self._chunks: Iterator[Chunk] | None = None
-        self._shares: list[Share] = []
+        self._batches: list[LocalBatch] = []
 
     def state_after(self, step: int) -> dict[str, Any]:
         """The data position after `step` global batches: what a checkpoint keeps."""
@@ -125,15 +125,15 @@ class PreparedBatches:
         return self
 
     def __next__(self) -> Batch:
-        if not self._shares:
+        if not self._batches:
             if self._chunks is None:
                 self._chunks = _chunks(self.data, self.global_batch, self.rank, self.world_size, self.first,
                                        False, self.num_workers)  # fmt: skip
             chunk = next(self._chunks)
             self.decoded.groups += chunk.decoded.groups
             self.decoded.rows += chunk.decoded.rows
-            self._shares = list(chunk.shares)
-        return _batch(self.data, self._shares.pop(0))
+            self._batches = list(chunk.batches)
+        return self._batches.pop(0).batch
 
     def close(self) -> None:
         """Stop the DataLoader workers now."""
@@ -147,8 +147,7 @@ def prepared_epoch_batches(
 ) -> Iterator[LocalBatch]:
     """Rank's share of every global batch of one epoch; the last may be padded (evaluation)."""
     for chunk in _chunks(data, global_batch, rank, world_size, 0, True, num_workers):
-        for share in chunk.shares:
-            yield LocalBatch(_batch(data, share), share.real)
+        yield from chunk.batches
 
 
 def _chunks(
@@ -161,7 +160,9 @@ def _chunks(
         yield chunk
 
 
-def _batch(data: PreparedData, share: Share) -> Batch:
+def _batch(data: PreparedData, share: Share) -> LocalBatch:
+    """The share as the batch the model takes, made where it was read: a DataLoader worker
+    hands over the batch's few joined tensors, not every column's."""
     batch = share.columns.to_batch(data.weighted)
     check_timestamps(batch.sparse, data.timestamps)
-    return batch
+    return LocalBatch(batch, share.real)
