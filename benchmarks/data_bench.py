@@ -8,12 +8,16 @@ at once, rank r of N reading its share of every global batch of one epoch
 reports per rank: rows/s of the rows it trains, and the rows it decoded
 (which fall as 1/N when --row-group-rows divides batch / N). Last, the
 dlrm-bench step (specs/bench/dlrm_bench_criteo.yaml, one rank) on the same
-rows prepared for it, read by --data-workers DataLoader workers as
-`reccompile train --data prepared:DIR` does, against the same model on
-synthetic batches already in memory: blocks of --ab-block steps alternate
-between the two so both see the same machine, and `slowdown` is the prepared
-data's median step time over the synthetic one's, minus 1 (the goal: at most
-0.05). One JSON line per result.
+rows prepared for it (row groups of --step-row-group-rows, prepare's default;
+kept in the workdir for the next run), read by --data-workers DataLoader
+workers as `reccompile train --data prepared:DIR` does, against the same
+model with the same --threads on synthetic batches already in memory: blocks
+of --ab-block steps alternate between the two so both see the same machine,
+and `slowdown` is the prepared data's median step time over the synthetic
+one's, minus 1 (the goal: at most 0.05). Wall time on a shared machine is
+noisy, so the line also gives the load average and the CPU the data costs
+per batch: in the training thread (taking a batch from the workers) and
+reading in one thread alone (what a worker spends). One JSON line per result.
 
     python benchmarks/data_bench.py [--rows 2000000] [--ranks 1 2 4] [--batch-size 4096] [--workdir DIR] [--skip-read]
                                     [--train-steps 200] [--ab-block 10] [--data-workers 1] [--threads T]
@@ -42,6 +46,8 @@ from compiler.lowering.instantiate import model_inputs  # noqa: E402
 from compiler.pipeline import Options, compile_spec  # noqa: E402
 from compiler.spec.load import load  # noqa: E402
 from compiler.spec.validate import validate  # noqa: E402
+from runtime.data.batch import Batch  # noqa: E402
+from runtime.data.features import ModelInputs  # noqa: E402
 from runtime.data.prepared.batches import PreparedBatches  # noqa: E402
 from runtime.data.prepared.prepare import PrepareSettings, prepare  # noqa: E402
 from runtime.data.prepared.reading import open_prepared  # noqa: E402
@@ -102,11 +108,20 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
     synthetic = [module.synthetic_batch(batch, step=i, seed=0, rank=0, world_size=1) for i in range(SYNTHETIC_BATCHES)]
     prepared = PreparedBatches(open_prepared(module.INPUTS, out), global_batch=batch, rank=0, world_size=1,
                                num_workers=args.data_workers)  # fmt: skip
-    sources = {"synthetic": lambda step: synthetic[step % SYNTHETIC_BATCHES], "prepared": lambda step: next(prepared)}
+    taking = [0.0]  # CPU seconds of the training thread in next(prepared)
+
+    def take(step: int) -> Batch:
+        started = time.thread_time()
+        batch = next(prepared)
+        taking[0] += time.thread_time() - started
+        return batch
+
+    sources = {"synthetic": lambda step: synthetic[step % SYNTHETIC_BATCHES], "prepared": take}
     times: dict[str, list[float]] = {name: [] for name in sources}
     for name in sources:  # warm-up: kernels chosen, allocator filled, the DataLoader workers started
         for step in range(args.ab_block):
             train_step(model, optimizer, sources[name](step))
+    taking[0] = 0.0
     for block in range(max(1, args.train_steps // (2 * args.ab_block))):
         for name, source in sources.items():
             for step in range(args.ab_block):
@@ -123,7 +138,20 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
             "row_group_rows": args.step_row_group_rows, "steps_each": len(times["prepared"]),
             "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
             "median_ms": {name: round(1000 * value, 2) for name, value in median.items()},
-            "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4)}  # fmt: skip
+            "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4),
+            "data_cpu_ms_per_batch": {"training_thread": round(1000 * taking[0] / len(times["prepared"]), 2),
+                                      "reading_in_process": data_cpu_ms(module.INPUTS, out, batch)}}  # fmt: skip
+
+
+def data_cpu_ms(inputs: ModelInputs, directory: Path, batch: int, batches: int = 64) -> float:
+    """CPU milliseconds per batch of reading prepared data in one thread (decode, columns, the batch):
+    what a DataLoader worker spends, measured without a model beside it."""
+    reader = PreparedBatches(open_prepared(inputs, directory), global_batch=batch, rank=0, world_size=1, num_workers=0)
+    next(reader)
+    started = time.process_time()
+    for _ in range(batches):
+        next(reader)
+    return round(1000 * (time.process_time() - started) / batches, 2)
 
 
 def prepare_and_read(raw: Path, args: argparse.Namespace) -> None:
