@@ -32,6 +32,7 @@ from runtime.data.prepared.arrow import pa
 from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
 from runtime.data.rank_slices import Share, share_bounds
 from runtime.data.sequence_check import check_timestamps
+from runtime.lifetime import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,8 @@ def _chunks(
     data: PreparedData, global_batch: int, rank: int, world_size: int, first: int, one_epoch: bool, workers: int
 ) -> Iterator[Chunk]:
     dataset = ShareDataset(data, global_batch, rank, world_size, first, one_epoch)
-    for chunk in DataLoader(dataset, batch_size=None, num_workers=workers):
+    # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
+    for chunk in DataLoader(dataset, batch_size=None, num_workers=workers, worker_init_fn=_die_with_rank):
         if isinstance(chunk, Failure):
             raise DataError(chunk.message)
         yield chunk
@@ -166,3 +168,7 @@ def _batch(data: PreparedData, share: Share) -> LocalBatch:
     batch = share.columns.to_batch(data.weighted)
     check_timestamps(batch.sparse, data.timestamps)
     return LocalBatch(batch, share.real)
+
+
+def _die_with_rank(worker: int) -> None:
+    die_with_parent()
