@@ -13,6 +13,20 @@ batches (about a row group's worth: consecutive slices share row groups,
 which each worker then decodes once); a DataLoader takes one item from
 each worker in turn, so chunks come back in order.
 
+Where decoding falls as 1/N, and where not: Parquet is decoded a row group
+at a time (pyarrow reads a group's column chunks from their first page; it
+has no reader of a row range within a group, and a shuffled slice would need
+scattered rows of every page anyway). So a rank decodes exactly its rows when
+its slices are whole row groups: in the prepared order, when the row group
+rows G divide B/N; shuffled with a window of K groups, when B/N is a multiple
+of the window's K·G rows (a slice is then whole windows). Otherwise a group
+is decoded by every rank whose slice touches it: in the prepared order at
+most two groups more per batch than its share (at G >= B/N, prepare's default
+65536 with small batches, every rank decodes every row, once, from its
+cache); shuffled, every rank decodes every group of every window it reads
+in. Cutting global batches differently would make the rows a rank trains
+depend on N, which the exactness above rules out.
+
 The data position is a row: `state_after(step)` is the position after
 `step` global batches, which a checkpoint keeps; `load_state_dict` before
 the first batch starts there, and no row group before it is decoded.
