@@ -1,4 +1,4 @@
-"""`reccompile data prepare` and `train --data prepared:DIR`: killed (a prepare, torchrun's agent) and resumed, exact at 1 and 2 ranks."""
+"""`reccompile data prepare` and `train --data prepared:DIR`: killed and resumed, exact at 1 and 2 ranks."""
 
 from __future__ import annotations
 
