@@ -8,15 +8,20 @@ at once, rank r of N reading its share of every global batch of one epoch
 reports per rank: rows/s of the rows it trains, and the rows it decoded
 (which fall as 1/N when --row-group-rows divides batch / N). Last, the
 dlrm-bench step (specs/bench/dlrm_bench_criteo.yaml, one rank) on the same
-rows prepared for it, read by --data-workers DataLoader workers as
-`reccompile train --data prepared:DIR` does, against the same model on
-synthetic batches already in memory: blocks of --ab-block steps alternate
-between the two so both see the same machine, and `slowdown` is the prepared
-data's median step time over the synthetic one's, minus 1 (the goal: at most
-0.05). One JSON line per result.
+rows prepared for it (row groups of --step-row-group-rows, prepare's default;
+kept in the workdir for the next run), read by --data-workers DataLoader
+workers as `reccompile train --data prepared:DIR` does, against the same
+model with the same --threads on synthetic batches already in memory: blocks
+of --ab-block steps alternate between the two so both see the same machine,
+and `slowdown` is the prepared data's median step time over the synthetic
+one's, minus 1 (the goal: at most 0.05). Wall time on a shared machine is
+noisy, so the line also gives the load average and the CPU the data costs
+per batch: in the training thread (taking a batch from the workers) and
+reading in one thread alone (what a worker spends). One JSON line per result.
 
-    python benchmarks/data_bench.py [--rows 2000000] [--ranks 1 2 4] [--batch-size 4096] [--workdir DIR]
-                                    [--train-steps 200] [--ab-block 10] [--data-workers 1]
+    python benchmarks/data_bench.py [--rows 2000000] [--ranks 1 2 4] [--batch-size 4096] [--workdir DIR] [--skip-read]
+                                    [--train-steps 200] [--ab-block 10] [--data-workers 1] [--threads T]
+                                    [--step-row-group-rows 65536]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import shutil
 import statistics
 import sys
@@ -40,6 +46,8 @@ from compiler.lowering.instantiate import model_inputs  # noqa: E402
 from compiler.pipeline import Options, compile_spec  # noqa: E402
 from compiler.spec.load import load  # noqa: E402
 from compiler.spec.validate import validate  # noqa: E402
+from runtime.data.batch import Batch  # noqa: E402
+from runtime.data.features import ModelInputs  # noqa: E402
 from runtime.data.prepared.batches import PreparedBatches  # noqa: E402
 from runtime.data.prepared.prepare import PrepareSettings, prepare  # noqa: E402
 from runtime.data.prepared.reading import open_prepared  # noqa: E402
@@ -87,10 +95,11 @@ def read_share(directory: str, rank: int, world_size: int, batch: int, results: 
 
 def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
     """dlrm-bench's criteo step on prepared data against synthetic batches in memory, alternating."""
-    out = args.workdir / "prepared_dlrm_bench"
-    shutil.rmtree(out, ignore_errors=True)
-    settings = PrepareSettings(row_group_rows=args.row_group_rows, workers=args.workers)
+    load_before = list(os.getloadavg())
+    out = args.workdir / f"prepared_dlrm_bench_{args.step_row_group_rows}"  # kept: a second run reuses it
+    settings = PrepareSettings(row_group_rows=args.step_row_group_rows, workers=args.workers)
     prepare(model_inputs(validate(load(str(BENCH_SPEC)))), DataChoice("criteo", str(raw)), out, settings)
+    torch.set_num_threads(args.threads)
     module = load_module(str(emit(compile_spec(str(BENCH_SPEC), Options(world_size=1))).write(args.workdir / "build")[0]))
     torch.manual_seed(0)
     model = module.build()
@@ -99,11 +108,20 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
     synthetic = [module.synthetic_batch(batch, step=i, seed=0, rank=0, world_size=1) for i in range(SYNTHETIC_BATCHES)]
     prepared = PreparedBatches(open_prepared(module.INPUTS, out), global_batch=batch, rank=0, world_size=1,
                                num_workers=args.data_workers)  # fmt: skip
-    sources = {"synthetic": lambda step: synthetic[step % SYNTHETIC_BATCHES], "prepared": lambda step: next(prepared)}
+    taking = [0.0]  # CPU seconds of the training thread in next(prepared)
+
+    def take(step: int) -> Batch:
+        started = time.thread_time()
+        batch = next(prepared)
+        taking[0] += time.thread_time() - started
+        return batch
+
+    sources = {"synthetic": lambda step: synthetic[step % SYNTHETIC_BATCHES], "prepared": take}
     times: dict[str, list[float]] = {name: [] for name in sources}
     for name in sources:  # warm-up: kernels chosen, allocator filled, the DataLoader workers started
         for step in range(args.ab_block):
             train_step(model, optimizer, sources[name](step))
+    taking[0] = 0.0
     for block in range(max(1, args.train_steps // (2 * args.ab_block))):
         for name, source in sources.items():
             for step in range(args.ab_block):
@@ -112,28 +130,32 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
                 times[name].append(time.perf_counter() - started)
     prepared.close()
     median = {name: statistics.median(values) for name, values in times.items()}
-    return {"bench": "dlrm_step", "spec": BENCH_SPEC.name, "batch_size": batch, "data_workers": args.data_workers,
-            "threads": torch.get_num_threads(), "steps_each": len(times["prepared"]),
+    return {"bench": "dlrm_step", "spec": BENCH_SPEC.name, "batch_size": batch,
+            "measured": f"one process, {args.threads} torch threads for both sources; blocks of {args.ab_block} "
+                        f"steps alternating synthetic/prepared after a block of each as warm-up; prepared data "
+                        f"read by {args.data_workers} DataLoader worker process(es) (0: in the training thread)",
+            "data_workers": args.data_workers, "threads": args.threads, "cores": len(os.sched_getaffinity(0)),
+            "row_group_rows": args.step_row_group_rows, "steps_each": len(times["prepared"]),
+            "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
             "median_ms": {name: round(1000 * value, 2) for name, value in median.items()},
-            "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4)}  # fmt: skip
+            "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4),
+            "data_cpu_ms_per_batch": {"training_thread": round(1000 * taking[0] / len(times["prepared"]), 2),
+                                      "reading_in_process": data_cpu_ms(module.INPUTS, out, batch)}}  # fmt: skip
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=2_000_000)
-    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--batch-size", type=int, default=4096)
-    parser.add_argument("--row-group-rows", type=int, default=512)
-    parser.add_argument("--workers", type=int, default=1, help="parsing processes of the prepare")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/reccompile_data_bench"))
-    parser.add_argument("--train-steps", type=int, default=200, help="timed dlrm-bench steps, both sources together")
-    parser.add_argument("--ab-block", type=int, default=10, help="steps per block of one source")
-    parser.add_argument("--data-workers", type=int, default=1, help="DataLoader workers reading prepared data")
-    args = parser.parse_args()
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    raw = args.workdir / f"criteo_{args.rows}.tsv"
-    if not raw.is_file():
-        write_criteo(raw, args.rows)
+def data_cpu_ms(inputs: ModelInputs, directory: Path, batch: int, batches: int = 64) -> float:
+    """CPU milliseconds per batch of reading prepared data in one thread (decode, columns, the batch):
+    what a DataLoader worker spends, measured without a model beside it."""
+    reader = PreparedBatches(open_prepared(inputs, directory), global_batch=batch, rank=0, world_size=1, num_workers=0)
+    next(reader)
+    started = time.process_time()
+    for _ in range(batches):
+        next(reader)
+    return round(1000 * (time.process_time() - started) / batches, 2)
+
+
+def prepare_and_read(raw: Path, args: argparse.Namespace) -> None:
+    """Prepare throughput, then each rank's reading at every N of --ranks (one JSON line each)."""
     out = args.workdir / "prepared"
     shutil.rmtree(out, ignore_errors=True)
     inputs = model_inputs(validate(load(str(SPEC))))
@@ -155,6 +177,30 @@ def main() -> int:
             process.join()
         print(json.dumps({"bench": "prepared_read", "ranks": world_size, "batch_size": args.batch_size,
                           "row_group_rows": args.row_group_rows, "per_rank": shares}), flush=True)  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument("--row-group-rows", type=int, default=512)
+    parser.add_argument("--workers", type=int, default=1, help="parsing processes of the prepare")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/reccompile_data_bench"))
+    parser.add_argument("--train-steps", type=int, default=200, help="timed dlrm-bench steps, both sources together")
+    parser.add_argument("--ab-block", type=int, default=10, help="steps per block of one source")
+    parser.add_argument("--data-workers", type=int, default=1, help="DataLoader workers reading prepared data")
+    parser.add_argument("--step-row-group-rows", type=int, default=PrepareSettings().row_group_rows,
+                        help="row group rows of the data the training step reads (default: prepare's)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the step")
+    parser.add_argument("--skip-read", action="store_true", help="only the training step (no prepare or read bench)")
+    args = parser.parse_args()
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    raw = args.workdir / f"criteo_{args.rows}.tsv"
+    if not raw.is_file():
+        write_criteo(raw, args.rows)
+    if not args.skip_read:
+        prepare_and_read(raw, args)
     if args.train_steps > 0:
         print(json.dumps(training_step(raw, args)), flush=True)
     return 0

@@ -12,6 +12,8 @@
                         this process) gets SIGTERM and stops the ranks; exit status 130
     this process dies   torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG), even
                         after a SIGKILL, and stops the ranks (which die with it in turn)
+    torchrun dies       its ranks die with it (and their DataLoader workers with them); one
+                        line names the signal and the checkpoint to resume from
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from runtime.checkpoint.files import latest_checkpoint
-from runtime.train.lifetime import set_parent_death_signal
+from runtime.lifetime import set_parent_death_signal
 
 _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
 _TORCHRUN_REPORT = re.compile(r"^(Traceback \(most recent call last\):|=+$|\[W\d{4}|[WEI]\d{4} )")
@@ -57,6 +59,10 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
         process.wait()
         print(interrupted_message(checkpoint_dir), file=sys.stderr)
         return 130
+    if status < 0:  # torchrun itself killed: its ranks died with it (PR_SET_PDEATHSIG), whatever they printed
+        print(f"error: torchrun was killed by {_signal_name(-status)}, and the ranks with it; {_where(checkpoint_dir)}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if status != 0 and report.killed is not None:  # the other ranks' errors follow from it
         rank, number = report.killed
         print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)

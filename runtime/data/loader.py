@@ -27,6 +27,7 @@ from runtime.data.features import TimestampsConfig
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
 from runtime.data.sequence_check import check_timestamps
 from runtime.data.unseen_ids import UnseenIds
+from runtime.lifetime import die_with_parent
 
 BLOCK_LINES = 4096
 
@@ -171,7 +172,8 @@ def _shares(
     unseen: UnseenIds | None,
 ) -> Iterator[Share]:
     dataset = BlockDataset(reader, block_lines, epochs, stop_at_bad=bad_rows.policy == "fail")
-    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, worker_init_fn=_die_with_rank)
 
     def blocks() -> Iterator[tuple[Columns, bool]]:
         for block in loader:
@@ -185,3 +187,7 @@ def _shares(
         blocks(), global_batch, rank, world_size, last_partial=epochs is not None, source=reader.source,
         on_batch=None if unseen is None else unseen.add,
     )  # fmt: skip
+
+
+def _die_with_rank(worker: int) -> None:
+    die_with_parent()

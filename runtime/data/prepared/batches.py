@@ -13,6 +13,20 @@ batches (about a row group's worth: consecutive slices share row groups,
 which each worker then decodes once); a DataLoader takes one item from
 each worker in turn, so chunks come back in order.
 
+Where decoding falls as 1/N, and where not: Parquet is decoded a row group
+at a time (pyarrow reads a group's column chunks from their first page; it
+has no reader of a row range within a group, and a shuffled slice would need
+scattered rows of every page anyway). So a rank decodes exactly its rows when
+its slices are whole row groups: in the prepared order, when the row group
+rows G divide B/N; shuffled with a window of K groups, when B/N is a multiple
+of the window's K·G rows (a slice is then whole windows). Otherwise a group
+is decoded by every rank whose slice touches it: in the prepared order at
+most two groups more per batch than its share (at G >= B/N, prepare's default
+65536 with small batches, every rank decodes every row, once, from its
+cache); shuffled, every rank decodes every group of every window it reads
+in. Cutting global batches differently would make the rows a rank trains
+depend on N, which the exactness above rules out.
+
 The data position is a row: `state_after(step)` is the position after
 `step` global batches, which a checkpoint keeps; `load_state_dict` before
 the first batch starts there, and no row group before it is decoded.
@@ -32,13 +46,14 @@ from runtime.data.prepared.arrow import pa
 from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
 from runtime.data.rank_slices import Share, share_bounds
 from runtime.data.sequence_check import check_timestamps
+from runtime.lifetime import die_with_parent
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """A worker's shares of consecutive global batches, and what it decoded to read them."""
+    """A worker's shares of consecutive global batches, as batches, and what it decoded to read them."""
 
-    shares: list[Share]
+    batches: list[LocalBatch]
     decoded: DecodeLog
 
 
@@ -73,7 +88,7 @@ class ShareDataset(IterableDataset):
             stop = start + self.chunk if batches is None else min(start + self.chunk, batches)
             if start >= stop:
                 return
-            yield Chunk([self._share(reader, g) for g in range(start, stop)], reader.log.drain())
+            yield Chunk([_batch(self.data, self._share(reader, g)) for g in range(start, stop)], reader.log.drain())
             k += workers
 
     def _share(self, reader: RowReader, g: int) -> Share:
@@ -98,7 +113,7 @@ class PreparedBatches:
         self.first = 0  # the global batch to start at
         self.decoded = DecodeLog()  # everything this rank's workers decoded
         self._chunks: Iterator[Chunk] | None = None
-        self._shares: list[Share] = []
+        self._batches: list[LocalBatch] = []
 
     def state_after(self, step: int) -> dict[str, Any]:
         """The data position after `step` global batches: what a checkpoint keeps."""
@@ -125,15 +140,15 @@ class PreparedBatches:
         return self
 
     def __next__(self) -> Batch:
-        if not self._shares:
+        if not self._batches:
             if self._chunks is None:
                 self._chunks = _chunks(self.data, self.global_batch, self.rank, self.world_size, self.first,
                                        False, self.num_workers)  # fmt: skip
             chunk = next(self._chunks)
             self.decoded.groups += chunk.decoded.groups
             self.decoded.rows += chunk.decoded.rows
-            self._shares = list(chunk.shares)
-        return _batch(self.data, self._shares.pop(0))
+            self._batches = list(chunk.batches)
+        return self._batches.pop(0).batch
 
     def close(self) -> None:
         """Stop the DataLoader workers now."""
@@ -147,21 +162,27 @@ def prepared_epoch_batches(
 ) -> Iterator[LocalBatch]:
     """Rank's share of every global batch of one epoch; the last may be padded (evaluation)."""
     for chunk in _chunks(data, global_batch, rank, world_size, 0, True, num_workers):
-        for share in chunk.shares:
-            yield LocalBatch(_batch(data, share), share.real)
+        yield from chunk.batches
 
 
 def _chunks(
     data: PreparedData, global_batch: int, rank: int, world_size: int, first: int, one_epoch: bool, workers: int
 ) -> Iterator[Chunk]:
     dataset = ShareDataset(data, global_batch, rank, world_size, first, one_epoch)
-    for chunk in DataLoader(dataset, batch_size=None, num_workers=workers):
+    # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
+    for chunk in DataLoader(dataset, batch_size=None, num_workers=workers, worker_init_fn=_die_with_rank):
         if isinstance(chunk, Failure):
             raise DataError(chunk.message)
         yield chunk
 
 
-def _batch(data: PreparedData, share: Share) -> Batch:
+def _batch(data: PreparedData, share: Share) -> LocalBatch:
+    """The share as the batch the model takes, made where it was read: a DataLoader worker
+    hands over the batch's few joined tensors, not every column's."""
     batch = share.columns.to_batch(data.weighted)
     check_timestamps(batch.sparse, data.timestamps)
-    return batch
+    return LocalBatch(batch, share.real)
+
+
+def _die_with_rank(worker: int) -> None:
+    die_with_parent()

@@ -99,23 +99,38 @@ class RowReader:
 
     def _epoch_rows(self, epoch: int, lo: int, hi: int) -> pa.Table:
         selection = self.order.select(epoch, lo, hi)
+        self._decode([g for g in selection.groups if g not in self._cache])
         tables = [self._group(g) for g in selection.groups]
         if selection.ranges is not None:
             return pa.concat_tables([t.slice(a, b - a) for t, (a, b) in zip(tables, selection.ranges)])
         return pa.concat_tables(tables).take(pa.array(selection.take))
 
+    def _decode(self, groups: list[int]) -> None:
+        """Decode `groups` into the cache: one read per file, not one per row group (a row group
+        of a few hundred rows costs more in the call than in its rows), on this thread only
+        (the rank's threads train)."""
+        by_file: dict[int, list[int]] = {}
+        for group in groups:
+            by_file.setdefault(self.locations[group][0], []).append(group)
+        for file, members in by_file.items():
+            indices = [self.locations[g][1] for g in members]
+            table = self._file(file).read_row_groups(indices, columns=self.columns, use_threads=False)
+            start = 0
+            for group in members:
+                rows = self.locations[group][2]
+                self._cache[group] = table.slice(start, rows)
+                start += rows
+                self.log.groups.append(group)
+                self.log.rows += rows
+        while len(self._cache) > max(self._cache_size, len(groups)):
+            self._cache.popitem(last=False)
+
     def _group(self, group: int) -> pa.Table:
         table = self._cache.get(group)
-        if table is not None:
-            self._cache.move_to_end(group)
-            return table
-        file, index, rows = self.locations[group]
-        table = self._file(file).read_row_group(index, columns=self.columns)
-        self.log.groups.append(group)
-        self.log.rows += rows
-        self._cache[group] = table
-        if len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        if table is None:
+            self._decode([group])
+            table = self._cache[group]
+        self._cache.move_to_end(group)
         return table
 
     def _file(self, index: int) -> Any:

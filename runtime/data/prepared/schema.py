@@ -15,7 +15,7 @@ spec hash: the same for two specs whose data would be prepared alike, even
 when their models differ.
 
 >>> inputs = ModelInputs((DenseFeatureConfig("int", 2),), (SparseFeatureConfig("c", "c", 10),),
-...                       (HeadConfig("click", "click", "bce"),), TrainingConfig(1, 4, 0))
+...                       (HeadConfig("click", "bce", "click"),), TrainingConfig(1, 4, 0))
 >>> list(column_specs(inputs))
 ['dense.int', 'sparse.c', 'label.click']
 """
@@ -109,25 +109,46 @@ def _list_array(lengths: torch.Tensor, values: torch.Tensor, kind: pa.DataType) 
 
 
 def from_table(table: pa.Table, specs: dict[str, dict[str, Any]]) -> Columns:
-    """An Arrow table of `specs`' columns as `Columns` (sparse keys in `specs`' order)."""
+    """An Arrow table of `specs`' columns as `Columns` (sparse keys in `specs`' order).
+
+    Each column's chunks are read through their buffers (zero-copy numpy views)
+    and copied once, into the tensor that holds them: this runs for every
+    batch a rank trains, so it avoids Arrow's combine, flatten and cast."""
     dense: dict[str, torch.Tensor] = {}
     sparse: dict[str, Jagged] = {}
     labels: dict[str, torch.Tensor] = {}
     weights: dict[str, torch.Tensor] = {}
     for name, spec in specs.items():
         kind, key = spec["kind"], name.partition(".")[2]
-        column = table.column(name).combine_chunks()
+        chunks = table.column(name).chunks
         if kind == "dense":
-            flat = column.flatten().to_numpy(zero_copy_only=False)
-            dense[key] = torch.from_numpy(flat.reshape(len(column), spec["size"]).copy())
+            flat = _joined([chunk.flatten().to_numpy() for chunk in chunks], np.float32)
+            dense[key] = torch.from_numpy(flat.reshape(-1, spec["size"]))
         elif kind == "label":
-            labels[key] = torch.from_numpy(column.to_numpy(zero_copy_only=False).copy())
-        elif kind == "weights":
-            weights[key] = torch.from_numpy(column.flatten().to_numpy(zero_copy_only=False).copy())
+            labels[key] = torch.from_numpy(_joined([chunk.to_numpy() for chunk in chunks], np.float32))
         else:
-            lengths = column.value_lengths().to_numpy(zero_copy_only=False).astype(np.int64)
-            values = column.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-            sparse[key] = Jagged(torch.from_numpy(lengths), torch.from_numpy(values), None)
+            lengths, values = _lists(chunks, np.float32 if kind == "weights" else np.int64)
+            if kind == "weights":
+                weights[key] = torch.from_numpy(values)
+            else:
+                sparse[key] = Jagged(torch.from_numpy(lengths), torch.from_numpy(values), None)
     for key, values in weights.items():
         sparse[key] = Jagged(sparse[key].lengths, sparse[key].values, values)
     return Columns(dense, sparse, labels)
+
+
+def _lists(chunks: list[pa.ListArray], dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """Row lengths (int64) and values of list chunks, each joined into one new array."""
+    lengths, values = [], []
+    for chunk in chunks:
+        offsets = chunk.offsets.to_numpy()  # a sliced chunk's offsets index its unsliced values
+        lengths.append(np.diff(offsets))
+        values.append(chunk.values.to_numpy()[offsets[0] : offsets[-1]])
+    return _joined(lengths, np.int64), _joined(values, dtype)
+
+
+def _joined(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    """`parts` one after the other in a new, writable array (torch.from_numpy shares it)."""
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return np.concatenate(parts).astype(dtype, copy=False) if len(parts) > 1 else parts[0].astype(dtype, copy=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -12,12 +13,17 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from compiler.cli import main
+from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime" / "data"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime" / "checkpoint"))
+import checkpoint_cases as cc  # noqa: E402
 from sample_files import criteo_line, write_lines  # noqa: E402
 from test_data_commands import SPEC  # noqa: E402
+from test_train_signals import wait_gone  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -146,3 +152,59 @@ def test_the_spec_data_section_names_prepared_data_and_evaluation_reads_it_too(t
     assert code == 0, err
     summary = json.loads(out.splitlines()[-1])
     assert summary["steps"] == 2 and set(summary["eval_metrics"]["click"]) == {"ne", "auc", "accuracy"}
+
+
+def test_a_killed_torchrun_agent_resumes_from_the_checkpoint_to_the_uninterrupted_state(tmp_path: Path, files) -> None:
+    """SIGKILL torchrun's agent (the launcher's child) mid-run: the ranks go with it, the launcher
+    says so, and `--resume` ends where one uninterrupted run ends: every loss after the
+    checkpoint and the final weights and optimizer state, exactly (the data row it resumed at
+    is in the losses: a batch off would change them)."""
+    spec, raw = files
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared),
+                 "--row-group-rows", "32", "--workers", "0"]) == 0  # fmt: skip
+    steps, kill_after = 60, 12  # 11.7 batches an epoch: the run goes on into later epochs after the resume
+    common = ("train", str(spec), "--steps", str(steps), "--batch-size", "128", "--log-every", "1", "--nproc", "2",
+              "--data", f"prepared:{prepared}", "--shuffle-window", "2", "--seed", "7", "--checkpoint-every", "5")  # fmt: skip
+
+    def run(name: str, *args: str) -> subprocess.Popen:
+        return _reccompile(*common, "--checkpoint-dir", str(tmp_path / name), "--log-dir", str(tmp_path / f"{name}_log"),
+                           "-o", str(tmp_path / f"{name}_build"), *args)  # fmt: skip
+
+    killed = run("killed")
+    assert killed.stdout is not None
+    for line in killed.stdout:
+        if line.startswith(f"step {kill_after:>5}/"):
+            break
+    ranks = list(cc.worker_pids(str(tmp_path / "killed")).values())
+    agent = [int(p) for p in Path(f"/proc/{killed.pid}/task/{killed.pid}/children").read_text().split()]
+    assert len(agent) == 1
+    os.kill(agent[0], signal.SIGKILL)
+    code, _, err = _finish(killed)
+    assert wait_gone(ranks) == []
+    at = read_checkpoint_manifest(tmp_path / "killed")["step"]
+    latest = tmp_path / "killed" / f"step_{at:08d}"
+    assert code == 1 and 5 <= at < steps, err
+    assert err.splitlines()[-1] == (
+        f"error: torchrun was killed by signal 9 (SIGKILL), and the ranks with it; the last checkpoint is {latest}: "
+        "continue with --resume"
+    )
+    assert "Traceback" not in err, err
+    code, out, err = _finish(run("killed", "--resume"))
+    assert code == 0, err
+    assert f"resumed from {latest} at step {at} (--resume)" in out
+    code, _, err = _finish(run("whole"))
+    assert code == 0, err
+
+    def losses(name: str) -> dict[int, float]:
+        records = [json.loads(line) for line in (tmp_path / f"{name}_log" / "metrics.jsonl").read_text().splitlines()]
+        resumes = [i for i, r in enumerate(records) if r["kind"] == "resume"]
+        return {r["step"]: r["loss"] for r in records[(resumes[-1] + 1 if resumes else 0) :] if r["kind"] == "train"}
+
+    whole, resumed = losses("whole"), losses("killed")
+    assert sorted(resumed) == list(range(at + 1, steps + 1))
+    assert resumed == {step: whole[step] for step in resumed}
+    final = {name: load_model_state(tmp_path / name) for name in ("whole", "killed")}
+    assert sorted(final["killed"]) == sorted(final["whole"])
+    for key, tensor in final["whole"].items():
+        assert torch.equal(final["killed"][key], tensor), key

@@ -92,6 +92,23 @@ def test_each_rank_decodes_its_share_of_the_row_groups(prepared: Path) -> None:
     assert [decoded[4, r] for r in range(4)] == [96] * 4
 
 
+def test_where_decoding_does_not_fall_as_1_over_n(prepared: Path) -> None:
+    """The two cases runtime.data.prepared.batches' docstring names: a row group shared by two
+    ranks' slices is decoded by both, and a shuffle deals every rank rows of every group of a window."""
+
+    def decoded(data: PreparedData, world_size: int) -> list[int]:
+        rows = []
+        for rank in range(world_size):
+            batches = PreparedBatches(data, global_batch=64, rank=rank, world_size=world_size, num_workers=0)
+            for _ in range(6):
+                next(batches)
+            rows.append(batches.decoded.rows)
+        return rows
+
+    assert decoded(_data(prepared), 8) == [96] * 8  # slices of 8 rows, row groups of 16: twice the share of 48
+    assert decoded(_data(prepared, seed=1, window=4), 2) == [384, 384]  # windows of 64 rows: all their rows, not 192
+
+
 def test_a_resumed_reader_starts_at_the_row_and_decodes_nothing_before_it(prepared: Path) -> None:
     data = _data(prepared)
     straight = PreparedBatches(data, global_batch=32, rank=1, world_size=2, num_workers=0)
