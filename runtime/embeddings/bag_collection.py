@@ -9,7 +9,9 @@ Two compute kernels give the same numbers:
 
 - `fused`: tables are grouped by (optimizer, pooling) into one fbgemm
   `SplitTableBatchedEmbeddingBagsCodegen` (TBE) per group; fbgemm applies the
-  optimizer inside its backward. fbgemm requires `embedding_dim % 4 == 0`.
+  optimizer inside its backward (row-wise Adagrad on the CPU: fbgemm's or the
+  C kernel of runtime/embeddings/native_update.py, whichever measured faster).
+  fbgemm requires `embedding_dim % 4 == 0`.
   fbgemm has no CPU kernel for Adam, so on CPU Adam tables use the dense
   implementation below (same formulas, same state).
 - `dense`: one `torch.nn.EmbeddingBag` per table, gradients through autograd
@@ -50,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.cpu import choice
+from runtime.embeddings import native_update
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.kernels import FUSED_DIM_MULTIPLE, check_compute_kernel
@@ -166,6 +169,8 @@ class _FusedGroup(nn.Module):
             bounds_check_mode=BoundsCheckMode.NONE,
             table_names=[t.name for t in tables],
         )
+        supported = on_cpu and native_update.supports(self.tbe, optimizer.type, optimizer.weight_decay)
+        self._native_layout = native_update.layout(self.tbe) if supported else None
 
     def forward(
         self,
@@ -179,7 +184,7 @@ class _FusedGroup(nn.Module):
             scale = lengths.clamp(min=1).to(torch.float32).reciprocal()
             scale = scale.repeat_interleave(lengths, output_size=values.numel())
             weights = scale if weights is None else weights * scale
-        return self.tbe(values, offsets, weights)
+        return native_update.lookup(self.tbe, self._native_layout, values, offsets, weights)
 
     def table_tensors(self) -> list[dict[str, torch.Tensor]]:
         """Per table: live views of its weight and optimizer state."""

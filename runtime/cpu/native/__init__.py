@@ -3,7 +3,8 @@
 DLRM's pairwise dot interaction (dot_interaction.c), 3-5x faster on the CPU
 than `torch.bmm` over the full Gram matrix, the pooled lookup of
 quantized inference tables (quant_pool.c), which fbgemm runs on one thread,
-and the attention of one query per sample over a padded sequence
+the backward of a training lookup with row-wise Adagrad in place
+(rowwise_adagrad.c), and the attention of one query per sample over a padded sequence
 (one_query_attention.c), where `torch.bmm` pays per-matrix overhead.
 They are plain C with no torch headers, built on first use by build.py
 (`$CC` with -O3 -march=native, cached per source, compiler and CPU).
@@ -30,8 +31,8 @@ import torch
 from runtime.cpu.native import build
 
 __all__ = [
-    "QuantLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library",
-    "one_query_attention_backward", "one_query_attention_forward", "quant_pool",
+    "QuantLayout", "TableLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library",
+    "one_query_attention_backward", "one_query_attention_forward", "quant_pool", "rowwise_adagrad_backward",
 ]
 
 _I64 = ctypes.c_int64
@@ -58,6 +59,10 @@ def library() -> ctypes.CDLL | None:
     lib.reccompile_quant_pool.restype = ctypes.c_int
     lib.reccompile_one_query_attention_forward.argtypes = [*[_I64] * 4, *[_PTR] * 5, _I64]
     lib.reccompile_one_query_attention_backward.argtypes = [*[_I64] * 4, *[_PTR] * 7, _I64]
+    lib.reccompile_rowwise_adagrad_backward.argtypes = [
+        _I64, _I64, _I64, *[_PTR] * 8, _I64, *[_PTR] * 4, ctypes.c_float, ctypes.c_float, _I64,
+    ]
+    lib.reccompile_rowwise_adagrad_backward.restype = ctypes.c_int
     lib.reccompile_one_query_attention_forward.restype = None
     lib.reccompile_one_query_attention_backward.restype = None
     return lib
@@ -184,3 +189,46 @@ def quant_pool(
         None if rows is None else rows.data_ptr(), out.data_ptr(), torch.get_num_threads(),
     )
     return None if status else out
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """A training TBE's host layout (int64 tensors): per table the element offsets of its weights
+    and of its row-wise state, its rows and width; per feature its table and gradient column."""
+
+    weight_offsets: torch.Tensor
+    momentum_offsets: torch.Tensor
+    rows: torch.Tensor
+    dims: torch.Tensor
+    feature_tables: torch.Tensor
+    grad_columns: torch.Tensor
+
+
+def rowwise_adagrad_backward(
+    weights: torch.Tensor,
+    momentum: torch.Tensor,
+    layout: TableLayout,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    sample_weights: torch.Tensor | None,
+    grad: torch.Tensor,
+    lr: float,
+    eps: float,
+) -> int:
+    """Row-wise Adagrad on `weights` and `momentum` in place from the pooled gradient `grad`
+    (B, width) of the bags `ids`/`offsets` (see rowwise_adagrad.c); 0, or the kernel's status bits
+    (1: an id outside its table, 4: out of memory)."""
+    lib = library()
+    assert lib is not None, "rowwise_adagrad_backward called where applies() is False"
+    features = layout.feature_tables.numel()
+    batch = (offsets.numel() - 1) // features
+    ids, offsets, grad = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous(), grad.contiguous()
+    if sample_weights is not None:
+        sample_weights = sample_weights.to(torch.float32).contiguous()
+    return lib.reccompile_rowwise_adagrad_backward(
+        layout.rows.numel(), features, batch, weights.data_ptr(), layout.weight_offsets.data_ptr(),
+        momentum.data_ptr(), layout.momentum_offsets.data_ptr(), layout.rows.data_ptr(), layout.dims.data_ptr(),
+        layout.feature_tables.data_ptr(), layout.grad_columns.data_ptr(), grad.shape[1], ids.data_ptr(),
+        offsets.data_ptr(), None if sample_weights is None else sample_weights.data_ptr(), grad.data_ptr(),
+        lr, eps, torch.get_num_threads(),
+    )

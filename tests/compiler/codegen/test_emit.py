@@ -19,6 +19,7 @@ from compiler.pipeline import Options, compile_spec
 from malformed_batches import MALFORMED
 from model_specs import SPECS, golden_stem
 from runtime.train.worker import load_module
+from model_specs import SPECS, golden_stem
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig, _balanced_runs
 from runtime.embeddings.optim import EmbeddingOptimizer
@@ -63,7 +64,11 @@ def _train(lookup_threads: int, torch_threads: int, steps: int = 4) -> tuple[lis
         torch.set_num_threads(before)
 
 
-def test_side_by_side_groups_train_exactly_like_one_after_another() -> None:
+@pytest.mark.parametrize("update", ["fbgemm", "native"])
+def test_side_by_side_groups_train_exactly_like_one_after_another(update: str, monkeypatch, request) -> None:
+    if update == "native":
+        request.getfixturevalue("native_kernels")
+    monkeypatch.setenv(choice.ENV, f"embedding_update={update}")  # the same backward in every run
     concurrent_out, concurrent_state = _train(lookup_threads=3, torch_threads=3)
     sequential_out, sequential_state = _train(lookup_threads=3, torch_threads=1)
     single_out, single_state = _train(lookup_threads=1, torch_threads=1)

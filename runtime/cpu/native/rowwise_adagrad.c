@@ -1,0 +1,141 @@
+/* The backward of a sum-pooled table-batched lookup with row-wise Adagrad
+ * applied in place, on the host layout of fbgemm's training TBE.
+ *
+ * Table t holds rows[t] rows of dims[t] floats at weights + weight_offsets[t]
+ * and one float of state per row at momentum + momentum_offsets[t]. Feature f
+ * reads table feature_tables[f]; bag (f, b) holds
+ * ids[offsets[f * batch + b] .. offsets[f * batch + b + 1]), each id times
+ * sample_weights[i] when given, and its gradient is
+ * grad[b * grad_width + grad_columns[f] .. + dims].
+ *
+ * Per table, every row the batch touches gets the sum g of its gradients
+ * over all its occurrences (in every feature that reads the table), then
+ *     m[r] += mean(g * g);   w[r] -= lr / (sqrt(m[r]) + eps) * g,
+ * fbgemm's exact row-wise Adagrad (runtime/embeddings/optim.py).
+ *
+ * fbgemm's CPU kernel does the same after sorting each table's ids; here the
+ * occurrences are sorted by row with an LSD radix sort over only the bits the
+ * table's row count needs (two passes for 100,000 rows), each row's
+ * gradient is summed in one buffer the width of a row, and the weight rows
+ * come in increasing order with the next distinct row prefetched. Tables are
+ * split over an OpenMP team (torch's pool, as in dot_interaction.c).
+ */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { DIGIT_BITS = 11, BUCKETS = 1 << DIGIT_BITS, PREFETCH_DISTANCE = 8 };
+
+typedef struct {
+    int64_t source; /* element offset of the occurrence's gradient row in grad */
+    float weight;
+} occurrence_t;
+
+/* Sorts keys (row << 32 | occurrence) by row, keys[0..n) with scratch of n; returns the sorted array. */
+static uint64_t *sort_by_row(uint64_t *keys, uint64_t *scratch, int64_t n, int64_t rows) {
+    int bits = 0;
+    while (bits < 63 && ((int64_t)1 << bits) < rows) bits++;
+    int64_t *counts = malloc(sizeof(int64_t) * BUCKETS);
+    if (counts == NULL) return NULL;
+    for (int shift = 32; shift < 32 + bits; shift += DIGIT_BITS) {
+        memset(counts, 0, sizeof(int64_t) * BUCKETS);
+        for (int64_t i = 0; i < n; i++) counts[(keys[i] >> shift) & (BUCKETS - 1)]++;
+        int64_t sum = 0;
+        for (int64_t d = 0; d < BUCKETS; d++) {
+            const int64_t c = counts[d];
+            counts[d] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < n; i++) scratch[counts[(keys[i] >> shift) & (BUCKETS - 1)]++] = keys[i];
+        uint64_t *swap = keys;
+        keys = scratch;
+        scratch = swap;
+    }
+    free(counts);
+    return keys;
+}
+
+/* Table t's update; returns 0, 1 for an id outside [0, rows[t]), 4 when out of memory. */
+static int update_table(int64_t t, int64_t features, int64_t batch, float *weights, const int64_t *weight_offsets,
+                        float *momentum, const int64_t *momentum_offsets, const int64_t *rows, const int64_t *dims,
+                        const int64_t *feature_tables, const int64_t *grad_columns, int64_t grad_width,
+                        const int64_t *ids, const int64_t *offsets, const float *sample_weights, const float *grad,
+                        float lr, float eps) {
+    int64_t n = 0;
+    for (int64_t f = 0; f < features; f++)
+        if (feature_tables[f] == t) n += offsets[(f + 1) * batch] - offsets[f * batch];
+    if (n == 0) return 0;
+    if (n > 0xffffffffLL) return 4; /* occurrences are numbered in 32 bits */
+    const int64_t d = dims[t], limit = rows[t];
+    uint64_t *keys = malloc(sizeof(uint64_t) * 2 * n);
+    occurrence_t *occurrences = malloc(sizeof(occurrence_t) * n);
+    float *sum = malloc(sizeof(float) * d);
+    int status = keys == NULL || occurrences == NULL || sum == NULL ? 4 : 0;
+    int64_t j = 0;
+    for (int64_t f = 0; f < features && status == 0; f++) {
+        if (feature_tables[f] != t) continue;
+        for (int64_t b = 0; b < batch && status == 0; b++) {
+            for (int64_t i = offsets[f * batch + b]; i < offsets[f * batch + b + 1]; i++, j++) {
+                if (ids[i] < 0 || ids[i] >= limit) {
+                    status = 1;
+                    break;
+                }
+                keys[j] = (uint64_t)ids[i] << 32 | (uint64_t)j;
+                occurrences[j].source = b * grad_width + grad_columns[f];
+                occurrences[j].weight = sample_weights != NULL ? sample_weights[i] : 1.0f;
+            }
+        }
+    }
+    const uint64_t *sorted = status == 0 ? sort_by_row(keys, keys + n, n, limit) : NULL;
+    if (status == 0 && sorted == NULL) status = 4;
+    float *table = weights + weight_offsets[t], *state = momentum + momentum_offsets[t];
+    for (int64_t first = 0; status == 0 && first < n;) {
+        const uint64_t row = sorted[first] >> 32;
+        int64_t last = first + 1;
+        while (last < n && sorted[last] >> 32 == row) last++;
+        if (last + PREFETCH_DISTANCE < n) { /* rows come in increasing order, a few occurrences apart */
+            const float *ahead = table + (sorted[last + PREFETCH_DISTANCE] >> 32) * d;
+            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(ahead + k, 1);
+            __builtin_prefetch(state + (sorted[last + PREFETCH_DISTANCE] >> 32), 1);
+            const float *g = grad + occurrences[sorted[last + PREFETCH_DISTANCE] & 0xffffffffu].source;
+            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(g + k);
+        }
+        for (int64_t k = 0; k < d; k++) sum[k] = 0.0f;
+        for (int64_t i = first; i < last; i++) {
+            const occurrence_t *o = &occurrences[sorted[i] & 0xffffffffu];
+            const float *g = grad + o->source, w = o->weight;
+            for (int64_t k = 0; k < d; k++) sum[k] += w * g[k];
+        }
+        float squares = 0.0f;
+        for (int64_t k = 0; k < d; k++) squares += sum[k] * sum[k];
+        state[row] += squares / (float)d;
+        const float step = lr / (sqrtf(state[row]) + eps);
+        float *w = table + row * d;
+        for (int64_t k = 0; k < d; k++) w[k] -= step * sum[k];
+        first = last;
+    }
+    free(keys);
+    free(occurrences);
+    free(sum);
+    return status;
+}
+
+/* Returns 0, or a bitmask: 1 an id outside its table's rows (that table is left unchanged),
+ * 4 out of memory. */
+int reccompile_rowwise_adagrad_backward(int64_t tables, int64_t features, int64_t batch, float *weights,
+                                        const int64_t *weight_offsets, float *momentum,
+                                        const int64_t *momentum_offsets, const int64_t *rows, const int64_t *dims,
+                                        const int64_t *feature_tables, const int64_t *grad_columns,
+                                        int64_t grad_width, const int64_t *ids, const int64_t *offsets,
+                                        const float *sample_weights, const float *grad, float lr, float eps,
+                                        int64_t threads) {
+    int status = 0;
+    if (threads < 1) threads = 1;
+#pragma omp parallel for num_threads((int)threads) schedule(dynamic, 1) reduction(| : status)
+    for (int64_t t = 0; t < tables; t++)
+        status |= update_table(t, features, batch, weights, weight_offsets, momentum, momentum_offsets, rows, dims,
+                               feature_tables, grad_columns, grad_width, ids, offsets, sample_weights, grad, lr, eps);
+    return status;
+}

@@ -1,0 +1,118 @@
+"""Tests for runtime/embeddings/native_update.py and runtime/cpu/native/rowwise_adagrad.c.
+
+The C update must leave a TBE's weights and row-wise state where fbgemm's own
+backward leaves them (up to float rounding: the sums run in another order),
+for tables of several widths and sizes, a table read by two features,
+weighted ids and mean pooling; measuring the choice must change nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.cpu import choice
+from runtime.embeddings import native_update
+from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.sparse.jagged import KeyedJaggedTensor
+
+pytest.importorskip("fbgemm_gpu")
+
+BATCH = 24
+TABLES = [
+    EmbeddingBagConfig("t0", 70_000, 8, ["f0", "f1"]),  # two features, rows past one radix digit
+    EmbeddingBagConfig("t1", 40, 16, ["f2"]),
+    EmbeddingBagConfig("t2", 30, 64, ["f3"], pooling="mean"),
+    EmbeddingBagConfig("t3", 3, 4, ["f4"]),
+]
+ROWS = {"f0": 70_000, "f1": 70_000, "f2": 40, "f3": 30, "f4": 3}
+
+
+def _batch(seed: int, weighted: bool) -> KeyedJaggedTensor:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 6, (len(ROWS) * BATCH,), generator=gen)
+    per_key = lengths.view(len(ROWS), BATCH).sum(1).tolist()
+    # ids drawn from few rows too, so rows repeat within and across bags and features
+    values = torch.cat([torch.randint(0, min(n, 50), (k,), generator=gen) * (n // min(n, 50))
+                        for n, k in zip(ROWS.values(), per_key)])
+    weights = torch.rand(values.numel(), generator=gen) if weighted else None
+    return KeyedJaggedTensor.from_lengths_sync(list(ROWS), values, lengths, weights=weights)
+
+
+def _train(kernel: str, weighted: bool, monkeypatch: pytest.MonkeyPatch, steps: int = 4):
+    monkeypatch.setenv(choice.ENV, f"embedding_update={kernel}")
+    torch.manual_seed(0)
+    collection = EmbeddingBagCollection(
+        TABLES, is_weighted=weighted, optimizer=EmbeddingOptimizer("rowwise_adagrad", lr=0.1), lookup_threads=1
+    )
+    outputs = []
+    for step in range(steps):
+        pooled = collection(_batch(step, weighted)).values()
+        weight = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(100 + step))
+        (pooled * weight).sum().backward()
+        outputs.append(pooled.detach())
+    return outputs, collection.state_dict()
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_native_update_trains_like_fbgemms_backward(weighted: bool, monkeypatch, native_kernels) -> None:
+    native_out, native_state = _train("native", weighted, monkeypatch)
+    fbgemm_out, fbgemm_state = _train("fbgemm", weighted, monkeypatch)
+    for native_pooled, fbgemm_pooled in zip(native_out, fbgemm_out):
+        torch.testing.assert_close(native_pooled, fbgemm_pooled, atol=1e-6, rtol=1e-5)
+    assert native_state.keys() == fbgemm_state.keys()
+    for key in fbgemm_state:
+        torch.testing.assert_close(native_state[key], fbgemm_state[key], atol=1e-6, rtol=1e-5, msg=key)
+    changed = native_state["t0.momentum1"] != 0
+    assert 50 <= int(changed.sum()) <= 100  # the rows the batches touched, in both features of t0
+
+
+def test_the_native_update_is_used_where_forced(monkeypatch, native_kernels) -> None:
+    monkeypatch.setenv(choice.ENV, "embedding_update=native")
+    collection = EmbeddingBagCollection(TABLES[:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+    pooled = collection(_batch(0, False)).values()  # one group, output in lookup order: its own output
+    assert pooled.grad_fn is not None and "_NativeUpdate" in type(pooled.grad_fn).__name__
+
+
+def test_measuring_the_choice_leaves_weights_and_state_unchanged(tmp_path, monkeypatch, native_kernels) -> None:
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(choice.ENV, "embedding_update=fbgemm")
+    torch.manual_seed(0)
+    collection = EmbeddingBagCollection(TABLES, optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+    (collection(_batch(0, False)).values() * 3).sum().backward()  # non-zero state first, nothing measured
+    before = {key: value.clone() for key, value in collection.state_dict().items()}
+    monkeypatch.delenv(choice.ENV)
+    collection(_batch(1, False))  # each group measures both backwards on a zero gradient
+    recorded = [c for c in choice.recorded() if c.kernel == "embedding_update"]
+    assert len(recorded) == 2  # the sum group (t0, t1, t3) and the mean group (t2)
+    for made in recorded:
+        assert made.winner in ("fbgemm", "native") and dict(made.times_ms).keys() == {"fbgemm", "native"}
+    for key, value in collection.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_an_id_outside_its_table_is_refused_without_a_change(monkeypatch, native_kernels) -> None:
+    monkeypatch.setenv(choice.ENV, "embedding_update=native")
+    collection = EmbeddingBagCollection(
+        TABLES, optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1, bounds_check=False
+    )
+    group = collection._groups[0]
+    batch = _batch(0, False)
+    pooled = collection(batch).values()
+    before = group.tbe.weights_host.detach().clone()
+    values = batch.values().clone()
+    values[0] = 1 << 40  # only the kernel's own check stands between it and memory
+    layout = native_update.layout(group.tbe)
+    status = native_update.native.rowwise_adagrad_backward(
+        group.tbe.weights_host.detach(), group.tbe.momentum1_host.detach(), layout, values, batch.offsets(), None,
+        torch.ones_like(pooled), 0.1, 1e-8,
+    )
+    assert status == 1
+    assert torch.equal(group.tbe.weights_host.detach()[: 70_000 * 8], before[: 70_000 * 8])
+
+
+def test_only_cpu_rowwise_adagrad_without_weight_decay_is_supported(native_kernels) -> None:
+    for optimizer, supported in [("rowwise_adagrad", True), ("adagrad", False), ("sgd", False)]:
+        collection = EmbeddingBagCollection(TABLES[:1], optimizer=EmbeddingOptimizer(optimizer), lookup_threads=1)
+        assert (collection._groups[0]._native_layout is not None) is supported, optimizer
