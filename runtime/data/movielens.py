@@ -97,6 +97,9 @@ class MovieLensReader:
         self.vocabulary = vocabulary
         self.threshold = threshold
         self.weighted = is_weighted(inputs)
+        # Positives only (a retrieval head): lines below the threshold are no rows. `reccompile
+        # retrieve` turns it off: every line of a requests file is a request.
+        self.positives_only = self.layout.positives_only
         self.unseen_features = tuple(f for f in (self.layout.user, self.layout.movie) if f is not None)
         self._separator = _SEPARATORS[self.format]
         self.timestamps = inputs.timestamps
@@ -111,7 +114,16 @@ class MovieLensReader:
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
         name = str(self.file)
         for number, line in numbered_lines(self.file, skip=1 if self.format == "csv" else 0):
+            if self.positives_only and not self._positive(line):
+                continue
             yield name, number, line
+
+    def _positive(self, line: bytes) -> bool:
+        """Whether a line is a positive; a bad line counts as one, so `parse` reports it."""
+        try:
+            return self.parse(line)[2] >= self.threshold
+        except RowError:
+            return True
 
     def parse(self, line: bytes) -> RatingRow:
         """User id, movie id, rating and timestamp of one line; RowError names the bad column."""
@@ -119,8 +131,6 @@ class MovieLensReader:
 
     def to_columns(self, rows: list[RatingRow]) -> Columns:
         vocab, layout = self.vocabulary, self.layout
-        if layout.positives_only:
-            rows = [r for r in rows if r[2] >= self.threshold]
         sparse: dict[str, Jagged] = {}
         if layout.user is not None:
             sparse[layout.user] = Jagged.one_per_row(torch.tensor([vocab.user_row(r[0]) for r in rows]))
