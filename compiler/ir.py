@@ -16,7 +16,7 @@ from runtime.sharding.types import ComputeKernel, ShardingType  # named once, fo
 
 Pooling = Literal["sum", "mean"]
 Keep = Literal["end", "start"]  # which positions a sequence longer than its max_length keeps
-LossType = Literal["bce", "mse", "softmax"]
+LossType = Literal["bce", "mse", "softmax", "sampled_softmax"]
 OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 LrScheduleType = Literal["constant", "step", "exponential", "linear", "cosine"]
 Device = Literal["cpu", "cuda"]
@@ -272,17 +272,44 @@ BLOCK_TYPE_NAMES: dict[type, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Retrieval:
+    """A sampled-softmax retrieval head: where its query and item vectors come from, and its negatives.
+
+    The item vector is a block (the item tower, reading `item_feature` and
+    nothing else) or the sparse feature itself (its table row); the positives
+    are the ids of `item_feature`. With `next_item` the query is a sequence and
+    position t predicts the item at t + 1 of `item_feature`'s sequence.
+    """
+
+    item: Input  # block (item tower) or sparse feature, vector [B, D] (a sequence for next_item)
+    item_feature: str  # the sparse feature whose ids are the positives
+    item_table: str  # that feature's table: uniform negatives and the catalogue come from it
+    in_batch: bool
+    uniform: int  # uniform negatives per step; 0 for none
+    logq: bool
+    temperature: float
+    normalize: bool
+    ks: tuple[int, ...]  # the k of the metrics
+    next_item: bool  # the query is a sequence and each position predicts the next item
+
+
+@dataclass(frozen=True, slots=True)
 class Head:
-    """A prediction head: the loss on one block output against one label column."""
+    """A prediction head: the loss on one block output against one label column.
+
+    A `sampled_softmax` head has `retrieval`; its `input` is the query and its
+    `label` the item feature's name (it reads no label column).
+    """
 
     name: str
     input: Input
     loss: LossType
     label: str
     weight: float
-    num_classes: int  # 1 for bce and mse
+    num_classes: int  # 1 for bce, mse and sampled_softmax
     metrics: tuple[str, ...]
     loc: Location
+    retrieval: Retrieval | None = None
 
 
 @dataclass(frozen=True, slots=True)

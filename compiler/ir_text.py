@@ -68,7 +68,8 @@ def _value_shape(ref: Input) -> str:
 def _head(head: Head) -> list[str]:
     lines = [f"  - name: {_scalar(head.name)}{_comment(head.loc)}"]
     lines.append(f"    input: {{{head.input.ref()}: {head.input.width}}}")
-    lines += [f"    {key}: {_flow(value)}" for key, value in _fields(head, skip=("name", "input")).items()]
+    skip = ("name", "input") if head.retrieval is not None else ("name", "input", "retrieval")
+    lines += [f"    {key}: {_flow(value)}" for key, value in _fields(head, skip=skip).items()]
     return lines
 
 

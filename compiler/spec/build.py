@@ -35,6 +35,7 @@ from compiler.ir import (
 )
 from compiler.spec.load import Document, Node, Path
 from compiler.spec.lr_schedule import resolve_lr_schedule
+from compiler.spec.retrieval import check_keys, item_ref, retrieval_head
 from compiler.spec.semantic import (
     INVALID,
     Checker,
@@ -72,6 +73,7 @@ class _Head:
     ref: Ref | None
     loss: Any
     label: Any
+    item: Ref | None = None  # a sampled_softmax head's item vector
 
 
 def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, list[Diagnostic]]:
@@ -83,7 +85,7 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     blocks = _parse_blocks(checker, root, features)
     heads = _parse_heads(checker, root, blocks, features)
     order = _order(checker, blocks)
-    head_fed = {head.ref.name for head in heads if head.ref is not None}
+    head_fed = {ref.name for head in heads for ref in (head.ref, head.item) if ref is not None and ref.kind == "block"}
     for name in order:
         _infer(checker, blocks[name], blocks, features, name in head_fed)
     heads_ir = [_head_ir(checker, head, blocks, features) for head in heads]
@@ -92,7 +94,7 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     world_size = checker.value(checker.child(root, "sharding"), "world_size", 1)
     training = resolve_training(checker, root, world_size)
     lr_schedule = resolve_lr_schedule(checker, checker.child(root, "training"))
-    labels = {head.label for head in heads if isinstance(head.label, str)}
+    labels = {head.label for head in heads if isinstance(head.label, str) and head.loss != "sampled_softmax"}
     data = resolve_data(checker, root, set(features.dense_sizes) | set(features.sparse_dims) | labels)
     name, version = checker.value(root, "name"), checker.value(root, "version")
     complete = known(sharding, training, lr_schedule, data, name, version) and None not in heads_ir
@@ -285,8 +287,18 @@ def _parse_heads(checker: Checker, root: Node, blocks: dict[str, ParsedBlock], f
         if name in blocks:
             checker.error(name_node, f"head '{name}' has the name of a block; blocks and heads need distinct names")
         ref = _head_ref(checker, entry, blocks, features)
-        heads.append(_Head(name, entry, ref, checker.value(entry, "loss"), checker.value(entry, "label", name)))
+        loss = checker.value(entry, "loss")
+        check_keys(checker, entry, loss)
+        item = _item(checker, entry, blocks, features) if loss == "sampled_softmax" else None
+        heads.append(_Head(name, entry, ref, loss, checker.value(entry, "label", name), item))
     return heads
+
+
+def _item(checker: Checker, entry: Node, blocks: dict[str, ParsedBlock], features: Features) -> Ref | None:
+    """A sampled_softmax head's `item`: a block or a sparse feature."""
+    node = checker.child(entry, "item")
+    refs = None if node is None or node.path in checker.tainted else _resolve(checker, node, features, blocks)
+    return item_ref(checker, entry, refs)
 
 
 def _head_ref(checker: Checker, entry: Node, blocks: dict[str, ParsedBlock], features: Features) -> Ref | None:
@@ -480,6 +492,10 @@ def _summary(refs: list[str]) -> str:
 
 
 def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], features: Features) -> Head | None:
+    if head.loss == "sampled_softmax":
+        if head.ref is None or head.item is None:
+            return None
+        return retrieval_head(checker, head.node, head.name, head.ref, head.item, blocks, features)
     label = checker.value(head.node, "label", head.name)
     weight = checker.value(head.node, "weight", 1.0)
     metrics = _metrics(checker, head)
@@ -521,14 +537,14 @@ def _check_unused(checker: Checker, blocks: dict[str, ParsedBlock], heads: list[
     """Every block must lead to a head, and every task of a used moe block must be read."""
     used: set[str] = set()
     ports: set[tuple[str, str | None]] = set()
-    stack = [head.ref for head in heads if head.ref is not None]
+    stack = [ref for head in heads for ref in (head.ref, head.item) if ref is not None and ref.kind == "block"]
     while stack:
         ref = stack.pop()
         ports.add((ref.name, ref.port))
         if ref.name not in used:
             used.add(ref.name)
             stack.extend(r for r in blocks[ref.name].all_refs() if r.kind == "block")
-    broken = any(head.ref is None for head in heads) or any(
+    broken = any(head.ref is None or (head.loss == "sampled_softmax" and head.item is None) for head in heads) or any(
         not (blocks[name].complete and blocks[name].side_complete) for name in used
     )
     if broken or not heads:
