@@ -14,6 +14,9 @@ The steps, in order:
                                         models with sequence tables, whose row counts torch.export
                                         cannot trace)
     the checkpoint's vocab.json      -> OUT/vocab.json (MovieLens: the ids training mapped, for predict)
+    export_items (retrieval heads)   -> OUT/item_vectors.pt and OUT/index/: the item tower on every
+                                        catalogue item and their nearest-neighbour index, checked
+                                        against exact search (runtime/serving/item_index.py)
     manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
 
 The directory is written next to OUT and renamed into place at the end, so
@@ -40,7 +43,9 @@ from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
-from runtime.data.movielens_vocab import VOCABULARY_FILE
+from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
+from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available
+from runtime.serving.item_index import ItemsReport, export_items
 from runtime.serving.export_dir import (
     COLLECTIONS,
     DENSE_FILE,
@@ -76,11 +81,21 @@ class ExportRequest:
     dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 (not exact)
     aot: bool = True  # also write <name>.pt2
     allow_spec_change: bool = False  # export a checkpoint trained from another version of the spec
+    index: str = "auto"  # retrieval heads: the index kind (runtime.retrieval.index.INDEX_KINDS)
+    eval_data: str | None = None  # retrieval heads: held-out requests for the index's recall check
+    rating_threshold: float = 4.0  # MovieLens held-out data: the positives
 
 
-def export(request: ExportRequest) -> dict[str, Any]:
-    """Write the export directory of `request`; return its manifest."""
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    manifest: dict[str, Any]
+    items: ItemsReport | None  # retrieval heads: the catalogue and the index's recall check
+
+
+def export(request: ExportRequest) -> ExportResult:
+    """Write the export directory of `request`; return its manifest and the retrieval report."""
     ir = validate(load(request.spec))
+    _check_index_request(ir, request)
     precisions = resolve_precisions(ir, request.quantize, request.per_table)
     if request.dense not in DENSE_CHOICES:
         raise UsageError(f"--dense: {request.dense!r} is not one of {', '.join(DENSE_CHOICES)}")
@@ -94,7 +109,8 @@ def export(request: ExportRequest) -> dict[str, Any]:
     try:
         module_path = staging / f"{ir.name}.py"
         module_path.write_text(source)
-        model = import_module(module_path).Model()
+        module = import_module(module_path)
+        model = module.Model()
         collections = table_collections(model)
         with torch.no_grad():
             # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
@@ -110,17 +126,44 @@ def export(request: ExportRequest) -> dict[str, Any]:
                 torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
         (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
         # torch.export cannot trace a sequence lookup: its per-feature row counts are data-dependent.
-        aot = _write_program(model, ir, staging) if request.aot and not ir.sequence_tables() else None
+        # A retrieval head's forward returns the training loss's inputs: it is served by query_vectors.
+        traceable = not ir.sequence_tables() and not hasattr(module, "RETRIEVAL")
+        aot = _write_program(model, ir, staging) if request.aot and traceable else None
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
             shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
+        items = None
+        if hasattr(module, "RETRIEVAL"):
+            section, items = export_items(
+                model, module, staging, kind=request.index, eval_data=request.eval_data,
+                threshold=request.rating_threshold,
+                vocabulary=read_vocabulary(vocabulary) if vocabulary.is_file() else None,
+            )  # fmt: skip
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
+        if items is not None:
+            manifest["retrieval"] = section
         write_manifest(staging / MANIFEST, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _replace(request.outdir, staging)
-    return manifest
+    return ExportResult(manifest, items)
+
+
+def _check_index_request(ir: ModelIR, request: ExportRequest) -> None:
+    """--index and --eval-data belong to retrieval models; a faiss kind needs faiss."""
+    retrieval = any(head.retrieval is not None for head in ir.heads)
+    if not retrieval and (request.index != "auto" or request.eval_data is not None):
+        raise UsageError(
+            f"--index and --eval-data are for retrieval models: {ir.source} has no sampled_softmax head"
+        )
+    if request.index not in INDEX_KINDS:
+        raise UsageError(f"--index: {request.index!r} is not one of {', '.join(INDEX_KINDS)}")
+    if request.index in FAISS_KINDS and not faiss_available():
+        raise UsageError(
+            f"--index {request.index} needs faiss, which is not installed (pip install 'reccompile[faiss]'); "
+            "--index exact needs none"
+        )
 
 
 def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str]) -> dict[str, str]:
