@@ -18,7 +18,14 @@ import torch.fx as fx
 
 from compiler import __version__
 from compiler.ir import ModelIR
-from compiler.lowering.calls import dense_optimizer_call, head_config_call, lr_schedule_call, model_inputs_call
+from compiler.lowering.calls import (
+    dense_optimizer_call,
+    head_config_call,
+    lr_schedule_call,
+    model_inputs_call,
+    retrieval_loss_call,
+)
+from compiler.lowering.retrieval_graphs import item_graph, query_graph, retrieval_head
 from compiler.lowering.types import BuildArg, Call, ModuleDecl, SplitModel
 
 TEMPLATES = jinja2.Environment(
@@ -54,6 +61,7 @@ def emit(lowered: SplitModel) -> GeneratedModule:
     """Render the module text and the plan JSON of `lowered`."""
     ir = lowered.ir
     filename = f"{ir.name}.py"
+    retrieval = _retrieval_sources(lowered)
     source = TEMPLATES.get_template("module.py.j2").render(
         version=__version__,
         source=ir.source,
@@ -71,6 +79,7 @@ def emit(lowered: SplitModel) -> GeneratedModule:
             for d in lowered.modules
         ],
         extra_imports=extra_imports(lowered),
+        retrieval=retrieval,
         **_stage_sources(lowered),
     )
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
@@ -96,7 +105,13 @@ def extra_imports(lowered: SplitModel) -> list[str]:
     functions the graph calls by the names fx's code gives them, imported as
     such (`from runtime.sparse.sequence import to_padded as runtime_sparse_sequence_to_padded`).
     """
-    return runtime_imports(lowered.modules, (lowered.stages.input_dist, lowered.stages.compute), TEMPLATE_IMPORTS)
+    graphs = [lowered.stages.input_dist, lowered.stages.compute]
+    modules = list(lowered.modules)
+    head = retrieval_head(lowered.ir)
+    if head is not None:
+        graphs += [query_graph(lowered, head), item_graph(lowered, head)]
+        modules.append(ModuleDecl("retrieval_loss", retrieval_loss_call(lowered.ir, head), head.loc))
+    return runtime_imports(modules, graphs, TEMPLATE_IMPORTS)
 
 
 def runtime_imports(modules: Sequence[ModuleDecl], graphs: Sequence[fx.Graph], known: Sequence[str]) -> list[str]:
@@ -176,6 +191,25 @@ def _stage_sources(lowered: SplitModel) -> dict[str, str]:
         "forward": _method_source("forward", stages.forward),
         "input_dist": _method_source("input_dist", stages.input_dist),
         "compute": _method_source("compute", stages.compute),
+    }
+
+
+def _retrieval_sources(lowered: SplitModel) -> dict[str, str] | None:
+    """The retrieval head's loss module and the methods query_vectors and item_vectors, or None."""
+    ir = lowered.ir
+    head = retrieval_head(ir)
+    if head is None or head.retrieval is None:
+        return None
+    retrieval = head.retrieval
+    return {
+        "loc": _short_loc(head.loc),
+        "loss": render_call(retrieval_loss_call(ir, head), indent=8),
+        "query_vectors": _method_source("query_vectors", query_graph(lowered, head)),
+        "item_vectors": _method_source("item_vectors", item_graph(lowered, head)),
+        "table": retrieval.item_table,
+        "rows": str(ir.table(retrieval.item_table).num_embeddings),
+        "query": "the last position of each sequence" if retrieval.next_item else "the query tower",
+        "normalized": ", L2-normalised" if retrieval.normalize else "",
     }
 
 

@@ -7,6 +7,10 @@ is built node by node from the IR, never traced, and shows every stage:
     input_dist -> lookup -> output_dist   (one triple per sharding type in the plan)
     -> wait -> dense blocks in DAG order -> heads
 
+A sampled_softmax head's output is a RetrievalOutput (runtime/retrieval/
+head.py) of its query, its item vectors and the batch's item ids, which are
+read from the batch in stage 0.
+
 A model with sequence features first cuts them (and their timestamps) to
 their max_length (`truncate_keyed`); its sequence tables have groups of their
 own (`<type>_sequence`) whose output is each feature's rows, a JaggedTensor.
@@ -34,6 +38,7 @@ from compiler.lowering.calls import block_call, sparse_arch_call
 from compiler.lowering.sequences import SequenceLowering, groups_of
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
+from runtime.retrieval.head import next_item_output, two_tower_output
 
 
 def lower(ir: ModelIR, plan: ShardingPlan) -> LoweredModel:
@@ -66,6 +71,7 @@ class _GraphBuilder:
         self.group_pending: dict[str, fx.Node] = {}  # group -> output_dist awaitable node
         self.group_ready: dict[str, fx.Node] = {}  # group -> waited KeyedTensor node
         self.sequences = SequenceLowering(self)
+        self.sparse: fx.Node | None = None  # the batch's placeholder
 
     # -- nodes -------------------------------------------------------------
     def node(
@@ -92,6 +98,7 @@ class _GraphBuilder:
         dense = self.node("placeholder", "dense", name="dense", loc=ir.loc, stage="input")
         dense.type = dict[str, torch.Tensor]
         sparse = self.node("placeholder", "sparse", name="sparse", loc=ir.loc, stage="input")
+        self.sparse = sparse
         for feature in ir.dense:
             self.values[f"dense.{feature.name}"] = self.node(
                 "call_function", operator.getitem, (dense, feature.name),
@@ -248,10 +255,29 @@ class _GraphBuilder:
 
     def build_head(self, index: int, head: Head) -> fx.Node:
         x = self.value(head.input, head.loc)
+        if head.retrieval is not None:
+            return self.build_retrieval_head(index, head, x)
         if head.loss == "softmax":
             return x
         return self.node(
             "call_method", "squeeze", (x, -1),
+            name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
+        )
+
+
+    def build_retrieval_head(self, index: int, head: Head, query: fx.Node) -> fx.Node:
+        """The head's RetrievalOutput: the query, the positives' vectors and their ids (read in stage 0)."""
+        retrieval = head.retrieval
+        assert retrieval is not None
+        item = self.value(retrieval.item, head.loc)
+        batch = self.sequences.cut if retrieval.next_item else self.sparse
+        ids = self.node(
+            "call_function", operator.getitem, (batch, retrieval.item_feature),
+            name=f"{head.name}_item_ids", loc=head.loc, stage="input",
+        )
+        output = next_item_output if retrieval.next_item else two_tower_output
+        return self.node(
+            "call_function", output, (query, item, ids),
             name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
         )
 

@@ -23,12 +23,22 @@ from compiler.lowering.lower import sparse_groups
 from compiler.lowering.sequence_shapes import META_FUNCTIONS, SequenceShapeError, meta_forward
 from compiler.lowering.sequences import sequence_groups
 from compiler.lowering.types import LoweredModel
+from runtime.retrieval.head import RetrievalOutput, next_item_output, two_tower_output
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from runtime.sharding.awaitable import Done
 
 # A batch size no width in a real spec is likely to equal, so the text can
 # print it as `B` without ambiguity.
 META_BATCH = 3
+
+
+def _meta_retrieval(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
+    """A retrieval head's output on meta tensors (the meta batch has no ids to check or pad)."""
+    return RetrievalOutput(query, item, torch.empty(item.shape[:-1], dtype=torch.long, device="meta"))
+
+
+# The retrieval heads' outputs; their widths are checked by the spec's semantic pass.
+RETRIEVAL_META = {two_tower_output: _meta_retrieval, next_item_output: _meta_retrieval}
 
 
 def check_shapes(lowered: LoweredModel) -> LoweredModel:
@@ -73,6 +83,8 @@ class _ShapeInterpreter(fx.Interpreter):
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if target in META_FUNCTIONS:
             return META_FUNCTIONS[target](*args, **kwargs)
+        if target in RETRIEVAL_META:
+            return RETRIEVAL_META[target](*args, **kwargs)
         return super().call_function(target, args, kwargs)
 
     def run_node(self, node: fx.Node) -> Any:
@@ -104,6 +116,8 @@ def _check_heads(lowered: LoweredModel) -> None:
     output = next(n for n in lowered.graph.nodes if n.op == "output")
     problems = []
     for head in lowered.ir.heads:
+        if head.retrieval is not None:
+            continue  # a RetrievalOutput, not a tensor
         node = output.args[0][head.name]
         shape = node.meta.get("shape")
         want = (META_BATCH,) if head.loss != "softmax" else (META_BATCH, head.num_classes)

@@ -35,7 +35,7 @@ from compiler.ir import (
 )
 from compiler.spec.load import Document, Node, Path
 from compiler.spec.lr_schedule import resolve_lr_schedule
-from compiler.spec.retrieval import check_keys, item_ref, retrieval_head
+from compiler.spec.retrieval import check_keys, check_one, item_ref, retrieval_head
 from compiler.spec.semantic import (
     INVALID,
     Checker,
@@ -275,6 +275,7 @@ def _tasks(checker: Checker, block: ParsedBlock) -> list[str]:
 def _parse_heads(checker: Checker, root: Node, blocks: dict[str, ParsedBlock], features: Features) -> list[_Head]:
     heads: list[_Head] = []
     names: dict[str, Node] = {}
+    check_one(checker, checker.entries(root, "heads"))
     for entry in checker.entries(root, "heads"):
         name = checker.name(entry)
         name_node = checker.child(entry, "name") or entry

@@ -66,6 +66,20 @@ def item_ref(checker: Checker, entry: Node, refs: list[Ref] | None) -> Ref | Non
     return refs[0]
 
 
+def check_one(checker: Checker, entries: list[Node]) -> None:
+    """A spec has at most one sampled_softmax head: its query and item vectors are the model's."""
+    first: Node | None = None
+    for entry in entries:
+        if checker.value(entry, "loss") != "sampled_softmax":
+            continue
+        if first is None:
+            first = entry
+            continue
+        at = checker.child(entry, "loss") or entry
+        message = f"a spec has at most one sampled_softmax head (the first is at {first.loc.line}:{first.loc.col})"
+        checker.error(at, message)
+
+
 def retrieval_head(
     checker: Checker,
     entry: Node,

@@ -38,17 +38,18 @@ def is_weighted(inputs: ModelInputs) -> bool:
 
 
 def heads_by_label(inputs: ModelInputs) -> dict[str, HeadConfig]:
-    """Label column -> the first head that reads it."""
+    """Label column -> the first head that reads it (a sampled_softmax head reads none)."""
     heads: dict[str, HeadConfig] = {}
     for head in inputs.heads:
-        heads.setdefault(head.label, head)
+        if head.loss != "sampled_softmax":
+            heads.setdefault(head.label, head)
     return heads
 
 
 def check_labels_fed(inputs: ModelInputs, reader: str, fed: set[str]) -> None:
-    """Every head's label must come from some column of the reader."""
+    """Every head's label must come from some column of the reader (a sampled_softmax head reads none)."""
     for head in inputs.heads:
-        if head.label not in fed:
+        if head.label not in fed and head.loss != "sampled_softmax":
             raise DataError(
                 f"head {head.name!r} reads label {head.label!r}, which no {reader} column feeds "
                 f"(map a column to it in data.columns)"

@@ -7,7 +7,8 @@ in real logs), so embeddings see repeated rows within a few steps.
 Sequence features (a `max_length`) and their timestamps come from
 runtime.data.synthetic_sequences, with a label term that only the history
 explains; the batch's sparse keys are the sparse features in the spec's
-order, then the timestamps features.
+order, then the timestamps features. A retrieval head's item ids carry a
+signal of their own (runtime.data.synthetic_retrieval) and it has no label.
 
 Batches are generated globally and sliced per rank, so N ranks together see
 exactly the batch one process would: training at any world size is the same
@@ -22,7 +23,8 @@ import torch
 
 from runtime.data.batch import Batch
 from runtime.data.features import ModelInputs, SparseFeatureConfig
-from runtime.data.synthetic_sequences import HISTORY_WEIGHT, draw_sequence, history_term
+from runtime.data.synthetic_retrieval import item_features, plant_preferences, plant_successors
+from runtime.data.synthetic_sequences import HISTORY_WEIGHT, DrawnSequence, draw_sequence, history_term
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 _MASK32 = 0xFFFFFFFF
@@ -51,9 +53,13 @@ def make_batch(
     sequence_gen = torch.Generator().manual_seed(_mix(seed, -(step + 1)))
     columns: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # key -> lengths, values, weights
     scores, pooled_ids, sequences = [], {}, {}
+    positives = item_features(inputs)
     for index, feature in enumerate(inputs.sparse):
         if feature.max_length is not None:
             sequence = draw_sequence(feature, batch_size, _ID_SKEW, sequence_gen)
+            if feature.name in positives:
+                planted = plant_successors(sequence.ids, sequence.lengths, feature.num_embeddings, sequence_gen)
+                sequence = DrawnSequence(sequence.lengths, planted, sequence.times)
             sequences[feature.name] = sequence
             ids_lengths, ids = sequence.lengths, sequence.ids
             bag_weights = _weights(feature, ids.numel(), sequence_gen)
@@ -64,6 +70,8 @@ def make_batch(
             ids = (torch.rand(total, generator=gen, dtype=torch.float64).pow(_ID_SKEW) * rows).long()
             ids.clamp_(max=rows - 1)
             bag_weights = _weights(feature, total, gen)
+            if feature.name in positives:
+                ids = _plant_preferences(inputs, feature, ids, pooled_ids, gen)
             pooled_ids[feature.name] = ids
         scores.append(_bag_mean(_hash_score(ids, salt=index), ids_lengths))
         columns[feature.name] = (ids_lengths, ids, bag_weights)
@@ -95,6 +103,23 @@ def make_batch(
     )
 
 
+def _plant_preferences(
+    inputs: ModelInputs,
+    feature: SparseFeatureConfig,
+    ids: torch.Tensor,
+    pooled_ids: dict[str, torch.Tensor],
+    gen: torch.Generator,
+) -> torch.Tensor:
+    """A two-tower item feature's ids, preferred by the first one-id feature drawn before it (the user)."""
+    users = [
+        f.name for f in inputs.sparse
+        if f.name in pooled_ids and f.max_length is None and f.fixed_ids and f.ids_per_sample == 1
+    ]  # fmt: skip
+    if not users or not (feature.fixed_ids and feature.ids_per_sample == 1):
+        return ids
+    return plant_preferences(ids, pooled_ids[users[0]], feature.num_embeddings, gen)
+
+
 def _weights(feature: SparseFeatureConfig, total: int, gen: torch.Generator) -> torch.Tensor:
     return torch.rand(total, generator=gen) if feature.weighted else torch.ones(total)
 
@@ -122,6 +147,8 @@ def _labels(
     batch_size = next(iter(dense.values())).shape[0] if dense else sparse_scores[0].shape[0]
     labels: dict[str, torch.Tensor] = {}
     for head in inputs.heads:
+        if head.loss == "sampled_softmax":
+            continue  # its positives are its item feature's ids
         classes = max(head.num_classes, 1)
         logits = torch.zeros(batch_size, classes)
         for x in dense.values():

@@ -7,12 +7,12 @@ HEADS constant), which the loss, the metrics, evaluation and prediction read.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
-LOSSES = ("bce", "mse", "softmax")
+LOSSES = ("bce", "mse", "softmax", "sampled_softmax")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,9 @@ class HeadConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))
         if self.loss not in LOSSES:
-            raise ValueError(f"{self.describe()}: unknown loss {self.loss!r} (expected bce, mse or softmax)")
+            raise ValueError(
+                f"{self.describe()}: unknown loss {self.loss!r} (expected bce, mse, softmax or sampled_softmax)"
+            )
 
     def describe(self) -> str:
         """`head 'click'`, with its spec location when known."""
@@ -56,10 +58,21 @@ def total_loss(
     outputs: Mapping[str, torch.Tensor],
     labels: Mapping[str, torch.Tensor],
     heads: Sequence[HeadConfig],
+    retrieval: Callable[[Any], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Sum over heads of weight * loss; a missing label names the head and the column."""
+    """Sum over heads of weight * loss; a missing label names the head and the column.
+
+    A sampled_softmax head reads no label: `retrieval` (the model's) gives its
+    loss from its output (runtime.retrieval.head.RetrievalLoss).
+    """
     total: torch.Tensor | None = None
     for head in heads:
+        if head.loss == "sampled_softmax":
+            if retrieval is None:
+                raise ValueError(f"{head.describe()}: a sampled_softmax head needs the model's retrieval loss")
+            term = head.weight * retrieval(outputs[head.name])
+            total = term if total is None else total + term
+            continue
         if head.label not in labels:
             raise KeyError(
                 f"{head.describe()}: label column {head.label!r} is not in the batch "

@@ -3,6 +3,10 @@
     bce heads      ne (normalised entropy), auc, accuracy
     mse heads      mse, rmse
     softmax heads  accuracy
+    sampled_softmax heads  recall@k, ndcg@k, hit_rate@k, mrr of held-out
+                   positives ranked against the whole item table
+                   (runtime.retrieval.head_metrics; the catalogue of item
+                   vectors comes from the model, `catalogue`)
 
 Each head's metrics are the ones its HeadConfig lists (`head.metrics`).
 `MetricSet.update` accumulates a rank's outputs and labels; `compute` (a
@@ -25,16 +29,22 @@ samples as probabilities do without sigmoid's rounding ties.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from runtime.modules.losses import HeadConfig
+from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 
 MetricValues = dict[str, float | None]
-DEFAULT_METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
+DEFAULT_METRICS = {
+    "bce": ("ne", "auc", "accuracy"),
+    "mse": ("mse", "rmse"),
+    "softmax": ("accuracy",),
+    "sampled_softmax": ("recall@10", "ndcg@10"),
+}
 
 
 class HeadMetrics:
@@ -96,10 +106,24 @@ class HeadMetrics:
 
 
 class MetricSet:
-    """The metrics of every head of a spec."""
+    """The metrics of every head of a spec.
 
-    def __init__(self, heads: Sequence[HeadConfig]) -> None:
-        self.heads = [HeadMetrics(head) for head in heads]
+    `catalogue` gives the item vectors of the whole item table (a collective:
+    the model's `item_catalogue`); a spec with a sampled_softmax head needs it.
+    """
+
+    def __init__(self, heads: Sequence[HeadConfig], catalogue: Callable[[], torch.Tensor] | None = None) -> None:
+        self.heads = [HeadMetrics(head) for head in heads if head.loss != "sampled_softmax"]
+        self.retrieval = {
+            head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss])
+            for head in heads
+            if head.loss == "sampled_softmax"
+        }
+        if self.retrieval and catalogue is None:
+            names = ", ".join(repr(name) for name in self.retrieval)
+            raise ValueError(f"retrieval head {names}: its metrics need the model's item catalogue")
+        self.catalogue = catalogue
+        self.order = [head.name for head in heads]
 
     def update(
         self, outputs: Mapping[str, torch.Tensor], labels: Mapping[str, torch.Tensor], real: int | None = None
@@ -110,10 +134,18 @@ class MetricSet:
             if real is not None:
                 output, label = output[:real], label[:real]
             head.update(output, label)
+        for name, retrieval in self.retrieval.items():
+            retrieval.update(outputs[name], real)  # type: ignore[arg-type]
 
     def compute(self, process_group: dist.ProcessGroup | None = None) -> dict[str, MetricValues]:
         """head name -> metric -> value over all ranks (None when undefined); a collective."""
-        return {head.name: head.compute(process_group) for head in self.heads}
+        values = {head.name: head.compute(process_group) for head in self.heads}
+        if self.retrieval:
+            assert self.catalogue is not None
+            catalogue = self.catalogue()
+            for name, retrieval in self.retrieval.items():
+                values[name] = retrieval.compute(catalogue, process_group)
+        return {name: values[name] for name in self.order}
 
 
 def normalized_entropy(loss_sum: float, positives: float, count: float) -> float | None:

@@ -50,7 +50,10 @@ class Evaluation:
 
 
 class TrainingMonitor:
-    """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only."""
+    """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only.
+
+    `catalogue`: the model's item vectors, for the metrics of a retrieval head (see MetricSet).
+    """
 
     def __init__(
         self,
@@ -64,8 +67,9 @@ class TrainingMonitor:
         run_log: RunLog | None = None,
         evaluation: Callable[[], Evaluation] | None = None,
         eval_every: int = 0,
+        catalogue: Callable[[], torch.Tensor] | None = None,
     ) -> None:
-        self.metrics = MetricSet(heads)
+        self.metrics = MetricSet(heads, catalogue)
         self.steps = steps
         self.log_every = log_every
         self.global_batch_size = global_batch_size

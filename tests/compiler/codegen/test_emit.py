@@ -17,6 +17,7 @@ from compiler.codegen.emit import emit
 from compiler.lowering.instantiate import instantiate
 from compiler.pipeline import Options, compile_spec
 from malformed_batches import MALFORMED
+from model_specs import SPECS, golden_stem
 from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +28,6 @@ import itertools, json, sys, torch
 from runtime.train.worker import load_module
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train
-from model_specs import SPECS, golden_stem
 module = load_module(sys.argv[1])
 torch.manual_seed(0)
 model = module.build()

@@ -91,7 +91,7 @@ def test_configs_built_by_hand_name_what_they_are() -> None:
     assert str(table.value) == "table 't' (model.yaml:3:5): unknown pooling 'max'; expected 'sum' or 'mean'"
     with pytest.raises(ValueError) as head:
         HeadConfig("y", "hinge", "y")
-    assert str(head.value) == "head 'y': unknown loss 'hinge' (expected bce, mse or softmax)"
+    assert str(head.value) == "head 'y': unknown loss 'hinge' (expected bce, mse, softmax or sampled_softmax)"
     with pytest.raises(ValueError) as dense:
         DenseOptimizerConfig("rowwise_adagrad", 0.1, where="model.yaml:9:3")
     assert str(dense.value) == (

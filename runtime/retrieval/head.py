@@ -1,0 +1,165 @@
+"""A compiled retrieval head: what its forward gives, its loss, and the item batches it looks up.
+
+A generated module's `sampled_softmax` head returns a `RetrievalOutput`
+from forward: the query vectors, the vectors of their positive items (the
+item tower on the batch's item ids, or the ids' rows) and those ids.
+
+    two-tower   query [b, D], positive [b, D], ids [b]
+    next item   query [b, L, D] (a sequence block's output), positive
+                [b, L, D] (the rows of the sequence itself), ids [b, L]
+                (-1 after each sequence): position t's query predicts the
+                item at t + 1
+
+`RetrievalLoss` is the head's loss: the pairs (every position t < len - 1 of
+a sequence) go through runtime.retrieval.sampled_softmax, and the step's
+uniform negatives through the model's `item_vectors`, the same sharded
+lookup as the positives. Its value is normalised by the GLOBAL number of
+pairs, so that N ranks (whose losses the gradients average) train what one
+process does even when the ranks hold different numbers of positions.
+
+    >>> output = two_tower_output(query, item, ids)      # in the generated forward
+    >>> loss = model.retrieval_loss(output, model.item_vectors)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from runtime.retrieval.gather import distributed
+from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
+
+__all__ = [
+    "RetrievalLoss",
+    "RetrievalOutput",
+    "catalogue_vectors",
+    "item_batch",
+    "last_positions",
+    "next_item_output",
+    "padded_ids",
+    "two_tower_output",
+]
+
+ItemVectors = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class RetrievalOutput:
+    """A retrieval head's forward output (see the module docstring for the shapes)."""
+
+    query: torch.Tensor
+    positive: torch.Tensor
+    ids: torch.Tensor
+
+    @property
+    def next_item(self) -> bool:
+        return self.query.dim() == 3
+
+    def detach(self) -> RetrievalOutput:
+        return RetrievalOutput(self.query.detach(), self.positive.detach(), self.ids)
+
+    def pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(queries [n, D], their positives' vectors [n, D], ids [n]): every training pair."""
+        if not self.next_item:
+            return self.query, self.positive, self.ids
+        following = self.ids[:, 1:] >= 0  # position t has a next item
+        return self.query[:, :-1][following], self.positive[:, 1:][following], self.ids[:, 1:][following]
+
+    def held_out(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries [n, D], positive ids [n]) to rank: a sequence's last item, predicted from the rest.
+
+        Two-tower: every query with its positive. Next item: the query at
+        position len - 2 and the item at len - 1, for sequences of two items or more.
+        """
+        if not self.next_item:
+            return self.query, self.ids
+        lengths = (self.ids >= 0).sum(dim=1)
+        keep = lengths >= 2
+        rows = torch.arange(self.ids.shape[0], device=self.ids.device)[keep]
+        last = lengths[keep] - 1
+        return self.query[rows, last - 1], self.ids[rows, last]
+
+
+def two_tower_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
+    """The head's output for vector queries; `ids` must hold exactly one item id per sample."""
+    lengths = ids.lengths()
+    if lengths.numel() and bool((lengths != 1).any()):
+        sample = int(torch.nonzero(lengths != 1)[0, 0])
+        raise ValueError(
+            f"retrieval head: sample {sample} has {int(lengths[sample])} item ids; the item feature needs exactly one"
+        )
+    return RetrievalOutput(query, item, ids.values().to(torch.long))
+
+
+def padded_ids(ids: JaggedTensor, length: int) -> torch.Tensor:
+    """A sequence's ids [sum(L)] with lengths [B] -> [B, length] int64, -1 after each sequence."""
+    lengths = ids.lengths()
+    padded = torch.full((lengths.numel(), length), -1, dtype=torch.long, device=lengths.device)
+    positions = torch.arange(length, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
+    padded[positions] = ids.values().to(torch.long)
+    return padded
+
+
+def next_item_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
+    """The head's output for a sequence query over the item sequence `item` [B, L, D] with its `ids`."""
+    return RetrievalOutput(query, item, padded_ids(ids, item.shape[1]))
+
+
+def last_positions(sequence: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """[B, L, D] padded -> [B, D]: each sequence's last real position (position 0 for an empty one)."""
+    rows = torch.arange(sequence.shape[0], device=sequence.device)
+    return sequence[rows, (lengths.to(sequence.device) - 1).clamp(min=0)]
+
+
+def item_batch(ids: torch.Tensor, keys: Sequence[str], feature: str) -> KeyedJaggedTensor:
+    """A batch of `ids.numel()` samples: `feature` holds one id each, every other key of `keys` none."""
+    n = ids.numel()
+    lengths = torch.zeros(len(keys), n, dtype=torch.long, device=ids.device)
+    lengths[list(keys).index(feature)] = 1
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=list(keys), values=ids.reshape(-1).to(torch.long), lengths=lengths.reshape(-1), stride=n
+    )
+
+
+@torch.no_grad()
+def catalogue_vectors(item_vectors: ItemVectors, num_items: int, chunk: int = 1 << 14) -> torch.Tensor:
+    """The item vectors [num_items, D] of every row of the item table, `chunk` ids at a time."""
+    parts = [
+        item_vectors(torch.arange(start, min(start + chunk, num_items), dtype=torch.long))
+        for start in range(0, num_items, chunk)
+    ]
+    return torch.cat(parts)
+
+
+class RetrievalLoss(nn.Module):
+    """The sampled softmax of one retrieval head, normalised by the global number of pairs.
+
+    Holds the SampledSoftmaxLoss (its step counter and logQ state are buffers,
+    so checkpoints carry them). `forward(output, item_vectors)` draws the
+    step's uniform negatives and looks them up with `item_vectors` (a
+    collective at world size > 1: every rank draws the same ids).
+    """
+
+    def __init__(self, config: SampledSoftmaxConfig, process_group: dist.ProcessGroup | None = None) -> None:
+        super().__init__()
+        self.softmax = SampledSoftmaxLoss(config, process_group=process_group)
+        self.process_group = process_group
+
+    def forward(self, output: RetrievalOutput, item_vectors: ItemVectors) -> torch.Tensor:
+        query, positive, ids = output.pairs()
+        negative_ids = self.softmax.negative_ids(ids.device)
+        negatives = None if negative_ids is None else item_vectors(negative_ids)
+        losses = self.softmax(query, positive, ids, negatives, reduction="none")
+        count = torch.tensor([float(ids.numel())], dtype=torch.float64)
+        world = 1
+        if distributed(self.process_group):
+            world = dist.get_world_size(self.process_group)
+            nccl = dist.get_backend(self.process_group) == "nccl"
+            count = count.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
+            dist.all_reduce(count, group=self.process_group)
+        return losses.sum() * (world / max(1.0, float(count)))

@@ -1,0 +1,66 @@
+"""The metrics of a retrieval head over a window: held-out positives ranked against the whole item table.
+
+`MetricSet` (runtime.reporting.metrics) keeps one of these per
+`sampled_softmax` head. `update` keeps the window's held-out queries and
+positive ids (runtime.retrieval.head.RetrievalOutput.held_out); `compute`, a
+collective, takes the catalogue (every item's vector, from the model's
+`item_catalogue`), ranks each query's positive against all of it
+(runtime.retrieval.metrics, exact) and reports the head's metrics, summed
+over every rank's queries: what one process would report. A query's norm
+does not change its ranking, so queries are ranked as they come; the
+catalogue is normalised already when the head normalises.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from runtime.retrieval.head import RetrievalOutput
+from runtime.retrieval.metrics import RetrievalMetrics
+
+__all__ = ["RetrievalHeadMetrics", "metric_ks"]
+
+_AT_K = re.compile(r"(recall|ndcg|hit_rate)@([0-9]+)")
+
+
+def metric_ks(metrics: Sequence[str]) -> tuple[int, ...]:
+    """The k of `recall@k`-style names, sorted; (1,) when only mrr is asked for."""
+    ks = sorted({int(match.group(2)) for name in metrics if (match := _AT_K.fullmatch(name))})
+    return tuple(ks) or (1,)
+
+
+class RetrievalHeadMetrics:
+    """One retrieval head's window of held-out queries; `metrics` names what `compute` reports."""
+
+    def __init__(self, metrics: Sequence[str]) -> None:
+        self.metrics = tuple(metrics)
+        self._ranker = RetrievalMetrics(metric_ks(self.metrics), "exact")
+        self.reset()
+
+    def reset(self) -> None:
+        self._queries: list[torch.Tensor] = []
+        self._ids: list[torch.Tensor] = []
+
+    def update(self, output: RetrievalOutput, real: int | None = None) -> None:
+        """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding)."""
+        if real is not None:
+            output = RetrievalOutput(output.query[:real], output.positive[:real], output.ids[:real])
+        queries, ids = output.held_out()
+        self._queries.append(queries.detach().float().cpu())
+        self._ids.append(ids.detach().cpu())
+
+    def compute(self, catalogue: torch.Tensor, process_group: dist.ProcessGroup | None = None) -> dict[str, float | None]:
+        """The window's metrics over every rank's queries (a collective), then a new window."""
+        catalogue = catalogue.detach().float().cpu()
+        width = catalogue.shape[1]
+        queries = torch.cat(self._queries) if self._queries else torch.zeros(0, width)
+        ids = torch.cat(self._ids) if self._ids else torch.zeros(0, dtype=torch.long)
+        if ids.numel():
+            self._ranker.update(queries, ids, catalogue[ids], catalogue)
+        values = self._ranker.compute(process_group)
+        self.reset()
+        return {name: values[name] for name in self.metrics}
