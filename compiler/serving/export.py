@@ -64,6 +64,7 @@ from runtime.storage.manifest import write_manifest
 from runtime.serving.quant_embedding import PRECISIONS, row_bytes
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
+TRAINING_ONLY = "retrieval_loss."  # the state-dict prefix of a retrieval head's loss module
 DENSE_CHOICES = ("fp32", "bf16")
 
 
@@ -232,7 +233,8 @@ def _dense_state(
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's dense entries, exactly the keys and shapes of the serving model's."""
     expected = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
-    given = {k: v for k, v in state.items() if not _is_table_key(k)}
+    # The retrieval loss's state (its sampling step, its logQ counts) serves nothing.
+    given = {k: v for k, v in state.items() if not _is_table_key(k) and not k.startswith(TRAINING_ONLY)}
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
     if missing or unexpected:

@@ -63,11 +63,17 @@ def item_vectors(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
         return torch.cat([model.item_vectors(chunk) for chunk in rows.split(CHUNK)])
 
 
-def requests_reader(inputs: ModelInputs, data: str, vocabulary: Vocabulary | None, threshold: float = 4.0) -> Any:
-    """The reader of a requests file; every line a request unless `positives` (MovieLens: ratings >= threshold)."""
+def requests_reader(
+    inputs: ModelInputs, data: str, vocabulary: Vocabulary | None, threshold: float = 4.0, positives: bool = False
+) -> Any:
+    """The reader of a requests file: every line a request, or with `positives` (held-out data)
+    a MovieLens file's ratings >= `threshold` only, as training read them."""
     from runtime.data.sources import choose_data, open_reader
 
-    return open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary)
+    reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary)
+    if not positives and hasattr(reader, "positives_only"):
+        reader.positives_only = False
+    return reader
 
 
 def export_items(
@@ -128,7 +134,7 @@ def _held_out(
     """Query vectors and positive item ids of the first MAX_QUERIES held-out requests of `data`."""
     from runtime.data.errors import DataError
 
-    reader = requests_reader(inputs, data, threshold, vocabulary)
+    reader = requests_reader(inputs, data, vocabulary, threshold, positives=True)
     queries, positives, count = [], [], 0
     with torch.inference_mode():
         for _, batch in file_samples(reader, 4096, BadRowLog("fail")):

@@ -144,6 +144,7 @@ def _results(path: Path) -> list[list[str]]:
 
 def test_retrieve_writes_the_top_k_original_ids_and_beats_popularity(work: Path, capsys) -> None:
     assert _export(work, "served", "--index", "flat" if _has_faiss() else "exact") == 0
+    capsys.readouterr()
     test = work / "split" / "test" / "ratings.dat"
     output = work / "results.csv"
     assert main(["retrieve", str(work / "served"), "--data", f"movielens:{test}", "--k", "10", "-o", str(output)]) == 0
@@ -206,6 +207,7 @@ def _popularity_recall(work: Path, requests: list[list[str]]) -> float:
 
 def test_bad_requests_name_file_and_line_and_a_model_without_retrieval_is_refused(work: Path, capsys, tmp_path: Path) -> None:
     assert _export(work, "bad", "--index", "exact") == 0
+    capsys.readouterr()
     requests = tmp_path / "ratings.dat"
     requests.write_text("1::1000::5::10\n2::x::5::11\n")
     code = main(["retrieve", str(work / "bad"), "--data", f"movielens:{requests}", "-o", str(tmp_path / "r.csv")])
