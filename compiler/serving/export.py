@@ -104,7 +104,7 @@ def export(request: ExportRequest) -> ExportResult:
     source = emit_inference(lowered, precisions, request.dense)
     checkpoint, state = read_checkpoint(request.checkpoint)
     _check_spec(ir, checkpoint, request)
-    tables = _table_weights(ir, state, request.checkpoint)
+    tables = table_weights(ir, state, request.checkpoint)
 
     staging = _staging_dir(request.outdir)
     try:
@@ -113,12 +113,7 @@ def export(request: ExportRequest) -> ExportResult:
         module = import_module(module_path)
         model = module.Model()
         collections = table_collections(model)
-        with torch.no_grad():
-            # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
-            model.load_state_dict(_dense_state(model, state, request.checkpoint), strict=False)
-            for collection in collections.values():
-                collection.quantize_from({name: tables[name] for name in collection.precisions()})
-        model.eval()
+        load_trained_state(model, state, tables, request.checkpoint)
         dense = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
         (staging / "weights" / "tables").mkdir(parents=True)
         torch.save(dense, staging / DENSE_FILE)
@@ -167,6 +162,19 @@ def _check_index_request(ir: ModelIR, request: ExportRequest) -> None:
         )
 
 
+def load_trained_state(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor], tables: Mapping[str, torch.Tensor], where: Path
+) -> None:
+    """Fill a serving model (eval mode after) from a trained model's full single-process state
+    and its whole tables (`table_weights`); `where` names the state's source in errors."""
+    with torch.no_grad():
+        # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
+        model.load_state_dict(_dense_state(model, state, where), strict=False)
+        for collection in table_collections(model).values():
+            collection.quantize_from({name: tables[name] for name in collection.precisions()})
+    model.eval()
+
+
 def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str]) -> dict[str, str]:
     """Table -> precision; fbgemm's constraints become diagnostics at the table's spec line."""
     default = "fp32" if quantize == "none" else quantize
@@ -212,7 +220,8 @@ def _check_spec(ir: ModelIR, checkpoint: Mapping[str, Any], request: ExportReque
         )
 
 
-def _table_weights(ir: ModelIR, state: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+def table_weights(ir: ModelIR, state: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+    """Table -> its whole weight in a trained model's full state, checked against the spec."""
     tables = {}
     for table in ir.tables:
         key = f"sparse_arch.{table.name}.weight"
