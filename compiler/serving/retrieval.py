@@ -38,16 +38,12 @@ def retrieval_head(ir: ModelIR) -> Head | None:
 
 
 def retrieval_graphs(ir: ModelIR, serving: fx.Graph) -> RetrievalGraphs | None:
-    """The query and item graphs of `ir`'s retrieval head cut from the serving graph; None without one."""
+    """The query and item graphs of `ir`'s two-tower retrieval head cut from the serving graph;
+    None without one (`check_exportable` refuses a next-item head before)."""
     head = retrieval_head(ir)
-    if head is None or head.retrieval is None:
+    if head is None or head.retrieval is None or head.retrieval.next_item:
         return None
     retrieval = head.retrieval
-    if retrieval.next_item:
-        raise ExportError(
-            f"{head.loc}: head {head.name!r} trains next-item (a sequence query): exporting it for retrieval "
-            f"is not supported; export a two-tower head (a vector query)"
-        )
     constant = {
         "head": head.name,
         "query": head.input.ref(),
@@ -59,6 +55,16 @@ def retrieval_graphs(ir: ModelIR, serving: fx.Graph) -> RetrievalGraphs | None:
     }
     query, item = _head_inputs(serving, head)
     return RetrievalGraphs(_cut(serving, query), _cut(serving, item), constant)
+
+
+def check_exportable(ir: ModelIR) -> None:
+    """An ExportError for a next-item retrieval head, whose query is a sequence position."""
+    head = retrieval_head(ir)
+    if head is not None and head.retrieval is not None and head.retrieval.next_item:
+        raise ExportError(
+            f"{head.loc}: head {head.name!r} trains next-item (a sequence query): exporting it for retrieval "
+            f"is not supported yet; export a two-tower head (a vector query)"
+        )
 
 
 def _head_inputs(graph: fx.Graph, head: Head) -> tuple[fx.Node, fx.Node]:
