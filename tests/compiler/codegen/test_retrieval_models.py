@@ -7,8 +7,10 @@ batches (runtime.data.synthetic_retrieval plants a user's preferred item, or
 an item's successor) and evaluated on batches never trained on. Their exact
 recall@10 (each held-out positive ranked against the whole item table by
 `item_catalogue`) must beat the popularity baseline, the ten most frequent
-training positives for everyone, by a margin; the generated `query_vectors`
-and `item_vectors` rank the same way the metrics do.
+training positives for everyone, by a margin (measured, recall@10 against
+popularity: two-tower 0.79 / 0.32, SASRec 0.68 / 0.33, HSTU 0.78 / 0.33);
+the generated `query_vectors` and `item_vectors` give what forward and the
+catalogue give.
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ CASES = {
     "two_tower_retrieval": (
         {"num_embeddings: 6041": "num_embeddings: 300", "num_embeddings: 3953": "num_embeddings: 200",
          "uniform: 1024": "uniform: 64"},
-        None, 150, 256, 0.3,
+        None, 150, 256, 0.35,
     ),
-    "sasrec": ({"num_embeddings: 3953": "num_embeddings: 150", "uniform: 128": "uniform: 32"}, "12", 150, 128, 0.2),
-    "hstu": ({"num_embeddings: 3953": "num_embeddings: 150", "uniform: 128": "uniform: 32"}, "12", 150, 128, 0.2),
+    "sasrec": ({"num_embeddings: 3953": "num_embeddings: 150", "uniform: 128": "uniform: 32"}, "12", 300, 128, 0.25),
+    "hstu": ({"num_embeddings: 3953": "num_embeddings: 150", "uniform: 128": "uniform: 32"}, "12", 150, 128, 0.3),
 }  # fmt: skip
 
 
