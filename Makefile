@@ -30,7 +30,8 @@ test: setup
 	$(PY) -m pytest -q
 
 # dlrm-bench (../shared/bench/WORKLOAD.md), both variants, one process then two ranks; seq-bench
-# (../shared/bench/SEQUENCE.md) likewise; then
+# (../shared/bench/SEQUENCE.md) likewise; retrieval-bench (benchmarks/retrieval_workload.py) training
+# locally and on two ranks, retrieve latency per index, and its TorchRec anchor where the venv is; then
 # inference-bench (../shared/bench/INFERENCE.md) per table precision, against TorchRec where its
 # venv is (bash ../shared/bench/setup_torchrec_venv.sh /tmp/venv-torchrec).
 TORCHREC_PY := /tmp/venv-torchrec/bin/python
@@ -39,6 +40,11 @@ bench: setup
 	$(PY) benchmarks/dlrm_bench.py --mode dist2
 	$(PY) benchmarks/seq_bench.py --mode local
 	$(PY) benchmarks/seq_bench.py --mode dist2
+	$(PY) benchmarks/retrieval_bench.py --mode local
+	$(PY) benchmarks/retrieval_bench.py --mode dist2
+	$(PY) benchmarks/retrieval_bench.py --mode retrieve
+	$(if $(wildcard $(TORCHREC_PY)),$(TORCHREC_PY) benchmarks/torchrec_retrieval_anchor.py --mode local)
+	$(if $(wildcard $(TORCHREC_PY)),$(TORCHREC_PY) benchmarks/torchrec_retrieval_anchor.py --mode dist2)
 	$(PY) benchmarks/inference_bench.py --configs fp32,fp16,int8,int4 --rounds 1 \
 		$(if $(wildcard $(TORCHREC_PY)),--torchrec-python $(TORCHREC_PY),--skip-torchrec)
 

@@ -271,9 +271,9 @@ def run(args: argparse.Namespace, workload: Workload) -> list[dict[str, Any]]:
         return [summarize(args, workload, world_size, results, mode) for mode in modes(args)]
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...] = ("local", "dist2")) -> None:
     """The options every training benchmark takes (mode, steps, threads, pipeline, profile)."""
-    parser.add_argument("--mode", choices=["local", "dist2"], default="local")
+    parser.add_argument("--mode", choices=modes, default="local")
     parser.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(

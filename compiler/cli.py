@@ -26,7 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("train", "train a spec (torchrun workers for --nproc > 1)"),
     "export": ("export", "write a trained checkpoint as a serving directory (quantized tables, .pt2)"),
     "predict": ("predict", "score samples with an exported model into a CSV file"),
-    "data": ("data", "prepare training data once into Parquet row groups (reccompile data prepare)"),
+    "retrieve": ("retrieve", "top-k items per request from an exported retrieval model into a CSV file"),
+    "data": ("data", "prepare training data once into Parquet row groups, or split MovieLens positives by time"),
     "info": ("info", "print the CPU, its vector features, the native kernels and the kernel choices made"),
 }
 

@@ -8,8 +8,12 @@ stopped when run again with the same arguments; until it finishes, DIR
 holds no manifest and training refuses it. `reccompile train --data
 prepared:DIR` then reads each rank's rows only.
 
-Prints what was prepared and its throughput; exit status 0 when done, 1 for
-a spec or data error, 2 for bad usage.
+`reccompile data split --data movielens:PATH -o DIR [--holdout F]`: the
+positives of a MovieLens file split by time per user into DIR/train and
+DIR/test (runtime.data.movielens_split), for retrieval models.
+
+Prints what was prepared (split) and its throughput; exit status 0 when done,
+1 for a spec or data error, 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -45,9 +49,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prepare.add_argument("--workers", type=int, default=1, help="processes parsing lines (default 1; 0: none)")
     prepare.add_argument("--rating-threshold", type=float, default=4.0,
                          help="MovieLens: rating >= T is a positive (4)")  # fmt: skip
+    split = actions.add_parser("split", help="MovieLens positives split by time per user into train/ and test/",
+                               description="MovieLens positives (rating >= threshold) split by time per user: "
+                                           "the last --holdout of each user's positives go to DIR/test, the rest "
+                                           "to DIR/train, as ratings files of the input's layout.")
+    split.add_argument("--data", required=True, metavar="movielens:PATH", help="the MovieLens ratings file or directory")
+    split.add_argument("-o", "--outdir", type=Path, required=True, help="the directory to write train/ and test/ in")
+    split.add_argument("--holdout", type=float, default=0.2,
+                       help="the share of each user's latest positives held out (0.2; at most all but one)")
+    split.add_argument("--rating-threshold", type=float, default=4.0, help="rating >= T is a positive (4)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "split":
+        return _split(args)
     if args.workers < 0:
         print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
         return 2
@@ -93,6 +108,26 @@ def run(args: argparse.Namespace) -> int:
         f"into {args.outdir}: {len(manifest.files)} files, {groups} row groups of {manifest.row_group_rows:,} rows; "
         f"{seconds:.1f} s, {manifest.rows / max(seconds, 1e-9):,.0f} rows/s"
     )
+    return 0
+
+
+def _split(args: argparse.Namespace) -> int:
+    reader, colon, path = args.data.partition(":")
+    if reader != "movielens" or not colon or not path:
+        print(f"error: --data {args.data}: split reads movielens:PATH", file=sys.stderr)
+        return 2
+    if not 0.0 < args.holdout < 1.0:
+        print(f"error: --holdout must be between 0 and 1 (exclusive), got {args.holdout:g}", file=sys.stderr)
+        return 2
+    from runtime.data.errors import DataError
+    from runtime.data.movielens_split import split_by_time
+
+    try:
+        split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"split {split.describe()}")
     return 0
 
 

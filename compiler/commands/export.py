@@ -2,12 +2,15 @@
 
     reccompile export SPEC --checkpoint DIR [--quantize fp16|int8|int4|none]
                            [--per-table t0=int4,t3=fp32] [--dense fp32|bf16] [--no-aot]
-                           [--allow-spec-change] -o OUT
+                           [--allow-spec-change] [--index auto|exact|flat|ivf|hnsw]
+                           [--eval-data movielens:FILE|...] -o OUT
 
 Writes OUT/ (see compiler/serving/export.py and runtime/serving/export_dir.py): the generated
 inference module, the weights at each table's precision, the layout, the
 torch.export program and the manifest; prints one row per table with its
-size on disk. Exit status 1 when the spec, the checkpoint or the export
+size on disk. A retrieval model (a sampled_softmax head) also gets its item
+vectors and their index, and the line saying how the index's recall@100
+compares with exact search's (on --eval-data's held-out positives). Exit status 1 when the spec, the checkpoint or the export
 fails, 2 for bad command-line use.
 """
 
@@ -20,6 +23,10 @@ from pathlib import Path
 from compiler.commands.common import reporting_errors
 from compiler.serving.export import DENSE_CHOICES, QUANTIZE_CHOICES, ExportRequest, UsageError, export
 from runtime.checkpoint.files import CheckpointError
+from runtime.data.errors import DataError
+from runtime.retrieval.index import INDEX_KINDS
+from runtime.retrieval.index_files import IndexFileError
+from runtime.serving.item_index import ItemsReport
 from runtime.serving.export_dir import ExportError
 
 
@@ -37,6 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip the torch.export program (<name>.pt2)")
     parser.add_argument("--allow-spec-change", action="store_true",
                         help="export a checkpoint of another version of the spec (shapes still checked)")
+    parser.add_argument("--index", choices=INDEX_KINDS, default="auto",
+                        help="retrieval models: the item index (auto: faiss flat up to 65,536 items, ivf above; "
+                             "exact without faiss)")
+    parser.add_argument("--eval-data", metavar="READER:PATH",
+                        help="retrieval models: held-out requests (e.g. `reccompile data split`'s test part) "
+                             "to measure the index's recall@100 against exact search")
+    parser.add_argument("--rating-threshold", type=float, default=4.0,
+                        help="MovieLens --eval-data: rating >= T is a positive (4)")
     parser.add_argument("-o", "--outdir", type=Path, required=True, metavar="OUT", help="the export directory")
 
 
@@ -51,16 +66,25 @@ def run(args: argparse.Namespace) -> int:
             dense=args.dense,
             aot=args.aot,
             allow_spec_change=args.allow_spec_change,
+            index=args.index,
+            eval_data=args.eval_data,
+            rating_threshold=args.rating_threshold,
         )
         try:
-            manifest = export(request)
+            result = export(request)
         except UsageError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        except (ExportError, CheckpointError) as error:
+        except (ExportError, CheckpointError, DataError, IndexFileError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
-        print(summary(manifest, args.outdir))
+        print(summary(result.manifest, args.outdir))
+        if result.items is not None:
+            section = result.manifest["retrieval"]
+            print(items_summary(section, result.items, args.outdir))
+            warning = items_warning(section, result.items)
+            if warning is not None:
+                print(warning, file=sys.stderr)
         return 0
 
     return reporting_errors(action)
@@ -86,6 +110,28 @@ def summary(manifest: dict, outdir: Path) -> str:
     lines.append(f"wrote {outdir / 'weights' / 'tables'}/ ({len(manifest['tables'])} tables)")
     lines.append(f"wrote {outdir / 'manifest.json'}")
     return "\n".join(lines)
+
+
+def items_summary(section: dict, items: ItemsReport, outdir: Path) -> str:
+    """The catalogue, the index and its recall check."""
+    index = section["index"]
+    lines = [
+        f"wrote {outdir / section['item_vectors']['file']} ({items.items:,} items x {section['dim']})",
+        f"wrote {outdir / index['directory']}/ ({index['kind']} index"
+        + (f", {', '.join(f'{k} {v}' for k, v in index['params'].items())})" if index["params"] else ")"),
+        items.describe(),
+    ]
+    return "\n".join(lines)
+
+
+def items_warning(section: dict, items: ItemsReport) -> str | None:
+    """What to say when the index keeps less than the threshold of exact search's recall."""
+    if items.quality.ok:
+        return None
+    return (
+        f"warning: the {section['index']['kind']} index keeps less than {items.quality.threshold:g} of exact "
+        f"search's recall@{items.quality.k}: export with --index flat (or exact) to serve exact results"
+    )
 
 
 def _per_table(text: str) -> dict[str, str]:

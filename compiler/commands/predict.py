@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from compiler.commands.common import positive_int
-from runtime.serving.export_dir import ExportError, data_file, load
+from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
 from runtime.serving.predict import predict_file
 
 
@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     retain_freed_memory()
     try:
+        if "retrieval" in read_export_manifest(args.export):
+            print(f"error: {args.export}: a retrieval model scores no samples; use reccompile retrieve", file=sys.stderr)
+            return 1
         module, model = load(args.export, verify=args.verify)
         vocabulary = data_file(args.export, "vocabulary", verify=args.verify)
         report = predict_file(

@@ -1,6 +1,7 @@
 """Emit the inference module: a lowered serving program -> `<name>.py` of an export directory.
 
-Runs in `reccompile export` after `compiler.serving.lower`. Like the
+Runs in `reccompile export` after `compiler.serving.lower` (and cuts the
+retrieval towers with `compiler.serving.retrieval`). Like the
 training module (codegen/emit.py) the text is deterministic and readable: the
 model's INPUTS, the tables' precisions, a `Model` whose `forward` is the fx
 graph's own code tagged with spec lines, and `build()` returning the eval
@@ -8,6 +9,8 @@ model with the directory's weights. It imports torch and the runtime only.
 """
 
 from __future__ import annotations
+
+import torch.fx as fx
 
 from compiler import __version__
 from compiler.codegen.emit import (
@@ -20,6 +23,7 @@ from compiler.codegen.emit import (
     runtime_imports,
 )
 from compiler.lowering.types import LoweredModel
+from compiler.serving.retrieval import retrieval_graphs
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 # What inference.py.j2 imports for every model; other runtime modules are imported when used.
@@ -35,9 +39,12 @@ TEMPLATE_IMPORTS = (
 
 def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtype: str = "fp32") -> str:
     """The text of the inference module of `lowered`: tables at `precisions`, dense blocks in
-    `dense_dtype` ("fp32" or "bf16", as `lower_inference` was given)."""
+    `dense_dtype` ("fp32" or "bf16", as `lower_inference` was given); for a retrieval head
+    also its query and item towers (compiler.serving.retrieval)."""
     ir = lowered.ir
+    retrieval = retrieval_graphs(ir, lowered.graph)
     sequences = {table.name for table in ir.sequence_tables()}
+    graphs = (lowered.graph,) if retrieval is None else (lowered.graph, retrieval.query, retrieval.item)
     return TEMPLATES.get_template("inference.py.j2").render(
         version=__version__,
         source=ir.source,
@@ -61,17 +68,25 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
             {"target": d.target, "loc": f"{d.loc.file}:{d.loc.line}", "source": render_call(d.call, indent=8)}
             for d in lowered.modules
         ],
-        extra_imports=runtime_imports(lowered.modules, (lowered.graph,), TEMPLATE_IMPORTS),
-        forward=_forward_source(lowered),
+        extra_imports=runtime_imports(lowered.modules, graphs, TEMPLATE_IMPORTS),
+        forward=_method_source(lowered.graph, "forward"),
+        retrieval=None if retrieval is None else {
+            "constant": python_literal(retrieval.constant),
+            "query": _method_source(retrieval.query, "_query_graph"),
+            "item": _method_source(retrieval.item, "_item_graph"),
+            "weighted": any(feature.weighted for feature in ir.sparse),
+        },
     )
 
 
-def _forward_source(lowered: LoweredModel) -> str:
-    """fx's code for the graph as the `forward` method, each line tagged with its spec line."""
-    code = lowered.graph.python_code(root_module="self").src.strip()
-    locs = {node.name: node.meta.get("loc") for node in lowered.graph.nodes}
+def _method_source(graph: fx.Graph, name: str) -> str:
+    """fx's code for `graph` as the method `name`, each line tagged with its spec line."""
+    code = graph.python_code(root_module="self").src.strip()
+    locs = {node.name: node.meta.get("loc") for node in graph.nodes}
     lines = []
     for line in code.splitlines():
+        if line.startswith("def forward("):
+            line = f"def {name}(" + line[len("def forward(") :]
         match = ASSIGNED_LINE.match(line)
         loc = locs.get(match.group(1)) if match else None
         suffix = f"  # spec: {loc.file}:{loc.line}" if loc is not None else ""

@@ -14,6 +14,9 @@ The steps, in order:
                                         models with sequence tables, whose row counts torch.export
                                         cannot trace)
     the checkpoint's vocab.json      -> OUT/vocab.json (MovieLens: the ids training mapped, for predict)
+    export_items (retrieval heads)   -> OUT/item_vectors.pt and OUT/index/: the item tower on every
+                                        catalogue item and their nearest-neighbour index, checked
+                                        against exact search (runtime/serving/item_index.py)
     manifest                         -> OUT/manifest.json, last: sizes and sha256 of every file
 
 The directory is written next to OUT and renamed into place at the end, so
@@ -36,10 +39,13 @@ from compiler import __version__
 from compiler.serving.emit import emit_inference
 from compiler.ir import ModelIR
 from compiler.serving.lower import lower_inference
+from compiler.serving.retrieval import check_exportable
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
-from runtime.data.movielens_vocab import VOCABULARY_FILE
+from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
+from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available
+from runtime.serving.item_index import ItemsReport, export_items
 from runtime.serving.export_dir import (
     COLLECTIONS,
     DENSE_FILE,
@@ -58,6 +64,7 @@ from runtime.storage.manifest import write_manifest
 from runtime.serving.quant_embedding import PRECISIONS, row_bytes, stored_dim
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
+TRAINING_ONLY = "retrieval_loss."  # the state-dict prefix of a retrieval head's loss module
 DENSE_CHOICES = ("fp32", "bf16")
 
 
@@ -75,11 +82,22 @@ class ExportRequest:
     dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 (not exact)
     aot: bool = True  # also write <name>.pt2
     allow_spec_change: bool = False  # export a checkpoint trained from another version of the spec
+    index: str = "auto"  # retrieval heads: the index kind (runtime.retrieval.index.INDEX_KINDS)
+    eval_data: str | None = None  # retrieval heads: held-out requests for the index's recall check
+    rating_threshold: float = 4.0  # MovieLens held-out data: the positives
 
 
-def export(request: ExportRequest) -> dict[str, Any]:
-    """Write the export directory of `request`; return its manifest."""
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    manifest: dict[str, Any]
+    items: ItemsReport | None  # retrieval heads: the catalogue and the index's recall check
+
+
+def export(request: ExportRequest) -> ExportResult:
+    """Write the export directory of `request`; return its manifest and the retrieval report."""
     ir = validate(load(request.spec))
+    check_exportable(ir)
+    _check_index_request(ir, request)
     precisions = resolve_precisions(ir, request.quantize, request.per_table)
     if request.dense not in DENSE_CHOICES:
         raise UsageError(f"--dense: {request.dense!r} is not one of {', '.join(DENSE_CHOICES)}")
@@ -87,20 +105,16 @@ def export(request: ExportRequest) -> dict[str, Any]:
     source = emit_inference(lowered, precisions, request.dense)
     checkpoint, state = read_checkpoint(request.checkpoint)
     _check_spec(ir, checkpoint, request)
-    tables = _table_weights(ir, state, request.checkpoint)
+    tables = table_weights(ir, state, request.checkpoint)
 
     staging = _staging_dir(request.outdir)
     try:
         module_path = staging / f"{ir.name}.py"
         module_path.write_text(source)
-        model = import_module(module_path).Model()
+        module = import_module(module_path)
+        model = module.Model()
         collections = table_collections(model)
-        with torch.no_grad():
-            # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
-            model.load_state_dict(_dense_state(model, state, request.checkpoint), strict=False)
-            for collection in collections.values():
-                collection.quantize_from({name: tables[name] for name in collection.precisions()})
-        model.eval()
+        load_trained_state(model, state, tables, request.checkpoint)
         dense = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
         (staging / "weights" / "tables").mkdir(parents=True)
         torch.save(dense, staging / DENSE_FILE)
@@ -109,17 +123,57 @@ def export(request: ExportRequest) -> dict[str, Any]:
                 torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
         (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
         # torch.export cannot trace a sequence lookup: its per-feature row counts are data-dependent.
-        aot = _write_program(model, ir, staging) if request.aot and not ir.sequence_tables() else None
+        # A retrieval head's forward returns the training loss's inputs: it is served by query_vectors.
+        traceable = not ir.sequence_tables() and not hasattr(module, "RETRIEVAL")
+        aot = _write_program(model, ir, staging) if request.aot and traceable else None
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
             shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
+        items = None
+        if hasattr(module, "RETRIEVAL"):
+            section, items = export_items(
+                model, module, staging, kind=request.index, eval_data=request.eval_data,
+                threshold=request.rating_threshold,
+                vocabulary=read_vocabulary(vocabulary) if vocabulary.is_file() else None,
+            )  # fmt: skip
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
+        if items is not None:
+            manifest["retrieval"] = section
         write_manifest(staging / MANIFEST, manifest)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     _replace(request.outdir, staging)
-    return manifest
+    return ExportResult(manifest, items)
+
+
+def _check_index_request(ir: ModelIR, request: ExportRequest) -> None:
+    """--index and --eval-data belong to retrieval models; a faiss kind needs faiss."""
+    retrieval = any(head.retrieval is not None for head in ir.heads)
+    if not retrieval and (request.index != "auto" or request.eval_data is not None):
+        raise UsageError(
+            f"--index and --eval-data are for retrieval models: {ir.source} has no sampled_softmax head"
+        )
+    if request.index not in INDEX_KINDS:
+        raise UsageError(f"--index: {request.index!r} is not one of {', '.join(INDEX_KINDS)}")
+    if request.index in FAISS_KINDS and not faiss_available():
+        raise UsageError(
+            f"--index {request.index} needs faiss, which is not installed (pip install 'reccompile[faiss]'); "
+            "--index exact needs none"
+        )
+
+
+def load_trained_state(
+    model: torch.nn.Module, state: Mapping[str, torch.Tensor], tables: Mapping[str, torch.Tensor], where: Path
+) -> None:
+    """Fill a serving model (eval mode after) from a trained model's full single-process state
+    and its whole tables (`table_weights`); `where` names the state's source in errors."""
+    with torch.no_grad():
+        # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
+        model.load_state_dict(_dense_state(model, state, where), strict=False)
+        for collection in table_collections(model).values():
+            collection.quantize_from({name: tables[name] for name in collection.precisions()})
+    model.eval()
 
 
 def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str]) -> dict[str, str]:
@@ -155,7 +209,8 @@ def _check_spec(ir: ModelIR, checkpoint: Mapping[str, Any], request: ExportReque
         )
 
 
-def _table_weights(ir: ModelIR, state: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+def table_weights(ir: ModelIR, state: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
+    """Table -> its whole weight in a trained model's full state, checked against the spec."""
     tables = {}
     for table in ir.tables:
         key = f"sparse_arch.{table.name}.weight"
@@ -176,7 +231,8 @@ def _dense_state(
 ) -> dict[str, torch.Tensor]:
     """The checkpoint's dense entries, exactly the keys and shapes of the serving model's."""
     expected = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
-    given = {k: v for k, v in state.items() if not _is_table_key(k)}
+    # The retrieval loss's state (its sampling step, its logQ counts) serves nothing.
+    given = {k: v for k, v in state.items() if not _is_table_key(k) and not k.startswith(TRAINING_ONLY)}
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
     if missing or unexpected:

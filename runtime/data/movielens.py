@@ -12,7 +12,12 @@ named as in ml-latest's header: `userId`, `movieId`, `rating`,
 the sparse feature `user_id`, `movieId` feeds `movie_id`, `genres` feeds
 `genres` (a multi-hot bag, weight 1 per genre) and `rating` feeds the first
 head's label: for a bce head 1 when the rating reaches the threshold (4 by
-default), for an mse head the rating itself. `history` (the user's movieIds
+default), for an mse head the rating itself. A retrieval head (loss
+`sampled_softmax`) reads no label: its positives are the ids of its item
+feature (`movie_id`, or the `history` sequence of a next-item model), so the
+data is positives only: a rating below the threshold is no row at all, and
+is in no history either (runtime.data.movielens_split splits such data by
+time per user). `history` (the user's movieIds
 rated before this rating, oldest first; runtime.data.movielens_history says
 exactly which) feeds the sequence feature `history`, cut to its
 `max_length` as it is read, and every timestamps feature of that sequence
@@ -66,6 +71,7 @@ class MovieLensLayout:
     keep: str = "end"
     timestamps: tuple[str, ...] = ()  # the timestamps features of the history feature
     keys: tuple[str, ...] = ()  # the batch's sparse keys: sparse features, then timestamps features
+    positives_only: bool = False  # a retrieval head: ratings below the threshold are no rows
 
 
 class MovieLensReader:
@@ -91,6 +97,9 @@ class MovieLensReader:
         self.vocabulary = vocabulary
         self.threshold = threshold
         self.weighted = is_weighted(inputs)
+        # Positives only (a retrieval head): lines below the threshold are no rows. `reccompile
+        # retrieve` turns it off: every line of a requests file is a request.
+        self.positives_only = self.layout.positives_only
         self.unseen_features = tuple(f for f in (self.layout.user, self.layout.movie) if f is not None)
         self._separator = _SEPARATORS[self.format]
         self.timestamps = inputs.timestamps
@@ -98,13 +107,23 @@ class MovieLensReader:
         self.histories: HistoryIndex | None = None
         if self.layout.history is not None:
             files = [self.file] if earlier is None or _same_file(earlier, self.file) else [earlier, self.file]
-            events = ((u, m, t) for f in files for u, m, _, t in good_ratings(f, ratings_file(f)[1]))
+            floor = threshold if self.layout.positives_only else float("-inf")
+            events = ((u, m, t) for f in files for u, m, s, t in good_ratings(f, ratings_file(f)[1]) if s >= floor)
             self.histories = HistoryIndex.build(events, vocabulary.movies)
 
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
         name = str(self.file)
         for number, line in numbered_lines(self.file, skip=1 if self.format == "csv" else 0):
+            if self.positives_only and not self._positive(line):
+                continue
             yield name, number, line
+
+    def _positive(self, line: bytes) -> bool:
+        """Whether a line is a positive; a bad line counts as one, so `parse` reports it."""
+        try:
+            return self.parse(line)[2] >= self.threshold
+        except RowError:
+            return True
 
     def parse(self, line: bytes) -> RatingRow:
         """User id, movie id, rating and timestamp of one line; RowError names the bad column."""
@@ -225,6 +244,16 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
             f"history by default)"
         )
     history = _history_feature(inputs, feeds["history"])
+    common = dict(
+        history=feeds["history"],
+        max_length=0 if history is None else history.max_length or 0,
+        keep="end" if history is None else history.keep,
+        timestamps=tuple(t.name for t in inputs.timestamps),
+        keys=(*sparse, *(t.name for t in inputs.timestamps)),
+    )
+    if any(head.loss == "sampled_softmax" for head in inputs.heads):
+        _check_retrieval_heads(inputs, explicit, feeds)
+        return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], (), positives_only=True, **common)
     label = explicit.get("rating", inputs.heads[0].label)
     heads = [head for head in inputs.heads if head.label == label]
     if not heads:
@@ -235,17 +264,29 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
             f"(rating >= threshold) or mse heads (the rating)"
         )
     check_labels_fed(inputs, "movielens", {label})
-    return MovieLensLayout(
-        feeds["userId"],
-        feeds["movieId"],
-        feeds["genres"],
-        ((label, heads[0].loss),),
-        history=feeds["history"],
-        max_length=0 if history is None else history.max_length or 0,
-        keep="end" if history is None else history.keep,
-        timestamps=tuple(t.name for t in inputs.timestamps),
-        keys=(*sparse, *(t.name for t in inputs.timestamps)),
-    )
+    return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], ((label, heads[0].loss),), **common)
+
+
+def _check_retrieval_heads(inputs: ModelInputs, explicit: Mapping[str, str], feeds: Mapping[str, str | None]) -> None:
+    """Positives-only data feeds retrieval heads alone, each taking its positives from movieId or history."""
+    others = [head.name for head in inputs.heads if head.loss != "sampled_softmax"]
+    if others:
+        raise DataError(
+            f"heads {feature_list(others)} need labels, but a sampled_softmax head makes movielens data "
+            f"positives only (ratings >= the threshold): train them in another spec"
+        )
+    if "rating" in explicit:
+        raise DataError(
+            "data.columns.rating: a sampled_softmax head reads no label (its positives are its item "
+            "feature's ids), so the rating column feeds nothing: remove it"
+        )
+    movie_features = {feeds["movieId"], feeds["history"]} - {None}
+    for head in inputs.heads:
+        if head.label not in movie_features:
+            raise DataError(
+                f"{head.describe()}: its positives are the ids of feature {head.label!r}, which no movielens "
+                f"movie column feeds (movieId feeds {feeds['movieId']!r}, history feeds {feeds['history']!r})"
+            )
 
 
 def _history_feature(inputs: ModelInputs, name: str | None) -> SparseFeatureConfig | None:

@@ -36,6 +36,11 @@ def test_dlrm_inference_module_matches_the_golden_text(golden, dense: str) -> No
     golden.check(f"export/dlrm_criteo.int8.{dense}.py.txt", source)
 
 
+def test_a_two_tower_retrieval_module_has_its_towers_as_methods(golden) -> None:
+    source = inference_source("specs/two_tower_retrieval.yaml", "fp32")
+    golden.check("export/two_tower_retrieval.fp32.py.txt", source)
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_every_spec_lowers_to_one_lookup_per_collection_and_imports_only_torch_and_the_runtime(
     spec: str, tmp_path: Path
@@ -52,7 +57,9 @@ def test_every_spec_lowers_to_one_lookup_per_collection_and_imports_only_torch_a
     }
     assert imported == {"os", "torch", "runtime"}
     assert "input_dist" not in source and "output_dist" not in source
-    assert source.count("self.sparse_arch(sparse)") == int(has_pooled)
+    # forward, and for a two-tower retrieval head also its query and item towers
+    methods = 3 if "RETRIEVAL = " in source else 1
+    assert source.count("self.sparse_arch(sparse)") == methods * int(has_pooled)
     assert source.count("self.sequence_arch(") == int(bool(sequences))
     path = tmp_path / "module.py"
     path.write_text(source)

@@ -13,6 +13,7 @@ from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from runtime.data.movielens import movielens_layout
 from runtime.data.sources import DataChoice, open_reader
+from runtime.modules.losses import HeadConfig
 from sample_files import RATINGS, data_config, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
 
 USERS = sorted({r[0] for r in RATINGS})
@@ -117,3 +118,53 @@ def test_columns_map_other_feature_names_and_softmax_heads_are_refused() -> None
         movielens_layout(spec)
     with pytest.raises(DataError, match="movielens ratings feed bce heads"):
         movielens_layout(movielens_spec(loss="softmax"))
+
+
+def _retrieval_spec(**head: str):
+    inputs = movielens_spec()
+    match = HeadConfig(**{"name": "match", "label": "movie_id", "loss": "sampled_softmax", **head})
+    return dataclasses.replace(inputs, heads=(match,))
+
+
+def test_a_retrieval_head_reads_positives_only_and_no_label(tmp_path: Path) -> None:
+    path = write_ml1m(tmp_path)
+    reader, (batch,) = _read(_retrieval_spec(), path)
+    liked = [r for r in RATINGS if r[2] >= 4]  # (298, 474, 4) and (253, 465, 5)
+    assert batch.sparse["user_id"].values().tolist() == [USERS.index(r[0]) + 1 for r in liked]
+    assert batch.sparse["movie_id"].values().tolist() == [MOVIES.index(r[1]) + 1 for r in liked]
+    assert batch.labels == {}
+    # the vocabulary still holds every id of the file: the tables' rows do not depend on the threshold
+    assert sorted(reader.vocabulary.movies) == MOVIES
+    _, (lower,) = _read(_retrieval_spec(), path, threshold=3.0)
+    assert lower.sparse["movie_id"].values().tolist() == [MOVIES.index(r[1]) + 1 for r in RATINGS if r[2] >= 3]
+
+
+def test_positives_only_lines_keep_their_numbers_and_bad_lines_are_still_reported(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "ratings.dat", ["1::10::2::5", "1::11::5::6", "1::x::5::7"])
+    reader = open_reader(_retrieval_spec(), DataChoice("movielens", str(path)))
+    assert [number for _, number, _ in reader.epoch_lines()] == [2, 3]
+    with pytest.raises(BadRowError, match=r"ratings.dat:3: column movieId"):
+        _read(_retrieval_spec(), path)
+
+
+def test_retrieval_heads_are_refused_beside_label_heads_and_need_a_movie_feature() -> None:
+    label_head = HeadConfig(name="like", label="like", loss="bce")
+    both = dataclasses.replace(_retrieval_spec(), heads=(*_retrieval_spec().heads, label_head))
+    with pytest.raises(DataError) as error:
+        movielens_layout(both)
+    assert str(error.value) == (
+        "heads like need labels, but a sampled_softmax head makes movielens data positives only "
+        "(ratings >= the threshold): train them in another spec"
+    )
+    with pytest.raises(DataError) as error:
+        movielens_layout(_retrieval_spec(label="user_id"))
+    assert str(error.value) == (
+        "head 'match': its positives are the ids of feature 'user_id', which no movielens movie column feeds "
+        "(movieId feeds 'movie_id', history feeds None)"
+    )
+    rated = dataclasses.replace(
+        _retrieval_spec(), data=data_config({"reader": "movielens", "path": "x", "columns": {"rating": "like"}})
+    )
+    with pytest.raises(DataError) as error:
+        movielens_layout(rated)
+    assert str(error.value).startswith("data.columns.rating: a sampled_softmax head reads no label")

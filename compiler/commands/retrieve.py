@@ -1,0 +1,81 @@
+"""`reccompile retrieve OUT --data ... --k K -o results.csv`: top-k items per request from an export.
+
+    reccompile retrieve OUT --data synthetic|movielens:FILE|csv:FILE|... [--k K] [--batch-size B]
+                        [--rows N] [--seed S] [--bad-rows fail|skip]
+                        [--threads T] [--no-verify] -o results.csv
+
+Loads the export directory OUT of a retrieval model (checked against its
+manifest, the index against its own) without compiling anything, runs the
+query tower on every request and looks its top K up in the index; writes K
+CSV rows per request (runtime/serving/retrieve.py) and reports requests/s.
+Exit status 1 when the export, its index or the data is bad (the first bad
+row under `--bad-rows fail`, named by file and line), 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from compiler.commands.common import positive_int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
+    parser.add_argument("--data", default="synthetic",
+                        help="the requests: synthetic (default), movielens:FILE, csv:FILE, criteo:FILE, ...")
+    parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10)")
+    parser.add_argument("--batch-size", type=positive_int, default=512, help="requests per batch (default 512)")
+    parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")
+    parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
+    parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
+                        help="stop at the first bad line (default) or count, report and skip them")
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="check file sizes only, not their sha256")
+    parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from runtime.data.errors import DataError
+    from runtime.retrieval.index_files import IndexFileError, load_index
+    from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
+    from runtime.serving.retrieve import retrieve_file
+
+    if args.output.is_dir():
+        print(f"error: -o {args.output}: is a directory; name the CSV file to write", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    try:
+        section = read_export_manifest(args.export).get("retrieval")
+        if section is None:
+            print(f"error: {args.export}: not a retrieval model (no sampled_softmax head, no index); "
+                  "score it with reccompile predict", file=sys.stderr)  # fmt: skip
+            return 1
+        module, model = load(args.export, verify=args.verify)
+        index = load_index(args.export / section["index"]["directory"], verify=args.verify)
+        report = retrieve_file(
+            model, module, index, args.output,
+            data=args.data, k=args.k, batch_size=args.batch_size, rows=args.rows,
+            seed=module.INPUTS.training.seed if args.seed is None else args.seed,
+            bad_rows_policy=args.bad_rows,
+            vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
+            warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+        )  # fmt: skip
+    except (ExportError, IndexFileError, DataError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    if report.bad_rows_summary is not None:
+        print(report.bad_rows_summary, file=sys.stderr)
+    print(
+        f"wrote the top {args.k} of {section['items']:,} items ({section['index']['kind']} index) for "
+        f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "
+        f"{report.requests_per_s:,.0f} requests/s (query tower {report.query_seconds:.3f} s, "
+        f"index {report.search_seconds:.3f} s); {report.bad_rows:,} bad rows skipped"
+        + ("" if report.unseen is None else f"; {report.unseen.describe()}")
+    )
+    return 0

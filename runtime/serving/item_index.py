@@ -1,0 +1,152 @@
+"""The items of an exported retrieval model: their vectors, their index, and how good the index is.
+
+`reccompile export` of a spec with a `sampled_softmax` head calls
+`export_items` once the inference model holds its weights. It writes, into
+the export directory:
+
+    item_vectors.pt    the item tower's vector of every catalogue item [N, D] (runtime.serving.vectors)
+    index/             a nearest-neighbour index of them (runtime.retrieval.index_files), item ids
+                       (original ids: MovieLens movie ids, not table rows) as its labels
+
+and measures the index against exact search at k = 100 (or fewer items):
+with held-out requests (`--eval-data`, e.g. the test part of `reccompile data
+split`), recall@k of their positives through the index over recall@k through
+exact search; without them, the top-k overlap with exact search for item
+vectors used as queries. An approximate index that keeps less than 0.95 of
+exact search's figure is written all the same, and the report says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runtime.data.bad_rows import BadRowLog
+from runtime.data.features import ModelInputs
+from runtime.data.movielens_vocab import Vocabulary
+from runtime.retrieval.index import build_index
+from runtime.retrieval.index_files import save_index
+from runtime.retrieval.index_quality import IndexQuality, check_index
+from runtime.serving.predict import file_samples
+from runtime.serving.vectors import catalogue, row_ids
+from runtime.storage.manifest import MANIFEST, file_facts
+
+__all__ = ["INDEX_DIR", "ITEM_VECTORS", "ItemsReport", "export_items", "item_vectors", "requests_reader"]
+
+INDEX_DIR = "index"
+ITEM_VECTORS = "item_vectors.pt"
+RECALL_K = 100
+RATIO = 0.95  # an approximate index must keep this share of exact search's recall
+MAX_QUERIES = 10_000  # held-out requests the recall check reads at most
+SELF_QUERIES = 1_000  # item vectors used as queries when there are no held-out requests
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class ItemsReport:
+    items: int
+    quality: IndexQuality
+    queries: int
+    source: str  # what the queries were
+
+    def describe(self) -> str:
+        return f"{self.quality.describe()} ({self.queries:,} queries: {self.source})"
+
+
+def item_vectors(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    """The item tower on `rows` of the item table, chunk by chunk: [n, D]."""
+    with torch.inference_mode():
+        return torch.cat([model.item_vectors(chunk) for chunk in rows.split(CHUNK)])
+
+
+def requests_reader(
+    inputs: ModelInputs, data: str, vocabulary: Vocabulary | None, threshold: float = 4.0, positives: bool = False
+) -> Any:
+    """The reader of a requests file: every line a request, or with `positives` (held-out data)
+    a MovieLens file's ratings >= `threshold` only, as training read them."""
+    from runtime.data.sources import choose_data, open_reader
+
+    reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary)
+    if not positives and hasattr(reader, "positives_only"):
+        reader.positives_only = False
+    return reader
+
+
+def export_items(
+    model: nn.Module,
+    module: Any,
+    directory: Path,
+    *,
+    kind: str,
+    vocabulary: Vocabulary | None,
+    eval_data: str | None,
+    threshold: float,
+) -> tuple[dict[str, Any], ItemsReport]:
+    """Write the item vectors and index of `model` into `directory`; the manifest's section and the report."""
+    retrieval, inputs = module.RETRIEVAL, module.INPUTS
+    table_rows = next(f.num_embeddings for f in inputs.sparse if f.name == retrieval["item_feature"])
+    movie_rows = None if vocabulary is None else vocabulary.movies
+    rows, ids = catalogue(table_rows, movie_rows)
+    vectors = item_vectors(model, rows)
+    torch.save(vectors.clone(), directory / ITEM_VECTORS)
+    index = build_index(vectors, ids, kind=kind)
+    exact = build_index(vectors, ids, kind="exact")
+    save_index(index, directory / INDEX_DIR)
+    k = min(RECALL_K, ids.numel())
+    if eval_data is not None:
+        queries, positives = _held_out(model, inputs, eval_data, threshold, vocabulary, retrieval["item_feature"])
+        source = f"{eval_data}, one held-out positive each"
+        quality = check_index(index, exact, queries, k, positives, threshold=RATIO)
+    else:
+        picked = torch.linspace(0, ids.numel() - 1, min(SELF_QUERIES, ids.numel())).long()
+        queries, source = vectors[picked], "item vectors (no --eval-data: top-k overlap only)"
+        quality = check_index(index, exact, queries, k, threshold=RATIO)
+    report = ItemsReport(ids.numel(), quality, queries.shape[0], source)
+    section = {
+        **retrieval,
+        "items": ids.numel(),
+        "item_vectors": {"file": ITEM_VECTORS, **file_facts(directory / ITEM_VECTORS)},
+        "index": {
+            "directory": INDEX_DIR, "kind": index.kind, "params": dict(index.params),
+            "manifest": {"file": f"{INDEX_DIR}/{MANIFEST}", **file_facts(directory / INDEX_DIR / MANIFEST)},
+        },
+        "quality": {
+            "k": k, "queries": queries.shape[0], "source": source, "overlap": quality.overlap,
+            "recall": quality.recall, "exact_recall": quality.exact_recall, "ratio": quality.ratio,
+            "threshold": RATIO, "ok": quality.ok,
+        },
+    }  # fmt: skip
+    return section, report
+
+
+def _held_out(
+    model: nn.Module,
+    inputs: ModelInputs,
+    data: str,
+    threshold: float,
+    vocabulary: Vocabulary | None,
+    item_feature: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query vectors and positive item ids of the first MAX_QUERIES held-out requests of `data`."""
+    from runtime.data.errors import DataError
+
+    reader = requests_reader(inputs, data, vocabulary, threshold, positives=True)
+    queries, positives, count = [], [], 0
+    with torch.inference_mode():
+        for _, batch in file_samples(reader, 4096, BadRowLog("fail")):
+            items = batch.sparse[item_feature]
+            if not bool(items.lengths().eq(1).all()):
+                raise DataError(f"{data}: the recall check needs one {item_feature} id per request")
+            queries.append(model.query_vectors(batch.dense, batch.sparse))
+            positives.append(row_ids(items.values(), None if vocabulary is None else vocabulary.movies))
+            count += queries[-1].shape[0]
+            if count >= MAX_QUERIES:
+                break
+    if not queries:
+        raise DataError(f"{data}: no held-out requests to measure the index with")
+    return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES]
+

@@ -1,0 +1,122 @@
+"""Retrieval: requests through an exported model's query tower and its item index into a CSV file.
+
+`reccompile retrieve OUT --data ... --k K -o results.csv` runs this in one
+process, without the compiler. Requests come as `predict`'s samples do
+(runtime.serving.predict): `synthetic` (ids 0, 1, 2, ...) or a data file
+(`movielens:FILE`, `criteo:FILE`, `csv:FILE`, ... each line a request; a
+MovieLens file's every line, whatever its rating, ids mapped with the export's
+vocabulary). Each request becomes K rows, best first:
+
+    file,line,rank,item,score        (synthetic: id,rank,item,score)
+
+`item` is the item's own id (a MovieLens movie id, not a table row) and
+`score` the inner product of the query and item vectors (their cosine when
+the head normalises), 9 significant digits. A request with fewer than K
+items in the index gets fewer rows. Bad lines stop the run naming file and
+line (`fail`) or are counted, reported and skipped (`skip`).
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, TextIO
+
+import torch
+from torch import nn
+
+from runtime.retrieval.index import ItemIndex
+from runtime.serving.predict import Keyed, file_samples, synthetic_samples
+
+__all__ = ["RetrieveReport", "retrieve", "retrieve_file"]
+
+
+@dataclass(frozen=True)
+class RetrieveReport:
+    requests: int
+    seconds: float  # the whole stream: reading, the query tower, the index, writing
+    query_seconds: float  # the query tower
+    search_seconds: float  # the index
+    bad_rows: int
+    bad_rows_summary: str | None
+    unseen: Any = None  # MovieLens: request ids outside the training vocabulary (runtime.data.unseen_ids)
+
+    @property
+    def requests_per_s(self) -> float:
+        return self.requests / self.seconds if self.seconds > 0 else 0.0
+
+
+def retrieve(
+    model: nn.Module, index: ItemIndex, samples: Iterator[Keyed], k: int, out: TextIO, id_columns: list[str]
+) -> tuple[int, float, float]:
+    """Write K rows per request of `samples`; returns (requests, query seconds, search seconds)."""
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*id_columns, "rank", "item", "score"])
+    requests, query_seconds, search_seconds = 0, 0.0, 0.0
+    with torch.inference_mode():
+        for keys, batch in samples:
+            started = time.perf_counter()
+            queries = model.query_vectors(batch.dense, batch.sparse)
+            searched = time.perf_counter()
+            scores, items = index.search(queries, k)
+            query_seconds += searched - started
+            search_seconds += time.perf_counter() - searched
+            for key, row_scores, row_items in zip(keys, scores.tolist(), items.tolist()):
+                writer.writerows(
+                    [*key, rank, item, f"{score:.9g}"]
+                    for rank, (item, score) in enumerate(zip(row_items, row_scores), start=1)
+                    if item >= 0
+                )
+            requests += len(keys)
+    return requests, query_seconds, search_seconds
+
+
+def retrieve_file(
+    model: nn.Module,
+    module: Any,
+    index: ItemIndex,
+    output: Path,
+    *,
+    data: str,
+    k: int,
+    batch_size: int,
+    rows: int,
+    seed: int,
+    bad_rows_policy: str = "fail",
+    vocabulary: Path | None = None,
+    warn: Any = None,
+) -> RetrieveReport:
+    """Retrieve the top `k` items of every request of `data` (see the module docstring) into `output`."""
+    started = time.perf_counter()
+    log, unseen = None, None
+    if data == "synthetic":
+        samples, id_columns = synthetic_samples(module.INPUTS, batch_size, rows, seed), ["id"]
+    else:
+        from runtime.data.bad_rows import BadRowLog
+        from runtime.data.movielens_vocab import read_vocabulary
+        from runtime.data.unseen_ids import unseen_counter
+        from runtime.serving.item_index import requests_reader
+
+        known = None if vocabulary is None else read_vocabulary(vocabulary)
+        reader = requests_reader(module.INPUTS, data, known)
+        log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
+        samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        with open(partial, "w", newline="") as out:
+            count, query_seconds, search_seconds = retrieve(model, index, samples, k, out, id_columns)
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return RetrieveReport(
+        requests=count,
+        seconds=time.perf_counter() - started,
+        query_seconds=query_seconds,
+        search_seconds=search_seconds,
+        bad_rows=0 if log is None else log.bad,
+        bad_rows_summary=None if log is None else log.summary(),
+        unseen=unseen,
+    )

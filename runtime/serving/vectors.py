@@ -1,0 +1,69 @@
+"""The query and item vectors of an exported retrieval model, and the catalogue of its items.
+
+A generated inference module of a spec with a `sampled_softmax` head has a
+RETRIEVAL constant (the head, its item feature and table, `normalize`, the
+vector width) and two methods built on the helpers here:
+
+    model.query_vectors(dense, sparse)   the query tower on requests          [B, D]
+    model.item_vectors(ids)              the item tower on item table rows    [n, D]
+
+Both are L2-normalised when the head normalises, as in training. The item
+tower reads the item feature only (the spec's checks guarantee it), so
+`item_request` feeds that feature the rows and every other feature nothing.
+
+The catalogue is what an index holds: rows of the item table and the item id
+of each. With a MovieLens vocabulary (the export's vocab.json) it is the
+vocabulary's movies, id k of the sorted list at row k + 1 (row 0, the unseen
+movies' row, is no item); without one, every row is an item whose id is the
+row itself (ids were rows in training).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from runtime.sparse.jagged import KeyedJaggedTensor
+
+__all__ = ["catalogue", "finish_vectors", "item_request", "row_ids"]
+
+
+def item_request(rows: torch.Tensor, keys: Sequence[str], item_feature: str, weighted: bool) -> KeyedJaggedTensor:
+    """A KeyedJaggedTensor of `keys`: `item_feature` one row per sample, every other key empty."""
+    rows = rows.reshape(-1).long()
+    count = rows.numel()
+    lengths = torch.cat([
+        torch.ones(count, dtype=torch.long) if key == item_feature else torch.zeros(count, dtype=torch.long)
+        for key in keys
+    ])  # fmt: skip
+    weights = torch.ones(count) if weighted else None
+    return KeyedJaggedTensor(list(keys), rows, weights, lengths=lengths)
+
+
+def finish_vectors(vectors: torch.Tensor, retrieval: Mapping[str, Any]) -> torch.Tensor:
+    """float32 vectors, L2-normalised when the head normalises."""
+    vectors = vectors.float()
+    return F.normalize(vectors, dim=-1) if retrieval["normalize"] else vectors
+
+
+def catalogue(rows: int, movie_rows: Mapping[int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(item table rows, their item ids) of the items an index holds (see the module docstring)."""
+    if movie_rows is None:
+        every = torch.arange(rows)
+        return every, every.clone()
+    ids = sorted(movie_rows)
+    return torch.tensor([movie_rows[i] for i in ids], dtype=torch.long), torch.tensor(ids, dtype=torch.long)
+
+
+def row_ids(rows: torch.Tensor, movie_rows: Mapping[int, int] | None) -> torch.Tensor:
+    """The item id of each table row in `rows`; -1 for row 0 of a vocabulary (an unseen movie)."""
+    if movie_rows is None:
+        return rows.long()
+    lookup = torch.full((max(movie_rows.values(), default=0) + 1,), -1, dtype=torch.long)
+    for movie, row in movie_rows.items():
+        lookup[row] = movie
+    rows = rows.long()
+    inside = rows < lookup.numel()
+    return torch.where(inside, lookup[rows.clamp(max=lookup.numel() - 1)], torch.full_like(rows, -1))
