@@ -66,9 +66,6 @@ static inline float sum_lanes(vecf v) {
     return total;
 }
 
-/* Position of pair (i, j), i < j, in the row-major strict upper triangle. */
-static inline int64_t pair_index(int64_t i, int64_t j, int64_t n) { return i * (2 * n - i - 1) / 2 + j - i - 1; }
-
 /* Per-sample kernels for d = LANES * NV, with a whole vector held in registers. */
 #define VECTOR_KERNELS(NV)                                                                       \
     static void forward_sample_##NV(float *const *vec, float *row, int64_t n, int64_t d) {       \
@@ -85,17 +82,15 @@ static inline int64_t pair_index(int64_t i, int64_t j, int64_t n) { return i * (
         }                                                                                        \
     }                                                                                            \
     static void backward_sample_##NV(float *const *vec, float *const *grad, const float *g,      \
-                                     int64_t n, int64_t d) {                                     \
-        const float *pairs = g + d;                                                              \
+                                     const float *sym, int64_t n, int64_t d) {                   \
+        (void)d;                                                                                 \
         for (int64_t i = 0; i < n; i++) {                                                        \
+            const float *s = sym + i * n;                                                        \
             vecf acc[NV];                                                                        \
             for (int k = 0; k < NV; k++)                                                         \
                 acc[k] = i == 0 ? *(const vecf *)(g + LANES * k) : (vecf){0};                    \
-            for (int64_t j = 0; j < n; j++) {                                                    \
-                if (j == i) continue;                                                            \
-                const float s = pairs[j < i ? pair_index(j, i, n) : pair_index(i, j, n)];        \
-                for (int k = 0; k < NV; k++) acc[k] += s * *(const vecf *)(vec[j] + LANES * k);  \
-            }                                                                                    \
+            for (int64_t j = 0; j < n; j++)                                                      \
+                for (int k = 0; k < NV; k++) acc[k] += s[j] * *(const vecf *)(vec[j] + LANES * k); \
             for (int k = 0; k < NV; k++) *(vecf *)(grad[i] + LANES * k) = acc[k];                \
         }                                                                                        \
     }
@@ -118,22 +113,21 @@ static void forward_sample_any(float *const *vec, float *row, int64_t n, int64_t
     }
 }
 
-static void backward_sample_any(float *const *vec, float *const *grad, const float *g, int64_t n, int64_t d) {
-    const float *pairs = g + d;
+static void backward_sample_any(float *const *vec, float *const *grad, const float *g, const float *sym,
+                                int64_t n, int64_t d) {
     for (int64_t i = 0; i < n; i++) {
+        const float *s = sym + i * n;
         float *restrict out = grad[i];
         for (int64_t t = 0; t < d; t++) out[t] = i == 0 ? g[t] : 0.0f;
         for (int64_t j = 0; j < n; j++) {
-            if (j == i) continue;
-            const float s = pairs[j < i ? pair_index(j, i, n) : pair_index(i, j, n)];
             const float *restrict zj = vec[j];
-            for (int64_t t = 0; t < d; t++) out[t] += s * zj[t];
+            for (int64_t t = 0; t < d; t++) out[t] += s[j] * zj[t];
         }
     }
 }
 
 typedef void (*forward_fn)(float *const *, float *, int64_t, int64_t);
-typedef void (*backward_fn)(float *const *, float *const *, const float *, int64_t, int64_t);
+typedef void (*backward_fn)(float *const *, float *const *, const float *, const float *, int64_t, int64_t);
 
 static forward_fn forward_kernel(int64_t d) {
     switch (d) {
@@ -170,24 +164,38 @@ static void forward_range(job_t *job) {
     free(vec);
 }
 
+/* The gradients of sample b's pairs as the symmetric n x n matrix S (zero
+ * diagonal), so that dz_i = S[i] . Z reads one row in order, with no branch. */
+static void symmetric_pairs(const float *pairs, float *sym, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        sym[i * n + i] = 0.0f;
+        for (int64_t j = i + 1; j < n; j++) sym[i * n + j] = sym[j * n + i] = *pairs++;
+    }
+}
+
 static void backward_range(job_t *job) {
     const int64_t n = job->n, d = job->d, width = d + n * (n - 1) / 2;
     const backward_fn kernel = backward_kernel(d);
     float **vec = malloc((size_t)n * sizeof *vec);
     float **grad = malloc((size_t)n * sizeof *grad);
-    if (vec == NULL || grad == NULL) {
+    float *sym = malloc((size_t)(n * n) * sizeof *sym);
+    if (vec == NULL || grad == NULL || sym == NULL) {
         free(vec);
         free(grad);
+        free(sym);
         job->status = 1;
         return;
     }
     for (int64_t b = job->begin; b < job->end; b++) {
+        const float *g = job->grad_out + b * width;
         locate(job, b, (float *const *)job->inputs, vec);
         locate(job, b, job->grad_inputs, grad);
-        kernel(vec, grad, job->grad_out + b * width, n, d);
+        symmetric_pairs(g + d, sym, n);
+        kernel(vec, grad, g, sym, n, d);
     }
     free(vec);
     free(grad);
+    free(sym);
 }
 
 /* Runs `body` over the batch split into one contiguous range per thread of
