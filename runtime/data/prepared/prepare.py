@@ -4,8 +4,11 @@
 
 The raw files are read once, in order, by the reader training would use
 (runtime.data.sources: hashing of ids into tables, MovieLens vocabularies
-and histories, log(1 + x) of Criteo integers), parsed by `workers`
-DataLoader processes (runtime.data.loader's blocks). Bad rows are dropped
+and histories, log(1 + x) of Criteo integers). Several input files (with
+`workers` >= 1) are parsed one process per file, at most `workers` at once,
+into hidden file parts taken in file order (runtime.data.prepared.by_file);
+one file is parsed by `workers` DataLoader processes (runtime.data.loader's
+blocks); either way the parts are the same bytes. Bad rows are dropped
 and counted, the first few named by file:line (`--bad-rows fail` stops at
 the first). Good rows go, in order, into parts `part-NNNNN.parquet` of
 `part_row_groups` row groups of `row_group_rows` rows (a last part may be
@@ -18,8 +21,11 @@ journal (`.prepare.json`) records the parts done and where the next row
 comes from: the start line of its block of lines and how many of that
 block's good rows are written already. A prepare run again on the same
 directory keeps those parts, skips the lines before that block unparsed,
-and goes on; parts it did not record are removed. The journal also names
-the spec, source and settings, and another combination is refused.
+and goes on; parts it did not record are removed. Parsed one process per
+file, a block is a whole file: the journal names the file the next row
+comes from, and files parsed already (their file parts) are not parsed
+again. The journal also names the spec, source and settings, and another
+combination is refused.
 """
 
 from __future__ import annotations
