@@ -18,10 +18,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+import signal
+from dataclasses import asdict, dataclass
 from itertools import islice
 from multiprocessing import get_context
+from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -87,23 +88,23 @@ class FileParts:
     def parsed(self, first: int) -> Iterator[ParsedFile]:
         """The files from index `first` on, in order; a file already parsed under `root` is not parsed again."""
         todo = [i for i in range(first, len(self.files)) if not (self.root / record_name(i)).is_file()]
-        workers = max(1, min(self.workers, len(todo)))
-        with ProcessPoolExecutor(workers, mp_context=get_context("fork"), initializer=die_with_parent) as pool:
-            futures: dict[int, Future[str | None]] = {
-                i: pool.submit(_parse_file, _one_file(self.reader, self.files[i]), i, self.root, self.specs,
-                               self.block_lines, self.stop_at_bad)
+        pool = get_context("fork").Pool(max(1, min(self.workers, len(todo))), initializer=_worker_start)
+        try:
+            results: dict[int, AsyncResult[str | None]] = {
+                i: pool.apply_async(_parse_file, (_one_file(self.reader, self.files[i]), i, self.root, self.specs,
+                                                  self.block_lines, self.stop_at_bad))
                 for i in todo
             }  # fmt: skip
-            try:
-                for index in range(first, len(self.files)):
-                    if index in futures:
-                        failure = futures[index].result()
-                        if failure is not None:
-                            raise DataError(failure)
-                    yield self._read_record(index)
-            finally:
-                for future in futures.values():
-                    future.cancel()
+            pool.close()
+            for index in range(first, len(self.files)):
+                if index in results:
+                    failure = results[index].get()
+                    if failure is not None:
+                        raise DataError(failure)
+                yield self._read_record(index)
+        finally:
+            pool.terminate()  # a stop or an error ends the parses under way (their files are parsed again)
+            pool.join()
 
     def remove_before(self, index: int) -> None:
         """File parts of files whose rows are all in parts already."""
@@ -163,7 +164,13 @@ def _parse_file(
     finally:
         os.close(descriptor)
     temporary.replace(root / part_name(index))
-    rows = [{"file": r.file, "line": r.line, "column": r.column, "value": r.value, "reason": r.reason} for r in examples]
+    rows = [asdict(row) for row in examples]
     write_json_atomically(root / record_name(index), {"lines": lines, "bad_count": bad_count, "bad_rows": rows})
     return None
 
+
+
+def _worker_start() -> None:
+    """A parsing process goes with the prepare's, and leaves Ctrl-C to it (which ends the pool)."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

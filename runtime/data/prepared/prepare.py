@@ -96,8 +96,8 @@ class _Journal:
     def to_json(self) -> dict[str, Any]:
         return {
             "identity": self.identity, "parts": [p.to_json() for p in self.parts], "lines": self.lines,
-            "drop": self.drop, "by_file": self.by_file, "file": self.file, "bad": self.bad, "bad_examples": self.bad_examples,
-            "stats": self.stats,
+            "drop": self.drop, "by_file": self.by_file, "file": self.file, "bad": self.bad,
+            "bad_examples": self.bad_examples, "stats": self.stats,
         }  # fmt: skip
 
 
