@@ -146,7 +146,7 @@ def _parse_file(
     lines, bad_count = 0, 0
     examples: list[BadRow] = []
     try:
-        with pq.ParquetWriter(temporary, arrow_schema(specs)) as out:
+        with pq.ParquetWriter(temporary, arrow_schema(specs), compression="none") as out:  # read once, soon
             numbered = iter(reader.epoch_lines())
             while block := list(islice(numbered, block_lines)):
                 parsed = parse_block(reader, block, False, stop_at_bad)
