@@ -1,7 +1,8 @@
 """`reccompile data prepare SPEC --data READER:PATH -o DIR`: parse training data once into Parquet.
 
 Reads the raw files once with the reader training would use, as the spec
-declares them (runtime.data.prepared.prepare), drops and reports bad rows
+declares them (runtime.data.prepared.prepare), several files in parallel
+(one process per file, runtime.data.prepared.by_file), drops and reports bad rows
 (file:line), and writes DIR: Parquet parts of fixed-size row groups and a
 manifest. A prepare stopped part-way (killed, Ctrl-C) continues where it
 stopped when run again with the same arguments; until it finishes, DIR
@@ -46,7 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="row groups per Parquet file (256); a stopped prepare resumes after the last whole file")
     prepare.add_argument("--bad-rows", choices=("skip", "fail"), default="skip",
                          help="drop bad rows and report them (skip, default) or stop at the first (fail)")
-    prepare.add_argument("--workers", type=int, default=1, help="processes parsing lines (default 1; 0: none)")
+    prepare.add_argument("--workers", type=int, default=1,
+                         help="processes parsing (default 1): with several input files, one per file, at most "
+                              "this many at once; with one, workers sharing its lines; 0: none, line by line")
     prepare.add_argument("--rating-threshold", type=float, default=4.0,
                          help="MovieLens: rating >= T is a positive (4)")  # fmt: skip
     split = actions.add_parser("split", help="MovieLens positives split by time per user into train/ and test/",

@@ -4,8 +4,11 @@
 
 The raw files are read once, in order, by the reader training would use
 (runtime.data.sources: hashing of ids into tables, MovieLens vocabularies
-and histories, log(1 + x) of Criteo integers), parsed by `workers`
-DataLoader processes (runtime.data.loader's blocks). Bad rows are dropped
+and histories, log(1 + x) of Criteo integers). Several input files (with
+`workers` >= 1) are parsed one process per file, at most `workers` at once,
+into hidden file parts taken in file order (runtime.data.prepared.by_file);
+one file is parsed by `workers` DataLoader processes (runtime.data.loader's
+blocks); either way the parts are the same bytes. Bad rows are dropped
 and counted, the first few named by file:line (`--bad-rows fail` stops at
 the first). Good rows go, in order, into parts `part-NNNNN.parquet` of
 `part_row_groups` row groups of `row_group_rows` rows (a last part may be
@@ -18,8 +21,11 @@ journal (`.prepare.json`) records the parts done and where the next row
 comes from: the start line of its block of lines and how many of that
 block's good rows are written already. A prepare run again on the same
 directory keeps those parts, skips the lines before that block unparsed,
-and goes on; parts it did not record are removed. The journal also names
-the spec, source and settings, and another combination is refused.
+and goes on; parts it did not record are removed. Parsed one process per
+file, a block is a whole file: the journal names the file the next row
+comes from, and files parsed already (their file parts) are not parsed
+again. The journal also names the spec, source and settings, and another
+combination is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import json
 import logging
 import os
 from collections import deque
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -40,6 +47,7 @@ from runtime.data.errors import DataError
 from runtime.data.features import ModelInputs
 from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
 from runtime.data.prepared.arrow import pq
+from runtime.data.prepared.by_file import FileParts, is_finished_file_part, raw_files
 from runtime.data.prepared.manifest import (
     MANIFEST,
     Manifest,
@@ -79,6 +87,8 @@ class _Journal:
     parts: list[PartFile] = field(default_factory=list)
     lines: int = 0  # raw lines before the block the next row comes from
     drop: int = 0  # good rows of that block already in a part
+    by_file: bool = False  # parsed one process per file: a block is a whole file
+    file: int = 0  # by_file: the index of that file
     bad: int = 0  # bad rows before that block
     bad_examples: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -86,8 +96,8 @@ class _Journal:
     def to_json(self) -> dict[str, Any]:
         return {
             "identity": self.identity, "parts": [p.to_json() for p in self.parts], "lines": self.lines,
-            "drop": self.drop, "bad": self.bad, "bad_examples": self.bad_examples,
-            "stats": self.stats,
+            "drop": self.drop, "by_file": self.by_file, "file": self.file, "bad": self.bad,
+            "bad_examples": self.bad_examples, "stats": self.stats,
         }  # fmt: skip
 
 
@@ -96,6 +106,7 @@ class _Pending:
     """Good rows of one block of lines not yet in a part."""
 
     start_line: int  # raw lines before the block
+    file: int  # by_file: the block's file
     columns: Columns  # its rows not yet written
     taken: int  # its rows already written
     bad_before: int  # bad rows before the block
@@ -123,23 +134,48 @@ def prepare(
         return _finished(root, identity, report)
     root.mkdir(parents=True, exist_ok=True)
     journal = _load_journal(root, identity, report)
-    _remove_strays(root, journal)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
     reader = open_reader(inputs, choice, threshold=settings.rating_threshold, vocab_path=vocab, save_vocab=True)
+    by_file = len(raw_files(reader)) > 1 and settings.workers >= 1
+    if journal.parts and journal.by_file != by_file:
+        raise DataError(f"{root}: holds a stopped prepare {_mode(journal.by_file)}; run it again with --workers "
+                        f"{'1 or more' if journal.by_file else 0} to continue it, or remove the directory")  # fmt: skip
+    journal.by_file = by_file
+    _remove_strays(root, journal)
     writer = _PartWriter(root, specs, settings, journal)
     bad_rows = BadRowLog(settings.bad_rows, None if report is None else (lambda m: report(f"warning: {m}")))
     bad_rows.bad = journal.bad
     bad_rows.examples = [BadRow(**row) for row in journal.bad_examples]
-    rest = _ResumedReader(reader, journal.lines)
-    if journal.lines and next(iter(rest.epoch_lines()), None) is None:
-        blocks: Iterable[Block] = ()  # stopped after the last part, before the manifest
+    if by_file:
+        _write_by_file(FileParts(reader, root, specs, settings.block_lines, settings.bad_rows == "fail",
+                                 settings.workers), writer, bad_rows)  # fmt: skip
     else:
-        blocks = _parsed_blocks(rest, settings)
-    writer.write_rows(blocks, bad_rows)
+        rest = _ResumedReader(reader, journal.lines)
+        if journal.lines and next(iter(rest.epoch_lines()), None) is None:
+            blocks: Iterable[Block] = ()  # stopped after the last part, before the manifest
+        else:
+            blocks = _parsed_blocks(rest, settings)
+        writer.write_rows(blocks, bad_rows)
     manifest = writer.manifest(choice, bad_rows, vocab)
     write_manifest(manifest)
     (root / JOURNAL).unlink()
     return manifest
+
+
+def _mode(by_file: bool) -> str:
+    return "parsed one process per file (--workers 1 or more)" if by_file else "parsed line by line (--workers 0)"
+
+
+def _write_by_file(files: FileParts, writer: _PartWriter, bad_rows: BadRowLog) -> None:
+    """The files' rows, in file order, into parts; a file part goes once its rows are all in parts."""
+    drop = writer.journal.drop
+    with closing(files.parsed(writer.journal.file)) as parsed_files:  # a stop ends the workers at once
+        for parsed in parsed_files:
+            writer.add(parsed.chunks(writer.specs), parsed.lines, parsed.bad_rows, parsed.bad_count, bad_rows, drop)
+            drop = 0
+            files.remove_before(writer.journal.file)
+    writer.flush(bad_rows)
+    files.remove_before(len(files.files))
 
 
 def _finished(root: Path, identity: dict[str, Any], report: Callable[[str], None] | None) -> Manifest:
@@ -165,8 +201,8 @@ def _load_journal(root: Path, identity: dict[str, Any], report: Callable[[str], 
             "choose another -o, or remove the directory"
         )
     journal = _Journal(
-        identity, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"], data["bad"],
-        data["bad_examples"], data["stats"],
+        identity, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"], data["by_file"],
+        data["file"], data["bad"], data["bad_examples"], data["stats"],
     )  # fmt: skip
     for part in journal.parts:
         path = root / part.name
@@ -174,8 +210,9 @@ def _load_journal(root: Path, identity: dict[str, Any], report: Callable[[str], 
             raise DataError(f"{root}: part {part.name} of the stopped prepare is missing or changed; remove the directory")
     if report is not None:
         rows = sum(p.rows for p in journal.parts)
+        where = f"file {journal.file + 1}" if journal.by_file else f"line {journal.lines + 1:,}"
         report(f"resuming a stopped prepare: {len(journal.parts)} parts ({rows:,} rows) kept, "
-               f"reading on from line {journal.lines + 1:,} of the data")  # fmt: skip
+               f"reading on from {where} of the data")  # fmt: skip
     return journal
 
 
@@ -190,7 +227,8 @@ def _remove_strays(root: Path, journal: _Journal) -> None:
     """Parts the journal does not list (written after its last update) and temporary files."""
     kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY}
     for path in root.iterdir():
-        if path.name not in kept and _ours(path.name):
+        finished = journal.by_file and is_finished_file_part(path.name, root, journal.file)
+        if path.name not in kept and _ours(path.name) and not finished:
             path.unlink()
 
 
@@ -237,20 +275,45 @@ class _PartWriter:
         self.pending: deque[_Pending] = deque()
         self.pending_rows = 0
         self.lines = journal.lines
+        self.file = journal.file
+        # where the rows not yet pending come from: (start line of their block, its file, its rows
+        # pending or written already, bad rows before it)
+        self.next = (journal.lines, journal.file, journal.drop, journal.bad)
 
     def write_rows(self, blocks: Iterable[Block], bad_rows: BadRowLog) -> None:
         drop = self.journal.drop
         for block in blocks:
-            bad_before = bad_rows.bad
-            bad_rows.count_rows(block.lines)
-            bad_rows.add_many(block.bad_rows, block.bad_count)
-            columns = block.columns.slice(drop, len(block.columns)) if drop else block.columns
-            self.pending.append(_Pending(self.lines, columns, drop, bad_before))
-            self.pending_rows += len(columns)
+            self.add((block.columns,), block.lines, block.bad_rows, block.bad_count, bad_rows, drop)
             drop = 0
-            self.lines += block.lines
+        self.flush(bad_rows)
+
+    def add(
+        self, chunks: Iterable[Columns], lines: int, examples: list[BadRow], bad_count: int, bad_rows: BadRowLog,
+        drop: int,
+    ) -> None:
+        """One block's rows (its first `drop` in a part already), its lines and its bad rows."""
+        start, file, bad_before = self.lines, self.file, bad_rows.bad
+        bad_rows.count_rows(lines)
+        bad_rows.add_many(examples, bad_count)
+        taken = 0
+        for columns in chunks:
+            skip = min(drop - taken, len(columns)) if taken < drop else 0
+            taken += skip
+            if skip == len(columns):
+                continue
+            columns = columns.slice(skip, len(columns)) if skip else columns
+            self.pending.append(_Pending(start, file, columns, taken, bad_before))
+            self.pending_rows += len(columns)
+            taken += len(columns)
+            self.next = (start, file, taken, bad_before)
             while self.pending_rows >= self.part_rows:
                 self._write_part(self._take(self.part_rows), bad_rows)
+        self.lines += lines
+        self.file += 1
+        self.next = (self.lines, self.file, 0, bad_rows.bad)
+
+    def flush(self, bad_rows: BadRowLog) -> None:
+        """The last, shorter part."""
         if self.pending_rows:
             self._write_part(self._take(self.pending_rows), bad_rows)
 
@@ -300,9 +363,11 @@ class _PartWriter:
         journal.stats = merge_stats(journal.stats, part_stats(columns, self.specs))
         if self.pending:
             front = self.pending[0]
-            journal.lines, journal.drop, journal.bad = front.start_line, front.taken, front.bad_before
+            journal.lines, journal.file, journal.drop, journal.bad = (
+                front.start_line, front.file, front.taken, front.bad_before
+            )  # fmt: skip
         else:
-            journal.lines, journal.drop, journal.bad = self.lines, 0, bad_rows.bad
+            journal.lines, journal.file, journal.drop, journal.bad = self.next
         journal.bad_examples = [
             {"file": r.file, "line": r.line, "column": r.column, "value": r.value, "reason": r.reason}
             for r in bad_rows.examples

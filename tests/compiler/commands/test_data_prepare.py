@@ -88,6 +88,41 @@ def test_a_killed_prepare_is_not_data_and_continues_to_the_same_files(tmp_path: 
     assert resumed["columns"] == whole["columns"]
 
 
+def test_a_prepare_killed_while_parsing_one_process_per_file_continues_to_the_bytes_of_one_process(
+    tmp_path: Path, files
+) -> None:
+    spec, _ = files
+    block = [criteo_line(random.Random(2)) for _ in range(3000)]
+    days = tmp_path / "days"
+    for day in range(4):
+        write_lines(days / f"day_{day}", block * 4)  # 12,000 lines each
+    out = tmp_path / "out"
+    args = ("data", "prepare", str(spec), "--data", f"criteo:{days}", "--row-group-rows", "500",
+            "--part-row-groups", "2")  # fmt: skip
+    process = _reccompile(*args, "--workers", "2", "-o", str(out))
+    journal = out / ".prepare.json"
+    deadline = time.monotonic() + 300
+    while not (journal.is_file() and json.loads(journal.read_text())["parts"]):
+        assert process.poll() is None, "the prepare ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (out / "manifest.json").exists()
+
+    code, stdout, stderr = _finish(_reccompile(*args, "--workers", "2", "-o", str(out)))
+    assert code == 0, stderr
+    kept = stdout.splitlines()[0]
+    assert kept.startswith("resuming a stopped prepare: ") and " of the data" in kept and "0 parts" not in kept, stdout
+    code, _, stderr = _finish(_reccompile(*args, "--workers", "0", "-o", str(tmp_path / "whole")))
+    assert code == 0, stderr
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "whole").iterdir())
+    for name in names:
+        assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+    assert json.loads((out / "manifest.json").read_text())["rows"] == 48000
+
+
 def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_the_row(
     tmp_path: Path, files, capsys
 ) -> None:

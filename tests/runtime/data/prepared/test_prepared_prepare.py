@@ -118,3 +118,101 @@ def test_a_stopped_prepare_keeps_its_parts_and_continues(criteo: Path, tmp_path:
     assert [p.sha256 for p in resumed.files] == [p.sha256 for p in whole.files]
     assert resumed.source["bad_rows"] == 2 and resumed.columns == whole.columns
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", *(p.name for p in whole.files)]
+
+
+@pytest.fixture
+def days(tmp_path: Path) -> Path:
+    """Three Criteo day files; the second has a bad line 31, the third is gzipped."""
+    second = criteo_lines(110, seed=2)
+    second[30] = "1\tnot a criteo line"
+    write_lines(tmp_path / "days" / "day_0", criteo_lines(100, seed=1))
+    write_lines(tmp_path / "days" / "day_1", second)
+    write_lines(tmp_path / "days" / "day_2.gz", criteo_lines(90, seed=3), gzipped=True)
+    return tmp_path / "days"
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {path.name: file_sha256(path) for path in sorted(root.iterdir())}
+
+
+def test_one_process_per_file_writes_the_bytes_of_one_process(days: Path, tmp_path: Path) -> None:
+    inputs, choice = criteo_spec(rows=1000), DataChoice("criteo", str(days))
+    one = prepare(inputs, choice, tmp_path / "one", SETTINGS)
+    by_file = prepare(inputs, choice, tmp_path / "by_file", dataclasses.replace(SETTINGS, workers=2))
+    assert by_file.rows == one.rows == 299 and [p.rows for p in by_file.files] == [48] * 6 + [11]
+    assert _digests(tmp_path / "by_file") == _digests(tmp_path / "one")
+    assert sorted(_digests(tmp_path / "by_file")) == ["manifest.json", *(p.name for p in one.files)]
+    assert by_file.source["lines"] == 300 and by_file.source["bad_rows"] == 1
+    assert by_file.source["bad_examples"] == [
+        f"{days / 'day_1'}:31: 2 tab-separated fields, expected 40 (label, I1..I13, C1..C26) "
+        "(value '1\\tnot a criteo line')"
+    ]
+
+
+def test_a_bad_row_under_fail_stops_a_prepare_by_file_naming_its_file_and_line(days: Path, tmp_path: Path) -> None:
+    settings = dataclasses.replace(SETTINGS, workers=2, bad_rows="fail")
+    with pytest.raises(DataError) as error:
+        prepare(criteo_spec(rows=1000), DataChoice("criteo", str(days)), tmp_path / "out", settings)
+    assert str(error.value).startswith(f"{days / 'day_1'}:31: 2 tab-separated fields, expected 40")
+
+
+def test_a_stopped_prepare_by_file_keeps_its_parsed_files_and_continues(
+    days: Path, tmp_path: Path, monkeypatch
+) -> None:
+    inputs, choice = criteo_spec(rows=1000), DataChoice("criteo", str(days))
+    settings = dataclasses.replace(SETTINGS, workers=2)
+    whole = prepare(inputs, choice, tmp_path / "whole", SETTINGS)
+    out = tmp_path / "out"
+
+    class Stop(Exception):
+        pass
+
+    def journal_then_stop(path: Path, data: dict) -> None:
+        write_json_atomically(path, data)
+        if len(data["parts"]) == 3:
+            raise Stop
+
+    monkeypatch.setattr(prepare_module, "write_json_atomically", journal_then_stop)
+    with pytest.raises(Stop):
+        prepare(inputs, choice, out, settings)
+    monkeypatch.undo()
+    journal = json.loads((out / ".prepare.json").read_text())
+    # parts of 48 rows: the third ends at row 144, the 44th good row of day_1 (file index 1)
+    assert (journal["by_file"], journal["file"], journal["drop"], journal["lines"]) == (True, 1, 44, 100)
+    # day_0's rows are all in parts: its file part goes; day_1's (and day_2's, if parsed) stay
+    records = {p.name: p.stat().st_mtime_ns for p in out.glob(".file-*.json") if p.name != ".file-00000.json"}
+    assert ".file-00001.json" in records
+    (out / ".file-00002.parquet.tmp").write_bytes(b"half a file part")
+    said: list[str] = []
+    kept: dict[str, int] = {}
+    remove_before = prepare_module.FileParts.remove_before
+
+    def note_then_remove(self, index: int) -> None:
+        kept.update({p.name: p.stat().st_mtime_ns for p in out.glob(".file-*.json") if p.name in records})
+        remove_before(self, index)
+
+    monkeypatch.setattr(prepare_module.FileParts, "remove_before", note_then_remove)
+    resumed = prepare(inputs, choice, out, settings, report=said.append)
+    assert said[0] == "resuming a stopped prepare: 3 parts (144 rows) kept, reading on from file 2 of the data"
+    assert kept == records  # the files parsed before the stop were not parsed again
+    assert _digests(out) == _digests(tmp_path / "whole")
+    assert resumed.source["bad_rows"] == 1 and resumed.columns == whole.columns
+
+
+def test_a_prepare_stopped_by_file_is_not_continued_line_by_line(days: Path, tmp_path: Path, monkeypatch) -> None:
+    inputs, choice = criteo_spec(rows=1000), DataChoice("criteo", str(days))
+
+    def journal_then_stop(path: Path, data: dict) -> None:
+        write_json_atomically(path, data)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_module, "write_json_atomically", journal_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(inputs, choice, tmp_path / "out", dataclasses.replace(SETTINGS, workers=2))
+    monkeypatch.undo()
+    with pytest.raises(DataError) as error:
+        prepare(inputs, choice, tmp_path / "out", SETTINGS)
+    assert str(error.value) == (
+        f"{tmp_path / 'out'}: holds a stopped prepare parsed one process per file (--workers 1 or more); "
+        "run it again with --workers 1 or more to continue it, or remove the directory"
+    )
