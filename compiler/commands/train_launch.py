@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from runtime.checkpoint.files import latest_checkpoint
-from runtime.lifetime import set_parent_death_signal
+from runtime.process.lifetime import set_parent_death_signal
 
 _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
 _TORCHRUN_REPORT = re.compile(r"^(Traceback \(most recent call last\):|=+$|\[W\d{4}|[WEI]\d{4} )")

@@ -27,7 +27,7 @@ from runtime.data.features import TimestampsConfig
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
 from runtime.data.sequence_check import check_timestamps
 from runtime.data.unseen_ids import UnseenIds
-from runtime.lifetime import die_with_parent
+from runtime.process.lifetime import die_with_parent
 
 BLOCK_LINES = 4096
 

@@ -29,7 +29,7 @@ from runtime.data.batch import Batch
 from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, run_setup
-from runtime.lifetime import die_with_parent
+from runtime.process.lifetime import die_with_parent
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.early_stopping import EarlyStopping, resolve_best_metric
 from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node

@@ -46,7 +46,7 @@ from runtime.data.prepared.arrow import pa
 from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
 from runtime.data.rank_slices import Share, share_bounds
 from runtime.data.sequence_check import check_timestamps
-from runtime.lifetime import die_with_parent
+from runtime.process.lifetime import die_with_parent
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from runtime.data.loader import Reader, parse_block
 from runtime.data.prepared.arrow import pa, pq
 from runtime.data.prepared.manifest import write_json_atomically
 from runtime.data.prepared.schema import arrow_schema, from_table, to_table
-from runtime.lifetime import die_with_parent
+from runtime.process.lifetime import die_with_parent
 
 READ_ROWS = 65536  # rows of a file part turned into Columns at a time
 

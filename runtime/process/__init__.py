@@ -1,0 +1,7 @@
+"""The process itself: ranks, DataLoader and prepare workers that end when their parent does."""
+
+from __future__ import annotations
+
+from runtime import lazy_exports
+
+lazy_exports(globals(), {"lifetime": ("die_with_parent", "set_parent_death_signal")})
