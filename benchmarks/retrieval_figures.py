@@ -14,7 +14,8 @@ which are no positives), then runs the reccompile commands it prints:
         --eval-data movielens:DIR/split/test/ratings.dat -o DIR/export-KIND     (flat, ivf, hnsw)
 
 and prints one line per epoch (recall@10, ndcg@10 of the held-out positives
-ranked against the whole item table, from the run log) and one per index
+ranked against the whole item table, from the run log), the recall@10 of
+a popularity ranking (the 10 most-rated training movies), and one per index
 kind (its recall@100 against exact search's, from the export's manifest).
 tests/benchmarks/test_retrieval_figures.py runs it at a small size.
 """
@@ -39,6 +40,7 @@ INDEX_KINDS = ("flat", "ivf", "hnsw")
 class Figures:
     epochs: list[dict[str, float]]  # per epoch: step, recall@10, ndcg@10
     indexes: dict[str, dict[str, float]]  # kind -> recall, exact_recall, ratio
+    popularity: float  # recall@10 of the 10 most-rated training movies for everyone
     commands: list[str]
 
 
@@ -86,7 +88,18 @@ def run(workdir: Path, users: int, movies: int, epochs: int, spec: Path = SPEC) 
             "--eval-data", f"movielens:{test}", "-o", str(out))  # fmt: skip
         quality = json.loads((out / "manifest.json").read_text())["retrieval"]["quality"]
         indexes[kind] = {key: quality[key] for key in ("k", "queries", "recall", "exact_recall", "ratio")}
-    return Figures(_epochs(log / "metrics.jsonl"), indexes, commands)
+    return Figures(_epochs(log / "metrics.jsonl"), indexes, popularity_recall(train, test), commands)
+
+
+def popularity_recall(train: Path, test: Path, k: int = 10) -> float:
+    """The share of `test`'s positives among the k movies with the most positives in `train`."""
+    counts: dict[int, int] = {}
+    for line in train.read_text().splitlines():
+        movie = int(line.split("::")[1])
+        counts[movie] = counts.get(movie, 0) + 1
+    top = set(sorted(counts, key=lambda m: (-counts[m], m))[:k])
+    held_out = [int(line.split("::")[1]) for line in test.read_text().splitlines()]
+    return sum(movie in top for movie in held_out) / len(held_out)
 
 
 def _batch_size(spec: Path) -> int:
@@ -119,6 +132,7 @@ def main() -> None:
         print(command)
     for number, epoch in enumerate(figures.epochs, start=1):
         print(f"epoch {number} (step {epoch['step']}): recall@10 {epoch['recall@10']:.4f}  ndcg@10 {epoch['ndcg@10']:.4f}")
+    print(f"popularity baseline: recall@10 {figures.popularity:.4f}")
     for kind, quality in figures.indexes.items():
         print(
             f"index {kind}: recall@{quality['k']} {quality['recall']:.4f} vs exact {quality['exact_recall']:.4f} "

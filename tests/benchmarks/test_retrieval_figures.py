@@ -30,6 +30,13 @@ def test_the_ratings_plant_each_users_group_at_5_and_a_few_others_at_2(tmp_path:
     assert sum(1 for r in rows if r[2] == 2) == 40 * 3
 
 
+def test_popularity_recall_counts_the_held_out_positives_among_the_most_rated_training_movies(tmp_path: Path) -> None:
+    script = _script()
+    (tmp_path / "train.dat").write_text("1::7::5::1\n2::7::5::2\n3::8::5::3\n1::9::5::4\n2::9::5::5\n")
+    (tmp_path / "test.dat").write_text("1::7::5::9\n2::8::5::9\n3::9::5::9\n4::5::5::9\n")
+    assert script.popularity_recall(tmp_path / "train.dat", tmp_path / "test.dat", k=2) == 0.5  # top 2: 7 and 9
+
+
 def test_a_small_run_reports_recall_per_epoch_and_each_index_against_exact_search(tmp_path: Path) -> None:
     from runtime.retrieval.index import faiss_available
 
