@@ -39,7 +39,6 @@ from compiler import __version__
 from compiler.serving.emit import emit_inference
 from compiler.ir import ModelIR
 from compiler.serving.lower import lower_inference
-from compiler.serving.retrieval import check_exportable
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
@@ -96,7 +95,6 @@ class ExportResult:
 def export(request: ExportRequest) -> ExportResult:
     """Write the export directory of `request`; return its manifest and the retrieval report."""
     ir = validate(load(request.spec))
-    check_exportable(ir)
     _check_index_request(ir, request)
     precisions = resolve_precisions(ir, request.quantize, request.per_table)
     if request.dense not in DENSE_CHOICES:

@@ -8,8 +8,11 @@ table row) depends on, with that node as the output; the head's output node
 names both (its first two arguments). The same nodes with the
 same targets, so the dense weights carry over; emit.py writes them as the
 `_query_graph` and `_item_graph` methods behind the module's `query_vectors`
-and `item_vectors`. A next-item head (a sequence query) is not exported for
-retrieval: its query is a position of a sequence, not a block output.
+and `item_vectors`. A next-item head's query is a sequence [B, L, D]: its
+query graph ends in `last_positions` of it (each request's last real
+position, as the training module's `query_vectors`), and its item vector is
+the item's own table row (the flat rows `to_padded` pads, one per id when
+`item_vectors` asks one id per sample).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 import torch.fx as fx
 
 from compiler.ir import Head, ModelIR
-from runtime.serving.export_dir import ExportError
+from runtime.retrieval.head import last_positions
 
 
 @dataclass(frozen=True)
@@ -38,10 +41,9 @@ def retrieval_head(ir: ModelIR) -> Head | None:
 
 
 def retrieval_graphs(ir: ModelIR, serving: fx.Graph) -> RetrievalGraphs | None:
-    """The query and item graphs of `ir`'s two-tower retrieval head cut from the serving graph;
-    None without one (`check_exportable` refuses a next-item head before)."""
+    """The query and item graphs of `ir`'s retrieval head cut from the serving graph; None without one."""
     head = retrieval_head(ir)
-    if head is None or head.retrieval is None or head.retrieval.next_item:
+    if head is None or head.retrieval is None:
         return None
     retrieval = head.retrieval
     constant = {
@@ -52,19 +54,12 @@ def retrieval_graphs(ir: ModelIR, serving: fx.Graph) -> RetrievalGraphs | None:
         "item_table": retrieval.item_table,
         "normalize": retrieval.normalize,
         "dim": head.input.width,
+        "next_item": retrieval.next_item,
     }
     query, item = _head_inputs(serving, head)
+    if retrieval.next_item:
+        query, item = _next_item_vectors(serving, head, query, item)
     return RetrievalGraphs(_cut(serving, query), _cut(serving, item), constant)
-
-
-def check_exportable(ir: ModelIR) -> None:
-    """An ExportError for a next-item retrieval head, whose query is a sequence position."""
-    head = retrieval_head(ir)
-    if head is not None and head.retrieval is not None and head.retrieval.next_item:
-        raise ExportError(
-            f"{head.loc}: head {head.name!r} trains next-item (a sequence query): exporting it for retrieval "
-            f"is not supported yet; export a two-tower head (a vector query)"
-        )
 
 
 def _head_inputs(graph: fx.Graph, head: Head) -> tuple[fx.Node, fx.Node]:
@@ -74,6 +69,19 @@ def _head_inputs(graph: fx.Graph, head: Head) -> tuple[fx.Node, fx.Node]:
     query, item = output.args[0], output.args[1]
     assert isinstance(query, fx.Node) and isinstance(item, fx.Node)
     return query, item
+
+
+def _next_item_vectors(graph: fx.Graph, head: Head, sequence: fx.Node, padded: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """A next-item head's query (the last real position of `sequence`, a node added after the head's
+    output) and item vector (the flat rows that `padded`, to_padded(rows, lengths, max_length), pads)."""
+    rows, lengths = padded.args[0], padded.args[1]
+    assert isinstance(rows, fx.Node) and isinstance(lengths, fx.Node)
+    output = next(node for node in graph.nodes if node.name == f"{head.name}_output")
+    with graph.inserting_after(output):
+        query = graph.call_function(last_positions, (sequence, lengths))
+    query.name = f"{head.name}_last_query"
+    query.meta["loc"] = head.loc
+    return query, rows
 
 
 def _cut(graph: fx.Graph, target: fx.Node) -> fx.Graph:

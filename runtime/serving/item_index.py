@@ -12,7 +12,10 @@ and measures the index against exact search at k = 100 (or fewer items):
 with held-out requests (`--eval-data`, e.g. the test part of `reccompile data
 split`), recall@k of their positives through the index over recall@k through
 exact search; without them, the top-k overlap with exact search for item
-vectors used as queries. An approximate index that keeps less than 0.95 of
+vectors used as queries. A next-item model's held-out request is a rating
+line: its query is the user's earlier positives in that file (the history
+the reader cuts), its positive the line's movie; a line with no history is
+no query. An approximate index that keeps less than 0.95 of
 exact search's figure is written all the same, and the report says so.
 """
 
@@ -98,7 +101,8 @@ def export_items(
     save_index(index, directory / INDEX_DIR)
     k = min(RECALL_K, ids.numel())
     if eval_data is not None:
-        queries, positives = _held_out(model, inputs, eval_data, threshold, vocabulary, retrieval["item_feature"])
+        held_out = _held_out_next if retrieval.get("next_item") else _held_out
+        queries, positives = held_out(model, inputs, eval_data, threshold, vocabulary, retrieval["item_feature"])
         source = f"{eval_data}, one held-out positive each"
         quality = check_index(index, exact, queries, k, positives, threshold=RATIO)
     else:
@@ -150,3 +154,36 @@ def _held_out(
         raise DataError(f"{data}: no held-out requests to measure the index with")
     return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES]
 
+
+
+def _held_out_next(
+    model: nn.Module,
+    inputs: ModelInputs,
+    data: str,
+    threshold: float,
+    vocabulary: Vocabulary | None,
+    item_feature: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A next-item model's query vectors (each line's history) and positive item ids (the line's
+    movie) of the first MAX_QUERIES held-out lines of `data` with a history."""
+    from runtime.data.errors import DataError
+
+    reader = requests_reader(inputs, data, vocabulary, threshold, positives=True)
+    if not hasattr(reader, "parse"):
+        raise DataError(f"{data}: the recall check of a next-item model reads MovieLens ratings (movielens:FILE)")
+    movies = (reader.parse(line)[1] for _, _, line in reader.epoch_lines())
+    queries, positives, count = [], [], 0
+    with torch.inference_mode():
+        for keys, batch in file_samples(reader, 4096, BadRowLog("fail")):
+            following = torch.tensor([next(movies) for _ in keys], dtype=torch.long)
+            if vocabulary is not None:
+                following = torch.tensor([m if m in vocabulary.movies else -1 for m in following.tolist()])
+            known = batch.sparse[item_feature].lengths() > 0
+            queries.append(model.query_vectors(batch.dense, batch.sparse)[known])
+            positives.append(following[known])
+            count += queries[-1].shape[0]
+            if count >= MAX_QUERIES:
+                break
+    if not sum(q.shape[0] for q in queries):
+        raise DataError(f"{data}: no held-out requests with a history to measure the index with")
+    return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES]

@@ -57,10 +57,10 @@ def test_every_spec_lowers_to_one_lookup_per_collection_and_imports_only_torch_a
     }
     assert imported == {"os", "torch", "runtime"}
     assert "input_dist" not in source and "output_dist" not in source
-    # forward, and for a two-tower retrieval head also its query and item towers
+    # forward, and for a retrieval head (two-tower or next-item) also its query and item towers
     methods = 3 if "RETRIEVAL = " in source else 1
     assert source.count("self.sparse_arch(sparse)") == methods * int(has_pooled)
-    assert source.count("self.sequence_arch(") == int(bool(sequences))
+    assert source.count("self.sequence_arch(") == methods * int(bool(sequences))
     path = tmp_path / "module.py"
     path.write_text(source)
     with torch.device("meta"):
