@@ -29,14 +29,14 @@ ROWS, BATCH, SEED = 40, 20, 5
 
 
 def _expected(build: Path, checkpoint: Path) -> list[list[str]]:
-    """The scores of the eval-mode training module with the checkpoint loaded, as CSV rows."""
+    """The scores of the eval-mode training module with the checkpoint loaded, as CSV rows under their header."""
     (source,) = [path for path in build.glob("*.py") if not path.name.endswith("_inference.py")]
     module = load_module(str(source))
     model = module.build()
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     load_checkpoint(checkpoint, model, optimizer, spec_sha256=module.SPEC_SHA256)
     model.eval()
-    rows = []
+    rows = [["id", *score_columns(module.HEADS)]]
     with torch.no_grad():
         for step, start in enumerate(range(0, ROWS, BATCH)):
             batch = module.synthetic_batch(BATCH, step=step, seed=SEED)
@@ -63,6 +63,4 @@ def test_a_zoo_model_exports_in_fp32_and_predicts_its_eval_scores(
     capsys.readouterr()
     with open(tmp_path / "scores.csv", newline="") as stream:
         rows = list(csv.reader(stream))
-    module_heads = load_module(str(next(iter(sorted((tmp_path / "build").glob("*.py")))))).HEADS
-    assert rows[0] == ["id", *score_columns(module_heads)]
-    assert rows[1:] == _expected(tmp_path / "build", tmp_path / "ckpt")
+    assert rows == _expected(tmp_path / "build", tmp_path / "ckpt")
