@@ -24,7 +24,7 @@ import csv
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO, TypeVar
 
 import torch
 from torch import nn
@@ -130,6 +130,22 @@ def predict(
     return rows, model_seconds
 
 
+_T = TypeVar("_T")
+
+
+def write_csv(output: Path, write: Callable[[TextIO], _T]) -> _T:
+    """`write(file)` into `output` atomically: a hidden `.partial` file renamed when complete, removed otherwise."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(f".{output.name}.partial")
+    try:
+        with open(partial, "w", newline="") as out:
+            result = write(out)
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return result
+
+
 def predict_file(
     model: nn.Module,
     inputs: ModelInputs,
@@ -165,14 +181,7 @@ def predict_file(
         reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=known)
         log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
         samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.name}.partial")
-    try:
-        with open(partial, "w", newline="") as out:
-            count, model_seconds = predict(model, inputs.heads, samples, out, id_columns)
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
+    count, model_seconds = write_csv(output, lambda out: predict(model, inputs.heads, samples, out, id_columns))
     return PredictionReport(
         rows=count,
         seconds=time.perf_counter() - started,

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from runtime.retrieval.index import ItemIndex
-from runtime.serving.predict import Keyed, file_samples, synthetic_samples
+from runtime.serving.predict import Keyed, file_samples, synthetic_samples, write_csv
 
 __all__ = ["RetrieveReport", "retrieve", "retrieve_file"]
 
@@ -103,14 +103,9 @@ def retrieve_file(
         reader = requests_reader(module.INPUTS, data, known)
         log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
         samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.name}.partial")
-    try:
-        with open(partial, "w", newline="") as out:
-            count, query_seconds, search_seconds = retrieve(model, index, samples, k, out, id_columns)
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
+    count, query_seconds, search_seconds = write_csv(
+        output, lambda out: retrieve(model, index, samples, k, out, id_columns)
+    )
     return RetrieveReport(
         requests=count,
         seconds=time.perf_counter() - started,
