@@ -1,4 +1,4 @@
-"""benchmarks/retrieval_figures.py at a small size: the commands it runs (here, in this process) and the figures it reads back."""
+"""benchmarks/retrieval_figures.py at a small size: the commands it runs (in this process) and the figures it reads."""
 
 from __future__ import annotations
 

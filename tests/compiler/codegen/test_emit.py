@@ -128,7 +128,9 @@ def trained_in_a_fresh_interpreter(tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_every_spec_trains_in_a_fresh_interpreter(spec: str, trained_in_a_fresh_interpreter: dict[str, dict]) -> None:
+def test_every_spec_trains_in_a_fresh_interpreter(
+    spec: str, trained_in_a_fresh_interpreter: dict[str, dict]
+) -> None:
     result = trained_in_a_fresh_interpreter[spec]
     assert "error" not in result, result["error"]
     losses = result["losses"]
