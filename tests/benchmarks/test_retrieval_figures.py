@@ -1,11 +1,13 @@
-"""benchmarks/retrieval_figures.py at a small size: the commands it runs and the figures it reads back."""
+"""benchmarks/retrieval_figures.py at a small size: the commands it runs (in this process) and the figures it reads."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -37,13 +39,28 @@ def test_popularity_recall_counts_the_held_out_positives_among_the_most_rated_tr
     assert script.popularity_recall(tmp_path / "train.dat", tmp_path / "test.dat", k=2) == 0.5  # top 2: 7 and 9
 
 
-def test_a_small_run_reports_recall_per_epoch_and_each_index_against_exact_search(tmp_path: Path) -> None:
+def test_a_small_run_reports_recall_per_epoch_and_each_index_against_exact_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from runtime.retrieval.index import faiss_available
 
     if not faiss_available():
         pytest.skip("faiss-cpu is not installed: the flat/ivf/hnsw indexes need it")
     script = _script()
+    ran: list[list[str]] = []
+
+    def in_this_process(command: list[str], check: bool, cwd: Path, stdout: int) -> None:
+        """The script's `python -m compiler.cli ARGS` run as compiler.cli.main(ARGS) here: the same
+        commands without an interpreter (and a torch import) each; a failure still fails the run."""
+        from compiler.cli import main
+
+        assert command[:3] == [sys.executable, "-m", "compiler.cli"] and check and cwd == REPO, command
+        ran.append(command[3:])
+        assert main(command[3:]) == 0, command
+
+    monkeypatch.setattr(script, "subprocess", SimpleNamespace(run=in_this_process, DEVNULL=subprocess.DEVNULL))
     figures = script.run(tmp_path, users=300, movies=200, epochs=2)
+    assert ["reccompile " + " ".join(args) for args in ran] == figures.commands
     assert [c.split()[1] for c in figures.commands] == ["data", "train", "export", "export", "export"]
     assert "--eval-every 1 --steps 2 " in figures.commands[1]  # 300 users x 5 positives, 4 each in training: one step of 1,024 an epoch
     assert [e["step"] for e in figures.epochs] == [1, 2]

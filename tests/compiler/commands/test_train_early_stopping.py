@@ -9,16 +9,20 @@ must resume, export and predict with the peak's AUC; two ranks decide alike.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import random
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from compiler.cli import main
 from runtime.reporting.metrics import auc
 
 REPO = Path(__file__).resolve().parents[3]
@@ -72,14 +76,28 @@ def write_ratings(directory: Path, users: int = 400, movies: int = 300, per_user
     return paths[0], paths[1]
 
 
-def _reccompile(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(
-        [sys.executable, "-m", "compiler.cli", *args],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done
+@dataclass(frozen=True)
+class Ran:
+    stdout: str
+    stderr: str
+
+
+def _reccompile(*args: str) -> Ran:
+    """`reccompile ARGS` through compiler.cli.main in this process (one torch import for the module's
+    many runs), its output captured; it must succeed. Two ranks start their own torchrun workers."""
+    if "--nproc" in args:
+        done = subprocess.run(
+            [sys.executable, "-m", "compiler.cli", *args],
+            capture_output=True, text=True, timeout=600, cwd=REPO,
+            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return Ran(done.stdout, done.stderr)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    assert code == 0, err.getvalue()
+    return Ran(out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +108,7 @@ def ratings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
     return (spec, *write_ratings(directory))
 
 
-def _train(ratings: tuple[Path, Path, Path], out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _train(ratings: tuple[Path, Path, Path], out: Path, *extra: str) -> Ran:
     spec, train, held_out = ratings
     return _reccompile(
         "train", str(spec), "--steps", str(STEPS), "--data", f"movielens:{train}",
