@@ -70,7 +70,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
-from runtime.cpu import choice, native
+from runtime.cpu import choice, huge_pages, native
 from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
 from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
@@ -252,7 +252,9 @@ class QuantEmbeddingBagCollection(nn.Module):
         # The kernel's arguments, as buffers so `.to()` and torch.export carry them.
         # The state dict holds per-table entries instead (see `_save_to_state_dict`).
         buffers = {
-            "weights": torch.zeros(self._layout.buffer_bytes, dtype=torch.uint8, device=device),
+            # Rows are read at random: on the CPU, huge pages spare a TLB miss per row.
+            "weights": huge_pages.zeros(self._layout.buffer_bytes) if device.type == "cpu"
+            else torch.zeros(self._layout.buffer_bytes, dtype=torch.uint8, device=device),
             "weights_offsets": tbe.weights_offsets.clone(),
             "weights_placements": tbe.weights_placements.clone(),
             "weights_tys": tbe.weights_tys.clone(),
@@ -452,11 +454,12 @@ class QuantEmbeddingBagCollection(nn.Module):
         check: bool,
     ) -> str:
         """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
-        out-of-range id raises there, before fbgemm's kernel could read past a table)."""
+        out-of-range id raises there, before fbgemm's kernel could read past a table). The key names
+        the C source's hash, so a changed kernel is measured again."""
         features = len(self._feature_names)
         shape = (
             f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
-            f"_f{features}_{self._layout_key}"
+            f"_f{features}_{self._layout_key}_c{native.source_tag('quant_pool')}"
             f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
             f"_t{torch.get_num_threads()}"
         )
