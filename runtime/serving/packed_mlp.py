@@ -14,7 +14,9 @@ oneDNN (its measured choice, runtime/cpu/choice.py kernel 'linear'), and
 the packed call gives the bits of the plain oneDNN call
 (tests/runtime/serving/test_packed_mlp.py): an fp32 export still predicts
 exactly what the trained model scores. Where `linear` chose MKL, the layer
-stays on MKL, for the same reason.
+stays on MKL, for the same reason, through the call `linear` makes there.
+Either way the choice is looked up once per layer and batch bucket
+(runtime/serving/choice_memo.py), not at every call.
 
 `pack_mlps(model)` swaps every plain MLP (no norm, dropout or shortcut) of
 a loaded serving model for a `PackedMLP` holding the same layers (same
@@ -26,10 +28,13 @@ off) take the model's own `linear`, unchanged.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from runtime.cpu import choice
 from runtime.modules.blocks import MLP
-from runtime.modules.linear import linear, onednn_chosen
+from runtime.modules.linear import linear, onednn_applies, onednn_chosen
+from runtime.serving.choice_memo import ChoiceMemo
 
 __all__ = ["PackedMLP", "pack_mlps"]
 
@@ -52,13 +57,14 @@ class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
+    _decisions: ChoiceMemo
 
     @classmethod
     def from_mlp(cls, mlp: MLP) -> PackedMLP:
         """A PackedMLP holding `mlp`'s layers and settings (the same parameters, not copies)."""
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
-        packed._packs = {}
+        packed._packs, packed._decisions = {}, ChoiceMemo()
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,9 +78,17 @@ class PackedMLP(MLP):
         return x
 
     def _layer(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
-        if _packed_applies(x, weight) and onednn_chosen(x, weight, bias, relu):
+        if not _packed_applies(x, weight):
+            return linear(x, weight, bias, relu=relu)
+        if onednn_applies(x, weight) and self._onednn_chosen(k, x, weight, bias, relu):
             return self._packed(k, x, weight, bias, relu)
-        return linear(x, weight, bias, relu=relu)
+        out = F.linear(x, weight, bias)  # what `linear` runs off oneDNN
+        return torch.relu_(out) if relu else out
+
+    def _onednn_chosen(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
+        # `linear`'s choice, kept per layer and batch bucket (runtime/serving/choice_memo.py).
+        key = (k, choice.bucket(x.shape[0]), torch.get_num_threads())
+        return self._decisions.get(key, lambda: onednn_chosen(x, weight, bias, relu))
 
     def _packed(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
         # Packed again if the weight was replaced or written to (load_state_dict copies in place).
