@@ -35,7 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from runtime.cpu import choice
 
-__all__ = ["MIN_ONEDNN_MACS", "Linear", "linear", "onednn_applies"]
+__all__ = ["MIN_ONEDNN_MACS", "Linear", "linear", "onednn_applies", "onednn_chosen"]
 
 # oneDNN's call reorders the plain weight each time, 20-30 us here, so below about
 # this many multiply-adds (batch x in x out) MKL is faster: measured at 2 threads on
@@ -124,6 +124,11 @@ def _choose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, re
         return run
 
     return choice.choose("linear", shape, {"aten": timed(_aten), "onednn": timed(_onednn)})
+
+
+def onednn_chosen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
+    """Whether `linear` runs this forward-only product on oneDNN (runtime/serving/packed_mlp.py asks)."""
+    return onednn_applies(x, weight) and _choose(x, weight, bias, relu, False) == "onednn"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:

@@ -31,6 +31,7 @@ from torch import nn
 
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.modules.losses import HeadConfig
+from runtime.serving.packed_mlp import pack_mlps
 from runtime.storage.manifest import MANIFEST, FileProblem, ManifestProblem, check_file, file_facts, read_manifest
 
 __all__ = [
@@ -145,7 +146,8 @@ def table_layout(model: nn.Module) -> dict[str, Any]:
 
 @torch.no_grad()
 def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, verify: bool = True) -> None:
-    """Fill a generated inference `Model` with the weights of `directory`, checked on the way."""
+    """Fill a generated inference `Model` with the weights of `directory`, checked on the way; its plain
+    MLP blocks then serve from weights packed once (runtime/serving/packed_mlp.py)."""
     root = Path(directory)
     manifest = read_export_manifest(root)
     if manifest["spec"]["sha256"] != spec_sha256:
@@ -177,6 +179,7 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
         model.load_state_dict(state)
     except RuntimeError as error:
         raise ExportError(f"{root}: the weights do not fit the module: {error}") from None
+    pack_mlps(model)
 
 
 def _check_layout(root: Path, manifest: Mapping[str, Any], model: nn.Module, verify: bool) -> None:

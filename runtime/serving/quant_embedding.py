@@ -11,12 +11,14 @@ layout, each at its own precision; one call of fbgemm's
 the CPU (float32 output, outside tracing) runtime/cpu/native's quant_pool.c, which
 reads the same layout, gives the same bits, and splits the bags over torch's
 threads where fbgemm's kernel uses one (1.2-3.4x faster at batch 512 with 20
-ids per feature), where it is the faster at the batch's shapes
+ids per feature; 1.7-2.2x on the 2-core AVX2 EPYC), where it is the faster at the batch's shapes
 (runtime/cpu/choice.py, kernel 'quant_pool'). The TBE class is built only to lay the tables out (its
 offsets, row sizes and type codes); the collection owns the weight bytes as a
 buffer and calls the kernel itself, because the TBE module holds TorchScript objects that
 `torch.export` cannot trace and adds per-call work a server does not need.
-`to_fbgemm()` gives back the equivalent fbgemm module.
+`to_fbgemm()` gives back the equivalent fbgemm module. On the CPU the
+weight buffer sits on transparent huge pages (runtime/cpu/huge_pages.py):
+rows are read at random over the whole buffer.
 
 Row layout (fbgemm's, host rows unpadded): fp32 and fp16 rows are the
 values; an int8 or int4 row is a float16 scale and a float16 bias, then the
@@ -70,11 +72,12 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
-from runtime.cpu import choice, native
+from runtime.cpu import choice, huge_pages, native
 from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
 from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
+from runtime.serving.choice_memo import ChoiceMemo
 
 __all__ = [
     "PRECISIONS",
@@ -252,7 +255,9 @@ class QuantEmbeddingBagCollection(nn.Module):
         # The kernel's arguments, as buffers so `.to()` and torch.export carry them.
         # The state dict holds per-table entries instead (see `_save_to_state_dict`).
         buffers = {
-            "weights": torch.zeros(self._layout.buffer_bytes, dtype=torch.uint8, device=device),
+            # Rows are read at random: on the CPU, huge pages spare a TLB miss per row.
+            "weights": huge_pages.zeros(self._layout.buffer_bytes) if device.type == "cpu"
+            else torch.zeros(self._layout.buffer_bytes, dtype=torch.uint8, device=device),
             "weights_offsets": tbe.weights_offsets.clone(),
             "weights_placements": tbe.weights_placements.clone(),
             "weights_tys": tbe.weights_tys.clone(),
@@ -280,6 +285,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         )
         layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), stored_dims))
         self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
+        self._choices = ChoiceMemo()
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -452,18 +458,19 @@ class QuantEmbeddingBagCollection(nn.Module):
         check: bool,
     ) -> str:
         """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
-        out-of-range id raises there, before fbgemm's kernel could read past a table)."""
+        out-of-range id raises there, before fbgemm's kernel could read past a table). The key names
+        the C source's hash, so a changed kernel is measured again."""
         features = len(self._feature_names)
         shape = (
             f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
-            f"_f{features}_{self._layout_key}"
+            f"_f{features}_{self._layout_key}_c{native.source_tag('quant_pool')}"
             f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
             f"_t{torch.get_num_threads()}"
         )
-        return choice.choose("quant_pool", shape, {
+        return self._choices.get(shape, lambda: choice.choose("quant_pool", shape, {
             "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
             "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
-        })
+        }))
 
     def _bag_weights(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
         """The per-id weights, times 1 / bag length for the features pooled by mean."""

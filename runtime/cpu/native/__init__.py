@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from runtime.cpu.native import build
 __all__ = [
     "QuantLayout", "TableLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library",
     "one_query_attention_backward", "one_query_attention_forward", "quant_pool", "rowwise_adagrad_backward",
+    "source_tag",
 ]
 
 _I64 = ctypes.c_int64
@@ -42,6 +44,12 @@ _PTR = ctypes.c_void_p
 def cache_dir() -> Path:
     """Where the built libraries are kept."""
     return build.cache_root() / "native"
+
+
+@functools.cache
+def source_tag(kernel: str) -> str:
+    """A short hash of `kernel`.c, for kernel choices to name: a changed kernel is measured again."""
+    return hashlib.sha256((Path(__file__).parent / f"{kernel}.c").read_bytes()).hexdigest()[:8]
 
 
 @functools.cache

@@ -38,7 +38,16 @@
 enum { FP32 = 0, FP16 = 1, INT8 = 2, INT4 = 3 };
 enum { PREFETCH_DISTANCE = 16 };
 
-typedef float vec16 __attribute__((vector_size(64), aligned(4)));
+/* The bag's sum is kept in vectors of the machine's width: 16 lanes with
+ * AVX-512, 8 otherwise. A vector wider than the registers (64 bytes on AVX2)
+ * makes GCC keep every partial sum on the stack, 2.3x slower per thread. */
+#if defined(__AVX512F__)
+#define LANES 16
+#else
+#define LANES 8
+#endif
+enum { MAX_VECTORS = 8 }; /* accumulators a pass over a bag's ids keeps in registers */
+typedef float vec_t __attribute__((vector_size(4 * LANES), aligned(4)));
 
 static inline float half_to_float(const uint8_t *bytes) {
     uint16_t h;
@@ -73,59 +82,46 @@ static inline float load1(const uint8_t *payload, int type, int64_t t) {
     }
 }
 
-/* Values 16k .. 16k+15 of a row's payload, by type. */
+/* Values LANES*k .. LANES*k + LANES-1 of a row's payload, by type. */
 #if defined(__AVX512F__)
-static inline vec16 load16_FP32(const uint8_t *p, int k) { return *(const vec16 *)(p + 64 * k); }
-static inline vec16 load16_FP16(const uint8_t *p, int k) {
-    return (vec16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
+static inline vec_t load_FP32(const uint8_t *p, int64_t k) { return *(const vec_t *)(p + 64 * k); }
+static inline vec_t load_FP16(const uint8_t *p, int64_t k) {
+    return (vec_t)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p + 32 * k)));
 }
-static inline vec16 load16_INT8(const uint8_t *p, int k) {
-    return (vec16)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * k))));
+static inline vec_t load_INT8(const uint8_t *p, int64_t k) {
+    return (vec_t)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p + 16 * k))));
 }
-static inline vec16 load16_INT4(const uint8_t *p, int k) {
+static inline vec_t load_INT4(const uint8_t *p, int64_t k) {
     const __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + 8 * k)), low = _mm_set1_epi8(15);
     const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
-    return (vec16)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
+    return (vec_t)_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes));
 }
 #elif defined(__AVX2__) && defined(__F16C__)
-/* Two 8-lane halves, the same conversions as the AVX-512 forms. */
-typedef union {
-    vec16 whole;
-    __m256 half[2];
-} halves_t;
-static inline vec16 load16_FP32(const uint8_t *p, int k) { return *(const vec16 *)(p + 64 * k); }
-static inline vec16 load16_FP16(const uint8_t *p, int k) {
-    halves_t out;
-    out.half[0] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * k)));
-    out.half[1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 32 * k + 16)));
-    return out.whole;
+static inline vec_t load_FP32(const uint8_t *p, int64_t k) { return *(const vec_t *)(p + 32 * k); }
+static inline vec_t load_FP16(const uint8_t *p, int64_t k) {
+    return (vec_t)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16 * k)));
 }
-static inline vec16 load16_INT8(const uint8_t *p, int k) {
-    const __m128i bytes = _mm_loadu_si128((const __m128i *)(p + 16 * k));
-    halves_t out;
-    out.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-    out.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
-    return out.whole;
+static inline vec_t load_INT8(const uint8_t *p, int64_t k) {
+    return (vec_t)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * k))));
 }
-static inline vec16 load16_INT4(const uint8_t *p, int k) {
-    const __m128i bytes = _mm_loadl_epi64((const __m128i *)(p + 8 * k)), low = _mm_set1_epi8(15);
+static inline vec_t load_INT4(const uint8_t *p, int64_t k) {
+    int32_t packed;
+    memcpy(&packed, p + 4 * k, sizeof packed);
+    const __m128i bytes = _mm_cvtsi32_si128(packed), low = _mm_set1_epi8(15);
     const __m128i codes = _mm_unpacklo_epi8(_mm_and_si128(bytes, low), _mm_and_si128(_mm_srli_epi16(bytes, 4), low));
-    halves_t out;
-    out.half[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
-    out.half[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(codes, 8)));
-    return out.whole;
+    return (vec_t)_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
 }
 #else
-#define LOAD16(TYPE)                                                                          \
-    static inline vec16 load16_##TYPE(const uint8_t *p, int k) {                               \
-        vec16 out;                                                                            \
-        for (int lane = 0; lane < 16; lane++) out[lane] = load1(p, TYPE, 16 * (int64_t)k + lane); \
-        return out;                                                                           \
+#define LOAD(TYPE)                                                                                      \
+    static inline vec_t load_##TYPE(const uint8_t *p, int64_t k) {                                      \
+        vec_t out;                                                                                      \
+        for (int lane = 0; lane < LANES; lane++) out[lane] = load1(p, TYPE, LANES * k + lane);          \
+        return out;                                                                                     \
     }
-LOAD16(FP32)
-LOAD16(FP16)
-LOAD16(INT8)
-LOAD16(INT4)
+LOAD(FP32)
+LOAD(FP16)
+LOAD(INT8)
+LOAD(INT4)
 #endif
 
 typedef struct {
@@ -145,55 +141,61 @@ static inline const uint8_t *row_at(const bag_source_t *s, int64_t i) {
     return s->table + s->ids[i] * s->stride;
 }
 
-/* One bag of TYPE, d = 16 * NV; CODES: rows start with a float16 scale and bias. */
-#define BAG(TYPE, NV, CODES)                                                                  \
-    static void bag_##TYPE##_##NV(const bag_source_t *s, int64_t first, int64_t last, float *out) { \
-        vec16 acc[NV];                                                                        \
-        for (int k = 0; k < NV; k++) acc[k] = (vec16){0};                                     \
-        for (int64_t i = first; i < last; i++) {                                              \
-            const uint8_t *row = row_at(s, i);                                                \
-            const float w = s->weights != NULL ? s->weights[i] : 1.0f;                        \
-            const float scale = CODES ? w * half_to_float(row) : w;                           \
-            const float bias = CODES ? w * half_to_float(row + 2) : 0.0f;                     \
-            for (int k = 0; k < NV; k++) {                                                    \
-                if (CODES) acc[k] += bias;                                                    \
-                acc[k] += scale * load16_##TYPE(row + (CODES ? 4 : 0), k);                    \
-            }                                                                                 \
-        }                                                                                     \
-        memcpy(out, acc, sizeof acc);                                                         \
+/* Columns [LANES*k0, LANES*(k0+NV)) of one bag of TYPE, the rows a few ids
+ * ahead prefetched when `prefetch` (the bag's first pass); CODES: rows start
+ * with a float16 scale and bias. */
+#define BAG(TYPE, NV, CODES)                                                                          \
+    static void bag_##TYPE##_##NV(const bag_source_t *s, int64_t first, int64_t last, int64_t k0,       \
+                                  int prefetch, float *out) {                                          \
+        vec_t acc[NV];                                                                                \
+        for (int k = 0; k < NV; k++) acc[k] = (vec_t){0};                                             \
+        for (int64_t i = first; i < last; i++) {                                                      \
+            const uint8_t *row = prefetch ? row_at(s, i) : s->table + s->ids[i] * s->stride;          \
+            const float w = s->weights != NULL ? s->weights[i] : 1.0f;                                \
+            const float scale = CODES ? w * half_to_float(row) : w;                                   \
+            const float bias = CODES ? w * half_to_float(row + 2) : 0.0f;                             \
+            for (int k = 0; k < NV; k++) {                                                            \
+                if (CODES) acc[k] += bias;                                                            \
+                acc[k] += scale * load_##TYPE(row + (CODES ? 4 : 0), k0 + k);                         \
+            }                                                                                         \
+        }                                                                                             \
+        memcpy(out + LANES * k0, acc, sizeof acc);                                                    \
     }
 
-#define WIDTHS(TYPE, CODES) BAG(TYPE, 1, CODES) BAG(TYPE, 2, CODES) BAG(TYPE, 4, CODES) BAG(TYPE, 8, CODES)
+#define WIDTHS(TYPE, CODES) \
+    BAG(TYPE, 1, CODES) BAG(TYPE, 2, CODES) BAG(TYPE, 3, CODES) BAG(TYPE, 4, CODES) \
+    BAG(TYPE, 5, CODES) BAG(TYPE, 6, CODES) BAG(TYPE, 7, CODES) BAG(TYPE, 8, CODES)
 WIDTHS(FP32, 0)
 WIDTHS(FP16, 0)
 WIDTHS(INT8, 1)
 WIDTHS(INT4, 1)
 
-/* Any width and type: one value at a time. */
-static void bag_any(const bag_source_t *s, int type, int64_t d, int64_t first, int64_t last, float *out) {
+/* Columns [from, to) of one bag, one value at a time (a width's last, partial vector). */
+static void bag_columns(const bag_source_t *s, int type, int64_t from, int64_t to, int64_t first, int64_t last,
+                        int prefetch, float *out) {
     const int64_t header = type == INT8 || type == INT4 ? 4 : 0;
-    for (int64_t t = 0; t < d; t++) out[t] = 0.0f;
+    for (int64_t t = from; t < to; t++) out[t] = 0.0f;
     for (int64_t i = first; i < last; i++) {
-        const uint8_t *row = row_at(s, i);
+        const uint8_t *row = prefetch ? row_at(s, i) : s->table + s->ids[i] * s->stride;
         const float w = s->weights != NULL ? s->weights[i] : 1.0f;
         const float scale = header ? w * half_to_float(row) : w, bias = header ? w * half_to_float(row + 2) : 0.0f;
-        for (int64_t t = 0; t < d; t++) {
+        for (int64_t t = from; t < to; t++) {
             if (header) out[t] += bias;
             out[t] += scale * load1(row + header, type, t);
         }
     }
 }
 
-typedef void (*bag_fn)(const bag_source_t *, int64_t, int64_t, float *);
+typedef void (*bag_fn)(const bag_source_t *, int64_t, int64_t, int64_t, int, float *);
 
-static bag_fn bag_kernel(int type, int64_t d) {
-#define PICK(TYPE)                           \
-    switch (d) {                             \
-        case 16: return bag_##TYPE##_1;      \
-        case 32: return bag_##TYPE##_2;      \
-        case 64: return bag_##TYPE##_4;      \
-        case 128: return bag_##TYPE##_8;     \
-        default: return NULL;                \
+/* The kernel for `vectors` (1 .. MAX_VECTORS) whole vectors of a row of `type`. */
+static bag_fn bag_kernel(int type, int64_t vectors) {
+#define PICK(TYPE)                                                                               \
+    {                                                                                            \
+        static const bag_fn kernels[MAX_VECTORS] = {bag_##TYPE##_1, bag_##TYPE##_2, bag_##TYPE##_3, \
+                                                    bag_##TYPE##_4, bag_##TYPE##_5, bag_##TYPE##_6, \
+                                                    bag_##TYPE##_7, bag_##TYPE##_8};                \
+        return kernels[vectors - 1];                                                             \
     }
     switch (type) {
         case FP32: PICK(FP32)
@@ -202,6 +204,18 @@ static bag_fn bag_kernel(int type, int64_t d) {
         default: PICK(INT4)
     }
 #undef PICK
+}
+
+/* One bag of any width: passes of up to MAX_VECTORS vectors (the first prefetches; later ones
+ * find the rows in cache), then the columns past the last whole vector. */
+static void pool_bag(const bag_source_t *s, int type, int64_t d, int64_t first, int64_t last, float *out) {
+    const int64_t vectors = d / LANES;
+    int prefetch = 1;
+    for (int64_t k0 = 0; k0 < vectors; k0 += MAX_VECTORS, prefetch = 0) {
+        const int64_t n = vectors - k0 < MAX_VECTORS ? vectors - k0 : MAX_VECTORS;
+        bag_kernel(type, n)(s, first, last, k0, prefetch, out);
+    }
+    if (vectors * LANES < d) bag_columns(s, type, vectors * LANES, d, first, last, prefetch, out);
 }
 
 /* Returns 0, or a bitmask: 1 an id out of its table's rows (when `rows` is
@@ -234,12 +248,7 @@ int reccompile_quant_pool(int64_t features, int64_t batch, const uint8_t *buffer
             .table = buffer + table_offsets[f], .stride = strides[f], .ids = ids,
             .feature_end = feature_end < count ? feature_end : count, .weights = weights,
         };
-        float *target = out + b * total_dim + out_offsets[f];
-        const bag_fn kernel = bag_kernel((int)types[f], dims[f]);
-        if (kernel != NULL)
-            kernel(&source, first, last, target);
-        else
-            bag_any(&source, (int)types[f], dims[f], first, last, target);
+        pool_bag(&source, (int)types[f], dims[f], first, last, out + b * total_dim + out_offsets[f]);
     }
     return status;
 }

@@ -143,7 +143,8 @@ def test_mixed_precisions_match_fbgemms_own_module() -> None:
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monkeypatch, native_kernels) -> None:
-    """runtime/cpu/native/quant_pool.c against fbgemm's kernel: widths with and without a vector loop."""
+    """runtime/cpu/native/quant_pool.c against fbgemm's kernel: widths of whole vectors (8 or 16 lanes),
+    with a partial last vector (12, 24 with 16 lanes), and wider than one pass's registers (200)."""
     from runtime.cpu import choice, native
 
     monkeypatch.setenv(choice.ENV, "quant_pool=native")
@@ -153,6 +154,8 @@ def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monke
         EmbeddingBagConfig("w64", 300, 64, ["b", "c"], pooling="mean"),
         EmbeddingBagConfig("w128", 50, 128, ["d"]),
         EmbeddingBagConfig("w24", 30, 24, ["e"]),
+        EmbeddingBagConfig("w12", 20, 12, ["g"]),
+        EmbeddingBagConfig("w200", 25, 200, ["h"]),
     ]
     torch.manual_seed(1)
     source = EmbeddingBagCollection(tables, is_weighted=weighted)
