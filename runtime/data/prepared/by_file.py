@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import signal
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -32,7 +31,7 @@ from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader
 from runtime.data.loader import Reader, parse_block
 from runtime.data.prepared.arrow import pa, pq
-from runtime.data.prepared.manifest import write_json_atomically
+from runtime.data.prepared.manifest import sync_file, write_json_atomically
 from runtime.data.prepared.schema import arrow_schema, from_table, to_table
 from runtime.process.lifetime import die_with_parent
 
@@ -158,16 +157,11 @@ def _parse_file(
                     break
     except DataError as error:
         return str(error)
-    descriptor = os.open(temporary, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    sync_file(temporary)
     temporary.replace(root / part_name(index))
     rows = [asdict(row) for row in examples]
     write_json_atomically(root / record_name(index), {"lines": lines, "bad_count": bad_count, "bad_rows": rows})
     return None
-
 
 
 def _worker_start() -> None:

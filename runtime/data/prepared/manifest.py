@@ -93,6 +93,15 @@ def write_json_atomically(path: Path, data: Any) -> None:
     temporary.replace(path)
 
 
+def sync_file(path: Path) -> None:
+    """Flush `path` to disk before it is renamed into place (a crash leaves it whole or absent)."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def read_manifest(directory: str | Path) -> Manifest:
     """The manifest of a finished prepared directory; DataError saying why `directory` is not one."""
     root = Path(directory)
