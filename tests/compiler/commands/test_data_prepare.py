@@ -123,6 +123,26 @@ def test_a_prepare_killed_while_parsing_one_process_per_file_continues_to_the_by
     assert json.loads((out / "manifest.json").read_text())["rows"] == 48000
 
 
+def test_prepare_says_how_many_processes_parse_and_why(tmp_path: Path, files, monkeypatch, capsys) -> None:
+    import runtime.data.prepared.parsing as parsing
+
+    spec, _ = files
+    rng = random.Random(3)
+    for day in range(3):
+        write_lines(tmp_path / "days" / f"day_{day}", [criteo_line(rng) for _ in range(40)])
+    for cores, said in [
+        (2, "0 parse processes: line by line in this process (3 files on 2 usable cores: one process per file "
+            "needs 3 or more)"),
+        (4, "3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)"),
+    ]:  # fmt: skip
+        monkeypatch.setattr(parsing, "usable_cores", lambda: cores)
+        out = tmp_path / f"out_{cores}"
+        assert main(["data", "prepare", str(spec), "--data", f"criteo:{tmp_path / 'days'}", "-o", str(out)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == f"parsing with {said}"
+        assert lines[1].startswith(f"prepared 120 rows of 120 lines (0 bad rows dropped) into {out}: ")
+
+
 def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_the_row(
     tmp_path: Path, files, capsys
 ) -> None:
