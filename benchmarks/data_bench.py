@@ -23,7 +23,8 @@ per batch: in the training thread (taking a batch from the workers) and
 reading in one thread alone (what a worker spends). One JSON line per
 result, then a `data_summary` line with the figures the issue asks for
 (prepare rows/s per --prepare-workers, each rank's decoded rows per N, the
-step's medians and overhead in %, the CPU model and vector features).
+step's medians and overhead in %, the CPU model and vector features; the
+step's line also names the kernels chosen).
 
     python benchmarks/data_bench.py [--rows 2000000] [--files 2] [--prepare-workers 0 default] [--ranks 1 2 4]
                                     [--batch-size 4096] [--workdir DIR] [--skip-read] [--train-steps 200]
@@ -157,7 +158,8 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
             "median_ms": {name: round(1000 * value, 2) for name, value in median.items()},
             "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4),
             "data_cpu_ms_per_batch": {"training_thread": round(1000 * taking[0] / len(times["prepared"]), 2),
-                                      "reading_in_process": data_cpu_ms(module.INPUTS, out, batch)}}  # fmt: skip
+                                      "reading_in_process": data_cpu_ms(module.INPUTS, out, batch)},
+            **machine()}  # fmt: skip
 
 
 def data_cpu_ms(inputs: ModelInputs, directory: Path, batch: int, batches: int = 64) -> float:
@@ -219,7 +221,8 @@ def summary(prepares: list[dict], reads: list[dict], step: dict | None) -> dict[
         line["step_median_ms"] = step["median_ms"]
         line["step_overhead_pct"] = round(100 * step["slowdown"], 2)
         line["data_cpu_ms_per_batch"] = step["data_cpu_ms_per_batch"]
-    return {**line, **machine()}
+    facts = machine()
+    return {**line, "cpu": facts["cpu"], "cpu_flags": facts["cpu_flags"]}  # the step's line has the kernels
 
 
 def main() -> int:

@@ -31,4 +31,15 @@ def test_data_bench_prepares_reads_and_sums_up_in_one_run(tmp_path: Path) -> Non
     # 2,000 rows: 7 global batches of 256 (1,792 rows) each epoch; row groups of 64 divide 256 / 2
     assert summary["rows_decoded_per_rank"] == {"1": [1792], "2": [896, 896]}
     assert summary["decoded_share_of_one_process"] == {"1": 1.0, "2": 0.5}
-    assert {"cpu", "cpu_flags", "kernels"} <= summary.keys() and "step_overhead_pct" not in summary
+    assert {"cpu", "cpu_flags"} <= summary.keys() and "step_overhead_pct" not in summary
+
+
+def test_the_summary_gives_the_steps_medians_and_overhead_in_percent() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from data_bench import summary
+
+    step = {"median_ms": {"synthetic": 40.0, "prepared": 41.25}, "slowdown": 0.0312,
+            "data_cpu_ms_per_batch": {"training_thread": 0.5, "reading_in_process": 2.0}}  # fmt: skip
+    line = summary([], [], step)
+    assert line["step_median_ms"] == {"synthetic": 40.0, "prepared": 41.25} and line["step_overhead_pct"] == 3.12
+    assert line["data_cpu_ms_per_batch"] == step["data_cpu_ms_per_batch"]
