@@ -31,9 +31,10 @@ from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader
 from runtime.data.loader import Reader, parse_block
 from runtime.data.prepared.arrow import pa, pq
-from runtime.data.prepared.manifest import sync_file, write_json_atomically
+from runtime.data.prepared.manifest import write_json_atomically
 from runtime.data.prepared.schema import arrow_schema, from_table, to_table
 from runtime.process.lifetime import die_with_parent
+from runtime.storage.manifest import sync_path
 
 READ_ROWS = 65536  # rows of a file part turned into Columns at a time
 
@@ -157,7 +158,7 @@ def _parse_file(
                     break
     except DataError as error:
         return str(error)
-    sync_file(temporary)
+    sync_path(temporary)
     temporary.replace(root / part_name(index))
     rows = [asdict(row) for row in examples]
     write_json_atomically(root / record_name(index), {"lines": lines, "bad_count": bad_count, "bad_rows": rows})

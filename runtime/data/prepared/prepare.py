@@ -56,7 +56,6 @@ from runtime.data.prepared.manifest import (
     PartFile,
     file_sha256,
     read_manifest,
-    sync_file,
     write_json_atomically,
     write_manifest,
 )
@@ -64,6 +63,7 @@ from runtime.data.prepared.parsing import choose_parsing
 from runtime.data.prepared.schema import column_specs, spec_digest, to_table
 from runtime.data.prepared.stats import merge_stats, part_stats
 from runtime.data.sources import DataChoice, open_reader
+from runtime.storage.manifest import sync_path
 
 logger = logging.getLogger(__name__)
 
@@ -381,7 +381,7 @@ class _PartWriter:
         name = f"part-{len(journal.parts):05d}.parquet"
         temporary = self.root / f".{name}.tmp"
         pq.write_table(to_table(columns, self.specs), temporary, row_group_size=self.settings.row_group_rows)
-        sync_file(temporary)
+        sync_path(temporary)
         path = self.root / name
         temporary.replace(path)
         full, last = divmod(len(columns), self.settings.row_group_rows)
