@@ -12,6 +12,10 @@ process. So without `--workers` the files are parsed one process per file
 only when there are several and at least `MIN_CORES` cores this process
 may run on (`os.sched_getaffinity`), by as many processes as there are
 files and cores but one; otherwise line by line in the prepare's process.
+One file is read line by line too: DataLoader processes sharing its lines
+send every parsed block back pickled, and one of them went at 8,300-8,500
+rows/s against 9,600-14,500 in the prepare's own process (100k rows, the
+same busy 2-core machine).
 A prepare stopped part-way is continued in the mode it started in (its
 journal says where to go on in that mode's terms: a file, or a line).
 """
