@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 FLAVOUR := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench bench-data clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ bench: setup
 	$(if $(wildcard $(TORCHREC_PY)),$(TORCHREC_PY) benchmarks/torchrec_retrieval_anchor.py --mode dist2)
 	$(PY) benchmarks/inference_bench.py --configs fp32,fp16,int8,int4 --rounds 1 \
 		$(if $(wildcard $(TORCHREC_PY)),--torchrec-python $(TORCHREC_PY),--skip-torchrec)
+
+# data-bench (benchmarks/data_bench.py, issue 19): prepare rows/s, each rank's decoded rows at N = 1, 2, 4,
+# and the dlrm-bench step on prepared data against synthetic batches; the last line sums it up.
+bench-data: setup
+	$(PY) benchmarks/data_bench.py
 
 clean:
 	rm -rf $(VENV) build .pytest_cache

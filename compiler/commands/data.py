@@ -4,10 +4,14 @@ Reads the raw files once with the reader training would use, as the spec
 declares them (runtime.data.prepared.prepare), several files in parallel
 (one process per file, runtime.data.prepared.by_file), drops and reports bad rows
 (file:line), and writes DIR: Parquet parts of fixed-size row groups and a
-manifest. A prepare stopped part-way (killed, Ctrl-C) continues where it
-stopped when run again with the same arguments; until it finishes, DIR
-holds no manifest and training refuses it. `reccompile train --data
-prepared:DIR` then reads each rank's rows only.
+manifest. Without --workers, the files are parsed one process per file
+only where that pays (several files, 3 or more usable cores:
+runtime.data.prepared.parsing), and a line printed before parsing says how
+many parse processes and why. A prepare stopped part-way (killed, Ctrl-C)
+continues where it stopped when run again with the same arguments (in the
+mode it started in); until it finishes, DIR holds no manifest and training
+refuses it. `reccompile train --data prepared:DIR` then reads each rank's
+rows only.
 
 `reccompile data split --data movielens:PATH -o DIR [--holdout F]`: the
 positives of a MovieLens file split by time per user into DIR/train and
@@ -47,9 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                          help="row groups per Parquet file (256); a stopped prepare resumes after the last whole file")
     prepare.add_argument("--bad-rows", choices=("skip", "fail"), default="skip",
                          help="drop bad rows and report them (skip, default) or stop at the first (fail)")
-    prepare.add_argument("--workers", type=int, default=1,
-                         help="processes parsing (default 1): with several input files, one per file, at most "
-                              "this many at once; with one, workers sharing its lines; 0: none, line by line")
+    prepare.add_argument("--workers", type=int, default=None,
+                         help="processes parsing: with several input files, one per file, at most this many at "
+                              "once; with one, workers sharing its lines; 0: none, line by line in this process. "
+                              "Default: one per file when there are several files and 3 or more usable cores "
+                              "(as many as files and cores but one: the prepare's own process stitches the "
+                              "files' rows into parts), else line by line; the prepare prints which and why")
     prepare.add_argument("--rating-threshold", type=float, default=4.0,
                          help="MovieLens: rating >= T is a positive (4)")  # fmt: skip
     split = actions.add_parser("split", help="MovieLens positives split by time per user into train/ and test/",
@@ -66,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "split":
         return _split(args)
-    if args.workers < 0:
+    if args.workers is not None and args.workers < 0:
         print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
         return 2
     try:

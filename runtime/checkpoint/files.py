@@ -35,6 +35,7 @@ from runtime.storage.manifest import (
     check_file,
     describe_files,
     read_manifest,
+    sync_path,
     write_manifest,
 )
 
@@ -160,7 +161,7 @@ def commit(partial: Path, manifest: dict[str, Any]) -> Path:
     if final.exists():  # a rerun from an older checkpoint reached this step again
         _remove(final)
     os.rename(partial, final)
-    _fsync_dir(final.parent)
+    sync_path(final.parent)
     return final
 
 
@@ -174,13 +175,5 @@ def _remove(path: Path) -> None:
     # Renamed first, so a kill halfway through never leaves a damaged step_<N> behind.
     doomed = path.parent / f".{path.name}.deleting"
     os.rename(path, doomed)
-    _fsync_dir(path.parent)
+    sync_path(path.parent)
     shutil.rmtree(doomed, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

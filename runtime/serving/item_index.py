@@ -34,11 +34,11 @@ from runtime.data.movielens_vocab import Vocabulary
 from runtime.retrieval.index import build_index
 from runtime.retrieval.index_files import save_index
 from runtime.retrieval.index_quality import IndexQuality, check_index
-from runtime.serving.predict import file_samples
+from runtime.serving.samples import file_samples, requests_reader
 from runtime.serving.vectors import catalogue, row_ids
 from runtime.storage.manifest import MANIFEST, file_facts
 
-__all__ = ["INDEX_DIR", "ITEM_VECTORS", "ItemsReport", "export_items", "item_vectors", "requests_reader"]
+__all__ = ["INDEX_DIR", "ITEM_VECTORS", "ItemsReport", "export_items", "item_vectors"]
 
 INDEX_DIR = "index"
 ITEM_VECTORS = "item_vectors.pt"
@@ -64,19 +64,6 @@ def item_vectors(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     """The item tower on `rows` of the item table, chunk by chunk: [n, D]."""
     with torch.inference_mode():
         return torch.cat([model.item_vectors(chunk) for chunk in rows.split(CHUNK)])
-
-
-def requests_reader(
-    inputs: ModelInputs, data: str, vocabulary: Vocabulary | None, threshold: float = 4.0, positives: bool = False
-) -> Any:
-    """The reader of a requests file: every line a request, or with `positives` (held-out data)
-    a MovieLens file's ratings >= `threshold` only, as training read them."""
-    from runtime.data.sources import choose_data, open_reader
-
-    reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary)
-    if not positives and hasattr(reader, "positives_only"):
-        reader.positives_only = False
-    return reader
 
 
 def export_items(

@@ -1,7 +1,8 @@
 """Batch prediction: stream samples through an exported model into a CSV file.
 
 `reccompile predict OUT --data ... -o predictions.csv` runs this in one
-process, without the compiler. Samples come in batches from
+process, without the compiler. Samples come in batches
+(runtime.serving.samples) from
 
     synthetic          the spec's synthetic batches (runtime.data.synthetic), ids 0, 1, 2, ...
     criteo:PATH        Criteo TSV lines (runtime.data.criteo)
@@ -29,14 +30,11 @@ from typing import Any, Callable, Iterator, Sequence, TextIO, TypeVar
 import torch
 from torch import nn
 
-from runtime.data.batch import Batch
 from runtime.data.features import ModelInputs
-from runtime.data.synthetic import make_batch
-from runtime.data.unseen_ids import UnseenIds, unseen_counter
+from runtime.data.movielens import DEFAULT_THRESHOLD
+from runtime.data.unseen_ids import UnseenIds
 from runtime.modules.losses import HeadConfig
-
-# (row ids, batch): ids are [sample number] for synthetic data, [file, line] for files.
-Keyed = tuple[list[list[Any]], Batch]
+from runtime.serving.samples import Keyed, open_samples
 
 
 @dataclass(frozen=True)
@@ -66,46 +64,6 @@ def score_columns(heads: Sequence[HeadConfig]) -> list[str]:
         else:
             columns.append(head.name)
     return columns
-
-
-def synthetic_samples(inputs: ModelInputs, batch_size: int, rows: int, seed: int) -> Iterator[Keyed]:
-    """`rows` samples of the spec's synthetic data, ids counted from 0."""
-    done, step = 0, 0
-    while done < rows:
-        size = min(batch_size, rows - done)
-        yield [[done + i] for i in range(size)], make_batch(inputs, size, step, seed)
-        done += size
-        step += 1
-
-
-def file_samples(reader: Any, batch_size: int, bad_rows: Any, unseen: UnseenIds | None = None) -> Iterator[Keyed]:
-    """The good lines of `reader` (a runtime.data.loader.Reader) in batches, with file and line;
-    `unseen` counts the ids of every batch outside the vocabulary."""
-    from runtime.data.bad_rows import BadRow
-    from runtime.data.errors import RowError
-
-    rows: list[Any] = []
-    where: list[list[Any]] = []
-    for file, number, line in reader.epoch_lines():
-        bad_rows.count_rows(1)
-        try:
-            rows.append(reader.parse(line))
-        except RowError as error:
-            bad_rows.add(BadRow.from_error(file, number, error))
-            continue
-        where.append([file, number])
-        if len(rows) == batch_size:
-            yield where, _batch(reader, rows, unseen)
-            rows, where = [], []
-    if rows:
-        yield where, _batch(reader, rows, unseen)
-
-
-def _batch(reader: Any, rows: list[Any], unseen: UnseenIds | None) -> Batch:
-    columns = reader.to_columns(rows)
-    if unseen is not None:
-        unseen.add(columns)
-    return columns.to_batch(reader.weighted)
 
 
 def predict(
@@ -166,27 +124,18 @@ def predict_file(
     vocab.json); without it MovieLens ids map through one built from `data`.
     """
     started = time.perf_counter()
-    log, unseen = None, None
-    if data == "synthetic":
-        samples, id_columns = synthetic_samples(inputs, batch_size, rows, seed), ["id"]
-    else:
-        from runtime.data.bad_rows import BadRowLog
-        from runtime.data.movielens import DEFAULT_THRESHOLD
-        from runtime.data.sources import choose_data, open_reader
-
-        from runtime.data.movielens_vocab import read_vocabulary
-
-        threshold = DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold
-        known = None if vocabulary is None else read_vocabulary(vocabulary)
-        reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=known)
-        log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
-        samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
-    count, model_seconds = write_csv(output, lambda out: predict(model, inputs.heads, samples, out, id_columns))
+    samples = open_samples(
+        inputs, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy, warn=warn,
+        vocabulary=vocabulary, threshold=DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold,
+    )  # fmt: skip
+    count, model_seconds = write_csv(
+        output, lambda out: predict(model, inputs.heads, samples.batches, out, samples.id_columns)
+    )
     return PredictionReport(
         rows=count,
         seconds=time.perf_counter() - started,
         model_seconds=model_seconds,
-        bad_rows=0 if log is None else log.bad,
-        bad_rows_summary=None if log is None else log.summary(),
-        unseen_ids=unseen,
+        bad_rows=samples.bad_count,
+        bad_rows_summary=samples.bad_rows_summary,
+        unseen_ids=samples.unseen,
     )

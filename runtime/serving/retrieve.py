@@ -2,7 +2,7 @@
 
 `reccompile retrieve OUT --data ... --k K -o results.csv` runs this in one
 process, without the compiler. Requests come as `predict`'s samples do
-(runtime.serving.predict): `synthetic` (ids 0, 1, 2, ...) or a data file
+(runtime.serving.samples): `synthetic` (ids 0, 1, 2, ...) or a data file
 (`movielens:FILE`, `criteo:FILE`, `csv:FILE`, ... each line a request; a
 MovieLens file's every line, whatever its rating, ids mapped with the export's
 vocabulary). Each request becomes K rows, best first:
@@ -28,7 +28,8 @@ import torch
 from torch import nn
 
 from runtime.retrieval.index import ItemIndex
-from runtime.serving.predict import Keyed, file_samples, synthetic_samples, write_csv
+from runtime.serving.predict import write_csv
+from runtime.serving.samples import Keyed, open_samples
 
 __all__ = ["RetrieveReport", "retrieve", "retrieve_file"]
 
@@ -90,28 +91,19 @@ def retrieve_file(
 ) -> RetrieveReport:
     """Retrieve the top `k` items of every request of `data` (see the module docstring) into `output`."""
     started = time.perf_counter()
-    log, unseen = None, None
-    if data == "synthetic":
-        samples, id_columns = synthetic_samples(module.INPUTS, batch_size, rows, seed), ["id"]
-    else:
-        from runtime.data.bad_rows import BadRowLog
-        from runtime.data.movielens_vocab import read_vocabulary
-        from runtime.data.unseen_ids import unseen_counter
-        from runtime.serving.item_index import requests_reader
-
-        known = None if vocabulary is None else read_vocabulary(vocabulary)
-        reader = requests_reader(module.INPUTS, data, known)
-        log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
-        samples, id_columns = file_samples(reader, batch_size, log, unseen), ["file", "line"]
+    samples = open_samples(
+        module.INPUTS, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy,
+        warn=warn, vocabulary=vocabulary, positives=False,
+    )  # fmt: skip
     count, query_seconds, search_seconds = write_csv(
-        output, lambda out: retrieve(model, index, samples, k, out, id_columns)
+        output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns)
     )
     return RetrieveReport(
         requests=count,
         seconds=time.perf_counter() - started,
         query_seconds=query_seconds,
         search_seconds=search_seconds,
-        bad_rows=0 if log is None else log.bad,
-        bad_rows_summary=None if log is None else log.summary(),
-        unseen=unseen,
+        bad_rows=samples.bad_count,
+        bad_rows_summary=samples.bad_rows_summary,
+        unseen=samples.unseen,
     )

@@ -28,6 +28,7 @@ __all__ = [
     "file_facts",
     "file_sha256",
     "read_manifest",
+    "sync_path",
     "write_manifest",
 ]
 
@@ -71,6 +72,16 @@ def file_sha256(path: Path) -> str:
         while block := stream.read(_HASH_BLOCK):
             digest.update(block)
     return digest.hexdigest()
+
+
+def sync_path(path: Path) -> None:
+    """Force a file's bytes (or a directory's entries) to disk: a file before it is renamed into
+    place, a directory after a rename in it, so a crash leaves the old state or the new one."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def file_facts(path: Path) -> dict[str, Any]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import signal
 from dataclasses import asdict, dataclass
 from itertools import islice
@@ -35,6 +34,7 @@ from runtime.data.prepared.arrow import pa, pq
 from runtime.data.prepared.manifest import write_json_atomically
 from runtime.data.prepared.schema import arrow_schema, from_table, to_table
 from runtime.process.lifetime import die_with_parent
+from runtime.storage.manifest import sync_path
 
 READ_ROWS = 65536  # rows of a file part turned into Columns at a time
 
@@ -158,16 +158,11 @@ def _parse_file(
                     break
     except DataError as error:
         return str(error)
-    descriptor = os.open(temporary, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    sync_path(temporary)
     temporary.replace(root / part_name(index))
     rows = [asdict(row) for row in examples]
     write_json_atomically(root / record_name(index), {"lines": lines, "bad_count": bad_count, "bad_rows": rows})
     return None
-
 
 
 def _worker_start() -> None:

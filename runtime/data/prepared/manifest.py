@@ -17,7 +17,6 @@ sequence length or loss is refused by name.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any
 from runtime.data.errors import DataError
 from runtime.data.features import ModelInputs
 from runtime.data.prepared.schema import column_specs
+from runtime.storage.manifest import file_sha256
 
 MANIFEST = "manifest.json"
 FORMAT = "reccompile-prepared"
@@ -132,14 +132,6 @@ def check_files(manifest: Manifest, hashes: bool = False) -> None:
             )
         if hashes and file_sha256(path) != part.sha256:
             raise DataError(f"prepared data {manifest.directory}: part {part.name} does not match its sha256")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def check_inputs(manifest: Manifest, inputs: ModelInputs) -> dict[str, dict[str, Any]]:

@@ -8,7 +8,9 @@ and histories, log(1 + x) of Criteo integers). Several input files (with
 `workers` >= 1) are parsed one process per file, at most `workers` at once,
 into hidden file parts taken in file order (runtime.data.prepared.by_file);
 one file is parsed by `workers` DataLoader processes (runtime.data.loader's
-blocks); either way the parts are the same bytes. Bad rows are dropped
+blocks); `workers` 0 parses line by line in this process; without
+`workers`, runtime.data.prepared.parsing chooses by the files and cores.
+Whichever way, the parts are the same bytes. Bad rows are dropped
 and counted, the first few named by file:line (`--bad-rows fail` stops at
 the first). Good rows go, in order, into parts `part-NNNNN.parquet` of
 `part_row_groups` row groups of `row_group_rows` rows (a last part may be
@@ -32,13 +34,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import deque
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+import torch
 from torch.utils.data import DataLoader
 
 from runtime.data.bad_rows import BadRow, BadRowLog
@@ -57,9 +59,11 @@ from runtime.data.prepared.manifest import (
     write_json_atomically,
     write_manifest,
 )
+from runtime.data.prepared.parsing import choose_parsing
 from runtime.data.prepared.schema import column_specs, spec_digest, to_table
 from runtime.data.prepared.stats import merge_stats, part_stats
 from runtime.data.sources import DataChoice, open_reader
+from runtime.storage.manifest import sync_path
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +78,7 @@ class PrepareSettings:
     row_group_rows: int = 65536
     part_row_groups: int = 8
     bad_rows: str = "skip"
-    workers: int = 1  # DataLoader processes parsing (0: in this process)
+    workers: int | None = None  # processes parsing (0: in this process; None: chosen, runtime.data.prepared.parsing)
     rating_threshold: float = 4.0
     block_lines: int = BLOCK_LINES
 
@@ -121,9 +125,29 @@ def prepare(
     report: Callable[[str], None] | None = None,
 ) -> Manifest:
     """Prepare `choice`'s rows for `inputs` into `directory` (resuming a prepare stopped there)."""
-    root = Path(directory)
+    with _one_torch_thread():
+        return _prepare(inputs, choice, Path(directory), settings, report)
+
+
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """torch's ops here (columns, statistics) are small beside the parsing, and a pool of threads
+    stalls on a busy core: on a loaded 2-core machine a part's statistics and columns took 1.44 s
+    with 2 threads and 0.22 s with 1. The parse processes forked meanwhile keep the one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _prepare(
+    inputs: ModelInputs, choice: DataChoice, root: Path, settings: PrepareSettings,
+    report: Callable[[str], None] | None,
+) -> Manifest:
     if root.exists() and not root.is_dir():
-        raise DataError(f"{directory}: exists and is not a directory")
+        raise DataError(f"{root}: exists and is not a directory")
     specs = column_specs(inputs)
     identity = {
         "spec_sha256": spec_digest(specs), "reader": choice.reader, "path": str(choice.path),
@@ -136,7 +160,10 @@ def prepare(
     journal = _load_journal(root, identity, report)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
     reader = open_reader(inputs, choice, threshold=settings.rating_threshold, vocab_path=vocab, save_vocab=True)
-    by_file = len(raw_files(reader)) > 1 and settings.workers >= 1
+    parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
+    if report is not None:
+        report(f"parsing with {parsing.describe()}")
+    by_file = parsing.by_file
     if journal.parts and journal.by_file != by_file:
         raise DataError(f"{root}: holds a stopped prepare {_mode(journal.by_file)}; run it again with --workers "
                         f"{'1 or more' if journal.by_file else 0} to continue it, or remove the directory")  # fmt: skip
@@ -148,13 +175,13 @@ def prepare(
     bad_rows.examples = [BadRow(**row) for row in journal.bad_examples]
     if by_file:
         _write_by_file(FileParts(reader, root, specs, settings.block_lines, settings.bad_rows == "fail",
-                                 settings.workers), writer, bad_rows)  # fmt: skip
+                                 parsing.processes), writer, bad_rows)  # fmt: skip
     else:
         rest = _ResumedReader(reader, journal.lines)
         if journal.lines and next(iter(rest.epoch_lines()), None) is None:
             blocks: Iterable[Block] = ()  # stopped after the last part, before the manifest
         else:
-            blocks = _parsed_blocks(rest, settings)
+            blocks = _parsed_blocks(rest, settings, parsing.processes)
         writer.write_rows(blocks, bad_rows)
     manifest = writer.manifest(choice, bad_rows, vocab)
     write_manifest(manifest)
@@ -258,9 +285,9 @@ class _ResumedReader:
         return self.reader.to_columns(rows)
 
 
-def _parsed_blocks(reader: _ResumedReader, settings: PrepareSettings) -> Iterator[Block]:
+def _parsed_blocks(reader: _ResumedReader, settings: PrepareSettings, processes: int) -> Iterator[Block]:
     dataset = BlockDataset(reader, settings.block_lines, 1, stop_at_bad=settings.bad_rows == "fail")
-    for block in DataLoader(dataset, batch_size=None, num_workers=settings.workers):
+    for block in DataLoader(dataset, batch_size=None, num_workers=processes):
         if isinstance(block, Failure):
             raise DataError(block.message)
         yield block
@@ -354,7 +381,7 @@ class _PartWriter:
         name = f"part-{len(journal.parts):05d}.parquet"
         temporary = self.root / f".{name}.tmp"
         pq.write_table(to_table(columns, self.specs), temporary, row_group_size=self.settings.row_group_rows)
-        _sync(temporary)
+        sync_path(temporary)
         path = self.root / name
         temporary.replace(path)
         full, last = divmod(len(columns), self.settings.row_group_rows)
@@ -374,12 +401,3 @@ class _PartWriter:
         ]
         write_json_atomically(self.root / JOURNAL, journal.to_json())
         logger.info("wrote %s (%d rows)", name, len(columns))
-
-
-def _sync(path: Path) -> None:
-    """Flush `path` to disk before it is renamed into place (a crash leaves it whole or absent)."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -45,6 +45,18 @@ def _step_losses(stdout: str) -> dict[int, float]:
     return {int(words[1].split("/")[0]): float(words[3]) for words in steps}
 
 
+def _kill_after_its_first_part(process: subprocess.Popen, out: Path) -> None:
+    """SIGKILL a running prepare into `out` once its journal lists a part."""
+    journal = out / ".prepare.json"
+    deadline = time.monotonic() + 300
+    while not (journal.is_file() and json.loads(journal.read_text())["parts"]):
+        assert process.poll() is None, "the prepare ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("criteo")
@@ -64,14 +76,7 @@ def test_a_killed_prepare_is_not_data_and_continues_to_the_same_files(tmp_path: 
     args = ("data", "prepare", str(spec), "--data", f"criteo:{raw}", "--row-group-rows", "500",
             "--part-row-groups", "2", "--workers", "0")  # fmt: skip
     process = _reccompile(*args, "-o", str(out))
-    journal = out / ".prepare.json"
-    deadline = time.monotonic() + 300
-    while not (journal.is_file() and json.loads(journal.read_text())["parts"]):
-        assert process.poll() is None, "the prepare ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    _kill_after_its_first_part(process, out)
     assert not (out / "manifest.json").exists()
     assert main(["check", str(spec), "--data", f"prepared:{out}"]) == 1
 
@@ -100,14 +105,7 @@ def test_a_prepare_killed_while_parsing_one_process_per_file_continues_to_the_by
     args = ("data", "prepare", str(spec), "--data", f"criteo:{days}", "--row-group-rows", "500",
             "--part-row-groups", "2")  # fmt: skip
     process = _reccompile(*args, "--workers", "2", "-o", str(out))
-    journal = out / ".prepare.json"
-    deadline = time.monotonic() + 300
-    while not (journal.is_file() and json.loads(journal.read_text())["parts"]):
-        assert process.poll() is None, "the prepare ended before it could be killed"
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    _kill_after_its_first_part(process, out)
     assert not (out / "manifest.json").exists()
 
     code, stdout, stderr = _finish(_reccompile(*args, "--workers", "2", "-o", str(out)))
@@ -121,6 +119,26 @@ def test_a_prepare_killed_while_parsing_one_process_per_file_continues_to_the_by
     for name in names:
         assert (out / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
     assert json.loads((out / "manifest.json").read_text())["rows"] == 48000
+
+
+def test_prepare_says_how_many_processes_parse_and_why(tmp_path: Path, files, monkeypatch, capsys) -> None:
+    import runtime.data.prepared.parsing as parsing
+
+    spec, _ = files
+    rng = random.Random(3)
+    for day in range(3):
+        write_lines(tmp_path / "days" / f"day_{day}", [criteo_line(rng) for _ in range(40)])
+    for cores, said in [
+        (2, "0 parse processes: line by line in this process (3 files on 2 usable cores: one process per file "
+            "needs 3 or more)"),
+        (4, "3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)"),
+    ]:  # fmt: skip
+        monkeypatch.setattr(parsing, "usable_cores", lambda: cores)
+        out = tmp_path / f"out_{cores}"
+        assert main(["data", "prepare", str(spec), "--data", f"criteo:{tmp_path / 'days'}", "-o", str(out)]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == f"parsing with {said}"
+        assert lines[1].startswith(f"prepared 120 rows of 120 lines (0 bad rows dropped) into {out}: ")
 
 
 def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_the_row(

@@ -186,8 +186,7 @@ def _has_faiss() -> bool:
 def _request_batch(module, ratings: Path, vocabulary: Path):
     """The first request of `ratings` as retrieve reads it; its user's row checked against the vocabulary."""
     from runtime.data.bad_rows import BadRowLog
-    from runtime.serving.item_index import requests_reader
-    from runtime.serving.predict import file_samples
+    from runtime.serving.samples import file_samples, requests_reader
 
     known = read_vocabulary(vocabulary)
     _, batch = next(file_samples(requests_reader(module.INPUTS, f"movielens:{ratings}", known), 1, BadRowLog()))

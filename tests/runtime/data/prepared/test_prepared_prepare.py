@@ -216,3 +216,22 @@ def test_a_prepare_stopped_by_file_is_not_continued_line_by_line(days: Path, tmp
         f"{tmp_path / 'out'}: holds a stopped prepare parsed one process per file (--workers 1 or more); "
         "run it again with --workers 1 or more to continue it, or remove the directory"
     )
+
+
+def test_a_prepare_runs_torch_on_one_thread_and_gives_the_callers_back(criteo: Path, tmp_path: Path, monkeypatch) -> None:
+    threads: list[int] = []
+    part_stats = prepare_module.part_stats
+
+    def counted(*args):
+        threads.append(torch.get_num_threads())
+        return part_stats(*args)
+
+    monkeypatch.setattr(prepare_module, "part_stats", counted)
+    callers = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        prepare(criteo_spec(rows=1000), DataChoice("criteo", str(criteo)), tmp_path / "out", SETTINGS)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(callers)
+    assert threads == [1] * 7
