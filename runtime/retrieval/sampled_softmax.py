@@ -150,16 +150,15 @@ def sampled_softmax(
         corrections.append(
             None if negative_log_q is None else torch.full((negatives.shape[0],), negative_log_q, dtype=torch.float64)
         )
-    logits = torch.cat([block / temperature for block in blocks], dim=1)
+    logits = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+    if temperature != 1.0:
+        logits = logits / temperature
     if any(correction is not None for correction in corrections):
         logits = logits - _columns(corrections, blocks, logits)
-    hits = _accidental_hits(ids, blocks, positive_ids)
-    hits[rows, own] = False
-    logits = logits.masked_fill(hits, float("-inf"))
-    losses = -torch.log_softmax(logits, dim=1)[rows, own]
-    if reduction == "none":
-        return losses
-    return losses.sum() if reduction == "sum" else losses.mean()
+    hits = _accidental_hits(ids, blocks, positive_ids, own, in_batch)
+    if hits is not None:
+        logits = logits.index_put(hits, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+    return F.cross_entropy(logits, own, reduction=reduction)
 
 
 def _columns(
@@ -174,16 +173,43 @@ def _columns(
 
 
 def _accidental_hits(
-    ids: list[torch.Tensor | None], blocks: list[torch.Tensor], positive_ids: torch.Tensor
-) -> torch.Tensor:
-    """[b, C]: the candidate's id is the query's positive id (its own column is unmasked after)."""
-    parts = [
-        torch.zeros_like(block, dtype=torch.bool)
-        if block_ids is None
-        else block_ids.to(positive_ids.device).unsqueeze(0) == positive_ids.unsqueeze(1)
-        for block_ids, block in zip(ids, blocks)
-    ]
-    return torch.cat(parts, dim=1)
+    ids: list[torch.Tensor | None],
+    blocks: list[torch.Tensor],
+    positive_ids: torch.Tensor,
+    own: torch.Tensor,
+    in_batch: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows, columns) of the logits whose candidate has the query's positive id, the query's own
+    column excepted; None when there are none (the usual case: ids rarely repeat in a batch).
+
+    Found by binary search of each positive id in the sorted candidate ids, so no [b, C]
+    comparison is built for the few cells that match. With in-batch candidates every positive
+    is a candidate already (its own column), so without a repeated candidate id there is no other.
+    """
+    device, positive_ids = positive_ids.device, positive_ids.to(torch.long)
+    candidate_ids, columns, first = [], [], 0
+    for block_ids, block in zip(ids, blocks):
+        if block_ids is not None:
+            candidate_ids.append(block_ids.to(device=device, dtype=torch.long).reshape(-1))
+            columns.append(torch.arange(first, first + block.shape[1], device=device))
+        first += block.shape[1]
+    if not candidate_ids:
+        return None
+    ordered, order = torch.sort(torch.cat(candidate_ids))
+    if in_batch and not bool((ordered[1:] == ordered[:-1]).any()):
+        return None
+    left = torch.searchsorted(ordered, positive_ids)
+    counts = torch.searchsorted(ordered, positive_ids, right=True) - left
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    rows = torch.repeat_interleave(torch.arange(positive_ids.shape[0], device=device), counts, output_size=total)
+    starts = torch.repeat_interleave(left - (counts.cumsum(0) - counts), counts, output_size=total)
+    cells = torch.cat(columns)[order[starts + torch.arange(total, device=device)]]
+    other = cells != own[rows]
+    if not bool(other.any()):
+        return None
+    return rows[other], cells[other]
 
 
 class SampledSoftmaxLoss(nn.Module):
