@@ -114,6 +114,7 @@ def sampled_softmax(
     normalize: bool = False,
     process_group: dist.ProcessGroup | None = None,
     reduction: str = "mean",
+    row_counts: list[int] | None = None,
 ) -> torch.Tensor:
     """The loss of this rank's queries; the module below fills the arguments from its config.
 
@@ -122,7 +123,8 @@ def sampled_softmax(
     `in_batch_log_q`: [B] over the GLOBAL batch's positives in rank order (or
     None: no in-batch correction); `negative_log_q`: the uniform samples'
     correction (None: none). Without in-batch candidates the positive takes
-    `negative_log_q`.
+    `negative_log_q`. `row_counts`: every rank's number of queries
+    (runtime.retrieval.gather.row_counts), when the caller has exchanged them already.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"sampled softmax: reduction {reduction!r} is not one of {', '.join(REDUCTIONS)}")
@@ -134,9 +136,9 @@ def sampled_softmax(
     rows = torch.arange(query.shape[0], device=query.device)
     blocks, ids, corrections = [], [], []
     if in_batch:
-        candidates, offset = gather_rows(positive, process_group)
+        candidates, offset = gather_rows(positive, process_group, row_counts)
         blocks.append(query @ candidates.T)
-        ids.append(gather_ids(positive_ids, process_group))
+        ids.append(gather_ids(positive_ids, process_group, row_counts))
         corrections.append(in_batch_log_q)
         own = rows + offset
     else:
@@ -260,8 +262,10 @@ class SampledSoftmaxLoss(nn.Module):
         positive_ids: torch.Tensor,
         negatives: torch.Tensor | None = None,
         reduction: str = "mean",
+        row_counts: list[int] | None = None,
     ) -> torch.Tensor:
-        """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`."""
+        """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`;
+        `row_counts` every rank's number of queries, when the caller has exchanged them."""
         c = self.config
         if c.uniform and negatives is None:
             raise ValueError(f"sampled softmax: negatives {c.negatives!r} needs the embeddings of negative_ids()")
@@ -279,22 +283,23 @@ class SampledSoftmaxLoss(nn.Module):
             in_batch=c.in_batch,
             negatives=negatives,
             negative_ids=negative_ids,
-            in_batch_log_q=self._in_batch_log_q(positive_ids),
+            in_batch_log_q=self._in_batch_log_q(positive_ids, row_counts),
             negative_log_q=uniform_log_q(c.num_negatives, c.num_items, c.first_id) if c.logq and c.uniform else None,
             temperature=c.temperature,
             normalize=c.normalize,
             process_group=self.process_group,
             reduction=reduction,
+            row_counts=row_counts,
         )
         if self.training:
             self.step += 1
         return loss
 
-    def _in_batch_log_q(self, positive_ids: torch.Tensor) -> torch.Tensor | None:
+    def _in_batch_log_q(self, positive_ids: torch.Tensor, row_counts: list[int] | None) -> torch.Tensor | None:
         c = self.config
         if not (c.logq and c.in_batch):
             return None
-        global_ids = gather_ids(positive_ids, self.process_group)
+        global_ids = gather_ids(positive_ids, self.process_group, row_counts)
         if self.frequency is not None:
             if self.training:
                 self.frequency.update(global_ids)
