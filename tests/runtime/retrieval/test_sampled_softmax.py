@@ -225,9 +225,15 @@ def test_accidental_hits_found_by_search_match_the_written_out_softmax(distinct:
     # within the batch and among the uniform negatives, several times each.
     generator = torch.Generator().manual_seed(5)
     batch, samples = 24, 10
-    ids = torch.randperm(1000, generator=generator)[:batch] if distinct else torch.randint(0, 6, (batch,), generator=generator)
-    negative_ids = torch.randint(1000 if distinct else 0, 1010 if distinct else 6, (samples,), generator=generator)
-    query, positive, negatives = (torch.randn(n, D, generator=generator, dtype=torch.float64) for n in (batch, batch, samples))
+    if distinct:
+        ids = torch.randperm(1000, generator=generator)[:batch]
+        negative_ids = torch.randint(1000, 1010, (samples,), generator=generator)
+    else:
+        ids = torch.randint(0, 6, (batch,), generator=generator)
+        negative_ids = torch.randint(0, 6, (samples,), generator=generator)
+    query, positive, negatives = (
+        torch.randn(n, D, generator=generator, dtype=torch.float64) for n in (batch, batch, samples)
+    )
     for in_batch in (True, False) if uniform else (True,):
         losses = sampled_softmax(
             query, positive, ids, in_batch=in_batch, negatives=negatives if uniform else None,
