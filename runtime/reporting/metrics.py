@@ -4,9 +4,10 @@
     mse heads      mse, rmse
     softmax heads  accuracy
     sampled_softmax heads  recall@k, ndcg@k, hit_rate@k, mrr of held-out
-                   positives ranked against the whole item table
-                   (runtime.retrieval.head_metrics; the catalogue of item
-                   vectors comes from the model, `catalogue`)
+                   positives ranked against the whole item table, or at
+                   training's log steps against a sample of a large one
+                   (runtime.retrieval.head_metrics; the candidates come from
+                   the model, `catalogue`: runtime.retrieval.catalogue)
 
 Each head's metrics are the ones its HeadConfig lists (`head.metrics`).
 `MetricSet.update` accumulates a rank's outputs and labels; `compute` (a
@@ -29,13 +30,14 @@ samples as probabilities do without sigmoid's rounding ties.
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
 from runtime.modules.losses import HeadConfig
+from runtime.retrieval.catalogue import Catalogue
 from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 
 MetricValues = dict[str, float | None]
@@ -119,11 +121,12 @@ def _log_loss(output: torch.Tensor, label: torch.Tensor, probability: bool) -> t
 class MetricSet:
     """The metrics of every head of a spec.
 
-    `catalogue` gives the item vectors of the whole item table (a collective:
-    the model's `item_catalogue`); a spec with a sampled_softmax head needs it.
+    `catalogue` gives the candidates a retrieval head's positives rank against
+    (a collective: the model's item vectors, runtime.retrieval.catalogue); a
+    spec with a sampled_softmax head needs it (and has only one such head).
     """
 
-    def __init__(self, heads: Sequence[HeadConfig], catalogue: Callable[[], torch.Tensor] | None = None) -> None:
+    def __init__(self, heads: Sequence[HeadConfig], catalogue: Catalogue | None = None) -> None:
         self.heads = [HeadMetrics(head) for head in heads if head.loss != "sampled_softmax"]
         self.retrieval = {
             head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss])
@@ -153,9 +156,8 @@ class MetricSet:
         values = {head.name: head.compute(process_group) for head in self.heads}
         if self.retrieval:
             assert self.catalogue is not None
-            catalogue = self.catalogue()
             for name, retrieval in self.retrieval.items():
-                values[name] = retrieval.compute(catalogue, process_group)
+                values[name] = retrieval.compute(self.catalogue, process_group)
         return {name: values[name] for name in self.order}
 
 

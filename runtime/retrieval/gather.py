@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["gather_rows", "gather_ids", "distributed"]
+__all__ = ["distributed", "gather_ids", "gather_rows", "row_counts"]
 
 
 def distributed(process_group: dist.ProcessGroup | None) -> bool:
@@ -36,8 +36,10 @@ def _device(process_group: dist.ProcessGroup) -> torch.device:
     return torch.device("cpu")
 
 
-def _row_counts(rows: int, process_group: dist.ProcessGroup, device: torch.device) -> list[int]:
-    count = torch.tensor([rows], dtype=torch.long, device=device)
+def row_counts(rows: int, process_group: dist.ProcessGroup) -> list[int]:
+    """Every rank's `rows`, in rank order (a collective). Pass them to the gathers of one set of
+    rows: each then skips its own exchange of the counts."""
+    count = torch.tensor([rows], dtype=torch.long, device=_device(process_group))
     counts = [torch.zeros_like(count) for _ in range(dist.get_world_size(process_group))]
     dist.all_gather(counts, count, group=process_group)
     return [int(c) for c in counts]
@@ -68,23 +70,27 @@ class _GatherRows(torch.autograd.Function):
 
 
 def gather_rows(
-    tensor: torch.Tensor, process_group: dist.ProcessGroup | None
+    tensor: torch.Tensor, process_group: dist.ProcessGroup | None, counts: list[int] | None = None
 ) -> tuple[torch.Tensor, int]:
-    """(every rank's rows in rank order, the index of this rank's first row); differentiable."""
+    """(every rank's rows in rank order, the index of this rank's first row); differentiable.
+    `counts`: every rank's rows (`row_counts`), when known already."""
     if not distributed(process_group):
         return tensor, 0
     device = _device(process_group)
-    counts = _row_counts(tensor.shape[0], process_group, device)
+    counts = row_counts(tensor.shape[0], process_group) if counts is None else counts
     rank = dist.get_rank(process_group)
     moved = tensor.to(device)
     gathered = _GatherRows.apply(moved, counts, rank, process_group)
     return gathered.to(tensor.device), sum(counts[:rank])
 
 
-def gather_ids(ids: torch.Tensor, process_group: dist.ProcessGroup | None) -> torch.Tensor:
-    """Every rank's ids (1-d, lengths may differ) in rank order; no gradient."""
+def gather_ids(
+    ids: torch.Tensor, process_group: dist.ProcessGroup | None, counts: list[int] | None = None
+) -> torch.Tensor:
+    """Every rank's ids (1-d, lengths may differ) in rank order; no gradient. `counts` as for
+    `gather_rows`."""
     if not distributed(process_group):
         return ids
     device = _device(process_group)
-    counts = _row_counts(ids.shape[0], process_group, device)
+    counts = row_counts(ids.shape[0], process_group) if counts is None else counts
     return _gather(ids.to(device), counts, process_group).to(ids.device)

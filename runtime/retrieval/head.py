@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.retrieval.gather import distributed
+from runtime.retrieval.gather import distributed, row_counts
 from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
 
@@ -154,12 +154,7 @@ class RetrievalLoss(nn.Module):
         query, positive, ids = output.pairs()
         negative_ids = self.softmax.negative_ids(ids.device)
         negatives = None if negative_ids is None else item_vectors(negative_ids)
-        losses = self.softmax(query, positive, ids, negatives, reduction="none")
-        count = torch.tensor([float(ids.numel())], dtype=torch.float64)
-        world = 1
-        if distributed(self.process_group):
-            world = dist.get_world_size(self.process_group)
-            nccl = dist.get_backend(self.process_group) == "nccl"
-            count = count.to(torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu")
-            dist.all_reduce(count, group=self.process_group)
-        return losses.sum() * (world / max(1.0, float(count)))
+        # One exchange of the ranks' pair counts serves the normalisation and the softmax's gathers.
+        counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
+        losses = self.softmax(query, positive, ids, negatives, reduction="none", row_counts=counts)
+        return losses.sum() * (len(counts) / max(1.0, float(sum(counts))))

@@ -1,14 +1,15 @@
-"""The metrics of a retrieval head over a window: held-out positives ranked against the whole item table.
+"""The metrics of a retrieval head over a window: held-out positives ranked against the item table.
 
 `MetricSet` (runtime.reporting.metrics) keeps one of these per
 `sampled_softmax` head. `update` keeps the window's held-out queries and
 positive ids (runtime.retrieval.head.RetrievalOutput.held_out); `compute`, a
-collective, takes the catalogue (every item's vector, from the model's
-`item_catalogue`), ranks each query's positive against all of it
-(runtime.retrieval.metrics, exact) and reports the head's metrics, summed
-over every rank's queries: what one process would report. A query's norm
-does not change its ranking, so queries are ranked as they come; the
-catalogue is normalised already when the head normalises.
+collective, takes a catalogue (runtime.retrieval.catalogue: every item's
+vector, or at the log steps of training a sample of them for a large
+table), ranks each query's positive against it (runtime.retrieval.metrics)
+and reports the head's metrics, summed over every rank's queries: what one
+process would report. Metrics over a sample are named with a `sampled_`
+prefix. A query's norm does not change its ranking, so queries are ranked as
+they come; the catalogue is normalised already when the head normalises.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from runtime.retrieval.catalogue import Catalogue
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.metrics import RetrievalMetrics
 
@@ -38,7 +40,7 @@ class RetrievalHeadMetrics:
 
     def __init__(self, metrics: Sequence[str]) -> None:
         self.metrics = tuple(metrics)
-        self._ranker = RetrievalMetrics(metric_ks(self.metrics), "exact")
+        self._ks = metric_ks(self.metrics)
         self.reset()
 
     def reset(self) -> None:
@@ -53,14 +55,18 @@ class RetrievalHeadMetrics:
         self._queries.append(queries.detach().float().cpu())
         self._ids.append(ids.detach().cpu())
 
-    def compute(self, catalogue: torch.Tensor, process_group: dist.ProcessGroup | None = None) -> dict[str, float | None]:
-        """The window's metrics over every rank's queries (a collective), then a new window."""
-        catalogue = catalogue.detach().float().cpu()
-        width = catalogue.shape[1]
-        queries = torch.cat(self._queries) if self._queries else torch.zeros(0, width)
+    def compute(
+        self, catalogue: Catalogue, process_group: dist.ProcessGroup | None = None
+    ) -> dict[str, float | None]:
+        """The window's metrics over every rank's queries (a collective), then a new window;
+        named `sampled_<metric>` when the catalogue is a sample."""
         ids = torch.cat(self._ids) if self._ids else torch.zeros(0, dtype=torch.long)
+        vectors, candidate_ids, positives = catalogue.candidates(ids, process_group)
+        queries = torch.cat(self._queries) if self._queries else torch.zeros(0, vectors.shape[1])
+        ranker = RetrievalMetrics(self._ks, catalogue.kind)
         if ids.numel():
-            self._ranker.update(queries, ids, catalogue[ids], catalogue)
-        values = self._ranker.compute(process_group)
+            ranker.update(queries, ids, positives, vectors, candidate_ids)
+        values = ranker.compute(process_group)
         self.reset()
-        return {name: values[name] for name in self.metrics}
+        prefix = "sampled_" if catalogue.kind == "sampled" else ""
+        return {prefix + name: values[prefix + name] for name in self.metrics}

@@ -114,6 +114,7 @@ def sampled_softmax(
     normalize: bool = False,
     process_group: dist.ProcessGroup | None = None,
     reduction: str = "mean",
+    row_counts: list[int] | None = None,
 ) -> torch.Tensor:
     """The loss of this rank's queries; the module below fills the arguments from its config.
 
@@ -122,7 +123,8 @@ def sampled_softmax(
     `in_batch_log_q`: [B] over the GLOBAL batch's positives in rank order (or
     None: no in-batch correction); `negative_log_q`: the uniform samples'
     correction (None: none). Without in-batch candidates the positive takes
-    `negative_log_q`.
+    `negative_log_q`. `row_counts`: every rank's number of queries
+    (runtime.retrieval.gather.row_counts), when the caller has exchanged them already.
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"sampled softmax: reduction {reduction!r} is not one of {', '.join(REDUCTIONS)}")
@@ -134,9 +136,9 @@ def sampled_softmax(
     rows = torch.arange(query.shape[0], device=query.device)
     blocks, ids, corrections = [], [], []
     if in_batch:
-        candidates, offset = gather_rows(positive, process_group)
+        candidates, offset = gather_rows(positive, process_group, row_counts)
         blocks.append(query @ candidates.T)
-        ids.append(gather_ids(positive_ids, process_group))
+        ids.append(gather_ids(positive_ids, process_group, row_counts))
         corrections.append(in_batch_log_q)
         own = rows + offset
     else:
@@ -150,16 +152,15 @@ def sampled_softmax(
         corrections.append(
             None if negative_log_q is None else torch.full((negatives.shape[0],), negative_log_q, dtype=torch.float64)
         )
-    logits = torch.cat([block / temperature for block in blocks], dim=1)
+    logits = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)
+    if temperature != 1.0:
+        logits = logits / temperature
     if any(correction is not None for correction in corrections):
         logits = logits - _columns(corrections, blocks, logits)
-    hits = _accidental_hits(ids, blocks, positive_ids)
-    hits[rows, own] = False
-    logits = logits.masked_fill(hits, float("-inf"))
-    losses = -torch.log_softmax(logits, dim=1)[rows, own]
-    if reduction == "none":
-        return losses
-    return losses.sum() if reduction == "sum" else losses.mean()
+    hits = _accidental_hits(ids, blocks, positive_ids, own, in_batch)
+    if hits is not None:
+        logits = logits.index_put(hits, torch.tensor(float("-inf"), dtype=logits.dtype, device=logits.device))
+    return F.cross_entropy(logits, own, reduction=reduction)
 
 
 def _columns(
@@ -174,16 +175,43 @@ def _columns(
 
 
 def _accidental_hits(
-    ids: list[torch.Tensor | None], blocks: list[torch.Tensor], positive_ids: torch.Tensor
-) -> torch.Tensor:
-    """[b, C]: the candidate's id is the query's positive id (its own column is unmasked after)."""
-    parts = [
-        torch.zeros_like(block, dtype=torch.bool)
-        if block_ids is None
-        else block_ids.to(positive_ids.device).unsqueeze(0) == positive_ids.unsqueeze(1)
-        for block_ids, block in zip(ids, blocks)
-    ]
-    return torch.cat(parts, dim=1)
+    ids: list[torch.Tensor | None],
+    blocks: list[torch.Tensor],
+    positive_ids: torch.Tensor,
+    own: torch.Tensor,
+    in_batch: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(rows, columns) of the logits whose candidate has the query's positive id, the query's own
+    column excepted; None when there are none (the usual case: ids rarely repeat in a batch).
+
+    Found by binary search of each positive id in the sorted candidate ids, so no [b, C]
+    comparison is built for the few cells that match. With in-batch candidates every positive
+    is a candidate already (its own column), so without a repeated candidate id there is no other.
+    """
+    device, positive_ids = positive_ids.device, positive_ids.to(torch.long)
+    candidate_ids, columns, first = [], [], 0
+    for block_ids, block in zip(ids, blocks):
+        if block_ids is not None:
+            candidate_ids.append(block_ids.to(device=device, dtype=torch.long).reshape(-1))
+            columns.append(torch.arange(first, first + block.shape[1], device=device))
+        first += block.shape[1]
+    if not candidate_ids:
+        return None
+    ordered, order = torch.sort(torch.cat(candidate_ids))
+    if in_batch and not bool((ordered[1:] == ordered[:-1]).any()):
+        return None
+    left = torch.searchsorted(ordered, positive_ids)
+    counts = torch.searchsorted(ordered, positive_ids, right=True) - left
+    total = int(counts.sum())
+    if total == 0:
+        return None
+    rows = torch.repeat_interleave(torch.arange(positive_ids.shape[0], device=device), counts, output_size=total)
+    starts = torch.repeat_interleave(left - (counts.cumsum(0) - counts), counts, output_size=total)
+    cells = torch.cat(columns)[order[starts + torch.arange(total, device=device)]]
+    other = cells != own[rows]
+    if not bool(other.any()):
+        return None
+    return rows[other], cells[other]
 
 
 class SampledSoftmaxLoss(nn.Module):
@@ -234,8 +262,10 @@ class SampledSoftmaxLoss(nn.Module):
         positive_ids: torch.Tensor,
         negatives: torch.Tensor | None = None,
         reduction: str = "mean",
+        row_counts: list[int] | None = None,
     ) -> torch.Tensor:
-        """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`."""
+        """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`;
+        `row_counts` every rank's number of queries, when the caller has exchanged them."""
         c = self.config
         if c.uniform and negatives is None:
             raise ValueError(f"sampled softmax: negatives {c.negatives!r} needs the embeddings of negative_ids()")
@@ -253,22 +283,23 @@ class SampledSoftmaxLoss(nn.Module):
             in_batch=c.in_batch,
             negatives=negatives,
             negative_ids=negative_ids,
-            in_batch_log_q=self._in_batch_log_q(positive_ids),
+            in_batch_log_q=self._in_batch_log_q(positive_ids, row_counts),
             negative_log_q=uniform_log_q(c.num_negatives, c.num_items, c.first_id) if c.logq and c.uniform else None,
             temperature=c.temperature,
             normalize=c.normalize,
             process_group=self.process_group,
             reduction=reduction,
+            row_counts=row_counts,
         )
         if self.training:
             self.step += 1
         return loss
 
-    def _in_batch_log_q(self, positive_ids: torch.Tensor) -> torch.Tensor | None:
+    def _in_batch_log_q(self, positive_ids: torch.Tensor, row_counts: list[int] | None) -> torch.Tensor | None:
         c = self.config
         if not (c.logq and c.in_batch):
             return None
-        global_ids = gather_ids(positive_ids, self.process_group)
+        global_ids = gather_ids(positive_ids, self.process_group, row_counts)
         if self.frequency is not None:
             if self.training:
                 self.frequency.update(global_ids)

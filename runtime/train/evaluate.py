@@ -5,7 +5,8 @@ exchange ids, so all ranks must take part even when the last batch has
 nothing real for one of them); padding samples are left out of the metrics.
 A retrieval head's held-out positives are ranked against every item of its
 table, whose vectors the model's `item_catalogue` gives (generated for a
-spec with a sampled_softmax head).
+spec with a sampled_softmax head); the log steps of training rank against
+`training_catalogue(model)`: a sample of a large table (runtime.retrieval.catalogue).
 """
 
 from __future__ import annotations
@@ -18,11 +19,28 @@ import torch.distributed as dist
 from runtime.data.loader import LocalBatch
 from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
+from runtime.retrieval import catalogue
 
 
-def item_catalogue(model: torch.nn.Module) -> Callable[[], torch.Tensor] | None:
-    """The model's `item_catalogue` (through a DDP wrapper), or None without a retrieval head."""
-    return getattr(getattr(model, "module", model), "item_catalogue", None)
+def item_catalogue(model: torch.nn.Module) -> catalogue.Catalogue | None:
+    """Every item of the model's table (its `item_catalogue`, through a DDP wrapper), or None
+    without a retrieval head."""
+    vectors: Callable[[], torch.Tensor] | None = getattr(_inner(model), "item_catalogue", None)
+    return None if vectors is None else catalogue.ExactCatalogue(vectors)
+
+
+def training_catalogue(model: torch.nn.Module) -> catalogue.Catalogue | None:
+    """What the log steps of training rank a retrieval head against (the whole table or a
+    sample of it, runtime.retrieval.catalogue), or None without a retrieval head."""
+    inner = _inner(model)
+    if getattr(inner, "item_catalogue", None) is None:
+        return None
+    num_items = inner.retrieval_loss.softmax.config.num_items  # the item table's rows
+    return catalogue.training_catalogue(inner.item_vectors, inner.item_catalogue, num_items)
+
+
+def _inner(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)  # through a DDP wrapper
 
 
 def evaluate(

@@ -29,7 +29,7 @@ from runtime.data.prepared.prepare import VOCABULARY
 from runtime.data.prepared.reading import PreparedData, open_prepared
 from runtime.data.sources import DataChoice, choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
-from runtime.train.evaluate import evaluate, item_catalogue
+from runtime.train.evaluate import evaluate, training_catalogue
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 from runtime.reporting.monitor import Evaluation, TrainingMonitor
@@ -169,7 +169,7 @@ def setup_run(
         evaluation=evaluation,
         eval_every=options.eval_every,
         on_evaluation=on_evaluation,
-        catalogue=item_catalogue(model),
+        catalogue=training_catalogue(model),
     )
     return RunIO(batches, monitor, bad_rows, rank, unseen)
 

@@ -3,7 +3,9 @@
 The users' positives follow a planted rule (user u prefers movie 7u + 3
 mod 80, four times in five). Training reports recall@10, ndcg@10 and mrr,
 ranked against all 80 movies, on the progress lines, the evaluation lines,
-the run log and the final JSON line, under the head's name.
+the run log and the final JSON line, under the head's name. With an item
+table over TRAINING_CANDIDATES rows, the progress lines rank against a sample
+of it (`sampled_recall@10`, ...) and evaluation against all of it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import random
 from pathlib import Path
 
 from compiler.cli import main
+from runtime.retrieval.catalogue import TRAINING_CANDIDATES
 
 SPEC = """\
 version: 1
@@ -73,3 +76,23 @@ def test_training_reports_the_retrieval_metrics_everywhere(tmp_path: Path, capsy
     records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [30, 60] and evals[-1]["metrics"] == final["eval_metrics"]
+
+
+def test_a_large_item_table_is_sampled_at_log_steps_and_ranked_whole_in_evaluation(tmp_path: Path, capsys) -> None:
+    rng = random.Random(4)
+    train, held_out = positives(tmp_path / "train.csv", 1000, rng), positives(tmp_path / "eval.csv", 200, rng)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("num_embeddings: 80", f"num_embeddings: {TRAINING_CANDIDATES + 1000}"))
+    code = main([
+        "train", str(spec), "-o", str(tmp_path / "build"), "--data", f"csv:{train}", "--eval-data", f"csv:{held_out}",
+        "--steps", "10", "--log-every", "5", "--eval-every", "10", "--data-workers", "0",
+    ])  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = out.splitlines()
+    assert [line.split()[:2] for line in lines[1:-1]] == [["step", "5/10"], ["step", "10/10"], ["eval", "10/10"]]
+    assert all(" match: sampled_recall@10 " in line and " sampled_mrr " in line for line in lines[1:3])
+    assert " match: recall@10 " in lines[3] and "sampled_" not in lines[3]
+    final = json.loads(lines[-1])
+    assert list(final["metrics"]["match"]) == ["sampled_recall@10", "sampled_ndcg@10", "sampled_mrr"]
+    assert list(final["eval_metrics"]["match"]) == ["recall@10", "ndcg@10", "mrr"]

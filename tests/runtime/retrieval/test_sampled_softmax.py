@@ -216,3 +216,31 @@ def test_missing_or_unwanted_negatives_are_named() -> None:
     with pytest.raises(ValueError) as error:
         SampledSoftmaxLoss(SampledSoftmaxConfig())(query, positive, IDS, negatives)
     assert str(error.value) == "sampled softmax: negatives given but the config draws none (negatives 'in_batch')"
+
+
+@pytest.mark.parametrize("distinct", [True, False])
+@pytest.mark.parametrize("uniform", [False, True])
+def test_accidental_hits_found_by_search_match_the_written_out_softmax(distinct: bool, uniform: bool) -> None:
+    # Distinct ids: no cell is masked (the in-batch path skips the search); else ids repeat
+    # within the batch and among the uniform negatives, several times each.
+    generator = torch.Generator().manual_seed(5)
+    batch, samples = 24, 10
+    if distinct:
+        ids = torch.randperm(1000, generator=generator)[:batch]
+        negative_ids = torch.randint(1000, 1010, (samples,), generator=generator)
+    else:
+        ids = torch.randint(0, 6, (batch,), generator=generator)
+        negative_ids = torch.randint(0, 6, (samples,), generator=generator)
+    query, positive, negatives = (
+        torch.randn(n, D, generator=generator, dtype=torch.float64) for n in (batch, batch, samples)
+    )
+    for in_batch in (True, False) if uniform else (True,):
+        losses = sampled_softmax(
+            query, positive, ids, in_batch=in_batch, negatives=negatives if uniform else None,
+            negative_ids=negative_ids if uniform else None, reduction="none",
+        )  # fmt: skip
+        expected = reference_losses(
+            query.tolist(), positive.tolist(), ids.tolist(), in_batch=in_batch,
+            negatives=negatives.tolist() if uniform else None, negative_ids=negative_ids.tolist() if uniform else None,
+        )  # fmt: skip
+        assert losses.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
