@@ -3,7 +3,8 @@
 `save_checkpoint` writes, collectively, everything a run needs to continue
 exactly where it was: the embedding tables and their fused optimizer state,
 the dense parameters and the dense optimizer's state, the step, each rank's
-RNG states and data position, the sharding plan and the spec's sha256.
+RNG states and data position, the sharding plan, the spec's sha256 and the
+kernel choices the run made.
 `load_checkpoint` puts them back, at any world size and with any plan for
 the same spec. `load_model_state` and `read_checkpoint_manifest` read a checkpoint in
 one process without a process group (the inference export uses them).
@@ -122,6 +123,7 @@ def save_checkpoint(
     files: Mapping[str, bytes] | None = None,
     lr_schedule: Mapping[str, Any] | None = None,
     early_stopping: Mapping[str, Any] | None = None,
+    kernels: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
@@ -134,7 +136,9 @@ def save_checkpoint(
     such as the MovieLens vocabulary, travels with the weights it shaped.
     `lr_schedule` (plain data: runtime.train.lr_scheduler's `state_dict`) is
     kept as the manifest's "lr_schedule", `early_stopping` (the best evaluation
-    so far: runtime.train.early_stopping) as its "early_stopping".
+    so far: runtime.train.early_stopping) as its "early_stopping", `kernels`
+    (the run's kernel choices by kernel then site: runtime.cpu.choice's
+    `pinned`) as its "kernels", which a resume pins again.
     """
     root = Path(directory)
     group = _group(process_group)
@@ -156,6 +160,8 @@ def save_checkpoint(
         manifest["lr_schedule"] = dict(lr_schedule)
     if early_stopping is not None:
         manifest["early_stopping"] = dict(early_stopping)
+    if kernels is not None:
+        manifest["kernels"] = {kernel: dict(sites) for kernel, sites in kernels.items()}
 
     def finish() -> Path:
         for name, contents in (files or {}).items():

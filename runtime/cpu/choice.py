@@ -25,10 +25,23 @@ landed first), and read through an lru_cache. `reccompile info` lists them.
 
 `RECCOMPILE_KERNELS=dot=torch,linear=onednn` forces a choice per kernel
 (tests and benchmarks), without measuring or recording.
+
+Within a training run (`with run():`, entered by the worker), the kernels
+whose two implementations round differently (`NUMERIC`) are chosen once per
+*site*, not per shape: the caller names the site (a layer, a table group)
+without the sizes that vary from batch to batch, the first use decides
+(recorded as `<site>_t<threads>.json`, so every rank of the host reads the
+one file) and the decision holds for the rest of the run, whatever the
+later batches' sizes or a neighbour's load. Ranks with caches of their own
+(other hosts) agree through `know()`: rank 0's recorded `sites()`, shared at
+the start. `pinned()` lists the run's decisions for its checkpoints and
+`pin()` puts a checkpoint's back on resume, so a resumed run computes what
+the uninterrupted one did (runtime/train/kernel_choices.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -36,14 +49,17 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.cpu import features
 from runtime.cpu.native.build import cache_root
 
-__all__ = ["ENV", "KERNELS", "MARGIN", "Choice", "active", "bucket", "choose", "forced", "machine", "recorded"]
+__all__ = [
+    "ENV", "KERNELS", "MARGIN", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "know", "machine",
+    "pin", "pinned", "recorded", "run", "sites",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +72,9 @@ KERNELS: dict[str, tuple[str, str]] = {
     "attention": ("torch", "native"),
     "embedding_update": ("fbgemm", "native"),
 }
+# The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
+# blocking): a run must not switch between them, or a resumed run would not repeat the first.
+NUMERIC = frozenset({"dot", "linear", "attention", "embedding_update"})
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
 REPEATS = 5
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
@@ -63,12 +82,16 @@ _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 
 @dataclass(frozen=True)
 class Choice:
-    """One decision: for `kernel` at `shape`, `winner`, from the fastest times in milliseconds."""
+    """One decision: for `kernel` at `shape`, `winner`, from the fastest times in milliseconds.
+
+    `site` is set on the decisions a training run made per site (`shape` is then `<site>_t<threads>`).
+    """
 
     kernel: str
     shape: str
     winner: str
     times_ms: tuple[tuple[str, float], ...]
+    site: str | None = None
 
 
 def forced() -> dict[str, str]:
@@ -96,7 +119,8 @@ def _directory() -> Path:
 def _read(directory: Path, kernel: str, shape: str) -> Choice | None:
     try:
         data = json.loads((directory / kernel / f"{shape}.json").read_text())
-        return Choice(kernel, shape, data["winner"], tuple((k, float(v)) for k, v in data["times_ms"].items()))
+        times = tuple((k, float(v)) for k, v in data["times_ms"].items())
+        return Choice(kernel, shape, data["winner"], times, data.get("site"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -105,7 +129,8 @@ def _write_once(directory: Path, choice: Choice) -> None:
     """Writes the choice unless one is there already (then that one stands)."""
     folder = directory / choice.kernel
     folder.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"kernel": choice.kernel, "shape": choice.shape, "winner": choice.winner,
+    site = {} if choice.site is None else {"site": choice.site}
+    text = json.dumps({"kernel": choice.kernel, "shape": choice.shape, **site, "winner": choice.winner,
                        "times_ms": dict(choice.times_ms), "cpu": features.model()})
     handle, scratch = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
     try:
@@ -143,32 +168,148 @@ def _fastest_ms(runs: Mapping[str, Callable[[], object]]) -> dict[str, float]:
     return {name: min(times) for name, times in samples.items()}
 
 
-def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]]) -> str:
+@dataclass
+class _Run:
+    """The decisions of the training run in progress, by (kernel, site)."""
+
+    pins: dict[tuple[str, str], str] = field(default_factory=dict)
+    known: dict[tuple[str, str], str] = field(default_factory=dict)  # decisions to take at a site's first use
+
+
+_run: _Run | None = None
+
+
+@contextlib.contextmanager
+def run() -> Iterator[None]:
+    """A training run: each NUMERIC kernel's choice per site is fixed at its first use until the end.
+
+    The recorded choices are read afresh from disk at the start (another
+    process may have measured since this one last looked).
+    """
+    global _run
+    outer, _run = _run, _Run()
+    _read.cache_clear()
+    try:
+        yield
+    finally:
+        _run = outer
+
+
+def sites() -> dict[str, dict[str, str]]:
+    """The per-site decisions recorded on this CPU at this thread count, by kernel then site."""
+    import torch
+
+    threads, directory = torch.get_num_threads(), _directory()
+    out: dict[str, dict[str, str]] = {}
+    for kernel in sorted(NUMERIC):
+        for path in sorted((directory / kernel).glob(f"*_t{threads}.json")):
+            made = _read(directory, kernel, path.stem)
+            if made is not None and made.site is not None and made.shape == f"{made.site}_t{threads}":
+                out.setdefault(kernel, {})[made.site] = made.winner
+    return out
+
+
+def know(decisions: Mapping[str, Mapping[str, str]]) -> None:
+    """Take these decisions (rank 0's `sites()`) at each site's first use in the current run, unmeasured."""
+    if _run is None:
+        raise RuntimeError("kernel choices can only be shared inside choice.run()")
+    _run.known.update(
+        ((kernel, site), winner) for kernel, by_site in decisions.items() for site, winner in by_site.items()
+        if kernel in KERNELS and winner in KERNELS[kernel]
+    )
+
+
+def pinned() -> dict[str, dict[str, str]]:
+    """The decisions the current run has fixed, by kernel then site ({} outside a run)."""
+    out: dict[str, dict[str, str]] = {}
+    for (kernel, site), winner in sorted(_run.pins.items() if _run is not None else ()):
+        out.setdefault(kernel, {})[site] = winner
+    return out
+
+
+def pin(recorded: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """Fix these decisions (a checkpoint's `pinned()`) for the rest of the current run.
+
+    Returns a message for each one that cannot be kept here (an unknown
+    kernel, an implementation this machine lacks): those fall back to the
+    baseline, and the run no longer repeats the one that recorded them.
+    """
+    if _run is None:
+        raise RuntimeError("kernel choices can only be pinned inside choice.run()")
+    problems = []
+    for kernel, sites in sorted(recorded.items()):
+        for site, winner in sorted(sites.items()):
+            if kernel not in NUMERIC or winner not in KERNELS[kernel]:
+                problems.append(f"kernel choice {kernel}={winner} at {site} is not one this version pins; ignored")
+                continue
+            baseline = KERNELS[kernel][0]
+            missing = _unavailable(winner)
+            if missing is not None:
+                problems.append(
+                    f"kernel {kernel} ran {winner} at {site}, which is unavailable here ({missing}); using "
+                    f"{baseline}, so this run will not repeat the one that recorded it exactly"
+                )
+                winner = baseline
+            _run.pins[(kernel, site)] = winner
+    return problems
+
+
+def _unavailable(name: str) -> str | None:
+    """Why implementation `name` cannot run on this machine, or None if it can."""
+    if name == "native":
+        from runtime.cpu.native import build
+
+        status = build.status()
+        return None if status.library is not None else f"native kernels: {status.problem}"
+    if name == "onednn":
+        import torch
+
+        return None if torch.backends.mkldnn.is_available() else "this torch has no oneDNN"
+    return None
+
+
+def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
     """The implementation of `kernel` to use at `shape`: forced, recorded, or measured now.
 
     `runs` maps both names of KERNELS[kernel] to a call that runs that
     implementation once on the real shapes (in the order given for the
     warm-up, so the first may validate the inputs). `shape` names the
-    shapes in a file-name-safe key (letters, digits, `_.+-`).
+    shapes in a file-name-safe key (letters, digits, `_.+-`). `site` names
+    the layer or table group in the same way, without the sizes that vary
+    per batch: inside `run()`, a NUMERIC kernel is chosen once per site.
     """
-    baseline, alternative = KERNELS[kernel]
     force = forced().get(kernel)
-    if force is not None:
-        return force
-    if not _SHAPE.fullmatch(shape):
-        raise ValueError(f"kernel choice {kernel!r}: shape key {shape!r} is not file-name safe")
+    key = shape
+    if _run is not None and site is not None and kernel in NUMERIC:
+        held = _run.pins.get((kernel, site))
+        if force is None and held is not None:
+            return held
+        import torch
+
+        key = f"{site}_t{torch.get_num_threads()}"
+        winner = force or _run.known.get((kernel, site)) or _decide(kernel, key, runs, site)
+        _run.pins[(kernel, site)] = winner
+        return winner
+    return force if force is not None else _decide(kernel, key, runs)
+
+
+def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
+    """The recorded choice for `key`, else the one measured now and recorded (the first on disk wins)."""
+    baseline, alternative = KERNELS[kernel]
+    if not _SHAPE.fullmatch(key):
+        raise ValueError(f"kernel choice {kernel!r}: shape key {key!r} is not file-name safe")
     directory = _directory()
-    known = _read(directory, kernel, shape)
+    known = _read(directory, kernel, key)
     if known is not None:
         return known.winner
     if not _writable(directory):
         return baseline
     times = _fastest_ms(runs)
     winner = alternative if times[alternative] < times[baseline] * (1 - MARGIN) else baseline
-    _write_once(directory, Choice(kernel, shape, winner, tuple(sorted(times.items()))))
+    _write_once(directory, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
     _read.cache_clear()
-    known = _read(directory, kernel, shape)
-    log.info("kernel %s at %s: %s (%s)", kernel, shape, known.winner if known else winner,
+    known = _read(directory, kernel, key)
+    log.info("kernel %s at %s: %s (%s)", kernel, key, known.winner if known else winner,
              ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items())))
     return known.winner if known is not None else winner
 

@@ -102,7 +102,8 @@ def _choose(
             pooled.backward(torch.zeros_like(pooled))  # a zero gradient leaves weights and state as they are
         return step
 
-    return choice.choose("embedding_update", shape, {"fbgemm": timed(False), "native": timed(True)})
+    site = shape[shape.index("_tables") + 1 : shape.rindex("_t")]  # the table group: not the batch's id count
+    return choice.choose("embedding_update", shape, {"fbgemm": timed(False), "native": timed(True)}, site=site)
 
 
 def lookup(

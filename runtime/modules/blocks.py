@@ -327,7 +327,9 @@ class DotInteraction(nn.Module):
                     return torch.autograd.grad(out, copies(), torch.ones_like(out)) if grad else out
             return run
 
-        return choice.choose("dot", shape, {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)})
+        site = f"n{self.num_vectors}_d{self.dim}_parts{widths}_{'fwdbwd' if grad else 'fwd'}"
+        runs = {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)}
+        return choice.choose("dot", shape, runs, site=site)
 
     def _check_inputs(self, xs: Sequence[torch.Tensor]) -> None:
         width = self.num_vectors * self.dim

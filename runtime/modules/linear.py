@@ -123,7 +123,8 @@ def _choose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, re
                 return torch.autograd.grad(out, inputs, torch.ones_like(out)) if grad else out
         return run
 
-    return choice.choose("linear", shape, {"aten": timed(_aten), "onednn": timed(_onednn)})
+    site = shape[shape.index("_") + 1 : shape.rindex("_t")]  # the layer: no batch, no thread count
+    return choice.choose("linear", shape, {"aten": timed(_aten), "onednn": timed(_onednn)}, site=site)
 
 
 def onednn_chosen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:

@@ -75,7 +75,8 @@ def _choose(x: torch.Tensor, query: torch.Tensor, counts: torch.Tensor, grad: bo
                 return torch.autograd.grad(out, copies(), torch.ones_like(out)) if grad else out
         return run
 
-    return choice.choose("attention", shape, {"torch": timed(_torch), "native": timed(_native)})
+    site = f"h{heads}_d{dim}_{'fwdbwd' if grad else 'fwd'}"  # the layer: not the batch's size or length
+    return choice.choose("attention", shape, {"torch": timed(_torch), "native": timed(_native)}, site=site)
 
 
 def one_query_attention(x: torch.Tensor, query: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

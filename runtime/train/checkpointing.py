@@ -9,6 +9,8 @@
     --best-metric NAME      also keep the best evaluation's checkpoint in DIR/best (one, replaced
                             atomically by a better one; load it as any checkpoint directory)
 
+A checkpoint keeps the run's kernel choices (runtime.train.kernel_choices)
+and a resume runs them again, whatever the choice cache says by then.
 A job that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0 on any rank,
 with `--max-restarts`) resumes from the latest complete checkpoint by itself,
 or starts afresh if none was written yet. A damaged newest checkpoint is passed
@@ -43,6 +45,7 @@ from runtime.data.batch import Batch
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.reporting import console
+from runtime.train import kernel_choices
 from runtime.train.lr_schedule import spell
 from runtime.train.early_stopping import EarlyStopping
 from runtime.train.lr_scheduler import LrScheduler
@@ -150,6 +153,8 @@ class Checkpointing:
             )
         self._resume_schedule()
         self._resume_early_stopping()
+        for problem in kernel_choices.restore(self._resumed.manifest):
+            self._say(f"warning: {self._resumed.path}: {problem}", sys.stderr)
         why = "torchrun restarted this job" if restarted else "--resume"
         self._say(f"resumed from {self._resumed.path} at step {self.start_step} ({why})")
         return self.start_step
@@ -256,6 +261,9 @@ class Checkpointing:
         state_after = getattr(self._batches, "state_after", None)
         state_dict = (lambda: state_after(step)) if callable(state_after) else getattr(self._batches, "state_dict", None)
         tracked = None if self.early_stopping is None else self.early_stopping.state_dict()
+        kernels, differences = kernel_choices.gather(self.process_group)
+        for difference in differences:
+            self._say(f"warning: ranks chose kernels differently: {difference}", sys.stderr)
         with self.other_work.measure("checkpoint"):
             path = save_checkpoint(
                 self.directory / BEST_DIR if best else self.directory,
@@ -271,6 +279,7 @@ class Checkpointing:
                 files=self._data_files(),
                 lr_schedule=None if self.lr_scheduler is None else self.lr_scheduler.state_dict(step),
                 early_stopping=tracked,
+                kernels=kernels,
             )
         if not best:
             self.last_saved = step

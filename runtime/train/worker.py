@@ -24,11 +24,12 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from runtime.cpu import choice
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
 from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
-from runtime.train import checkpointing, run_setup
+from runtime.train import checkpointing, kernel_choices, run_setup
 from runtime.process.lifetime import die_with_parent
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.early_stopping import EarlyStopping, resolve_best_metric
@@ -74,7 +75,16 @@ def synthetic_batches(
 
 
 def main(options: TrainOptions) -> int:
-    """Train as `options` say (checked by whoever built them); 0 when done."""
+    """Train as `options` say (checked by whoever built them); 0 when done.
+
+    The numerics-changing kernel choices hold from their first use to the end
+    (runtime.cpu.choice.run), or as the checkpoint resumed from recorded them.
+    """
+    with choice.run():
+        return _train(options)
+
+
+def _train(options: TrainOptions) -> int:
     retain_freed_memory()
     if options.threads is not None:
         torch.set_num_threads(options.threads)
@@ -86,6 +96,7 @@ def main(options: TrainOptions) -> int:
     process_group = init_distributed(device_kind)
     rank = dist.get_rank() if process_group is not None else 0
     world_size = dist.get_world_size() if process_group is not None else 1
+    kernel_choices.share(process_group)
     device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else None
     local_ranks = ranks_per_node()
     if process_group is not None and local_ranks is not None:

@@ -1,4 +1,4 @@
-"""Tests for runtime/cpu/choice.py: measured, recorded once per CPU and shape, forced by the environment."""
+"""Tests for runtime/cpu/choice.py: measured, recorded once per CPU and shape (per site in a run), forced by the environment."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.cpu import choice, features
 
@@ -96,3 +97,87 @@ def test_shape_keys_must_be_file_name_safe() -> None:
 
 def test_buckets_are_powers_of_two() -> None:
     assert [choice.bucket(n) for n in (0, 1, 2, 3, 512, 513, 2048)] == [1, 1, 2, 4, 512, 1024, 2048]
+
+
+def _record(tmp_path: Path, kernel: str, key: str, winner: str, site: str | None = None) -> None:
+    folder = tmp_path / "choices" / features.identity() / kernel
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{key}.json").write_text(json.dumps(
+        {"kernel": kernel, "shape": key, **({"site": site} if site else {}), "winner": winner, "times_ms": {}}
+    ))
+
+
+def test_in_a_run_a_numeric_kernel_is_chosen_once_per_site_whatever_the_later_shapes(tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    _record(tmp_path, "embedding_update", "b512_ids2048_tables2_plain_t1", "native")  # a per-shape choice
+    calls: list[str] = []
+    runs = {"fbgemm": _sleeper(1, calls, "fbgemm"), "native": _sleeper(15, calls, "native")}
+    with choice.run():
+        assert choice.choose("embedding_update", "b512_ids1024_tables2_plain_t1", runs, site="tables2_plain") == "fbgemm"
+        # A batch with more ids: outside a run that shape's own record would decide (native).
+        never = {"fbgemm": _never, "native": _never}
+        assert choice.choose("embedding_update", "b512_ids2048_tables2_plain_t1", never, site="tables2_plain") == "fbgemm"
+        assert choice.pinned() == {"embedding_update": {"tables2_plain": "fbgemm"}}
+    assert choice.pinned() == {}
+    assert choice.choose("embedding_update", "b512_ids2048_tables2_plain_t1", never, site="tables2_plain") == "native"
+    made = {c.shape: c for c in choice.recorded()}
+    assert made[f"tables2_plain_t{threads}"].site == "tables2_plain"
+    assert made[f"tables2_plain_t{threads}"].winner == "fbgemm"
+    assert choice.sites() == {"embedding_update": {"tables2_plain": "fbgemm"}}
+
+
+def test_a_kernel_that_keeps_its_numerics_is_still_chosen_per_shape_in_a_run(tmp_path: Path) -> None:
+    _record(tmp_path, "lookup", "b64_ids64", "concurrent")
+    _record(tmp_path, "lookup", "b64_ids128", "sequential")
+    never = {"sequential": _never, "concurrent": _never}
+    with choice.run():
+        assert choice.choose("lookup", "b64_ids64", never, site="groups2") == "concurrent"
+        assert choice.choose("lookup", "b64_ids128", never, site="groups2") == "sequential"
+        assert choice.pinned() == {}
+
+
+def test_pinned_choices_hold_over_the_cache_and_known_ones_over_measuring(tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    _record(tmp_path, "dot", f"n3_d4_fwdbwd_t{threads}", "torch", site="n3_d4_fwdbwd")
+    never = {"torch": _never, "native": _never}
+    with choice.run():
+        assert choice.pin({"dot": {"n3_d4_fwdbwd": "native"}}) == []
+        choice.know({"linear": {"in8_out4_fwdbwd": "onednn"}})
+        assert choice.choose("dot", "b64_n3_d4_fwdbwd", never, site="n3_d4_fwdbwd") == "native"
+        assert choice.choose("linear", "b64_in8_out4_fwdbwd", {"aten": _never, "onednn": _never},
+                             site="in8_out4_fwdbwd") == "onednn"
+        assert choice.pinned() == {"dot": {"n3_d4_fwdbwd": "native"}, "linear": {"in8_out4_fwdbwd": "onednn"}}
+
+
+def test_the_environment_still_forces_a_pinned_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    with choice.run():
+        choice.pin({"dot": {"n3_d4_fwdbwd": "native"}})
+        monkeypatch.setenv(choice.ENV, "dot=torch")
+        assert choice.choose("dot", "b64_n3_d4_fwdbwd", {"torch": _never, "native": _never}, site="n3_d4_fwdbwd") == "torch"
+        assert choice.pinned() == {"dot": {"n3_d4_fwdbwd": "torch"}}
+
+
+def test_a_recorded_choice_this_machine_cannot_run_falls_back_to_the_baseline_and_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from runtime.cpu.native import build
+
+    monkeypatch.setenv("CC", "no-such-cc")
+    build.status.cache_clear()
+    try:
+        with choice.run():
+            problems = choice.pin({"embedding_update": {"tables2_plain": "native"}, "dot": {"n3_d4_fwd": "fast"}})
+            assert choice.pinned() == {"embedding_update": {"tables2_plain": "fbgemm"}}
+    finally:
+        build.status.cache_clear()
+    assert problems == [
+        "kernel choice dot=fast at n3_d4_fwd is not one this version pins; ignored",
+        "kernel embedding_update ran native at tables2_plain, which is unavailable here (native kernels: no C "
+        "compiler: 'no-such-cc' is not on PATH (set CC to one)); using fbgemm, so this run will not repeat the "
+        "one that recorded it exactly",
+    ]
+
+
+def test_pinning_outside_a_run_is_a_programming_error() -> None:
+    with pytest.raises(RuntimeError, match=r"^kernel choices can only be pinned inside choice.run\(\)$"):
+        choice.pin({})
