@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Six places in the runtime hold two implementations that compute the same
+Seven places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -10,6 +10,7 @@ faster on some CPUs:
     quant_pool  fbgemm             | native (runtime/cpu/native/quant_pool.c)
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's backward | native (runtime/cpu/native/rowwise_adagrad.c)
+    linear_grad_input g W           | g W padded to 8 columns (runtime/modules/padded_grad.py)
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
@@ -71,10 +72,11 @@ KERNELS: dict[str, tuple[str, str]] = {
     "quant_pool": ("fbgemm", "native"),
     "attention": ("torch", "native"),
     "embedding_update": ("fbgemm", "native"),
+    "linear_grad_input": ("plain", "padded"),
 }
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
-NUMERIC = frozenset({"dot", "linear", "attention", "embedding_update"})
+NUMERIC = frozenset({"dot", "linear", "linear_grad_input", "attention", "embedding_update"})
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
 REPEATS = 5
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")

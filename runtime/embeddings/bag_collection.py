@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.cpu import choice
+from runtime.cpu import choice, huge_pages
 from runtime.embeddings import native_update
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
@@ -169,6 +169,10 @@ class _FusedGroup(nn.Module):
             bounds_check_mode=BoundsCheckMode.NONE,
             table_names=[t.name for t in tables],
         )
+        if on_cpu:
+            for state in (self.tbe.weights_host, getattr(self.tbe, "momentum1_host", None)):
+                if state is not None:
+                    huge_pages.use_huge_pages(state)  # rows read at random: see runtime/cpu/huge_pages.py
         supported = on_cpu and native_update.supports(self.tbe, optimizer.type, optimizer.weight_decay)
         self._native_layout = native_update.layout(self.tbe) if supported else None
 

@@ -257,7 +257,7 @@ class _NativeDot(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grads = native.dot_backward(ctx.saved_tensors, ctx.dim, grad_out.contiguous())
+        grads = native.dot_backward(ctx.saved_tensors, ctx.dim, grad_out)
         return (None, *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[1:])))
 
 

@@ -34,6 +34,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from runtime.cpu import choice
+from runtime.modules import padded_grad
 
 __all__ = ["MIN_ONEDNN_MACS", "Linear", "linear", "onednn_applies", "onednn_chosen"]
 
@@ -96,6 +97,8 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def _aten(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool, grad: bool) -> torch.Tensor:
+    if grad and padded_grad.applies(x, weight):
+        return padded_grad.padded_linear(x, weight, bias, relu)
     out = F.linear(x, weight, bias)
     return torch.relu_(out) if relu else out
 

@@ -61,7 +61,7 @@ def library() -> ctypes.CDLL | None:
         return None
     lib = outcome.library
     lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
-    lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64]
+    lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64]
     lib.reccompile_dot_forward.restype = lib.reccompile_dot_backward.restype = ctypes.c_int
     lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
     lib.reccompile_quant_pool.restype = ctypes.c_int
@@ -114,13 +114,19 @@ def dot_forward(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
 
 
 def dot_backward(parts: Sequence[torch.Tensor], dim: int, grad_out: torch.Tensor) -> list[torch.Tensor]:
-    """The gradient of `dot_forward(parts, dim)` for each part, given the output's (contiguous)."""
+    """The gradient of `dot_forward(parts, dim)` for each part, given the output's.
+
+    `grad_out` may have rows further apart than its width (a column slice, as
+    runtime/modules/padded_grad.py returns); other layouts are copied first.
+    """
     lib = library()
     assert lib is not None, "dot_backward called where applies() is False"
+    if grad_out.stride(1) != 1 or grad_out.stride(0) < grad_out.shape[1]:
+        grad_out = grad_out.contiguous()
     grads = [torch.empty_like(p) for p in parts]
     status = lib.reccompile_dot_backward(
         parts[0].shape[0], len(parts), _pointers(parts), _counts(parts, dim), dim,
-        grad_out.data_ptr(), _pointers(grads), torch.get_num_threads(),
+        grad_out.data_ptr(), grad_out.stride(0), _pointers(grads), torch.get_num_threads(),
     )
     _check(status, "backward")
     return grads

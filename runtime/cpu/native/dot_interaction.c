@@ -33,7 +33,8 @@ typedef struct {
     int64_t parts, n, d;
     const float *const *inputs;
     const int64_t *counts;
-    const float *grad_out; /* backward only */
+    const float *grad_out; /* backward only: rows of grad_stride floats */
+    int64_t grad_stride;
     float *out;            /* forward: (batch, d + n(n-1)/2) */
     float *const *grad_inputs;
     int status;
@@ -174,7 +175,7 @@ static void symmetric_pairs(const float *pairs, float *sym, int64_t n) {
 }
 
 static void backward_range(job_t *job) {
-    const int64_t n = job->n, d = job->d, width = d + n * (n - 1) / 2;
+    const int64_t n = job->n, d = job->d;
     const backward_fn kernel = backward_kernel(d);
     float **vec = malloc((size_t)n * sizeof *vec);
     float **grad = malloc((size_t)n * sizeof *grad);
@@ -187,7 +188,7 @@ static void backward_range(job_t *job) {
         return;
     }
     for (int64_t b = job->begin; b < job->end; b++) {
-        const float *g = job->grad_out + b * width;
+        const float *g = job->grad_out + b * job->grad_stride;
         locate(job, b, (float *const *)job->inputs, vec);
         locate(job, b, job->grad_inputs, grad);
         symmetric_pairs(g + d, sym, n);
@@ -234,9 +235,11 @@ int reccompile_dot_forward(int64_t batch, int64_t parts, const float *const *inp
 }
 
 int reccompile_dot_backward(int64_t batch, int64_t parts, const float *const *inputs, const int64_t *counts,
-                            int64_t d, const float *grad_out, float *const *grad_inputs, int64_t threads) {
+                            int64_t d, const float *grad_out, int64_t grad_stride, float *const *grad_inputs,
+                            int64_t threads) {
     job_t job = make_job(parts, inputs, counts, d);
     job.grad_out = grad_out;
+    job.grad_stride = grad_stride;
     job.grad_inputs = grad_inputs;
     return run(&job, batch, threads, backward_range);
 }

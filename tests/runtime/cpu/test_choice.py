@@ -79,7 +79,7 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(err.value) == (
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
-        "attention=torch|native, embedding_update=fbgemm|native"
+        "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded"
     )
 
 

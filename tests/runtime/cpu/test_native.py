@@ -123,3 +123,13 @@ def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_war
     ]
     assert native.library() is native.library()
     assert list(native.cache_dir().glob("kernels-*.so"))
+
+
+def test_backward_reads_a_gradient_whose_rows_are_further_apart_than_its_width() -> None:
+    parts = [p.detach() for p in _split(33, 64, [1, 26], seed=11)]
+    width = 64 + 27 * 26 // 2
+    wide = torch.randn(33, width + 1, generator=torch.Generator().manual_seed(12))
+    sliced = wide[:, :width]  # the (B, 415) view runtime/modules/padded_grad.py returns
+    assert not sliced.is_contiguous()
+    for strided, packed in zip(native.dot_backward(parts, 64, sliced), native.dot_backward(parts, 64, sliced.contiguous())):
+        assert torch.equal(strided, packed)
