@@ -26,8 +26,12 @@ run: setup
 	$(VENV)/bin/reccompile specs/dlrm_criteo.yaml --world-size 2 -o build
 	$(VENV)/bin/reccompile train specs/dlrm_criteo.yaml --nproc 2 --steps 40 --batch-size 1024 --log-every 5 -o build
 
+# One pytest-xdist worker per CPU (-n auto). --dist loadfile keeps each test file on one worker, so
+# a module-scoped fixture (many compile or train a model once for the whole file) is computed once,
+# as in a serial run; `load` and `worksteal` would split a file and compute it on each worker. A
+# plain `pytest -q` still runs everything serially.
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 # dlrm-bench (../shared/bench/WORKLOAD.md), both variants, one process then two ranks; seq-bench
 # (../shared/bench/SEQUENCE.md) likewise; retrieval-bench (benchmarks/retrieval_workload.py) training
