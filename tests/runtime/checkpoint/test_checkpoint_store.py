@@ -168,7 +168,7 @@ def test_a_save_killed_between_writes_leaves_the_previous_checkpoint_loadable(mo
     done = subprocess.run(
         [sys.executable, "-c", KILLED_SAVE, str(modules[1]), str(out), str(expected)],
         capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={"PYTHONPATH": f"{REPO}:{TESTS}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env={"PYTHONPATH": f"{REPO}:{TESTS}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert done.returncode == -signal.SIGKILL, done.stderr
     partial = out / ".step_00000004.partial"
