@@ -30,7 +30,7 @@ run: setup
 # a module-scoped fixture (many compile or train a model once for the whole file) is computed once,
 # as in a serial run; `load` and `worksteal` would split a file and compute it on each worker. A
 # plain `pytest -q` still runs everything serially.
-# Files that start two ranks are not kept apart: two such files at once took 20-23 s against 17 s
+# Files that start two ranks are not grouped on one worker: two such files at once took 20-23 s against 17 s
 # one after the other (test_sharded_training + test_train_pipeline, 2 cores), a small loss next to
 # the suite's gain; keeping them on one worker would need --dist loadgroup and a group per file.
 test: setup
