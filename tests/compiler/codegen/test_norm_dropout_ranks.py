@@ -17,6 +17,7 @@ import torch
 import torch.multiprocessing as mp
 
 import norm_dropout_ranks as nd
+import rendezvous
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -25,7 +26,8 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("norm_dropout")
     modules = nd.cc.compile_modules(out, (1, 2), nd.SPEC)
-    mp.spawn(nd.run, args=(nd.cc.free_port(), str(modules[2]), str(out)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(nd.run, args=(port, str(modules[2]), str(out)), nprocs=2)
     return {"one": nd.train_run(str(modules[1])), "two": torch.load(out / "results.pt")}
 
 

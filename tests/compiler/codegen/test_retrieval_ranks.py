@@ -16,7 +16,6 @@ ranks train through the pipeline (the next batch's input_dist ahead).
 from __future__ import annotations
 
 import datetime
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train
 from runtime.train.process_group import close_process_group, init_process_group
 from runtime.train.worker import load_module
+import rendezvous
 
 WORLD, STEPS, BATCH = 2, 3, 16
 
@@ -116,8 +116,8 @@ def run(path: str, rank: int, world_size: int, group: Any, depth: int = 1) -> di
 def _rank(rank: int, port: int, paths: dict[str, str], out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-        timeout=datetime.timedelta(seconds=120),
+        backend="gloo", store=rendezvous.client(port, WORLD, datetime.timedelta(seconds=120)), rank=rank,
+        world_size=WORLD, timeout=datetime.timedelta(seconds=120),
     )  # fmt: skip
     group = torch.distributed.group.WORLD
     results = {name: run(path, rank, WORLD, group, CASES[name][2]) for name, path in paths.items()}
@@ -127,17 +127,12 @@ def _rank(rank: int, port: int, paths: dict[str, str], out: str) -> None:
     close_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("retrieval_ranks")
     paths = {name: compiled(name, WORLD, out) for name in CASES}
-    mp.spawn(_rank, args=(_free_port(), paths, str(out)), nprocs=WORLD)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_rank, args=(port, paths, str(out)), nprocs=WORLD)
     return torch.load(out / "results.pt", weights_only=False)
 
 

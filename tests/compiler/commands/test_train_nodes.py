@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime" / "checkpoint"))
 import checkpoint_cases as cc  # noqa: E402
+import rendezvous  # noqa: E402
 from runtime.checkpoint.files import latest_checkpoint  # noqa: E402
 from runtime.checkpoint.store import load_model_state  # noqa: E402
 
@@ -77,7 +78,7 @@ class Nodes:
 
     def __init__(self, directory: Path, spec: Path, *args: str | Path) -> None:
         self.directory = directory
-        port = cc.free_port()
+        port = rendezvous.launcher_port()
         self.processes: list[subprocess.Popen] = []
         for node in (0, 1):
             command = [

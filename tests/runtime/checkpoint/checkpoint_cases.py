@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import socket
 import time
 from pathlib import Path
 from types import ModuleType
@@ -25,6 +24,7 @@ from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train
 from runtime.train.worker import load_module
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 BATCH = 64
 SAVED_AT = 5
@@ -115,17 +115,11 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init(rank: int, world_size: int, port: int) -> dist.ProcessGroup:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, world_size, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=world_size, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     return dist.group.WORLD
 

@@ -22,6 +22,7 @@ import checkpoint_cases as cc
 from runtime.checkpoint import store as checkpoint
 from runtime.checkpoint.files import CheckpointError
 from runtime.train.worker import load_module
+import rendezvous
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parents[2]
@@ -42,7 +43,8 @@ def modules(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 @pytest.fixture(scope="module")
 def two_ranks(modules: dict[int, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("two_ranks")
-    mp.spawn(cc.save_and_resume, args=(cc.free_port(), str(modules[2]), str(out)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(cc.save_and_resume, args=(port, str(modules[2]), str(out)), nprocs=2)
     return {**torch.load(out / "results.pt"), "directory": out / "checkpoints"}
 
 
@@ -86,8 +88,9 @@ def test_a_two_rank_checkpoint_loads_in_one_process_with_equal_tables(two_ranks,
 
 def test_a_two_rank_checkpoint_loads_on_four_ranks_with_equal_tables(two_ranks, modules, tmp_path):
     out = tmp_path / "state.pt"
-    args = (4, cc.free_port(), str(modules[4]), str(two_ranks["directory"]), str(out))
-    mp.spawn(cc.load_at, args=args, nprocs=4)
+    with rendezvous.hosted_store() as port:
+        args = (4, port, str(modules[4]), str(two_ranks["directory"]), str(out))
+        mp.spawn(cc.load_at, args=args, nprocs=4)
     assert_equal_states(torch.load(out), two_ranks["saved"])
 
 
@@ -165,7 +168,7 @@ def test_a_save_killed_between_writes_leaves_the_previous_checkpoint_loadable(mo
     done = subprocess.run(
         [sys.executable, "-c", KILLED_SAVE, str(modules[1]), str(out), str(expected)],
         capture_output=True, text=True, timeout=120, cwd=REPO,
-        env={"PYTHONPATH": f"{REPO}:{TESTS}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+        env={"PYTHONPATH": f"{REPO}:{TESTS}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert done.returncode == -signal.SIGKILL, done.stderr
     partial = out / ".step_00000004.partial"

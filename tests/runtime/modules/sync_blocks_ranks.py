@@ -8,7 +8,6 @@ both ranks computed (gathered), for the test to compare with one process.
 from __future__ import annotations
 
 import datetime
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +18,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from runtime.modules.blocks import MLP
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 WORLD_SIZE = 2
 GLOBAL_BATCH = 8
 STEPS = 3
 IN_FEATURES = 6
 UNEVEN = (5, 3)  # local batch sizes of the forward-only check
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_model(process_group: dist.ProcessGroup | None) -> MLP:
@@ -103,8 +97,8 @@ def gather_uneven(t: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 def run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD_SIZE,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, WORLD_SIZE, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     group = dist.group.WORLD
     results = {

@@ -20,6 +20,7 @@ import torch
 import torch.multiprocessing as mp
 
 import sync_blocks_ranks as sr
+import rendezvous
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -27,7 +28,8 @@ TOL = {"rtol": 1e-5, "atol": 1e-5}
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sync_blocks")
-    mp.spawn(sr.run, args=(sr.free_port(), str(out)), nprocs=sr.WORLD_SIZE)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(sr.run, args=(port, str(out)), nprocs=sr.WORLD_SIZE)
     return torch.load(Path(out) / "results.pt")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime
 import json
 import math
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import torch.multiprocessing as mp
 from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, auc, normalized_entropy
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 HEADS = [
     HeadConfig("click", "bce", "click", metrics=("ne", "auc", "accuracy")),
@@ -92,16 +92,10 @@ def test_compute_starts_a_new_window_and_padding_is_left_out() -> None:
     assert normalized_entropy(3.0, 0.0, 10.0) is None  # no positives: NE is undefined
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _rank(rank: int, port: int, out: str) -> None:
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     outputs, labels = _data(301)
     lo, hi = (0, 170) if rank == 0 else (170, 301)  # unequal shares: the gather pads
@@ -117,7 +111,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 def test_two_ranks_give_the_one_rank_metrics(tmp_path: Path) -> None:
     out = tmp_path / "metrics.json"
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_rank, args=(port, str(out)), nprocs=2, join=True)
     outputs, labels = _data(301)
     single = MetricSet(HEADS)
     single.update(outputs, labels)

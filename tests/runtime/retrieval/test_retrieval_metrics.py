@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import math
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch.multiprocessing as mp
 from runtime.reporting.console import format_metrics
 from runtime.retrieval.metrics import RetrievalMetrics, metric_names
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 KS = (1, 5, 20)
 
@@ -151,8 +151,8 @@ def test_bad_settings_are_named() -> None:
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     table = _table()
     queries = _queries(40, table, 1)
@@ -167,10 +167,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
     got: dict[str, Any] = torch.load(tmp_path / "metrics.pt")
     table = _table()
     queries = _queries(40, table, 1)

@@ -11,7 +11,6 @@ of an epoch), losses and gradients add up.
 from __future__ import annotations
 
 import datetime
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch.multiprocessing as mp
 
 from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 WORLD = 2
 GLOBAL_BATCH, DIM, ITEMS, STEPS = 8, 4, 12, 3
@@ -39,12 +39,6 @@ CASES: dict[str, dict[str, Any]] = {
     ),
 }  # fmt: skip
 COUNTS = torch.arange(ITEMS, dtype=torch.float64) * 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -83,8 +77,8 @@ def _train(case: dict[str, Any], rows: slice, group: dist.ProcessGroup | None) -
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, WORLD, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=WORLD, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     results = {}
     for name, case in CASES.items():
@@ -100,7 +94,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     out = tmp_path_factory.mktemp("ranks")
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=WORLD)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_rank, args=(port, str(out)), nprocs=WORLD)
     return torch.load(out / "ranks.pt", weights_only=False)
 
 

@@ -10,7 +10,6 @@ torch.multiprocessing.spawn over gloo on a loopback port.
 from __future__ import annotations
 
 import datetime
-import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding import SparseArch, distribute_dense
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 WORLD_SIZE = 2
 GLOBAL_BATCH = 8
@@ -362,17 +362,11 @@ def bad_batch(rank: int) -> tuple[torch.Tensor, KeyedJaggedTensor, str]:
     return dense, corrupted, message
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init(rank: int, port: int) -> dist.ProcessGroup:
     torch.set_num_threads(1)
     init_process_group(
         backend="gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=rendezvous.client(port, WORLD_SIZE, datetime.timedelta(seconds=60)),
         rank=rank,
         world_size=WORLD_SIZE,
         timeout=datetime.timedelta(seconds=60),

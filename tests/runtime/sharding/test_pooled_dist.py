@@ -21,13 +21,14 @@ import torch.multiprocessing as mp
 import sharded_cases as sc
 from runtime.sharding.pooled_dist import all_to_all_pooled
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 
 def _run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=60),
     )
     values = torch.arange(8.0, requires_grad=True)
     # Rank r sends arange(8) * (r + 1): its first half to rank 0, its second to rank 1.
@@ -47,7 +48,8 @@ def _run(rank: int, port: int, out: str) -> None:
 
 
 def test_the_received_values_are_freed_after_backward(tmp_path: Path) -> None:
-    mp.spawn(_run, args=(sc.free_port(), str(tmp_path)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_run, args=(port, str(tmp_path)), nprocs=2)
     for rank, (freed, exact, grad) in enumerate(torch.load(tmp_path / "pooled.pt")):
         assert exact
         assert freed, "the pooled all-to-all's output outlived its step"

@@ -19,6 +19,7 @@ import torch.multiprocessing as mp
 
 import sequence_cases as qc
 import sharded_cases as sc
+import rendezvous
 
 RTOL_LOSS = 1e-5
 ATOL = 1e-5
@@ -32,9 +33,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     qc.save(model, str(out / "ws1"), None, 1)
     saved = qc.tables_of(model)
     after = qc.train(model, None, 0, 1, range(qc.SAVED_AT, qc.STEPS))
-    mp.spawn(
-        qc.run_checkpoints, args=(sc.free_port(), str(out), str(out / "ws1")), nprocs=qc.WORLD_SIZE
-    )
+    with rendezvous.hosted_store() as port:
+        mp.spawn(qc.run_checkpoints, args=(port, str(out), str(out / "ws1")), nprocs=qc.WORLD_SIZE)
     return {
         "out": out,
         "one": {"saved": saved, "after": after, "tables": qc.tables_of(model)},

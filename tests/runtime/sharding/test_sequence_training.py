@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 import sequence_cases as qc
 import sharded_cases as sc
+import rendezvous
 
 RTOL_LOSS = 1e-5
 ATOL = 1e-5
@@ -30,7 +31,8 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sequences")
-    mp.spawn(qc.run_training, args=(sc.free_port(), str(out)), nprocs=qc.WORLD_SIZE)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(qc.run_training, args=(port, str(out)), nprocs=qc.WORLD_SIZE)
     return torch.load(Path(out) / "results.pt")
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.multiprocessing as mp
 
 import sharded_cases as sc
+import rendezvous
 
 RTOL_LOSS = 1e-5
 ATOL_TABLE = 1e-5
@@ -27,7 +28,8 @@ ATOL_TABLE = 1e-5
 @pytest.fixture(scope="module")
 def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("sharded")
-    mp.spawn(sc.run_training, args=(sc.free_port(), str(out)), nprocs=sc.WORLD_SIZE)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(sc.run_training, args=(port, str(out)), nprocs=sc.WORLD_SIZE)
     return torch.load(Path(out) / "results.pt")
 
 

@@ -17,12 +17,14 @@ import torch.multiprocessing as mp
 import sharded_cases as sc
 from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sharding import SparseArch
+import rendezvous
 
 
 def test_a_bad_rank_ends_the_job_with_its_error(tmp_path: Path) -> None:
     _, _, message = sc.bad_batch(rank=1)
     with pytest.raises(mp.ProcessRaisedException, match=re.escape(message)) as raised:
-        mp.spawn(sc.run_errors, args=(sc.free_port(), str(tmp_path)), nprocs=sc.WORLD_SIZE)
+        with rendezvous.hosted_store() as port:
+            mp.spawn(sc.run_errors, args=(port, str(tmp_path)), nprocs=sc.WORLD_SIZE)
     assert "IdOutOfRange" in str(raised.value)
     assert "Process 1 terminated" in str(raised.value)
     for rank in range(sc.WORLD_SIZE):

@@ -13,13 +13,14 @@ import torch.distributed as dist
 import pipeline_cases as pc
 from runtime.train.process_group import close_process_group, init_process_group
 from runtime.train.worker import load_module
+import rendezvous
 
 
 def run_ranks(rank: int, port: int, path: str, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     module = load_module(path)
     results: dict[str, Any] = {}

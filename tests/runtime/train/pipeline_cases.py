@@ -11,7 +11,6 @@ rank 0 saves both ranks' losses, the full tables and the dense state.
 from __future__ import annotations
 
 import datetime
-import socket
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -25,6 +24,7 @@ from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train_step
 from runtime.train.worker import load_module
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 CASES = (*SHARDING_TYPES, "mixed")
@@ -109,18 +109,12 @@ def train_case(
     }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(rank: int, port: int, paths: dict[str, str], out: str) -> None:
     """Every case at two ranks, plain then pipelined (depth 2, and 3 for `mixed`)."""
     torch.set_num_threads(1)
     init_process_group(
         backend="gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
         rank=rank,
         world_size=2,
         timeout=datetime.timedelta(seconds=60),

@@ -20,6 +20,7 @@ import feature_transforms_cases as fc
 import pipeline_cases as pc
 from compiler.pipeline import Options, generate
 from runtime.train.worker import load_module
+import rendezvous
 
 SPEC = Path(__file__).resolve().parents[2] / "specs" / "valid" / "feature_transforms.yaml"
 ATOL = 1e-5
@@ -34,7 +35,8 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
 @pytest.fixture(scope="module")
 def two_ranks(compiled: dict[int, Path]) -> dict[str, Any]:
     out = compiled[2].parent
-    mp.spawn(fc.run_ranks, args=(pc.free_port(), str(compiled[2]), str(out)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(fc.run_ranks, args=(port, str(compiled[2]), str(out)), nprocs=2)
     return torch.load(out / "results.pt")
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import socket
 import sys
 from pathlib import Path
 
@@ -24,16 +23,11 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="thread names are read from /proc/self/task (Linux)"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _gloo_threads() -> list[str]:
@@ -44,8 +38,8 @@ def _gloo_threads() -> list[str]:
 
 def _rank(rank: int, port: int, out: str) -> None:
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     running = _gloo_threads()
     torch.manual_seed(0)
@@ -62,7 +56,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 def test_two_ranks_end_their_gloo_threads_before_exit(tmp_path: Path) -> None:
     out = tmp_path / "rank"
-    mp.spawn(_rank, args=(_free_port(), str(out)), nprocs=2, join=True)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_rank, args=(port, str(out)), nprocs=2, join=True)
     for rank in range(2):
         assert json.loads(Path(f"{out}.{rank}").read_text()) == {
             "running": True, "freed": True, "left": [], "gathered": [{"rank": 0}, {"rank": 1}],

@@ -26,6 +26,7 @@ from runtime.train.train_pipeline import PipelineError, TrainPipeline
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train
 from runtime.train.worker import load_module
+import rendezvous
 
 
 def compile_case(case: str, world_size: int, outdir: Path) -> Path:
@@ -42,7 +43,8 @@ def specs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def two_ranks(specs_dir: Path) -> dict[str, Any]:
     paths = {case: str(compile_case(case, 2, specs_dir)) for case in pc.CASES}
-    mp.spawn(pc.run_ranks, args=(pc.free_port(), paths, str(specs_dir)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(pc.run_ranks, args=(port, paths, str(specs_dir)), nprocs=2)
     return torch.load(specs_dir / "results.pt")
 
 
