@@ -10,7 +10,6 @@ process does.
 from __future__ import annotations
 
 import datetime
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 from runtime.retrieval.metrics import RetrievalMetrics
 from runtime.retrieval.sampling import uniform_negatives
 from runtime.train.process_group import close_process_group, init_process_group
+import rendezvous
 
 ITEMS, DIM, WINDOW, SAMPLE = 5000, 8, 40, 64
 METRICS = ("recall@10", "ndcg@10", "mrr")
@@ -103,17 +103,11 @@ def test_exact_metrics_keep_their_names_and_rank_every_row() -> None:
     assert got == pytest.approx({name: expected[name] for name in METRICS}, rel=1e-12)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-        timeout=datetime.timedelta(seconds=60),
+        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
+        world_size=2, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
     half = WINDOW // 2
     got = _sampled_metrics(Table(), slice(rank * half, (rank + 1) * half), dist.group.WORLD, calls=2)
@@ -123,7 +117,8 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:
-    mp.spawn(_rank, args=(_free_port(), str(tmp_path)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
     got: list[dict[str, Any]] = torch.load(tmp_path / "metrics.pt")
     expected = _sampled_metrics(Table(), slice(None), None, calls=2)
     for ranks, one in zip(got, expected):

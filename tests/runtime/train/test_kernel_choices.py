@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 import checkpoint_cases as cc
 import kernel_choice_cases as kc
+import rendezvous
 from compiler.cli import main as reccompile
 from runtime.cpu import choice, features
 from runtime.checkpoint.store import read_checkpoint_manifest
@@ -127,7 +128,8 @@ def test_a_resume_where_a_recorded_kernel_is_missing_warns_and_falls_back(
 
 def run_two_ranks(tmp_path: Path, caches: list[Path]) -> dict:
     out = tmp_path / "out.json"
-    mp.spawn(kc.choose_apart, args=(cc.free_port(), [str(c) for c in caches], str(out)), nprocs=2)
+    with rendezvous.hosted_store() as port:
+        mp.spawn(kc.choose_apart, args=(port, [str(c) for c in caches], str(out)), nprocs=2)
     return json.loads(out.read_text())
 
 
