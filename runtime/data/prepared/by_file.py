@@ -25,6 +25,8 @@ from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
+
 from runtime.data.bad_rows import EXAMPLES, BadRow
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
@@ -88,7 +90,9 @@ class FileParts:
     def parsed(self, first: int) -> Iterator[ParsedFile]:
         """The files from index `first` on, in order; a file already parsed under `root` is not parsed again."""
         todo = [i for i in range(first, len(self.files)) if not (self.root / record_name(i)).is_file()]
-        pool = get_context("fork").Pool(max(1, min(self.workers, len(todo))), initializer=_worker_start)
+        # Started fresh, not forked: this process runs threads (torch's, arrow's), and a child forked
+        # while one of them held a lock can wait on it for ever.
+        pool = get_context("spawn").Pool(max(1, min(self.workers, len(todo))), initializer=_worker_start)
         try:
             results: dict[int, AsyncResult[str | None]] = {
                 i: pool.apply_async(_parse_file, (_one_file(self.reader, self.files[i]), i, self.root, self.specs,
@@ -166,6 +170,8 @@ def _parse_file(
 
 
 def _worker_start() -> None:
-    """A parsing process goes with the prepare's, and leaves Ctrl-C to it (which ends the pool)."""
+    """A parsing process goes with the prepare's, leaves Ctrl-C to it (which ends the pool), and runs
+    torch on one thread as the prepare does (runtime/data/prepared/prepare.py)."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)

@@ -133,7 +133,7 @@ def prepare(
 def _one_torch_thread() -> Iterator[None]:
     """torch's ops here (columns, statistics) are small beside the parsing, and a pool of threads
     stalls on a busy core: on a loaded 2-core machine a part's statistics and columns took 1.44 s
-    with 2 threads and 0.22 s with 1. The parse processes forked meanwhile keep the one thread."""
+    with 2 threads and 0.22 s with 1. The parse processes set one thread too."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
