@@ -20,6 +20,7 @@ in both. The last line printed is one JSON object in the schema of
 """
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -169,8 +170,14 @@ def run_training(args, rank, world_size, group):
 
 
 def init_group(rank, world_size, port):
+    import importlib
+
     import torch.distributed as dist
 
+    # Imported after the group exists, this module's functions would capture it as a default argument and
+    # keep it (and gloo's threads) alive into the interpreter's exit: a rare SIGABRT at the end of dist2
+    # (the cause runtime/train/process_group.py describes; this file runs in TorchRec's venv, without ours).
+    importlib.import_module("torch.distributed.nn.functional")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -188,6 +195,8 @@ def _dist_rank(rank, world_size, args, queue):
         if rank == 0:
             queue.put(("ok", gathered))
         dist.barrier()
+        del group
+        gc.collect()  # the model, DMP and autograd graphs hold the group in reference cycles
         dist.destroy_process_group()
     except BaseException:
         import traceback
