@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Seven places in the runtime hold two implementations that compute the same
+Eight places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -11,6 +11,7 @@ faster on some CPUs:
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's backward | native (runtime/cpu/native/rowwise_adagrad.c)
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/padded_grad.py)
+    packed_linear  aten (F.linear)  | oneDNN on a packed weight (runtime/serving/packed_mlp.py)
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
@@ -18,7 +19,8 @@ one warm-up each, then a few interleaved repetitions, the fastest kept (a
 neighbour's preemption only ever adds time, so the minimum is the least
 noisy figure of what each path costs). The alternative is taken only when it
 beats the baseline's by
-`MARGIN`, so the choice is never slower than the torch path it replaces.
+`MARGIN`, so the choice is never slower than the torch path it replaces
+(`packed_linear` takes the faster outright; see `MARGINS`).
 The outcome is kept on disk next to the native build cache
 (`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<kernel>/<shape>.json`), one file per
 choice, written once (ranks that measure together all take the file that
@@ -58,7 +60,7 @@ from runtime.cpu import features
 from runtime.cpu.native.build import cache_root
 
 __all__ = [
-    "ENV", "KERNELS", "MARGIN", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "know", "machine",
+    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "know", "machine",
     "pin", "pinned", "recorded", "run", "sites",
 ]
 
@@ -73,11 +75,17 @@ KERNELS: dict[str, tuple[str, str]] = {
     "attention": ("torch", "native"),
     "embedding_update": ("fbgemm", "native"),
     "linear_grad_input": ("plain", "padded"),
+    "packed_linear": ("aten", "packed"),
 }
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
 NUMERIC = frozenset({"dot", "linear", "linear_grad_input", "attention", "embedding_update"})
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
+# Kernels with another margin. Serving's packed oneDNN layers (approximate exports only, never in a
+# training run) are never slower than MKL's on the CPUs measured, but their lead swings with the host's
+# load (3% to 25% on this project's AVX2 EPYC, in windows of about 0.1 s): with the margin, a calibration
+# in a slow window could keep MKL for good.
+MARGINS: dict[str, float] = {"packed_linear": 0.0}
 REPEATS = 5
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 
@@ -307,7 +315,8 @@ def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], sit
     if not _writable(directory):
         return baseline
     times = _fastest_ms(runs)
-    winner = alternative if times[alternative] < times[baseline] * (1 - MARGIN) else baseline
+    margin = MARGINS.get(kernel, MARGIN)
+    winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
     _write_once(directory, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
     _read.cache_clear()
     known = _read(directory, kernel, key)

@@ -6,23 +6,32 @@ weight into oneDNN's blocked layout, 20-30 us a layer here) can be done
 once: `torch.ops.mkldnn._reorder_linear_weight` packs each layer's weight
 at its first call, and `torch.ops.mkldnn._linear_pointwise` then computes
 x W^T + b with the ReLU fused, reading the packed weight (the op inductor
-emits for frozen CPU linears). On this project's AVX2 EPYC the layers of
-dlrm-bench's MLPs at batch 512 save 20-60 us a layer that way (3-7%).
+emits for frozen CPU linears).
 
-A layer runs packed exactly where the model's own `linear` would run it on
-oneDNN (its measured choice, runtime/cpu/choice.py kernel 'linear'), and
-the packed call gives the bits of the plain oneDNN call
-(tests/runtime/serving/test_packed_mlp.py): an fp32 export still predicts
-exactly what the trained model scores. Where `linear` chose MKL, the layer
-stays on MKL, for the same reason, through the call `linear` makes there.
+Which layers run packed depends on what the export promises:
+
+- An exact export (every table fp32) predicts exactly what the trained
+  model scores, so a layer runs packed exactly where the model's own
+  `linear` would run it on oneDNN (its measured choice, runtime/cpu/choice.py
+  kernel 'linear'); the packed call gives the bits of the plain oneDNN call
+  (tests/runtime/serving/test_packed_mlp.py). Where `linear` chose MKL, the
+  layer stays on MKL, through the call `linear` makes there.
+- An approximate export (fp16, int8 or int4 tables: its scores already
+  differ from the trained model's by the tables' rounding) takes whichever
+  of MKL and the packed layer is faster on this machine at the layer's
+  shapes (kernel 'packed_linear'). On this project's AVX2 EPYC the packed
+  layers of dlrm-bench's MLPs at batch 512 run at 150-190 GFLOP/s against
+  MKL's 147 (MKL takes a generic path on CPUs that are not Intel's): the
+  int8 criteo forward at batch 512 goes from 5.09 to 4.65 ms.
+
 Either way the choice is looked up once per layer and batch bucket
 (runtime/serving/choice_memo.py), not at every call.
 
-`pack_mlps(model)` swaps every plain MLP (no norm, dropout or shortcut) of
-a loaded serving model for a `PackedMLP` holding the same layers (same
-state dict); runtime/serving/export_dir.py's `load_weights` calls it.
-Other devices and dtypes, autograd, and tracing (torch.export turns oneDNN
-off) take the model's own `linear`, unchanged.
+`pack_mlps(model, exact)` swaps every plain MLP (no norm, dropout or
+shortcut) of a loaded serving model for a `PackedMLP` holding the same
+layers (same state dict); runtime/serving/export_dir.py's `load_weights`
+calls it. Other devices and dtypes, autograd, and tracing (torch.export
+turns oneDNN off) take the model's own `linear`, unchanged.
 """
 
 from __future__ import annotations
@@ -53,18 +62,28 @@ def _packed_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
+def _plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
+    out = F.linear(x, weight, bias)  # what `linear` runs off oneDNN
+    return torch.relu_(out) if relu else out
+
+
 class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
     _decisions: ChoiceMemo
+    exact: bool
 
     @classmethod
-    def from_mlp(cls, mlp: MLP) -> PackedMLP:
-        """A PackedMLP holding `mlp`'s layers and settings (the same parameters, not copies)."""
+    def from_mlp(cls, mlp: MLP, exact: bool) -> PackedMLP:
+        """A PackedMLP holding `mlp`'s layers and settings (the same parameters, not copies).
+
+        `exact`: compute the bits `mlp` computes (the layers follow `linear`'s choice); otherwise each
+        layer takes the faster of MKL and its packed weight.
+        """
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
-        packed._packs, packed._decisions = {}, ChoiceMemo()
+        packed._packs, packed._decisions, packed.exact = {}, ChoiceMemo(), exact
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,15 +99,27 @@ class PackedMLP(MLP):
     def _layer(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
         if not _packed_applies(x, weight):
             return linear(x, weight, bias, relu=relu)
-        if onednn_applies(x, weight) and self._onednn_chosen(k, x, weight, bias, relu):
+        if onednn_applies(x, weight) and self._packed_chosen(k, x, weight, bias, relu):
             return self._packed(k, x, weight, bias, relu)
-        out = F.linear(x, weight, bias)  # what `linear` runs off oneDNN
-        return torch.relu_(out) if relu else out
+        return _plain(x, weight, bias, relu)
 
-    def _onednn_chosen(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
-        # `linear`'s choice, kept per layer and batch bucket (runtime/serving/choice_memo.py).
+    def _packed_chosen(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
+        # Kept per layer and batch bucket (runtime/serving/choice_memo.py).
         key = (k, choice.bucket(x.shape[0]), torch.get_num_threads())
-        return self._decisions.get(key, lambda: onednn_chosen(x, weight, bias, relu))
+        if self.exact:
+            return self._decisions.get(key, lambda: onednn_chosen(x, weight, bias, relu))
+        return self._decisions.get(key, lambda: self._measured(k, x, weight, bias, relu) == "packed")
+
+    def _measured(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> str:
+        """'packed' or 'aten' for layer k at x's batch bucket, timed on the real inputs."""
+        shape = (
+            f"b{choice.bucket(x.shape[0])}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if bias is not None else ''}"
+            f"{'_relu' if relu else ''}_t{torch.get_num_threads()}"
+        )
+        return choice.choose("packed_linear", shape, {
+            "aten": lambda: _plain(x, weight, bias, relu),
+            "packed": lambda: self._packed(k, x, weight, bias, relu),
+        })
 
     def _packed(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
         # Packed again if the weight was replaced or written to (load_state_dict copies in place).
@@ -100,8 +131,11 @@ class PackedMLP(MLP):
         return torch.ops.mkldnn._linear_pointwise(x, known[2], bias, "relu" if relu else "none", [], "")
 
 
-def pack_mlps(model: nn.Module) -> int:
-    """Swap each plain MLP block of `model` for a PackedMLP in place; returns how many were swapped."""
+def pack_mlps(model: nn.Module, exact: bool) -> int:
+    """Swap each plain MLP block of `model` for a PackedMLP in place; returns how many were swapped.
+
+    `exact`: the model must score what it scored before (see the module docstring).
+    """
     swaps = [
         (parent, name, child)
         for parent in model.modules()
@@ -109,5 +143,5 @@ def pack_mlps(model: nn.Module) -> int:
         if type(child) is MLP and not child._decorated
     ]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedMLP.from_mlp(child))
+        setattr(parent, name, PackedMLP.from_mlp(child, exact))
     return len(swaps)

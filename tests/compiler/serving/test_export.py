@@ -30,6 +30,7 @@ import torch
 from compiler.cli import main
 from runtime.checkpoint.store import load_checkpoint
 from runtime.serving.export_dir import ExportError, load
+from runtime.serving.packed_mlp import PackedMLP
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.worker import load_module
 
@@ -129,6 +130,14 @@ def test_quantized_exports_stay_within_the_stated_bounds(work: Path, export: str
     expected = torch.tensor([[float(v) for v in row[1:]] for row in reference_scores(work)])
     actual = torch.tensor([[float(v) for v in row[1:]] for row in predicted(work, export, capsys)])
     assert 0 < float((actual - expected).abs().max()) <= BOUNDS[export]
+
+
+def test_only_an_all_fp32_export_keeps_the_trained_models_arithmetic(work: Path) -> None:
+    """Approximate exports' MLP layers may run packed wherever that is faster (runtime/serving/packed_mlp.py)."""
+    for export, exact in (("fp32", True), ("int8", False), ("mixed", False)):
+        _, model = load(work / export)
+        packed = [module for module in model.modules() if isinstance(module, PackedMLP)]
+        assert packed and all(module.exact is exact for module in packed), export
 
 
 def test_the_manifest_lists_precision_and_size_on_disk_per_table(work: Path) -> None:

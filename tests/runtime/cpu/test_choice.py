@@ -55,6 +55,13 @@ def test_the_baseline_stays_unless_the_alternative_is_clearly_faster() -> None:
     assert choice.choose("quant_pool", "level", level) == "fbgemm"
 
 
+def test_packed_linear_takes_the_faster_without_a_margin() -> None:
+    calls: list[str] = []
+    runs = {"aten": _sleeper(20.4, calls, "aten"), "packed": _sleeper(20, calls, "packed")}  # 2% apart
+    assert choice.choose("packed_linear", "close", runs) == "packed"
+    assert choice.choose("linear", "close", {"aten": runs["aten"], "onednn": runs["packed"]}) == "aten"
+
+
 def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
     folder = tmp_path / "choices" / features.identity() / "lookup"
     folder.mkdir(parents=True)
@@ -79,7 +86,8 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(err.value) == (
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
-        "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded"
+        "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
+        "packed_linear=aten|packed"
     )
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
-from runtime.cpu import choice
+from runtime.cpu import choice, features
 from runtime.modules.blocks import MLP
 from runtime.serving.packed_mlp import PackedMLP, pack_mlps
 
@@ -20,7 +23,7 @@ def mlp(seed: int = 0, **options: object) -> MLP:
 
 def test_packed_layers_give_the_bits_of_the_onednn_path_at_every_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     reference = mlp()
-    packed = PackedMLP.from_mlp(mlp())
+    packed = PackedMLP.from_mlp(mlp(), exact=True)
     for batch in (700, 512, 64):  # packed once, at the first batch, then read at others
         x = torch.randn(batch, 37)
         with torch.inference_mode():
@@ -37,7 +40,7 @@ def test_packed_layers_give_the_bits_of_the_onednn_path_at_every_batch(monkeypat
 def test_layers_linear_runs_on_mkl_small_products_autograd_and_bad_widths_take_the_mlps_own_path(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    reference, packed = mlp(), PackedMLP.from_mlp(mlp())
+    reference, packed = mlp(), PackedMLP.from_mlp(mlp(), exact=True)
     monkeypatch.setenv(choice.ENV, "linear=aten")
     x = torch.randn(600, 37)
     with torch.inference_mode():
@@ -58,7 +61,7 @@ def test_layers_linear_runs_on_mkl_small_products_autograd_and_bad_widths_take_t
 
 def test_new_weights_are_packed_again(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(choice.ENV, "linear=onednn")
-    packed, other = PackedMLP.from_mlp(mlp(seed=0)), mlp(seed=1)
+    packed, other = PackedMLP.from_mlp(mlp(seed=0), exact=True), mlp(seed=1)
     x = torch.randn(512, 37)
     with torch.inference_mode():
         before = packed(x)
@@ -74,8 +77,49 @@ def test_pack_mlps_swaps_plain_mlps_anywhere_and_keeps_the_state_dict() -> None:
     model.top = mlp()
     model.towers = nn.ModuleList([mlp(seed=2), mlp(seed=3, norm="layer")])
     keys, weight = list(model.state_dict()), model.top.linears[0].weight
-    assert pack_mlps(model) == 2
+    assert pack_mlps(model, exact=False) == 2
     assert type(model.top) is PackedMLP and type(model.towers[0]) is PackedMLP
+    assert not model.top.exact and not model.towers[0].exact
     assert type(model.towers[1]) is MLP  # a norm between the layers: left as it is
     assert list(model.state_dict()) == keys
     assert model.top.linears[0].weight is weight  # the same parameters, not copies
+
+
+def test_an_approximate_export_runs_each_layer_the_faster_way_whatever_linear_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    reference, packed = mlp(), PackedMLP.from_mlp(mlp(), exact=False)
+    exact = PackedMLP.from_mlp(mlp(), exact=True)
+    x = torch.randn(1024, 37)
+    monkeypatch.setenv(choice.ENV, "linear=aten,packed_linear=packed")
+    with torch.inference_mode():
+        mine = packed(x)
+        monkeypatch.setenv(choice.ENV, "linear=onednn")
+        onednn = exact(x)
+        monkeypatch.setenv(choice.ENV, "linear=aten")
+        mkl = reference(x)
+        monkeypatch.setenv(choice.ENV, "linear=onednn,packed_linear=aten")
+        plain = PackedMLP.from_mlp(mlp(), exact=False)(x)
+    assert torch.equal(mine, onednn)  # packed although `linear` chose MKL
+    torch.testing.assert_close(mine, mkl, rtol=1e-5, atol=1e-5)
+    assert torch.equal(plain, mkl)  # MKL although `linear` chose oneDNN
+    assert set(packed._packs) == {0, 1}  # the 40 x 1 layer is below MIN_ONEDNN_MACS: MKL, unmeasured
+
+
+def test_an_approximate_exports_layers_are_measured_once_per_shape_and_recorded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(choice.ENV, raising=False)
+    packed, x = PackedMLP.from_mlp(mlp(), exact=False), torch.randn(1024, 37)
+    with torch.inference_mode():
+        out = packed(x)
+        expected = mlp()(x)
+        packed(torch.randn(1000, 37))  # the same batch bucket: decided already
+    threads = torch.get_num_threads()
+    folder = tmp_path / "choices" / features.identity() / "packed_linear"
+    assert sorted(path.name for path in folder.iterdir()) == [
+        f"b1024_in37_out96_bias_relu_t{threads}.json", f"b1024_in96_out40_bias_relu_t{threads}.json",
+    ]
+    for path in folder.iterdir():
+        record = json.loads(path.read_text())
+        assert record["winner"] in ("aten", "packed") and sorted(record["times_ms"]) == ["aten", "packed"]
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
