@@ -295,7 +295,7 @@ def add_run_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...] = 
 
 def settle_defaults(args: argparse.Namespace) -> None:
     """Threads and pipeline as `reccompile train` would choose them; a bad combination exits."""
-    from runtime.train.threads import choose_threads
+    from runtime.cpu.threads import choose_threads
 
     if args.mode == "dist2" and args.threads is None:
         args.threads = 1  # two processes on two cores: one busy thread each

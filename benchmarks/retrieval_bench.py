@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.mode == "retrieve":
         if args.threads is None:
-            from runtime.train.threads import choose_threads
+            from runtime.cpu.threads import choose_threads
 
             args.threads = choose_threads(1, 0).threads
         for _ in range(args.repeat):

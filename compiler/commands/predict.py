@@ -1,11 +1,13 @@
 """`reccompile predict OUT --data ... -o predictions.csv`: score samples with an exported model.
 
     reccompile predict OUT --data synthetic|criteo:FILE|movielens:FILE [--batch-size B]
-                       [--rows N] [--seed S] [--bad-rows fail|skip] [--no-verify] -o predictions.csv
+                       [--rows N] [--seed S] [--bad-rows fail|skip] [--threads T] [--no-verify]
+                       -o predictions.csv
 
 Loads the export directory OUT (checked against its manifest) without
 compiling anything, streams the data through the model and writes one CSV
-row per sample (see runtime/serving/predict.py); reports rows/s, bad rows and,
+row per sample (see runtime/serving/predict.py); reports rows/s, the threads
+(`--threads` or the cores free at launch, runtime/cpu/threads.py), bad rows and,
 for MovieLens, the ids outside the training vocabulary (scored with row 0). Exit status 1 when
 the export or the data is bad (the first bad row under `--bad-rows fail`).
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 from compiler.commands.common import positive_int
+from runtime.cpu.threads import process_threads
 from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
 from runtime.serving.predict import predict_file
 
@@ -32,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
                         help="stop at the first bad row (default) or count, report and skip them")
     parser.add_argument("--rating-threshold", type=float, help="MovieLens positives: rating >= T (default 4)")
-    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: the free cores)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="check file sizes only, not their sha256")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
@@ -45,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output.is_dir():
         print(f"error: -o {args.output}: is a directory; name the CSV file to write", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = process_threads(args.threads)
+    torch.set_num_threads(threads.threads)
     retain_freed_memory()
     try:
         if "retrieval" in read_export_manifest(args.export):
@@ -74,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         print(report.bad_rows_summary, file=sys.stderr)
     print(
         f"wrote {report.rows:,} predictions to {args.output} in {report.seconds:.2f} s: "
-        f"{report.rows_per_s:,.0f} rows/s ({report.model_rows_per_s:,.0f} rows/s in the model); "
+        f"{report.rows_per_s:,.0f} rows/s ({report.model_rows_per_s:,.0f} rows/s in the model) "
+        f"on {threads.describe()}; "
         f"{report.bad_rows:,} bad rows skipped"
         + ("" if report.unseen_ids is None else f"; {report.unseen_ids.describe()}")
     )

@@ -7,7 +7,8 @@
 Loads the export directory OUT of a retrieval model (checked against its
 manifest, the index against its own) without compiling anything, runs the
 query tower on every request and looks its top K up in the index; writes K
-CSV rows per request (runtime/serving/retrieve.py) and reports requests/s.
+CSV rows per request (runtime/serving/retrieve.py) and reports requests/s and
+the threads (`--threads` or the cores free at launch, runtime/cpu/threads.py).
 Exit status 1 when the export, its index or the data is bad (the first bad
 row under `--bad-rows fail`, named by file and line), 2 for bad usage.
 """
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
     parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
                         help="stop at the first bad line (default) or count, report and skip them")
-    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: the free cores)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="check file sizes only, not their sha256")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
@@ -40,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from runtime.cpu.threads import process_threads
     from runtime.data.errors import DataError
     from runtime.retrieval.index_files import IndexFileError, load_index
     from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
@@ -48,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output.is_dir():
         print(f"error: -o {args.output}: is a directory; name the CSV file to write", file=sys.stderr)
         return 2
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    threads = process_threads(args.threads)
+    torch.set_num_threads(threads.threads)
     try:
         section = read_export_manifest(args.export).get("retrieval")
         if section is None:
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         f"wrote the top {args.k} of {section['items']:,} items ({section['index']['kind']} index) for "
         f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "
         f"{report.requests_per_s:,.0f} requests/s (query tower {report.query_seconds:.3f} s, "
-        f"index {report.search_seconds:.3f} s); {report.bad_rows:,} bad rows skipped"
+        f"index {report.search_seconds:.3f} s) on {threads.describe()}; {report.bad_rows:,} bad rows skipped"
         + ("" if report.unseen is None else f"; {report.unseen.describe()}")
     )
     return 0

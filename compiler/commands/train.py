@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from runtime.train import options as train_options
 from runtime.train import worker
 from runtime.train.early_stopping import resolve_best_metric
 from runtime.train.options import TrainOptions, UsageError
-from runtime.train.threads import ThreadChoice, choose_threads
+from runtime.cpu.threads import ThreadChoice, choose_threads, given_threads
 
 # torchrun options passed through unchanged (see `torchrun --help`).
 TORCHRUN_OPTIONS = (
@@ -128,7 +127,7 @@ def _whole(text: str, flag: str) -> int:
 
 def _threads(options: TrainOptions, nproc: int, reads_files: bool) -> ThreadChoice:
     if options.threads is not None:
-        return ThreadChoice(options.threads, None, len(os.sched_getaffinity(0)))
+        return given_threads(options.threads)
     return choose_threads(nproc, options.data_workers if reads_files else 0)
 
 

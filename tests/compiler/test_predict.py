@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from compiler.cli import main
 
@@ -94,3 +95,24 @@ def test_the_first_bad_row_stops_prediction_by_default(exported, capsys) -> None
         "pass --bad-rows skip to count and skip bad rows instead\n"
     )
     assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("idle", "options", "used", "said"),
+    [
+        (1.1, [], 1, "1 thread (1 of 2 cores free)"),  # a busy neighbour: one thread, not torch's two
+        (2.0, [], 2, "2 threads (2 of 2 cores free)"),
+        (0.3, ["--threads", "3"], 3, "3 threads (--threads; 2 cores usable)"),  # the user's number stands
+    ],
+)
+def test_predict_takes_the_free_cores_unless_told_and_says_so(
+    exported, capsys, two_cores, idle: float, options: list[str], used: int, said: str
+) -> None:
+    root, data, lines = exported
+    two_cores(idle)
+    capsys.readouterr()
+    output = root / "threads.csv"
+    assert main(["predict", str(root / "out"), "--data", f"criteo:{data}", "--bad-rows", "skip",
+                 *options, "-o", str(output)]) == 0  # fmt: skip
+    assert torch.get_num_threads() == used
+    assert capsys.readouterr().out.split(" rows/s in the model) ", 1)[1] == f"on {said}; 2 bad rows skipped\n"

@@ -204,6 +204,30 @@ def _popularity_recall(work: Path, requests: list[list[str]]) -> float:
     return sum(int(r[1]) in top for r in requests) / len(requests)
 
 
+@pytest.mark.parametrize(
+    ("idle", "options", "used", "said"),
+    [
+        (1.1, [], 1, "1 thread (1 of 2 cores free)"),  # a busy neighbour: one thread, not torch's two
+        (2.0, [], 2, "2 threads (2 of 2 cores free)"),
+        (0.3, ["--threads", "3"], 3, "3 threads (--threads; 2 cores usable)"),  # the user's number stands
+    ],
+)
+def test_retrieve_takes_the_free_cores_unless_told_and_says_so(
+    work: Path, capsys, two_cores, tmp_path: Path, idle: float, options: list[str], used: int, said: str
+) -> None:
+    if not (work / "exact").exists():
+        assert _export(work, "exact", "--index", "exact") == 0
+    two_cores(idle)
+    capsys.readouterr()
+    test = work / "split" / "test" / "ratings.dat"
+    assert main(["retrieve", str(work / "exact"), "--data", f"movielens:{test}", *options,
+                 "-o", str(tmp_path / "r.csv")]) == 0  # fmt: skip
+    assert torch.get_num_threads() == used
+    assert capsys.readouterr().out.split(" s) ", 1)[1] == (
+        f"on {said}; 0 bad rows skipped; ids not in the training vocabulary (row 0): user_id 0, movie_id 0 of 96 rows\n"
+    )
+
+
 def test_bad_requests_name_file_and_line_and_a_model_without_retrieval_is_refused(work: Path, capsys, tmp_path: Path) -> None:
     assert _export(work, "bad", "--index", "exact") == 0
     capsys.readouterr()

@@ -1,4 +1,4 @@
-"""runtime/train/threads.py: threads per rank from the cores free at launch, DataLoader workers counted."""
+"""runtime/cpu/threads.py: threads per rank (or for one process) from the cores free at launch."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from runtime.train import threads
-from runtime.train.threads import ThreadChoice, choose_threads
+from runtime.cpu import threads
+from runtime.cpu.threads import ThreadChoice, choose_threads, process_threads
 
 
 @pytest.mark.parametrize(
@@ -37,3 +37,25 @@ def test_the_probe_measures_idle_cpus_on_this_machine() -> None:
     assert ThreadChoice(1, 1, 2).describe() == "1 thread per rank (1 of 2 cores free)"
     assert ThreadChoice(3, 7, 8).describe() == "3 threads per rank (7 of 8 cores free)"
     assert ThreadChoice(2, None, 2).describe() == "2 threads per rank (--threads; 2 cores usable)"
+
+
+@pytest.mark.parametrize(
+    ("idle", "requested", "expected"),
+    [
+        (1.1, None, ThreadChoice(1, 1, 2, per_rank=False)),  # a neighbour holds a core: one thread
+        (2.0, None, ThreadChoice(2, 2, 2, per_rank=False)),  # both free: both
+        (0.3, 3, ThreadChoice(3, None, 2, per_rank=False)),  # --threads stands, unmeasured
+    ],
+)
+def test_one_process_takes_the_free_cores_unless_told(
+    monkeypatch: pytest.MonkeyPatch, idle: float, requested: int | None, expected: ThreadChoice
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(threads, "idle_cpus", lambda seconds: idle)
+    assert process_threads(requested) == expected
+
+
+def test_one_process_is_described_without_ranks() -> None:
+    assert ThreadChoice(1, 1, 2, per_rank=False).describe() == "1 thread (1 of 2 cores free)"
+    assert ThreadChoice(2, 2, 2, per_rank=False).describe() == "2 threads (2 of 2 cores free)"
+    assert ThreadChoice(3, None, 2, per_rank=False).describe() == "3 threads (--threads; 2 cores usable)"
