@@ -64,7 +64,8 @@ from runtime.cpu import features
 from runtime.cpu.native.build import cache_root
 
 __all__ = [
-    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "know", "machine",
+    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "forget_used",
+    "know", "machine",
     "pin", "pinned", "recorded", "run", "sites", "used",
 ]
 
@@ -386,6 +387,16 @@ def used() -> dict[str, dict[str, str]]:
     for kernel, name in sorted(_forced_used.items()):
         out[kernel] = {"*": name}
     return out
+
+
+def forget_used() -> None:
+    """Start `used()` afresh, for a benchmark measuring several models in one process.
+
+    The memo goes too, so that each choice asked again is noted again.
+    """
+    _used.clear()
+    _forced_used.clear()
+    _memo.clear()
 
 
 def machine() -> dict[str, object]:
