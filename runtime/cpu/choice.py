@@ -65,8 +65,7 @@ from runtime.cpu.native.build import cache_root
 
 __all__ = [
     "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "forget_used",
-    "know", "machine",
-    "pin", "pinned", "recorded", "run", "sites", "used",
+    "know", "machine", "pin", "pinned", "recorded", "run", "sites", "used",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,7 +95,7 @@ _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}
 _used: dict[str, dict[str, str]] = {}  # what this process ran, by kernel then key (machine())
-_forced_used: dict[str, str] = {}
+_forced_used: dict[str, str] = {}  # the kernels RECCOMPILE_KERNELS forced when asked, by kernel
 
 
 @dataclass(frozen=True)
