@@ -87,6 +87,7 @@ def cpu_counters() -> tuple[int, int] | None:
 def run_rank(
     args: argparse.Namespace, workload: Workload, module_path: str, rank: int, world_size: int
 ) -> dict[str, Any]:
+    from runtime.cpu import choice
     from runtime.cpu.allocator import retain_freed_memory
     from runtime.sharding import distribute_dense
     from runtime.train.dense_optimizer import make_dense_optimizer
@@ -97,6 +98,7 @@ def run_rank(
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     retain_freed_memory()  # as runtime.train.worker does for `reccompile train`
+    choice.forget_used()  # this run's kernels only, not an earlier run's in this process
     module = load_module(module_path)
     group = dist.group.WORLD if world_size > 1 else None
     torch.manual_seed(workload.model_seed)
@@ -150,6 +152,7 @@ def run_rank(
         "machine_total_s": total,
         "threads": torch.get_num_threads(),
         "profile": profile,
+        "kernels": choice.used(),  # this rank's, taken here: dist2 ranks are processes of their own
     }
 
 
@@ -227,7 +230,17 @@ def summarize(
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
         "other_cpu_pct": other,
         **({"profile": [r["profile"] for r in results]} if results[0]["profile"] else {}),
+        "kernels": merged_kernels([r["kernels"] for r in results]),
     }
+
+
+def merged_kernels(each: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:
+    """The kernel choices of several processes (ranks, measuring children) in one `choice.used()` mapping."""
+    out: dict[str, dict[str, str]] = {}
+    for kernels in each:
+        for kernel, by_shape in kernels.items():
+            out.setdefault(kernel, {}).update(by_shape)
+    return {kernel: dict(sorted(by_shape.items())) for kernel, by_shape in sorted(out.items())}
 
 
 def _dist_rank(

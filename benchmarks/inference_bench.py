@@ -180,6 +180,7 @@ def cpu_counters() -> tuple[int, int]:
 
 def measure(workdir: Path, configs: list[str]) -> None:
     """Our side of one round (run in a fresh process): one JSON line per configuration and case."""
+    from runtime.cpu import choice
     from runtime.cpu.allocator import retain_freed_memory
     from runtime.serving.export_dir import load
     from runtime.sparse.jagged import KeyedJaggedTensor
@@ -195,6 +196,7 @@ def measure(workdir: Path, configs: list[str]) -> None:
             for d, i, _ in (W.make_batch(n, variant, batch_size=batch) for n in range(W.NUM_BATCHES))
         ]
     for config in configs:
+        choice.forget_used()  # each configuration's line names its own kernels
         _, model = load(export_dir(workdir, config), verify=False)
 
         def forward(item: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int) -> Any:
@@ -237,7 +239,8 @@ def run_side(command: list[str], impl: str, round_: int) -> list[dict[str, Any]]
     for line in done.stdout.splitlines():
         record = json.loads(line)
         if "variant" in record and "error" not in record:
-            rows.append({"impl": impl, "round": round_, "other_cpu_pct": other, **record})
+            # Our lines carry the measuring process's kernels; TorchRec's side runs none of ours.
+            rows.append({"impl": impl, "round": round_, "other_cpu_pct": other, "kernels": {}, **record})
             emit(rows[-1])
     return rows
 
@@ -274,9 +277,10 @@ def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: flo
 
 
 def emit(record: dict[str, Any]) -> None:
+    """Print `record` with the machine's fields; kernels of its own (a measuring child's) stand."""
     from runtime.cpu import choice
 
-    print(json.dumps({**record, **choice.machine()}), flush=True)
+    print(json.dumps({**choice.machine(), **record}), flush=True)
 
 
 def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_rows: dict[str, Any]) -> str:
@@ -360,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_side(command, impl, round_)
     table = summarise(rows, configs, args.max_other_cpu)
     print(markdown(table, size_rows, quality_rows), flush=True)
+    from harness import merged_kernels
+
+    kernels = merged_kernels([r["kernels"] for r in rows if r["impl"] == "reccompile"])  # the measuring children's
     emit({"summary": table, "sizes": size_rows, "quality": quality_rows, "rounds": args.rounds,
-          "threads": args.threads})
+          "threads": args.threads, "kernels": kernels})
     return 0
 
 

@@ -24,7 +24,11 @@ beats the baseline's by
 The outcome is kept on disk next to the native build cache
 (`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<kernel>/<shape>.json`), one file per
 choice, written once (ranks that measure together all take the file that
-landed first), and read through an lru_cache. `reccompile info` lists them.
+landed first). A process answers a question it has asked before from
+memory (`_memo`, a few microseconds; callers ask at every forward), keyed
+also by the variables that name the cache directory; `run()` empties it.
+`reccompile info` lists every recorded choice; `machine()`, for benchmark
+records, only the ones this process used.
 
 `RECCOMPILE_KERNELS=dot=torch,linear=onednn` forces a choice per kernel
 (tests and benchmarks), without measuring or recording.
@@ -60,8 +64,8 @@ from runtime.cpu import features
 from runtime.cpu.native.build import cache_root
 
 __all__ = [
-    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "know", "machine",
-    "pin", "pinned", "recorded", "run", "sites",
+    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "forget_used",
+    "know", "machine", "pin", "pinned", "recorded", "run", "sites", "used",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,6 +92,10 @@ MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never mov
 MARGINS: dict[str, float] = {"packed_linear": 0.0}
 REPEATS = 5
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
+# Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
+_memo: dict[tuple[str, str, str], str] = {}
+_used: dict[str, dict[str, str]] = {}  # what this process ran, by kernel then key (machine())
+_forced_used: dict[str, str] = {}  # the kernels RECCOMPILE_KERNELS forced when asked, by kernel
 
 
 @dataclass(frozen=True)
@@ -199,6 +207,7 @@ def run() -> Iterator[None]:
     global _run
     outer, _run = _run, _Run()
     _read.cache_clear()
+    _memo.clear()
     try:
         yield
     finally:
@@ -261,7 +270,14 @@ def pin(recorded: Mapping[str, Mapping[str, str]]) -> list[str]:
                 )
                 winner = baseline
             _run.pins[(kernel, site)] = winner
+            _used.setdefault(kernel, {})[f"{site}_t{_threads()}"] = winner
     return problems
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _unavailable(name: str) -> str | None:
@@ -288,22 +304,37 @@ def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], si
     the layer or table group in the same way, without the sizes that vary
     per batch: inside `run()`, a NUMERIC kernel is chosen once per site.
     """
-    force = forced().get(kernel)
-    key = shape
+    setting = os.environ.get(ENV)  # forced(), without its call: this runs at every forward
+    force = _parse_forced(setting).get(kernel) if setting else None
+    if force is not None:
+        _forced_used[kernel] = force
     if _run is not None and site is not None and kernel in NUMERIC:
         held = _run.pins.get((kernel, site))
         if force is None and held is not None:
             return held
-        import torch
-
-        key = f"{site}_t{torch.get_num_threads()}"
-        winner = force or _run.known.get((kernel, site)) or _decide(kernel, key, runs, site)
+        key = f"{site}_t{_threads()}"
+        known = _run.known.get((kernel, site))
+        if force is None and known is not None:
+            _used.setdefault(kernel, {})[key] = known
+        winner = force or known or _decide(kernel, key, runs, site)
         _run.pins[(kernel, site)] = winner
         return winner
-    return force if force is not None else _decide(kernel, key, runs)
+    return force if force is not None else _decide(kernel, shape, runs)
 
 
 def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
+    """This process's earlier answer for `key` under this cache directory, else `_from_disk`'s."""
+    environ = os.environ  # cache_root()'s inputs, the others only read when the first is unset
+    root = environ.get("RECCOMPILE_CACHE_DIR") or f"{environ.get('XDG_CACHE_HOME')}\0{environ.get('HOME')}"
+    memo_key = (kernel, key, root)
+    winner = _memo.get(memo_key)
+    if winner is None:
+        winner = _memo[memo_key] = _from_disk(kernel, key, runs, site)
+        _used.setdefault(kernel, {})[key] = winner
+    return winner
+
+
+def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None) -> str:
     """The recorded choice for `key`, else the one measured now and recorded (the first on disk wins)."""
     baseline, alternative = KERNELS[kernel]
     if not _SHAPE.fullmatch(key):
@@ -345,9 +376,31 @@ def active() -> dict[str, dict[str, str]]:
     return out
 
 
+def used() -> dict[str, dict[str, str]]:
+    """The choices this process has run, by kernel then shape (site key in a run); a forced kernel as {'*': name}.
+
+    Unlike `active()`, this names only what the process asked for, not every
+    choice the cache directory has accumulated.
+    """
+    out = {kernel: dict(sorted(by_key.items())) for kernel, by_key in sorted(_used.items())}
+    for kernel, name in sorted(_forced_used.items()):
+        out[kernel] = {"*": name}
+    return out
+
+
+def forget_used() -> None:
+    """Start `used()` afresh, for a benchmark measuring several models in one process.
+
+    The memo goes too, so that each choice asked again is noted again.
+    """
+    _used.clear()
+    _forced_used.clear()
+    _memo.clear()
+
+
 def machine() -> dict[str, object]:
-    """The fields a benchmark record carries: `cpu` (model), `cpu_flags` (vector features), `kernels` (active())."""
-    return {"cpu": features.model(), "cpu_flags": list(features.vector_features()), "kernels": active()}
+    """The fields a benchmark record carries: `cpu` (model), `cpu_flags` (vector features), `kernels` (used())."""
+    return {"cpu": features.model(), "cpu_flags": list(features.vector_features()), "kernels": used()}
 
 
 def bucket(count: int) -> int:

@@ -24,8 +24,8 @@ Which layers run packed depends on what the export promises:
   MKL's 147 (MKL takes a generic path on CPUs that are not Intel's): the
   int8 criteo forward at batch 512 goes from 5.09 to 4.65 ms.
 
-Either way the choice is looked up once per layer and batch bucket
-(runtime/serving/choice_memo.py), not at every call.
+Either way the choice is asked of runtime/cpu/choice.py at every call,
+which answers a repeated question from memory in a few microseconds.
 
 `pack_mlps(model, exact)` swaps every plain MLP (no norm, dropout or
 shortcut) of a loaded serving model for a `PackedMLP` holding the same
@@ -43,7 +43,6 @@ from torch import nn
 from runtime.cpu import choice
 from runtime.modules.blocks import MLP
 from runtime.modules.linear import linear, onednn_applies, onednn_chosen
-from runtime.serving.choice_memo import ChoiceMemo
 
 __all__ = ["PackedMLP", "pack_mlps"]
 
@@ -71,7 +70,6 @@ class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
-    _decisions: ChoiceMemo
     exact: bool
 
     @classmethod
@@ -83,7 +81,7 @@ class PackedMLP(MLP):
         """
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
-        packed._packs, packed._decisions, packed.exact = {}, ChoiceMemo(), exact
+        packed._packs, packed.exact = {}, exact
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -104,11 +102,9 @@ class PackedMLP(MLP):
         return _plain(x, weight, bias, relu)
 
     def _packed_chosen(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
-        # Kept per layer and batch bucket (runtime/serving/choice_memo.py).
-        key = (k, choice.bucket(x.shape[0]), torch.get_num_threads())
         if self.exact:
-            return self._decisions.get(key, lambda: onednn_chosen(x, weight, bias, relu))
-        return self._decisions.get(key, lambda: self._measured(k, x, weight, bias, relu) == "packed")
+            return onednn_chosen(x, weight, bias, relu)
+        return self._measured(k, x, weight, bias, relu) == "packed"
 
     def _measured(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> str:
         """'packed' or 'aten' for layer k at x's batch bucket, timed on the real inputs."""

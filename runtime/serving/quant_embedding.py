@@ -77,7 +77,6 @@ from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
 from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
-from runtime.serving.choice_memo import ChoiceMemo
 
 __all__ = [
     "PRECISIONS",
@@ -285,7 +284,6 @@ class QuantEmbeddingBagCollection(nn.Module):
         )
         layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), stored_dims))
         self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
-        self._choices = ChoiceMemo()
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -467,10 +465,10 @@ class QuantEmbeddingBagCollection(nn.Module):
             f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
             f"_t{torch.get_num_threads()}"
         )
-        return self._choices.get(shape, lambda: choice.choose("quant_pool", shape, {
+        return choice.choose("quant_pool", shape, {
             "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
             "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
-        }))
+        })
 
     def _bag_weights(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
         """The per-id weights, times 1 / bag length for the features pooled by mean."""

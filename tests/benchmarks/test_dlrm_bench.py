@@ -10,19 +10,31 @@ from pathlib import Path
 import pytest
 
 from bench_env import WORKLOADS, bench_env
+from runtime.cpu import features
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.skipif(not (WORKLOADS / "workload.py").is_file(), reason=f"no shared bench workload in {WORKLOADS}")
-def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["local", "dist2"])
+def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> None:
+    stale = tmp_path / "choices" / features.identity() / "lookup" / "b1_from_another_run.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"kernel": "lookup", "shape": stale.stem, "winner": "concurrent", "times_ms": {}}))
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "dlrm_bench.py"), "--variant", "criteo", "--mode", "local",
+        [sys.executable, str(REPO / "benchmarks" / "dlrm_bench.py"), "--variant", "criteo", "--mode", mode,
          "--steps", "2", "--warmup", "1", "--threads", "1"],
         capture_output=True, text=True, timeout=600, cwd=REPO, env=bench_env(tmp_path),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "criteo", "local", 2)
+    assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "criteo", mode, 2)
     assert line["samples_per_s"] > 0 and abs(line["loss_first"] - 0.6931) < 0.01
     assert {"cpu", "cpu_flags", "kernels"} <= line.keys()
+    # The kernels the ranks ran (every one recorded in the cache, less the stale choice it already held).
+    recorded: dict[str, dict[str, str]] = {}
+    for made in tmp_path.glob("choices/*/*/*.json"):
+        recorded.setdefault(made.parent.name, {})[made.stem] = json.loads(made.read_text())["winner"]
+    del recorded["lookup"][stale.stem]
+    assert line["kernels"] == {kernel: by_shape for kernel, by_shape in recorded.items() if by_shape}
+    assert "linear" in line["kernels"]

@@ -189,3 +189,57 @@ def test_a_recorded_choice_this_machine_cannot_run_falls_back_to_the_baseline_an
 def test_pinning_outside_a_run_is_a_programming_error() -> None:
     with pytest.raises(RuntimeError, match=r"^kernel choices can only be pinned inside choice.run\(\)$"):
         choice.pin({})
+
+
+def test_a_repeated_question_is_answered_without_reading_the_disk_again(tmp_path: Path) -> None:
+    _record(tmp_path, "quant_pool", "b512_memo", "native")
+    never = {"fbgemm": _never, "native": _never}
+    assert choice.choose("quant_pool", "b512_memo", never) == "native"
+    (tmp_path / "choices" / features.identity() / "quant_pool" / "b512_memo.json").unlink()
+    choice._read.cache_clear()
+    assert choice.choose("quant_pool", "b512_memo", never) == "native"
+
+
+def test_the_memo_follows_the_environment_and_run_reads_the_disk_afresh(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    other = tmp_path / "other"
+    _record(tmp_path, "lookup", "b8_memo", "concurrent")
+    _record(other, "lookup", "b8_memo", "sequential")
+    never = {"sequential": _never, "concurrent": _never}
+    assert choice.choose("lookup", "b8_memo", never) == "concurrent"
+    monkeypatch.setenv(choice.ENV, "lookup=sequential")
+    assert choice.choose("lookup", "b8_memo", never) == "sequential"
+    monkeypatch.delenv(choice.ENV)
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(other))
+    assert choice.choose("lookup", "b8_memo", never) == "sequential"
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
+    assert choice.choose("lookup", "b8_memo", never) == "concurrent"
+    (tmp_path / "choices" / features.identity() / "lookup" / "b8_memo.json").unlink()
+    _record(tmp_path, "lookup", "b8_memo", "sequential")  # as if another process had measured anew
+    with choice.run():
+        assert choice.choose("lookup", "b8_memo", never) == "sequential"
+
+
+def test_pins_win_over_the_memo_in_a_run(tmp_path: Path) -> None:
+    threads = torch.get_num_threads()
+    _record(tmp_path, "dot", f"n5_memo_t{threads}", "torch", site="n5_memo")
+    never = {"torch": _never, "native": _never}
+    with choice.run():
+        assert choice.choose("dot", "b64_n5_memo", never, site="n5_memo") == "torch"
+    with choice.run():
+        choice.pin({"dot": {"n5_memo": "native"}})
+        assert choice.choose("dot", "b64_n5_memo", never, site="n5_memo") == "native"
+
+
+def test_used_names_only_what_this_process_ran(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(choice, "_used", {})
+    monkeypatch.setattr(choice, "_forced_used", {})
+    _record(tmp_path, "lookup", "b16_used", "concurrent")
+    _record(tmp_path, "lookup", "b32_unused", "sequential")
+    assert choice.choose("lookup", "b16_used", {"sequential": _never, "concurrent": _never}) == "concurrent"
+    monkeypatch.setenv(choice.ENV, "dot=torch")
+    assert choice.choose("dot", "b1", {"torch": _never, "native": _never}) == "torch"
+    assert choice.machine()["kernels"] == {"dot": {"*": "torch"}, "lookup": {"b16_used": "concurrent"}}
+    assert choice.used() == {"dot": {"*": "torch"}, "lookup": {"b16_used": "concurrent"}}
+    assert choice.active() == {"dot": {"*": "torch"}, "lookup": {"b16_used": "concurrent", "b32_unused": "sequential"}}
