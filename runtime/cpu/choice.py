@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.cpu import features
-from runtime.cpu.native.build import cache_root
+from runtime.cpu.native.build import cache_root, cache_settings
 
 __all__ = [
     "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "forget_used",
@@ -324,9 +324,7 @@ def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], si
 
 def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
     """This process's earlier answer for `key` under this cache directory, else `_from_disk`'s."""
-    environ = os.environ  # cache_root()'s inputs, the others only read when the first is unset
-    root = environ.get("RECCOMPILE_CACHE_DIR") or f"{environ.get('XDG_CACHE_HOME')}\0{environ.get('HOME')}"
-    memo_key = (kernel, key, root)
+    memo_key = (kernel, key, cache_settings())
     winner = _memo.get(memo_key)
     if winner is None:
         winner = _memo[memo_key] = _from_disk(kernel, key, runs, site)

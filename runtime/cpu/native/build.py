@@ -57,6 +57,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reccompile"
 
 
+def cache_settings() -> str:
+    """What `cache_root()` is made from, read without building it: a key for callers memoising per cache."""
+    root = os.environ.get("RECCOMPILE_CACHE_DIR")
+    return root if root else f"\0{os.environ.get('XDG_CACHE_HOME')}\0{os.environ.get('HOME')}"
+
+
 def compiler_name() -> str:
     """The C compiler looked for: `$CC`, else `cc`."""
     return os.environ.get("CC") or "cc"

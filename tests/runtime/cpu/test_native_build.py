@@ -106,3 +106,25 @@ def test_a_working_compiler_builds_once_per_cache(fresh_build: Path, native_kern
     assert outcome.problem is None and outcome.library is not None
     assert [p.name for p in (fresh_build / "cache" / "native").iterdir()] == [outcome.path.name]
     assert build.status() is outcome
+
+
+def test_cache_settings_change_exactly_when_the_cache_root_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    environments = [
+        {"RECCOMPILE_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/x", "HOME": "/h"},
+        {"RECCOMPILE_CACHE_DIR": "/a", "XDG_CACHE_HOME": "/y", "HOME": "/g"},  # the first still wins
+        {"RECCOMPILE_CACHE_DIR": "", "XDG_CACHE_HOME": "/x", "HOME": "/h"},  # empty counts as unset
+        {"RECCOMPILE_CACHE_DIR": None, "XDG_CACHE_HOME": "/y", "HOME": "/h"},
+        {"RECCOMPILE_CACHE_DIR": None, "XDG_CACHE_HOME": None, "HOME": "/h"},
+        {"RECCOMPILE_CACHE_DIR": None, "XDG_CACHE_HOME": None, "HOME": "/g"},
+    ]
+    seen = []
+    for environment in environments:
+        for name, value in environment.items():
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        seen.append((build.cache_settings(), build.cache_root()))
+    for settings, root in seen:
+        assert {r for s, r in seen if s == settings} == {root}  # one settings value, one root
+    assert len({s for s, _ in seen}) == len({r for _, r in seen}) == 5
