@@ -46,7 +46,10 @@ SPEC = cc.SPEC.replace("ckpt_tiny", "nodes_tiny").replace(
     b: {sharding_types: [row_wise]}
     c: {sharding_types: [table_row_wise]}""",
 )
-COMMON = ("--batch-size", "512", "--log-every", "1", "--checkpoint-every", str(EVERY), "--keep", "100")
+# One thread everywhere: every process reads the same per-site kernel choices (their files are per thread
+# count), so the runs differ only by how they are sharded, not by a kernel a busier moment chose.
+COMMON = ("--batch-size", "512", "--log-every", "1", "--checkpoint-every", str(EVERY), "--keep", "100",
+          "--threads", "1")
 
 
 def _env() -> dict[str, str]:
