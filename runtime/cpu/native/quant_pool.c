@@ -23,6 +23,13 @@
 #include <stdint.h>
 #include <string.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#else
+static int omp_get_thread_num(void) { return 0; }
+static int omp_get_num_threads(void) { return 1; }
+#endif
+
 /* The library is built with associative float math for dot_interaction.c's
  * reductions; here each id's two steps must stay as written to give fbgemm's bits. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -124,6 +131,20 @@ LOAD(INT8)
 LOAD(INT4)
 #endif
 
+/* The arguments of one reccompile_quant_pool call, shared by its threads. */
+typedef struct {
+    int64_t batch;
+    const uint8_t *buffer;
+    const int64_t *table_offsets, *strides, *types, *dims, *out_offsets;
+    int64_t total_dim;
+    const int64_t *ids;
+    int64_t count;
+    const int64_t *offsets;
+    const float *weights;
+    const int64_t *rows;
+    float *out;
+} pool_job_t;
+
 typedef struct {
     const uint8_t *table;
     int64_t stride;
@@ -218,37 +239,68 @@ static void pool_bag(const bag_source_t *s, int type, int64_t d, int64_t first, 
     if (vectors * LANES < d) bag_columns(s, type, vectors * LANES, d, first, last, prefetch, out);
 }
 
+/* Bags [begin, end) of the feature-major order (bag = f * batch + b), walked
+ * feature by feature so that a feature's table, kernel and prefetch bound are
+ * set once, not per bag. Returns the status bits of reccompile_quant_pool. */
+static int pool_range(const pool_job_t *job, int64_t begin, int64_t end) {
+    int status = 0;
+    for (int64_t f = begin / job->batch, bag = begin; bag < end; f++) {
+        const int64_t next_feature = (f + 1) * job->batch, stop = next_feature < end ? next_feature : end;
+        const int64_t type = job->types[f], d = job->dims[f], vectors = d / LANES;
+        /* the common widths (whole vectors, at most MAX_VECTORS) take their kernel directly */
+        const bag_fn whole = vectors >= 1 && vectors <= MAX_VECTORS && vectors * LANES == d ? bag_kernel((int)type, vectors)
+                                                                                             : NULL;
+        const int64_t feature_end = job->offsets[next_feature];
+        const bag_source_t source = {
+            .table = job->buffer + job->table_offsets[f], .stride = job->strides[f], .ids = job->ids,
+            .feature_end = feature_end < job->count ? feature_end : job->count, .weights = job->weights,
+        };
+        float *out = job->out + job->out_offsets[f];
+        for (; bag < stop; bag++) {
+            const int64_t first = job->offsets[bag], last = job->offsets[bag + 1];
+            if (first < 0 || last < first || last > job->count) {
+                status |= 2;
+                continue;
+            }
+            if (job->rows != NULL) {
+                int64_t i = first;
+                while (i < last && (uint64_t)job->ids[i] < (uint64_t)job->rows[f]) i++;
+                if (i < last) {
+                    status |= 1;
+                    continue;
+                }
+            }
+            float *row_out = out + (bag - f * job->batch) * job->total_dim;
+            if (whole != NULL)
+                whole(&source, first, last, 0, 1, row_out);
+            else
+                pool_bag(&source, (int)type, d, first, last, row_out);
+        }
+    }
+    return status;
+}
+
 /* Returns 0, or a bitmask: 1 an id out of its table's rows (when `rows` is
- * given; the bag is left unwritten), 2 offsets that do not fit the ids. */
+ * given; the bag is left unwritten), 2 offsets that do not fit the ids.
+ * Each of `threads` threads pools one contiguous share of the bags. */
 int reccompile_quant_pool(int64_t features, int64_t batch, const uint8_t *buffer, const int64_t *table_offsets,
                           const int64_t *strides, const int64_t *types, const int64_t *dims,
                           const int64_t *out_offsets, int64_t total_dim, const int64_t *ids, int64_t count,
                           const int64_t *offsets, const float *weights, const int64_t *rows, float *out,
                           int64_t threads) {
+    const pool_job_t job = {
+        .batch = batch, .buffer = buffer, .table_offsets = table_offsets, .strides = strides, .types = types,
+        .dims = dims, .out_offsets = out_offsets, .total_dim = total_dim, .ids = ids, .count = count,
+        .offsets = offsets, .weights = weights, .rows = rows, .out = out,
+    };
     const int64_t bags = features * batch;
     int status = 0;
     if (threads < 1) threads = 1;
-#pragma omp parallel for num_threads((int)threads) schedule(static) reduction(| : status)
-    for (int64_t bag = 0; bag < bags; bag++) {
-        const int64_t f = bag / batch, b = bag % batch, first = offsets[bag], last = offsets[bag + 1];
-        if (first < 0 || last < first || last > count) {
-            status |= 2;
-            continue;
-        }
-        if (rows != NULL) {
-            int64_t i = first;
-            while (i < last && (uint64_t)ids[i] < (uint64_t)rows[f]) i++;
-            if (i < last) {
-                status |= 1;
-                continue;
-            }
-        }
-        const int64_t feature_end = offsets[(f + 1) * batch];
-        const bag_source_t source = {
-            .table = buffer + table_offsets[f], .stride = strides[f], .ids = ids,
-            .feature_end = feature_end < count ? feature_end : count, .weights = weights,
-        };
-        pool_bag(&source, (int)types[f], dims[f], first, last, out + b * total_dim + out_offsets[f]);
+    if (threads > bags) threads = bags > 0 ? bags : 1;
+#pragma omp parallel num_threads((int)threads) reduction(| : status)
+    {
+        const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+        status |= pool_range(&job, bags * me / team, bags * (me + 1) / team);
     }
     return status;
 }

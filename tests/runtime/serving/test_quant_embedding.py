@@ -171,6 +171,38 @@ def test_native_pooling_is_bitwise_fbgemms(precision: str, weighted: bool, monke
         assert torch.equal(mine, theirs)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_native_pooling_shares_bags_between_threads_across_features(threads: int, monkeypatch, native_kernels) -> None:
+    """Each thread pools one contiguous share of the 7 x 16 bags, which starts and ends inside
+    features for 3 and 5 threads: every bag is pooled once, with its own feature's table."""
+    from runtime.cpu import choice, native
+
+    monkeypatch.setenv(choice.ENV, "quant_pool=native")
+    tables = [
+        EmbeddingBagConfig("w8", 40, 8, ["a"]),
+        EmbeddingBagConfig("w64", 300, 64, ["b", "c"]),
+        EmbeddingBagConfig("w128", 50, 128, ["d"]),
+        EmbeddingBagConfig("w24", 30, 24, ["e"]),
+        EmbeddingBagConfig("w12", 20, 12, ["g"]),
+        EmbeddingBagConfig("w200", 25, 200, ["h"]),
+    ]
+    torch.manual_seed(2)
+    source = EmbeddingBagCollection(tables)
+    collection = QuantEmbeddingBagCollection(tables, {"w8": "int8", "w64": "int4", "w128": "fp16"})
+    collection.quantize_from(source.embedding_parameters())
+    kjt = make_kjt(tables, seed=7)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            mine = collection(kjt).values()
+            monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+            theirs = collection(kjt).values()
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(mine, theirs)
+
+
 def test_stored_sizes_follow_fbgemms_row_layout() -> None:
     assert [row_bytes(64, p) for p in PRECISIONS] == [256, 128, 68, 36]
     qebc = QuantEmbeddingBagCollection(make_tables(), {"t0": "int8", "t1": "int4", "t2": "fp16"})
