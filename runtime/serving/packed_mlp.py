@@ -70,6 +70,7 @@ class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
+    _shapes: dict[tuple[object, ...], str | None]
     exact: bool
 
     @classmethod
@@ -81,7 +82,7 @@ class PackedMLP(MLP):
         """
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
-        packed._packs, packed.exact = {}, exact
+        packed._packs, packed._shapes, packed.exact = {}, {}, exact
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -95,27 +96,32 @@ class PackedMLP(MLP):
         return x
 
     def _layer(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
-        if not _packed_applies(x, weight):
+        """Layer k on a float32 CPU input outside autograd (forward checked that for layer 0's input,
+        and each layer's output keeps it); its own weight's dtype is checked here."""
+        if weight.dtype != torch.float32:
             return linear(x, weight, bias, relu=relu)
-        if onednn_applies(x, weight) and self._packed_chosen(k, x, weight, bias, relu):
-            return self._packed(k, x, weight, bias, relu)
-        return _plain(x, weight, bias, relu)
-
-    def _packed_chosen(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
         if self.exact:
-            return onednn_chosen(x, weight, bias, relu)
-        return self._measured(k, x, weight, bias, relu) == "packed"
+            packed = onednn_chosen(x, weight, bias, relu)
+        else:
+            shape = self._shape(k, x, weight, bias, relu)
+            packed = shape is not None and choice.choose("packed_linear", shape, {
+                "aten": lambda: _plain(x, weight, bias, relu),
+                "packed": lambda: self._packed(k, x, weight, bias, relu),
+            }) == "packed"
+        return self._packed(k, x, weight, bias, relu) if packed else _plain(x, weight, bias, relu)
 
-    def _measured(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> str:
-        """'packed' or 'aten' for layer k at x's batch bucket, timed on the real inputs."""
-        shape = (
-            f"b{choice.bucket(x.shape[0])}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if bias is not None else ''}"
-            f"{'_relu' if relu else ''}_t{torch.get_num_threads()}"
-        )
-        return choice.choose("packed_linear", shape, {
-            "aten": lambda: _plain(x, weight, bias, relu),
-            "packed": lambda: self._packed(k, x, weight, bias, relu),
-        })
+    def _shape(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> str | None:
+        """The 'packed_linear' question of layer k at x's batch and this thread count (None: oneDNN does
+        not apply, MKL runs it), built once: a forward asks it of runtime/cpu/choice.py per layer."""
+        batch, threads = x.shape[0], torch.get_num_threads()
+        key = (k, batch, threads, tuple(weight.shape), bias is not None, relu)
+        if key not in self._shapes:
+            self._shapes[key] = (
+                f"b{choice.bucket(batch)}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if bias is not None else ''}"
+                f"{'_relu' if relu else ''}_t{threads}"
+                if onednn_applies(x, weight) else None
+            )
+        return self._shapes[key]
 
     def _packed(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
         # Packed again if the weight was replaced or written to (load_state_dict copies in place).
