@@ -15,9 +15,10 @@ faster on some CPUs:
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
-one warm-up each, then a few interleaved repetitions, the fastest kept (a
-neighbour's preemption only ever adds time, so the minimum is the least
-noisy figure of what each path costs). The alternative is taken only when it
+one warm-up each, then a few interleaved repetitions (for `packed_linear`,
+as many as fill 0.3 s; see `WINDOWS`), the fastest kept (a neighbour's
+preemption only ever adds time, so the minimum is the least noisy figure of
+what each path costs). The alternative is taken only when it
 beats the baseline's by
 `MARGIN`, so the choice is never slower than the torch path it replaces
 (`packed_linear` takes the faster outright; see `MARGINS`).
@@ -64,7 +65,7 @@ from runtime.cpu import features
 from runtime.cpu.native.build import cache_root, cache_settings
 
 __all__ = [
-    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "Choice", "active", "bucket", "choose", "forced", "forget_used",
+    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "WINDOWS", "Choice", "active", "bucket", "choose", "forced", "forget_used",
     "know", "machine", "pin", "pinned", "recorded", "run", "sites", "used",
 ]
 
@@ -91,6 +92,11 @@ MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never mov
 # in a slow window could keep MKL for good.
 MARGINS: dict[str, float] = {"packed_linear": 0.0}
 REPEATS = 5
+# Kernels timed over a window of at least this many seconds (REPEATS interleaved rounds at least).
+# oneDNN's packed layers run in fast and slow phases of about 0.1 s on that EPYC (1,130 against
+# 1,430 us for 415 -> 512 at batch 512), MKL steadily: five rounds (15 ms) fall inside one phase, and
+# one calibration measured 512 -> 256 at 0.95 ms both ways, where a longer window has oneDNN 22% ahead.
+WINDOWS: dict[str, float] = {"packed_linear": 0.3}
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}
@@ -173,12 +179,14 @@ def _writable(directory: Path) -> bool:
         return False
 
 
-def _fastest_ms(runs: Mapping[str, Callable[[], object]]) -> dict[str, float]:
-    """Each run's fastest time over REPEATS interleaved calls, after one warm-up call each."""
+def _fastest_ms(runs: Mapping[str, Callable[[], object]], window: float = 0.0) -> dict[str, float]:
+    """Each run's fastest time over interleaved calls, after one warm-up call each: REPEATS rounds,
+    and more until `window` seconds have passed."""
     for run in runs.values():
         run()
     samples: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(REPEATS):
+    began = time.perf_counter()
+    while len(samples[next(iter(runs))]) < REPEATS or time.perf_counter() - began < window:
         for name, run in runs.items():
             start = time.perf_counter()
             run()
@@ -343,7 +351,7 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
         return known.winner
     if not _writable(directory):
         return baseline
-    times = _fastest_ms(runs)
+    times = _fastest_ms(runs, WINDOWS.get(kernel, 0.0))
     margin = MARGINS.get(kernel, MARGIN)
     winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
     _write_once(directory, Choice(kernel, key, winner, tuple(sorted(times.items())), site))

@@ -62,6 +62,29 @@ def test_packed_linear_takes_the_faster_without_a_margin() -> None:
     assert choice.choose("linear", "close", {"aten": runs["aten"], "onednn": runs["packed"]}) == "aten"
 
 
+def test_packed_linear_is_timed_over_its_window_so_a_slow_phase_does_not_decide() -> None:
+    """'packed' is slow for its first 0.2 s (5 rounds take 0.175 s) and fast after: only a kernel
+    timed over WINDOWS' 0.3 s sees both phases."""
+
+    def phased(calls: list[str]) -> dict[str, Callable[[], None]]:
+        began = time.perf_counter()
+
+        def packed() -> None:
+            calls.append("packed")
+            time.sleep(0.020 if time.perf_counter() - began < 0.2 else 0.010)
+
+        return {"aten": _sleeper(15, calls, "aten"), "packed": packed}
+
+    assert choice.WINDOWS["packed_linear"] == 0.3
+    calls: list[str] = []
+    assert choice.choose("packed_linear", "phases", phased(calls)) == "packed"
+    assert calls.count("packed") > 1 + choice.REPEATS
+    calls = []
+    runs = phased(calls)
+    assert choice.choose("linear", "phases", {"aten": runs["aten"], "onednn": runs["packed"]}) == "aten"
+    assert calls.count("packed") == 1 + choice.REPEATS
+
+
 def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
     folder = tmp_path / "choices" / features.identity() / "lookup"
     folder.mkdir(parents=True)
