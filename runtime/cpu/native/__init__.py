@@ -236,13 +236,16 @@ def rowwise_adagrad_backward(
     assert lib is not None, "rowwise_adagrad_backward called where applies() is False"
     features = layout.feature_tables.numel()
     batch = (offsets.numel() - 1) // features
-    ids, offsets, grad = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous(), grad.contiguous()
+    ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+    # Rows further apart than their width (a table group's columns of the batch's gradient) are read in place.
+    if grad.stride(1) != 1 or grad.stride(0) < grad.shape[1]:
+        grad = grad.contiguous()
     if sample_weights is not None:
         sample_weights = sample_weights.to(torch.float32).contiguous()
     return lib.reccompile_rowwise_adagrad_backward(
         layout.rows.numel(), features, batch, weights.data_ptr(), layout.weight_offsets.data_ptr(),
         momentum.data_ptr(), layout.momentum_offsets.data_ptr(), layout.rows.data_ptr(), layout.dims.data_ptr(),
-        layout.feature_tables.data_ptr(), layout.grad_columns.data_ptr(), grad.shape[1], ids.data_ptr(),
+        layout.feature_tables.data_ptr(), layout.grad_columns.data_ptr(), grad.stride(0), ids.data_ptr(),
         offsets.data_ptr(), None if sample_weights is None else sample_weights.data_ptr(), grad.data_ptr(),
         lr, eps, torch.get_num_threads(),
     )

@@ -116,3 +116,28 @@ def test_only_cpu_rowwise_adagrad_without_weight_decay_is_supported(native_kerne
     for optimizer, supported in [("rowwise_adagrad", True), ("adagrad", False), ("sgd", False)]:
         collection = EmbeddingBagCollection(TABLES[:1], optimizer=EmbeddingOptimizer(optimizer), lookup_threads=1)
         assert (collection._groups[0]._native_layout is not None) is supported, optimizer
+
+
+def test_a_gradient_with_rows_further_apart_is_read_in_place(monkeypatch, native_kernels) -> None:
+    """A table group's columns of the batch's gradient (as the backward of the groups' concatenation
+    hands it over) update the tables exactly as the same gradient copied to its own rows."""
+    monkeypatch.setenv(choice.ENV, "embedding_update=native")
+    batch = _batch(3, False)
+    states = []
+    for strided in (False, True):
+        torch.manual_seed(0)
+        collection = EmbeddingBagCollection(TABLES[:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+        group = collection._groups[0]
+        width = int(group.tbe.D_offsets[-1])
+        whole = torch.randn(BATCH, width + 40, generator=torch.Generator().manual_seed(5))
+        grad = whole[:, 7 : 7 + width] if strided else whole[:, 7 : 7 + width].contiguous()
+        assert grad.is_contiguous() is not strided
+        status = native_update.native.rowwise_adagrad_backward(
+            group.tbe.weights_host.detach(), group.tbe.momentum1_host.detach(), native_update.layout(group.tbe),
+            batch.values()[: int(batch.offset_per_key()[3])], batch.offsets()[: 3 * BATCH + 1], None, grad, 0.1, 1e-8,
+        )
+        assert status == 0
+        states.append(collection.state_dict())
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key
+    assert bool((states[1]["t0.momentum1"] != 0).any())
