@@ -85,6 +85,15 @@ def test_packed_linear_is_timed_over_its_window_so_a_slow_phase_does_not_decide(
     assert calls.count("packed") == 1 + choice.REPEATS
 
 
+def test_serving_pooling_is_timed_over_a_tenth_of_a_second() -> None:
+    calls: list[str] = []
+    runs = {"fbgemm": _sleeper(4, calls, "fbgemm"), "native": _sleeper(2, calls, "native")}
+    began = time.perf_counter()
+    assert choice.choose("quant_pool", "window", runs) == "native"
+    assert time.perf_counter() - began >= choice.WINDOWS["quant_pool"] == 0.1
+    assert calls.count("native") >= 1 + choice.REPEATS
+
+
 def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
     folder = tmp_path / "choices" / features.identity() / "lookup"
     folder.mkdir(parents=True)
