@@ -181,7 +181,7 @@ def cpu_counters() -> tuple[int, int]:
 def measure(workdir: Path, configs: list[str]) -> None:
     """Our side of one round (run in a fresh process): one JSON line per configuration and case."""
     from runtime.cpu import choice
-    from runtime.cpu.allocator import retain_freed_memory
+    from runtime.cpu.allocator import frozen_objects, retain_freed_memory
     from runtime.serving.export_dir import load
     from runtime.sparse.jagged import KeyedJaggedTensor
 
@@ -206,7 +206,7 @@ def measure(workdir: Path, configs: list[str]) -> None:
         for variant, batch, calls in CASES:
             items = inputs[variant, batch]
             times = []
-            with torch.inference_mode():
+            with frozen_objects(), torch.inference_mode():  # as `reccompile predict` does
                 for n in range(WARMUP):
                     forward(items[n % len(items)], batch)
                 for n in range(calls):

@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from runtime.cpu.allocator import retain_freed_memory
+    from runtime.cpu.allocator import frozen_objects, retain_freed_memory
     from runtime.data.errors import DataError
 
     if args.output.is_dir():
@@ -57,19 +57,20 @@ def run(args: argparse.Namespace) -> int:
             return 1
         module, model = load(args.export, verify=args.verify)
         vocabulary = data_file(args.export, "vocabulary", verify=args.verify)
-        report = predict_file(
-            model,
-            module.INPUTS,
-            args.output,
-            data=args.data,
-            batch_size=args.batch_size,
-            rows=args.rows,
-            seed=module.INPUTS.training.seed if args.seed is None else args.seed,
-            bad_rows_policy=args.bad_rows,
-            rating_threshold=args.rating_threshold,
-            vocabulary=vocabulary,
-            warn=lambda message: print(f"warning: {message}", file=sys.stderr),
-        )
+        with frozen_objects():  # the loaded model is no garbage: full collections skip it
+            report = predict_file(
+                model,
+                module.INPUTS,
+                args.output,
+                data=args.data,
+                batch_size=args.batch_size,
+                rows=args.rows,
+                seed=module.INPUTS.training.seed if args.seed is None else args.seed,
+                bad_rows_policy=args.bad_rows,
+                rating_threshold=args.rating_threshold,
+                vocabulary=vocabulary,
+                warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+            )
     except (ExportError, DataError, IndexError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from runtime.cpu.allocator import frozen_objects
     from runtime.cpu.threads import process_threads
     from runtime.data.errors import DataError
     from runtime.retrieval.index_files import IndexFileError, load_index
@@ -60,14 +61,15 @@ def run(args: argparse.Namespace) -> int:
             return 1
         module, model = load(args.export, verify=args.verify)
         index = load_index(args.export / section["index"]["directory"], verify=args.verify)
-        report = retrieve_file(
-            model, module, index, args.output,
-            data=args.data, k=args.k, batch_size=args.batch_size, rows=args.rows,
-            seed=module.INPUTS.training.seed if args.seed is None else args.seed,
-            bad_rows_policy=args.bad_rows,
-            vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
-            warn=lambda message: print(f"warning: {message}", file=sys.stderr),
-        )  # fmt: skip
+        with frozen_objects():  # the loaded model and index are no garbage: full collections skip them
+            report = retrieve_file(
+                model, module, index, args.output,
+                data=args.data, k=args.k, batch_size=args.batch_size, rows=args.rows,
+                seed=module.INPUTS.training.seed if args.seed is None else args.seed,
+                bad_rows_policy=args.bad_rows,
+                vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
+                warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+            )  # fmt: skip
     except (ExportError, IndexFileError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 from runtime import lazy_exports
 
-lazy_exports(globals(), {"allocator": ("retain_freed_memory",)})
+lazy_exports(globals(), {"allocator": ("frozen_objects", "retain_freed_memory")})

@@ -12,14 +12,23 @@ Setting M_MMAP_THRESHOLD to glibc's maximum and M_TRIM_THRESHOLD to 1 GiB
 keeps such blocks in the heap, where the next step finds them mapped. The
 cost is resident memory held at its high-water mark, which a training or
 serving process reaches every step anyway.
+
+`frozen_objects()` is the same idea for Python's collector, in serving's
+request loops: the loaded model and everything imported (about 300,000
+objects with torch) are never garbage, yet every full collection walks them
+all. In the inference benchmark's loop one took 82 ms, in the middle of a
+1.5 ms forward; frozen, a collection walks only what the loop made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import sys
+from collections.abc import Iterator
 
-__all__ = ["retain_freed_memory"]
+__all__ = ["frozen_objects", "retain_freed_memory"]
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
@@ -37,3 +46,14 @@ def retain_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+
+
+@contextlib.contextmanager
+def frozen_objects() -> Iterator[None]:
+    """The objects alive on entry (after one collection) left out of garbage collection until exit."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

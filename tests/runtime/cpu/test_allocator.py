@@ -53,3 +53,32 @@ def test_a_step_of_freed_16_mib_blocks_is_reused_without_page_faults() -> None:
     # glibc returns the 48 MiB freed at the heap's top to the kernel: one fault per 4 KiB next time
     assert plain["faults"] >= 3 * 4096 * 0.9
     assert tuned["faults"] < 100
+
+
+FROZEN = textwrap.dedent("""
+    import gc, json, weakref
+    import torch  # over 100,000 objects, none of them garbage
+    from runtime.cpu.allocator import frozen_objects
+
+    class Node:
+        pass
+
+    before = gc.get_freeze_count()
+    with frozen_objects():
+        frozen = gc.get_freeze_count()
+        cycle = Node()
+        cycle.me = cycle  # garbage made inside is still collected
+        alive = weakref.ref(cycle)
+        del cycle
+        gc.collect()
+        collected = alive() is None
+    print(json.dumps({"before": before, "frozen": frozen, "after": gc.get_freeze_count(), "collected": collected}))
+""")
+
+
+def test_frozen_objects_are_left_out_of_collections_until_the_block_ends() -> None:
+    done = subprocess.run([sys.executable, "-c", FROZEN], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["before"] == 0 and result["frozen"] > 100_000, result  # torch's objects, frozen
+    assert result["after"] == 0 and result["collected"], result
