@@ -21,10 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX__)
-#include <immintrin.h>
-#endif
-
 #ifdef _OPENMP
 #include <omp.h>
 #else
@@ -71,19 +67,6 @@ static inline float sum_lanes(vecf v) {
     return total;
 }
 
-/* out[q] = the sum of acc[q]'s lanes, q < 4: the four reductions share their
- * shuffles (three horizontal adds and one add on AVX, against four separate
- * reductions), which is what a pair costs besides its d fused multiply-adds. */
-static inline void sum_lanes4(const vecf *acc, float *out) {
-#if LANES == 8
-    const __m256 ab = _mm256_hadd_ps((__m256)acc[0], (__m256)acc[1]), cd = _mm256_hadd_ps((__m256)acc[2], (__m256)acc[3]);
-    const __m256 abcd = _mm256_hadd_ps(ab, cd); /* low half: lanes 0-3 of each; high half: lanes 4-7 */
-    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1)));
-#else
-    for (int q = 0; q < 4; q++) out[q] = sum_lanes(acc[q]);
-#endif
-}
-
 /* Per-sample kernels for d = LANES * NV, with a whole vector held in registers. */
 #define VECTOR_KERNELS(NV)                                                                       \
     static void forward_sample_##NV(float *const *vec, float *row, int64_t n, int64_t d) {       \
@@ -92,15 +75,7 @@ static inline void sum_lanes4(const vecf *acc, float *out) {
         for (int64_t i = 0; i < n; i++) {                                                        \
             vecf zi[NV];                                                                         \
             for (int k = 0; k < NV; k++) zi[k] = *(const vecf *)(vec[i] + LANES * k);            \
-            int64_t j = i + 1;                                                                   \
-            for (; j + 4 <= n; j += 4, pair += 4) {                                              \
-                vecf acc[4];                                                                     \
-                for (int q = 0; q < 4; q++) acc[q] = zi[0] * *(const vecf *)vec[j + q];          \
-                for (int k = 1; k < NV; k++)                                                     \
-                    for (int q = 0; q < 4; q++) acc[q] += zi[k] * *(const vecf *)(vec[j + q] + LANES * k); \
-                sum_lanes4(acc, pair);                                                           \
-            }                                                                                    \
-            for (; j < n; j++) {                                                                 \
+            for (int64_t j = i + 1; j < n; j++) {                                                \
                 vecf acc = zi[0] * *(const vecf *)vec[j];                                        \
                 for (int k = 1; k < NV; k++) acc += zi[k] * *(const vecf *)(vec[j] + LANES * k); \
                 *pair++ = sum_lanes(acc);                                                        \
