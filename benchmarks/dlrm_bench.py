@@ -27,14 +27,19 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's runtime and compiler
+from runtime.cpu import openmp  # noqa: E402
+
+openmp.training_environment(os.environ)  # as `reccompile train` does, before torch loads
+
+import torch  # noqa: E402
+
 import harness  # noqa: E402
 
 REPO = harness.REPO

@@ -19,15 +19,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's runtime and compiler
+from runtime.cpu import openmp  # noqa: E402
+
+openmp.training_environment(os.environ)  # as `reccompile train` does, before torch loads
+
+import torch  # noqa: E402
+
 import harness  # noqa: E402
 
 SPEC = harness.REPO / "specs" / "bench" / "seq_bench.yaml"

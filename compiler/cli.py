@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
 from compiler import __version__
+from runtime.cpu import openmp
 
 # command name -> (module in compiler.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -54,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         argv.insert(0, "compile")
+    if argv and argv[0] == "train":
+        openmp.training_environment(os.environ)  # before the command's module loads torch
     parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     try:
         args = parser.parse_args(argv)
