@@ -39,6 +39,9 @@ def start(tmp_path: Path, nproc: int) -> tuple[subprocess.Popen, Path]:
     process = subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        # A suite started in the background (`make test &`) ignores SIGINT, and so would the job, as
+        # a Ctrl-C in a terminal never is: the job starts with SIGINT's default, as from a shell prompt.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     assert process.stdout is not None
     for line in process.stdout:
