@@ -70,7 +70,7 @@ class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
-    _shapes: dict[tuple[object, ...], str | None]
+    _shapes: dict[tuple[int, int, int], str | None]
     exact: bool
 
     @classmethod
@@ -114,7 +114,7 @@ class PackedMLP(MLP):
         """The 'packed_linear' question of layer k at x's batch and this thread count (None: oneDNN does
         not apply, MKL runs it), built once: a forward asks it of runtime/cpu/choice.py per layer."""
         batch, threads = x.shape[0], torch.get_num_threads()
-        key = (k, batch, threads, tuple(weight.shape), bias is not None, relu)
+        key = (k, batch, threads)  # layer k's shape, bias and activation are fixed
         if key not in self._shapes:
             self._shapes[key] = (
                 f"b{choice.bucket(batch)}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if bias is not None else ''}"
