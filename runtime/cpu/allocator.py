@@ -50,10 +50,15 @@ def retain_freed_memory() -> bool:
 
 @contextlib.contextmanager
 def frozen_objects() -> Iterator[None]:
-    """The objects alive on entry (after one collection) left out of garbage collection until exit."""
+    """The objects alive on entry (after one collection) left out of garbage collection until exit.
+
+    gc.unfreeze() thaws every frozen object, so a caller's own earlier freeze is kept as it was:
+    inside it, this only freezes what has come since."""
+    caller_froze = gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not caller_froze:
+            gc.unfreeze()

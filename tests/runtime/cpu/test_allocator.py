@@ -72,7 +72,12 @@ FROZEN = textwrap.dedent("""
         del cycle
         gc.collect()
         collected = alive() is None
-    print(json.dumps({"before": before, "frozen": frozen, "after": gc.get_freeze_count(), "collected": collected}))
+    after = gc.get_freeze_count()
+    gc.freeze()  # a caller's own freeze outlives the block
+    with frozen_objects():
+        pass
+    kept = gc.get_freeze_count() > 0
+    print(json.dumps({"before": before, "frozen": frozen, "after": after, "collected": collected, "kept": kept}))
 """)
 
 
@@ -82,3 +87,4 @@ def test_frozen_objects_are_left_out_of_collections_until_the_block_ends() -> No
     result = json.loads(done.stdout)
     assert result["before"] == 0 and result["frozen"] > 100_000, result  # torch's objects, frozen
     assert result["after"] == 0 and result["collected"], result
+    assert result["kept"], result
