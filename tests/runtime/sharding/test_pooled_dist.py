@@ -1,4 +1,5 @@
-"""The pooled all-to-all frees its buffers after backward (two ranks, gloo).
+"""The pooled all-to-all: it frees its buffers after backward (two ranks, gloo), and the
+receiver's placement of the owners' columns in key order, forward and backward.
 
 The exchange is kept on the autograd context; while it still held the
 received values or their gradient, each step's buffers formed a cycle
@@ -19,7 +20,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import sharded_cases as sc
-from runtime.sharding.pooled_dist import all_to_all_pooled
+from runtime.sharding.group import slot_columns
+from runtime.sharding.layout import group_keys, slots_by_rank, table_layouts
+from runtime.sharding.pooled_dist import PooledOutputDist, all_to_all_pooled
 from runtime.train.process_group import close_process_group, init_process_group
 import rendezvous
 
@@ -55,3 +58,29 @@ def test_the_received_values_are_freed_after_backward(tmp_path: Path) -> None:
         assert freed, "the pooled all-to-all's output outlived its step"
         # Every value reaches one rank once; gradients are divided by the world size.
         assert grad == [(rank + 1) / 2] * 8
+
+
+def test_owners_columns_are_placed_in_key_order_and_gradients_go_back_where_they_came_from() -> None:
+    """column_wise over 2 ranks: t2's shards sit on ranks [1, 0, 0], so rank 0's block holds t2's
+    columns 4..12 after t0's and t1's first halves, and rank 1's holds t2's first 4 columns between
+    t1's second half and t3, t4 (test_layout.py). The output's column c is received column j of its
+    owner's block (slot_columns), and the gradient of the received buffer is the output's gradient
+    put back at those places."""
+    layouts = table_layouts(sc.TABLES, sc.make_plan({t.name: "column_wise" for t in sc.TABLES}), 2)
+    keys, dims = group_keys(layouts)
+    slots = slots_by_rank(layouts, 2)
+    placing = PooledOutputDist(keys, dims, slots, 0, None, partial_sums=False)
+    batch, widths = 3, [len(slot_columns(s, dims)) for s in slots]
+    received = torch.randn(batch * sum(widths), dtype=torch.float64, requires_grad=True)
+    out = placing._combine(received, batch)
+
+    blocks = received.detach().split([batch * w for w in widths])
+    expected = torch.empty(batch, sum(dims), dtype=torch.float64)
+    for rank, block in enumerate(blocks):
+        expected[:, slot_columns(slots[rank], dims)] = block.view(batch, -1)
+    assert torch.equal(out.detach(), expected)
+
+    grad = torch.randn(batch, sum(dims), dtype=torch.float64)
+    (received_grad,) = torch.autograd.grad(out, received, grad)
+    expected_grad = torch.cat([grad[:, slot_columns(s, dims)].reshape(-1) for s in slots])
+    assert torch.equal(received_grad, expected_grad)
