@@ -35,7 +35,7 @@ def report() -> list[str]:
         f"torch {torch.__version__}, fbgemm_gpu {getattr(fbgemm_gpu, '__version__', 'unknown')}, "
         f"{torch.get_num_threads()} threads",
         f"native kernels: {native}",
-        f"kernel choices (measured on this CPU, in {build.cache_root() / 'choices'}):",
+        f"kernel choices (measured on this CPU, in {choice.directory()}):",
     ]
     made = choice.recorded()
     for made_choice in made:

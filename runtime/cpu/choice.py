@@ -23,11 +23,15 @@ alternative is taken only when it beats the baseline's by `MARGIN`, so the
 choice is never slower than the torch path it replaces
 (`packed_linear` takes the faster outright; see `MARGINS`).
 The outcome is kept on disk next to the native build cache
-(`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<kernel>/<shape>.json`), one file per
-choice, written once (ranks that measure together all take the file that
-landed first). A process answers a question it has asked before from
-memory (`_memo`, a few microseconds; callers ask at every forward), keyed
-also by the variables that name the cache directory; `run()` empties it.
+(`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<calibration>/<kernel>/<shape>.json`),
+one file per choice, written once (ranks that measure together all take the
+file that landed first). `<calibration>` digests how choices are measured
+(`REPEATS`, `WINDOWS`, the margins) and the native kernels' C sources, so a
+choice an older reccompile measured another way, or for other kernels, is
+measured again instead of trusted for good. A process answers a question it
+has asked before from memory (`_memo`, a few microseconds; callers ask at
+every forward), keyed also by the variables that name the cache directory;
+`run()` empties it.
 `reccompile info` lists every recorded choice; `machine()`, for benchmark
 records, only the ones this process used.
 
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -62,11 +67,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.cpu import features
-from runtime.cpu.native.build import cache_root, cache_settings
+from runtime.cpu.native.build import SOURCES, cache_root, cache_settings
 
 __all__ = [
-    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "WINDOWS", "Choice", "active", "bucket", "choose", "forced", "forget_used",
-    "know", "machine", "pin", "pinned", "recorded", "run", "sites", "used",
+    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "WINDOWS", "Choice", "active", "bucket", "choose", "directory",
+    "forced", "forget_used", "know", "machine", "pin", "pinned", "recorded", "run", "sites", "used",
 ]
 
 log = logging.getLogger(__name__)
@@ -138,23 +143,32 @@ def _parse_forced(text: str) -> dict[str, str]:
     return out
 
 
-def _directory() -> Path:
-    return cache_root() / "choices" / features.identity()
+def directory(cache: Path | None = None) -> Path:
+    """Where this CPU's choices are recorded under the current calibration (see the module docstring),
+    in `cache` (default: the native build's cache_root())."""
+    settings = json.dumps([REPEATS, WINDOWS, MARGIN, MARGINS], sort_keys=True)
+    calibration = hashlib.sha256(settings.encode() + _sources_digest()).hexdigest()[:12]
+    return (cache_root() if cache is None else cache) / "choices" / features.identity() / calibration
+
+
+@functools.cache
+def _sources_digest() -> bytes:
+    return hashlib.sha256(b"\0".join(source.read_bytes() for source in SOURCES)).digest()
 
 
 @functools.lru_cache(maxsize=256)
-def _read(directory: Path, kernel: str, shape: str) -> Choice | None:
+def _read(root: Path, kernel: str, shape: str) -> Choice | None:
     try:
-        data = json.loads((directory / kernel / f"{shape}.json").read_text())
+        data = json.loads((root / kernel / f"{shape}.json").read_text())
         times = tuple((k, float(v)) for k, v in data["times_ms"].items())
         return Choice(kernel, shape, data["winner"], times, data.get("site"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _write_once(directory: Path, choice: Choice) -> None:
+def _write_once(root: Path, choice: Choice) -> None:
     """Writes the choice unless one is there already (then that one stands)."""
-    folder = directory / choice.kernel
+    folder = root / choice.kernel
     folder.mkdir(parents=True, exist_ok=True)
     site = {} if choice.site is None else {"site": choice.site}
     text = json.dumps({"kernel": choice.kernel, "shape": choice.shape, **site, "winner": choice.winner,
@@ -171,14 +185,14 @@ def _write_once(directory: Path, choice: Choice) -> None:
 
 
 @functools.lru_cache(maxsize=8)
-def _writable(directory: Path) -> bool:
+def _writable(root: Path) -> bool:
     """Whether choices can be kept here; if not (warned once), the baselines run unmeasured."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=directory).close()
+        root.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
         return True
     except OSError as exc:
-        log.warning("reccompile: kernel choices cannot be kept in %s (%s); using the torch baselines", directory, exc)
+        log.warning("reccompile: kernel choices cannot be kept in %s (%s); using the torch baselines", root, exc)
         return False
 
 
@@ -229,11 +243,11 @@ def sites() -> dict[str, dict[str, str]]:
     """The per-site decisions recorded on this CPU at this thread count, by kernel then site."""
     import torch
 
-    threads, directory = torch.get_num_threads(), _directory()
+    threads, folder = torch.get_num_threads(), directory()
     out: dict[str, dict[str, str]] = {}
     for kernel in sorted(NUMERIC):
-        for path in sorted((directory / kernel).glob(f"*_t{threads}.json")):
-            made = _read(directory, kernel, path.stem)
+        for path in sorted((folder / kernel).glob(f"*_t{threads}.json")):
+            made = _read(folder, kernel, path.stem)
             if made is not None and made.site is not None and made.shape == f"{made.site}_t{threads}":
                 out.setdefault(kernel, {})[made.site] = made.winner
     return out
@@ -348,18 +362,18 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
     baseline, alternative = KERNELS[kernel]
     if not _SHAPE.fullmatch(key):
         raise ValueError(f"kernel choice {kernel!r}: shape key {key!r} is not file-name safe")
-    directory = _directory()
-    known = _read(directory, kernel, key)
+    folder = directory()
+    known = _read(folder, kernel, key)
     if known is not None:
         return known.winner
-    if not _writable(directory):
+    if not _writable(folder):
         return baseline
     times = _fastest_ms(runs, WINDOWS.get(kernel, 0.0))
     margin = MARGINS.get(kernel, MARGIN)
     winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
-    _write_once(directory, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
+    _write_once(folder, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
     _read.cache_clear()
-    known = _read(directory, kernel, key)
+    known = _read(folder, kernel, key)
     log.info("kernel %s at %s: %s (%s)", kernel, key, known.winner if known else winner,
              ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items())))
     return known.winner if known is not None else winner
@@ -367,11 +381,11 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
 
 def recorded() -> list[Choice]:
     """Every choice measured on this CPU so far (under the current cache directory), sorted."""
-    directory = _directory()
+    folder = directory()
     return [
         choice
-        for path in sorted(directory.glob("*/*.json"))
-        if (choice := _read(directory, path.parent.name, path.stem)) is not None
+        for path in sorted(folder.glob("*/*.json"))
+        if (choice := _read(folder, path.parent.name, path.stem)) is not None
     ]
 
 

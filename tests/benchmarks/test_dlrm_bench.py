@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench_env import WORKLOADS, bench_env
-from runtime.cpu import features
+from runtime.cpu import choice
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(not (WORKLOADS / "workload.py").is_file(), reason=f"no shared bench workload in {WORKLOADS}")
 @pytest.mark.parametrize("mode", ["local", "dist2"])
 def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> None:
-    stale = tmp_path / "choices" / features.identity() / "lookup" / "b1_from_another_run.json"
+    stale = choice.directory(tmp_path) / "lookup" / "b1_from_another_run.json"
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"kernel": "lookup", "shape": stale.stem, "winner": "concurrent", "times_ms": {}}))
     done = subprocess.run(
@@ -33,7 +33,7 @@ def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> No
     assert {"cpu", "cpu_flags", "kernels"} <= line.keys()
     # The kernels the ranks ran (every one recorded in the cache, less the stale choice it already held).
     recorded: dict[str, dict[str, str]] = {}
-    for made in tmp_path.glob("choices/*/*/*.json"):
+    for made in choice.directory(tmp_path).glob("*/*.json"):
         recorded.setdefault(made.parent.name, {})[made.stem] = json.loads(made.read_text())["winner"]
     del recorded["lookup"][stale.stem]
     assert line["kernels"] == {kernel: by_shape for kernel, by_shape in recorded.items() if by_shape}

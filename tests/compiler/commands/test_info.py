@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from compiler.cli import main
-from runtime.cpu import features
+from runtime.cpu import choice, features
 from runtime.cpu.native import build
 
 
@@ -30,7 +30,7 @@ def _head(tmp_path: Path, native: str) -> list[str]:
         f"vector features: {' '.join(features.vector_features()) or 'none'}",
         f"torch {torch.__version__}, fbgemm_gpu {fbgemm_gpu.__version__}, {torch.get_num_threads()} threads",
         f"native kernels: {native}",
-        f"kernel choices (measured on this CPU, in {tmp_path / 'choices'}):",
+        f"kernel choices (measured on this CPU, in {choice.directory(tmp_path)}):",
     ]
 
 
@@ -42,7 +42,7 @@ def test_info_names_the_cpu_the_kernels_and_each_choice_with_its_times(
     assert capsys.readouterr().out.splitlines() == [
         *_head(tmp_path, f"built ({built})"), "  none yet: each is measured at its first use",
     ]
-    folder = tmp_path / "choices" / features.identity() / "dot"
+    folder = choice.directory(tmp_path) / "dot"
     (folder).mkdir(parents=True)
     (folder / "b2048_n27_d64.json").write_text(json.dumps(
         {"kernel": "dot", "shape": "b2048_n27_d64", "winner": "native", "times_ms": {"native": 2.5, "torch": 7.25}}

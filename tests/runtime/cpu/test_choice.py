@@ -37,7 +37,7 @@ def test_the_faster_wins_is_recorded_and_is_not_measured_again(tmp_path: Path) -
     assert calls == ["aten", "onednn"] + ["aten", "onednn"] * choice.REPEATS  # warm-up, then interleaved
     assert choice.choose("linear", "b2048_in13_out512", {"aten": _never, "onednn": _never}) == "onednn"
 
-    path = tmp_path / "choices" / features.identity() / "linear" / "b2048_in13_out512.json"
+    path = choice.directory(tmp_path) / "linear" / "b2048_in13_out512.json"
     record = json.loads(path.read_text())
     assert (record["kernel"], record["winner"], record["cpu"]) == ("linear", "onednn", features.model())
     assert sorted(record["times_ms"]) == ["aten", "onednn"]
@@ -45,6 +45,37 @@ def test_the_faster_wins_is_recorded_and_is_not_measured_again(tmp_path: Path) -
     [recorded] = choice.recorded()
     assert (recorded.kernel, recorded.shape, recorded.winner) == ("linear", "b2048_in13_out512", "onednn")
     assert choice.active() == {"linear": {"b2048_in13_out512": "onednn"}}
+
+
+def test_a_choice_measured_another_way_or_for_other_c_sources_is_measured_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An older reccompile's record is not trusted for good: the directory is keyed by the calibration
+    (repeats, windows, margins) and the native sources, so the choice is measured afresh beside it."""
+    calls: list[str] = []
+    first = choice.directory()
+    onednn_faster = {"aten": _sleeper(15, calls, "aten"), "onednn": _sleeper(1, calls, "onednn")}
+    assert choice.choose("linear", "b64", onednn_faster) == "onednn"
+
+    monkeypatch.setattr(choice, "WINDOWS", {**choice.WINDOWS, "linear": 0.05})
+    choice.forget_used()  # a new process, as far as the memo goes
+    second = choice.directory()
+    assert second != first and second.parent == first.parent == tmp_path / "choices" / features.identity()
+    calls.clear()
+    aten_faster = {"aten": _sleeper(1, calls, "aten"), "onednn": _sleeper(15, calls, "onednn")}
+    assert choice.choose("linear", "b64", aten_faster) == "aten"
+    assert len(calls) > 2 * choice.REPEATS  # measured again, over the longer window
+    assert json.loads((first / "linear" / "b64.json").read_text())["winner"] == "onednn"  # the old record stays
+
+    source = tmp_path / "kernel.c"
+    source.write_text("int f(void) { return 1; }\n")
+    monkeypatch.setattr(choice, "SOURCES", (source,))
+    choice._sources_digest.cache_clear()
+    third = choice.directory()
+    source.write_text("int f(void) { return 2; }\n")
+    choice._sources_digest.cache_clear()
+    assert len({second, third, choice.directory()}) == 3
+    choice._sources_digest.cache_clear()
 
 
 def test_the_baseline_stays_unless_the_alternative_is_clearly_faster() -> None:
@@ -95,7 +126,7 @@ def test_serving_pooling_is_timed_over_a_tenth_of_a_second() -> None:
 
 
 def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
-    folder = tmp_path / "choices" / features.identity() / "lookup"
+    folder = choice.directory(tmp_path) / "lookup"
     folder.mkdir(parents=True)
     (folder / "b4096_g2.json").write_text(json.dumps(
         {"kernel": "lookup", "shape": "b4096_g2", "winner": "sequential", "times_ms": {"sequential": 1, "concurrent": 2}}
@@ -140,7 +171,7 @@ def test_buckets_are_powers_of_two() -> None:
 
 
 def _record(tmp_path: Path, kernel: str, key: str, winner: str, site: str | None = None) -> None:
-    folder = tmp_path / "choices" / features.identity() / kernel
+    folder = choice.directory(tmp_path) / kernel
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{key}.json").write_text(json.dumps(
         {"kernel": kernel, "shape": key, **({"site": site} if site else {}), "winner": winner, "times_ms": {}}
@@ -227,7 +258,7 @@ def test_a_repeated_question_is_answered_without_reading_the_disk_again(tmp_path
     _record(tmp_path, "quant_pool", "b512_memo", "native")
     never = {"fbgemm": _never, "native": _never}
     assert choice.choose("quant_pool", "b512_memo", never) == "native"
-    (tmp_path / "choices" / features.identity() / "quant_pool" / "b512_memo.json").unlink()
+    (choice.directory(tmp_path) / "quant_pool" / "b512_memo.json").unlink()
     choice._read.cache_clear()
     assert choice.choose("quant_pool", "b512_memo", never) == "native"
 
@@ -247,7 +278,7 @@ def test_the_memo_follows_the_environment_and_run_reads_the_disk_afresh(
     assert choice.choose("lookup", "b8_memo", never) == "sequential"
     monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
     assert choice.choose("lookup", "b8_memo", never) == "concurrent"
-    (tmp_path / "choices" / features.identity() / "lookup" / "b8_memo.json").unlink()
+    (choice.directory(tmp_path) / "lookup" / "b8_memo.json").unlink()
     _record(tmp_path, "lookup", "b8_memo", "sequential")  # as if another process had measured anew
     with choice.run():
         assert choice.choose("lookup", "b8_memo", never) == "sequential"

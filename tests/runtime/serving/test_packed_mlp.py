@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.cpu import choice, features
+from runtime.cpu import choice
 from runtime.modules.blocks import MLP
 from runtime.serving.packed_mlp import PackedMLP, pack_mlps
 
@@ -115,7 +115,7 @@ def test_an_approximate_exports_layers_are_measured_once_per_shape_and_recorded(
         expected = mlp()(x)
         packed(torch.randn(1000, 37))  # the same batch bucket: decided already
     threads = torch.get_num_threads()
-    folder = tmp_path / "choices" / features.identity() / "packed_linear"
+    folder = choice.directory(tmp_path) / "packed_linear"
     assert sorted(path.name for path in folder.iterdir()) == [
         f"b1024_in37_out96_bias_relu_t{threads}.json", f"b1024_in96_out40_bias_relu_t{threads}.json",
     ]

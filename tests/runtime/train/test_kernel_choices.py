@@ -24,7 +24,7 @@ import checkpoint_cases as cc
 import kernel_choice_cases as kc
 import rendezvous
 from compiler.cli import main as reccompile
-from runtime.cpu import choice, features
+from runtime.cpu import choice
 from runtime.checkpoint.store import read_checkpoint_manifest
 
 REPO = Path(__file__).resolve().parents[3]
@@ -57,7 +57,7 @@ def train(spec: Path, directory: Path, ranks: int, *extra: str) -> dict[int, flo
 
 def flip_every_recorded_choice(cache: Path) -> int:
     """Each choice file under `cache` made to name the other implementation; how many."""
-    files = sorted((cache / "choices" / features.identity()).glob("*/*.json"))
+    files = sorted(choice.directory(cache).glob("*/*.json"))
     for path in files:
         record = json.loads(path.read_text())
         baseline, alternative = choice.KERNELS[record["kernel"]]
@@ -138,13 +138,13 @@ def test_ranks_that_measure_a_site_apart_run_one_decision(tmp_path: Path) -> Non
     result = run_two_ranks(tmp_path, [cache, cache])
     [winner] = set(result["ran"])
     assert result["kept"] == {"linear": {kc.SITE: winner}} and result["differences"] == []
-    recorded = json.loads((cache / "choices" / features.identity() / "linear" / f"{kc.SITE}_t1.json").read_text())
+    recorded = json.loads((choice.directory(cache) / "linear" / f"{kc.SITE}_t1.json").read_text())
     assert (recorded["site"], recorded["winner"]) == (kc.SITE, winner)
 
 
 def test_ranks_with_caches_of_their_own_run_rank_0s_recorded_decision(tmp_path: Path) -> None:
     caches = [tmp_path / "rank0", tmp_path / "rank1"]
-    folder = caches[0] / "choices" / features.identity() / "linear"
+    folder = choice.directory(caches[0]) / "linear"
     folder.mkdir(parents=True)
     (folder / f"{kc.SITE}_t1.json").write_text(json.dumps(
         {"kernel": "linear", "shape": f"{kc.SITE}_t1", "site": kc.SITE, "winner": "onednn", "times_ms": {}}
