@@ -124,9 +124,9 @@ class PooledOutputDist(nn.Module):
         self.keys, self.dims = list(keys), list(dims)
         self._rank, self._group = rank, process_group
         columns = [slot_columns(slots, dims) for slots in slots_by_rank]
-        self._widths = [len(c) for c in columns]
-        self._owners = [r for r, width in enumerate(self._widths) if width]
         self._placement = _Placement.of(slots_by_rank, dims)
+        self._widths = list(self._placement.widths)
+        self._owners = [r for r, width in enumerate(self._widths) if width]
         self._partial_sums = partial_sums
         # Partial sums where every rank holds every column in one order: one sum over ranks.
         everywhere = all(c == columns[0] for c in columns) and self._widths[0] == sum(dims)
@@ -174,17 +174,24 @@ class _Placement:
 
     widths: tuple[int, ...]  # each rank's block width
     pieces: tuple[tuple[int, int, int], ...]  # (rank, first column in its block, width), in key order
+    sources: tuple[tuple[tuple[int, int], ...], ...]  # per rank, (first output column, width) in block order
 
     @staticmethod
     def of(slots_by_rank: Sequence[Sequence[Slot]], dims: Sequence[int]) -> _Placement:
-        pieces = []  # (column in the output, rank, column in the rank's block, width)
-        for rank, slots in enumerate(slots_by_rank):
-            local = 0
-            for slot, start in zip(slots, slot_offsets(slots, dims)):
-                pieces.append((start, rank, local, slot.shard.cols))
-                local += slot.shard.cols
-        widths = tuple(sum(slot.shard.cols for slot in slots) for slots in slots_by_rank)
-        return _Placement(widths, tuple(piece[1:] for piece in sorted(pieces)))
+        sources = tuple(
+            tuple(zip(slot_offsets(slots, dims), (slot.shard.cols for slot in slots))) for slots in slots_by_rank
+        )
+        pieces = []  # (first output column, rank, first column in the rank's block, width)
+        for rank, rank_sources in enumerate(sources):
+            first = 0
+            for start, width in rank_sources:
+                pieces.append((start, rank, first, width))
+                first += width
+        return _Placement(
+            tuple(sum(width for _, width in rank_sources) for rank_sources in sources),
+            tuple(piece[1:] for piece in sorted(pieces)),
+            sources,
+        )
 
     def blocks(self, flat: torch.Tensor, batch: int) -> list[torch.Tensor]:
         """Each rank's block of the 1-D `flat`, as a batch x width view."""
@@ -198,14 +205,9 @@ class _Placement:
     def scatter(self, grad: torch.Tensor, batch: int) -> torch.Tensor:
         """The inverse of gather: `grad` (batch x all columns) in the received buffer's layout."""
         flat = grad.new_empty(batch * sum(self.widths))
-        blocks = self.blocks(flat, batch)
-        starts = [0]
-        for _, _, width in self.pieces:
-            starts.append(starts[-1] + width)
-        for rank, block in enumerate(blocks):
-            mine = sorted((first, start, width) for (r, first, width), start in zip(self.pieces, starts) if r == rank)
-            if mine:  # a rank's pieces cover its block: one cat into it
-                torch.cat([grad.narrow(1, start, width) for _, start, width in mine], dim=1, out=block)
+        for block, rank_sources in zip(self.blocks(flat, batch), self.sources):
+            if rank_sources:  # a rank's slots cover its block: one cat into it
+                torch.cat([grad.narrow(1, start, width) for start, width in rank_sources], dim=1, out=block)
         return flat
 
 
