@@ -15,8 +15,8 @@ AssertionError, so pytest shows it as a failed assertion):
     the graph of specs/ranking.yaml differs from tests/golden/ranking.graph.txt (accept it ...):
     --- tests/golden/ranking.graph.txt (golden)
     +++ specs/ranking.yaml (graph)
-    @@ -11,3 +11,4 @@
-       %interaction: [B, 415] = call_module interaction(%bottom, %table_wise_values)  # 1:dense  ...
+    @@ -10,3 +10,4 @@
+       %interaction: [B, 415] = call_module interaction(%bottom, %table_wise_embeddings)  # 1:dense  ...
     -  %top: [B, 1] = call_module top(%interaction)  # 1:dense  specs/ranking.yaml:16:3
     +  %top_input: [B, 479] = call_function torch.cat([%interaction, %bottom], dim=1)  # 1:dense  ...
     +  %top: [B, 1] = call_module top(%top_input)  # 1:dense  specs/ranking.yaml:16:3

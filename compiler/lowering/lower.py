@@ -177,8 +177,9 @@ class _GraphBuilder:
             )
         return self.group_ready[group]
 
-    def sparse_run(self, features: list[str], loc: Location, name: str) -> fx.Node:
-        """One B x (k*dim) tensor for features contiguous in one group's output."""
+    def sparse_run(self, features: list[str], loc: Location, name: str, keyed: bool = False) -> fx.Node:
+        """One B x (k*dim) tensor for features contiguous in one group's output; with `keyed`, the
+        group's KeyedTensor itself where the run is the whole group."""
         group, first = self.sparse_home[features[0]]
         embeddings = self.embeddings(group, loc)
         keys = self.group_keys[group]
@@ -187,6 +188,8 @@ class _GraphBuilder:
                 "call_function", operator.getitem, (embeddings, features[0]),
                 name=f"sparse_{features[0]}", loc=loc, stage="dense",
             )
+        if len(features) == len(keys) and keyed:
+            return embeddings
         if len(features) == len(keys):
             return self.node(
                 "call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense"
@@ -208,15 +211,17 @@ class _GraphBuilder:
         return [node for node, _ in self.input_runs(block_name, inputs, loc)]
 
     def input_runs(
-        self, block_name: str, inputs: tuple[Input, ...], loc: Location
+        self, block_name: str, inputs: tuple[Input, ...], loc: Location, keyed: bool = False
     ) -> list[tuple[fx.Node, list[Input]]]:
-        """`input_nodes` with the inputs each node holds (several for a run of sparse features)."""
+        """`input_nodes` with the inputs each node holds (several for a run of sparse features);
+        `keyed` as `sparse_run` takes it."""
         nodes: list[tuple[fx.Node, list[Input]]] = []
         run: list[Input] = []
 
         def flush() -> None:
             if run:
-                nodes.append((self.sparse_run([i.name for i in run], loc, f"{block_name}_sparse"), list(run)))
+                names = [i.name for i in run]
+                nodes.append((self.sparse_run(names, loc, f"{block_name}_sparse", keyed), list(run)))
                 run.clear()
 
         for item in inputs:
@@ -232,10 +237,11 @@ class _GraphBuilder:
         flush()
         return nodes
 
-    def vector_nodes(self, block: Block) -> list[fx.Node]:
-        """`input_nodes` with each field stack flattened to [B, N * D]: dot and fm read its fields as vectors."""
+    def vector_nodes(self, block: Block, keyed: bool = False) -> list[fx.Node]:
+        """`input_nodes` with each field stack flattened to [B, N * D]: dot and fm read its fields as
+        vectors; `keyed` as `sparse_run` takes it."""
         nodes = []
-        for node, items in self.input_runs(block.name, block.inputs, block.loc):
+        for node, items in self.input_runs(block.name, block.inputs, block.loc, keyed):
             if items[0].is_stack:
                 node = self.node(
                     "call_method", "flatten", (node, 1), name=f"{block.name}_fields", loc=block.loc, stage="dense"
@@ -310,7 +316,12 @@ class _GraphBuilder:
             )
             return
         dot_or_fm = isinstance(op, (Dot, Fm))
-        nodes = self.vector_nodes(block) if dot_or_fm else self.input_nodes(name, block.inputs, loc)
+        # The dot interaction takes a whole group's KeyedTensor: where the pooled all-to-all's
+        # received pieces are whole vectors, it reads them where they lie (runtime/modules/blocks.py).
+        nodes = (
+            self.vector_nodes(block, keyed=isinstance(op, Dot)) if dot_or_fm
+            else self.input_nodes(name, block.inputs, loc)
+        )
         if isinstance(op, Concat):
             self.values[name] = self.node(
                 "call_function", torch.cat, (nodes,), {"dim": 1},

@@ -36,6 +36,7 @@ from runtime.modules.arguments import owner as _owner
 from runtime.modules.dropout import KeyedDropout
 from runtime.modules.linear import Linear, linear
 from runtime.modules.sync_norm import SyncBatchNorm
+from runtime.sparse.jagged import KeyedTensor
 
 __all__ = [
     "ACTIVATIONS",
@@ -245,20 +246,48 @@ class _PairwiseDot(torch.autograd.Function):
         return grad_z.view(batch, num_vectors * dim), None, None, None
 
 
+_Views = Callable[[torch.Tensor], list[torch.Tensor]]
+
+
+def _width(x: torch.Tensor | KeyedTensor) -> int:
+    return x.shape[1] if isinstance(x, torch.Tensor) else sum(x.length_per_key())
+
+
+def _plain(x: torch.Tensor | KeyedTensor) -> torch.Tensor:
+    """`x`'s values as one tensor outside autograd (a KeyedTensor's pieces copied, not placed)."""
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    pieces = x.pieces()
+    return x.values().detach() if pieces is None else torch.cat(pieces.views(pieces.buffer.detach()), dim=1)
+
+
+def _parts(bases: Sequence[torch.Tensor], views: Sequence[_Views | None]) -> list[torch.Tensor]:
+    """The kernel's parts: each base itself, or its pieces where `views` gives them."""
+    return [part for base, view in zip(bases, views) for part in (view(base) if view else [base])]
+
+
 class _NativeDot(torch.autograd.Function):
-    """The same function on runtime/native's C kernel, reading the parts where they lie."""
+    """The same function on runtime/native's C kernel, reading the parts where they lie.
+
+    An input is a tensor, one part; or a buffer whose pieces `views` gives (the ColumnPieces
+    of a KeyedTensor), whose gradient the kernel writes in the buffer's own layout."""
 
     @staticmethod
-    def forward(ctx: Any, dim: int, *parts: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.dim = dim
-        ctx.save_for_backward(*parts)
-        return native.dot_forward(parts, dim)
+    def forward(  # type: ignore[override]
+        ctx: Any, dim: int, views: tuple[_Views | None, ...], *bases: torch.Tensor
+    ) -> torch.Tensor:
+        ctx.dim, ctx.views = dim, views
+        ctx.save_for_backward(*bases)
+        return native.dot_forward(_parts(bases, views), dim)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grads = native.dot_backward(ctx.saved_tensors, ctx.dim, grad_out)
-        return (None, *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[1:])))
+        bases = ctx.saved_tensors
+        # Every element is written: a tensor is one part, and pieces cover their buffer.
+        grads = [torch.empty(base.shape) for base in bases]
+        native.dot_backward(_parts(bases, ctx.views), ctx.dim, grad_out, _parts(grads, ctx.views))
+        return (None, None, *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[2:])))
 
 
 class DotInteraction(nn.Module):
@@ -267,7 +296,10 @@ class DotInteraction(nn.Module):
     The inputs, read together as one (B, N*D) row per sample, are N vectors
     z_0..z_{N-1} of width D (z_0 is the dense tower's output); each input
     holds whole vectors, so the lowering passes the dense output and the
-    embeddings separately and nothing is concatenated on the C path. Returns
+    embeddings separately and nothing is concatenated on the C path. An
+    input may be a KeyedTensor: where its values came as pieces of whole
+    vectors (the pooled all-to-all's receive buffer), the C path reads them
+    there and writes their gradient into the buffer's layout. Returns
     cat([z_0, <z_i, z_j> for i < j in row-major order]) = (B, D + N(N-1)/2);
     the pair order is torch.triu_indices(N, N, 1).
 
@@ -293,32 +325,49 @@ class DotInteraction(nn.Module):
         self.register_buffer("triu_index", rows * n + cols, persistent=False)
         self.register_buffer("sym_index", sym.view(-1), persistent=False)
 
-    def forward(self, *xs: torch.Tensor) -> torch.Tensor:
-        self._check_inputs(xs)
-        grad = torch.is_grad_enabled() and any(x.requires_grad for x in xs)
-        if xs[0].shape[0] > 0 and native.applies(xs) and self._choose(xs, grad) == "native":
-            return self._native(xs, grad)
-        return self._torch(xs)
+    def forward(self, *inputs: torch.Tensor | KeyedTensor) -> torch.Tensor:
+        bases, views = zip(*(self._source(x) for x in inputs)) if inputs else ((), ())
+        parts = _parts(bases, views)
+        self._check_inputs(parts)
+        grad = torch.is_grad_enabled() and any(base.requires_grad for base in bases)
+        if parts[0].shape[0] > 0 and native.applies(bases) and self._choose(inputs, grad) == "native":
+            return self._native(bases, grad, views)
+        return self._torch([x if isinstance(x, torch.Tensor) else x.values() for x in inputs])
 
-    def _native(self, xs: Sequence[torch.Tensor], grad: bool) -> torch.Tensor:
-        parts = [x.contiguous() for x in xs]
-        return _NativeDot.apply(self.dim, *parts) if grad else native.dot_forward(parts, self.dim)
+    def _source(self, x: torch.Tensor | KeyedTensor) -> tuple[torch.Tensor, _Views | None]:
+        """(tensor, None) for a tensor; (buffer, its pieces' views) for a KeyedTensor whose values lie
+        in pieces of whole vectors; else (its values, None)."""
+        if isinstance(x, torch.Tensor):
+            return x, None
+        pieces = x.pieces()
+        if pieces is None or any(view.shape[1] % self.dim for view in pieces.views(pieces.buffer)):
+            return x.values(), None
+        return pieces.buffer, pieces.views
+
+    def _native(
+        self, bases: Sequence[torch.Tensor], grad: bool, views: Sequence[_Views | None] | None = None
+    ) -> torch.Tensor:
+        views = tuple(views or [None] * len(bases))
+        if grad:
+            return _NativeDot.apply(self.dim, views, *bases)
+        return native.dot_forward(_parts(bases, views), self.dim)
 
     def _torch(self, xs: Sequence[torch.Tensor]) -> torch.Tensor:
         x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
         return _PairwiseDot.apply(x, self.num_vectors, self.triu_index, self.sym_index)
 
-    def _choose(self, xs: Sequence[torch.Tensor], grad: bool) -> str:
+    def _choose(self, inputs: Sequence[torch.Tensor | KeyedTensor], grad: bool) -> str:
         """'native' or 'torch' for these shapes, timed on copies of the inputs (with backward if `grad`)."""
-        widths = "-".join(str(x.shape[1] // self.dim) for x in xs)
+        widths = "-".join(str(_width(x) // self.dim) for x in inputs)
+        batch = inputs[0].shape[0] if isinstance(inputs[0], torch.Tensor) else inputs[0].batch_size()
         shape = (
-            f"b{choice.bucket(xs[0].shape[0])}_n{self.num_vectors}_d{self.dim}_parts{widths}"
+            f"b{choice.bucket(batch)}_n{self.num_vectors}_d{self.dim}_parts{widths}"
             f"_{'fwdbwd' if grad else 'fwd'}_t{torch.get_num_threads()}"
         )
 
         @functools.cache  # copied only if a measurement runs
         def copies() -> list[torch.Tensor]:
-            return [x.detach().clone().requires_grad_(grad) for x in xs]
+            return [_plain(x).clone().requires_grad_(grad) for x in inputs]
 
         def timed(path: Callable[[Sequence[torch.Tensor], bool], torch.Tensor]) -> Callable[[], object]:
             def run() -> object:

@@ -7,7 +7,11 @@ the first use, so the bottom MLP runs meanwhile). The receiver places each
 owner's columns in the group's key order:
 
 - table_wise and column_wise: owners hold disjoint columns (whole tables, or
-  column shards): one concatenation of every slot's block in key order;
+  column shards). The KeyedTensor's values come as ColumnPieces of the
+  received buffer: a consumer that reads pieces where they lie (the dot
+  interaction) takes them so, with no copy either way; the first `values()`
+  concatenates them in key order, and its backward copies the gradient back
+  into the buffer's layout in one concatenation per rank;
 - row_wise and table_row_wise: owners hold partial sums of the same columns:
   add them up (the all-to-all then a local sum is a reduce-scatter built from
   what gloo has), then divide mean bags by their full length.
@@ -143,16 +147,20 @@ class PooledOutputDist(nn.Module):
         sent = [batch * self._widths[self._rank]] * len(self._widths)
         pending = all_to_all_pooled(pooled.values.reshape(-1), sent, received, self._group)
 
-        def finish() -> KeyedTensor:
-            values = self._combine(pending.wait(), batch)
-            if pooled.divisor is not None:
-                values = values / pooled.divisor
-            return KeyedTensor(self.keys, self.dims, values)
+        return Awaitable(lambda: self.keyed(pending.wait(), batch, pooled.divisor))
 
-        return Awaitable(finish)
+    def keyed(self, received: torch.Tensor, batch: int, divisor: torch.Tensor | None = None) -> KeyedTensor:
+        """What arrived (1-D, each rank's block after the other) as the group's KeyedTensor; mean
+        bags of partial sums divided by their full length, `divisor`."""
+        if not self._partial_sums and len(self._placement.pieces) > 1:
+            return KeyedTensor(self.keys, self.dims, _Received(received, batch, self._placement))
+        values = self._combine(received, batch)
+        if divisor is not None:
+            values = values / divisor
+        return KeyedTensor(self.keys, self.dims, values)
 
     def _combine(self, received: torch.Tensor, batch: int) -> torch.Tensor:
-        """The owners' blocks in key order: disjoint columns placed, partial sums added."""
+        """The owners' blocks in key order: partial sums added, or one owner's one piece as it came."""
         if self._stacked:
             total = received.view(len(self._widths), batch, -1).sum(dim=0)
             return total if self.inverse is None else total.index_select(1, self.inverse)
@@ -162,9 +170,7 @@ class PooledOutputDist(nn.Module):
             for r in self._owners:
                 total = total.index_add(1, getattr(self, f"columns_{r}"), blocks[r])
             return total
-        if len(self._placement.pieces) == 1:  # one owner's one slot: its block as it came
-            return self._placement.blocks(received, batch)[self._owners[0]]
-        return _Place.apply(received, self._placement, batch)
+        return self._placement.blocks(received, batch)[self._owners[0]]
 
 
 @dataclass(frozen=True)
@@ -173,7 +179,8 @@ class _Placement:
     its width) one after the other; the output puts every slot's columns at its key's place."""
 
     widths: tuple[int, ...]  # each rank's block width
-    pieces: tuple[tuple[int, int, int], ...]  # (rank, first column in its block, width), in key order
+    pieces: tuple[tuple[int, int, int], ...]  # (rank, first column in its block, width), in key order,
+    #                                           a rank's adjacent slots that stay adjacent in key order merged
     sources: tuple[tuple[tuple[int, int], ...], ...]  # per rank, (first output column, width) in block order
 
     @staticmethod
@@ -181,16 +188,20 @@ class _Placement:
         sources = tuple(
             tuple(zip(slot_offsets(slots, dims), (slot.shard.cols for slot in slots))) for slots in slots_by_rank
         )
-        pieces = []  # (first output column, rank, first column in the rank's block, width)
+        placed = []  # (first output column, rank, first column in the rank's block, width)
         for rank, rank_sources in enumerate(sources):
             first = 0
             for start, width in rank_sources:
-                pieces.append((start, rank, first, width))
+                placed.append((start, rank, first, width))
                 first += width
+        pieces: list[tuple[int, int, int]] = []
+        for _, rank, first, width in sorted(placed):
+            if pieces and pieces[-1][0] == rank and sum(pieces[-1][1:]) == first:
+                pieces[-1] = (rank, pieces[-1][1], pieces[-1][2] + width)
+            else:
+                pieces.append((rank, first, width))
         return _Placement(
-            tuple(sum(width for _, width in rank_sources) for rank_sources in sources),
-            tuple(piece[1:] for piece in sorted(pieces)),
-            sources,
+            tuple(sum(width for _, width in rank_sources) for rank_sources in sources), tuple(pieces), sources
         )
 
     def blocks(self, flat: torch.Tensor, batch: int) -> list[torch.Tensor]:
@@ -198,9 +209,10 @@ class _Placement:
         parts = flat.split([batch * width for width in self.widths])
         return [part.view(batch, width) for part, width in zip(parts, self.widths)]
 
-    def gather(self, received: torch.Tensor, batch: int) -> torch.Tensor:
-        blocks = self.blocks(received, batch)
-        return torch.cat([blocks[r].narrow(1, first, width) for r, first, width in self.pieces], dim=1)
+    def views(self, flat: torch.Tensor, batch: int) -> list[torch.Tensor]:
+        """The pieces of the 1-D `flat`, in key order, as batch x width views."""
+        blocks = self.blocks(flat, batch)
+        return [blocks[r].narrow(1, first, width) for r, first, width in self.pieces]
 
     def scatter(self, grad: torch.Tensor, batch: int) -> torch.Tensor:
         """The inverse of gather: `grad` (batch x all columns) in the received buffer's layout."""
@@ -211,15 +223,30 @@ class _Placement:
         return flat
 
 
+@dataclass(frozen=True, eq=False)
+class _Received:
+    """The received buffer as the ColumnPieces of a KeyedTensor's values (runtime/sparse/jagged.py)."""
+
+    buffer: torch.Tensor
+    batch: int
+    placement: _Placement
+
+    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        return self.placement.views(buffer, self.batch)
+
+    def place(self) -> torch.Tensor:
+        return _Place.apply(self.buffer, self.placement, self.batch)
+
+
 class _Place(torch.autograd.Function):
-    """`_Placement.gather`, whose backward is one `scatter`: autograd's own backward of the split
-    views and their cat would copy the gradient twice (a cat per rank's block, then one of the
-    blocks), 7.8 of a dlrm-bench criteo dist2 step's ~150 ms."""
+    """The pieces concatenated, whose backward is one `scatter`: autograd's own backward of the
+    split views and their cat would copy the gradient twice (a cat per rank's block, then one of
+    the blocks), 7.8 of a dlrm-bench criteo dist2 step's ~150 ms."""
 
     @staticmethod
     def forward(ctx: Any, received: torch.Tensor, placement: _Placement, batch: int) -> torch.Tensor:
         ctx.placement, ctx.batch = placement, batch
-        return placement.gather(received, batch)
+        return torch.cat(placement.views(received, batch), dim=1)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 from runtime.sparse import validation as checks
 
-__all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"]
+__all__ = ["ColumnPieces", "JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"]
 
 
 class _Traceable(torch.fx.ProxyableClassMeta):
@@ -495,17 +495,40 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         )
 
 
+class ColumnPieces(Protocol):
+    """A KeyedTensor's B x W values before they are placed side by side: pieces of one 1-D buffer.
+
+    Each piece is a (B, w) view whose rows are each one run of values; in
+    column order the pieces make up the values, and together they cover
+    every element of the buffer once. What a pooled all-to-all receives is
+    such a buffer (runtime/sharding/pooled_dist.py); a consumer that reads
+    the pieces where they lie (runtime/modules/blocks.py's DotInteraction)
+    saves the copy into one tensor and the copy of its gradient back.
+    """
+
+    buffer: torch.Tensor
+    batch: int
+
+    def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
+        """The pieces of `buffer` (this one, or one of its size: a gradient), in column order."""
+
+    def place(self) -> torch.Tensor:
+        """The B x W values in one tensor, differentiable with respect to the buffer."""
+
+
 class KeyedTensor(metaclass=_Traceable):
     """Dense per-key blocks side by side: values is B x sum(length_per_key).
 
     The usual content is the pooled embeddings of an EmbeddingBagCollection.
-    Keys are always along dimension 1 (TorchRec's default key_dim).
+    Keys are always along dimension 1 (TorchRec's default key_dim). The values
+    may come as `ColumnPieces`, placed in one tensor on the first `values()`.
     """
 
-    def __init__(self, keys: list[str], length_per_key: list[int], values: torch.Tensor) -> None:
+    def __init__(self, keys: list[str], length_per_key: list[int], values: torch.Tensor | ColumnPieces) -> None:
         self._keys = list(keys)
         self._length_per_key = list(length_per_key)
-        self._values = values
+        self._pieces = None if isinstance(values, torch.Tensor) else values
+        self._values = values if isinstance(values, torch.Tensor) else None
         self._offset_per_key: list[int] | None = None
         self._index_per_key: dict[str, int] | None = None
 
@@ -518,7 +541,16 @@ class KeyedTensor(metaclass=_Traceable):
         return self._keys
 
     def values(self) -> torch.Tensor:
+        if self._values is None:
+            self._values = self._pieces.place()
         return self._values
+
+    def pieces(self) -> ColumnPieces | None:
+        """Where the values lie in pieces of one buffer, if they came so; else None."""
+        return self._pieces
+
+    def batch_size(self) -> int:
+        return self._pieces.batch if self._values is None else self._values.size(0)
 
     def length_per_key(self) -> list[int]:
         return self._length_per_key
@@ -532,7 +564,7 @@ class KeyedTensor(metaclass=_Traceable):
         return 1
 
     def device(self) -> torch.device:
-        return self._values.device
+        return self._pieces.buffer.device if self._values is None else self._values.device
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if self._index_per_key is None:
@@ -540,10 +572,10 @@ class KeyedTensor(metaclass=_Traceable):
         index = self._index_per_key.get(key)
         if index is None:
             raise KeyError(f"KeyedTensor has no key {key!r}; keys are {self._keys}")
-        return self._values.narrow(1, self.offset_per_key()[index], self._length_per_key[index])
+        return self.values().narrow(1, self.offset_per_key()[index], self._length_per_key[index])
 
     def to_dict(self) -> dict[str, torch.Tensor]:
-        return dict(zip(self._keys, torch.split(self._values, self._length_per_key, dim=1)))
+        return dict(zip(self._keys, torch.split(self.values(), self._length_per_key, dim=1)))
 
     @staticmethod
     def regroup(keyed_tensors: list[KeyedTensor], groups: list[list[str]]) -> list[torch.Tensor]:
@@ -572,18 +604,18 @@ class KeyedTensor(metaclass=_Traceable):
 
     def validate(self) -> KeyedTensor:
         """Checks keys, length_per_key and the shape of values; returns self."""
-        checks.check_keyed_tensor(self._keys, self._length_per_key, self._values)
+        checks.check_keyed_tensor(self._keys, self._length_per_key, self.values())
         return self
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> KeyedTensor:
-        values = self._values.to(device, non_blocking=non_blocking)
+        values = self.values().to(device, non_blocking=non_blocking)
         return KeyedTensor(self._keys, self._length_per_key, values)
 
     def record_stream(self, stream: torch.Stream) -> None:
-        self._values.record_stream(stream)
+        self.values().record_stream(stream)
 
     def __repr__(self) -> str:
-        values = self._values
+        values = self.values()
         return (
             f"KeyedTensor(keys={self._keys}, length_per_key={self._length_per_key}, "
             f"values={values.dtype}{list(values.shape)})"

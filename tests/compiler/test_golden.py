@@ -18,8 +18,8 @@ TOP_CHANGED = "  top:         {type: mlp, input: [interaction, bottom], layers: 
 DIFF = """\
 --- model.graph.txt (golden)
 +++ model.yaml (graph)
-@@ -11,3 +11,4 @@
-   %interaction: [B, 415] = call_module interaction(%bottom, %table_wise_values)  # 1:dense  model.yaml:15:3
+@@ -10,3 +10,4 @@
+   %interaction: [B, 415] = call_module interaction(%bottom, %table_wise_embeddings)  # 1:dense  model.yaml:15:3
 -  %top: [B, 1] = call_module top(%interaction)  # 1:dense  model.yaml:16:3
 +  %top_input: [B, 479] = call_function torch.cat([%interaction, %bottom], dim=1)  # 1:dense  model.yaml:16:3
 +  %top: [B, 1] = call_module top(%top_input)  # 1:dense  model.yaml:16:3

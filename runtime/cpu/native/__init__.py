@@ -60,8 +60,8 @@ def library() -> ctypes.CDLL | None:
         warnings.warn(f"reccompile: native kernels unavailable, using torch ops instead: {outcome.problem}", stacklevel=2)
         return None
     lib = outcome.library
-    lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64]
-    lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _I64]
+    lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
+    lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64]
     lib.reccompile_dot_forward.restype = lib.reccompile_dot_backward.restype = ctypes.c_int
     lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
     lib.reccompile_quant_pool.restype = ctypes.c_int
@@ -94,39 +94,62 @@ def _counts(parts: Sequence[torch.Tensor], dim: int) -> ctypes.Array:
     return (_I64 * len(parts))(*(p.shape[1] // dim for p in parts))
 
 
+def _row_strides(parts: Sequence[torch.Tensor]) -> ctypes.Array:
+    return (_I64 * len(parts))(*(p.stride(0) for p in parts))
+
+
+def _rows_in_place(part: torch.Tensor) -> bool:
+    """Whether the kernels can read `part` (2-D) where it lies: each row one run of values."""
+    return part.stride(1) == 1 and part.stride(0) >= part.shape[1]
+
+
 def _check(status: int, what: str) -> None:
     if status != 0:
         raise MemoryError(f"dot interaction {what}: the native kernel could not allocate its scratch space")
 
 
 def dot_forward(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
-    """[z_0, <z_i, z_j> for i < j] per row; parts are contiguous (B, k_p * dim) float32."""
+    """[z_0, <z_i, z_j> for i < j] per row of the parts, (B, k_p * dim) float32 side by side.
+
+    A part whose rows are each one run of values (a column slice of a wider
+    buffer, say) is read where it lies; others are copied first.
+    """
     lib = library()
     assert lib is not None, "dot_forward called where applies() is False"
+    parts = [p if _rows_in_place(p) else p.contiguous() for p in parts]
     batch = parts[0].shape[0]
     n = sum(p.shape[1] for p in parts) // dim
     out = torch.empty(batch, dim + n * (n - 1) // 2)
     status = lib.reccompile_dot_forward(
-        batch, len(parts), _pointers(parts), _counts(parts, dim), dim, out.data_ptr(), torch.get_num_threads()
+        batch, len(parts), _pointers(parts), _counts(parts, dim), _row_strides(parts), dim, out.data_ptr(),
+        torch.get_num_threads(),
     )
     _check(status, "forward")
     return out
 
 
-def dot_backward(parts: Sequence[torch.Tensor], dim: int, grad_out: torch.Tensor) -> list[torch.Tensor]:
+def dot_backward(
+    parts: Sequence[torch.Tensor], dim: int, grad_out: torch.Tensor, grads: Sequence[torch.Tensor] | None = None
+) -> list[torch.Tensor]:
     """The gradient of `dot_forward(parts, dim)` for each part, given the output's.
 
-    `grad_out` may have rows further apart than its width (a column slice, as
-    runtime/modules/padded_grad.py returns); other layouts are copied first.
+    Written into `grads` when given (one per part, its shape, each row one run
+    of values: views into the buffer the gradient is wanted in), else into new
+    contiguous tensors. `grad_out` may have rows further apart than its width
+    (a column slice, as runtime/modules/padded_grad.py returns); other layouts
+    are copied first.
     """
     lib = library()
     assert lib is not None, "dot_backward called where applies() is False"
-    if grad_out.stride(1) != 1 or grad_out.stride(0) < grad_out.shape[1]:
+    if not _rows_in_place(grad_out):
         grad_out = grad_out.contiguous()
-    grads = [torch.empty_like(p) for p in parts]
+    parts = [p if _rows_in_place(p) else p.contiguous() for p in parts]
+    if grads is None:
+        grads = [torch.empty(p.shape) for p in parts]
+    assert all(g.shape == p.shape and _rows_in_place(g) for g, p in zip(grads, parts)), "grads must match the parts"
     status = lib.reccompile_dot_backward(
-        parts[0].shape[0], len(parts), _pointers(parts), _counts(parts, dim), dim,
-        grad_out.data_ptr(), grad_out.stride(0), _pointers(grads), torch.get_num_threads(),
+        parts[0].shape[0], len(parts), _pointers(parts), _counts(parts, dim), _row_strides(parts), dim,
+        grad_out.data_ptr(), grad_out.stride(0), _pointers(grads), _row_strides(grads), torch.get_num_threads(),
     )
     _check(status, "backward")
     return grads

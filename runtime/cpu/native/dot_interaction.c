@@ -1,8 +1,11 @@
 /* DLRM's pairwise dot interaction on the CPU, forward and backward.
  *
  * Per sample, n vectors z_0 .. z_{n-1} of width d are read in place from
- * `parts` row-major inputs: input k is (batch, counts[k] * d) and holds the
- * next counts[k] vectors, so the caller never concatenates them.
+ * `parts` inputs: row b of input k starts at inputs[k] + b * strides[k] and
+ * holds the next counts[k] vectors, so the caller never concatenates them
+ * (an input may be a column slice of a wider buffer, as the pieces of a
+ * pooled all-to-all's receive buffer are). The backward writes each part's
+ * gradient in the same way, rows grad_strides[k] apart.
  *
  *   forward:  out[b] = [z_0, <z_i, z_j> for i < j in row-major order]
  *   backward: with g the gradient of out[b] and g_ij the one of <z_i, z_j>,
@@ -32,19 +35,20 @@ typedef struct {
     int64_t begin, end; /* samples [begin, end) */
     int64_t parts, n, d;
     const float *const *inputs;
-    const int64_t *counts;
+    const int64_t *counts, *strides;
     const float *grad_out; /* backward only: rows of grad_stride floats */
     int64_t grad_stride;
     float *out;            /* forward: (batch, d + n(n-1)/2) */
     float *const *grad_inputs;
+    const int64_t *grad_strides;
     int status;
 } job_t;
 
-/* Pointers to the n vectors of sample b in `base` (inputs or their gradients). */
-static void locate(const job_t *job, int64_t b, float *const *base, float **vec) {
+/* Pointers to the n vectors of sample b in `base` (inputs or their gradients, rows `strides` apart). */
+static void locate(const job_t *job, int64_t b, float *const *base, const int64_t *strides, float **vec) {
     int64_t k = 0;
     for (int64_t part = 0; part < job->parts; part++) {
-        float *row = base[part] + b * job->counts[part] * job->d;
+        float *row = base[part] + b * strides[part];
         for (int64_t v = 0; v < job->counts[part]; v++) vec[k++] = row + v * job->d;
     }
 }
@@ -159,7 +163,7 @@ static void forward_range(job_t *job) {
         return;
     }
     for (int64_t b = job->begin; b < job->end; b++) {
-        locate(job, b, (float *const *)job->inputs, vec);
+        locate(job, b, (float *const *)job->inputs, job->strides, vec);
         kernel(vec, job->out + b * width, n, d);
     }
     free(vec);
@@ -189,8 +193,8 @@ static void backward_range(job_t *job) {
     }
     for (int64_t b = job->begin; b < job->end; b++) {
         const float *g = job->grad_out + b * job->grad_stride;
-        locate(job, b, (float *const *)job->inputs, vec);
-        locate(job, b, job->grad_inputs, grad);
+        locate(job, b, (float *const *)job->inputs, job->strides, vec);
+        locate(job, b, job->grad_inputs, job->grad_strides, grad);
         symmetric_pairs(g + d, sym, n);
         kernel(vec, grad, g, sym, n, d);
     }
@@ -221,25 +225,27 @@ static int run(const job_t *proto, int64_t batch, int64_t threads, void (*body)(
     return status;
 }
 
-static job_t make_job(int64_t parts, const float *const *inputs, const int64_t *counts, int64_t d) {
-    job_t job = {.parts = parts, .d = d, .inputs = inputs, .counts = counts};
+static job_t make_job(int64_t parts, const float *const *inputs, const int64_t *counts, const int64_t *strides,
+                      int64_t d) {
+    job_t job = {.parts = parts, .d = d, .inputs = inputs, .counts = counts, .strides = strides};
     for (int64_t k = 0; k < parts; k++) job.n += counts[k];
     return job;
 }
 
 int reccompile_dot_forward(int64_t batch, int64_t parts, const float *const *inputs, const int64_t *counts,
-                           int64_t d, float *out, int64_t threads) {
-    job_t job = make_job(parts, inputs, counts, d);
+                           const int64_t *strides, int64_t d, float *out, int64_t threads) {
+    job_t job = make_job(parts, inputs, counts, strides, d);
     job.out = out;
     return run(&job, batch, threads, forward_range);
 }
 
 int reccompile_dot_backward(int64_t batch, int64_t parts, const float *const *inputs, const int64_t *counts,
-                            int64_t d, const float *grad_out, int64_t grad_stride, float *const *grad_inputs,
-                            int64_t threads) {
-    job_t job = make_job(parts, inputs, counts, d);
+                            const int64_t *strides, int64_t d, const float *grad_out, int64_t grad_stride,
+                            float *const *grad_inputs, const int64_t *grad_strides, int64_t threads) {
+    job_t job = make_job(parts, inputs, counts, strides, d);
     job.grad_out = grad_out;
     job.grad_stride = grad_stride;
     job.grad_inputs = grad_inputs;
+    job.grad_strides = grad_strides;
     return run(&job, batch, threads, backward_range);
 }

@@ -133,3 +133,30 @@ def test_backward_reads_a_gradient_whose_rows_are_further_apart_than_its_width()
     assert not sliced.is_contiguous()
     for strided, packed in zip(native.dot_backward(parts, 64, sliced), native.dot_backward(parts, 64, sliced.contiguous())):
         assert torch.equal(strided, packed)
+
+
+def test_parts_that_are_column_slices_of_one_buffer_are_read_and_their_gradients_written_in_place() -> None:
+    """The pieces of a pooled all-to-all's receive buffer: each a (B, k * dim) slice of a wider
+    block, rows further apart than their width. Same bits as the same vectors made contiguous."""
+    batch, dim = 7, 16
+    gen = torch.Generator().manual_seed(5)
+    buffer = torch.randn(batch * 7 * dim, generator=gen)
+
+    def pieces(flat: torch.Tensor) -> list[torch.Tensor]:  # two blocks, 5 and 2 vectors wide, interleaved
+        first, second = flat[: batch * 5 * dim].view(batch, 5 * dim), flat[batch * 5 * dim :].view(batch, 2 * dim)
+        return [second[:, dim:], first[:, : 3 * dim], second[:, :dim], first[:, 3 * dim :]]
+
+    parts = [torch.randn(batch, dim, generator=gen), *pieces(buffer)]
+    assert [p.is_contiguous() for p in parts] == [True, False, False, False, False]
+    packed = [p.contiguous() for p in parts]
+    assert torch.equal(native.dot_forward(parts, dim), native.dot_forward(packed, dim))
+
+    grad_out = torch.randn(batch, dim + 8 * 7 // 2, generator=gen)
+    grad_buffer = torch.full_like(buffer, float("nan"))
+    into = [torch.empty(batch, dim), *pieces(grad_buffer)]
+    written = native.dot_backward(parts, dim, grad_out, into)
+    expected = native.dot_backward(packed, dim, grad_out)
+    assert all(w is i for w, i in zip(written, into))
+    for got, want in zip(into, expected):
+        assert torch.equal(got, want)
+    assert not grad_buffer.isnan().any()  # every element of the buffer was written

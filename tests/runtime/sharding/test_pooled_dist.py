@@ -15,11 +15,14 @@ import gc
 import weakref
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import sharded_cases as sc
+from runtime.cpu import choice
+from runtime.modules.blocks import DotInteraction
 from runtime.sharding.group import slot_columns
 from runtime.sharding.layout import group_keys, slots_by_rank, table_layouts
 from runtime.sharding.pooled_dist import PooledOutputDist, all_to_all_pooled
@@ -72,7 +75,7 @@ def test_owners_columns_are_placed_in_key_order_and_gradients_go_back_where_they
     placing = PooledOutputDist(keys, dims, slots, 0, None, partial_sums=False)
     batch, widths = 3, [len(slot_columns(s, dims)) for s in slots]
     received = torch.randn(batch * sum(widths), dtype=torch.float64, requires_grad=True)
-    out = placing._combine(received, batch)
+    out = placing.keyed(received, batch).values()
 
     blocks = received.detach().split([batch * w for w in widths])
     expected = torch.empty(batch, sum(dims), dtype=torch.float64)
@@ -84,3 +87,37 @@ def test_owners_columns_are_placed_in_key_order_and_gradients_go_back_where_they
     (received_grad,) = torch.autograd.grad(out, received, grad)
     expected_grad = torch.cat([grad[:, slot_columns(s, dims)].reshape(-1) for s in slots])
     assert torch.equal(received_grad, expected_grad)
+
+
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise"])
+def test_the_dot_interaction_reads_the_received_pieces_where_they_lie(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every key's columns are whole 4-vectors, in pieces of both ranks' blocks (table_wise: t0, t2,
+    t4 on rank 1 and t1, t3 on rank 0; column_wise: the shards above): the C dot reads them in the
+    buffer, with no placed copy in the graph, and gives the float64 formula's output and gradients
+    (the received buffer's in its own layout)."""
+    monkeypatch.setenv(choice.ENV, "dot=native")
+    layouts = table_layouts(sc.TABLES, sc.make_plan({t.name: kind for t in sc.TABLES}), 2)
+    keys, dims = group_keys(layouts)
+    slots = slots_by_rank(layouts, 2)
+    placing = PooledOutputDist(keys, dims, slots, 0, None, partial_sums=False)
+    batch, width = 5, sum(len(slot_columns(s, dims)) for s in slots)
+    gen = torch.Generator().manual_seed(3)
+    received = torch.randn(batch * width, generator=gen, requires_grad=True)
+    bottom = torch.randn(batch, 4, generator=gen, requires_grad=True)
+    block = DotInteraction(1 + sum(dims) // 4, 4)
+    embeddings = placing.keyed(received, batch)
+    assert len(embeddings.pieces().views(received)) > 2
+    out = block(bottom, embeddings)
+    assert any(getattr(f, "variable", None) is received for f, _ in out.grad_fn.next_functions)
+
+    ref_received, ref_bottom = received.detach().double().requires_grad_(), bottom.detach().double().requires_grad_()
+    ref = block(ref_bottom, placing.keyed(ref_received, batch).values())  # float64: the torch path
+    torch.testing.assert_close(out.double(), ref, rtol=2e-5, atol=2e-5)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (received, bottom), grad)
+    want = torch.autograd.grad(ref, (ref_received, ref_bottom), grad.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, rtol=2e-5, atol=2e-5)
