@@ -330,7 +330,8 @@ class DotInteraction(nn.Module):
         parts = _parts(bases, views)
         self._check_inputs(parts)
         grad = torch.is_grad_enabled() and any(base.requires_grad for base in bases)
-        if parts[0].shape[0] > 0 and native.applies(bases) and self._choose(inputs, grad) == "native":
+        batch = parts[0].shape[0]
+        if batch > 0 and native.applies(bases) and self._choose(inputs, batch, grad) == "native":
             return self._native(bases, grad, views)
         return self._torch([x if isinstance(x, torch.Tensor) else x.values() for x in inputs])
 
@@ -356,10 +357,9 @@ class DotInteraction(nn.Module):
         x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
         return _PairwiseDot.apply(x, self.num_vectors, self.triu_index, self.sym_index)
 
-    def _choose(self, inputs: Sequence[torch.Tensor | KeyedTensor], grad: bool) -> str:
+    def _choose(self, inputs: Sequence[torch.Tensor | KeyedTensor], batch: int, grad: bool) -> str:
         """'native' or 'torch' for these shapes, timed on copies of the inputs (with backward if `grad`)."""
         widths = "-".join(str(_width(x) // self.dim) for x in inputs)
-        batch = inputs[0].shape[0] if isinstance(inputs[0], torch.Tensor) else inputs[0].batch_size()
         shape = (
             f"b{choice.bucket(batch)}_n{self.num_vectors}_d{self.dim}_parts{widths}"
             f"_{'fwdbwd' if grad else 'fwd'}_t{torch.get_num_threads()}"

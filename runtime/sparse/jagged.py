@@ -507,7 +507,6 @@ class ColumnPieces(Protocol):
     """
 
     buffer: torch.Tensor
-    batch: int
 
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """The pieces of `buffer` (this one, or one of its size: a gradient), in column order."""
@@ -548,9 +547,6 @@ class KeyedTensor(metaclass=_Traceable):
     def pieces(self) -> ColumnPieces | None:
         """Where the values lie in pieces of one buffer, if they came so; else None."""
         return self._pieces
-
-    def batch_size(self) -> int:
-        return self._pieces.batch if self._values is None else self._values.size(0)
 
     def length_per_key(self) -> list[int]:
         return self._length_per_key
