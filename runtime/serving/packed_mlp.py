@@ -17,9 +17,9 @@ Which layers run packed depends on what the export promises:
   (tests/runtime/serving/test_packed_mlp.py). Where `linear` chose MKL, the
   layer stays on MKL, through the call `linear` makes there.
 - An approximate export (fp16, int8 or int4 tables: its scores already
-  differ from the trained model's by the tables' rounding) takes whichever
-  of MKL and the packed layer is faster on this machine at the layer's
-  shapes (kernel 'packed_linear'). On this project's AVX2 EPYC the packed
+  differ from the trained model's by the tables' rounding) takes the packed
+  layer unless MKL is clearly faster on this machine at the layer's shapes
+  (kernel 'packed_linear'; runtime/cpu/choice.py's MARGINS says why). On this project's AVX2 EPYC the packed
   layers of dlrm-bench's MLPs at batch 512 run at 150-190 GFLOP/s against
   MKL's 147 (MKL takes a generic path on CPUs that are not Intel's): the
   int8 criteo forward at batch 512 goes from 5.09 to 4.65 ms.
