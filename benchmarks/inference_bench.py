@@ -48,8 +48,10 @@ from typing import Any
 import numpy as np
 import torch
 
+import harness
+
 REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO.parent / "shared" / "bench"
+BENCH = harness.workload_dir()  # $RECCOMPILE_BENCH_WORKLOADS, else ../shared/bench
 SPEC = "specs/bench/dlrm_bench_criteo.yaml"
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 CONFIGS = PRECISIONS + tuple(f"{p}/bf16" for p in PRECISIONS)
@@ -71,10 +73,7 @@ def export_dir(workdir: Path, config: str) -> Path:
 
 
 def workload() -> Any:
-    sys.path.insert(0, str(BENCH))
-    import workload as module
-
-    return module
+    return harness.load_reference("workload")
 
 
 # -- 1. prepare ------------------------------------------------------------------------
@@ -364,9 +363,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run_side(command, impl, round_)
     table = summarise(rows, configs, args.max_other_cpu)
     print(markdown(table, size_rows, quality_rows), flush=True)
-    from harness import merged_kernels
-
-    kernels = merged_kernels([r["kernels"] for r in rows if r["impl"] == "reccompile"])  # the measuring children's
+    kernels = harness.merged_kernels([r["kernels"] for r in rows if r["impl"] == "reccompile"])  # the measuring children's
     emit({"summary": table, "sizes": size_rows, "quality": quality_rows, "rounds": args.rounds,
           "threads": args.threads, "kernels": kernels})
     return 0
