@@ -263,6 +263,8 @@ def _plain(x: torch.Tensor | KeyedTensor) -> torch.Tensor:
 
 def _parts(bases: Sequence[torch.Tensor], views: Sequence[_Views | None]) -> list[torch.Tensor]:
     """The kernel's parts: each base itself, or its pieces where `views` gives them."""
+    if not any(views):
+        return list(bases)
     return [part for base, view in zip(bases, views) for part in (view(base) if view else [base])]
 
 
@@ -324,9 +326,11 @@ class DotInteraction(nn.Module):
         sym[rows, cols] = sym[cols, rows] = torch.arange(1, self.num_pairs + 1)
         self.register_buffer("triu_index", rows * n + cols, persistent=False)
         self.register_buffer("sym_index", sym.view(-1), persistent=False)
+        # The kernel choice's (shape, site) names by (input widths, batch, threads, grad).
+        self._questions: dict[tuple[tuple[int, ...], int, int, bool], tuple[str, str]] = {}
 
     def forward(self, *inputs: torch.Tensor | KeyedTensor) -> torch.Tensor:
-        bases, views = zip(*(self._source(x) for x in inputs)) if inputs else ((), ())
+        bases, views = zip(*map(self._source, inputs)) if inputs else ((), ())
         parts = _parts(bases, views)
         self._check_inputs(parts)
         grad = torch.is_grad_enabled() and any(base.requires_grad for base in bases)
@@ -359,11 +363,13 @@ class DotInteraction(nn.Module):
 
     def _choose(self, inputs: Sequence[torch.Tensor | KeyedTensor], batch: int, grad: bool) -> str:
         """'native' or 'torch' for these shapes, timed on copies of the inputs (with backward if `grad`)."""
-        widths = "-".join(str(_width(x) // self.dim) for x in inputs)
-        shape = (
-            f"b{choice.bucket(batch)}_n{self.num_vectors}_d{self.dim}_parts{widths}"
-            f"_{'fwdbwd' if grad else 'fwd'}_t{torch.get_num_threads()}"
-        )
+        threads = torch.get_num_threads()
+        question = (tuple(_width(x) for x in inputs), batch, threads, grad)
+        if question not in self._questions:  # built once: a forward asks at every call
+            widths = "-".join(str(width // self.dim) for width in question[0])
+            site = f"n{self.num_vectors}_d{self.dim}_parts{widths}_{'fwdbwd' if grad else 'fwd'}"
+            self._questions[question] = (f"b{choice.bucket(batch)}_{site}_t{threads}", site)
+        shape, site = self._questions[question]
 
         @functools.cache  # copied only if a measurement runs
         def copies() -> list[torch.Tensor]:
@@ -376,7 +382,6 @@ class DotInteraction(nn.Module):
                     return torch.autograd.grad(out, copies(), torch.ones_like(out)) if grad else out
             return run
 
-        site = f"n{self.num_vectors}_d{self.dim}_parts{widths}_{'fwdbwd' if grad else 'fwd'}"
         runs = {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)}
         return choice.choose("dot", shape, runs, site=site)
 

@@ -94,13 +94,18 @@ def _counts(parts: Sequence[torch.Tensor], dim: int) -> ctypes.Array:
     return (_I64 * len(parts))(*(p.shape[1] // dim for p in parts))
 
 
-def _row_strides(parts: Sequence[torch.Tensor]) -> ctypes.Array:
-    return (_I64 * len(parts))(*(p.stride(0) for p in parts))
-
-
-def _rows_in_place(part: torch.Tensor) -> bool:
-    """Whether the kernels can read `part` (2-D) where it lies: each row one run of values."""
-    return part.stride(1) == 1 and part.stride(0) >= part.shape[1]
+def _rows(parts: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], ctypes.Array]:
+    """The 2-D parts as the kernels read them, each row one run of values (copied where not), and
+    their row strides."""
+    readable, strides = [], []
+    for part in parts:
+        row, column = part.stride()
+        if column != 1 or row < part.shape[1]:
+            part = part.contiguous()
+            row = part.shape[1]
+        readable.append(part)
+        strides.append(row)
+    return readable, (_I64 * len(strides))(*strides)
 
 
 def _check(status: int, what: str) -> None:
@@ -116,12 +121,12 @@ def dot_forward(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
     """
     lib = library()
     assert lib is not None, "dot_forward called where applies() is False"
-    parts = [p if _rows_in_place(p) else p.contiguous() for p in parts]
+    parts, strides = _rows(parts)
     batch = parts[0].shape[0]
     n = sum(p.shape[1] for p in parts) // dim
     out = torch.empty(batch, dim + n * (n - 1) // 2)
     status = lib.reccompile_dot_forward(
-        batch, len(parts), _pointers(parts), _counts(parts, dim), _row_strides(parts), dim, out.data_ptr(),
+        batch, len(parts), _pointers(parts), _counts(parts, dim), strides, dim, out.data_ptr(),
         torch.get_num_threads(),
     )
     _check(status, "forward")
@@ -141,15 +146,15 @@ def dot_backward(
     """
     lib = library()
     assert lib is not None, "dot_backward called where applies() is False"
-    if not _rows_in_place(grad_out):
-        grad_out = grad_out.contiguous()
-    parts = [p if _rows_in_place(p) else p.contiguous() for p in parts]
+    (grad_out,), _ = _rows([grad_out])
+    parts, strides = _rows(parts)
     if grads is None:
         grads = [torch.empty(p.shape) for p in parts]
-    assert all(g.shape == p.shape and _rows_in_place(g) for g, p in zip(grads, parts)), "grads must match the parts"
+    written, grad_strides = _rows(grads)
+    assert all(w is g and g.shape == p.shape for w, g, p in zip(written, grads, parts)), "grads must match the parts"
     status = lib.reccompile_dot_backward(
-        parts[0].shape[0], len(parts), _pointers(parts), _counts(parts, dim), _row_strides(parts), dim,
-        grad_out.data_ptr(), grad_out.stride(0), _pointers(grads), _row_strides(grads), torch.get_num_threads(),
+        parts[0].shape[0], len(parts), _pointers(parts), _counts(parts, dim), strides, dim,
+        grad_out.data_ptr(), grad_out.stride(0), _pointers(grads), grad_strides, torch.get_num_threads(),
     )
     _check(status, "backward")
     return grads
