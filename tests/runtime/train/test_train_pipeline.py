@@ -80,6 +80,26 @@ def test_two_ranks_pipeline_equals_the_plain_loop(case: str, two_ranks: dict[str
         assert_same_training(results["plain"], results[mode])
 
 
+# column_wise (and `mixed`, which has a column_wise table) keeps row-wise Adagrad's accumulator per
+# column shard, as TorchRec does: not one process's training, by design
+# (tests/runtime/sharding/test_sharded_training.py compares it with a split reference).
+@pytest.mark.parametrize("case", ["data_parallel", "table_wise", "row_wise", "table_row_wise"])
+def test_two_ranks_train_what_one_process_does_on_the_global_batch(
+    case: str, two_ranks: dict[str, Any], specs_dir: Path
+) -> None:
+    """The plain loop at two ranks against one process on the global batch: the mean of the ranks'
+    losses, the full tables and the dense state, to float rounding (the ranks sum their halves in
+    another order). In the table_wise case the dot interaction reads the pooled all-to-all's
+    received pieces where they lie."""
+    one = pc.train_case(load_module(str(compile_case(case, 1, specs_dir))), None, 0, 1, depth=None)
+    two = two_ranks[case]["plain"]
+    torch.testing.assert_close(torch.stack(two["losses"]).mean(dim=0), one["losses"], rtol=1e-5, atol=1e-6)
+    for part in ("tables", "dense"):
+        assert two[part].keys() == one[part].keys()
+        for name, value in one[part].items():
+            torch.testing.assert_close(two[part][name], value, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_two_ranks_train_differently_per_rank(two_ranks: dict[str, Any]) -> None:
     """The comparison above is not vacuous: the ranks' batches, and so their losses, differ."""
     rank0, rank1 = two_ranks["mixed"]["plain"]["losses"]
