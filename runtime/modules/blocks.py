@@ -36,7 +36,7 @@ from runtime.modules.arguments import owner as _owner
 from runtime.modules.dropout import KeyedDropout
 from runtime.modules.linear import Linear, linear
 from runtime.modules.sync_norm import SyncBatchNorm
-from runtime.sparse.jagged import KeyedTensor
+from runtime.sparse.jagged import ColumnPieces, KeyedTensor
 
 __all__ = [
     "ACTIVATIONS",
@@ -268,6 +268,14 @@ def _parts(bases: Sequence[torch.Tensor], views: Sequence[_Views | None]) -> lis
     return [part for base, view in zip(bases, views) for part in (view(base) if view else [base])]
 
 
+def _shapes(x: torch.Tensor | KeyedTensor, pieces: ColumnPieces | None) -> list[tuple[int, ...]]:
+    """The shapes of the kernel's parts for one input, without making the pieces' views."""
+    if pieces is None:
+        return [tuple(x.shape)]
+    batch = pieces.buffer.numel() // sum(pieces.widths)
+    return [(batch, width) for width in pieces.widths]
+
+
 class _NativeDot(torch.autograd.Function):
     """The same function on runtime/native's C kernel, reading the parts where they lie.
 
@@ -278,17 +286,17 @@ class _NativeDot(torch.autograd.Function):
     def forward(  # type: ignore[override]
         ctx: Any, dim: int, views: tuple[_Views | None, ...], *bases: torch.Tensor
     ) -> torch.Tensor:
-        ctx.dim, ctx.views = dim, views
-        ctx.save_for_backward(*bases)
-        return native.dot_forward(_parts(bases, views), dim)
+        parts = _parts(bases, views)
+        ctx.dim, ctx.views, ctx.shapes = dim, views, [base.shape for base in bases]
+        ctx.save_for_backward(*parts)  # views share their base's version counter: in-place changes are caught
+        return native.dot_forward(parts, dim)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        bases = ctx.saved_tensors
         # Every element is written: a tensor is one part, and pieces cover their buffer.
-        grads = [torch.empty(base.shape) for base in bases]
-        native.dot_backward(_parts(bases, ctx.views), ctx.dim, grad_out, _parts(grads, ctx.views))
+        grads = [torch.empty(shape) for shape in ctx.shapes]
+        native.dot_backward(ctx.saved_tensors, ctx.dim, grad_out, _parts(grads, ctx.views))
         return (None, None, *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[2:])))
 
 
@@ -330,24 +338,25 @@ class DotInteraction(nn.Module):
         self._questions: dict[tuple[tuple[int, ...], int, int, bool], tuple[str, str]] = {}
 
     def forward(self, *inputs: torch.Tensor | KeyedTensor) -> torch.Tensor:
-        bases, views = zip(*map(self._source, inputs)) if inputs else ((), ())
-        parts = _parts(bases, views)
-        self._check_inputs(parts)
+        sources = [self._source(x) for x in inputs]
+        bases = [base for base, _ in sources]
+        shapes = [shape for base, pieces in sources for shape in _shapes(base, pieces)]
+        self._check_inputs(shapes)
         grad = torch.is_grad_enabled() and any(base.requires_grad for base in bases)
-        batch = parts[0].shape[0]
+        batch = shapes[0][0]
         if batch > 0 and native.applies(bases) and self._choose(inputs, batch, grad) == "native":
-            return self._native(bases, grad, views)
+            return self._native(bases, grad, [pieces.views if pieces else None for _, pieces in sources])
         return self._torch([x if isinstance(x, torch.Tensor) else x.values() for x in inputs])
 
-    def _source(self, x: torch.Tensor | KeyedTensor) -> tuple[torch.Tensor, _Views | None]:
-        """(tensor, None) for a tensor; (buffer, its pieces' views) for a KeyedTensor whose values lie
-        in pieces of whole vectors; else (its values, None)."""
+    def _source(self, x: torch.Tensor | KeyedTensor) -> tuple[torch.Tensor, ColumnPieces | None]:
+        """(tensor, None) for a tensor; (buffer, its pieces) for a KeyedTensor whose values lie in
+        pieces of whole vectors; else (its values, None)."""
         if isinstance(x, torch.Tensor):
             return x, None
         pieces = x.pieces()
-        if pieces is None or any(view.shape[1] % self.dim for view in pieces.views(pieces.buffer)):
+        if pieces is None or any(width % self.dim for width in pieces.widths):
             return x.values(), None
-        return pieces.buffer, pieces.views
+        return pieces.buffer, pieces
 
     def _native(
         self, bases: Sequence[torch.Tensor], grad: bool, views: Sequence[_Views | None] | None = None
@@ -385,22 +394,23 @@ class DotInteraction(nn.Module):
         runs = {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)}
         return choice.choose("dot", shape, runs, site=site)
 
-    def _check_inputs(self, xs: Sequence[torch.Tensor]) -> None:
+    def _check_inputs(self, shapes: Sequence[tuple[int, ...]]) -> None:
+        """`shapes`: the kernel's parts' (an input's, or each of its pieces')."""
         width = self.num_vectors * self.dim
         owner = _owner("DotInteraction", self.where)
-        if not xs:
+        if not shapes:
             raise ValueError(f"{owner}: expected input of shape (B, {width}), got no input")
-        if len(xs) == 1:
-            _check_input(owner, xs[0], width)
+        if len(shapes) == 1:
+            if len(shapes[0]) != 2 or shapes[0][1] != width:
+                raise ValueError(f"{owner}: expected input of shape (B, {width}), got {shapes[0]}")
             return
         if (
-            any(x.dim() != 2 or x.shape[0] != xs[0].shape[0] or x.shape[1] % self.dim for x in xs)
-            or sum(x.shape[1] for x in xs) != width
+            any(len(s) != 2 or s[0] != shapes[0][0] or s[1] % self.dim for s in shapes)
+            or sum(s[1] for s in shapes) != width
         ):
-            shapes = [tuple(x.shape) for x in xs]
             raise ValueError(
                 f"{owner}: expected inputs of shapes (B, k_i * {self.dim}) with sum k_i = "
-                f"{self.num_vectors}, got {shapes}"
+                f"{self.num_vectors}, got {list(shapes)}"
             )
 
     def extra_repr(self) -> str:

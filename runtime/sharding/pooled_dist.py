@@ -231,6 +231,10 @@ class _Received:
     batch: int
     placement: _Placement
 
+    @property
+    def widths(self) -> tuple[int, ...]:
+        return tuple(width for _, _, width in self.placement.pieces)
+
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         return self.placement.views(buffer, self.batch)
 

@@ -507,6 +507,7 @@ class ColumnPieces(Protocol):
     """
 
     buffer: torch.Tensor
+    widths: tuple[int, ...]  # the pieces' widths (w), in column order
 
     def views(self, buffer: torch.Tensor) -> list[torch.Tensor]:
         """The pieces of `buffer` (this one, or one of its size: a gradient), in column order."""
