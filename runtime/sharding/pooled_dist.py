@@ -215,7 +215,7 @@ class _Placement:
         return [blocks[r].narrow(1, first, width) for r, first, width in self.pieces]
 
     def scatter(self, grad: torch.Tensor, batch: int) -> torch.Tensor:
-        """The inverse of gather: `grad` (batch x all columns) in the received buffer's layout."""
+        """The inverse of concatenating `views`: `grad` (batch x all columns) in the received buffer's layout."""
         flat = grad.new_empty(batch * sum(self.widths))
         for block, rank_sources in zip(self.blocks(flat, batch), self.sources):
             if rank_sources:  # a rank's slots cover its block: one cat into it
