@@ -59,6 +59,7 @@ from compiler.lowering.calls import block_call, numeric_embedding_call, sparse_a
 from compiler.lowering.sequences import SequenceLowering, groups_of
 from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 from compiler.planner.plan import ShardingPlan
+from compiler.spec.module_names import numeric_embedding_name
 from runtime.retrieval.head import next_item_output, two_tower_output
 
 
@@ -380,7 +381,7 @@ class _GraphBuilder:
 
 
 def _embedding_target(feature: DenseFeature) -> str:
-    return f"dense_{feature.name}_embedding"
+    return numeric_embedding_name(feature.name)
 
 
 def _table_of(ir: ModelIR, feature: str) -> str:

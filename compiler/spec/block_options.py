@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compiler.ir import Activation, Mlp
 from compiler.spec.load import Node
 from compiler.spec.semantic import INVALID, Checker, known
 from compiler.spec.values import ParsedBlock
@@ -62,17 +63,71 @@ def ple_options(checker: Checker, block: ParsedBlock) -> Any:
     return task_experts, levels
 
 
-def head_output(checker: Checker, head: Node, loss: Any, source: Any) -> Any:
+def head_output(checker: Checker, head: Node, loss: Any, source: Any, readers: dict[str, Any]) -> Any:
     """A head's `output` ("logit" or "probability"), or INVALID (reported).
 
-    `source` is the block the head reads (its ParsedBlock), if it resolved.
+    `source` is the block the head reads (its ParsedBlock, its op inferred), if
+    it resolved; `readers` maps each head reading that block to its `output`.
     A probability head must read values in [0, 1]: an mlp ending in a linear
-    layer gives logits, so it is refused.
+    layer gives logits, so it is refused. A bce or softmax head reading logits
+    must not read a sigmoid's output: the loss would squash it again.
     """
     output = checker.value(head, "output", "logit")
     node = checker.child(head, "output")
+    if output == "logit" and known(loss) and loss in ("bce", "softmax") and isinstance(source, ParsedBlock):
+        return _logit_source(checker, head, loss, source)
     if output != "probability" or node is None:
         return output
+    if known(loss) and loss != "bce":
+        checker.error(node, f"output: probability applies to bce heads only (this head's loss is {loss})")
+        return INVALID
+    if isinstance(source, ParsedBlock) and source.kind == "mlp":
+        final = source.op.final_activation if isinstance(source.op, Mlp) else INVALID
+        others = [name for name, read in readers.items() if read != "probability"]
+        if final == "none" and others and checker.child(source.node, "final_activation") is None:
+            other = f"head '{others[0]}' reads it as {'a logit' if readers[others[0]] == 'logit' else 'a vector'}"
+            message = (
+                f"output: probability needs values in [0, 1], but mlp '{source.name}' ends with a linear layer: "
+                f"{other}, and one block gives one or the other; read the logit here as well (a bce head's "
+                "probability is its sigmoid) or give this head its own block"
+            )
+            checker.error(node, message)
+            return INVALID
+        if final not in ("sigmoid", INVALID):
+            message = (
+                f"output: probability needs values in [0, 1], but mlp '{source.name}' ends with "
+                f"final_activation {final}; use sigmoid (or leave it out) or read the logit (output: logit)"
+            )
+            checker.error(node, message)
+            return INVALID
+        shifted = [key for key, off in (("dropout", 0), ("residual", False)) if checker.value(source.node, key, off)]
+        if shifted and known(*(checker.value(source.node, key) for key in shifted)):
+            effect = "scales its kept outputs by 1/(1-p)" if shifted[0] == "dropout" else "adds its input"
+            message = (
+                f"output: probability needs values in [0, 1], but mlp '{source.name}' applies {shifted[0]} to its "
+                f"sigmoid output (it {effect}); end the mlp with a linear layer and add an activation block"
+            )
+            checker.error(node, message)
+            return INVALID
+    return output
+
+
+def _logit_source(checker: Checker, head: Node, loss: str, source: ParsedBlock) -> Any:
+    """"logit", or INVALID (reported) when the block a logit head reads ends with a sigmoid."""
+    if isinstance(source.op, Mlp) and source.op.final_activation == "sigmoid":
+        ends, linear = f"mlp '{source.name}' ends with final_activation sigmoid", "set final_activation: none"
+    elif isinstance(source.op, Activation) and source.op.fn == "sigmoid":
+        ends, linear = f"activation block '{source.name}' is a sigmoid", "read the sigmoid's input"
+    else:
+        return "logit"
+    at = checker.child(head, "output") or checker.child(head, "input") or head
+    if loss == "bce":
+        fix = f"read them as such (output: probability) or {linear}"
+        message = f"a bce head reads a logit unless told otherwise, but {ends}: its values are probabilities; {fix}"
+    else:
+        message = f"a softmax head reads one logit per class, but {ends}: its values are squashed into (0, 1); {linear}"
+    checker.error(at, message)
+    return INVALID
     if known(loss) and loss != "bce":
         checker.error(node, f"output: probability applies to bce heads only (this head's loss is {loss})")
         return INVALID

@@ -39,6 +39,7 @@ from compiler.ir import (
 from compiler.spec.block_options import head_output, mlp_options, ple_options
 from compiler.spec.groups import PREFIX as GROUPS, group_members, resolve_groups
 from compiler.spec.load import Document, Node, Path
+from compiler.spec.module_names import module_name_clash
 from compiler.spec.early_stopping import resolve_early_stopping
 from compiler.spec.lr_schedule import resolve_lr_schedule
 from compiler.spec.retrieval import check_keys, check_one, item_ref, retrieval_head
@@ -96,13 +97,15 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     blocks = _parse_blocks(checker, root, features)
     heads = _parse_heads(checker, root, blocks, features)
     order = _order(checker, blocks)
-    head_fed = {  # block -> the `output` of the head reading it (None: a logit or a retrieval vector)
-        ref.name: checker.value(head.node, "output") if ref is head.ref else None
-        for head in heads for ref in (head.ref, head.item) if ref is not None and ref.kind == "block"
-    }
+    readers: dict[str, dict[str, Any]] = {}  # block -> {head reading it: its `output` (None: a retrieval vector)}
+    for head in heads:
+        for ref in (head.ref, head.item):
+            if ref is not None and ref.kind == "block":
+                output = checker.value(head.node, "output", "logit") if ref is head.ref else None
+                readers.setdefault(ref.name, {})[head.name] = output
     for name in order:
-        _infer(checker, blocks[name], blocks, features, head_fed.get(name, False))
-    heads_ir = [_head_ir(checker, head, blocks, features) for head in heads]
+        _infer(checker, blocks[name], blocks, features, readers.get(name))
+    heads_ir = [_head_ir(checker, head, blocks, features, readers) for head in heads]
     _check_unused(checker, blocks, heads)
     sharding = resolve_sharding(checker, root, features.table_names)
     world_size = checker.value(checker.child(root, "sharding"), "world_size", 1)
@@ -146,6 +149,9 @@ def _parse_blocks(checker: Checker, root: Node, features: Features) -> dict[str,
         name: ParsedBlock(name, node, checker.value(node, "type"), []) for name, node in checker.pairs(root, "model")
     }
     for block in blocks.values():
+        clash = module_name_clash(block.name, features.dense_sizes)
+        if clash is not None:
+            checker.error(block.node, f"block name '{block.name}' is {clash}; rename the block", at_key=True)
         field = checker.child(block.node, "input")
         if field is None or field.path in checker.tainted:
             continue
@@ -411,9 +417,13 @@ def _report_cycle(checker: Checker, cycle: list[str], blocks: dict[str, ParsedBl
 
 
 def _infer(
-    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, head_fed: Any
+    checker: Checker,
+    block: ParsedBlock,
+    blocks: dict[str, ParsedBlock],
+    features: Features,
+    readers: dict[str, Any] | None,
 ) -> None:
-    """Set the block's op and output width, checking its type's input rules."""
+    """Set the block's op and output width, checking its type's input rules; `readers`: see `_mlp`."""
     kind = block.kind
     if not isinstance(kind, str):
         return
@@ -449,7 +459,7 @@ def _infer(
     count = sum(f for f in fields if f is not None) if None not in fields else None
     total = sum(w for w in widths if w is not None) if block.complete and None not in widths else None
     if kind == "mlp":
-        block.op, block.width = _mlp(checker, block, total, head_fed)
+        block.op, block.width = _mlp(checker, block, total, readers)
     elif kind == "moe":
         block.op, block.width = _moe(checker, block, total)
     elif kind == "crossnet":
@@ -475,12 +485,16 @@ def _infer(
 
 
 def _mlp(
-    checker: Checker, block: ParsedBlock, total: int | None, head_fed: Any
+    checker: Checker, block: ParsedBlock, total: int | None, readers: dict[str, Any] | None
 ) -> tuple[BlockOp | None, int | None]:
-    """`head_fed`: False, or the `output` of the head reading the block (its final activation's default)."""
+    """`readers`: the heads reading the block and their `output`, if any (its final activation's default:
+    sigmoid when they all read a probability, else none: a logit, or a retrieval vector)."""
     layers = layer_widths(checker, block, "layers", total)
     activation = checker.value(block.node, "activation", "relu")
-    final_default = {False: activation, "probability": "sigmoid"}.get(head_fed, "none")
+    if not readers:
+        final_default = activation
+    else:
+        final_default = "sigmoid" if set(readers.values()) == {"probability"} else "none"
     final = checker.value(block.node, "final_activation", final_default)
     if layers is None:
         return None, None
@@ -535,7 +549,9 @@ def _summary(refs: list[str]) -> str:
     return refs[0] if len(refs) == 1 else f"{refs[0]} and {len(refs) - 1} more"
 
 
-def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], features: Features) -> Head | None:
+def _head_ir(
+    checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], features: Features, readers: dict[str, dict[str, Any]]
+) -> Head | None:
     if head.loss == "sampled_softmax":
         if head.ref is None or head.item is None:
             return None
@@ -543,7 +559,8 @@ def _head_ir(checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], feat
     label = checker.value(head.node, "label", head.name)
     weight = checker.value(head.node, "weight", 1.0)
     metrics = _metrics(checker, head)
-    output = head_output(checker, head.node, head.loss, blocks[head.ref.name] if head.ref is not None else None)
+    block = blocks[head.ref.name] if head.ref is not None else None
+    output = head_output(checker, head.node, head.loss, block, readers.get(block.name, {}) if block else {})
     width = blocks[head.ref.name].width if head.ref is not None else None
     if head.ref is not None and blocks[head.ref.name].kind in SEQUENCE_OUTPUTS:
         text = f"'{head.ref.text()}' is a sequence {describe(head.ref, blocks, features)}"
