@@ -60,7 +60,7 @@ from runtime.serving.export_dir import (
     table_layout,
 )
 from runtime.storage.manifest import write_manifest
-from runtime.serving.quant_embedding import PRECISIONS, row_bytes, stored_dim
+from runtime.serving.quant_embedding import PRECISIONS, UnstorableTable, row_bytes, stored_dim
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
 TRAINING_ONLY = "retrieval_loss."  # the state-dict prefix of a retrieval head's loss module
@@ -170,7 +170,10 @@ def load_trained_state(
         # Keys and shapes checked by _dense_state; values cast to the dense dtype; the tables next.
         model.load_state_dict(_dense_state(model, state, where), strict=False)
         for collection in table_collections(model).values():
-            collection.quantize_from({name: tables[name] for name in collection.precisions()})
+            try:
+                collection.quantize_from({name: tables[name] for name in collection.precisions()})
+            except UnstorableTable as error:
+                raise ExportError(f"{where}: {error}") from None
     model.eval()
 
 

@@ -82,6 +82,7 @@ __all__ = [
     "PRECISIONS",
     "stored_dim",
     "QuantEmbeddingBagCollection",
+    "UnstorableTable",
     "dequantize_rows",
     "quantize_rows",
     "row_bytes",
@@ -125,22 +126,28 @@ def row_bytes(dim: int, precision: str) -> int:
     return unpadded_row_size_in_bytes(dim, _SPARSE_TYPES[precision], _SCALE_BIAS_BYTES)
 
 
+class UnstorableTable(ValueError):
+    """A table holds values its precision cannot store: non-finite ones, or beyond float16 where the rows keep it."""
+
+
 def quantize_rows(weight: torch.Tensor, precision: str, table: str = "?") -> torch.Tensor:
     """fp32 rows (rows x dim) -> stored rows (rows x row_bytes, uint8) in fbgemm's layout."""
     weight = weight.detach().to(torch.float32).contiguous()
     finite = torch.isfinite(weight).all(dim=1)
     if not bool(finite.all()):
         row = int((~finite).nonzero()[0])
-        raise ValueError(f"table {table!r}: row {row} holds a non-finite value; it cannot be exported")
+        raise UnstorableTable(f"table {table!r}: row {row} holds a non-finite value; it cannot be exported")
     if precision == "fp32":
         return weight.view(torch.uint8)
+    largest = float(weight.abs().max()) if weight.numel() else 0.0
+    if largest > _FP16_MAX and (precision == "fp16" or precision in _BITS):
+        # int8 and int4 rows keep their scale and bias (the row's minimum) in float16: fbgemm would write inf
+        held = "its values" if precision == "fp16" else "each row's scale and bias"
+        raise UnstorableTable(
+            f"table {table!r}: a value of magnitude {largest:g} is beyond float16's range "
+            f"(±{_FP16_MAX:g}), in which {precision} stores {held}; export the table at fp32"
+        )
     if precision == "fp16":
-        largest = float(weight.abs().max()) if weight.numel() else 0.0
-        if largest > _FP16_MAX:
-            raise ValueError(
-                f"table {table!r}: a value of magnitude {largest:g} is beyond float16's range "
-                f"(±{_FP16_MAX:g}); export the table at fp32 or int8"
-            )
         return weight.to(torch.float16).view(torch.uint8)
     if precision in _BITS:
         # fbgemm puts scale and bias after the codes; its TBE rows want them first.

@@ -309,3 +309,35 @@ def test_export_refuses_a_checkpoint_of_another_spec_and_bad_choices(work: Path,
     assert capsys.readouterr().err == (
         f"error: {tmp_path / 'taken'}: no manifest.json; not an export directory (write one with reccompile export)\n"
     )
+
+
+def test_a_table_beyond_what_its_precision_stores_is_refused_naming_the_checkpoint(tmp_path: Path, capsys) -> None:
+    spec = tmp_path / "large.yaml"
+    spec.write_text(textwrap.dedent("""\
+        version: 1
+        name: large
+        features:
+          dense:
+            - {name: num, size: 4}
+          sparse:
+            - {name: a, table: ta}
+        tables:
+          - {name: ta, num_embeddings: 100, dim: 8, init: {min: 65000, max: 70000}}
+        model:
+          top: {type: mlp, input: [dense.num, sparse.a], layers: [8, 1]}
+        heads:
+          - {name: click, input: top, loss: bce}
+        training:
+          batch_size: 32
+        """))
+    checkpoint = tmp_path / "ckpt"
+    assert main(["train", str(spec), "--steps", "1", "--checkpoint-dir", str(checkpoint), "-o", str(tmp_path / "build")]) == 0
+    capsys.readouterr()
+    for precision in ("fp16", "int8", "int4"):  # int8 and int4 rows would hold inf scales: NaN scores
+        args = ["export", str(spec), "--checkpoint", str(checkpoint), "--quantize", precision, "--no-aot"]
+        assert main([*args, "-o", str(tmp_path / precision)]) == 1
+        err = capsys.readouterr().err
+        held = "its values" if precision == "fp16" else "each row's scale and bias"
+        assert err.startswith(f"error: {checkpoint}: table 'ta': a value of magnitude ")
+        assert err.endswith(f" is beyond float16's range (±65504), in which {precision} stores {held}; export the table at fp32\n")
+    assert main(["export", str(spec), "--checkpoint", str(checkpoint), "--no-aot", "-o", str(tmp_path / "fp32")]) == 0

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.serving.quant_embedding import PRECISIONS, QuantEmbeddingBagCollection, row_bytes, stored_dim
+from runtime.serving.quant_embedding import PRECISIONS, QuantEmbeddingBagCollection, UnstorableTable, row_bytes, stored_dim
 
 BATCH = 16
 
@@ -275,10 +275,21 @@ def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch, r
 def test_unstorable_tables_are_refused_with_the_table_named() -> None:
     big = EmbeddingBagConfig("big", 4, 8, ["f"])
     qebc = QuantEmbeddingBagCollection([big], "fp16")
-    with pytest.raises(ValueError, match=re.escape(
-        "table 'big': a value of magnitude 70000 is beyond float16's range (±65504); export the table at fp32 or int8"
-    )):
-        qebc.quantize_from({"big": torch.full((4, 8), 7e4)})
+    large = torch.full((4, 8), 1.0)
+    large[1, 2] = -7e4  # int8 and int4 rows keep their minimum (the bias) and scale in float16
+    for precision, held in (("fp16", "its values"), ("int8", "each row's scale and bias"), ("int4", "each row's scale and bias")):
+        with pytest.raises(UnstorableTable, match="^" + re.escape(
+            f"table 'big': a value of magnitude 70000 is beyond float16's range (±65504), in which {precision} "
+            f"stores {held}; export the table at fp32"
+        ) + "$"):
+            QuantEmbeddingBagCollection([big], precision).quantize_from({"big": large})
+    QuantEmbeddingBagCollection([big], "fp32").quantize_from({"big": large})
+    edge = torch.full((4, 8), 65504.0)  # the largest float16 is still stored
+    edge[:, 0] = -65504.0
+    for precision in ("fp16", "int8", "int4"):
+        stored = QuantEmbeddingBagCollection([big], precision)
+        stored.quantize_from({"big": edge})
+        assert bool(torch.isfinite(stored.dequantized_weights()["big"]).all()), precision
     nan = torch.zeros(4, 8)
     nan[2, 3] = float("nan")
     with pytest.raises(ValueError, match=re.escape("table 'big': row 2 holds a non-finite value; it cannot be exported")):
