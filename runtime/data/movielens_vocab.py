@@ -9,10 +9,12 @@ ratings (`u.item`, `movies.dat` or `movies.csv`), rows in sorted name order
 (ml-100k's fixed genre list in its own order).
 
 The vocabulary is saved as JSON beside the generated module and reused while
-the ratings file is unchanged (same path, size and mtime). Every checkpoint
-carries a copy (VOCABULARY_FILE), and so does an export of it: prediction
-maps ids with the vocabulary training used, never one built from the file it
-scores.
+the ratings file is unchanged (same path, size and mtime); when the spec
+reads genres it holds them too, the names in row order and every movie's
+genre rows. Every checkpoint carries a copy (VOCABULARY_FILE), and so does
+an export of it: prediction maps ids and genres with the vocabulary training
+used, never one built from the file it scores. (A vocabulary saved before
+genres were kept takes them from the movies file beside the scored ratings.)
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from runtime.data.errors import DataError
 from runtime.data.text_lines import numbered_lines
@@ -65,14 +67,16 @@ def build_vocabulary(ids: Iterator[tuple[int, int]]) -> Vocabulary:
 
 
 def load_or_build(
-    ratings: Path, saved: Path | None, build: Callable[[], Vocabulary], save: bool
+    ratings: Path, saved: Path | None, build: Callable[[], Vocabulary], save: bool, genres: bool = False
 ) -> Vocabulary:
-    """The saved vocabulary of `ratings` when still current, else `build()` (saved when `save`)."""
+    """The saved vocabulary of `ratings` when still current (and holding genres, when `genres`),
+    else `build()` (saved when `save`)."""
     signature = _signature(ratings)
     if saved is not None and saved.is_file():
         document = json.loads(saved.read_text())
-        if document.get("format") == VOCAB_FORMAT and document.get("source") == signature:
-            return Vocabulary(_rows(document["userId"]), _rows(document["movieId"]))
+        current = document.get("format") == VOCAB_FORMAT and document.get("source") == signature
+        if current and (not genres or "genres" in document):
+            return _from_document(document)
     vocabulary = build()
     if saved is not None and save:
         document = {
@@ -81,6 +85,9 @@ def load_or_build(
             "userId": sorted(vocabulary.users),
             "movieId": sorted(vocabulary.movies),
         }
+        if vocabulary.genres:  # the genre rows travel with the ids: scoring must not renumber them
+            document["genres"] = list(vocabulary.genres)
+            document["movieGenres"] = {str(movie): list(rows) for movie, rows in sorted(vocabulary.movie_genres.items())}
         temporary = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
         saved.parent.mkdir(parents=True, exist_ok=True)
         temporary.write_text(json.dumps(document))
@@ -94,9 +101,17 @@ def read_vocabulary(path: Path) -> Vocabulary:
         document = json.loads(path.read_text())
         if document.get("format") != VOCAB_FORMAT:
             raise ValueError(f"format {document.get('format')!r}, expected {VOCAB_FORMAT}")
-        return Vocabulary(_rows(document["userId"]), _rows(document["movieId"]))
+        return _from_document(document)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise DataError(f"{path}: not a readable MovieLens vocabulary ({error})") from None
+
+
+def _from_document(document: dict[str, Any]) -> Vocabulary:
+    genres = tuple(document.get("genres", ()))
+    movie_genres = {int(movie): tuple(rows) for movie, rows in document.get("movieGenres", {}).items()}
+    if any(not 0 <= row < len(genres) for rows in movie_genres.values() for row in rows):
+        raise ValueError("a movie's genre row is outside its genres")
+    return Vocabulary(_rows(document["userId"]), _rows(document["movieId"]), genres, movie_genres)
 
 
 def with_genres(vocabulary: Vocabulary, movies_file: Path, layout: str) -> Vocabulary:

@@ -134,10 +134,14 @@ def _movielens(
 ) -> MovieLensReader:
     layout = movielens_layout(inputs)
     file, file_layout = ratings_file(path)
+    genres = layout.genres is not None
+
+    def build() -> Vocabulary:
+        built = build_vocabulary(rating_ids(file, file_layout))
+        return with_genres(built, movies_file(file, file_layout), file_layout) if genres else built
+
     if vocabulary is None:
-        vocabulary = load_or_build(
-            file, vocab_path, lambda: build_vocabulary(rating_ids(file, file_layout)), save_vocab
-        )
-    if layout.genres is not None and not vocabulary.movie_genres:
+        vocabulary = load_or_build(file, vocab_path, build, save_vocab, genres)
+    elif genres and not vocabulary.genres:  # saved before genres were kept with the ids
         vocabulary = with_genres(vocabulary, movies_file(file, file_layout), file_layout)
     return MovieLensReader(inputs, path, vocabulary, threshold, earlier)

@@ -12,6 +12,7 @@ from runtime.data.bad_rows import BadRowError, BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from runtime.data.movielens import movielens_layout
+from runtime.data.movielens_vocab import read_vocabulary
 from runtime.data.sources import DataChoice, open_reader
 from runtime.modules.losses import HeadConfig
 from sample_files import RATINGS, data_config, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
@@ -64,6 +65,30 @@ def test_genres_are_a_multi_hot_bag_from_the_movies_file(tmp_path: Path, layout:
         assert genres.to_dense()[0].tolist() == expected and len(names) == 19
         assert len(bags[2]) == len({1 + third % 18, 1 + (third // 7) % 18})
     assert genres.weights().eq(1.0).all()
+
+
+def test_the_saved_vocabulary_keeps_trainings_genre_rows_whatever_movies_file_the_scored_data_has(
+    tmp_path: Path,
+) -> None:
+    path = write_ml1m(tmp_path / "train")
+    saved = tmp_path / "model.vocab.json"
+    trained, (training,) = _read(movielens_spec(genres=True), path, vocab_path=saved, save_vocab=True)
+    document = json.loads(saved.read_text())
+    assert document["genres"] == ["Action", "Comedy", "Drama"]
+    assert document["movieGenres"][str(RATINGS[2][1])] == [1, 2]  # an odd movie: Comedy|Drama
+    # a request file beside a movies file without "Action" and with a new genre first in sorted order
+    requests = write_lines(tmp_path / "requests" / "ratings.dat", ["::".join(map(str, r)) for r in RATINGS])
+    write_lines(tmp_path / "requests" / "movies.dat", [f"{m}::Film {m} (1996)::Animation|Drama" for m in MOVIES])
+    known = read_vocabulary(saved)
+    assert known.genres == trained.vocabulary.genres and known.movie_genres == trained.vocabulary.movie_genres
+    _, (scored,) = _read(movielens_spec(genres=True), requests, vocabulary=known)
+    assert [bag.tolist() for bag in scored.sparse["genres"].to_dense()] == [
+        bag.tolist() for bag in training.sparse["genres"].to_dense()
+    ]
+    del document["genres"], document["movieGenres"]  # saved before genres were kept: the training file's again
+    saved.write_text(json.dumps(document))
+    rebuilt = open_reader(movielens_spec(genres=True), DataChoice("movielens", str(path)), vocab_path=saved, save_vocab=True)
+    assert rebuilt.vocabulary.genres == ("Action", "Comedy", "Drama") and "genres" in json.loads(saved.read_text())
 
 
 def test_the_vocabulary_is_saved_reused_and_sends_unseen_ids_to_row_0(tmp_path: Path) -> None:
