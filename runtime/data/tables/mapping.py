@@ -4,14 +4,16 @@ The spec's `data.columns` names, for every column it uses, a dense feature,
 a sparse feature (or timestamps feature) or a head label; the kind follows
 from the target:
 
-    dense feature of size s     s columns, in the order data.columns lists them: numbers (empty: 0)
+    dense feature of size s     s columns, in the order data.columns lists them: finite numbers (empty: 0)
     sparse feature              one column: an id, or a bag / sequence of them, `|`-separated in
-                                text (a list in Parquet). An integer id is taken mod the table's
+                                text (a list in Parquet). An integer id (ASCII digits, an optional
+                                leading '-') is taken mod the table's
                                 rows; any other value is hashed (blake2b, 64 bits) mod the rows,
                                 the same on every machine. An empty single-id field is id 0.
                                 A sequence keeps its `max_length` ids on its `keep` side.
     timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence
-    head label                  one column: a number
+    head label                  one column: a finite number; a bce head's in [0, 1], a softmax head's
+                                a class number (0, 1, ...)
 
 Every feature and head label must be fed; columns not listed are ignored.
 """
@@ -19,6 +21,8 @@ Every feature and head label must be fed; columns not listed are ignored.
 from __future__ import annotations
 
 import hashlib
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -30,6 +34,9 @@ from runtime.data.features import ModelInputs
 from runtime.data.spec_columns import feature_list, heads_by_label
 
 SEPARATOR = "|"
+
+
+_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,7 @@ class TableLayout:
     dense: tuple[tuple[str, tuple[str, ...]], ...]
     sparse: tuple[SparseColumn, ...]
     labels: tuple[tuple[str, str], ...]  # (head label, column)
+    label_kinds: tuple[tuple[str, int], ...]  # per label: its head's loss and classes, for the row checks
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -105,6 +113,7 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
     return TableLayout(
         tuple((name, tuple(cols)) for name, cols in fed_dense.items()), tuple(keys),
         tuple((label, fed_labels[label]) for label in labels),
+        tuple((head.loss, head.num_classes) for head in labels.values()),
     )  # fmt: skip
 
 
@@ -116,7 +125,8 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     """A row's fields (column -> text, or a list / number from Parquet) as values; RowError names the column."""
     dense = [[_number(column, fields[column], 0.0) for column in columns] for _, columns in layout.dense]
     ids = [_ids(key, fields[key.column]) for key in layout.sparse]
-    labels = [_number(column, fields[column], None) for _, column in layout.labels]
+    kinds = zip(layout.labels, layout.label_kinds, strict=True)
+    labels = [_label(column, fields[column], *kind) for (_, column), kind in kinds]
     return dense, ids, labels
 
 
@@ -141,9 +151,22 @@ def _number(column: str, value: Any, empty: float | None) -> float:
             raise RowError(column, "", "a label must not be empty")
         return empty
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise RowError(column, str(value), "not a number") from None
+    if not math.isfinite(number):
+        raise RowError(column, str(value), "not a finite number")
+    return number
+
+
+def _label(column: str, value: Any, loss: str, classes: int) -> float:
+    """A label as its head's loss reads it: bce in [0, 1], softmax a class number, mse any finite number."""
+    label = _number(column, value, None)
+    if loss == "bce" and not 0.0 <= label <= 1.0:
+        raise RowError(column, str(value), "a bce label must be in [0, 1]")
+    if loss == "softmax" and not (label.is_integer() and 0 <= label < classes):
+        raise RowError(column, str(value), f"a softmax label must be a class number 0..{classes - 1}")
+    return label
 
 
 def _ids(key: SparseColumn, value: Any) -> list[int]:
@@ -170,7 +193,7 @@ def _id(key: SparseColumn, item: Any) -> int:
             return int(item)
         except (TypeError, ValueError):
             raise RowError(key.column, str(item), "not an integer time") from None
-    if isinstance(item, int) or (isinstance(item, str) and item.lstrip("-").isdigit()):
+    if isinstance(item, int) or (isinstance(item, str) and _INTEGER.fullmatch(item)):
         return int(item) % key.rows
     digest = hashlib.blake2b(str(item).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % key.rows

@@ -63,6 +63,47 @@ def test_columns_feed_dense_ids_hashed_strings_sequences_and_labels(tmp_path: Pa
     assert [str(row) for row in bad.examples] == [f"{path}:5: column clicked: not a number (value 'yes')"]
 
 
+def test_rows_with_a_value_the_spec_cannot_train_on_are_bad_rows_naming_the_column(tmp_path: Path) -> None:
+    rows = [
+        "nan,2.5,alice,17,3,10,40,",  # line 2
+        "1,inf,alice,17,3,10,40,",
+        "7,2.5,alice,17,3,10,40,",
+        "0.5,2.5,alice,--5,3,10,-1e999,",  # a soft label; '--5' is no integer: hashed like any string
+        "1,2.5,alice,²,3,10,40,",  # not ASCII digits: hashed too
+        "0,2.5,bob,17,3,1²,40,",
+    ]
+    path = tmp_path / "clicks.csv"
+    path.write_text("\n".join([LINES[0], *rows]) + "\n", encoding="utf-8")
+    reader = open_reader(_inputs(path), DataChoice("csv", str(path)))
+    bad = BadRowLog("skip")
+    (local,) = epoch_batches(reader, global_batch=2, rank=0, world_size=1, bad_rows=bad, num_workers=0)
+    assert [str(row) for row in bad.examples] == [
+        f"{path}:2: column clicked: not a finite number (value 'nan')",
+        f"{path}:3: column price: not a finite number (value 'inf')",
+        f"{path}:4: column clicked: a bce label must be in [0, 1] (value '7')",
+        f"{path}:5: column age: not a finite number (value '-1e999')",
+        f"{path}:7: column seen_at: not an integer time (value '1²')",
+    ]
+    assert local.batch.labels["click"].tolist() == [1.0]
+    assert local.batch.sparse["item"].values().tolist() == [_hashed("²", 100)]
+
+
+def test_a_softmax_label_must_be_one_of_its_classes(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "genres.csv", ["clicked,price,user,item,seen,seen_at,age", *(
+        f"{label},1,alice,17,3,10,40" for label in ("2", "0", "3", "1.5", "-1")
+    )])  # fmt: skip
+    inputs = _inputs(path)
+    head = dataclasses.replace(inputs.heads[0], loss="softmax", num_classes=3)
+    reader = open_reader(dataclasses.replace(inputs, heads=(head,)), DataChoice("csv", str(path)))
+    bad = BadRowLog("skip")
+    (local,) = epoch_batches(reader, global_batch=2, rank=0, world_size=1, bad_rows=bad, num_workers=0)
+    assert local.batch.labels["click"].tolist() == [2.0, 0.0]
+    assert [str(row) for row in bad.examples] == [
+        f"{path}:{line}: column clicked: a softmax label must be a class number 0..2 (value '{value}')"
+        for line, value in ((4, "3"), (5, "1.5"), (6, "-1"))
+    ]
+
+
 def test_a_csv_file_prepares_like_any_reader(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "clicks.csv", LINES)
     inputs = _inputs(path)
