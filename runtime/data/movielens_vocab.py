@@ -79,20 +79,25 @@ def load_or_build(
             return _from_document(document)
     vocabulary = build()
     if saved is not None and save:
-        document = {
-            "format": VOCAB_FORMAT,
-            "source": signature,
-            "userId": sorted(vocabulary.users),
-            "movieId": sorted(vocabulary.movies),
-        }
-        if vocabulary.genres:  # the genre rows travel with the ids: scoring must not renumber them
-            document["genres"] = list(vocabulary.genres)
-            document["movieGenres"] = {str(movie): list(rows) for movie, rows in sorted(vocabulary.movie_genres.items())}
-        temporary = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
-        saved.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(json.dumps(document))
-        temporary.replace(saved)  # atomic: a reader never sees half a file
+        save_vocabulary(vocabulary, saved, ratings)
     return vocabulary
+
+
+def save_vocabulary(vocabulary: Vocabulary, saved: Path, ratings: Path) -> None:
+    """Write `vocabulary`, built from the ratings file `ratings`, to `saved` (whole or not at all)."""
+    document: dict[str, Any] = {
+        "format": VOCAB_FORMAT,
+        "source": _signature(ratings),
+        "userId": sorted(vocabulary.users),
+        "movieId": sorted(vocabulary.movies),
+    }
+    if vocabulary.genres:  # the genre rows travel with the ids: scoring must not renumber them
+        document["genres"] = list(vocabulary.genres)
+        document["movieGenres"] = {str(movie): list(rows) for movie, rows in sorted(vocabulary.movie_genres.items())}
+    temporary = saved.with_name(f".{saved.name}.{os.getpid()}.tmp")
+    saved.parent.mkdir(parents=True, exist_ok=True)
+    temporary.write_text(json.dumps(document))
+    temporary.replace(saved)  # atomic: a reader never sees half a file
 
 
 def read_vocabulary(path: Path) -> Vocabulary:

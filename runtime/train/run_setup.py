@@ -23,7 +23,9 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.features import ModelInputs
 from runtime.data.loader import epoch_batches, training_batches
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.errors import DataError
+from runtime.data.movielens import movielens_layout
+from runtime.data.movielens_vocab import Vocabulary, read_vocabulary
 from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
 from runtime.data.prepared.prepare import VOCABULARY
 from runtime.data.prepared.reading import PreparedData, open_prepared
@@ -111,11 +113,14 @@ def setup_run(
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(options.data, inputs)
     reader = None
+    trained: Vocabulary | None = None  # the MovieLens vocabulary the tables' rows mean
     batches: Iterator[Batch]
     if choice.reader == "synthetic":
         batches = synthetic()
     elif choice.reader == "prepared":
         prepared = _open_prepared(inputs, choice, options, global_batch, world_size, warn)
+        saved = resumed_vocabulary or prepared.manifest.directory / VOCABULARY
+        trained = read_vocabulary(saved) if saved.is_file() else None
         if rank == 0 and resumed_vocabulary is None:
             _copy_vocabulary(prepared, vocab_path)
         batches = PreparedBatches(prepared, **shape)
@@ -126,6 +131,7 @@ def setup_run(
         reader = open_reader(
             inputs, choice, threshold=threshold, vocab_path=vocab_path, save_vocab=rank == 0, vocabulary=trained
         )
+        trained = getattr(reader, "vocabulary", None)
         bad_rows["bad_rows"] = BadRowLog(policy, warn)
         unseen = unseen_counter(reader)
         batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
@@ -135,6 +141,7 @@ def setup_run(
     if eval_choice is not None and eval_choice.reader == "prepared":
         eval_prepared = _open_prepared(inputs, eval_choice, dataclasses.replace(options, shuffle_window=0), 
                                        global_batch, world_size, warn)  # fmt: skip
+        _check_eval_vocabulary(eval_prepared, trained, eval_choice)
 
         def evaluate_prepared() -> Evaluation:
             with other_work.measure("eval"):
@@ -143,10 +150,15 @@ def setup_run(
 
         evaluation = evaluate_prepared
     elif eval_choice is not None:
-        vocabulary = getattr(reader, "vocabulary", None)  # the training vocabulary, when MovieLens
+        if reader is None and eval_choice.reader == "movielens" and movielens_layout(inputs).history is not None:
+            raise DataError(
+                f"--eval-data {eval_choice}: the spec's history starts in the training ratings, which "
+                f"{choice} does not keep; prepare the evaluation data with `reccompile data prepare SPEC --data "
+                f"{eval_choice} --training movielens:<the training ratings>` and pass --eval-data prepared:DIR"
+            )
         eval_reader = open_reader(
             inputs, eval_choice, threshold=threshold, vocab_path=vocab_path,
-            save_vocab=False, vocabulary=vocabulary, training=reader,
+            save_vocab=False, vocabulary=trained, training=reader,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
 
@@ -188,6 +200,24 @@ def _open_prepared(
             f"decode row groups they share; prepare with a --row-group-rows that divides {share:,} to read rows / N"
         )
     return prepared
+
+
+def _check_eval_vocabulary(prepared: PreparedData, trained: Vocabulary | None, choice: DataChoice) -> None:
+    """Prepared MovieLens evaluation data must map ids as the training data does (prepared with --training)."""
+    saved = prepared.manifest.directory / VOCABULARY
+    if trained is None or not saved.is_file():
+        return  # not MovieLens, or no training vocabulary to hold it to (synthetic training)
+    mapped = read_vocabulary(saved)
+    same = (mapped.users, mapped.movies, mapped.genres, mapped.movie_genres) == (
+        trained.users, trained.movies, trained.genres, trained.movie_genres
+    )
+    if not same:
+        moved = sum(trained.movie_row(movie) != row for movie, row in mapped.movies.items())
+        raise DataError(
+            f"--eval-data {choice}: its MovieLens ids were mapped with another vocabulary than the training data's "
+            f"({moved:,} of its {len(mapped.movies):,} movies on other rows); prepare it again with --training "
+            "movielens:<the training ratings>"
+        )
 
 
 def _copy_vocabulary(prepared: PreparedData, vocab_path: Path) -> None:

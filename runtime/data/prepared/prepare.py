@@ -4,7 +4,10 @@
 
 The raw files are read once, in order, by the reader training would use
 (runtime.data.sources: hashing of ids into tables, MovieLens vocabularies
-and histories, log(1 + x) of Criteo integers). Several input files (with
+and histories, log(1 + x) of Criteo integers). MovieLens evaluation data is
+prepared with `training` (the training ratings): ids map through the
+training file's vocabulary and histories start in its ratings, as
+`--eval-data movielens:` reads them. Several input files (with
 `workers` >= 1) are parsed one process per file, at most `workers` at once,
 into hidden file parts taken in file order (runtime.data.prepared.by_file);
 one file is parsed by `workers` DataLoader processes (runtime.data.loader's
@@ -46,6 +49,7 @@ from torch.utils.data import DataLoader
 from runtime.data.bad_rows import BadRow, BadRowLog
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
+from runtime.data.feature_columns import FeatureReader
 from runtime.data.features import ModelInputs
 from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
 from runtime.data.prepared.arrow import pq
@@ -62,6 +66,8 @@ from runtime.data.prepared.manifest import (
 from runtime.data.prepared.parsing import choose_parsing
 from runtime.data.prepared.schema import column_specs, spec_digest, to_table
 from runtime.data.prepared.stats import merge_stats, part_stats
+from runtime.data.movielens import MovieLensReader
+from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
 from runtime.storage.manifest import sync_path
 
@@ -81,6 +87,22 @@ class PrepareSettings:
     workers: int | None = None  # processes parsing (0: in this process; None: chosen, runtime.data.prepared.parsing)
     rating_threshold: float = 4.0
     block_lines: int = BLOCK_LINES
+    training: str | None = None  # MovieLens evaluation data: the training ratings (vocabulary, histories)
+
+
+def _open_source(inputs: ModelInputs, choice: DataChoice, settings: PrepareSettings, vocab: Path | None) -> Reader:
+    """The reader of the raw data; MovieLens data saves the vocabulary its ids are mapped with at `vocab`:
+    its own, or with `settings.training` the training file's (whose ratings are also the histories' past)."""
+    threshold = settings.rating_threshold
+    if settings.training is None:
+        return open_reader(inputs, choice, threshold=threshold, vocab_path=vocab, save_vocab=True)
+    if choice.reader != "movielens" or vocab is None:
+        raise DataError(f"--training applies to movielens data (its ids and histories), not {choice.reader}")
+    training = open_reader(inputs, DataChoice("movielens", settings.training), threshold=threshold)
+    trained = training.inner if isinstance(training, FeatureReader) else training
+    assert isinstance(trained, MovieLensReader)
+    save_vocabulary(trained.vocabulary, vocab, trained.file)
+    return open_reader(inputs, choice, threshold=threshold, vocabulary=trained.vocabulary, training=training)
 
 
 @dataclass
@@ -152,6 +174,7 @@ def _prepare(
     identity = {
         "spec_sha256": spec_digest(specs), "reader": choice.reader, "path": str(choice.path),
         "rating_threshold": settings.rating_threshold if choice.reader == "movielens" else None,
+        "training": settings.training,
         "row_group_rows": settings.row_group_rows, "part_row_groups": settings.part_row_groups,
     }  # fmt: skip
     if (root / MANIFEST).is_file():
@@ -159,7 +182,7 @@ def _prepare(
     root.mkdir(parents=True, exist_ok=True)
     journal = _load_journal(root, identity, report)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
-    reader = open_reader(inputs, choice, threshold=settings.rating_threshold, vocab_path=vocab, save_vocab=True)
+    reader = _open_source(inputs, choice, settings, vocab)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
     if report is not None:
         report(f"parsing with {parsing.describe()}")

@@ -261,3 +261,76 @@ def test_a_killed_torchrun_agent_resumes_from_the_checkpoint_to_the_uninterrupte
     assert sorted(final["killed"]) == sorted(final["whole"])
     for key, tensor in final["whole"].items():
         assert torch.equal(final["killed"][key], tensor), key
+
+
+MOVIELENS = """\
+version: 1
+name: ratings
+features:
+  sparse:
+    - {name: user_id, num_embeddings: 41, dim: 8}
+    - {name: movie_id, table: movie}
+    - {name: history, table: movie, pooling: none, max_length: 5}
+tables:
+  - {name: movie, num_embeddings: 61, dim: 8}
+model:
+  interest: {type: target_attention, input: sparse.history, query: sparse.movie_id, hidden: [8]}
+  top: {type: mlp, input: [sparse.user_id, sparse.movie_id, interest], layers: [8, 1]}
+heads:
+  - {name: like, input: top, loss: bce}
+training:
+  batch_size: 32
+"""
+
+
+def test_movielens_evaluation_data_maps_ids_and_histories_as_training_does_or_is_refused(
+    tmp_path: Path, capsys
+) -> None:
+    rng = random.Random(3)
+    lines = [f"{rng.randrange(1, 41)}::{rng.randrange(1, 61)}::{rng.randrange(1, 6)}::{t}" for t in range(400)]
+    train = write_lines(tmp_path / "train" / "ratings.dat", lines[:300])
+    test = write_lines(tmp_path / "test" / "ratings.dat", lines[300:])  # its own vocabulary would number otherwise
+    flat = tmp_path / "flat.yaml"  # no history
+    flat.write_text(MOVIELENS.replace("    - {name: history, table: movie, pooling: none, max_length: 5}\n", "")
+                    .replace("interest: {type: target_attention, input: sparse.history, query: sparse.movie_id, "
+                             "hidden: [8]}", "movies: {type: mlp, input: sparse.movie_id, layers: [8]}")
+                    .replace(", interest]", ", movies]"))  # fmt: skip
+    history = tmp_path / "history.yaml"
+    history.write_text(MOVIELENS)
+
+    def evaluated(spec: Path, data: str, eval_data: str) -> tuple[int, str, dict]:
+        code = main(["train", str(spec), "-o", str(tmp_path / spec.stem), "--steps", "4", "--data", data,
+                     "--eval-data", eval_data, "--data-workers", "0", "--threads", "1"])  # fmt: skip
+        out, err = capsys.readouterr()
+        return code, err, json.loads(out.splitlines()[-1]) if code == 0 else {}
+
+    def prepared(spec: Path, data: Path, name: str, *options: str) -> str:
+        out = tmp_path / name
+        assert main(["data", "prepare", str(spec), "--data", f"movielens:{data}", "-o", str(out), "--workers", "0",
+                     "--row-group-rows", "8", *options]) == 0  # fmt: skip
+        capsys.readouterr()
+        return f"prepared:{out}"
+
+    for spec in (flat, history):
+        code, _, reference = evaluated(spec, f"movielens:{train}", f"movielens:{test}")
+        assert code == 0
+        train_prepared = prepared(spec, train, f"{spec.stem}_train")
+        test_prepared = prepared(spec, test, f"{spec.stem}_test", "--training", f"movielens:{train}")
+        _, _, got = evaluated(spec, train_prepared, test_prepared)
+        assert got["eval_metrics"] == reference["eval_metrics"] and got["loss_last"] == reference["loss_last"]
+        code, err, got = evaluated(spec, train_prepared, f"movielens:{test}")
+        if spec is flat:  # the prepared data's vocabulary maps the raw evaluation file
+            assert got["eval_metrics"] == reference["eval_metrics"]
+        else:
+            assert (code, err) == (1, (
+                f"error: rank 0: --eval-data movielens:{test}: the spec's history starts in the training ratings, "
+                f"which {train_prepared} does not keep; prepare the evaluation data with `reccompile data prepare "
+                f"SPEC --data movielens:{test} --training movielens:<the training ratings>` and pass --eval-data "
+                "prepared:DIR\n"
+            ))
+    own = prepared(flat, test, "own_vocabulary")
+    code, err, _ = evaluated(flat, f"movielens:{train}", own)
+    assert code == 1
+    assert err.startswith(f"error: rank 0: --eval-data {own}: its MovieLens ids were mapped with another vocabulary "
+                          "than the training data's (")  # fmt: skip
+    assert err.endswith(" movies on other rows); prepare it again with --training movielens:<the training ratings>\n")

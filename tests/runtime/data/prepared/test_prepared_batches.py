@@ -12,6 +12,7 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
+from runtime.data.movielens_vocab import read_vocabulary
 from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
 from runtime.data.prepared.order import EpochOrder
 from runtime.data.prepared.prepare import PrepareSettings, prepare
@@ -163,3 +164,27 @@ def test_sequences_and_their_timestamps_are_list_columns(tmp_path: Path) -> None
         assert got.batch.sparse[key].lengths().tolist() == expected.batch.sparse[key].lengths().tolist()
         assert got.batch.sparse[key].values().tolist() == expected.batch.sparse[key].values().tolist()
     assert (out / "vocab.json").is_file()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_evaluation_data_prepared_with_the_training_ratings_is_what_the_eval_reader_reads(
+    tmp_path: Path, workers: int
+) -> None:
+    train = write_lines(tmp_path / "train" / "ratings.dat", TRAIN)
+    test = write_lines(tmp_path / "test" / "ratings.dat", ["1::16::4::250", "2::10::3::55", "3::11::4::10"])
+    inputs = history_spec(max_length=5)
+    training = open_reader(inputs, DataChoice("movielens", str(train)))
+    evaluated = open_reader(inputs, DataChoice("movielens", str(test)), vocabulary=training.vocabulary, training=training)
+    (expected,) = epoch_batches(evaluated, global_batch=3, rank=0, world_size=1, bad_rows=BadRowLog(), num_workers=0)
+    out = tmp_path / "test_prepared"
+    settings = PrepareSettings(row_group_rows=4, workers=workers, training=str(train))
+    prepare(inputs, DataChoice("movielens", str(test)), out, settings)
+    (got,) = prepared_epoch_batches(open_prepared(inputs, out), global_batch=3, rank=0, world_size=1)
+    for key in expected.batch.sparse.keys():
+        assert got.batch.sparse[key].lengths().tolist() == expected.batch.sparse[key].lengths().tolist(), key
+        assert got.batch.sparse[key].values().tolist() == expected.batch.sparse[key].values().tolist(), key
+    assert got.batch.sparse["history"].lengths().tolist() == [3, 2, 0]  # the training past, as the eval reader
+    assert read_vocabulary(out / "vocab.json").movies == training.vocabulary.movies
+    alone = tmp_path / "alone"  # without the training ratings: the test file's own ids and past
+    prepare(inputs, DataChoice("movielens", str(test)), alone, PrepareSettings(row_group_rows=4, workers=workers))
+    assert read_vocabulary(alone / "vocab.json").movies != training.vocabulary.movies
