@@ -53,6 +53,7 @@ DEFAULT_FEATURES = {"userId": "user_id", "movieId": "movie_id", "genres": "genre
 DEFAULT_THRESHOLD = 4.0
 _SEPARATORS = {"tab": b"\t", "dat": b"::", "csv": b","}
 _FIELDS = ("userId", "movieId", "rating", "timestamp")
+CSV_HEADER = b"userId,movieId,"  # how ml-latest's ratings.csv begins
 
 # One parsed line: user id, movie id, rating, timestamp.
 RatingRow = tuple[int, int, float, int]
@@ -209,10 +210,16 @@ def ratings_file(path: str | Path) -> tuple[Path, str]:
     line = first_line(file)
     if line is None:
         raise DataError(f"{file}: the ratings file is empty")
+    shown = line[:60].decode("utf-8", "replace")
     for layout, separator in (("dat", b"::"), ("tab", b"\t"), ("csv", b",")):
         if separator in line:
+            if layout == "csv" and not line.removeprefix(b"\xef\xbb\xbf").startswith(CSV_HEADER):
+                # every reader of the layout skips line 1: a file without the header would lose a rating
+                raise DataError(
+                    f"{file}:1: a comma-separated ratings file (ml-latest's ratings.csv) starts with the header "
+                    f"{CSV_HEADER.decode()}..., not {shown!r}"
+                )
             return file, layout
-    shown = line[:60].decode("utf-8", "replace")
     raise DataError(f"{file}:1: not a MovieLens ratings line (tab-, '::'- or comma-separated): {shown!r}")
 
 

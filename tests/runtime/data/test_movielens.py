@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -193,3 +194,16 @@ def test_retrieval_heads_are_refused_beside_label_heads_and_need_a_movie_feature
     with pytest.raises(DataError) as error:
         movielens_layout(rated)
     assert str(error.value).startswith("data.columns.rating: a sampled_softmax head reads no label")
+
+
+def test_a_comma_separated_ratings_file_without_its_header_is_refused_not_read_from_line_2(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "ratings.csv", ["1,10,5.0,100", "1,11,4.0,90"])
+    message = (
+        f"{path}:1: a comma-separated ratings file (ml-latest's ratings.csv) starts with the header "
+        "userId,movieId,..., not '1,10,5.0,100'"
+    )
+    with pytest.raises(DataError, match=f"^{re.escape(message)}$"):
+        open_reader(movielens_spec(), DataChoice("movielens", str(path)))
+    path.write_bytes(b"\xef\xbb\xbfuserId,movieId,rating,timestamp\n1,10,5.0,100\n")  # a BOM is fine
+    _, (batch,) = _read(movielens_spec(), path)
+    assert batch.labels["like"].tolist() == [1.0]
