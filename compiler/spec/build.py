@@ -113,7 +113,8 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
     lr_schedule = resolve_lr_schedule(checker, checker.child(root, "training"))
     early_stopping = resolve_early_stopping(checker, checker.child(root, "training"), heads_ir)
     labels = {head.label for head in heads if isinstance(head.label, str) and head.loss != "sampled_softmax"}
-    data = resolve_data(checker, root, set(features.dense_sizes) | set(features.sparse_dims) | labels)
+    targets = set(features.dense_sizes) | set(features.sparse_dims) | features.timestamps_names | labels
+    data = resolve_data(checker, root, targets)
     name, version = checker.value(root, "name"), checker.value(root, "version")
     complete = known(sharding, training, lr_schedule, early_stopping, data, name, version) and None not in heads_ir
     if tainted or checker.diagnostics or not complete:

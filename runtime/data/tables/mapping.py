@@ -49,6 +49,7 @@ class SparseColumn:
     single: bool  # exactly one id per row
     max_length: int | None
     keep: str
+    sequence: int | None = None  # timestamps: the index in the layout's keys of the sequence they time
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,7 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
     if unfed:
         raise DataError(f"{feature_list(unfed)} {'is' if len(unfed) == 1 else 'are'} fed by no column of data.columns")
     keys = []
+    order = list(sparse)
     for name in [*sparse, *stamps]:
         if name in sparse:
             f = sparse[name]
@@ -109,7 +111,8 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
             keys.append(SparseColumn(name, fed_sparse[name], f.num_embeddings, single, f.max_length, f.keep))
         else:
             seq = sparse[stamps[name].sequence]
-            keys.append(SparseColumn(name, fed_sparse[name], None, False, seq.max_length, seq.keep))
+            timed = order.index(stamps[name].sequence)
+            keys.append(SparseColumn(name, fed_sparse[name], None, False, seq.max_length, seq.keep, timed))
     return TableLayout(
         tuple((name, tuple(cols)) for name, cols in fed_dense.items()), tuple(keys),
         tuple((label, fed_labels[label]) for label in labels),
@@ -125,6 +128,13 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     """A row's fields (column -> text, or a list / number from Parquet) as values; RowError names the column."""
     dense = [[_number(column, fields[column], 0.0) for column in columns] for _, columns in layout.dense]
     ids = [_ids(key, fields[key.column]) for key in layout.sparse]
+    for key in layout.sparse:
+        if key.sequence is not None:  # timestamps: one per id of their sequence, before either is cut
+            timed = layout.sparse[key.sequence]
+            times, items = len(_items(fields[key.column])), len(_items(fields[timed.column]))
+            if times != items:
+                reason = f"{times} times but its sequence {timed.key!r} (column {timed.column}) has {items} ids"
+                raise RowError(key.column, str(fields[key.column]), reason)
     kinds = zip(layout.labels, layout.label_kinds, strict=True)
     labels = [_label(column, fields[column], *kind) for (_, column), kind in kinds]
     return dense, ids, labels
@@ -169,15 +179,19 @@ def _label(column: str, value: Any, loss: str, classes: int) -> float:
     return label
 
 
-def _ids(key: SparseColumn, value: Any) -> list[int]:
+def _items(value: Any) -> list[Any]:
+    """A field's values: a list (Parquet), `|`-separated text, one value, or none when empty."""
     if value is None or value == "":
-        items: list[Any] = []
-    elif isinstance(value, (list, tuple)):
-        items = list(value)
-    elif isinstance(value, str):
-        items = value.split(SEPARATOR)
-    else:
-        items = [value]
+        return []
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        return value.split(SEPARATOR)
+    return [value]
+
+
+def _ids(key: SparseColumn, value: Any) -> list[int]:
+    items = _items(value)
     if key.single:
         if len(items) > 1:
             raise RowError(key.column, str(value), f"{len(items)} ids, but feature {key.key!r} takes one")

@@ -6,6 +6,7 @@ these tests check what a valid sequence spec resolves to.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from compiler.ir import Hstu, Input, SequencePool, TargetAttention, Transformer
@@ -85,3 +86,25 @@ def test_sequence_blocks_resolve_their_ops_widths_and_lengths(tmp_path: Path) ->
     assert again.op == Hstu(2, 1, 4, 4, 16, stamps)  # an hstu over an hstu keeps the positions
     assert (again.width, again.length) == (8, 5)
     assert ir.block("pages_mean").op == SequencePool("mean")
+
+
+def test_a_data_column_may_feed_a_timestamps_feature(tmp_path: Path) -> None:
+    spec = tmp_path / "timed.yaml"
+    spec.write_text(textwrap.dedent("""\
+        version: 1
+        name: timed
+        features:
+          sparse:
+            - {name: history, table: item, pooling: none, max_length: 4}
+          timestamps:
+            - {name: history_time, sequence: history}
+        tables:
+          - {name: item, num_embeddings: 64, dim: 8}
+        model:
+          encoder: {type: hstu, input: sparse.history, timestamps: timestamps.history_time, num_heads: 1,
+                    attention_dim: 8, linear_dim: 8, num_buckets: 16}
+        heads:
+          - {name: next_item, loss: sampled_softmax, input: encoder, item: sparse.history, negatives: {uniform: 4}}
+        data: {reader: csv, path: s.csv, columns: {items: history, times: history_time}}
+        """))
+    assert validate(load(str(spec))).data.columns == (("items", "history"), ("times", "history_time"))

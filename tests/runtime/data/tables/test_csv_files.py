@@ -88,6 +88,23 @@ def test_rows_with_a_value_the_spec_cannot_train_on_are_bad_rows_naming_the_colu
     assert local.batch.sparse["item"].values().tolist() == [_hashed("²", 100)]
 
 
+def test_timestamps_must_time_every_id_of_their_sequence_before_either_is_cut(tmp_path: Path) -> None:
+    rows = [
+        "1,2.5,alice,17,3|4,10,40,",  # line 2: 2 ids, 1 time
+        "1,2.5,alice,17,3|4|5,10|20|30|40,40,",  # both cut to max_length 2, but 3 ids and 4 times
+        "0,2.5,bob,17,3|4|5,10|20|30,40,",
+    ]
+    path = write_lines(tmp_path / "clicks.csv", [LINES[0], *rows])
+    reader = open_reader(_inputs(path), DataChoice("csv", str(path)))
+    bad = BadRowLog("skip")
+    (local,) = epoch_batches(reader, global_batch=1, rank=0, world_size=1, bad_rows=bad, num_workers=0)
+    assert [str(row) for row in bad.examples] == [
+        f"{path}:2: column seen_at: 1 times but its sequence 'history' (column seen) has 2 ids (value '10')",
+        f"{path}:3: column seen_at: 4 times but its sequence 'history' (column seen) has 3 ids (value '10|20|30|40')",
+    ]
+    assert local.batch.sparse["history_time"].values().tolist() == [20, 30]
+
+
 def test_a_softmax_label_must_be_one_of_its_classes(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "genres.csv", ["clicked,price,user,item,seen,seen_at,age", *(
         f"{label},1,alice,17,3,10,40" for label in ("2", "0", "3", "1.5", "-1")
