@@ -3,7 +3,9 @@
 PATH is a file or a directory of them (runtime.data.text_lines: plain or
 gzip, natural order); each file starts with the same header line, naming
 its columns, the mapped ones among them. Fields are comma-separated, or
-tab-separated when the header has a tab, with CSV quoting.
+tab-separated when the header has a tab, with CSV quoting. Lines are UTF-8:
+another line is a bad row (its bytes replaced, two different strings could
+hash to one id).
 """
 
 from __future__ import annotations
@@ -36,16 +38,30 @@ class CsvReader:
         if header is None:
             raise DataError(f"{self.files[0]}: empty, expected a header line naming the columns")
         self.delimiter = "\t" if b"\t" in header else ","
-        self.header = self._fields(header)
+        try:
+            self.header = self._fields(header)
+        except RowError as error:
+            raise DataError(f"{self.files[0]}:1: the header is {error.reason}") from None
         missing = [c for c in self.layout.columns if c not in self.header]
         if missing:
             raise DataError(f"{self.files[0]}:1: the header has no column {missing[0]!r} (data.columns maps it)")
         for file in self.files[1:]:
-            if self._fields(first_line(file) or b"") != self.header:
+            try:
+                same = self._fields(first_line(file) or b"") == self.header
+            except RowError:
+                same = False
+            if not same:
                 raise DataError(f"{file}:1: the header differs from {self.files[0]}'s")
 
     def _fields(self, line: bytes) -> list[str]:
-        return next(csv.reader([line.decode("utf-8", "replace")], delimiter=self.delimiter), [])
+        """The line's fields; a line that is not UTF-8 is a bad row (replacing its bytes would make
+        different strings hash to the same id)."""
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as error:
+            reason = f"not UTF-8 text (byte 0x{line[error.start]:02x} at position {error.start})"
+            raise RowError(None, line, reason) from None
+        return next(csv.reader([text], delimiter=self.delimiter), [])
 
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
         for file in self.files:

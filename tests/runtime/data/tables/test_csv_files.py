@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +104,21 @@ def test_timestamps_must_time_every_id_of_their_sequence_before_either_is_cut(tm
         f"{path}:3: column seen_at: 4 times but its sequence 'history' (column seen) has 3 ids (value '10|20|30|40')",
     ]
     assert local.batch.sparse["history_time"].values().tolist() == [20, 30]
+
+
+def test_a_line_that_is_not_utf8_is_a_bad_row_not_a_string_with_replaced_bytes(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "clicks.csv", [LINES[0], "1,2.5,café,17,3,10,40,", "0,2.5,cafè,17,3,10,40,", LINES[2]])
+    reader = open_reader(_inputs(path), DataChoice("csv", str(path)))  # write_lines writes latin-1
+    bad = BadRowLog("skip")
+    (local,) = epoch_batches(reader, global_batch=1, rank=0, world_size=1, bad_rows=bad, num_workers=0)
+    assert [str(row) for row in bad.examples] == [
+        f"{path}:2: not UTF-8 text (byte 0xe9 at position 9) (value '1,2.5,caf\ufffd,17,3,10,40,')",
+        f"{path}:3: not UTF-8 text (byte 0xe8 at position 9) (value '0,2.5,caf\ufffd,17,3,10,40,')",
+    ]
+    assert local.batch.sparse["user"].values().tolist() == [_hashed("bob", 50)]
+    header = write_lines(tmp_path / "latin" / "a.csv", [LINES[0] + ",café", LINES[2] + ",x"])
+    with pytest.raises(DataError, match=f"^{re.escape(str(header))}:1: the header is not UTF-8 text "):
+        open_reader(_inputs(header), DataChoice("csv", str(header)))
 
 
 def test_a_softmax_label_must_be_one_of_its_classes(tmp_path: Path) -> None:
