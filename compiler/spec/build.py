@@ -551,7 +551,11 @@ def _summary(refs: list[str]) -> str:
 
 
 def _head_ir(
-    checker: Checker, head: _Head, blocks: dict[str, ParsedBlock], features: Features, readers: dict[str, dict[str, Any]]
+    checker: Checker,
+    head: _Head,
+    blocks: dict[str, ParsedBlock],
+    features: Features,
+    readers: dict[str, dict[str, Any]],
 ) -> Head | None:
     if head.loss == "sampled_softmax":
         if head.ref is None or head.item is None:

@@ -208,15 +208,19 @@ def _check_eval_vocabulary(prepared: PreparedData, trained: Vocabulary | None, c
     if trained is None or not saved.is_file():
         return  # not MovieLens, or no training vocabulary to hold it to (synthetic training)
     mapped = read_vocabulary(saved)
-    same = (mapped.users, mapped.movies, mapped.genres, mapped.movie_genres) == (
-        trained.users, trained.movies, trained.genres, trained.movie_genres
-    )
-    if not same:
-        moved = sum(trained.movie_row(movie) != row for movie, row in mapped.movies.items())
+    moved = []
+    sides = (("users", mapped.users, trained.user_row), ("movies", mapped.movies, trained.movie_row))
+    for what, ids, trained_row in sides:
+        count = sum(trained_row(id_) != row for id_, row in ids.items())  # an id training never saw: row 0 there
+        if count:
+            moved.append(f"{count:,} of its {len(ids):,} {what}")
+    genres = (trained.genres, trained.movie_genres) != (mapped.genres, mapped.movie_genres)
+    if genres and trained.genres and mapped.genres:  # a vocabulary saved before genres were kept has none
+        moved.append("its genres")
+    if moved:
         raise DataError(
             f"--eval-data {choice}: its MovieLens ids were mapped with another vocabulary than the training data's "
-            f"({moved:,} of its {len(mapped.movies):,} movies on other rows); prepare it again with --training "
-            "movielens:<the training ratings>"
+            f"({' and '.join(moved)} on other rows); prepare it again with --training movielens:<the training ratings>"
         )
 
 
