@@ -128,25 +128,3 @@ def _logit_source(checker: Checker, head: Node, loss: str, source: ParsedBlock) 
         message = f"a softmax head reads one logit per class, but {ends}: its values are squashed into (0, 1); {linear}"
     checker.error(at, message)
     return INVALID
-    if known(loss) and loss != "bce":
-        checker.error(node, f"output: probability applies to bce heads only (this head's loss is {loss})")
-        return INVALID
-    if isinstance(source, ParsedBlock) and source.kind == "mlp":
-        final = checker.value(source.node, "final_activation", "sigmoid")
-        if final not in ("sigmoid", INVALID):
-            message = (
-                f"output: probability needs values in [0, 1], but mlp '{source.name}' ends with "
-                f"final_activation {final}; use sigmoid (or leave it out) or read the logit (output: logit)"
-            )
-            checker.error(node, message)
-            return INVALID
-        shifted = [key for key, off in (("dropout", 0), ("residual", False)) if checker.value(source.node, key, off)]
-        if shifted and known(*(checker.value(source.node, key) for key in shifted)):
-            effect = "scales its kept outputs by 1/(1-p)" if shifted[0] == "dropout" else "adds its input"
-            message = (
-                f"output: probability needs values in [0, 1], but mlp '{source.name}' applies {shifted[0]} to its "
-                f"sigmoid output (it {effect}); end the mlp with a linear layer and add an activation block"
-            )
-            checker.error(node, message)
-            return INVALID
-    return output
