@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
+from torch.fx.experimental import _config as fx_config  # backed_size_oblivious: see AotModel
 
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.modules.losses import HeadConfig
@@ -249,6 +250,15 @@ class AotModel(nn.Module):
     The sparse ids come as one KeyedJaggedTensor's tensors with the keys in
     `sparse_keys` order (the collection's own order, so no permute is traced);
     the program returns the model's outputs, {head: logits or values}.
+
+    A single request must work, and torch.export assumes a dynamic size is
+    never 1: ops whose strides would differ at batch 1 (fbgemm's lookup meta
+    function, a width-1 column of a pooled tensor) guard the program on
+    `batch != 1`. So the model runs on one sample more than asked, a zero
+    dense row with no ids whose outputs are dropped, and its batch is at
+    least 2 by construction; the few tensors of the asked batch size in this
+    wrapper are traced size-obliviously (see export_program). A single
+    request costs two samples' work.
     """
 
     def __init__(self, model: nn.Module, sparse_keys: Sequence[str], weighted: bool) -> None:
@@ -265,8 +275,11 @@ class AotModel(nn.Module):
         weights: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
         weights = weights if self.weighted else None
+        dense = {name: nn.functional.pad(x, (0, 0, 0, 1)) for name, x in dense.items()}
+        if self.sparse_keys:  # key-major lengths: a 0 after each key's
+            lengths = nn.functional.pad(lengths.view(len(self.sparse_keys), -1), (0, 1)).flatten()
         sparse = KeyedJaggedTensor(self.sparse_keys, values, weights, lengths=lengths)
-        return self.model(dense, sparse)
+        return {head: output[:-1] for head, output in self.model(dense, sparse).items()}
 
 
 def export_program(
@@ -275,7 +288,13 @@ def export_program(
     sparse_keys: Sequence[str],
     weighted: bool,
 ) -> torch.export.ExportedProgram:
-    """torch.export of `AotModel(model)` with the batch size and the id count left dynamic."""
+    """torch.export of `AotModel(model)` with the batch size and the id count left dynamic.
+
+    Traced with `backed_size_oblivious` (torch's documented switch against
+    0/1 specialization), under which stride checks assume a dynamic size is
+    not 1 instead of guarding on it. Its caveat, a broadcast against a size
+    that turns out to be 1, cannot arise: the model's batch is at least 2,
+    and the wrapper broadcasts nothing."""
     wrapper = AotModel(model, sparse_keys, weighted).eval()
     batch, ids = 3, 3 * len(sparse_keys)
     example = (
@@ -292,5 +311,5 @@ def export_program(
         {0: len(sparse_keys) * samples} if sparse_keys else None,
         {0: count} if weighted else None,
     )
-    with torch.no_grad():
+    with torch.no_grad(), fx_config.patch(backed_size_oblivious=True):
         return torch.export.export(wrapper, example, dynamic_shapes=dynamic)

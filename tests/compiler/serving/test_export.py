@@ -156,7 +156,8 @@ def test_the_manifest_lists_precision_and_size_on_disk_per_table(work: Path) -> 
 
 
 def test_exported_module_and_program_load_without_the_compiler(work: Path) -> None:
-    """A fresh interpreter: the .pt2 needs torch + fbgemm_gpu only, the module torch + runtime."""
+    """A fresh interpreter: the .pt2 needs torch + fbgemm_gpu only, the module torch + runtime;
+    the program serves any batch size, a single request and a batch without ids included."""
     script = textwrap.dedent(f"""
         import json, sys
         import torch, fbgemm_gpu
@@ -165,29 +166,41 @@ def test_exported_module_and_program_load_without_the_compiler(work: Path) -> No
         program = torch.export.load(directory + "/" + manifest["aot"]["file"]).module()
         torch.manual_seed(0)
         keys = manifest["aot"]["sparse_keys"]
-        dense = {{"num": torch.randn(7, 5)}}
-        lengths = torch.tensor([1] * 14 + [2, 0, 3, 1, 0, 0, 2] + [4, 1, 0, 2, 3, 1, 1])
-        values = torch.cat([torch.randint(0, 200, (7,)), torch.randint(0, 150, (7 + 8,)), torch.randint(0, 40, (12,))])
-        weights = torch.rand(values.numel())
-        aot = program(dense, values, lengths, weights)
+
+        def inputs(batch):  # user and item: one id per sample; hist: 0-3; tags: 0-4, weighted
+            one = torch.ones(2 * batch, dtype=torch.long)
+            lengths = torch.cat([one, torch.randint(0, 4, (batch,)), torch.randint(0, 5, (batch,))])
+            hist, tags = int(lengths[2 * batch:3 * batch].sum()), int(lengths[3 * batch:].sum())
+            values = torch.cat([
+                torch.randint(0, 200, (batch,)), torch.randint(0, 150, (batch + hist,)), torch.randint(0, 40, (tags,)),
+            ])
+            return {{"num": torch.randn(batch, 5)}}, values, lengths, torch.rand(values.numel())
+
+        no_ids = ({{"num": torch.randn(3, 5)}}, torch.zeros(0, dtype=torch.long), torch.zeros(12, dtype=torch.long),
+                  torch.zeros(0))
+        cases = {{"7": inputs(7), "1": inputs(1), "no ids": no_ids}}
+        scores = {{name: (args, program(*args)) for name, args in cases.items()}}
         no_runtime = not any(name == "runtime" or name.startswith("runtime.") for name in sys.modules)
         import runtime.serving.export_dir
         from runtime.sparse.jagged import KeyedJaggedTensor
         module, model = runtime.serving.export_dir.load(directory)
-        with torch.no_grad():
-            eager = model(dense, KeyedJaggedTensor(keys, values, weights, lengths=lengths))
+        same = {{}}
+        for name, ((dense, values, lengths, weights), aot) in scores.items():
+            with torch.no_grad():
+                eager = model(dense, KeyedJaggedTensor(keys, values, weights, lengths=lengths))
+            # eager CPU linears run on oneDNN, the exported program's on aten.linear
+            same[name] = all(torch.allclose(aot[head], eager[head], rtol=1e-5, atol=1e-6) for head in eager)
         print(json.dumps({{
             "no_runtime_for_pt2": no_runtime,
             "compiler_loaded": any(name == "compiler" or name.startswith("compiler.") for name in sys.modules),
-            # eager CPU linears run on oneDNN, the exported program's on aten.linear
-            "same": all(torch.allclose(aot[head], eager[head], rtol=1e-5, atol=1e-6) for head in eager),
+            "same": same,
         }}))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=work)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {
-        "no_runtime_for_pt2": True, "compiler_loaded": False, "same": True,
+        "no_runtime_for_pt2": True, "compiler_loaded": False, "same": {"7": True, "1": True, "no ids": True},
     }
 
 
