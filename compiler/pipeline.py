@@ -1,7 +1,7 @@
 """The compiler from start to finish: read this file first.
 
     spec.yaml -> load -> validate -> overrides -> plan -> lower -> read one position -> check shapes
-              -> split -> emit
+              -> check dense memory -> split -> emit
 
 Each step is one call of one module's entry function; each raises
 CompileError with every diagnostic it found.
@@ -16,6 +16,7 @@ from pathlib import Path
 from compiler.codegen.emit import GeneratedModule, emit
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import ModelIR
+from compiler.lowering.dense_memory import check_dense_memory
 from compiler.lowering.lower import lower
 from compiler.lowering.one_position import read_one_position
 from compiler.lowering.shapes import check_shapes
@@ -56,6 +57,7 @@ def compile_spec(path: str, options: Options = Options()) -> SplitModel:
     lowered = lower(ir, sharding_plan)  # fx graph: input_dist, lookup, output_dist, blocks, heads
     lowered = read_one_position(lowered)  # a transformer only pooled at first/last computes that position
     lowered = check_shapes(lowered)  # meta tensors through the graph; widths checked
+    lowered = check_dense_memory(lowered)  # replicated blocks, gradients, optimizer state beside the tables
     return split_stages(lowered)  # the graph cut for the pipeline: input_dist | compute
 
 

@@ -1,10 +1,12 @@
-"""`reccompile check SPEC...`: validate specs, plan them, and print every diagnostic.
+"""`reccompile check SPEC...`: compile specs as far as code generation, and print every diagnostic.
 
 Prints `SPEC: ok` for each good spec and the diagnostics of each bad one
 (stderr, sorted by position, then the error count). A spec is planned as
 `reccompile plan` would (`--world-size`, `--ranks-per-host`,
 `--memory-per-rank` as there), so a model whose tables do not fit its ranks
-fails here, naming the tables, the bytes and the world size that would fit. With `--data PATH` the
+fails here, naming the tables, the bytes and the world size that would fit, and so
+does a graph whose shapes do not fit or whose dense blocks leave no room (the
+lowering's checks). With `--data PATH` the
 first `--sample` rows of a data file are parsed against each good spec too,
 and the output says which lines were not; MovieLens ids are read from the
 whole file, so every table is checked against the vocabulary training will
@@ -25,10 +27,7 @@ from typing import Any
 from compiler.commands.common import memory_size, positive_int
 from compiler.diagnostics import CompileError
 from compiler.ir import ModelIR
-from compiler.pipeline import Options, apply_options
-from compiler.planner.planner import plan, topology_from_ir
-from compiler.spec.load import load
-from compiler.spec.validate import validate
+from compiler.pipeline import Options, compile_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,9 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     status = 0
+    options = Options(world_size=args.world_size, ranks_per_host=args.ranks_per_host,
+                      memory_per_rank=args.memory_per_rank)  # fmt: skip
     for spec in args.specs:
         try:
-            ir = _planned(validate(load(spec)), args)
+            ir = compile_spec(spec, options).ir  # every pass but code generation
         except CompileError as error:
             print(error, file=sys.stderr)
             status = 1
@@ -63,15 +64,6 @@ def run(args: argparse.Namespace) -> int:
             if args.data is not None and not _check_data(ir, args.data, args.sample):
                 status = 1
     return status
-
-
-def _planned(ir: ModelIR, args: argparse.Namespace) -> ModelIR:
-    """`ir` with the command line's world size, once the planner has found its tables room."""
-    options = Options(world_size=args.world_size, ranks_per_host=args.ranks_per_host,
-                      memory_per_rank=args.memory_per_rank)  # fmt: skip
-    ir = apply_options(ir, options)
-    plan(ir, topology_from_ir(ir, ranks_per_host=args.ranks_per_host, memory_per_rank=args.memory_per_rank))
-    return ir
 
 
 def _check_data(ir: ModelIR, data: str, rows: int) -> bool:

@@ -1,8 +1,9 @@
 """The data the lowering passes hand each other: plain frozen values, no logic.
 
-    lower        -> LoweredModel   the fx graph and the submodule declarations
-    check_shapes -> LoweredModel   the same, with node.meta["shape"] filled in
-    split_stages -> SplitModel     the LoweredModel and its two pipeline stages
+    lower              -> LoweredModel   the fx graph and the submodule declarations
+    check_shapes       -> LoweredModel   the same, with node.meta["shape"] filled in
+    check_dense_memory -> LoweredModel   the same, once the replicated blocks fit beside the tables
+    split_stages       -> SplitModel     the LoweredModel and its two pipeline stages
 
 Kept apart from the passes so that each pass imports the types, never another
 pass: `split` returns a new type instead of filling in a field of `lower`'s,
