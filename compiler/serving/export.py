@@ -281,7 +281,8 @@ def _write_program(model: torch.nn.Module, ir: ModelIR, staging: Path) -> dict[s
 
 def _derived(ir: ModelIR) -> dict[str, Any]:
     """The sparse keys a caller derives from data columns (runtime.data.feature_columns), if any:
-    a copy of another key's ids, or a dense column bucketized (torch.bucketize, right=True)."""
+    a copy of another key's ids, or a dense column bucketized (torch.bucketize, right=True, of the
+    float32 column on the boundaries as float32)."""
     derived = {}
     for f in ir.sparse:
         if f.boundaries:

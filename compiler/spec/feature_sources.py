@@ -14,6 +14,8 @@ hashing), and `check_column_rows` once tables are resolved.
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,10 +79,19 @@ def _check_boundaries(checker: Checker, entry: Node, boundaries: list[Any], fiel
     items = checker.entries(entry, "boundaries")
     for index in range(1, len(boundaries)):
         low, high = boundaries[index - 1], boundaries[index]
-        if isinstance(low, (int, float)) and isinstance(high, (int, float)) and not high > low:
+        if not (isinstance(low, (int, float)) and isinstance(high, (int, float))):
+            continue
+        if not high > low:
             message = (
                 f"boundaries must be strictly increasing: boundaries[{index}] = {high} is not greater than "
                 f"boundaries[{index - 1}] = {low}"
+            )
+            checker.error(items[index], message)
+            break
+        if not _float32(high) > _float32(low):  # dense values are float32: one bucket could never be hit
+            message = (
+                f"boundaries[{index}] = {high} and boundaries[{index - 1}] = {low} are the same float32 "
+                f"({_float32(high)!r}), the precision dense values are compared in"
             )
             checker.error(items[index], message)
             break
@@ -229,3 +240,11 @@ def _check_bucket_rows(
             f"{buckets - 1} boundaries make {buckets} buckets, but the shared table '{table.name}' has "
             f"{table.rows} rows",
         )
+
+
+def _float32(value: float) -> float:
+    """`value` rounded to the nearest float32 (inf beyond its range)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)

@@ -18,6 +18,7 @@ Bucketizing follows `torch.bucketize(x, boundaries, right=True)`: with
 boundaries b0 < ... < b(n-1), x gets id i when b(i-1) <= x < b(i), so a
 value equal to a boundary goes to the bucket above it (numpy's `digitize`,
 TensorFlow's `bucketized_column`); below b0 is id 0, from b(n-1) up id n.
+Values and boundaries are compared in float32, the precision of dense columns.
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ def read_inputs(inputs: ModelInputs) -> ModelInputs:
 
 
 def bucketize(values: torch.Tensor, boundaries: tuple[float, ...]) -> torch.Tensor:
-    """int64 bucket ids of `values` (see the module docstring for the side a boundary goes to)."""
-    edges = torch.tensor(boundaries, dtype=torch.float64)
-    return torch.bucketize(values.to(torch.float64), edges, right=True)
+    """int64 bucket ids of `values` (see the module docstring for the side a boundary goes to).
+
+    The boundaries are rounded to the values' own precision (float32, as every
+    reader parses dense columns), as `torch.bucketize` on such a tensor with
+    `torch.tensor(boundaries)` would: a value written as a boundary is then
+    equal to it. Compared in float64 instead, float32(0.7) < 0.7 put a
+    value of exactly 0.7 in the bucket below."""
+    return torch.bucketize(values, torch.tensor(boundaries, dtype=values.dtype), right=True)
 
 
 def to_features(columns: Columns, inputs: ModelInputs) -> Columns:

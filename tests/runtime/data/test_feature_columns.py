@@ -30,14 +30,22 @@ def test_a_value_equal_to_a_boundary_goes_to_the_bucket_above() -> None:
     assert bucketize(values, BOUNDARIES).tolist() == [0, 1, 1, 2, 2, 3, 4, 4]
 
 
+def test_a_value_written_as_a_boundary_that_float32_cannot_hold_goes_to_the_bucket_above() -> None:
+    values = torch.tensor([float(text) for text in ("0.05", "0.1", "0.3", "0.7", "0.9", "1.1", "2.2")])
+    boundaries = (0.1, 0.3, 0.7, 0.9, 1.1, 2.2)  # float32(0.7) < 0.7 and float32(0.9) < 0.9
+    assert bucketize(values, boundaries).tolist() == [0, 1, 2, 3, 4, 5, 6]
+
+
 def test_bucketize_is_torch_right_and_numpy_digitize_on_random_values() -> None:
     gen = torch.Generator().manual_seed(0)
-    edges = tuple(sorted(set(torch.randn(30, generator=gen).round(decimals=1).tolist())))
+    edges = tuple(sorted({round(x, 1) for x in torch.randn(30, generator=gen).tolist()}))  # decimals, as specs write
     values = torch.cat([torch.randn(1000, generator=gen) * 2, torch.tensor(edges)])  # every boundary itself too
     got = bucketize(values, edges)
     assert got.dtype == torch.int64
-    assert torch.equal(got, torch.bucketize(values.double(), torch.tensor(edges, dtype=torch.float64), right=True))
-    assert got.tolist() == np.digitize(values.double().numpy(), np.array(edges)).tolist()
+    assert torch.equal(got, torch.bucketize(values, torch.tensor(edges), right=True))
+    float32_edges = np.array(edges, dtype=np.float32).astype(np.float64)
+    assert got.tolist() == np.digitize(values.double().numpy(), float32_edges).tolist()
+    assert got[1000:].tolist() == list(range(1, len(edges) + 1))
 
 
 def _inputs(data: dict | None = None):
