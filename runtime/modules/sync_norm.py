@@ -3,8 +3,9 @@
 N ranks each holding a slice of the global batch must train exactly what one
 process would on the whole batch, so the mean and variance that normalise a
 sample are the global batch's: each rank sums its count, sum and sum of
-squares per channel (in float64, so E[x^2] - E[x]^2 does not cancel in
-float32), one all-reduce adds them up, and every rank derives the same
+squares per channel (each value squared and summed in float64, so that
+E[x^2] - E[x]^2 does not cancel for a channel whose mean is large against
+its spread), one all-reduce adds them up, and every rank derives the same
 global mean and biased variance. The all-reduce is differentiable (its
 backward all-reduces the gradient of the sums), so a sample's gradient
 includes the effect it has on every other rank's outputs through the
@@ -93,9 +94,8 @@ class SyncBatchNorm(nn.Module):
     def _global_sums(self, rows: torch.Tensor) -> torch.Tensor:
         """[3, C] float64: the count, sum and sum of squares of every rank's rows, added up."""
         count = torch.full((self.num_features,), float(rows.shape[0]), dtype=torch.float64, device=rows.device)
-        local = torch.stack(
-            [count, rows.sum(0, dtype=torch.float64), rows.square().sum(0, dtype=torch.float64)]
-        )
+        wide = rows.double()  # squared in float64 too: a float32 square of 1000.01 is already off by 0.06
+        local = torch.stack([count, wide.sum(0), wide.square().sum(0)])
         return _AllReduceSum.apply(local, self.process_group) if self._distributed() else local
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,16 @@ def test_trains_and_evaluates_like_nn_batchnorm1d(shape: tuple[int, ...]) -> Non
     torch.testing.assert_close(ours(x), expected, **F32)
 
 
+def test_a_channel_whose_mean_dwarfs_its_spread_keeps_its_variance() -> None:
+    """Mean 1000, std 0.01: float32 squares of such values lose the variance in E[x^2] - E[x]^2.
+    The reference is nn.BatchNorm1d in float64 on the same float32 values (torch's own float32
+    BatchNorm is off by 1.9e-2 here)."""
+    x = torch.randn(256, 4, generator=torch.Generator().manual_seed(0)) * 0.01 + 1000
+    ours, exact = SyncBatchNorm(4, momentum=1.0), nn.BatchNorm1d(4, momentum=1.0).double()
+    torch.testing.assert_close(ours(x).double(), exact(x.double()), rtol=0, atol=5e-3)
+    torch.testing.assert_close(ours.running_var.double(), x.double().var(0), rtol=1e-5, atol=0)
+
+
 def test_state_dict_has_nn_batchnorm1d_keys() -> None:
     assert list(SyncBatchNorm(3).state_dict()) == list(nn.BatchNorm1d(3).state_dict())
 
