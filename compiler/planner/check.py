@@ -3,7 +3,8 @@
 Runs where the planner would: after validate, before lower. A plan passes
 when it is for this world size and device, covers every table of the spec
 exactly once, lays each table's shards out as its sharding type requires
-(docs/planner.md, "Shard layouts"), shards no sequence table table_row_wise,
+(docs/planner.md, "Shard layouts"), shards no sequence table table_row_wise
+and no rowwise_adagrad table column_wise unless the spec asks for it,
 respects the spec's constraints and
 fits every rank's memory under the planner's own storage estimate. Every
 problem is reported, at the plan file's line and column and with its JSON
@@ -98,6 +99,14 @@ def _check_table(
             f"{path}.compute_kernel",
             f"the {kernel} kernel needs a dim that is a multiple of {FUSED_DIM_MULTIPLE}, "
             f"'{table.name}' has {table.dim}; use the dense kernel",
+        ))
+    asked = constraint is not None and "column_wise" in constraint.sharding_types
+    if kind == "column_wise" and table.optimizer == "rowwise_adagrad" and len(given.shards) > 1 and not asked:
+        problems.append((
+            f"{path}.sharding_type",
+            f"column_wise shards of '{table.name}' would each keep their own rowwise_adagrad accumulator, so "
+            "the ranks would not train what one process trains; the spec's constraints must ask for column_wise "
+            "(sharding_types) to allow it",
         ))
     if kind == "table_row_wise" and table.is_sequence:
         problems.append(

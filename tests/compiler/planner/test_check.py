@@ -173,3 +173,34 @@ def test_a_missing_file_is_a_diagnostic(tmp_path: Path, monkeypatch: pytest.Monk
     with pytest.raises(CompileError) as error:
         read_plan("nowhere.json", IR, TOPOLOGY)
     assert str(error.value) == "nowhere.json:1:1: error: cannot read the plan: No such file or directory\n1 error"
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "constraints", "refused"),
+    [
+        ("rowwise_adagrad", None, True),
+        ("adagrad", None, False),
+        ("rowwise_adagrad", {"t": {"sharding_types": ["column_wise"]}}, False),
+    ],
+)
+def test_column_wise_shards_of_a_rowwise_adagrad_table_need_the_specs_consent(
+    optimizer: str, constraints: dict | None, refused: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each shard would keep its own per-row accumulator: not what one process trains."""
+    monkeypatch.chdir(tmp_path)
+    ir = make_ir([T("t", 100, 16, optimizer=optimizer)], world_size=2, constraints=constraints)
+    topology = topology_from_ir(ir)
+    data = plan(ir, topology).to_dict()
+    halves = [{"rank": r, "row_offset": 0, "rows": 100, "col_offset": 8 * r, "cols": 8} for r in (0, 1)]
+    data["tables"][0].update(sharding_type="column_wise", shards=halves)
+    Path("plan.json").write_text(json.dumps(data, indent=2) + "\n")
+    if not refused:
+        assert read_plan("plan.json", ir, topology).tables[0].sharding_type == "column_wise"
+        return
+    with pytest.raises(CompileError) as error:
+        read_plan("plan.json", ir, topology)
+    assert str(error.value).splitlines()[0].endswith(
+        "error: tables[0].sharding_type: column_wise shards of 't' would each keep their own rowwise_adagrad "
+        "accumulator, so the ranks would not train what one process trains; the spec's constraints must ask "
+        "for column_wise (sharding_types) to allow it"
+    )
