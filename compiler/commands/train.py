@@ -111,11 +111,19 @@ def _world_size(args: argparse.Namespace) -> int:
         if restarts < 0:
             raise UsageError(f"--max-restarts must be 0 or more, got {restarts}")
     if args.torchrun_nnodes is None:
-        return args.nproc
-    try:
-        return args.nproc * int(args.torchrun_nnodes)
-    except ValueError:
-        raise UsageError(f"--nnodes must be a fixed count, got {args.torchrun_nnodes!r}") from None
+        launched, how = args.nproc, f"--nproc {args.nproc}"
+    else:
+        try:
+            launched = args.nproc * int(args.torchrun_nnodes)
+        except ValueError:
+            raise UsageError(f"--nnodes must be a fixed count, got {args.torchrun_nnodes!r}") from None
+        how = f"--nproc {args.nproc} on --nnodes {args.torchrun_nnodes}"
+    if args.world_size is not None and args.world_size != launched:
+        raise UsageError(
+            f"--world-size {args.world_size}, but this run starts {launched} rank{'s' if launched != 1 else ''} "
+            f"({how}); train plans for the ranks it starts: leave --world-size out or make them agree"
+        )
+    return launched
 
 
 def _whole(text: str, flag: str) -> int:

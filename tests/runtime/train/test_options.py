@@ -44,6 +44,10 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
         (["--pipeline-depth", "0"], "--pipeline-depth must be at least 1, got 0"),
         (["--threads", "0"], "--threads must be at least 1, got 0"),
         (["--nproc", "0"], "--nproc must be at least 1, got 0"),
+        (["--world-size", "2"], "--world-size 2, but this run starts 1 rank (--nproc 1); "
+         "train plans for the ranks it starts: leave --world-size out or make them agree"),
+        (["--world-size", "2", "--nproc", "2", "--nnodes", "2"], "--world-size 2, but this run starts 4 ranks "
+         "(--nproc 2 on --nnodes 2); train plans for the ranks it starts: leave --world-size out or make them agree"),
         (["--best-metric", "auc"], "--best-metric auc needs --eval-data (the split it is measured on)"),
         (["--eval-data", "synthetic", "--eval-every", "5", "--patience", "2"],
          "--patience 2 needs --best-metric or the spec's training.early_stopping (the metric that must improve)"),
