@@ -43,9 +43,7 @@ class PlanFile:
         """Where the value at `path` is, or its nearest enclosing value that exists."""
         while path not in self.offsets and path:
             path = _LAST_STEP.sub("", path)
-        offset = self.offsets.get(path, 0)
-        line = bisect.bisect_right(self.line_starts, offset)
-        return Location(self.path, line, offset - self.line_starts[line - 1] + 1)
+        return _location(self.path, self.line_starts, self.offsets.get(path, 0))
 
 
 def read_plan_file(path: Path | str) -> tuple[ShardingPlan, PlanFile]:
@@ -58,18 +56,41 @@ def read_plan_file(path: Path | str) -> tuple[ShardingPlan, PlanFile]:
     except UnicodeDecodeError as error:
         where = _position(Path(path).read_bytes(), error.start, name)
         raise CompileError([Diagnostic(where, "", f"not a plan: byte 0x{error.object[error.start]:02x} is not UTF-8 text")])
+    starts = (0, *(m.end() for m in re.finditer("\n", text)))
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_a_number)
     except json.JSONDecodeError as error:
         where = Location(name, error.lineno, error.colno)
         raise CompileError([Diagnostic(where, "", f"invalid JSON: {error.msg}")])
-    starts = (0, *(m.end() for m in re.finditer("\n", text)))
+    except _Constant as constant:  # Python's json reads NaN and Infinity; JSON has neither
+        offset = re.search(rf"(?<![\w.]){constant.args[0]}(?!\w)", text)
+        where = _location(name, starts, offset.start() if offset else 0)
+        raise CompileError([Diagnostic(where, "", f"invalid JSON: {constant.args[0]} is not a JSON number")])
+    except ValueError as error:  # an integer beyond Python's digit limit
+        message = str(error).split(";")[0]
+        raise CompileError([Diagnostic(Location(name, 1, 1), "", f"invalid JSON: {message}")])
+    except RecursionError:
+        raise CompileError([Diagnostic(Location(name, 1, 1), "", "invalid JSON: nested too deeply")]) from None
     plan_file = PlanFile(name, data, starts, _value_offsets(text))
     problems: list[tuple[str, str]] = []
     plan = _plan_from_data(data, problems)
     if problems or plan is None:
         raise CompileError([Diagnostic(plan_file.locate(p), p, m) for p, m in problems])
     return plan, plan_file
+
+
+class _Constant(Exception):
+    """NaN, Infinity or -Infinity in a plan file (args[0])."""
+
+
+def _not_a_number(constant: str) -> None:
+    raise _Constant(constant)
+
+
+def _location(name: str, starts: tuple[int, ...], offset: int) -> Location:
+    """The line and column of character `offset`, given where each line starts."""
+    line = bisect.bisect_right(starts, offset)
+    return Location(name, line, offset - starts[line - 1] + 1)
 
 
 def _position(data: bytes, offset: int, name: str) -> Location:
@@ -84,7 +105,7 @@ def _plan_from_data(data: Any, problems: list[tuple[str, str]]) -> ShardingPlan 
         return None
     if "format_version" not in data:
         problems.append(("", "missing 'format_version'"))
-    elif data["format_version"] != FORMAT_VERSION:
+    elif type(data["format_version"]) is not int or data["format_version"] != FORMAT_VERSION:
         version = json.dumps(data["format_version"])
         problems.append(
             ("format_version", f"unsupported format_version {version} (this compiler reads {FORMAT_VERSION})")

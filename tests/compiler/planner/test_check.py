@@ -204,3 +204,27 @@ def test_column_wise_shards_of_a_rowwise_adagrad_table_need_the_specs_consent(
         "accumulator, so the ranks would not train what one process trains; the spec's constraints must ask "
         "for column_wise (sharding_types) to allow it"
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"format_version": 1,\n "cost_ms": NaN}', "plan.json:2:13: error: invalid JSON: NaN is not a JSON number"),
+        ('{"x": [1, -Infinity]}', "plan.json:1:11: error: invalid JSON: -Infinity is not a JSON number"),
+        ('{"world_size": ' + "9" * 5000 + "}", "plan.json:1:1: error: invalid JSON: Exceeds the limit (4300 digits) "
+         "for integer string conversion: value has 5000 digits"),
+        ("[" * 100_000 + "]" * 100_000, "plan.json:1:1: error: invalid JSON: nested too deeply"),
+        ('{"format_version": true, "world_size": 1, "tables": []}',
+         "plan.json:1:20: error: format_version: unsupported format_version true (this compiler reads 1)"),
+        ('{"format_version": 1.0, "world_size": 1, "tables": []}',
+         "plan.json:1:20: error: format_version: unsupported format_version 1.0 (this compiler reads 1)"),
+    ],
+)
+def test_what_pythons_json_reads_beyond_json_is_a_diagnostic(
+    text: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    Path("plan.json").write_text(text)
+    with pytest.raises(CompileError) as error:
+        read_plan("plan.json", IR, TOPOLOGY)
+    assert str(error.value).splitlines()[0] == message
