@@ -20,6 +20,7 @@ LossType = Literal["bce", "mse", "softmax", "sampled_softmax"]
 OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
 LrScheduleType = Literal["constant", "step", "exponential", "linear", "cosine"]
 Device = Literal["cpu", "cuda"]
+INT64_MAX = (1 << 63) - 1  # the largest count or size the IR holds: the runtime's tensors index in int64
 
 
 @dataclass(frozen=True, slots=True)

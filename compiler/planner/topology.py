@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from compiler.diagnostics import CompileError, Diagnostic
-from compiler.ir import Device, ModelIR
+from compiler.ir import INT64_MAX, Device, ModelIR
 
 KiB = 1 << 10
 MiB = 1 << 20
@@ -142,9 +143,11 @@ def parse_bytes(text: str) -> int:
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS:
         raise ValueError(f"expected a size such as 16GiB, 512MiB or 1073741824, got {text!r}")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    value = math.floor(Fraction(match.group(1)) * _UNITS[unit])
     if value < 1:
         raise ValueError(f"a memory size must be at least 1 byte, got {text!r}")
+    if value > INT64_MAX:
+        raise ValueError(f"a memory size must be at most {INT64_MAX} bytes, got {text!r}")
     return value
 
 

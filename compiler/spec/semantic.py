@@ -22,6 +22,7 @@ from typing import Any, Collection
 from compiler.diagnostics import Diagnostic
 from compiler.spec import feature_sources
 from compiler.ir import (
+    INT64_MAX,
     Constraint,
     Data,
     DenseFeature,
@@ -35,7 +36,6 @@ from compiler.ir import (
 )
 from compiler.spec.load import Node, Path, format_path
 
-INT64_MAX = (1 << 63) - 1
 MAX_SPARSE_FEATURES = 100_000
 SUGGESTION_BUDGET = 500_000  # candidate names compared for did-you-means, per spec
 MAX_NAME_LENGTH = 64  # as the schema's `name`

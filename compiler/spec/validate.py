@@ -28,11 +28,10 @@ import jsonschema
 from jsonschema.exceptions import ValidationError
 
 from compiler.diagnostics import CompileError, Diagnostic
-from compiler.ir import ModelIR
+from compiler.ir import INT64_MAX, ModelIR
 from compiler.spec import build
 from compiler.spec.load import Document, Node, Path, format_path
 
-INT64_MAX = (1 << 63) - 1
 INT64_MIN = -(1 << 63)
 
 _TYPE_NAMES = {

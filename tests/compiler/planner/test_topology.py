@@ -61,16 +61,31 @@ def test_ranks_per_host_must_divide_the_world_size() -> None:
         ("1.5GiB", 3 * GiB // 2),
         ("1048576", MiB),
         ("100 B", 100),
+        ("9223372036854775807", (1 << 63) - 1),
+        ("0.1GB", 10**8),  # exact: no float rounding
+        ("8388607.99999999999999TiB", 8388607 * 2**40 + 2**40 - 1),
     ],
 )
 def test_parse_bytes(text: str, expected: int) -> None:
     assert parse_bytes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "16 parsecs", "-1GiB", "0"])
-def test_parse_bytes_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "expected a size such as 16GiB, 512MiB or 1073741824, got ''"),
+        ("GiB", "expected a size such as 16GiB, 512MiB or 1073741824, got 'GiB'"),
+        ("16 parsecs", "expected a size such as 16GiB, 512MiB or 1073741824, got '16 parsecs'"),
+        ("-1GiB", "expected a size such as 16GiB, 512MiB or 1073741824, got '-1GiB'"),
+        ("0", "a memory size must be at least 1 byte, got '0'"),
+        ("9223372036854775808", "a memory size must be at most 9223372036854775807 bytes, got '9223372036854775808'"),
+        ("9" * 400 + "TiB", f"a memory size must be at most 9223372036854775807 bytes, got '{'9' * 400}TiB'"),
+    ],
+)
+def test_parse_bytes_rejects(text: str, message: str) -> None:
+    with pytest.raises(ValueError) as error:
         parse_bytes(text)
+    assert str(error.value) == message
 
 
 def test_format_bytes() -> None:
