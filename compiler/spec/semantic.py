@@ -539,6 +539,7 @@ def _sparse_ir(
 
 def _table_ir(checker: Checker, spec: _TableSpec) -> Table | None:
     optimizer = optimizer_ir(checker, spec.optimizer, None) if spec.optimizer is not None else None
+    optimizer = _table_optimizer(checker, spec.optimizer, optimizer)
     init = _init_range(checker, spec)
     if not (isinstance(spec.rows, int) and isinstance(spec.dim, int)):
         return None
@@ -597,6 +598,15 @@ def optimizer_ir(checker: Checker, node: Node | None, default: Optimizer | None)
         return INVALID
     given = {key: float(value) for key, value in params.items() if value is not None}
     return Optimizer(type=kind, **{"lr": DEFAULT_LR, **given})
+
+
+def _table_optimizer(checker: Checker, node: Node | None, optimizer: Any) -> Any:
+    """`optimizer` unless it asks a table for what the fused kernels do not do (INVALID then)."""
+    if isinstance(optimizer, Optimizer) and optimizer.weight_decay and optimizer.type != "adam":
+        at = checker.child(node, "weight_decay") or node
+        checker.error(at, f"weight_decay applies to tables only with adam, not {optimizer.type}", at_key=True)
+        return INVALID
+    return optimizer
 
 
 def resolve_sharding(checker: Checker, root: Node, table_names: set[str]) -> Any:
@@ -662,6 +672,7 @@ def resolve_training(checker: Checker, root: Node, world_size: Any) -> Any:
         checker.error(at, "rowwise_adagrad is for embedding tables only; use adagrad for dense parameters")
         dense = INVALID
     sparse = optimizer_ir(checker, checker.child(node, "sparse_optimizer"), DEFAULT_SPARSE_OPTIMIZER)
+    sparse = _table_optimizer(checker, checker.child(node, "sparse_optimizer"), sparse)
     seed, steps = checker.value(node, "seed", 0), checker.value(node, "steps", 100)
     if not known(batch, seed, steps, dense, sparse):
         return INVALID
