@@ -17,12 +17,16 @@ Which layers run packed depends on what the export promises:
   (tests/runtime/serving/test_packed_mlp.py). Where `linear` chose MKL, the
   layer stays on MKL, through the call `linear` makes there.
 - An approximate export (fp16, int8 or int4 tables: its scores already
-  differ from the trained model's by the tables' rounding) takes the packed
-  layer unless MKL is clearly faster on this machine at the layer's shapes
-  (kernel 'packed_linear'; runtime/cpu/choice.py's MARGINS says why). On this project's AVX2 EPYC the packed
-  layers of dlrm-bench's MLPs at batch 512 run at 150-190 GFLOP/s against
-  MKL's 147 (MKL takes a generic path on CPUs that are not Intel's): the
-  int8 criteo forward at batch 512 goes from 5.09 to 4.65 ms.
+  differ from the trained model's by the tables' rounding) runs the block
+  on packed oneDNN layers or on MKL, whichever runs the whole block faster
+  on this machine at its shapes (kernel 'packed_mlp'). The block, not each
+  layer, is timed: a layer timed alone shows less than what it costs between
+  its neighbours. On this project's AVX2 EPYC one day's calibration timed
+  dlrm-bench's layers at batch 512 within 0.5-3% of each other, while the
+  whole bottom MLP took 0.99 ms on MKL against 1.11 ms packed, and the top
+  2.07 against 2.18 (the fp16 criteo forward: 4.16-4.32 against 4.51-4.56
+  ms); another day the packed layers were the faster (the int8 criteo
+  forward: 4.65 against 5.09 ms).
 
 Either way the choice is asked of runtime/cpu/choice.py at every call,
 which answers a repeated question from memory in a few microseconds.
@@ -35,6 +39,8 @@ turns oneDNN off) take the model's own `linear`, unchanged.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -66,62 +72,79 @@ def _plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, rel
     return torch.relu_(out) if relu else out
 
 
+# Which layers of a block run on their packed weight: (layer, input, weight, bias, relu) -> bool.
+_Packs = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None", bool], bool]
+
+
+def _never(k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
+    return False
+
+
+def _where_onednn_applies(k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
+    return onednn_applies(x, weight)  # a layer too small for oneDNN stays on MKL
+
+
 class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
-    _shapes: dict[tuple[int, int, int], str | None]
+    _questions: dict[tuple[int, int], str | None]  # (batch bucket, threads) -> the 'packed_mlp' question
     exact: bool
 
     @classmethod
     def from_mlp(cls, mlp: MLP, exact: bool) -> PackedMLP:
         """A PackedMLP holding `mlp`'s layers and settings (the same parameters, not copies).
 
-        `exact`: compute the bits `mlp` computes (the layers follow `linear`'s choice); otherwise each
-        layer takes the faster of MKL and its packed weight.
+        `exact`: compute the bits `mlp` computes (the layers follow `linear`'s choice); otherwise the
+        block runs the faster way, MKL or packed.
         """
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
-        packed._packs, packed._shapes, packed.exact = {}, {}, exact
+        packed._packs, packed._questions, packed.exact = {}, {}, exact
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._decorated or x.shape[-1] != self.in_features or not _packed_applies(x, self.linears[0].weight):
             return super().forward(x)  # which also names a wrong input width
+        if self.exact:
+            return self._run(x, lambda k, x, weight, bias, relu: onednn_chosen(x, weight, bias, relu))
+        question = self._question(x)
+        packed = question is not None and choice.choose("packed_mlp", question, {
+            "aten": lambda: self._run(x, _never),
+            "packed": lambda: self._run(x, _where_onednn_applies),
+        }) == "packed"
+        return self._run(x, _where_onednn_applies if packed else _never)
+
+    def _run(self, x: torch.Tensor, packs: _Packs) -> torch.Tensor:
+        """The layers on a float32 CPU input outside autograd (forward checked that for layer 0's input,
+        and each layer's output keeps it); `packs` says which run packed. A layer whose own weight is
+        not float32 takes `linear`."""
         for k, (layer, act) in enumerate(zip(self.linears, self._activations)):
-            relu = act is torch.relu_
-            x = self._layer(k, x, layer.weight, layer.bias, relu)
+            weight, bias, relu = layer.weight, layer.bias, act is torch.relu_
+            if weight.dtype != torch.float32:
+                x = linear(x, weight, bias, relu=relu)
+            elif packs(k, x, weight, bias, relu):
+                x = self._packed(k, x, weight, bias, relu)
+            else:
+                x = _plain(x, weight, bias, relu)
             if act is not None and not relu:
                 x = act(x)
         return x
 
-    def _layer(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
-        """Layer k on a float32 CPU input outside autograd (forward checked that for layer 0's input,
-        and each layer's output keeps it); its own weight's dtype is checked here."""
-        if weight.dtype != torch.float32:
-            return linear(x, weight, bias, relu=relu)
-        if self.exact:
-            packed = onednn_chosen(x, weight, bias, relu)
-        else:
-            shape = self._shape(k, x, weight, bias, relu)
-            packed = shape is not None and choice.choose("packed_linear", shape, {
-                "aten": lambda: _plain(x, weight, bias, relu),
-                "packed": lambda: self._packed(k, x, weight, bias, relu),
-            }) == "packed"
-        return self._packed(k, x, weight, bias, relu) if packed else _plain(x, weight, bias, relu)
-
-    def _shape(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> str | None:
-        """The 'packed_linear' question of layer k at x's batch and this thread count (None: oneDNN does
-        not apply, MKL runs it), built once: a forward asks it of runtime/cpu/choice.py per layer."""
-        batch, threads = x.shape[0], torch.get_num_threads()
-        key = (k, batch, threads)  # layer k's shape, bias and activation are fixed
-        if key not in self._shapes:
-            self._shapes[key] = (
-                f"b{choice.bucket(batch)}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if bias is not None else ''}"
-                f"{'_relu' if relu else ''}_t{threads}"
-                if onednn_applies(x, weight) else None
+    def _question(self, x: torch.Tensor) -> str | None:
+        """The 'packed_mlp' question at x's batch and this thread count, built once per (batch bucket,
+        threads): `b<batch>_in<width>_<out>[r]..._t<threads>` (r: ReLU fused), or None when oneDNN
+        applies to no layer (MKL runs them all)."""
+        batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
+        if (batch, threads) not in self._questions:
+            widths = [(layer.out_features, act is torch.relu_) for layer, act in zip(self.linears, self._activations)]
+            layers = "_".join(f"{out}{'r' if relu else ''}" for out, relu in widths)
+            applies = any(
+                onednn_applies(x.new_empty(1, 1).expand(x.shape[0], layer.in_features), layer.weight)
+                for layer in self.linears
             )
-        return self._shapes[key]
+            self._questions[(batch, threads)] = f"b{batch}_in{self.in_features}_{layers}_t{threads}" if applies else None
+        return self._questions[(batch, threads)]
 
     def _packed(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
         # Packed again if the weight was replaced or written to (load_state_dict copies in place).

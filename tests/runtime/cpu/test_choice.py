@@ -86,16 +86,19 @@ def test_the_baseline_stays_unless_the_alternative_is_clearly_faster() -> None:
     assert choice.choose("quant_pool", "level", level) == "fbgemm"
 
 
-def test_packed_linear_keeps_the_packed_layer_unless_mkl_is_clearly_faster() -> None:
+def test_a_serving_mlp_takes_whichever_way_is_faster_with_no_margin() -> None:
     calls: list[str] = []
-    close = {"aten": _sleeper(20, calls, "aten"), "packed": _sleeper(20.4, calls, "packed")}  # 2% behind
-    assert choice.choose("packed_linear", "close", close) == "packed"
-    assert choice.choose("linear", "close", {"aten": close["aten"], "onednn": close["packed"]}) == "aten"
-    behind = {"aten": _sleeper(20, calls, "aten"), "packed": _sleeper(23, calls, "packed")}  # 15% behind
-    assert choice.choose("packed_linear", "behind", behind) == "aten"
+    behind = {"aten": _sleeper(20, calls, "aten"), "packed": _sleeper(21, calls, "packed")}  # 5% behind
+    assert choice.choose("packed_mlp", "behind", behind) == "aten"
+    ahead = {"aten": _sleeper(21, calls, "aten"), "packed": _sleeper(20, calls, "packed")}  # 5% ahead
+    assert choice.choose("packed_mlp", "ahead", ahead) == "packed"
+    assert choice.choose("linear", "ahead", {"aten": ahead["aten"], "onednn": ahead["packed"]}) == "onednn"
+    assert choice.choose("dot", "ahead", {"torch": ahead["aten"], "native": ahead["packed"]}) == "native"
+    close = {"torch": _sleeper(20.4, calls, "torch"), "native": _sleeper(20, calls, "native")}  # 2% ahead
+    assert choice.choose("dot", "close", close) == "torch"  # other kernels keep their 3% margin
 
 
-def test_packed_linear_is_timed_over_its_window_so_a_slow_phase_does_not_decide() -> None:
+def test_a_serving_mlp_is_timed_over_its_window_so_a_slow_phase_does_not_decide() -> None:
     """'packed' is slow for its first 0.2 s (5 rounds take 0.175 s) and fast after: only a kernel
     timed over WINDOWS' 0.3 s sees both phases."""
 
@@ -108,9 +111,9 @@ def test_packed_linear_is_timed_over_its_window_so_a_slow_phase_does_not_decide(
 
         return {"aten": _sleeper(15, calls, "aten"), "packed": packed}
 
-    assert choice.WINDOWS["packed_linear"] == 0.3
+    assert choice.WINDOWS["packed_mlp"] == 0.3
     calls: list[str] = []
-    assert choice.choose("packed_linear", "phases", phased(calls)) == "packed"
+    assert choice.choose("packed_mlp", "phases", phased(calls)) == "packed"
     assert calls.count("packed") > 1 + choice.REPEATS
     calls = []
     runs = phased(calls)
@@ -152,7 +155,7 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
         "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
-        "packed_linear=aten|packed"
+        "packed_mlp=aten|packed"
     )
 
 
