@@ -350,18 +350,36 @@ class _LoadTargets:
         return apply
 
     def optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
-        """Targets for the dense optimizer's state; the returned call loads them."""
+        """Targets for the dense optimizer's state; the returned call loads them.
+
+        A checkpoint whose per-parameter state has other names than this optimizer keeps (adagrad's
+        `sum` where adam keeps `exp_avg` and `exp_avg_sq`, say) was trained with another dense
+        optimizer: an error, or with allow_missing a fresh state, reported as skipped."""
         names = _parameter_names(model, optimizer)
         wanted: dict[int, dict[str, str]] = {}
         for index, name in enumerate(names):
             head = f"optim.{name}."
-            for fqn, entry in self.metadata.items():
+            for fqn in self.metadata:
                 if fqn.startswith(head) and "." not in fqn[len(head) :]:
                     wanted.setdefault(index, {})[fqn[len(head) :]] = fqn
-                    is_tensor = isinstance(entry, TensorStorageMetadata)
-                    self.state[fqn] = (
-                        torch.empty(entry.size, dtype=entry.properties.dtype) if is_tensor else None
-                    )
+        keeps = _state_names(optimizer)
+        saved = {frozenset(keys) for keys in wanted.values()} or ({frozenset()} if keeps and names else set())
+        other = next((keys for keys in sorted(saved, key=sorted) if keys != keeps), None)
+        if other is not None:
+            problem = (
+                f"{self.path}: the dense optimizer's state has {', '.join(sorted(other)) or 'no entries'}, "
+                f"where this run's {type(optimizer).__name__} keeps {', '.join(sorted(keeps)) or 'none'}: "
+                "it was trained with another dense optimizer"
+            )
+            if not self.allow_missing:
+                raise CheckpointError(f"{problem}; pass --allow-spec-change to start that state afresh")
+            self.skipped.append(f"optim.* (the state of another dense optimizer: {', '.join(sorted(other))})")
+            return lambda: None
+        for keys in wanted.values():
+            for fqn in keys.values():
+                entry = self.metadata[fqn]
+                is_tensor = isinstance(entry, TensorStorageMetadata)
+                self.state[fqn] = torch.empty(entry.size, dtype=entry.properties.dtype) if is_tensor else None
 
         def apply() -> None:
             current = optimizer.state_dict()
@@ -386,6 +404,15 @@ class _LoadTargets:
                 f"but {tuple(shape)} in this model"
             )
         return True
+
+
+def _state_names(optimizer: torch.optim.Optimizer) -> frozenset[str]:
+    """The names of the state `optimizer` keeps per parameter, from one step of a twin on one value."""
+    probe = torch.zeros(1, requires_grad=True)
+    twin = type(optimizer)([probe], **optimizer.defaults)
+    probe.grad = torch.zeros(1)
+    twin.step()
+    return frozenset(twin.state[probe])
 
 
 def _copier(target: torch.Tensor, source: torch.Tensor, mean: bool = False) -> Callable[[], None]:

@@ -280,3 +280,23 @@ def test_a_changed_table_shape_is_an_error_naming_the_entry(modules, tmp_path: P
         "but (60, 8) in this model"
     )
     assert manifest["spec_sha256"] != module.SPEC_SHA256
+
+
+def test_another_dense_optimizer_is_refused_unless_allowed_and_then_starts_afresh(modules, tmp_path: Path) -> None:
+    directory = one_rank_checkpoint(modules, tmp_path)
+    module = load_module(str(modules[1]))
+    model, _ = cc.fresh(module)
+    adam = torch.optim.Adam(model.dense_parameters(), lr=0.01)
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(tmp_path, model, adam, spec_sha256=module.SPEC_SHA256)
+    assert str(raised.value) == (
+        f"{directory}: the dense optimizer's state has step, sum, where this run's Adam keeps exp_avg, "
+        "exp_avg_sq, step: it was trained with another dense optimizer; pass --allow-spec-change to start "
+        "that state afresh"
+    )
+    resumed = checkpoint.load_checkpoint(tmp_path, model, adam, spec_sha256=module.SPEC_SHA256, allow_spec_change=True)
+    assert resumed.skipped == ("optim.* (the state of another dense optimizer: step, sum)",)
+    assert adam.state_dict()["state"] == {}
+    expected, adagrad = cc.fresh(module)
+    checkpoint.load_checkpoint(tmp_path, expected, adagrad, spec_sha256=module.SPEC_SHA256)
+    assert_equal_states(cc.full_state(model), cc.full_state(expected))  # the model itself loaded
