@@ -63,7 +63,13 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
         print(f"error: torchrun was killed by {_signal_name(-status)}, and the ranks with it; {_where(checkpoint_dir)}",
               file=sys.stderr)  # fmt: skip
         return 1
-    if status != 0 and report.killed is not None:  # the other ranks' errors follow from it
+    if status == 0:  # torchrun restarted the ranks (--max-restarts) after any failure, and they finished
+        if report.errors:
+            first = _WORKER_ERROR.match(next(iter(report.errors.values())))
+            assert first is not None  # errors holds only lines it matched
+            print(f"note: torchrun restarted the ranks after rank {first.group(1)} failed ({first.group(2)}); "
+                  "the restarted ranks finished", file=sys.stderr)  # fmt: skip
+    elif report.killed is not None:  # the other ranks' errors follow from it
         rank, number = report.killed
         print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)
     else:

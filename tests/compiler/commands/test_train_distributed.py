@@ -60,3 +60,22 @@ def test_a_failing_worker_ends_the_job_with_its_error_once(tmp_path: Path) -> No
     message = "the plan is for world size 1 but this job has 2 ranks: recompile with --world-size 2"
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].endswith(message), done.stderr
+
+
+def test_a_job_that_recovered_ends_with_a_note_not_an_error(tmp_path: Path) -> None:
+    """With --max-restarts, torchrun restarts the ranks after a failure; when they finish, the job
+    succeeded: the first attempt's error is a note, not an 'error:' asking to resume."""
+    fake_torchrun = (
+        "import sys; print('error: rank 1: lost its way', file=sys.stderr); "
+        "print('after the restart', file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
+         "sys.exit(run_torchrun(sys.argv[1:]))", sys.executable, "-c", fake_torchrun],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "note: torchrun restarted the ranks after rank 1 failed (lost its way); the restarted ranks finished"
+    )
+    assert not any(line.startswith("error:") for line in done.stderr.splitlines())
