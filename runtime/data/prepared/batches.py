@@ -125,12 +125,17 @@ class PreparedBatches:
             raise RuntimeError("the data position is set before the first batch is taken")
         if state.get("reader") != "prepared":
             raise DataError(f"the checkpoint's data position is for the {state.get('reader')} reader, not prepared data")
-        for key, flag in (("seed", "--seed"), ("window", "--shuffle-window")):
-            if state.get(key) != getattr(self.data, key):
-                raise DataError(
-                    f"the checkpoint read prepared data with {key} {state.get(key)!r}, this run with "
-                    f"{getattr(self.data, key)!r}: resume with the same {flag} to continue its order"
-                )
+        saved, window = state.get("window") or 0, self.data.window or 0
+        if saved != window:
+            raise DataError(
+                f"the checkpoint read prepared data with --shuffle-window {saved}, this run with {window}: "
+                f"resume with --shuffle-window {saved} to continue its order"
+            )
+        if window and state.get("seed") != self.data.seed:  # the seed orders shuffled data only
+            raise DataError(
+                f"the checkpoint read prepared data shuffled with --seed {state.get('seed')}, this run with "
+                f"{self.data.seed}: resume with --seed {state.get('seed')} to continue its order"
+            )
         row = int(state["row"])
         if row % self.global_batch != 0:
             raise DataError(f"the checkpoint's data position, row {row}, is not at a batch of {self.global_batch}")

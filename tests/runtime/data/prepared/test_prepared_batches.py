@@ -126,14 +126,21 @@ def test_a_resumed_reader_starts_at_the_row_and_decodes_nothing_before_it(prepar
     resumed.close()
 
 
-def test_a_position_of_another_shuffle_is_refused(prepared: Path) -> None:
-    batches = PreparedBatches(_data(prepared, seed=5, window=2), global_batch=32, rank=0, world_size=1)
+@pytest.mark.parametrize(
+    ("seed", "window", "message"),
+    [
+        (5, 2, "with --shuffle-window 4, this run with 2: resume with --shuffle-window 4"),
+        (None, 0, "with --shuffle-window 4, this run with 0: resume with --shuffle-window 4"),  # unshuffled
+        (6, 4, "shuffled with --seed 5, this run with 6: resume with --seed 5"),
+    ],
+)
+def test_a_position_of_another_shuffle_is_refused_naming_what_differs(
+    prepared: Path, seed: int | None, window: int, message: str
+) -> None:
+    batches = PreparedBatches(_data(prepared, seed=seed, window=window), global_batch=32, rank=0, world_size=1)
     with pytest.raises(DataError) as error:
         batches.load_state_dict({"reader": "prepared", "row": 64, "seed": 5, "window": 4})
-    assert str(error.value) == (
-        "the checkpoint read prepared data with window 4, this run with 2: resume with the same "
-        "--shuffle-window to continue its order"
-    )
+    assert str(error.value) == f"the checkpoint read prepared data {message} to continue its order"
 
 
 def test_one_epoch_pads_the_last_batch_as_the_file_readers_do(prepared: Path) -> None:
