@@ -45,7 +45,7 @@ class Options:
 def compile_spec(path: str, options: Options = Options()) -> SplitModel:
     """Spec file -> checked, lowered model (the fx graph, its two stages and its submodules)."""
     document = load(path)  # YAML -> a tree that keeps file:line:col for every node
-    ir = validate(document)  # JSON Schema + semantic checks -> frozen, resolved ModelIR
+    ir = validate(document, options.world_size)  # JSON Schema + semantic checks -> frozen, resolved ModelIR
     ir = apply_options(ir, options)  # the command line's world size, batch size and host size win
     topology = topology_from_ir(
         ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank

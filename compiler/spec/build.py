@@ -87,8 +87,11 @@ class _Head:
     item: Ref | None = None  # a sampled_softmax head's item vector
 
 
-def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, list[Diagnostic]]:
-    """Run the semantic checks on `doc`; return its IR (None on any error) and the diagnostics."""
+def build_ir(
+    doc: Document, tainted: frozenset[Path], world_size: int | None = None
+) -> tuple[ModelIR | None, list[Diagnostic]]:
+    """Run the semantic checks on `doc`, with `world_size` for the spec's in the checks that depend
+    on it (see validate); return its IR (None on any error) and the diagnostics."""
     checker = Checker(tainted)
     root = doc.root
     assert root is not None
@@ -107,9 +110,11 @@ def build_ir(doc: Document, tainted: frozenset[Path]) -> tuple[ModelIR | None, l
         _infer(checker, blocks[name], blocks, features, readers.get(name))
     heads_ir = [_head_ir(checker, head, blocks, features, readers) for head in heads]
     _check_unused(checker, blocks, heads)
-    sharding = resolve_sharding(checker, root, features.table_names)
-    world_size = checker.value(checker.child(root, "sharding"), "world_size", 1)
-    training = resolve_training(checker, root, world_size)
+    sharding = resolve_sharding(checker, root, features.table_names, world_size)
+    # The batch over the spec's ranks; over the command line's, apply_options checks it with the
+    # command line's batch size too.
+    spec_world = checker.value(checker.child(root, "sharding"), "world_size", 1) if world_size is None else None
+    training = resolve_training(checker, root, spec_world)
     lr_schedule = resolve_lr_schedule(checker, checker.child(root, "training"))
     early_stopping = resolve_early_stopping(checker, checker.child(root, "training"), heads_ir)
     labels = {head.label for head in heads if isinstance(head.label, str) and head.loss != "sampled_softmax"}

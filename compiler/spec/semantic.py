@@ -609,18 +609,20 @@ def _table_optimizer(checker: Checker, node: Node | None, optimizer: Any) -> Any
     return optimizer
 
 
-def resolve_sharding(checker: Checker, root: Node, table_names: set[str]) -> Any:
-    """The sharding section with defaults filled (INVALID if broken)."""
+def resolve_sharding(checker: Checker, root: Node, table_names: set[str], world_size: int | None = None) -> Any:
+    """The sharding section with defaults filled (INVALID if broken); `world_size`, when given,
+    is the one the ranks of its checks are counted in (the IR keeps the spec's)."""
     node = checker.child(root, "sharding")
     world = checker.value(node, "world_size", 1)
+    ranks = world if world_size is None else world_size
     device = checker.value(node, "device", "cpu")
     per_host = checker.value(node, "ranks_per_host")
-    if isinstance(world, int) and isinstance(per_host, int) and world % per_host:
+    if isinstance(ranks, int) and isinstance(per_host, int) and ranks % per_host:
         at = checker.child(node, "ranks_per_host") or node
-        checker.error(at, f"world_size {world} does not divide into hosts of {per_host} ranks")
+        checker.error(at, f"world_size {ranks} does not divide into hosts of {per_host} ranks")
     memory = _memory(checker, node)
     constraints = [
-        _constraint(checker, name, entry, table_names, world)
+        _constraint(checker, name, entry, table_names, ranks)
         for name, entry in checker.pairs(node, "constraints")
     ]
     if not known(world, device, per_host, memory, *constraints):

@@ -85,8 +85,12 @@ class Problem:
     missing: str | None = None
 
 
-def validate(doc: Document) -> ModelIR:
-    """Check `doc` against the schema and the semantic rules; return its IR or raise `CompileError`."""
+def validate(doc: Document, world_size: int | None = None) -> ModelIR:
+    """Check `doc` against the schema and the semantic rules; return its IR or raise `CompileError`.
+
+    `world_size` (the command line's) replaces the spec's in the rules that depend on it (a
+    constraint's ranks, hosts of ranks_per_host); the IR keeps the spec's, which
+    `compiler.pipeline.apply_options` replaces, checking then that the batch divides over it."""
     if doc.root is None:
         message = "the spec is empty; expected a mapping with version, name, features, model and heads"
         raise CompileError([Diagnostic(doc.start(), "", message)])
@@ -95,7 +99,7 @@ def validate(doc: Document) -> ModelIR:
     problems += [problem for problem in _number_problems(doc.root) if problem.path not in tainted]
     tainted = _prefixes(problem.path for problem in problems)
     diagnostics = [problem.diagnostic for problem in problems if problem.diagnostic is not None]
-    ir, semantic = build.build_ir(doc, frozenset(tainted))
+    ir, semantic = build.build_ir(doc, frozenset(tainted), world_size)
     diagnostics += semantic
     if diagnostics or ir is None:
         raise CompileError(diagnostics)

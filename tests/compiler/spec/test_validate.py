@@ -15,6 +15,7 @@ import pytest
 from compiler.cli import main
 from compiler.diagnostics import CompileError
 from compiler.ir import Dot, Mlp, ModelIR, Moe, Optimizer
+from compiler.pipeline import Options, compile_spec
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
@@ -164,3 +165,36 @@ def test_empty_spec_and_non_mapping_root(tmp_path: Path) -> None:
 def test_a_misspelled_required_key_is_reported_once(tmp_path: Path) -> None:
     text = MINIMAL.replace("layers: [4, 1]", "layer: [4, 1]")
     assert check_text(tmp_path, text) == ["model.a.layer: unknown key 'layer' (did you mean 'layers'?)"]
+
+
+CONSTRAINED = """\
+version: 1
+name: constrained
+features:
+  sparse:
+    - {name: a, num_embeddings: 100, dim: 8}
+model:
+  top: {type: mlp, input: sparse.a, layers: [1]}
+heads:
+  - {name: click, input: top, loss: bce}
+training: {batch_size: 8}
+sharding:
+  world_size: 3
+  constraints:
+    a: {ranks: [3]}
+"""
+
+
+def test_the_command_lines_world_size_is_the_one_the_spec_is_checked_against(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(CONSTRAINED)
+    with pytest.raises(CompileError) as caught:
+        validate(load(str(path)))
+    assert sorted(d.message for d in caught.value.diagnostics) == [
+        "batch_size 8 does not divide evenly over world_size 3 ranks", "rank 3 does not exist with world_size 3",
+    ]
+    assert validate(load(str(path)), world_size=4).sharding.world_size == 3  # the IR keeps the spec's
+    assert compile_spec(str(path), Options(world_size=4)).ir.sharding.world_size == 4
+    with pytest.raises(CompileError) as caught:
+        compile_spec(str(path), Options(world_size=2))
+    assert [d.message for d in caught.value.diagnostics] == ["rank 3 does not exist with world_size 2"]
