@@ -157,6 +157,8 @@ class Checkpointing:
             self._say(f"warning: {self._resumed.path}: {problem}", sys.stderr)
         why = "torchrun restarted this job" if restarted else "--resume"
         self._say(f"resumed from {self._resumed.path} at step {self.start_step} ({why})")
+        if self.start_step == steps and not restarted:
+            self._say(f"note: step {steps} is this run's last: nothing is left to train (raise --steps to go on)")
         return self.start_step
 
     def _resume_schedule(self) -> None:

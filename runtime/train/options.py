@@ -183,8 +183,10 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
 
 
 def check_early_stopping(options: TrainOptions) -> None:
-    """After the spec's defaults: --best-metric needs an evaluation split, --patience a metric and
-    periodic evaluation; UsageError for the first that is missing."""
+    """After the spec's defaults: --eval-every and --best-metric need an evaluation split, --patience
+    a metric and periodic evaluation; UsageError for the first that is missing."""
+    if options.eval_every and options.eval_data is None:
+        raise UsageError(f"--eval-every {options.eval_every} needs --eval-data (the split it evaluates)")
     if options.best_metric is not None and options.eval_data is None:
         raise UsageError(f"--best-metric {options.best_metric} needs --eval-data (the split it is measured on)")
     if options.patience is not None and options.best_metric is None:

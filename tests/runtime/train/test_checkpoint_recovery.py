@@ -106,3 +106,14 @@ def test_a_checkpoint_directory_has_one_writer(module: Path, tmp_path: Path, cap
     )
     assert not (ck / "step_00000004").exists()
     assert run_worker(module, checkpoint_dir=ck) == 0  # released: the next job writes
+
+
+def test_resuming_at_the_last_step_says_nothing_is_left_to_train(module: Path, tmp_path: Path, capsys) -> None:
+    ck = tmp_path / "ck"
+    assert run_worker(module, checkpoint_dir=ck) == 0
+    capsys.readouterr()
+    assert run_worker(module, checkpoint_dir=ck, resume=True) == 0
+    out = capsys.readouterr().out
+    assert f"resumed from {ck}/step_00000004 at step 4 (--resume)\n" in out
+    assert "note: step 4 is this run's last: nothing is left to train (raise --steps to go on)\n" in out
+    assert losses(out) == {}

@@ -49,6 +49,7 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
         (["--world-size", "2", "--nproc", "2", "--nnodes", "2"], "--world-size 2, but this run starts 4 ranks "
          "(--nproc 2 on --nnodes 2); train plans for the ranks it starts: leave --world-size out or make them agree"),
         (["--best-metric", "auc"], "--best-metric auc needs --eval-data (the split it is measured on)"),
+        (["--eval-every", "5"], "--eval-every 5 needs --eval-data (the split it evaluates)"),
         (["--eval-data", "synthetic", "--eval-every", "5", "--patience", "2"],
          "--patience 2 needs --best-metric or the spec's training.early_stopping (the metric that must improve)"),
         (["--eval-data", "synthetic", "--best-metric", "auc", "--patience", "2"],
