@@ -225,7 +225,8 @@ def test_the_specs_training_early_stopping_stops_alike_and_the_flags_override_it
     overridden = _reccompile("train", str(stopping), *common, "--eval-data", f"movielens:{held_out}",
                              "--best-metric", "accuracy", "--patience", "1", "-o", str(tmp_path / "flags"))  # fmt: skip
     assert json.loads(overridden.stdout.splitlines()[-1])["best"]["metric"] == "click.accuracy"
-    unused = _reccompile("train", str(stopping), *common, "--steps", "2", "-o", str(tmp_path / "none"))
+    unused = _reccompile("train", str(stopping), "--data", f"movielens:{train}", "--steps", "2",
+                         "-o", str(tmp_path / "none"))  # fmt: skip
     line = f"{stopping}:18:3"  # the early_stopping key
     assert unused.stderr.splitlines()[0] == (
         f"note: training.early_stopping ({line}) is not applied: there is no --eval-data to measure auc on"
