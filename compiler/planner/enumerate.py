@@ -245,10 +245,10 @@ def _check_constraints(ir: ModelIR, topology: Topology) -> dict[str, Constraint]
 
 
 def sequence_row_wise_message(table: str, features: tuple[str, ...]) -> str:
-    """Why a sequence table cannot be table_row_wise."""
+    """Why a table looked up as rows (a sequence or position-weighted feature's) cannot be table_row_wise."""
     return (
-        f"table '{table}' serves the sequence feature(s) {', '.join(features)}, and sequence "
-        "tables cannot be table_row_wise; use row_wise, table_wise, column_wise or data_parallel"
+        f"table '{table}' serves {', '.join(features)}, looked up row by row (a sequence or position-weighted "
+        "feature), and such tables cannot be table_row_wise; use row_wise, table_wise, column_wise or data_parallel"
     )
 
 

@@ -17,6 +17,7 @@ import pytest
 from planner_ir import T, make_ir
 
 from compiler.diagnostics import CompileError
+from compiler.pipeline import compile_spec
 from compiler.planner.check import read_plan
 from compiler.planner.enumerate import ShardingEnumerator, table_specs
 from compiler.planner.estimate import estimate_shard
@@ -91,8 +92,8 @@ def test_a_constraint_asking_table_row_wise_for_a_sequence_table_is_a_diagnostic
         plan(ir, topology_from_ir(ir))
     assert str(error.value) == (
         "specs/test.yaml:500:3: error: sharding.constraints.hist.sharding_types: table 'hist' serves "
-        "the sequence feature(s) hist, and sequence tables cannot be table_row_wise; use row_wise, "
-        "table_wise, column_wise or data_parallel\n1 error"
+        "hist, looked up row by row (a sequence or position-weighted feature), and such tables cannot be "
+        "table_row_wise; use row_wise, table_wise, column_wise or data_parallel\n1 error"
     )
 
 
@@ -109,8 +110,9 @@ def test_a_given_plan_with_a_table_row_wise_sequence_table_is_a_diagnostic(
         read_plan("plan.json", sequence, topology_from_ir(sequence))
     (line,) = [x for x in str(error.value).splitlines() if "error:" in x]
     assert line.endswith(
-        "error: tables[0].sharding_type: table 'hist' serves the sequence feature(s) hist, and "
-        "sequence tables cannot be table_row_wise; use row_wise, table_wise, column_wise or data_parallel"
+        "error: tables[0].sharding_type: table 'hist' serves hist, looked up row by row (a sequence or "
+        "position-weighted feature), and such tables cannot be table_row_wise; use row_wise, table_wise, "
+        "column_wise or data_parallel"
     )
 
 
@@ -119,3 +121,35 @@ def test_max_length_is_an_input_of_the_plan() -> None:
     pooled = make_ir([T("hist", 1000, 64)])
     hashes = {inputs_sha256(ir, topology_from_ir(ir)) for ir in (short, long, pooled)}
     assert len(hashes) == 3
+
+
+POSITION_WEIGHTED = """\
+version: 1
+name: pw
+features:
+  sparse:
+    - {name: a, num_embeddings: 100, dim: 8, max_ids_per_sample: 3, position_weights: true}
+model:
+  top: {type: mlp, input: sparse.a, layers: [1]}
+heads:
+  - {name: click, input: top, loss: bce}
+training: {batch_size: 8}
+sharding:
+  world_size: 4
+  ranks_per_host: 2
+  constraints:
+    a: {sharding_types: [table_row_wise]}
+"""
+
+
+def test_a_position_weighted_table_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """Its ids are looked up as rows, like a sequence's, though the feature is pooled."""
+    path = tmp_path / "pw.yaml"
+    path.write_text(POSITION_WEIGHTED)
+    with pytest.raises(CompileError) as error:
+        compile_spec(str(path))
+    assert str(error.value) == (
+        f"{path}:15:5: error: sharding.constraints.a.sharding_types: table 'a' serves a, looked up row by row "
+        "(a sequence or position-weighted feature), and such tables cannot be table_row_wise; use row_wise, "
+        "table_wise, column_wise or data_parallel\n1 error"
+    )
