@@ -44,14 +44,22 @@ class Console:
         self._bar.update(step - self._bar.n)
 
     def log(
-        self, step: int, loss: float, samples_per_s: float, metrics: Metrics, lr: float | None = None
+        self,
+        step: int,
+        loss: float,
+        samples_per_s: float,
+        metrics: Metrics,
+        lr: float | None = None,
+        window: tuple[int, int] | None = None,
     ) -> None:
         """A progress line: step, loss, the dense learning rate (when given), samples/s, ETA and
-        the metrics of the last window."""
+        the metrics of the last window; `window` (first, last step) when it is shorter than the
+        log interval's (after a resume)."""
         rate = "" if lr is None else f"  lr {lr:.4g}"
+        steps = "" if window is None or not metrics else f"  (metrics of steps {window[0]}-{window[1]})"
         self.message(
             f"step {step:>5}/{self.total}  loss {loss:.6f}{rate}  samples/s {samples_per_s:,.0f}  "
-            f"ETA {self._eta(step)}{format_metrics(metrics)}"
+            f"ETA {self._eta(step)}{format_metrics(metrics)}{steps}"
         )
 
     def message(self, line: str) -> None:

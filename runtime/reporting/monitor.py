@@ -91,10 +91,13 @@ class TrainingMonitor:
         self._eval_after_log = False
         self._log_begun = False
         self._first_step: tuple[int, float] | None = None  # (step, when it finished); runs may resume
+        self._window_first: int | None = None  # the first step in the metrics window
 
     def on_step(self, step: int, batch: Batch, outputs: Mapping[str, torch.Tensor], loss: torch.Tensor) -> None:
         """After each step: add to the metrics window, move the bar, evaluate when due."""
         self.metrics.update(outputs, batch.labels)
+        if self._window_first is None:
+            self._window_first = step
         now = time.perf_counter()
         if self._first_step is None:
             self._first_step = (step, now)
@@ -111,13 +114,19 @@ class TrainingMonitor:
                 self._evaluate(step)
 
     def on_log(self, entry: StepLog) -> None:
-        """Every log step: the window's metrics over all ranks, printed and logged on rank 0."""
+        """Every log step: the window's metrics over all ranks, printed and logged on rank 0.
+
+        A window that began later than the previous log step of an uninterrupted run (the first
+        after a resume: the steps before it were not saved) is named with its steps."""
         self.last_metrics = _rounded(self.metrics.compute(self.process_group))
+        first, self._window_first = self._window_first, None
+        full = (entry.step - 1) // self.log_every * self.log_every + 1
+        window = (first, entry.step) if first is not None and first > full else None
         if self.console is not None:
-            self.console.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics, entry.lr)
+            self.console.log(entry.step, entry.loss, entry.samples_per_s, self.last_metrics, entry.lr, window)
         if self.run_log is not None:
             self.run_log.train(
-                entry.step, entry.loss, entry.samples_per_s, self.last_metrics, entry.lr, entry.lr_scale
+                entry.step, entry.loss, entry.samples_per_s, self.last_metrics, entry.lr, entry.lr_scale, window
             )
         if self._eval_after_log:
             self._eval_after_log = False

@@ -3,7 +3,9 @@
     DIR/metrics.jsonl     one object per line, written as the run goes:
                           {"kind": "train", "step", "loss", "samples_per_s", "metrics": {head: {metric: value}}}
                           (+ "lr", "lr_scale": the dense optimizer's learning rate in that step and
-                          the schedule's factor of every optimizer's rate, when the run has a schedule)
+                          the schedule's factor of every optimizer's rate, when the run has a schedule;
+                          + "metrics_steps": [first, last], when the metrics cover fewer steps than
+                          the log interval: the first log step after a resume)
                           {"kind": "eval", "step", "metrics": {...}}  (+ "unseen_ids": {feature: count})
                           {"kind": "resume", "step"}   a resumed run goes on from here (see below)
                           {"kind": "stop", "step", "reason"}   training stopped early (--patience)
@@ -62,12 +64,15 @@ class RunLog:
         metrics: Metrics,
         lr: float | None = None,
         lr_scale: float | None = None,
+        window: tuple[int, int] | None = None,
     ) -> None:
-        """A log step; `lr` and `lr_scale` (the dense rate, the schedule's factor) when scheduled."""
+        """A log step; `lr` and `lr_scale` (the dense rate, the schedule's factor) when scheduled;
+        `window`, the metrics' first and last step, when shorter than the log interval (after a resume)."""
         rates = {key: value for key, value in (("lr", lr), ("lr_scale", lr_scale)) if value is not None}
+        steps = {"metrics_steps": list(window)} if window is not None else {}
         self._write(
             {"kind": "train", "step": step, "loss": loss, **rates, "samples_per_s": round(samples_per_s, 1),
-             "metrics": metrics}
+             "metrics": metrics, **steps}
         )  # fmt: skip
         if self._writer is not None:
             self._writer.add_scalar("train/loss", loss, step)

@@ -8,8 +8,10 @@ writer per checkpoint directory.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +119,21 @@ def test_resuming_at_the_last_step_says_nothing_is_left_to_train(module: Path, t
     assert f"resumed from {ck}/step_00000004 at step 4 (--resume)\n" in out
     assert "note: step 4 is this run's last: nothing is left to train (raise --steps to go on)\n" in out
     assert losses(out) == {}
+
+
+def test_a_metrics_window_cut_by_a_resume_is_named_with_its_steps(module: Path, tmp_path: Path, capsys) -> None:
+    """The window before the checkpoint was not saved: the first log after a resume covers fewer steps."""
+    ck = tmp_path / "ck"
+    assert run_worker(module, checkpoint_dir=ck, checkpoint_every=1, log_every=2, log_dir=tmp_path / "a") == 0
+    whole = capsys.readouterr().out
+    shutil.rmtree(ck / "step_00000004")
+    assert run_worker(module, checkpoint_dir=ck, resume=True, log_every=2, log_dir=tmp_path / "b") == 0
+    resumed = capsys.readouterr().out
+    assert losses(resumed) == {4: losses(whole)[4]}
+    (line,) = [x for x in resumed.splitlines() if x.startswith("step     4/4")]
+    assert line.endswith("  (metrics of steps 4-4)")
+    assert not any("metrics of steps" in x for x in whole.splitlines())
+    records = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("metrics_steps") for r in records if r["kind"] == "train"] == [[4, 4]]
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("metrics_steps") for r in records if r["kind"] == "train"] == [None, None]
