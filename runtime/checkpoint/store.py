@@ -363,7 +363,9 @@ class _LoadTargets:
                 if fqn.startswith(head) and "." not in fqn[len(head) :]:
                     wanted.setdefault(index, {})[fqn[len(head) :]] = fqn
         keeps = _state_names(optimizer)
-        saved = {frozenset(keys) for keys in wanted.values()} or ({frozenset()} if keeps and names else set())
+        saved = {frozenset(keys) for keys in wanted.values()}
+        if not saved and keeps and names:  # no state at all: a stateless optimizer (sgd) trained it
+            saved = {frozenset()}
         other = next((keys for keys in sorted(saved, key=sorted) if keys != keeps), None)
         if other is not None:
             problem = (
