@@ -16,13 +16,23 @@ The workload of ../shared/bench/INFERENCE.md, through the real serving path:
    hidden model, steps the training never saw); AUC and NE per precision and
    the change from fp32; max |logit - fp32 logit| on the workload's reference
    batch (as TorchRec's script reports it).
-4. latency, in rounds that alternate the two sides (ours, TorchRec; then
-   TorchRec, ours; ...), each side a fresh process with --threads threads and
-   the protocol of ../shared/bench/torchrec_infer_bench.py: the workload's
-   inputs, the KeyedJaggedTensor built inside the timed call, 20 warm-up
-   calls, 200 timed calls (50 at batch 512), p50/p99 of the per-call times,
-   samples/s = B * calls / total time. Medians over rounds, and the ratio of
-   samples/s, ours over TorchRec's.
+4. latency, in rounds; in each round every configuration is a pair of runs
+   side by side, ours and TorchRec's at its precision, in alternating order
+   (ours first for the first configuration of round 0, then TorchRec first,
+   ...), so that the two runs of a pair are seconds apart. Each run is a
+   fresh process with --threads threads and the protocol of
+   ../shared/bench/torchrec_infer_bench.py: the workload's inputs, the
+   KeyedJaggedTensor built inside the timed call, 20 warm-up calls, 200 timed
+   calls (50 at batch 512), p50/p99 of the per-call times, samples/s = B *
+   calls / total time. Medians over rounds, the ratio of the medians' samples/s
+   (ours over TorchRec's), and the median of the pairs' own ratios.
+
+   Each run's lines also carry `host_gemm_gflops`: a float32 GEMM of the top
+   MLP's first layer (512 x 415 x 512, --threads threads) timed for 0.1 s just
+   before the run. The host can slow this 2-core guest by a third with no
+   steal time to show for it (another guest on the same physical cores); the
+   GEMMs are most of both sides' forward and slow alike, so the ratio falls
+   toward 1 in such minutes, and this field shows when that happened.
 
     python benchmarks/inference_bench.py                         # everything; TorchRec from /tmp/venv-torchrec
     python benchmarks/inference_bench.py --rounds 5 --skip-torchrec
@@ -222,8 +232,23 @@ def measure(workdir: Path, configs: list[str]) -> None:
         gc.collect()  # the previous export's tables go now, not in a later timed call (TorchRec's side does this too)
 
 
-def run_side(command: list[str], impl: str, round_: int) -> list[dict[str, Any]]:
-    """One side's process; its JSON lines tagged with impl, round and the CPU others used meanwhile."""
+def host_gemm_gflops(seconds: float = 0.1) -> float:
+    """GFLOP/s of the median call of a float32 512 x 415 x 512 GEMM over `seconds`, on torch's threads."""
+    a, b = torch.randn(512, 415), torch.randn(415, 512)
+    torch.mm(a, b)
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline or len(times) < 5:
+        started = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - started)
+    return round(2 * 512 * 415 * 512 / statistics.median(times) / 1e9, 1)
+
+
+def run_side(command: list[str], impl: str, round_: int, pair: str | None = None) -> list[dict[str, Any]]:
+    """One side's process; its JSON lines tagged with impl, round, the configuration it is paired
+    with, the host's GEMM speed just before and the CPU others used meanwhile."""
+    host = host_gemm_gflops()
     machine_before, children_before = cpu_counters(), resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
     machine_after, children_after = cpu_counters(), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -239,7 +264,8 @@ def run_side(command: list[str], impl: str, round_: int) -> list[dict[str, Any]]
         record = json.loads(line)
         if "variant" in record and "error" not in record:
             # Our lines carry the measuring process's kernels; TorchRec's side runs none of ours.
-            rows.append({"impl": impl, "round": round_, "other_cpu_pct": other, "kernels": {}, **record})
+            rows.append({"impl": impl, "round": round_, "pair": pair, "host_gemm_gflops": host,
+                         "other_cpu_pct": other, "kernels": {}, **record})
             emit(rows[-1])
     return rows
 
@@ -271,8 +297,25 @@ def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: flo
                 line[f"{impl}_rounds"] = sorted({r["round"] for r in used[impl] if r["impl"] == impl})
             if line["reccompile_samples_per_s"] and line["torchrec_samples_per_s"]:
                 line["ratio"] = round(line["reccompile_samples_per_s"] / line["torchrec_samples_per_s"], 2)
+            pairs = paired_ratios(rows, config, variant, batch)
+            line["paired_ratios"] = pairs
+            line["paired_ratio"] = round(statistics.median(pairs), 2) if pairs else None
             table.append(line)
     return table
+
+
+def paired_ratios(rows: list[dict[str, Any]], config: str, variant: str, batch: int) -> list[float]:
+    """Ours over TorchRec's samples/s in each round's pair of runs for `config`, round by round."""
+    def run(impl: str, round_: int) -> dict[str, Any] | None:
+        return next((r for r in rows if (r["impl"], r["round"], r["pair"], r["variant"], r["batch"])
+                     == (impl, round_, config, variant, batch)), None)
+
+    ratios = []
+    for round_ in sorted({r["round"] for r in rows}):
+        ours, theirs = run("reccompile", round_), run("torchrec", round_)
+        if ours and theirs and theirs["samples_per_s"]:
+            ratios.append(round(ours["samples_per_s"] / theirs["samples_per_s"], 2))
+    return ratios
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -287,13 +330,15 @@ def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_row
         return "-" if value is None else format(value, fmt)
 
     lines = ["| config | variant | batch | ours p50 ms | ours p99 ms | ours samples/s | TorchRec p50 ms "
-             "| TorchRec p99 ms | TorchRec samples/s | ratio |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| TorchRec p99 ms | TorchRec samples/s | ratio | paired ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in table:
         lines.append(
             f"| {row['config']} | {row['variant']} | {row['batch']} | {number(row['reccompile_p50_ms'], '.3f')} "
             f"| {number(row['reccompile_p99_ms'], '.3f')} | {number(row['reccompile_samples_per_s'], ',.0f')} "
             f"| {number(row['torchrec_p50_ms'], '.3f')} | {number(row['torchrec_p99_ms'], '.3f')} "
-            f"| {number(row['torchrec_samples_per_s'], ',.0f')} | {number(row.get('ratio'), '.2f')} |"
+            f"| {number(row['torchrec_samples_per_s'], ',.0f')} | {number(row.get('ratio'), '.2f')} "
+            f"| {number(row.get('paired_ratio'), '.2f')} |"
         )
     lines += ["", "| precision | bytes per table | all 26 tables | vs fp32 |", "|---|---|---|---|"]
     for precision in PRECISIONS:
@@ -351,16 +396,16 @@ def main(argv: list[str] | None = None) -> int:
     quality_rows = json.loads(cached.read_text())
     emit({"quality": quality_rows})
 
-    precisions = ",".join(p for p in PRECISIONS if any(parts(c)[0] == p for c in configs))
-    ours = [sys.executable, str(Path(__file__).resolve()), "--measure", "--workdir", str(args.workdir),
-            "--threads", str(args.threads), "--configs", args.configs]
-    theirs = [args.torchrec_python, str(BENCH / "torchrec_infer_bench.py"), "--threads", str(args.threads),
-              "--precisions", precisions]
     rows: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
-        sides = [("reccompile", ours)] + ([] if args.skip_torchrec else [("torchrec", theirs)])
-        for impl, command in sides if round_ % 2 == 0 else reversed(sides):
-            rows += run_side(command, impl, round_)
+        for index, config in enumerate(configs):
+            ours = [sys.executable, str(Path(__file__).resolve()), "--measure", "--workdir", str(args.workdir),
+                    "--threads", str(args.threads), "--configs", config]
+            theirs = [args.torchrec_python, str(BENCH / "torchrec_infer_bench.py"), "--threads",
+                      str(args.threads), "--precisions", parts(config)[0]]
+            sides = [("reccompile", ours)] + ([] if args.skip_torchrec else [("torchrec", theirs)])
+            for impl, command in sides if (round_ + index) % 2 == 0 else reversed(sides):
+                rows += run_side(command, impl, round_, pair=config)
     table = summarise(rows, configs, args.max_other_cpu)
     print(markdown(table, size_rows, quality_rows), flush=True)
     kernels = harness.merged_kernels([r["kernels"] for r in rows if r["impl"] == "reccompile"])  # the measuring children's

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from bench_env import bench_env
 from runtime.data.prepared.parsing import choose_parsing
 
@@ -34,8 +35,8 @@ def test_data_bench_prepares_reads_and_sums_up_in_one_run(tmp_path: Path) -> Non
     assert {"cpu", "cpu_flags"} <= summary.keys() and "step_overhead_pct" not in summary
 
 
-def test_the_summary_gives_the_steps_medians_and_overhead_in_percent() -> None:
-    sys.path.insert(0, str(REPO / "benchmarks"))
+def test_the_summary_gives_the_steps_medians_and_overhead_in_percent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     from data_bench import summary
 
     step = {"median_ms": {"synthetic": 40.0, "prepared": 41.25}, "slowdown": 0.0312,
