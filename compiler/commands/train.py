@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import tempfile
 from pathlib import Path
 
 from compiler.codegen.emit import emit
@@ -94,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"training {lowered.ir.name} on {ranks}: {choice.describe()}", flush=True)
         if world_size == 1:
             return worker.run(ready)
-        return run_torchrun(_torchrun_command(args, ready), ready.checkpoint_dir, threads=choice.threads)
+        # torchrun's per-rank log folders (empty unless a rank fails, whose report it prints) go
+        # in a folder of our own that goes with the job: by default each job left one in /tmp.
+        with tempfile.TemporaryDirectory(prefix="reccompile-torchrun-") as logs:
+            return run_torchrun(_torchrun_command(args, ready, Path(logs)), ready.checkpoint_dir, threads=choice.threads)
 
     try:
         return reporting_errors(action)
@@ -139,8 +143,8 @@ def _threads(options: TrainOptions, nproc: int, reads_files: bool) -> ThreadChoi
     return choose_threads(nproc, options.data_workers if reads_files else 0)
 
 
-def _torchrun_command(args: argparse.Namespace, options: TrainOptions) -> list[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}"]
+def _torchrun_command(args: argparse.Namespace, options: TrainOptions, logs: Path) -> list[str]:
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}", f"--log-dir={logs}"]
     passed = {o: getattr(args, _dest(o)) for o in TORCHRUN_OPTIONS if getattr(args, _dest(o)) is not None}
     if not {"--nnodes", "--rdzv-endpoint", "--master-addr"} & passed.keys():
         command.append("--standalone")  # one host: a free port, no rendezvous set-up

@@ -12,11 +12,12 @@ from runtime.train.options import TrainOptions
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _reccompile(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def _reccompile(*args: str, cwd: Path = REPO, tmpdir: Path | None = None) -> subprocess.CompletedProcess:
+    temporary = {} if tmpdir is None else {"TMPDIR": str(tmpdir)}
     return subprocess.run(
         [sys.executable, "-m", "compiler.cli", *args],
         capture_output=True, text=True, timeout=600, cwd=cwd,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **temporary},
     )
 
 
@@ -24,12 +25,16 @@ def _step_losses(stdout: str) -> list[float]:
     return [float(line.split()[3]) for line in stdout.splitlines() if line.startswith("step ")]
 
 
-def test_dlrm_trains_on_two_ranks(tmp_path: Path) -> None:
+def test_dlrm_trains_on_two_ranks_and_leaves_no_torchrun_folders(tmp_path: Path) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     done = _reccompile("train", "specs/dlrm_criteo.yaml", "--nproc", "2", "--steps", "20",
-                       "--batch-size", "256", "-o", str(tmp_path))
+                       "--batch-size", "256", "-o", str(tmp_path / "out"), tmpdir=temporary)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["steps"] == 20
+    # torchrun's log folders went with the job (torch itself keeps one empty torchinductor_<user>)
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_one_and_two_ranks_print_the_same_losses(tmp_path: Path) -> None:
