@@ -165,9 +165,15 @@ def commit(partial: Path, manifest: dict[str, Any]) -> Path:
     return final
 
 
-def prune(root: Path, keep: int) -> None:
-    """Remove all but the newest `keep` complete checkpoints."""
-    for _, path in complete_checkpoints(root)[:-keep]:
+def prune(root: Path, keep: int, upto: int) -> None:
+    """Remove all but the newest `keep` checkpoints at or before step `upto`, the one just saved.
+
+    Later ones are not the saving run's: a run resumes from the newest checkpoint it can read, so
+    they are ones it passed over as damaged. They neither count towards `keep` (which would
+    remove every intact checkpoint the run saves) nor go: `commit` replaces each when the run
+    reaches its step.
+    """
+    for _, path in [found for found in complete_checkpoints(root) if found[0] <= upto][:-keep]:
         _remove(path)
 
 

@@ -168,7 +168,7 @@ def save_checkpoint(
             (partial / name).write_bytes(contents)
         final = commit(partial, manifest)
         if keep is not None:
-            prune(root, keep)
+            prune(root, keep, upto=step)
         return final
 
     return _on_first_rank(finish, group)

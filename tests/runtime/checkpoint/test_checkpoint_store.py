@@ -192,6 +192,22 @@ def test_keep_prunes_all_but_the_newest(modules, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
 
 
+def test_keep_does_not_count_a_later_checkpoint_a_resume_passed_over(modules, tmp_path: Path) -> None:
+    """A run resumed from step 2 because step 4 is damaged keeps its own saves: the damaged one
+    neither takes a place of `keep` nor goes, until the run's own step 4 replaces it."""
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    sha256, plan = module.SPEC_SHA256, module.PLAN
+    for step in (2, 4):
+        checkpoint.save_checkpoint(tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan)
+    damage_flip(tmp_path / "step_00000004" / "__0_0.distcp")
+    checkpoint.save_checkpoint(tmp_path, model, optimizer, step=3, spec_sha256=sha256, plan=plan, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004"]
+    checkpoint.save_checkpoint(tmp_path, model, optimizer, step=4, spec_sha256=sha256, plan=plan, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004"]
+    checkpoint.load_model_state(tmp_path)  # the run's own step 4, intact
+
+
 # Errors: each names the file and the problem.
 
 
