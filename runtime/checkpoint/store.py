@@ -317,30 +317,33 @@ class _LoadTargets:
         for key, value in full.items():
             if not key.startswith(_prefixes(archs)) and self._present(f"model.{key}", value.shape):
                 loaded[key] = self.state[f"model.{key}"] = torch.empty_like(value)
-        for prefix, arch in archs:
-            for key, info, name, tensor in _local_shard_entries(prefix, arch, full):
-                fqn = f"model.{prefix}{info['table']}.{name}"
-                rows, dim = info["table_rows"], info["table_cols"]
-                block = (info["row_offset"], info["col_offset"])
-                target = loaded[key] = torch.empty_like(tensor)
-                if name == "iter":
-                    if self._present(fqn, tensor.shape):
-                        after.append(_copier(target, self.state.setdefault(fqn, target)))
-                elif tensor.dim() == 2:
-                    if self._present(fqn, (rows, dim)):
-                        blocks_of(self.state, fqn, (rows, dim)).add(block, target)
-                elif fqn not in self.metadata and fqn + COLUMNS in self.metadata:
-                    if self._present(fqn + COLUMNS, (rows, dim)):
-                        repeated = torch.empty(tensor.shape[0], info["cols"])
-                        blocks_of(self.state, fqn + COLUMNS, (rows, dim)).add(block, repeated)
-                        after.append(_copier(target, repeated, mean=True))
-                elif self._present(fqn, (rows,)):
-                    # Column shards of one table on this rank read the same rows: once.
-                    held = blocks_of(self.state, fqn, (rows,)).add(block[:1], target)
-                    if held is not target:
-                        after.append(_copier(target, held))
-                if fqn not in self.state and fqn + COLUMNS not in self.state:
-                    loaded[key] = tensor  # skipped: keeps its value
+        entries = [(prefix, *entry) for prefix, arch in archs for entry in _local_shard_entries(prefix, arch, full)]
+        fresh = self._other_table_optimizers(entries)
+        for prefix, key, info, name, tensor in entries:
+            if name != "weight" and f"{prefix}{info['table']}" in fresh:
+                continue  # keeps its fresh value
+            fqn = f"model.{prefix}{info['table']}.{name}"
+            rows, dim = info["table_rows"], info["table_cols"]
+            block = (info["row_offset"], info["col_offset"])
+            target = loaded[key] = torch.empty_like(tensor)
+            if name == "iter":
+                if self._present(fqn, tensor.shape):
+                    after.append(_copier(target, self.state.setdefault(fqn, target)))
+            elif tensor.dim() == 2:
+                if self._present(fqn, (rows, dim)):
+                    blocks_of(self.state, fqn, (rows, dim)).add(block, target)
+            elif fqn not in self.metadata and fqn + COLUMNS in self.metadata:
+                if self._present(fqn + COLUMNS, (rows, dim)):
+                    repeated = torch.empty(tensor.shape[0], info["cols"])
+                    blocks_of(self.state, fqn + COLUMNS, (rows, dim)).add(block, repeated)
+                    after.append(_copier(target, repeated, mean=True))
+            elif self._present(fqn, (rows,)):
+                # Column shards of one table on this rank read the same rows: once.
+                held = blocks_of(self.state, fqn, (rows,)).add(block[:1], target)
+                if held is not target:
+                    after.append(_copier(target, held))
+            if fqn not in self.state and fqn + COLUMNS not in self.state:
+                loaded[key] = tensor  # skipped: keeps its value
 
         def apply() -> None:
             for step in after:
@@ -348,6 +351,44 @@ class _LoadTargets:
             model.load_state_dict(loaded, strict=True)
 
         return apply
+
+    def _other_table_optimizers(self, entries: list[tuple[str, str, dict[str, Any], str, torch.Tensor]]) -> set[str]:
+        """The tables (`<prefix><table>`) whose optimizer state the checkpoint holds under other
+        names or shapes than this model's table optimizer keeps (adam's momentum1 and momentum2
+        where adagrad keeps momentum1 alone, or a per-row momentum1 where it keeps one per value):
+        they were trained with another table optimizer. An error, or with allow_missing a fresh
+        optimizer state for each (its weights still load), reported as skipped."""
+        keeps: dict[str, set[tuple[str, int]]] = {}
+        for prefix, _, info, name, tensor in entries:
+            kept = keeps.setdefault(f"{prefix}{info['table']}", set())
+            if name != "weight":
+                kept.add((name, 0 if name == "iter" else tensor.dim()))
+        other = set()
+        for table, kept in sorted(keeps.items()):
+            head = f"model.{table}."
+            if head + "weight" not in self.metadata:
+                continue  # a table the checkpoint lacks: its weight is refused or skipped
+            saved = set()
+            for fqn, entry in self.metadata.items():
+                name = fqn[len(head) :]
+                if not fqn.startswith(head) or name == "weight" or "." in name:
+                    continue
+                if name.endswith(COLUMNS):  # a per-row state of a column-sharded table
+                    saved.add((name.removesuffix(COLUMNS), 1))
+                elif isinstance(entry, TensorStorageMetadata):
+                    saved.add((name, 0 if name == "iter" else len(entry.size)))
+            if saved == kept:
+                continue
+            problem = (
+                f"{self.path}: table {table.rpartition('.')[2]!r} has the optimizer state {_spell_state(saved)}, "
+                f"where this run's table optimizer keeps {_spell_state(kept)}: it was trained with another "
+                "table optimizer"
+            )
+            if not self.allow_missing:
+                raise CheckpointError(f"{problem}; pass --allow-spec-change to start that state afresh")
+            self.skipped.append(f"{head.removeprefix('model.')}* optimizer state (another table optimizer's: {_spell_state(saved)})")
+            other.add(table)
+        return other
 
     def optimizer(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> Callable[[], None]:
         """Targets for the dense optimizer's state; the returned call loads them.
@@ -406,6 +447,12 @@ class _LoadTargets:
                 f"but {tuple(shape)} in this model"
             )
         return True
+
+
+def _spell_state(names: set[tuple[str, int]]) -> str:
+    """`momentum1 per value, momentum2 per value, iter`, or `none`."""
+    shapes = {0: "", 1: " per row", 2: " per value"}
+    return ", ".join(f"{name}{shapes.get(dims, '')}" for name, dims in sorted(names)) or "none"
 
 
 def _state_names(optimizer: torch.optim.Optimizer) -> frozenset[str]:

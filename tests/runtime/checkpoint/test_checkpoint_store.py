@@ -316,3 +316,73 @@ def test_another_dense_optimizer_is_refused_unless_allowed_and_then_starts_afres
     expected, adagrad = cc.fresh(module)
     checkpoint.load_checkpoint(tmp_path, expected, adagrad, spec_sha256=module.SPEC_SHA256)
     assert_equal_states(cc.full_state(model), cc.full_state(expected))  # the model itself loaded
+
+
+def test_another_table_optimizer_is_refused_unless_allowed_and_then_starts_afresh(modules, tmp_path: Path) -> None:
+    """A rowwise_adagrad checkpoint (momentum1 per row) resumed with sparse adam (momentum1 and
+    momentum2 per value, iter): refused; allowed, the tables' weights load and adam starts afresh."""
+    directory = one_rank_checkpoint(modules, tmp_path)
+    adam = cc.SPEC.replace("sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: adam, lr: 0.05}")
+    module = load_module(str(cc.compile_modules(tmp_path / "adam", (1,), adam)[1]))
+    model, optimizer = cc.fresh(module)
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256, allow_spec_change=False)
+    assert str(raised.value).startswith(f"{directory}: written for another spec")  # the spec changed, so:
+    fresh_state = {k: v.clone() for k, v in model.state_dict().items()}
+    resumed = checkpoint.load_checkpoint(
+        tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256, allow_spec_change=True
+    )
+    assert [entry for entry in resumed.skipped if "table optimizer" in entry] == [
+        f"sparse_arch.{table}.* optimizer state (another table optimizer's: momentum1 per row)" for table in "abcde"
+    ]
+    saved = checkpoint.load_model_state(tmp_path)
+    tables = cc.full_state(model)
+    for table in "abcde":
+        assert torch.equal(tables[f"sparse_arch.{table}.weight"], saved[f"sparse_arch.{table}.weight"]), table
+    states = [key for key in fresh_state if key.endswith((".momentum1", ".momentum2", ".iter"))]
+    assert len(states) >= 5 * 2
+    for key in states:
+        assert torch.equal(model.state_dict()[key], fresh_state[key]), key  # adam's own fresh state
+
+
+def test_a_table_optimizer_changed_under_the_same_spec_hash_is_named(modules, tmp_path: Path) -> None:
+    """The check itself, without the spec's hash in front of it: the message names table and states."""
+    directory = one_rank_checkpoint(modules, tmp_path)
+    adam = cc.SPEC.replace("sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: adam, lr: 0.05}")
+    module = load_module(str(cc.compile_modules(tmp_path / "adam", (1,), adam)[1]))
+    model, optimizer = cc.fresh(module)
+    saved_sha256 = json.loads((directory / "manifest.json").read_text())["spec_sha256"]
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=saved_sha256)
+    assert str(raised.value) == (
+        f"{directory}: table 'a' has the optimizer state momentum1 per row, where this run's table optimizer "
+        "keeps iter, momentum1 per value, momentum2 per value: it was trained with another table optimizer; "
+        "pass --allow-spec-change to start that state afresh"
+    )
+
+
+def test_adams_state_is_not_taken_for_adagrads_of_the_same_shape(tmp_path: Path) -> None:
+    """Sparse adam's momentum1 (signed) has elementwise adagrad's shape: it must not load as
+    adagrad's sum of squares (that trained to NaN), but be refused, or, allowed, start afresh."""
+    spec = cc.SPEC.replace("    b: {sharding_types: [column_wise]}\n", "")
+    modules = {}
+    for name in ("adam", "adagrad"):
+        text = spec.replace("{type: rowwise_adagrad, lr: 0.05}", f"{{type: {name}, lr: 0.05}}")
+        modules[name] = load_module(str(cc.compile_modules(tmp_path / name, (1,), text)[1]))
+    model, optimizer = cc.fresh(modules["adam"])
+    cc.run_steps(modules["adam"], model, optimizer, 0, 2)
+    saved = checkpoint.save_checkpoint(
+        tmp_path / "ck", model, optimizer, step=2, spec_sha256="same", plan=modules["adam"].PLAN
+    )
+    model, optimizer = cc.fresh(modules["adagrad"])
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.load_checkpoint(tmp_path / "ck", model, optimizer, spec_sha256="same")
+    assert str(raised.value) == (
+        f"{saved}: table 'a' has the optimizer state iter, momentum1 per value, momentum2 per value, where this "
+        "run's table optimizer keeps momentum1 per value: it was trained with another table optimizer; "
+        "pass --allow-spec-change to start that state afresh"
+    )
+    resumed = checkpoint.load_checkpoint(tmp_path / "ck", model, optimizer, spec_sha256="same", allow_spec_change=True)
+    assert len([entry for entry in resumed.skipped if "another table optimizer" in entry]) == 5
+    momenta = [v for k, v in model.state_dict().items() if k.endswith(".momentum1")]
+    assert momenta and all(bool((m == 0).all()) for m in momenta)  # adagrad's fresh sums, not adam's exp_avg
