@@ -76,10 +76,15 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def is_checkpoint(path: Path) -> bool:
+    """Whether `path` is one checkpoint (its manifest, or a `step_<N>` name), not a folder of them."""
+    return (path / MANIFEST).exists() or bool(_STEP_DIR.match(path.name))
+
+
 def resolve(directory: str | Path) -> Path:
     """`directory` itself if it is one checkpoint, else the latest complete one under it."""
     path = Path(directory)
-    if (path / MANIFEST).exists() or _STEP_DIR.match(path.name):
+    if is_checkpoint(path):
         return path
     if not path.exists():
         raise CheckpointError(f"checkpoint directory {path} does not exist")

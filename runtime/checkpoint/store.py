@@ -118,6 +118,7 @@ def save_checkpoint(
     plan: Mapping[str, Any],
     data_state: Any = None,
     batch_size: int | None = None,
+    seed: int | None = None,
     keep: int | None = None,
     process_group: dist.ProcessGroup | None = None,
     files: Mapping[str, bytes] | None = None,
@@ -129,8 +130,8 @@ def save_checkpoint(
 
     `model` may be DDP-wrapped; `data_state` is this rank's data position
     (see the module docstring); `batch_size` the global batch the steps
-    consumed (kept as the manifest's "global_batch_size"); `keep` prunes all
-    but the newest `keep`.
+    consumed (kept as the manifest's "global_batch_size") and `seed` the run's
+    seed ("seed"); `keep` prunes all but the newest `keep`.
     `files` (name -> contents, rank 0's) are saved beside the state and listed
     with their hashes in the manifest: what training used to read its data,
     such as the MovieLens vocabulary, travels with the weights it shaped.
@@ -156,6 +157,8 @@ def save_checkpoint(
     }
     if batch_size is not None:
         manifest["global_batch_size"] = batch_size
+    if seed is not None:
+        manifest["seed"] = seed
     if lr_schedule is not None:
         manifest["lr_schedule"] = dict(lr_schedule)
     if early_stopping is not None:

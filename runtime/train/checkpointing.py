@@ -98,6 +98,7 @@ class Checkpointing:
         self.resume_requested: bool = options.resume
         self.allow_spec_change: bool = options.allow_spec_change
         self.batch_size: int | None = options.batch_size
+        self.seed: int | None = options.seed
         self.other_work = other_work if other_work is not None else OtherWork()
         self.module, self.model, self.optimizer = module, model, optimizer
         self.process_group, self.rank = process_group, rank
@@ -123,6 +124,7 @@ class Checkpointing:
             self._lock = DirectoryLock(self.directory)
         restarted = restarted_by_torchrun(self.process_group)
         if not (self.resume_requested or restarted):
+            self._refuse_an_earlier_runs_checkpoints()
             return 0
         if latest_checkpoint(self.directory) is None:
             if self.resume_requested:
@@ -146,6 +148,12 @@ class Checkpointing:
                 f"{self.batch_size}: resume with --batch-size {saved_batch} (the data position is "
                 "counted in batches)"
             )
+        saved_seed = self._resumed.manifest.get("seed")
+        if saved_seed is not None and self.seed is not None and saved_seed != self.seed:
+            raise CheckpointError(
+                f"{self._resumed.path} was trained with seed {saved_seed}, this run's is {self.seed}: "
+                f"resume with --seed {saved_seed} (the batches of synthetic data and the shuffles follow it)"
+            )
         self.start_step = self.last_saved = self._resumed.step
         if self.start_step > steps:
             raise CheckpointError(
@@ -160,6 +168,19 @@ class Checkpointing:
         if self.start_step == steps and not restarted:
             self._say(f"note: step {steps} is this run's last: nothing is left to train (raise --steps to go on)")
         return self.start_step
+
+    def _refuse_an_earlier_runs_checkpoints(self) -> None:
+        """A new run's saves must not mix with another run's: `--keep` would prune the older run's
+        (or its own, behind a later step of the other), a step both reach would be replaced, and
+        a later `--resume` or torchrun restart would go on from whichever is newest."""
+        assert self.directory is not None
+        for folder in (self.directory, self.directory / BEST_DIR):
+            found = complete_checkpoints(folder)
+            if found:
+                raise CheckpointError(
+                    f"{self.directory} holds the checkpoints of an earlier run ({found[-1][1].name} the latest): "
+                    "continue that run with --resume, or remove them or choose another --checkpoint-dir"
+                )
 
     def _resume_schedule(self) -> None:
         """The learning-rate schedule goes on at the resumed step; a changed one is said."""
@@ -276,6 +297,7 @@ class Checkpointing:
                 plan=self.module.PLAN,
                 data_state=state_dict() if callable(state_dict) else None,
                 batch_size=self.batch_size,
+                seed=self.seed,
                 keep=1 if best else self.keep,
                 process_group=self.process_group,
                 files=self._data_files(),

@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from runtime.checkpoint.files import is_checkpoint
 from runtime.data.bad_rows import BAD_ROW_POLICIES
 from runtime.data.features import TrainingConfig
 from runtime.data.movielens import DEFAULT_THRESHOLD
@@ -175,6 +176,11 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
                 raise UsageError(f"{flag} needs --checkpoint-dir")
     elif args.checkpoint_dir.exists() and not args.checkpoint_dir.is_dir():
         raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a directory")
+    elif is_checkpoint(args.checkpoint_dir):
+        raise UsageError(
+            f"--checkpoint-dir {args.checkpoint_dir} is one checkpoint; give the folder that holds the "
+            f"step_<N> checkpoints: {args.checkpoint_dir.parent}"
+        )
     fields = {f.name for f in dataclasses.fields(TrainOptions)} - {"module"}
     values = {name: getattr(args, name) for name in fields}
     if values["keep"] is None:

@@ -45,6 +45,29 @@ def test_resume_without_a_checkpoint_is_a_clear_error(modules, tmp_path: Path, c
     assert err == f"error: rank 0: --resume: no complete checkpoint in {tmp_path}\n"
 
 
+def test_a_new_run_refuses_a_directory_with_an_earlier_runs_checkpoints(modules, tmp_path: Path, capsys) -> None:
+    assert run_worker(modules[1], checkpoint_dir=tmp_path, checkpoint_every=2, seed=1) == 0
+    before = {p.name: (p / "__0_0.distcp").read_bytes() for p in tmp_path.glob("step_*")}
+    capsys.readouterr()
+    assert run_worker(modules[1], checkpoint_dir=tmp_path, checkpoint_every=1, keep=1, seed=2) == 1
+    assert capsys.readouterr().err == (
+        f"error: rank 0: {tmp_path} holds the checkpoints of an earlier run (step_00000004 the latest): "
+        "continue that run with --resume, or remove them or choose another --checkpoint-dir\n"
+    )
+    assert {p.name: (p / "__0_0.distcp").read_bytes() for p in tmp_path.glob("step_*")} == before  # untouched
+
+
+def test_a_resume_with_another_seed_is_refused(modules, tmp_path: Path, capsys) -> None:
+    assert run_worker(modules[1], checkpoint_dir=tmp_path, seed=7) == 0
+    capsys.readouterr()
+    assert run_worker(modules[1], checkpoint_dir=tmp_path, resume=True, steps=6, seed=8) == 1
+    assert capsys.readouterr().err == (
+        f"error: rank 0: {tmp_path}/step_00000004 was trained with seed 7, this run's is 8: resume with --seed 7 "
+        "(the batches of synthetic data and the shuffles follow it)\n"
+    )
+    assert run_worker(modules[1], checkpoint_dir=tmp_path, resume=True, steps=6, seed=7) == 0
+
+
 def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Path, capsys) -> None:
     ckpt, logs = tmp_path / "ck", tmp_path / "logs"
     assert run_worker(modules[1], checkpoint_dir=ckpt, checkpoint_every=3, log_dir=logs) == 0
@@ -78,6 +101,9 @@ def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Pa
         (["--checkpoint-every", "5"], "error: --checkpoint-every needs --checkpoint-dir\n"),
         (["--resume"], "error: --resume needs --checkpoint-dir\n"),
         (["--checkpoint-dir", "x", "--keep", "0"], "error: --keep must be at least 1, got 0\n"),
+        (["--checkpoint-dir", "ck/step_00000010", "--resume"],
+         "error: --checkpoint-dir ck/step_00000010 is one checkpoint; give the folder that holds the step_<N> "
+         "checkpoints: ck\n"),
     ],
 )
 def test_checkpoint_options_misused_exit_2(tmp_path: Path, capsys, options, message) -> None:
