@@ -55,7 +55,8 @@ def bucketize(values: torch.Tensor, boundaries: tuple[float, ...]) -> torch.Tens
     `torch.tensor(boundaries)` would: a value written as a boundary is then
     equal to it. Compared in float64 instead, float32(0.7) < 0.7 put a
     value of exactly 0.7 in the bucket below."""
-    return torch.bucketize(values, torch.tensor(boundaries, dtype=values.dtype), right=True)
+    # contiguous: torch warns (once, to the user) and copies anyway for a column slice
+    return torch.bucketize(values.contiguous(), torch.tensor(boundaries, dtype=values.dtype), right=True)
 
 
 def to_features(columns: Columns, inputs: ModelInputs) -> Columns:

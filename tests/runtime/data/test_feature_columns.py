@@ -4,6 +4,8 @@ the same in every reader (synthetic, criteo, csv, movielens, prepared)."""
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -172,3 +174,16 @@ def test_movielens_ids_fan_out_to_the_wide_tables(tmp_path: Path) -> None:
         assert torch.equal(sparse[wide_key].lengths(), sparse[key].lengths())
         assert torch.equal(sparse[wide_key].weights(), sparse[key].weights())
     assert int(sparse["genres"].lengths().max()) == 2
+
+
+def test_bucketizing_a_column_slice_warns_nobody() -> None:
+    """A dense column is a slice of the batch's dense values: torch.bucketize warns once per process
+    (a UserWarning a training run showed) on a non-contiguous input. In a process of its own: the
+    warning is torch's once-only."""
+    code = (
+        "import torch; from runtime.data.feature_columns import bucketize; "
+        "print(bucketize(torch.tensor([[0.1, 5.0], [0.7, 9.0]])[:, 0], (0.5, 0.7)).tolist())"
+    )
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[0, 2]\n" and done.stderr == ""
