@@ -386,3 +386,26 @@ def test_adams_state_is_not_taken_for_adagrads_of_the_same_shape(tmp_path: Path)
     assert len([entry for entry in resumed.skipped if "another table optimizer" in entry]) == 5
     momenta = [v for k, v in model.state_dict().items() if k.endswith(".momentum1")]
     assert momenta and all(bool((m == 0).all()) for m in momenta)  # adagrad's fresh sums, not adam's exp_avg
+
+
+def test_a_failed_write_says_how_much_space_is_left(modules, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At one rank a full disk surfaces as torch's zip writer's 'unexpected pos 704 vs 598': the
+    message adds what the file system has free."""
+    from collections import namedtuple
+
+    from torch.distributed.checkpoint import filesystem
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(filesystem, "_write_item", full)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr("shutil.disk_usage", lambda path: usage(1 << 20, (1 << 20) - 4096, 4096))
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    with pytest.raises(CheckpointError) as raised:
+        checkpoint.save_checkpoint(tmp_path, model, optimizer, step=1, spec_sha256=module.SPEC_SHA256, plan=module.PLAN)
+    assert str(raised.value) == (
+        f"{tmp_path}/.step_00000001.partial: writing the checkpoint failed: rank 0: RuntimeError: "
+        "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598; its file system has 4,096 bytes free"
+    )
