@@ -33,6 +33,8 @@ _WORKER_ERROR = re.compile(r"^error: rank (\d+): (.*)$")
 _TORCHRUN_REPORT = re.compile(r"^(Traceback \(most recent call last\):|=+$|\[W\d{4}|[WEI]\d{4} )")
 _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+# torchrun's log line for each failure of a worker group, also those it restarts after (--max-restarts)
+_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) ")
 # gloo's words when the other end of a rank's connection went away (its process died).
 _PEER_LOST = re.compile(r"\[\S*gloo\S*\] (.*?Connection (?:reset|closed) by peer(?: \S+)?)")
 
@@ -64,17 +66,32 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
               file=sys.stderr)  # fmt: skip
         return 1
     if status == 0:  # torchrun restarted the ranks (--max-restarts) after any failure, and they finished
-        if report.errors:
-            first = _WORKER_ERROR.match(next(iter(report.errors.values())))
-            assert first is not None  # errors holds only lines it matched
-            print(f"note: torchrun restarted the ranks after rank {first.group(1)} failed ({first.group(2)}); "
-                  "the restarted ranks finished", file=sys.stderr)  # fmt: skip
+        if report.failures or report.errors:
+            print(f"note: torchrun restarted the ranks {_restarts(report)}; the restarted ranks finished", file=sys.stderr)
     elif report.killed is not None:  # the other ranks' errors follow from it
         rank, number = report.killed
         print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)
     else:
         sys.stderr.writelines(_peer_lost(line, checkpoint_dir) for line in report.errors.values())
     return status
+
+
+def _restarts(report: _Report) -> str:
+    """What torchrun restarted the ranks after: `after rank 1 failed (its error)` or `after local rank 1
+    was killed by signal 9 (SIGKILL)`, behind `2 times, first ` when it restarted them more than once.
+
+    A rank killed by a signal says nothing itself, and the others then report their lost connection
+    to it: torchrun's failure line names it. A rank that failed says why in its own error line."""
+    times = f"{len(report.failures)} times, first " if len(report.failures) > 1 else ""
+    own = [match for line in report.errors.values() if (match := _WORKER_ERROR.match(line)) and not _PEER_LOST.search(line)]
+    if report.failures and report.failures[0][1] < 0:
+        local_rank, code = report.failures[0]
+        return f"{times}after local rank {local_rank} was killed by {_signal_name(-code)}"
+    first = own[0] if own else _WORKER_ERROR.match(next(iter(report.errors.values()), ""))
+    if first is None:
+        local_rank, code = report.failures[0]
+        return f"{times}after local rank {local_rank} exited with status {code}"
+    return f"{times}after rank {first.group(1)} failed ({first.group(2)})"
 
 
 def _peer_lost(line: str, checkpoint_dir: Path | None) -> str:
@@ -94,6 +111,7 @@ class _Report:
     def __init__(self) -> None:
         self.errors: dict[str, str] = {}  # each distinct worker error message -> its first line
         self.killed: tuple[int, int] | None = None  # (rank, signal number) of the first failure
+        self.failures: list[tuple[int, int]] = []  # (local rank, exit code) of each failure torchrun logged
 
 
 def _pass_through(stream: IO[str]) -> _Report:
@@ -101,6 +119,8 @@ def _pass_through(stream: IO[str]) -> _Report:
     in_torchrun_report = in_root_cause = False
     rank: int | None = None
     for line in stream:
+        if (failed := _FAILED.search(line)) is not None:
+            report.failures.append((int(failed.group(2)), int(failed.group(1))))
         match = _WORKER_ERROR.match(line)
         if match:
             report.errors.setdefault(match.group(2), line)

@@ -84,3 +84,28 @@ def test_a_job_that_recovered_ends_with_a_note_not_an_error(tmp_path: Path) -> N
         "note: torchrun restarted the ranks after rank 1 failed (lost its way); the restarted ranks finished"
     )
     assert not any(line.startswith("error:") for line in done.stderr.splitlines())
+
+
+def test_a_recovered_job_names_the_rank_a_signal_killed_not_the_one_that_lost_it(tmp_path: Path) -> None:
+    """A SIGKILLed rank prints nothing; its peer reports the lost connection; torchrun logs which
+    local rank failed and how (the lines below are torch 2.13's, from a real restart)."""
+    fake_torchrun = (
+        "import sys; err = sys.stderr.write; "
+        "err('error: rank 0: pipeline stage \\'input_dist\\' failed on batch 15: RuntimeError: "
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:17815: Connection reset by peer. This is typically caused by a remote worker\\n'); "
+        "err('W1125 09:12:23.558000 8428 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process "
+        "8433 closing signal SIGTERM\\n'); "
+        "err('E1125 09:12:23.625000 8428 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+        "(exitcode: -9) local_rank: 1 (pid: 8434) of binary: /usr/bin/python\\n')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
+         "sys.exit(run_torchrun(sys.argv[1:]))", sys.executable, "-c", fake_torchrun],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "note: torchrun restarted the ranks after local rank 1 was killed by signal 9 (SIGKILL); "
+        "the restarted ranks finished"
+    )
