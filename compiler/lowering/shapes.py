@@ -58,6 +58,7 @@ def check_shapes(lowered: LoweredModel) -> LoweredModel:
         keys=keys,
         values=torch.empty(0, dtype=torch.long),
         lengths=torch.zeros(META_BATCH * len(keys), dtype=torch.long),
+        weights=torch.empty(0) if any(f.weighted for f in ir.sparse) else None,  # as the readers give them
         stride=META_BATCH,
     )
     # Eval mode: dropout's masks and batch norm's statistics need values, which meta tensors lack.
