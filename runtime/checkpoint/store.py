@@ -382,14 +382,12 @@ class _LoadTargets:
                     saved.add((name, 0 if name == "iter" else len(entry.size)))
             if saved == kept:
                 continue
-            problem = (
+            self._another_optimizer(
                 f"{self.path}: table {table.rpartition('.')[2]!r} has the optimizer state {_spell_state(saved)}, "
                 f"where this run's table optimizer keeps {_spell_state(kept)}: it was trained with another "
-                "table optimizer"
+                "table optimizer",
+                f"{head.removeprefix('model.')}* optimizer state (another table optimizer's: {_spell_state(saved)})",
             )
-            if not self.allow_missing:
-                raise CheckpointError(f"{problem}; pass --allow-spec-change to start that state afresh")
-            self.skipped.append(f"{head.removeprefix('model.')}* optimizer state (another table optimizer's: {_spell_state(saved)})")
             other.add(table)
         return other
 
@@ -412,14 +410,12 @@ class _LoadTargets:
             saved = {frozenset()}
         other = next((keys for keys in sorted(saved, key=sorted) if keys != keeps), None)
         if other is not None:
-            problem = (
+            self._another_optimizer(
                 f"{self.path}: the dense optimizer's state has {', '.join(sorted(other)) or 'no entries'}, "
                 f"where this run's {type(optimizer).__name__} keeps {', '.join(sorted(keeps)) or 'none'}: "
-                "it was trained with another dense optimizer"
+                "it was trained with another dense optimizer",
+                f"optim.* (the state of another dense optimizer: {', '.join(sorted(other))})",
             )
-            if not self.allow_missing:
-                raise CheckpointError(f"{problem}; pass --allow-spec-change to start that state afresh")
-            self.skipped.append(f"optim.* (the state of another dense optimizer: {', '.join(sorted(other))})")
             return lambda: None
         for keys in wanted.values():
             for fqn in keys.values():
@@ -434,6 +430,12 @@ class _LoadTargets:
             optimizer.load_state_dict(current)
 
         return apply
+
+    def _another_optimizer(self, problem: str, skipped: str) -> None:
+        """State another optimizer saved: CheckpointError, or with allow_missing `skipped` (it starts afresh)."""
+        if not self.allow_missing:
+            raise CheckpointError(f"{problem}; pass --allow-spec-change to start that state afresh")
+        self.skipped.append(skipped)
 
     def _present(self, fqn: str, shape: tuple[int, ...] | torch.Size) -> bool:
         """Whether to load `fqn`; CheckpointError if it is missing (unless allowed) or misshapen."""

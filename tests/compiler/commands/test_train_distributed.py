@@ -21,6 +21,15 @@ def _reccompile(*args: str, cwd: Path = REPO, tmpdir: Path | None = None) -> sub
     )
 
 
+def _launch(fake_torchrun: str) -> subprocess.CompletedProcess:
+    """`run_torchrun` on a stand-in for torchrun: Python code that prints what torchrun would."""
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
+         "sys.exit(run_torchrun(sys.argv[1:]))", sys.executable, "-c", fake_torchrun],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )
+
+
 def _step_losses(stdout: str) -> list[float]:
     return [float(line.split()[3]) for line in stdout.splitlines() if line.startswith("step ")]
 
@@ -74,11 +83,7 @@ def test_a_job_that_recovered_ends_with_a_note_not_an_error(tmp_path: Path) -> N
         "import sys; print('error: rank 1: lost its way', file=sys.stderr); "
         "print('after the restart', file=sys.stderr)"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
-         "sys.exit(run_torchrun(sys.argv[1:]))", sys.executable, "-c", fake_torchrun],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )
+    done = _launch(fake_torchrun)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1] == (
         "note: torchrun restarted the ranks after rank 1 failed (lost its way); the restarted ranks finished"
@@ -99,11 +104,7 @@ def test_a_recovered_job_names_the_rank_a_signal_killed_not_the_one_that_lost_it
         "err('E1125 09:12:23.625000 8428 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
         "(exitcode: -9) local_rank: 1 (pid: 8434) of binary: /usr/bin/python\\n')"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
-         "sys.exit(run_torchrun(sys.argv[1:]))", sys.executable, "-c", fake_torchrun],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )
+    done = _launch(fake_torchrun)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[-1] == (
         "note: torchrun restarted the ranks after local rank 1 was killed by signal 9 (SIGKILL); "
