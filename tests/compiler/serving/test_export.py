@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -354,3 +355,14 @@ def test_a_table_beyond_what_its_precision_stores_is_refused_naming_the_checkpoi
         assert err.startswith(f"error: {checkpoint}: table 'ta': a value of magnitude ")
         assert err.endswith(f" is beyond float16's range (±65504), in which {precision} stores {held}; export the table at fp32\n")
     assert main(["export", str(spec), "--checkpoint", str(checkpoint), "--no-aot", "-o", str(tmp_path / "fp32")]) == 0
+
+
+def test_export_warns_nobody(work: Path, tmp_path: Path) -> None:
+    """torch's .pt2 packaging warns when weights are views of one buffer (the tables are): the
+    export's output is the table of sizes, not torch's warning about its own packaging."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["export", str(work / "small.yaml"), "--checkpoint", str(work / "ckpt"), "--quantize", "int8",
+                     "-o", str(tmp_path / "out")]) == 0  # fmt: skip
+    assert (tmp_path / "out" / "small_rec.pt2").is_file()
+    assert [str(w.message) for w in caught] == []
