@@ -42,7 +42,8 @@ from compiler.ir import ModelIR
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
+from runtime.checkpoint.files import CheckpointError, is_checkpoint
+from runtime.checkpoint.store import load_model_state, newest_intact_checkpoint, read_checkpoint_manifest
 from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
 from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available
 from runtime.serving.item_index import ItemsReport, export_items
@@ -197,8 +198,19 @@ def resolve_precisions(ir: ModelIR, quantize: str, per_table: Mapping[str, str])
 
 def read_checkpoint(directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """The manifest and full single-process model state of a checkpoint (or of the latest one in a
-    directory of them), read by runtime.checkpoint.store without a process group."""
-    return read_checkpoint_manifest(directory), load_model_state(directory)
+    directory of them), read by runtime.checkpoint.store without a process group.
+
+    A damaged latest one is an error, not passed over as a resume does (an export of an older model
+    than asked for would go unnoticed); the error names the newest intact one to pass instead."""
+    try:
+        return read_checkpoint_manifest(directory), load_model_state(directory)
+    except CheckpointError as error:
+        intact = None if is_checkpoint(directory) else newest_intact_checkpoint(directory)
+        if intact is None:
+            raise
+        raise CheckpointError(
+            f"{error}; the newest intact checkpoint there is {intact}: pass --checkpoint {intact} to export it"
+        ) from None
 
 
 def _check_spec(ir: ModelIR, checkpoint: Mapping[str, Any], request: ExportRequest) -> None:

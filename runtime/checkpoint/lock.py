@@ -23,9 +23,14 @@ class DirectoryLock:
     """The lock of one checkpoint directory (created if missing); `release()` when done."""
 
     def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
         self.path = directory / LOCK_FILE
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # a read-only or foreign folder: a resume writes there too
+            raise CheckpointError(
+                f"--checkpoint-dir {directory}: cannot write its lock file {self.path}: {error.strerror}"
+            ) from None
         try:
             fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

@@ -581,6 +581,16 @@ def _checked(directory: str | Path) -> tuple[Path, dict[str, Any]]:
     return path, manifest
 
 
+def newest_intact_checkpoint(directory: str | Path) -> Path | None:
+    """The newest checkpoint in a folder of them whose files pass their checks, or None."""
+    for _, path in reversed(complete_checkpoints(Path(directory))):
+        try:
+            return _checked(path)[0]
+        except CheckpointError:
+            continue
+    return None
+
+
 def _newest_intact(directory: str | Path, fall_back: bool) -> tuple[Path, dict[str, Any], tuple[str, ...]]:
     """The checkpoint `_checked` picks; with `fall_back`, the newest that passes its checks."""
     if not fall_back or (Path(directory) / MANIFEST).exists():

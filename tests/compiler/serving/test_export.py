@@ -371,3 +371,20 @@ def test_export_warns_nobody(tmp_path: Path) -> None:
                      "-o", str(tmp_path / "out")]) == 0  # fmt: skip
     assert (tmp_path / "out" / "small_rec.pt2").is_file()
     assert [str(w.message) for w in caught] == []
+
+
+def test_a_damaged_latest_checkpoint_names_the_newest_intact_one(work: Path, tmp_path: Path, capsys) -> None:
+    """Export takes the latest checkpoint and does not pass over a damaged one (that would export an
+    older model than asked for, unnoticed); its error names the one to pass instead."""
+    checkpoints = tmp_path / "ck"
+    shutil.copytree(work / "ckpt", checkpoints, ignore=shutil.ignore_patterns(".lock"))
+    shutil.copytree(checkpoints / "step_00000003", checkpoints / "step_00000004")
+    distcp = checkpoints / "step_00000004" / "__0_0.distcp"
+    distcp.write_bytes(distcp.read_bytes()[:100])
+    assert main(["export", str(work / "small.yaml"), "--checkpoint", str(checkpoints), "-o", str(tmp_path / "out")]) == 1
+    intact = checkpoints / "step_00000003"
+    assert capsys.readouterr().err.endswith(
+        f"; the newest intact checkpoint there is {intact}: pass --checkpoint {intact} to export it\n"
+    )
+    assert main(["export", str(work / "small.yaml"), "--checkpoint", str(intact), "--no-aot", "-o", str(tmp_path / "out")]) == 0
+

@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 import checkpoint_cases as cc
 from runtime.checkpoint import store as checkpoint
 from runtime.checkpoint.files import CheckpointError
+from runtime.checkpoint.lock import DirectoryLock
 from runtime.train.worker import load_module
 import rendezvous
 
@@ -409,3 +410,12 @@ def test_a_failed_write_says_how_much_space_is_left(modules, tmp_path: Path, mon
         f"{tmp_path}/.step_00000001.partial: writing the checkpoint failed: rank 0: RuntimeError: "
         "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598; its file system has 4,096 bytes free"
     )
+
+
+def test_a_checkpoint_folder_whose_lock_cannot_be_written_is_named_as_the_option(tmp_path: Path) -> None:
+    """A read-only folder (or anything that stops the lock file) names --checkpoint-dir, not just errno
+    30; a folder where the lock file would go provokes it for any user, root included."""
+    (tmp_path / ".lock").mkdir()
+    with pytest.raises(CheckpointError) as raised:
+        DirectoryLock(tmp_path)
+    assert str(raised.value) == f"--checkpoint-dir {tmp_path}: cannot write its lock file {tmp_path}/.lock: Is a directory"
