@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         # torchrun's per-rank log folders (empty unless a rank fails, whose report it prints) go
         # in a folder of our own that goes with the job: by default each job left one in /tmp.
         with tempfile.TemporaryDirectory(prefix="reccompile-torchrun-") as logs:
-            return run_torchrun(_torchrun_command(args, ready, Path(logs)), ready.checkpoint_dir, threads=choice.threads)
+            command = _torchrun_command(args, ready, Path(logs))
+            return run_torchrun(command, ready.checkpoint_dir, threads=choice.threads)
 
     try:
         return reporting_errors(action)

@@ -67,7 +67,8 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
         return 1
     if status == 0:  # torchrun restarted the ranks (--max-restarts) after any failure, and they finished
         if report.failures or report.errors:
-            print(f"note: torchrun restarted the ranks {_restarts(report)}; the restarted ranks finished", file=sys.stderr)
+            print(f"note: torchrun restarted the ranks {_restarts(report)}; the restarted ranks finished",
+                  file=sys.stderr)  # fmt: skip
     elif report.killed is not None:  # the other ranks' errors follow from it
         rank, number = report.killed
         print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)
@@ -83,7 +84,9 @@ def _restarts(report: _Report) -> str:
     A rank killed by a signal says nothing itself, and the others then report their lost connection
     to it: torchrun's failure line names it. A rank that failed says why in its own error line."""
     times = f"{len(report.failures)} times, first " if len(report.failures) > 1 else ""
-    own = [match for line in report.errors.values() if (match := _WORKER_ERROR.match(line)) and not _PEER_LOST.search(line)]
+    own = [
+        match for line in report.errors.values() if (match := _WORKER_ERROR.match(line)) and not _PEER_LOST.search(line)
+    ]
     if report.failures and report.failures[0][1] < 0:
         local_rank, code = report.failures[0]
         return f"{times}after local rank {local_rank} was killed by {_signal_name(-code)}"
