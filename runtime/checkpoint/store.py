@@ -582,13 +582,12 @@ def _checked(directory: str | Path) -> tuple[Path, dict[str, Any]]:
 
 
 def newest_intact_checkpoint(directory: str | Path) -> Path | None:
-    """The newest checkpoint in a folder of them whose files pass their checks, or None."""
-    for _, path in reversed(complete_checkpoints(Path(directory))):
-        try:
-            return _checked(path)[0]
-        except CheckpointError:
-            continue
-    return None
+    """The checkpoint a resume from `directory` would load (the newest whose files pass their checks),
+    or None."""
+    try:
+        return _newest_intact(directory, fall_back=True)[0]
+    except CheckpointError:
+        return None
 
 
 def _newest_intact(directory: str | Path, fall_back: bool) -> tuple[Path, dict[str, Any], tuple[str, ...]]:
