@@ -295,8 +295,9 @@ int reccompile_quant_pool(int64_t features, int64_t batch, const uint8_t *buffer
     };
     const int64_t bags = features * batch;
     int status = 0;
+    if (bags == 0) return 0; /* an empty batch: pool_range divides by the batch */
     if (threads < 1) threads = 1;
-    if (threads > bags) threads = bags > 0 ? bags : 1;
+    if (threads > bags) threads = bags;
 #pragma omp parallel num_threads((int)threads) reduction(| : status)
     {
         const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();

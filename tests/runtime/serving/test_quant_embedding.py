@@ -272,6 +272,28 @@ def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch, r
         qebc.lookup(kjt.values(), offsets, None)
 
 
+@pytest.mark.parametrize("kernel", ["native", "measured", "fbgemm"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_an_empty_batch_pools_to_no_rows(precision: str, kernel: str, monkeypatch, request) -> None:
+    """The C kernel divided by the batch: an empty one killed the process (SIGFPE), even unforced,
+    because the measurement runs it."""
+    from runtime.cpu import choice, native
+
+    if kernel == "fbgemm":
+        monkeypatch.setattr(native, "applies", lambda *args, **kwargs: False)
+    else:
+        request.getfixturevalue("native_kernels")
+        if kernel == "native":
+            monkeypatch.setenv(choice.ENV, "quant_pool=native")
+    tables = make_tables()
+    qebc = quantized(trained_collection(weighted=False), precision, weighted=False)
+    keys = [f for t in tables for f in t.feature_names]
+    empty = KeyedJaggedTensor.from_lengths_sync(keys, torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    with torch.inference_mode():
+        pooled = qebc(empty)
+    assert pooled.values().shape == (0, sum(t.embedding_dim * len(t.feature_names) for t in tables))
+
+
 def test_unstorable_tables_are_refused_with_the_table_named() -> None:
     big = EmbeddingBagConfig("big", 4, 8, ["f"])
     qebc = QuantEmbeddingBagCollection([big], "fp16")
