@@ -27,7 +27,10 @@ def report() -> list[str]:
     from runtime.cpu.native import build
 
     outcome = build.status()
-    native = f"built ({outcome.path})" if outcome.library is not None else f"unavailable: {outcome.problem}"
+    if outcome.library is None:
+        native = f"unavailable: {outcome.problem}"
+    else:
+        native = f"built ({outcome.path or outcome.note})"
     forced = choice.forced()
     lines = [
         f"cpu: {features.model()} ({platform.machine()})",

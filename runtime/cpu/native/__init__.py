@@ -59,6 +59,8 @@ def library() -> ctypes.CDLL | None:
     if outcome.library is None:
         warnings.warn(f"reccompile: native kernels unavailable, using torch ops instead: {outcome.problem}", stacklevel=2)
         return None
+    if outcome.note is not None:
+        warnings.warn(f"reccompile: native kernels: {outcome.note}", stacklevel=2)
     lib = outcome.library
     lib.reccompile_dot_forward.argtypes = [_I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64]
     lib.reccompile_dot_backward.argtypes = [_I64, _I64, _PTR, _PTR, _PTR, _I64, _PTR, _I64, _PTR, _PTR, _I64]

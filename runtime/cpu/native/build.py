@@ -4,9 +4,13 @@ The sources are plain C with no torch headers: `$CC` (default `cc`) builds
 them in a second with -O3 -march=native into
 `$RECCOMPILE_CACHE_DIR` (default `~/.cache/reccompile`)/native/, under a name
 hashed from the sources, the flags, the compiler and the CPU, written
-atomically so that ranks starting together can race safely. `status()` says
-what happened: the loaded library, or one of three causes the user can act
-on (no compiler, the compiler's first error, a library that does not load).
+atomically so that ranks starting together can race safely. `$CC` may carry
+arguments (`ccache gcc`). `status()` says what happened: the loaded library,
+or one of three causes the user can act on (no compiler, the compiler's
+first error, a library that does not load). A cached library that does not
+load (a damaged file, a broken compiler's output) is built again once; a
+cache that cannot be written costs a build per process in a temporary
+directory, which `BuildStatus.note` says.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import functools
 import hashlib
 import os
 import platform
+import re
+import shlex
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 __all__ = ["FLAGS", "SOURCES", "BuildStatus", "cache_root", "compiler_name", "cpu_identity", "status"]
@@ -41,12 +47,16 @@ OPENMP_FLAGS = ("-fopenmp",)
 
 @dataclass(frozen=True)
 class BuildStatus:
-    """The outcome of building and loading the kernels: `library`, or the `problem` in words."""
+    """The outcome of building and loading the kernels: `library`, or the `problem` in words.
+
+    `note`: something the user should know although the library loaded (`path` is then None: it
+    was built in a temporary directory since removed)."""
 
     compiler: str
     library: ctypes.CDLL | None
     path: Path | None
     problem: str | None
+    note: str | None = None
 
 
 def cache_root() -> Path:
@@ -77,56 +87,98 @@ def cpu_identity() -> str:
         return platform.processor()
 
 
-def first_error(stderr: str) -> str:
-    """The compiler's first error line (`file:line:col: error: ...`), else its first line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    return next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no message")
+def first_error(output: str) -> str:
+    """The line that says why a build failed: the compiler's first error (`file:line:col: error: ...`),
+    else the linker's own line (collect2's summary says only that ld failed), else the first line
+    naming an error that is not a warning, else the first line."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    ranked = (
+        lambda line: (": error:" in line or "fatal error" in line) and not line.startswith("collect2:"),
+        lambda line: re.match(r"(\S*/)?ld(\.\w+)?: ", line) is not None,
+        lambda line: "error" in line.lower() and "warning:" not in line,
+    )
+    for wanted in ranked:
+        found = next((line for line in lines if wanted(line)), None)
+        if found is not None:
+            return found
+    return lines[0] if lines else "no message"
 
 
-def _build(compiler: str, target: Path) -> str | None:
-    """Builds the library at `target`; the compiler's first error line if it could not."""
+def _build(command: list[str], target: Path) -> str | None:
+    """Builds the library at `target` with `command` (the compiler and its own arguments); the
+    compiler's first error line if it could not. Raises OSError if `target`'s folder cannot be written."""
     target.parent.mkdir(parents=True, exist_ok=True)
     handle, scratch = tempfile.mkstemp(dir=target.parent, suffix=".so.tmp")
     os.close(handle)
     try:
         for extra in (OPENMP_FLAGS, ()):
-            command = [compiler, *FLAGS, *extra, *map(str, SOURCES), "-o", scratch]
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            done = subprocess.run([*command, *FLAGS, *extra, *map(str, SOURCES), "-o", scratch],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
             if done.returncode == 0:
+                os.chmod(scratch, 0o755)  # mkstemp's 0600 would keep it from others sharing the cache
                 os.replace(scratch, target)
                 return None
-        return f"{first_error(done.stderr)} (exit status {done.returncode})"
+        return f"{first_error(done.stderr or done.stdout)} (exit status {done.returncode})"
     finally:
         if os.path.exists(scratch):
             os.unlink(scratch)
 
 
-def _target(compiler: str) -> Path:
+def _target(command: list[str]) -> Path:
     key = hashlib.sha256(
         b"\0".join(
             part.encode() if isinstance(part, str) else part
             for part in (
                 *(source.read_bytes() for source in SOURCES),
-                " ".join(FLAGS + OPENMP_FLAGS), compiler, platform.machine(), cpu_identity(),
+                " ".join(FLAGS + OPENMP_FLAGS), *command, platform.machine(), cpu_identity(),
             )
         )
     ).hexdigest()[:16]
     return cache_root() / "native" / f"kernels-{key}.so"
 
 
+def _load(compiler: str, command: list[str], target: Path) -> BuildStatus:
+    """Loads the library at `target`, building it first if absent, or again once if it does not load.
+    Raises OSError if it must be (re)built and `target`'s folder cannot be written."""
+    built = False
+    if not target.exists():
+        error = _build(command, target)
+        if error is not None:
+            return BuildStatus(compiler, None, None, f"{compiler} could not build {SOURCES[0].parent}: {error}")
+        built = True
+    try:
+        return BuildStatus(compiler, ctypes.CDLL(str(target)), target, None)
+    except OSError as exc:
+        problem = f"{target} was built by {compiler} but does not load: {exc}"
+    if built:
+        return BuildStatus(compiler, None, target, problem)
+    target.unlink(missing_ok=True)  # left by an earlier build (a damaged file, a broken compiler's output)
+    return _load(compiler, command, target)
+
+
 @functools.cache
 def status() -> BuildStatus:
     """Builds (once per source, flags, compiler and CPU) and loads the kernels; never raises."""
     compiler = compiler_name()
-    found = shutil.which(compiler)
-    if found is None:
-        return BuildStatus(compiler, None, None, f"no C compiler: {compiler!r} is not on PATH (set CC to one)")
-    target = _target(found)
-    if not target.exists():
-        error = _build(found, target)
-        if error is not None:
-            return BuildStatus(compiler, None, None, f"{compiler} could not build {SOURCES[0].parent}: {error}")
     try:
-        return BuildStatus(compiler, ctypes.CDLL(str(target)), target, None)
+        words = shlex.split(compiler)
+    except ValueError as exc:
+        return BuildStatus(compiler, None, None, f"CC={compiler!r} is not a command line: {exc}")
+    found = shutil.which(words[0]) if words else None
+    if found is None:
+        missing = words[0] if words else compiler
+        return BuildStatus(compiler, None, None, f"no C compiler: {missing!r} is not on PATH (set CC to one)")
+    command = [found, *words[1:]]
+    target = _target(command)
+    try:
+        return _load(compiler, command, target)
     except OSError as exc:
-        return BuildStatus(compiler, None, target, f"{target} was built by {compiler} but does not load: {exc}")
+        cannot = f"the kernel cache {target.parent} cannot be written ({exc})"
+    try:
+        with tempfile.TemporaryDirectory(prefix="reccompile-native-") as private:
+            outcome = _load(compiler, command, Path(private) / target.name)
+    except OSError as exc:
+        return BuildStatus(compiler, None, None, f"{cannot}, nor a temporary directory ({exc})")
+    if outcome.library is None:
+        return outcome
+    return replace(outcome, path=None, note=f"{cannot}: built in a temporary directory, again in each process")

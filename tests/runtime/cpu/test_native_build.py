@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import stat
 import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,6 +100,66 @@ def test_a_library_that_does_not_load_is_reported_as_such(fresh_build: Path, mon
     assert outcome.problem == (
         f"{outcome.path} was built by {compiler} but does not load: {outcome.path}: invalid ELF header"
     )
+
+
+@pytest.mark.parametrize(("output", "line"), [
+    (  # g++ warns about a C-only flag before the error itself
+        "cc1plus: warning: '-Werror=' argument '-Werror=implicit-function-declaration' is not valid for C++\n"
+        "dot_interaction.c:125:25: error: invalid conversion from 'void*' to 'float*'\n",
+        "dot_interaction.c:125:25: error: invalid conversion from 'void*' to 'float*'",
+    ),
+    (  # collect2's summary says only that ld failed; ld's own line says why
+        "/usr/bin/ld: final link failed: No space left on device\ncollect2: error: ld returned 1 exit status\n",
+        "/usr/bin/ld: final link failed: No space left on device",
+    ),
+    ("quant_pool.c:3:10: fatal error: missing.h: No such file or directory\n",
+     "quant_pool.c:3:10: fatal error: missing.h: No such file or directory"),
+    ("something went wrong\n", "something went wrong"),
+    ("", "no message"),
+])
+def test_the_first_error_is_the_line_that_says_why(output: str, line: str) -> None:
+    assert build.first_error(output) == line
+
+
+def test_a_compiler_that_reports_on_stdout_is_quoted(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", _fake_compiler(fresh_build, "echo 'license expired: cannot compile'\nexit 3\n"))
+    assert build.status().problem.endswith(": license expired: cannot compile (exit status 3)")
+
+
+def test_cc_may_carry_arguments(fresh_build: Path, monkeypatch: pytest.MonkeyPatch, native_kernels: None) -> None:
+    log = fresh_build / "args.txt"
+    wrapper = _fake_compiler(fresh_build, f'echo "$@" > {log}\nshift\nexec "$@"\n')  # drops its first argument
+    monkeypatch.setenv("CC", f"{wrapper} --ignored {shutil.which(build.compiler_name())} -std=gnu11")
+    build.status.cache_clear()
+    outcome = build.status()
+    assert outcome.problem is None and outcome.library is not None, outcome.problem
+    assert log.read_text().startswith(f"--ignored {shutil.which('cc')} -std=gnu11 -O3 ")
+
+
+def test_a_cached_library_that_does_not_load_is_built_again(fresh_build: Path, native_kernels: None) -> None:
+    cached = build.status().path
+    cached.write_bytes(b"not a library")
+    # Another process: this one has the library loaded, and dlopen would answer from memory.
+    probe = "from runtime.cpu.native import build; s = build.status(); print(s.problem, s.path)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout == f"None {cached}\n"
+    assert cached.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_an_unwritable_cache_builds_in_a_temporary_directory_and_says_so(
+    fresh_build: Path, native_kernels: None
+) -> None:
+    shutil.rmtree(fresh_build / "cache")
+    (fresh_build / "cache").write_text("a file where the cache directory should be")
+    build.status.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert native.library() is not None
+    outcome = build.status()
+    assert outcome.path is None and outcome.problem is None
+    assert outcome.note.startswith(f"the kernel cache {fresh_build / 'cache' / 'native'} cannot be written ([Errno 20]")
+    assert outcome.note.endswith("): built in a temporary directory, again in each process")
+    assert [str(w.message) for w in caught] == [f"reccompile: native kernels: {outcome.note}"]
 
 
 def test_a_working_compiler_builds_once_per_cache(fresh_build: Path, native_kernels: None) -> None:
