@@ -48,6 +48,10 @@ def report() -> list[str]:
         lines.append("  none yet: each is measured at its first use")
     if forced:
         lines.append(f"forced by {choice.ENV}: " + ", ".join(f"{k}={v}" for k, v in sorted(forced.items())))
+        for kernel, name in sorted(forced.items()):
+            missing = choice.unavailable(name)
+            if missing is not None:
+                lines.append(f"  {kernel}={name} is unavailable here ({missing}): {kernel} runs {choice.KERNELS[kernel][0]}")
     return lines
 
 

@@ -72,7 +72,7 @@ from runtime.cpu.native.build import SOURCES, cache_root, cache_settings
 
 __all__ = [
     "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "WINDOWS", "Choice", "active", "bucket", "choose", "directory",
-    "forced", "forget_used", "know", "machine", "pin", "pinned", "recorded", "run", "sites", "used",
+    "forced", "forget_used", "know", "machine", "pin", "pinned", "recorded", "run", "sites", "unavailable", "used",
 ]
 
 log = logging.getLogger(__name__)
@@ -158,30 +158,68 @@ def _sources_digest() -> bytes:
 
 @functools.lru_cache(maxsize=256)
 def _read(root: Path, kernel: str, shape: str) -> Choice | None:
+    """The recorded choice, or None if there is none or its file is not a choice of `kernel`."""
     try:
-        data = json.loads((root / kernel / f"{shape}.json").read_text())
-        times = tuple((k, float(v)) for k, v in data["times_ms"].items())
-        return Choice(kernel, shape, data["winner"], times, data.get("site"))
-    except (OSError, ValueError, KeyError, TypeError):
+        return _parse((root / kernel / f"{shape}.json").read_text(), kernel, shape)
+    except OSError:
+        return None
+
+
+def _parse(text: str, kernel: str, shape: str) -> Choice | None:
+    try:
+        data = json.loads(text)
+        winner, times, site = data["winner"], data["times_ms"], data.get("site")
+        if winner not in KERNELS[kernel] or not isinstance(times, dict) or not isinstance(site, str | None):
+            return None
+        return Choice(kernel, shape, winner, tuple((k, float(v)) for k, v in times.items()), site)
+    except (ValueError, KeyError, TypeError):
         return None
 
 
 def _write_once(root: Path, choice: Choice) -> None:
-    """Writes the choice unless one is there already (then that one stands)."""
+    """Writes the choice unless a readable one is there already (then that one stands). A file that
+    does not read as a choice (a crash mid-write, junk) is moved aside as `<shape>.json.bad` and
+    replaced. Raises OSError when the folder cannot be written."""
     folder = root / choice.kernel
     folder.mkdir(parents=True, exist_ok=True)
     site = {} if choice.site is None else {"site": choice.site}
     text = json.dumps({"kernel": choice.kernel, "shape": choice.shape, **site, "winner": choice.winner,
                        "times_ms": dict(choice.times_ms), "cpu": features.model()})
+    path = folder / f"{choice.shape}.json"
     handle, scratch = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
     try:
         with os.fdopen(handle, "w") as out:
             out.write(text)
-        os.link(scratch, folder / f"{choice.shape}.json")
-    except FileExistsError:
-        pass
+            out.flush()
+            os.fsync(out.fileno())  # linked only once whole, even across a crash
+        os.chmod(scratch, 0o644)  # readable by others sharing the cache, as the kernels are
+        for _ in range(2):
+            try:
+                os.link(scratch, path)
+                return
+            except FileExistsError:
+                if not _move_aside_if_unreadable(path, choice):
+                    return
     finally:
         os.unlink(scratch)
+
+
+def _move_aside_if_unreadable(path: Path, choice: Choice) -> bool:
+    """Renames `path` to `<name>.bad` if it does not read as a choice of `choice`'s kernel and shape;
+    whether it was unreadable. The file moved is the one read: if another process has replaced it
+    since (with a readable choice), that one stands."""
+    try:
+        with open(path) as existing:
+            if _parse(existing.read(), choice.kernel, choice.shape) is not None:
+                return False
+            inode = os.fstat(existing.fileno()).st_ino
+    except FileNotFoundError:
+        return True  # moved aside by another process: link again
+    log.warning("reccompile: kernel choice %s does not read as one; measured again, kept as %s.bad", path, path.name)
+    with contextlib.suppress(FileNotFoundError):
+        if os.stat(path).st_ino == inode:
+            os.replace(path, path.with_name(path.name + ".bad"))
+    return True
 
 
 @functools.lru_cache(maxsize=8)
@@ -287,7 +325,7 @@ def pin(recorded: Mapping[str, Mapping[str, str]]) -> list[str]:
                 problems.append(f"kernel choice {kernel}={winner} at {site} is not one this version pins; ignored")
                 continue
             baseline = KERNELS[kernel][0]
-            missing = _unavailable(winner)
+            missing = unavailable(winner)
             if missing is not None:
                 problems.append(
                     f"kernel {kernel} ran {winner} at {site}, which is unavailable here ({missing}); using "
@@ -305,7 +343,7 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def _unavailable(name: str) -> str | None:
+def unavailable(name: str) -> str | None:
     """Why implementation `name` cannot run on this machine, or None if it can."""
     if name == "native":
         from runtime.cpu.native import build
@@ -371,7 +409,12 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
     times = _fastest_ms(runs, WINDOWS.get(kernel, 0.0))
     margin = MARGINS.get(kernel, MARGIN)
     winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
-    _write_once(folder, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
+    try:
+        _write_once(folder, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
+    except OSError as exc:  # a full disk, a file where a folder should be: this process keeps its measurement
+        log.warning("reccompile: kernel choice %s at %s cannot be recorded in %s (%s); this process uses %s",
+                    kernel, key, folder, exc, winner)
+        return winner
     _read.cache_clear()
     known = _read(folder, kernel, key)
     log.info("kernel %s at %s: %s (%s)", kernel, key, known.winner if known else winner,

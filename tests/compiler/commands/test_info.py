@@ -60,10 +60,15 @@ def test_info_says_why_the_native_kernels_are_missing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CC", "no-such-cc")
+    monkeypatch.setenv("RECCOMPILE_KERNELS", "dot=native,linear=aten")
     assert main(["info"]) == 0
-    assert capsys.readouterr().out.splitlines()[3] == (
-        "native kernels: unavailable: no C compiler: 'no-such-cc' is not on PATH (set CC to one)"
-    )
+    lines = capsys.readouterr().out.splitlines()
+    missing = "no C compiler: 'no-such-cc' is not on PATH (set CC to one)"
+    assert lines[3] == f"native kernels: unavailable: {missing}"
+    assert lines[-2:] == [
+        "forced by RECCOMPILE_KERNELS: dot=native, linear=aten",
+        f"  dot=native is unavailable here (native kernels: {missing}): dot runs torch",
+    ]
 
 
 def test_a_bad_override_is_a_usage_error(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -166,6 +166,53 @@ def test_without_a_writable_cache_the_baseline_runs_unmeasured(monkeypatch: pyte
     assert choice.choose("dot", "b1", {"torch": _never, "native": _never}) == "torch"
 
 
+def _fast_native() -> dict[str, Callable[[], None]]:
+    return {"torch": _sleeper(8, [], "torch"), "native": _sleeper(1, [], "native")}
+
+
+@pytest.mark.parametrize("junk", [
+    "",  # a crash between creating and writing
+    '{"winner": "native", "times_ms": {"torch": 1.0, "nat',
+    '{"winner": null, "times_ms": {}}',
+    '{"winner": "bogus", "times_ms": {}}',
+    '{"winner": "native", "times_ms": [1, 2]}',
+    '{"winner": "native", "times_ms": {}, "site": 3}',
+    "[]",
+])
+def test_a_file_that_is_not_a_choice_is_measured_again_and_replaced(
+    junk: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = choice.directory(tmp_path) / "dot"
+    folder.mkdir(parents=True)
+    (folder / "b512.json").write_text(junk)
+    assert choice.recorded() == []
+    assert choice.choose("dot", "b512", _fast_native()) == "native"
+    assert (folder / "b512.json.bad").read_text() == junk
+    assert json.loads((folder / "b512.json").read_text())["winner"] == "native"
+    assert [(c.kernel, c.shape, c.winner) for c in choice.recorded()] == [("dot", "b512", "native")]
+    assert caplog.messages == [
+        f"reccompile: kernel choice {folder / 'b512.json'} does not read as one; measured again, kept as b512.json.bad"
+    ]
+
+
+def test_a_choice_that_cannot_be_recorded_is_still_used_and_said(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = choice.directory(tmp_path)
+    root.mkdir(parents=True)
+    (root / "dot").write_text("a file where the kernel's folder should be")
+    assert choice.choose("dot", "b512", _fast_native()) == "native"
+    assert choice.choose("dot", "b512", {"torch": _never, "native": _never}) == "native"  # from memory
+    [message] = caplog.messages
+    assert message.startswith(f"reccompile: kernel choice dot at b512 cannot be recorded in {root} ([Errno 17] File exists")
+    assert message.endswith("); this process uses native")
+
+
+def test_recorded_choices_are_readable_by_others_sharing_the_cache(tmp_path: Path) -> None:
+    choice.choose("dot", "b512", _fast_native())
+    assert (choice.directory(tmp_path) / "dot" / "b512.json").stat().st_mode & 0o777 == 0o644
+
+
 def test_shape_keys_must_be_file_name_safe() -> None:
     with pytest.raises(ValueError, match=r"^kernel choice 'dot': shape key '\.\./x' is not file-name safe$"):
         choice.choose("dot", "../x", {"torch": _never, "native": _never})
