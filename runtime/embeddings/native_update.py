@@ -28,6 +28,10 @@ from runtime.cpu import choice, native
 __all__ = ["layout", "lookup", "supports"]
 
 
+# The C kernel sorts (row << 32 | occurrence) keys: a table of more rows takes fbgemm's backward.
+ROW_LIMIT = 2**32
+
+
 def supports(tbe: Any, optimizer_type: str, weight_decay: float) -> bool:
     """Whether the C update can stand in for this TBE's backward."""
     return (
@@ -35,6 +39,7 @@ def supports(tbe: Any, optimizer_type: str, weight_decay: float) -> bool:
         and weight_decay == 0
         and float(tbe.optimizer_args.eps) > 0
         and tbe.weights_host.numel() > 0
+        and int(tbe.rows_per_table.max()) <= ROW_LIMIT
         and native.applies([tbe.weights_host, tbe.momentum1_host])
     )
 

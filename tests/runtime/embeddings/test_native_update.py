@@ -118,6 +118,17 @@ def test_only_cpu_rowwise_adagrad_without_weight_decay_is_supported(native_kerne
         assert (collection._groups[0]._native_layout is not None) is supported, optimizer
 
 
+def test_a_table_of_more_rows_than_its_sort_keys_hold_takes_fbgemms_backward(native_kernels) -> None:
+    """The C sort packs a row into 32 bits: a row 2**32 + 1 would update row 1 (no such table fits here,
+    so the check is shown on the one TBE with its row count raised)."""
+    tbe = EmbeddingBagCollection(TABLES[:1], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)._groups[0].tbe
+    assert native_update.supports(tbe, "rowwise_adagrad", 0.0)
+    tbe.rows_per_table = torch.full_like(tbe.rows_per_table, native_update.ROW_LIMIT)
+    assert native_update.supports(tbe, "rowwise_adagrad", 0.0)
+    tbe.rows_per_table = torch.full_like(tbe.rows_per_table, native_update.ROW_LIMIT + 1)
+    assert not native_update.supports(tbe, "rowwise_adagrad", 0.0)
+
+
 def test_a_gradient_with_rows_further_apart_is_read_in_place(monkeypatch, native_kernels) -> None:
     """A table group's columns of the batch's gradient (as the backward of the groups' concatenation
     hands it over) update the tables exactly as the same gradient copied to its own rows."""
