@@ -68,7 +68,7 @@ def library() -> ctypes.CDLL | None:
     lib.reccompile_quant_pool.argtypes = [_I64, _I64, *[_PTR] * 6, _I64, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64]
     lib.reccompile_quant_pool.restype = ctypes.c_int
     lib.reccompile_one_query_attention_forward.argtypes = [*[_I64] * 4, *[_PTR] * 5, _I64]
-    lib.reccompile_one_query_attention_backward.argtypes = [*[_I64] * 4, *[_PTR] * 7, _I64]
+    lib.reccompile_one_query_attention_backward.argtypes = [*[_I64] * 4, *[_PTR] * 8, _I64]
     lib.reccompile_rowwise_adagrad_backward.argtypes = [
         _I64, _I64, _I64, *[_PTR] * 8, _I64, *[_PTR] * 4, ctypes.c_float, ctypes.c_float, _I64,
     ]
@@ -187,9 +187,11 @@ def one_query_attention_backward(
     assert lib is not None, "one_query_attention_backward called where applies() is False"
     (batch, length, dim), heads = x.shape, query.shape[1]
     grad_x, grad_query = torch.empty_like(x), torch.empty_like(query)
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads, max(length, 1))  # a thread's row of score gradients
     lib.reccompile_one_query_attention_backward(
         batch, length, heads, dim, x.data_ptr(), query.data_ptr(), counts.data_ptr(), probs.data_ptr(),
-        grad.data_ptr(), grad_x.data_ptr(), grad_query.data_ptr(), torch.get_num_threads(),
+        grad.data_ptr(), grad_x.data_ptr(), grad_query.data_ptr(), scratch.data_ptr(), threads,
     )
     return grad_x, grad_query
 

@@ -80,20 +80,22 @@ static void backward_sample(const float *x, const float *q, const float *probs, 
     }
 }
 
-/* Splits samples [0, batch) evenly over the team; `backward` picks the pass. */
+/* Splits samples [0, batch) evenly over the team; `backward` picks the pass, which needs `scratch`:
+ * `length` floats per thread (the caller's memory: a long sequence would overflow a thread's stack). */
 static void run(int64_t batch, int64_t length, int64_t heads, int64_t d, const float *x, const float *q,
                 const int64_t *counts, float *probs, float *w, const float *g, float *dx, float *dq,
-                int backward, int64_t threads) {
+                float *scratch, int64_t threads) {
+    if (threads < 1) threads = 1;
 #pragma omp parallel num_threads((int)threads)
     {
         const int64_t t = omp_get_thread_num(), team = omp_get_num_threads();
         const int64_t begin = batch * t / team, end = batch * (t + 1) / team;
-        float ds[length > 0 ? length : 1];
+        float *ds = scratch ? scratch + t * length : NULL;
         for (int64_t b = begin; b < end; b++) {
             const int64_t n = counts[b] < 1 ? 1 : (counts[b] > length ? length : counts[b]);
             const float *xb = x + b * length * d, *qb = q + b * heads * d;
             float *pb = probs + b * heads * length;
-            if (backward)
+            if (ds)
                 backward_sample(xb, qb, pb, g + b * heads * d, n, length, heads, d, dx + b * length * d,
                                 dq + b * heads * d, ds);
             else
@@ -105,12 +107,12 @@ static void run(int64_t batch, int64_t length, int64_t heads, int64_t d, const f
 void reccompile_one_query_attention_forward(int64_t batch, int64_t length, int64_t heads, int64_t d, const float *x,
                                             const float *q, const int64_t *counts, float *w, float *probs,
                                             int64_t threads) {
-    run(batch, length, heads, d, x, q, counts, probs, w, NULL, NULL, NULL, 0, threads);
+    run(batch, length, heads, d, x, q, counts, probs, w, NULL, NULL, NULL, NULL, threads);
 }
 
 void reccompile_one_query_attention_backward(int64_t batch, int64_t length, int64_t heads, int64_t d,
                                              const float *x, const float *q, const int64_t *counts,
                                              const float *probs, const float *g, float *dx, float *dq,
-                                             int64_t threads) {
-    run(batch, length, heads, d, x, q, counts, (float *)probs, NULL, g, dx, dq, 1, threads);
+                                             float *scratch, int64_t threads) {
+    run(batch, length, heads, d, x, q, counts, (float *)probs, NULL, g, dx, dq, scratch, threads);
 }

@@ -62,6 +62,23 @@ def test_both_paths_equal_the_formula_with_gradients(
 
 
 @pytest.mark.usefixtures("native_kernels")
+def test_a_padded_length_past_a_threads_stack_runs_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C kernel kept a row of `length` floats on each thread's stack: 2.5M of them overflowed it
+    (SIGSEGV). Short counts keep the float32 sums comparable with the reference."""
+    monkeypatch.setenv(choice.ENV, "attention=native")
+    x, query, _ = inputs(2, 2_500_000, 1, 2)
+    counts = torch.tensor([3, 100])
+    x_ref, query_ref = x.clone().requires_grad_(), query.clone().requires_grad_()
+    x.requires_grad_(), query.requires_grad_()
+    out, expected = one_query_attention(x, query, counts), reference(x_ref, query_ref, counts)
+    torch.testing.assert_close(out, expected, **TOL)
+    out.sum().backward()
+    expected.sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, **TOL)
+    torch.testing.assert_close(query.grad, query_ref.grad, **TOL)
+
+
+@pytest.mark.usefixtures("native_kernels")
 def test_the_choice_is_measured_once_per_shape(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.delenv(choice.ENV, raising=False)
     monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
