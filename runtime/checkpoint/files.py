@@ -25,8 +25,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from runtime.storage.manifest import (
     MANIFEST,
@@ -170,15 +171,18 @@ def commit(partial: Path, manifest: dict[str, Any]) -> Path:
     return final
 
 
-def prune(root: Path, keep: int, upto: int) -> None:
+def prune(root: Path, keep: int, upto: int, damaged: Collection[Path] = ()) -> None:
     """Remove all but the newest `keep` checkpoints at or before step `upto`, the one just saved.
 
     Later ones are not the saving run's: a run resumes from the newest checkpoint it can read, so
-    they are ones it passed over as damaged. They neither count towards `keep` (which would
-    remove every intact checkpoint the run saves) nor go: `commit` replaces each when the run
-    reaches its step.
+    they are ones it passed over as damaged, as are `damaged` (the resume's list, whatever their
+    step). Those neither count towards `keep` (which would remove intact checkpoints while they
+    stay) nor go: `commit` replaces each when the run saves at its step, and one it never saves
+    at is left for the user to look into.
     """
-    for _, path in [found for found in complete_checkpoints(root) if found[0] <= upto][:-keep]:
+    spared = {Path(path).name for path in damaged}
+    ours = [path for step, path in complete_checkpoints(root) if step <= upto and path.name not in spared]
+    for path in ours[:-keep]:
         _remove(path)
 
 

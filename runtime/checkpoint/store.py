@@ -52,9 +52,10 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -106,6 +107,7 @@ class Resumed:
     data_state: Any  # this rank's saved data position; None at another world size
     skipped: tuple[str, ...] = ()  # keys the checkpoint lacked (only with allow_spec_change)
     passed_over: tuple[str, ...] = ()  # why each newer, damaged checkpoint was not used (fall_back)
+    damaged: tuple[Path, ...] = ()  # those checkpoints: `save_checkpoint(damaged=...)` spares them
 
 
 def save_checkpoint(
@@ -125,13 +127,15 @@ def save_checkpoint(
     lr_schedule: Mapping[str, Any] | None = None,
     early_stopping: Mapping[str, Any] | None = None,
     kernels: Mapping[str, Mapping[str, str]] | None = None,
+    damaged: Collection[Path] = (),
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
     `model` may be DDP-wrapped; `data_state` is this rank's data position
     (see the module docstring); `batch_size` the global batch the steps
     consumed (kept as the manifest's "global_batch_size") and `seed` the run's
-    seed ("seed"); `keep` prunes all but the newest `keep`.
+    seed ("seed"); `keep` prunes all but the newest `keep`, sparing the checkpoints `damaged`
+    (a resume's `Resumed.damaged`).
     `files` (name -> contents, rank 0's) are saved beside the state and listed
     with their hashes in the manifest: what training used to read its data,
     such as the MovieLens vocabulary, travels with the weights it shaped.
@@ -171,7 +175,7 @@ def save_checkpoint(
             (partial / name).write_bytes(contents)
         final = commit(partial, manifest)
         if keep is not None:
-            prune(root, keep, upto=step)
+            prune(root, keep, upto=step, damaged=damaged)
         return final
 
     return _on_first_rank(finish, group)
@@ -197,7 +201,7 @@ def load_checkpoint(
     """
     group = _group(process_group)
     rank, world_size = _rank_and_size(group)
-    path, manifest, passed_over = _on_first_rank(lambda: _newest_intact(directory, fall_back), group)
+    path, manifest, damaged = _on_first_rank(lambda: _newest_intact(directory, fall_back), group)
     if manifest["spec_sha256"] != spec_sha256 and not allow_spec_change:
         raise CheckpointError(
             f"{path}: written for another spec (sha256 {manifest['spec_sha256'][:12]}…, this "
@@ -226,7 +230,8 @@ def load_checkpoint(
         manifest=manifest,
         data_state=saved["data"] if saved is not None else None,
         skipped=tuple(targets.skipped),
-        passed_over=passed_over,
+        passed_over=tuple(reason for _, reason in damaged),
+        damaged=tuple(path for path, _ in damaged),
     )
 
 
@@ -590,19 +595,22 @@ def newest_intact_checkpoint(directory: str | Path) -> Path | None:
         return None
 
 
-def _newest_intact(directory: str | Path, fall_back: bool) -> tuple[Path, dict[str, Any], tuple[str, ...]]:
-    """The checkpoint `_checked` picks; with `fall_back`, the newest that passes its checks."""
+def _newest_intact(
+    directory: str | Path, fall_back: bool
+) -> tuple[Path, dict[str, Any], tuple[tuple[Path, str], ...]]:
+    """The checkpoint `_checked` picks; with `fall_back`, the newest that passes its checks, and the
+    newer ones passed over, each with why."""
     if not fall_back or (Path(directory) / MANIFEST).exists():
         return (*_checked(directory), ())
     candidates = [path for _, path in reversed(complete_checkpoints(Path(directory)))]
-    passed_over: list[str] = []
+    passed_over: list[tuple[Path, str]] = []
     for path in candidates:
         try:
             return (*_checked(path), tuple(passed_over))
         except CheckpointError as error:
-            passed_over.append(str(error))
+            passed_over.append((path, str(error)))
     if not candidates:
         return (*_checked(directory), ())  # its error: no checkpoint at all
-    raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(passed_over))
+    raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(reason for _, reason in passed_over))
 
 

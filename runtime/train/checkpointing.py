@@ -304,6 +304,7 @@ class Checkpointing:
                 lr_schedule=None if self.lr_scheduler is None else self.lr_scheduler.state_dict(step),
                 early_stopping=tracked,
                 kernels=kernels,
+                damaged=() if best or self._resumed is None else self._resumed.damaged,
             )
         if not best:
             self.last_saved = step

@@ -209,6 +209,28 @@ def test_keep_does_not_count_a_later_checkpoint_a_resume_passed_over(modules, tm
     checkpoint.load_model_state(tmp_path)  # the run's own step 4, intact
 
 
+def test_keep_spares_a_damaged_checkpoint_the_resume_passed_over_once_the_run_is_past_it(
+    modules, tmp_path: Path
+) -> None:
+    """Resumed from step 2 because step 4 is damaged, a run saving at 3 and 5 keeps its own newest
+    `keep`: the damaged step 4, now behind it, neither takes a place nor goes."""
+    module = load_module(str(modules[1]))
+    model, optimizer = cc.fresh(module)
+    sha256, plan = module.SPEC_SHA256, module.PLAN
+    for step in (1, 2, 4):
+        checkpoint.save_checkpoint(tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan)
+    damage_flip(tmp_path / "step_00000004" / "__0_0.distcp")
+    resumed = checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=sha256, fall_back=True)
+    assert (resumed.step, resumed.damaged) == (2, (tmp_path / "step_00000004",))
+    assert resumed.passed_over == (
+        f"{tmp_path / 'step_00000004' / '__0_0.distcp'}: corrupted: its sha256 differs from the manifest's",
+    )
+    for step in (3, 5):
+        checkpoint.save_checkpoint(tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan, keep=2,
+                                   damaged=resumed.damaged)  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004", "step_00000005"]
+
+
 # Errors: each names the file and the problem.
 
 

@@ -64,6 +64,20 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_newest_intact_one(
     assert losses(out) == {step: reference[step] for step in (3, 4, 5, 6)}
 
 
+def test_a_damaged_checkpoint_the_run_moves_past_takes_no_place_of_keep(module: Path, tmp_path: Path, capsys) -> None:
+    """Steps 2, 4 and 6 saved, 6 damaged; resumed from 4, saving every 4 steps with --keep 2: at step 8
+    the intact 4 stays beside it, and the damaged 6 is left, uncounted."""
+    ck = tmp_path / "ck"
+    assert run_worker(module, checkpoint_dir=ck, checkpoint_every=2, steps=6, batch_size=64) == 0
+    data = ck / "step_00000006" / "__0_0.distcp"
+    damaged = bytearray(data.read_bytes())
+    damaged[100] ^= 0xFF
+    data.write_bytes(bytes(damaged))
+    assert run_worker(module, checkpoint_dir=ck, checkpoint_every=4, keep=2, resume=True, steps=8, batch_size=64) == 0
+    assert sorted(p.name for p in ck.iterdir()) == [".lock", "step_00000004", "step_00000006", "step_00000008"]
+    assert f"resumed from {ck}/step_00000004 at step 4 (--resume)\n" in capsys.readouterr().out
+
+
 def test_a_checkpoint_under_another_steps_name_is_refused(module: Path, tmp_path: Path, capsys) -> None:
     ck = tmp_path / "ck"
     assert run_worker(module, checkpoint_dir=ck) == 0
