@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.checkpoint.files import complete_checkpoints
-from runtime.checkpoint.lock import DirectoryLock
+from runtime.checkpoint.lock import LOCK_FILE, DirectoryLock
 from runtime.checkpoint.store import (
     CheckpointError,
     Resumed,
@@ -120,6 +120,8 @@ class Checkpointing:
         """
         if self.directory is None:
             return 0
+        if self.resume_requested and not self.directory.is_dir():  # before the lock would create it
+            raise CheckpointError(f"--resume: no complete checkpoint in {self.directory}: it does not exist")
         if self.rank == 0:
             self._lock = DirectoryLock(self.directory)
         restarted = restarted_by_torchrun(self.process_group)
@@ -159,6 +161,14 @@ class Checkpointing:
             raise CheckpointError(
                 f"{self._resumed.path} is at step {self.start_step}, past this run's last step {steps}"
             )
+        if self.start_step < steps and self._is_a_runs_best_folder():
+            raise CheckpointError(
+                f"--checkpoint-dir {self.directory}: the best evaluation's checkpoint of the run in "
+                f"{self.directory.parent}, which only that run writes (this run's saves would join it, and "
+                f"`export --checkpoint {self.directory}` would take the newest); to train on from it, copy it "
+                f"into a directory of its own and resume there: cp -r {self._resumed.path} NEWDIR/, then "
+                "--checkpoint-dir NEWDIR --resume"
+            )
         self._resume_schedule()
         self._resume_early_stopping()
         for problem in kernel_choices.restore(self._resumed.manifest):
@@ -168,6 +178,12 @@ class Checkpointing:
         if self.start_step == steps and not restarted:
             self._say(f"note: step {steps} is this run's last: nothing is left to train (raise --steps to go on)")
         return self.start_step
+
+    def _is_a_runs_best_folder(self) -> bool:
+        """Whether --checkpoint-dir is DIR/best of a run in DIR (one that holds its lock file or checkpoints)."""
+        assert self.directory is not None
+        parent = self.directory.parent
+        return self.directory.name == BEST_DIR and ((parent / LOCK_FILE).exists() or bool(complete_checkpoints(parent)))
 
     def _refuse_an_earlier_runs_checkpoints(self) -> None:
         """A new run's saves must not mix with another run's: `--keep` would prune the older run's

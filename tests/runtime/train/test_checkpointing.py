@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,39 @@ def test_resume_without_a_checkpoint_is_a_clear_error(modules, tmp_path: Path, c
     assert run_worker(modules[1], checkpoint_dir=tmp_path, resume=True) == 1
     err = capsys.readouterr().err
     assert err == f"error: rank 0: --resume: no complete checkpoint in {tmp_path}\n"
+
+
+def test_resume_from_a_directory_that_does_not_exist_creates_nothing(modules, tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "typo"
+    assert run_worker(modules[1], checkpoint_dir=missing, resume=True) == 1
+    assert capsys.readouterr().err == f"error: rank 0: --resume: no complete checkpoint in {missing}: it does not exist\n"
+    assert not missing.exists()
+
+
+def test_a_runs_best_folder_is_refused_as_the_checkpoint_dir_of_a_run_that_would_save_there(
+    modules, tmp_path: Path, capsys
+) -> None:
+    """DIR/best is pruned to the best evaluation by the run in DIR alone: training on into it would
+    put newer, not-best checkpoints beside it, which `export --checkpoint DIR/best` takes. Resuming
+    it with nothing left to train (to evaluate it) writes nothing and stays allowed."""
+    assert run_worker(modules[1], checkpoint_dir=tmp_path / "ck", steps=2) == 0
+    best = tmp_path / "ck" / "best"
+    shutil.copytree(tmp_path / "ck" / "step_00000002", best / "step_00000002")  # as --best-metric leaves it
+    capsys.readouterr()
+    assert run_worker(modules[1], checkpoint_dir=best, resume=True, steps=4) == 1
+    assert capsys.readouterr().err == (
+        f"error: rank 0: --checkpoint-dir {best}: the best evaluation's checkpoint of the run in {tmp_path / 'ck'}, "
+        f"which only that run writes (this run's saves would join it, and `export --checkpoint {best}` would take "
+        f"the newest); to train on from it, copy it into a directory of its own and resume there: cp -r "
+        f"{best / 'step_00000002'} NEWDIR/, then --checkpoint-dir NEWDIR --resume\n"
+    )
+    assert sorted(p.name for p in best.iterdir()) == [".lock", "step_00000002"]
+    assert run_worker(modules[1], checkpoint_dir=best, resume=True, steps=2) == 0
+    assert sorted(p.name for p in best.iterdir()) == [".lock", "step_00000002"]
+    own = tmp_path / "own"
+    shutil.copytree(best / "step_00000002", own / "step_00000002")
+    assert run_worker(modules[1], checkpoint_dir=own, resume=True, steps=4) == 0
+    assert sorted(p.name for p in own.iterdir()) == [".lock", "step_00000002", "step_00000004"]
 
 
 def test_a_new_run_refuses_a_directory_with_an_earlier_runs_checkpoints(modules, tmp_path: Path, capsys) -> None:
