@@ -175,7 +175,8 @@ def _train(options: TrainOptions) -> int:
         if stopping is not None and stopping.stop_reason is not None and last_step < steps:
             run_io.monitor.stop(last_step, stopping.stop_reason)
         checkpoints.finish(last_step)
-        final = run_io.finish({**summary.as_json(), **other_work.as_json()}, best_result)
+        # The time of work outside the steps is read after the final evaluation, which it includes.
+        final = run_io.finish(summary.as_json(), lambda: {**best_result(), **other_work.as_json()})
     finally:
         checkpoints.close()
     if rank == 0:
