@@ -50,7 +50,6 @@ same world size too.
 
 from __future__ import annotations
 
-import logging
 import random
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -91,7 +90,6 @@ __all__ = [
     "save_checkpoint",
 ]
 
-logger = logging.getLogger(__name__)
 
 COLUMNS = "@columns"
 T = TypeVar("T")
@@ -222,8 +220,6 @@ def load_checkpoint(
     saved = targets.state.get(rank_key) if same_world else None
     if saved is not None:
         _set_rng(saved["rng"])
-    if targets.skipped:
-        logger.warning("%s lacks %s: those keep their fresh values", path, ", ".join(targets.skipped))
     return Resumed(
         path=path,
         step=int(manifest["step"]),

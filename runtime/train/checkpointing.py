@@ -27,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Iterator, Sequence, TextIO
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,12 @@ def restarted_by_torchrun(process_group: dist.ProcessGroup | None) -> bool:
     counts = torch.tensor([count], device=device)
     dist.all_reduce(counts, op=dist.ReduceOp.MAX, group=process_group)
     return int(counts.item()) > 0
+
+
+def _some(entries: Sequence[str], shown: int = 3) -> str:
+    """The first `shown` entries, and how many more: a spec change can skip hundreds."""
+    more = len(entries) - shown
+    return ", ".join(entries[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 class Checkpointing:
@@ -143,6 +149,9 @@ class Checkpointing:
         )
         for reason in self._resumed.passed_over:
             self._say(f"warning: passed over a damaged checkpoint: {reason}", sys.stderr)
+        if self._resumed.skipped:
+            self._say(f"warning: {self._resumed.path} lacks {_some(self._resumed.skipped)}: those keep their "
+                      "fresh values (--allow-spec-change)", sys.stderr)  # fmt: skip
         saved_batch = self._resumed.manifest.get("global_batch_size")
         if saved_batch is not None and self.batch_size is not None and saved_batch != self.batch_size:
             raise CheckpointError(

@@ -129,6 +129,22 @@ def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Pa
     assert "at step 6 (--resume)" in capsys.readouterr().out
 
 
+def test_a_spec_change_that_skips_many_entries_warns_in_one_short_line(modules, tmp_path: Path, capsys) -> None:
+    ckpt = tmp_path / "ck"
+    assert run_worker(modules[1], checkpoint_dir=ckpt) == 0
+    other_spec = cc.SPEC.replace("sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: sgd, lr: 0.05}")
+    other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
+    capsys.readouterr()
+    assert run_worker(other, checkpoint_dir=ckpt, resume=True, allow_spec_change=True, steps=5) == 0
+    [warning] = capsys.readouterr().err.splitlines()
+    assert warning == (
+        f"warning: {ckpt}/step_00000004 lacks sparse_arch.a.* optimizer state (another table optimizer's: "
+        "momentum1 per row), sparse_arch.b.* optimizer state (another table optimizer's: momentum1 per row), "
+        "sparse_arch.c.* optimizer state (another table optimizer's: momentum1 per row) and 2 more: those keep "
+        "their fresh values (--allow-spec-change)"
+    )
+
+
 @pytest.mark.parametrize(
     "options, message",
     [
