@@ -6,7 +6,8 @@ Prints `SPEC: ok` for each good spec and the diagnostics of each bad one
 `--memory-per-rank` as there), so a model whose tables do not fit its ranks
 fails here, naming the tables, the bytes and the world size that would fit, and so
 does a graph whose shapes do not fit or whose dense blocks leave no room (the
-lowering's checks). With `--data PATH` the
+lowering's checks). With `--data PATH` (or without it, the files the
+spec's `data:` section names, which `train` reads by default) the
 first `--sample` rows of a data file are parsed against each good spec too,
 and the output says which lines were not; MovieLens ids are read from the
 whole file, so every table is checked against the vocabulary training will
@@ -61,13 +62,16 @@ def run(args: argparse.Namespace) -> int:
             status = 1
         else:
             print(f"{spec}: ok")
-            if args.data is not None and not _check_data(ir, args.data, args.sample):
+            if not _check_data(ir, args.data, args.sample):
                 status = 1
     return status
 
 
-def _check_data(ir: ModelIR, data: str, rows: int) -> bool:
-    """Check `rows` rows of `data` against the spec; print what was found; True when good."""
+def _check_data(ir: ModelIR, data: str | None, rows: int) -> bool:
+    """Check `rows` rows of `data` (None: the spec's own data section, as `train` reads it, if it names
+    files) against the spec; print what was found; True when good."""
+    if data is None and (ir.data is None or ir.data.reader == "synthetic"):
+        return True  # nothing to read, and no need to load the runtime
     # The runtime (and torch) load only when data is to be checked.
     from compiler.lowering.instantiate import model_inputs
     from runtime.data.errors import DataError

@@ -122,6 +122,22 @@ def test_check_reports_bad_rows_with_file_and_line(criteo, capsys) -> None:
     ]
 
 
+def test_check_without_data_checks_the_files_the_specs_data_section_names(criteo, capsys) -> None:
+    """What `train` reads when given no --data."""
+    spec, _, held_out = criteo
+    lines = held_out.read_text().splitlines()
+    lines[4] = lines[4].replace("\t", "\tx", 1)
+    write_lines(held_out, lines)
+    spec.write_text(SPEC + f"data: {{reader: criteo, path: {held_out}}}\n")
+    assert main(["check", str(spec)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[:2] == [f"{spec}: ok", f"{held_out}: criteo data, all 500 lines checked: 499 good, 1 bad"]
+    assert err.splitlines() == [
+        f"{held_out}:5: error: column I1: not an integer of at most 18 digits (value {lines[4].split(chr(9))[1]!r})",
+        "1 error",
+    ]
+
+
 def test_check_reports_a_spec_the_file_cannot_feed(tmp_path: Path, capsys) -> None:
     data = write_lines(tmp_path / "d.txt", [criteo_line(random.Random(0))])
     spec = tmp_path / "tiny.yaml"
