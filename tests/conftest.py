@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import shlex
 import shutil
 from pathlib import Path
 
@@ -65,8 +66,9 @@ def native_kernels() -> None:
     """Skips only where no C compiler exists; where one does, a failed build or load fails the test."""
     from runtime.cpu.native import build
 
-    if shutil.which(build.compiler_name()) is None:
-        pytest.skip(f"no C compiler: looked for {build.compiler_name()!r} ($CC, else cc) on PATH")
+    program = (shlex.split(build.compiler_name()) or [""])[0]  # CC may carry arguments: `ccache gcc`
+    if not program or shutil.which(program) is None:
+        pytest.skip(f"no C compiler: looked for {program!r} ($CC, else cc) on PATH")
     outcome = build.status()
     if outcome.library is None:
         pytest.fail(f"the native kernels did not build or load: {outcome.problem}", pytrace=False)
