@@ -15,6 +15,10 @@ counted there (runtime.data.unseen_ids), never scored as another movie.
     DIR/train/ratings.dat    the earlier positives of every user
     DIR/test/ratings.dat     the later ones: --eval-data, and the export's recall check
 
+Nothing is written when DIR/train or DIR/test exists already: it may hold
+an earlier split, whose parts would be replaced, or the input itself,
+which writing the training part would overwrite with its positives.
+
 >>> split = split_by_time("ml-1m/ratings.dat", "split", holdout=0.2)   # doctest: +SKIP
 >>> split.describe()                                                    # doctest: +SKIP
 '6,040 users, 575,281 positives (424,928 below the threshold dropped): 458,975 train (split/train/...'
@@ -23,6 +27,7 @@ counted there (runtime.data.unseen_ids), never scored as another movie.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 from collections import defaultdict
 from dataclasses import dataclass
@@ -66,6 +71,8 @@ def split_by_time(
     if not 0.0 < holdout < 1.0:
         raise DataError(f"holdout must be between 0 and 1 (exclusive), got {holdout:g}")
     file, layout = ratings_file(path)
+    root = Path(outdir)
+    _refuse_outdir(root, [file, movies_file(file, layout)])
     header, positives, dropped = _read_positives(file, layout, threshold)
     held: set[int] = set()
     for events in positives.values():
@@ -74,7 +81,6 @@ def split_by_time(
         held.update(number for _, number, _, _ in events[len(events) - count :] if count > 0)
     rows = sorted((number, movie, line) for events in positives.values() for _, number, movie, line in events)
     train_movies = {movie for number, movie, _ in rows if number not in held}
-    root = Path(outdir)
     train = _write(root / "train" / file.name, header, [line for number, _, line in rows if number not in held])
     test = _write(root / "test" / file.name, header, [line for number, _, line in rows if number in held])
     movies = movies_file(file, layout)
@@ -86,6 +92,21 @@ def split_by_time(
         train, test, len(positives), len(rows), dropped, len(rows) - len(held), len(held), test_users,
         sum(1 for number, movie, _ in rows if number in held and movie not in train_movies),
     )  # fmt: skip
+
+
+def _refuse_outdir(root: Path, inputs: list[Path]) -> None:
+    """DataError when writing the split into `root` could replace anything: its train/ or test/ exists."""
+    if root.exists() and not root.is_dir():
+        raise DataError(f"{root}: exists and is not a directory; choose another -o")
+    for part in ("train", "test"):
+        folder = root / part
+        if not os.path.lexists(folder):
+            continue
+        inside = [file for file in inputs if file.exists() and file.resolve().is_relative_to(folder.resolve())]
+        if inside:
+            raise DataError(f"{inside[0]}: an input of this split, in {folder}, which the split writes; "
+                            "choose another -o")  # fmt: skip
+        raise DataError(f"{folder}: already exists (an earlier split?); choose another -o, or remove it to split again")
 
 
 _Event = tuple[int, int, int, bytes]  # timestamp, line number, movie id, the line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,44 @@ def test_the_command_prints_the_split_and_refuses_bad_usage(tmp_path: Path, caps
     assert capsys.readouterr().err == "error: --holdout must be between 0 and 1 (exclusive), got 1\n"
     assert main(["data", "split", "--data", f"movielens:{tmp_path / 'nope'}", "-o", str(tmp_path / "o")]) == 1
     assert capsys.readouterr().err == f"error: {tmp_path / 'nope'}: no such file or directory\n"
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_an_outdir_holding_the_input_is_refused_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    source = _write(tmp_path / "X" / "train", "dat")
+    before = _snapshot(tmp_path)
+    assert main(["data", "split", "--data", f"movielens:{source}", "-o", str(tmp_path / "X")]) == 1
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", (
+        f"error: {source}: an input of this split, in {tmp_path / 'X' / 'train'}, which the split writes; "
+        "choose another -o\n"
+    ))  # fmt: skip
+    assert _snapshot(tmp_path) == before
+
+
+def test_an_outdir_holding_a_split_is_refused_and_the_split_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    first = _write(tmp_path / "one", "tab")
+    assert main(["data", "split", "--data", f"movielens:{first}", "-o", str(tmp_path / "out")]) == 0
+    other = write_lines(tmp_path / "two" / "u.data", ["7\t10\t5\t1", "7\t11\t5\t2"])
+    capsys.readouterr()
+    for leftover in ("train", "test"):
+        kept = _snapshot(tmp_path / "out")
+        assert main(["data", "split", "--data", f"movielens:{other}", "-o", str(tmp_path / "out")]) == 1
+        assert capsys.readouterr().err == (
+            f"error: {tmp_path / 'out' / leftover}: already exists (an earlier split?); choose another -o, "
+            "or remove it to split again\n"
+        )
+        assert _snapshot(tmp_path / "out") == kept
+        shutil.rmtree(tmp_path / "out" / leftover)  # then test/ alone is refused too
+    file = tmp_path / "file"
+    file.write_text("mine")
+    assert main(["data", "split", "--data", f"movielens:{other}", "-o", str(file)]) == 1
+    assert capsys.readouterr().err == f"error: {file}: exists and is not a directory; choose another -o\n"
+    assert file.read_text() == "mine"
