@@ -183,7 +183,7 @@ def prepare_once(raw: Path, out: Path, args: argparse.Namespace, workers: int | 
     started = time.perf_counter()
     manifest = prepare(inputs, DataChoice("criteo", str(raw)), out, settings, report=said.append)
     seconds = time.perf_counter() - started
-    parsing = next(line.removeprefix("parsing with ") for line in said if line.startswith("parsing with "))
+    parsing = next(line.removeprefix("parsing ") for line in said if line.startswith("parsing "))
     return {"bench": "prepare", "rows": manifest.rows, "files": args.files,
             "workers": "default" if workers is None else workers, "parsing": parsing,
             "cores": len(os.sched_getaffinity(0)), "load_average_before": load_before,

@@ -123,11 +123,15 @@ def run(args: argparse.Namespace) -> int:
     source = manifest.source
     groups = sum(len(part.row_groups) for part in manifest.files)
     print(
-        f"prepared {manifest.rows:,} rows of {source['lines']:,} lines ({source['bad_rows']:,} bad rows dropped) "
-        f"into {args.outdir}: {len(manifest.files)} files, {groups} row groups of {manifest.row_group_rows:,} rows; "
-        f"{seconds:.1f} s, {manifest.rows / max(seconds, 1e-9):,.0f} rows/s"
+        f"prepared {manifest.rows:,} rows of {source['lines']:,} lines ({_count(source['bad_rows'], 'bad row')} "
+        f"dropped) into {args.outdir}: {_count(len(manifest.files), 'file')}, {_count(groups, 'row group')} of up "
+        f"to {manifest.row_group_rows:,} rows; {seconds:.1f} s, {manifest.rows / max(seconds, 1e-9):,.0f} rows/s"
     )
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'s' if n != 1 else ''}"
 
 
 def _split(args: argparse.Namespace) -> int:

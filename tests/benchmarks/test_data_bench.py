@@ -25,7 +25,7 @@ def test_data_bench_prepares_reads_and_sums_up_in_one_run(tmp_path: Path) -> Non
     lines = [json.loads(line) for line in done.stdout.strip().splitlines()]
     assert [line["bench"] for line in lines] == ["prepare", "prepare", "prepared_read", "prepared_read", "data_summary"]
     assert [line["workers"] for line in lines[:2]] == [0, "default"]
-    assert lines[0]["parsing"] == "0 parse processes: line by line in this process (--workers 0)"
+    assert lines[0]["parsing"] == "line by line in this process (--workers 0)"
     summary = lines[-1]
     assert summary["prepare_rows_per_s"].keys() == {"0", "default"}
     assert summary["prepare_parsing"]["default"] == choose_parsing(2, None).describe()  # this machine's cores

@@ -8,7 +8,8 @@ to train on. It holds
     spec_sha256                 the sha256 of `columns`' specs (runtime.data.prepared.schema)
     columns                     name -> {"spec": what the spec made of it, "stats": its statistics}
     files                       in row order: name, rows, rows of each row group, bytes, sha256
-    source                      the reader, path, lines read and bad rows dropped (the first few named)
+    source                      the reader, path, input files (size, mtime), lines read and bad rows
+                                dropped (the first few named)
 
 `check_inputs` compares the columns a spec needs with the manifest's before
 any row is read: a missing column or one prepared for another table size,

@@ -1,7 +1,8 @@
 """How many processes parse a prepare's raw files, and why: `--workers`, or chosen by the cores.
 
     choice = choose_parsing(files=3, workers=None)   # on a 4-core machine
-    choice.describe()  # '3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)'
+    choice.describe()
+    # 'with 3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)'
 
 Parsed one process per file (runtime.data.prepared.by_file), every row is
 also read back from its file part and stitched into the parts by the
@@ -35,11 +36,11 @@ class ParseChoice:
     reason: str
 
     def describe(self) -> str:
-        count = f"{self.processes} parse process{'es' if self.processes != 1 else ''}"
+        """How the files are parsed, to follow "parsing "."""
         if self.processes == 0:
-            return f"{count}: line by line in this process ({self.reason})"
+            return f"line by line in this process ({self.reason})"
         how = "one per file" if self.by_file else "sharing the lines of the file"
-        return f"{count}, {how} ({self.reason})"
+        return f"with {_count(self.processes, 'parse process')}, {how} ({self.reason})"
 
 
 def usable_cores() -> int:
@@ -71,4 +72,4 @@ def choose_parsing(files: int, workers: int | None, resumed_by_file: bool | None
 
 
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'s' if n != 1 else ''}"
+    return f"{n} {noun}{('es' if noun.endswith('s') else 's') if n != 1 else ''}"

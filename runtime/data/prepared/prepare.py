@@ -31,6 +31,11 @@ file, a block is a whole file: the journal names the file the next row
 comes from, and files parsed already (their file parts) are not parsed
 again. The journal also names the spec, source and settings, and another
 combination is refused.
+
+The journal and the manifest record every input file's size and
+modification time (runtime.data.prepared.inputs): a prepare run again on a
+directory made from an input that has changed since is refused naming the
+file, never continued with, or reported as already prepared from, stale rows.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from runtime.data.features import ModelInputs
 from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
 from runtime.data.prepared.arrow import pq
 from runtime.data.prepared.by_file import FileParts, is_finished_file_part, raw_files
+from runtime.data.prepared.inputs import input_change, input_files, input_stamps
 from runtime.data.prepared.manifest import (
     MANIFEST,
     Manifest,
@@ -110,6 +116,7 @@ class _Journal:
     """What a prepare has finished: its parts, and where the rows after them come from."""
 
     identity: dict[str, Any]  # spec hash, source and settings: a resume must match them
+    inputs: list[dict[str, Any]]  # the input files' paths, sizes and times: a resume must match them too
     parts: list[PartFile] = field(default_factory=list)
     lines: int = 0  # raw lines before the block the next row comes from
     drop: int = 0  # good rows of that block already in a part
@@ -121,8 +128,8 @@ class _Journal:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "identity": self.identity, "parts": [p.to_json() for p in self.parts], "lines": self.lines,
-            "drop": self.drop, "by_file": self.by_file, "file": self.file, "bad": self.bad,
+            "identity": self.identity, "inputs": self.inputs, "parts": [p.to_json() for p in self.parts],
+            "lines": self.lines, "drop": self.drop, "by_file": self.by_file, "file": self.file, "bad": self.bad,
             "bad_examples": self.bad_examples, "stats": self.stats,
         }  # fmt: skip
 
@@ -177,15 +184,16 @@ def _prepare(
         "training": settings.training,
         "row_group_rows": settings.row_group_rows, "part_row_groups": settings.part_row_groups,
     }  # fmt: skip
+    stamps = input_stamps(input_files(choice, settings.training))
     if (root / MANIFEST).is_file():
-        return _finished(root, identity, report)
+        return _finished(root, identity, stamps, report)
     root.mkdir(parents=True, exist_ok=True)
-    journal = _load_journal(root, identity, report)
+    journal = _load_journal(root, identity, stamps, report)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
     reader = _open_source(inputs, choice, settings, vocab)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
     if report is not None:
-        report(f"parsing with {parsing.describe()}")
+        report(f"parsing {parsing.describe()}")
     by_file = parsing.by_file
     if journal.parts and journal.by_file != by_file:
         raise DataError(f"{root}: holds a stopped prepare {_mode(journal.by_file)}; run it again with --workers "
@@ -228,30 +236,41 @@ def _write_by_file(files: FileParts, writer: _PartWriter, bad_rows: BadRowLog) -
     files.remove_before(len(files.files))
 
 
-def _finished(root: Path, identity: dict[str, Any], report: Callable[[str], None] | None) -> Manifest:
+def _finished(
+    root: Path, identity: dict[str, Any], inputs: list[dict[str, Any]], report: Callable[[str], None] | None
+) -> Manifest:
     manifest = read_manifest(root)
     made = {**manifest.source.get("identity", {})}
     if made != identity:
         raise DataError(f"{root}: already holds prepared data {_difference(made, identity)}; choose another -o")
+    change = input_change(manifest.source.get("inputs"), inputs)
+    if change is not None:
+        raise DataError(f"{root}: already holds prepared data, but {change}; choose another -o, or remove "
+                        f"{root} to prepare it again")  # fmt: skip
     if report is not None:
         report(f"{root}: already prepared ({manifest.rows:,} rows); nothing to do")
     return manifest
 
 
-def _load_journal(root: Path, identity: dict[str, Any], report: Callable[[str], None] | None) -> _Journal:
+def _load_journal(
+    root: Path, identity: dict[str, Any], inputs: list[dict[str, Any]], report: Callable[[str], None] | None
+) -> _Journal:
     path = root / JOURNAL
     if not path.is_file():
         if any(not _ours(entry.name) for entry in root.iterdir()):
             raise DataError(f"{root}: not empty and not a prepare of this spec and data; choose another -o")
-        return _Journal(identity)
+        return _Journal(identity, inputs)
     data = json.loads(path.read_text())
     if data["identity"] != identity:
         raise DataError(
             f"{root}: holds a stopped prepare {_difference(data['identity'], identity)}; "
             "choose another -o, or remove the directory"
         )
+    change = input_change(data.get("inputs"), inputs)
+    if change is not None:
+        raise DataError(f"{root}: holds a stopped prepare, but {change}; choose another -o, or remove the directory")
     journal = _Journal(
-        identity, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"], data["by_file"],
+        identity, inputs, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"], data["by_file"],
         data["file"], data["bad"], data["bad_examples"], data["stats"],
     )  # fmt: skip
     for part in journal.parts:
@@ -370,7 +389,7 @@ class _PartWriter:
     def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None) -> Manifest:
         journal = self.journal
         source: dict[str, Any] = {
-            "reader": choice.reader, "path": str(choice.path), "identity": journal.identity,
+            "reader": choice.reader, "path": str(choice.path), "identity": journal.identity, "inputs": journal.inputs,
             "lines": self.lines, "bad_rows": bad_rows.bad,
             "bad_examples": [str(row) for row in bad_rows.examples],
         }  # fmt: skip

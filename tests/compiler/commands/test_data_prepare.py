@@ -129,15 +129,15 @@ def test_prepare_says_how_many_processes_parse_and_why(tmp_path: Path, files, mo
     for day in range(3):
         write_lines(tmp_path / "days" / f"day_{day}", [criteo_line(rng) for _ in range(40)])
     for cores, said in [
-        (2, "0 parse processes: line by line in this process (3 files on 2 usable cores: one process per file "
+        (2, "line by line in this process (3 files on 2 usable cores: one process per file "
             "needs 3 or more)"),
-        (4, "3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)"),
+        (4, "with 3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)"),
     ]:  # fmt: skip
         monkeypatch.setattr(parsing, "usable_cores", lambda: cores)
         out = tmp_path / f"out_{cores}"
         assert main(["data", "prepare", str(spec), "--data", f"criteo:{tmp_path / 'days'}", "-o", str(out)]) == 0
         lines = capsys.readouterr().out.splitlines()
-        assert lines[0] == f"parsing with {said}"
+        assert lines[0] == f"parsing {said}"
         assert lines[1].startswith(f"prepared 120 rows of 120 lines (0 bad rows dropped) into {out}: ")
 
 
@@ -149,7 +149,7 @@ def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_t
     assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared),
                  "--row-group-rows", "32", "--workers", "0"]) == 0  # fmt: skip
     out, err = capsys.readouterr()
-    assert out.splitlines()[-1].startswith(f"prepared 1,499 rows of 1,500 lines (1 bad rows dropped) into {prepared}")
+    assert out.splitlines()[-1].startswith(f"prepared 1,499 rows of 1,500 lines (1 bad row dropped) into {prepared}")
     assert f"{raw}:41: 2 tab-separated fields" in err
     common = ("--steps", "6", "--batch-size", "128", "--log-every", "1", "--data-workers", "0")
 
@@ -334,3 +334,35 @@ def test_movielens_evaluation_data_maps_ids_and_histories_as_training_does_or_is
     assert err.startswith(f"error: rank 0: --eval-data {own}: its MovieLens ids were mapped with another vocabulary "
                           "than the training data's (")  # fmt: skip
     assert err.endswith(" movies on other rows); prepare it again with --training movielens:<the training ratings>\n")
+
+
+def test_a_prepare_run_again_on_a_changed_input_is_refused_naming_the_file(tmp_path: Path, capsys) -> None:
+    lines = [criteo_line(random.Random(4)) for _ in range(300)]
+    lines[9] = "1\tbad"
+    raw = write_lines(tmp_path / "day_0.tsv", lines)
+    os.utime(raw, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    spec, out = tmp_path / "tiny.yaml", tmp_path / "prepared"
+    spec.write_text(SPEC)
+    args = ["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(out), "--workers", "0"]
+    assert main(args) == 0
+    said = capsys.readouterr().out.splitlines()
+    assert said[0] == "parsing line by line in this process (--workers 0)"
+    assert said[1].startswith(f"prepared 299 rows of 300 lines (1 bad row dropped) into {out}: 1 file, "
+                              "1 row group of up to 512 rows; ")  # fmt: skip
+    assert main(args) == 0
+    assert capsys.readouterr().out == f"{out}: already prepared (299 rows); nothing to do\n"
+    manifest = (out / "manifest.json").read_bytes()
+    write_lines(raw, lines[:200])
+    os.utime(raw, ns=(1_700_000_100_000_000_000, 1_700_000_100_000_000_000))
+    assert main(args) == 1
+    out_text, err = capsys.readouterr()
+    assert (out_text, err) == ("", (
+        f"error: {out}: already holds prepared data, but {raw} has changed since (then {raw_bytes(lines):,} bytes, "
+        f"modified 2023-11-14 22:13:20 UTC; now {raw_bytes(lines[:200]):,} bytes, modified 2023-11-14 22:15:00 "
+        f"UTC); choose another -o, or remove {out} to prepare it again\n"
+    ))  # fmt: skip
+    assert (out / "manifest.json").read_bytes() == manifest
+
+
+def raw_bytes(lines: list[str]) -> int:
+    return sum(len(line) + 1 for line in lines)

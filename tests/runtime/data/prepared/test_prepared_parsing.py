@@ -30,17 +30,18 @@ def data(tmp_path: Path) -> dict[int, Path]:
 @pytest.mark.parametrize(
     ("cores", "files", "processes", "by_file", "said"),
     [
-        (1, 1, 0, False, "0 parse processes: line by line in this process "
+        (1, 1, 0, False, "line by line in this process "
                          "(1 file on 1 usable core: one process per file needs 2 or more files)"),
-        (1, 3, 0, False, "0 parse processes: line by line in this process "
+        (1, 3, 0, False, "line by line in this process "
                          "(3 files on 1 usable core: one process per file needs 3 or more)"),
-        (2, 1, 0, False, "0 parse processes: line by line in this process "
+        (2, 1, 0, False, "line by line in this process "
                          "(1 file on 2 usable cores: one process per file needs 2 or more files)"),
-        (2, 3, 0, False, "0 parse processes: line by line in this process "
+        (2, 3, 0, False, "line by line in this process "
                          "(3 files on 2 usable cores: one process per file needs 3 or more)"),
-        (4, 1, 0, False, "0 parse processes: line by line in this process "
+        (4, 1, 0, False, "line by line in this process "
                          "(1 file on 4 usable cores: one process per file needs 2 or more files)"),
-        (4, 3, 3, True, "3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)"),
+        (4, 3, 3, True, "with 3 parse processes, one per file "
+                        "(3 files on 4 usable cores: one kept for writing the parts)"),
     ],
 )  # fmt: skip
 def test_the_default_parses_one_process_per_file_only_with_several_files_and_three_cores(
@@ -59,16 +60,16 @@ def test_the_default_parses_one_process_per_file_only_with_several_files_and_thr
     reported: list[str] = []
     manifest = prepare(criteo_spec(rows=1000), DataChoice("criteo", str(data[files])), tmp_path / "out", SETTINGS,
                        report=reported.append)  # fmt: skip
-    assert reported == [f"parsing with {said}"]
+    assert reported == [f"parsing {said}"]
     assert pools == ([processes] if by_file else [])
     assert manifest.rows == (300 if files == 3 else 120)
 
 
 def test_given_workers_are_taken_as_given() -> None:
     assert choose_parsing(3, 2) == ParseChoice(2, True, "--workers 2, 3 files")
-    assert choose_parsing(2, 5).describe() == "2 parse processes, one per file (--workers 5, 2 files)"
-    assert choose_parsing(1, 2).describe() == "2 parse processes, sharing the lines of the file (--workers 2)"
-    assert choose_parsing(3, 0).describe() == "0 parse processes: line by line in this process (--workers 0)"
+    assert choose_parsing(2, 5).describe() == "with 2 parse processes, one per file (--workers 5, 2 files)"
+    assert choose_parsing(1, 2).describe() == "with 2 parse processes, sharing the lines of the file (--workers 2)"
+    assert choose_parsing(3, 0).describe() == "line by line in this process (--workers 0)"
 
 
 def test_a_stopped_prepare_is_continued_by_default_in_the_mode_it_started_in(

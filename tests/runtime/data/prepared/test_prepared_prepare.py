@@ -235,3 +235,34 @@ def test_a_prepare_runs_torch_on_one_thread_and_gives_the_callers_back(criteo: P
     finally:
         torch.set_num_threads(callers)
     assert threads == [1] * 7
+
+
+def test_a_stopped_prepare_is_not_continued_on_a_changed_input(days: Path, tmp_path: Path, monkeypatch) -> None:
+    inputs, choice = criteo_spec(rows=1000), DataChoice("criteo", str(days))
+    out = tmp_path / "out"
+
+    def journal_then_stop(path: Path, data: dict) -> None:
+        write_json_atomically(path, data)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_module, "write_json_atomically", journal_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(inputs, choice, out, SETTINGS)
+    monkeypatch.undo()
+    write_lines(days / "day_3", criteo_lines(10, seed=4))
+    with pytest.raises(DataError) as error:
+        prepare(inputs, choice, out, SETTINGS)
+    assert str(error.value) == (
+        f"{out}: holds a stopped prepare, but {days / 'day_3'} is new; choose another -o, or remove the directory"
+    )
+    (days / "day_3").unlink()
+    finished = prepare(inputs, choice, out, SETTINGS)
+    recorded = [stamp["path"] for stamp in finished.source["inputs"]]
+    assert recorded == [str(days / name) for name in ("day_0", "day_1", "day_2.gz")]
+    (days / "day_1").unlink()
+    with pytest.raises(DataError) as error:
+        prepare(inputs, choice, out, SETTINGS)
+    assert str(error.value) == (
+        f"{out}: already holds prepared data, but {days / 'day_1'} is gone; choose another -o, or remove {out} to "
+        "prepare it again"
+    )
