@@ -8,6 +8,11 @@ gives the count and the first examples at the end.
 Every rank parses every row (see `runtime.data.rank_slices`), so every rank meets
 the same bad rows at the same step: counts need no reduction across ranks
 and a failure stops all ranks together.
+
+A bad row is counted once however often the data is read: training reads
+its data again from the beginning when it runs out, and evaluation reads
+its data at every pass, but once the reader says a pass ended (`end_pass`)
+the counts are those of the data, and later passes add nothing.
 """
 
 from __future__ import annotations
@@ -58,20 +63,31 @@ class BadRowLog:
         if policy not in BAD_ROW_POLICIES:
             raise ValueError(f"bad-row policy must be one of {BAD_ROW_POLICIES}, got {policy!r}")
         self.policy = policy
-        self.rows = 0  # lines read, good and bad
+        self.rows = 0  # lines read, good and bad, of the first pass
         self.bad = 0
         self.examples: list[BadRow] = []
+        self.whole = False  # a whole pass was read: later passes meet the same rows again
+        self.again = False  # rows of a later pass were read (and not counted)
         self._warn = warn
 
     def count_rows(self, rows: int) -> None:
-        self.rows += rows
+        if self.whole:
+            self.again = True
+        else:
+            self.rows += rows
+
+    def end_pass(self) -> None:
+        """The data was read to its end: its rows and bad rows are all counted."""
+        self.whole = True
 
     def add(self, row: BadRow) -> None:
         """Record one bad row (an example when among the first); raise under `fail`."""
         if self.policy == "fail":
             raise BadRowError(row)
+        if self.whole:
+            return
         self.bad += 1
-        if len(self.examples) < EXAMPLES and row not in self.examples:  # not again in a later epoch
+        if len(self.examples) < EXAMPLES:
             self.examples.append(row)
             if self._warn is not None:
                 self._warn(f"skipped bad row {row}")
@@ -82,13 +98,16 @@ class BadRowLog:
         """Record `count` bad rows of which `rows` are the first (one block's report)."""
         for row in rows:
             self.add(row)
-        if self.policy == "skip":
+        if self.policy == "skip" and not self.whole:
             self.bad += count - len(rows)
 
     def summary(self) -> str | None:
         """The end-of-run report of skipped rows, or None when there were none."""
         if self.bad == 0:
             return None
-        lines = [f"skipped {self.bad:,} bad rows of {self.rows:,} read; the first:"]
+        of = f"the data's {self.rows:,}, counted once though it was read more than once" if self.again else (
+            f"{self.rows:,} read"
+        )
+        lines = [f"skipped {self.bad:,} bad row{'s' if self.bad != 1 else ''} of {of}; the first:"]
         lines += [f"  {row}" for row in self.examples]
         return "\n".join(lines)

@@ -10,12 +10,17 @@ which becomes a `Batch` with a `KeyedJaggedTensor`.
 
     training_batches(reader, ...)  -> Batch, forever (epoch after epoch)
     epoch_batches(reader, ...)     -> LocalBatch, one epoch (evaluation)
+
+Bad rows are counted in the first epoch only (runtime.data.bad_rows), and
+training calls `on_wrap(pass, step)` when it reads the data again from its
+beginning: `pass` 2, 3, ..., `step` the step whose batch holds the end of the
+pass before (a batch may straddle two).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Protocol
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -128,9 +133,12 @@ def training_batches(
     num_workers: int = 1,
     block_lines: int = BLOCK_LINES,
     unseen: UnseenIds | None = None,
+    on_wrap: Callable[[int, int], None] | None = None,
 ) -> Iterator[Batch]:
-    """Rank's share of every global batch, epoch after epoch, forever; `unseen` counts each batch taken."""
-    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, None, unseen)
+    """Rank's share of every global batch, epoch after epoch, forever; `unseen` counts each batch taken,
+    `on_wrap(pass, step)` hears of every new pass (see the module)."""
+    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, None, unseen,
+                     on_wrap)  # fmt: skip
     for share in shares:
         yield _batch(reader, share)
 
@@ -170,17 +178,27 @@ def _shares(
     block_lines: int,
     epochs: int | None,
     unseen: UnseenIds | None,
+    on_wrap: Callable[[int, int], None] | None = None,
 ) -> Iterator[Share]:
     dataset = BlockDataset(reader, block_lines, epochs, stop_at_bad=bad_rows.policy == "fail")
     # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
     loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, worker_init_fn=_die_with_rank)
 
     def blocks() -> Iterator[tuple[Columns, bool]]:
+        good, passes, ended = 0, 1, False
         for block in loader:
             if isinstance(block, Failure):
                 raise DataError(block.message)
+            if ended:  # told only now: a run that ends within the last pass reads no block of the next
+                passes += 1
+                if on_wrap is not None:
+                    on_wrap(passes, -(-good // global_batch))
             bad_rows.count_rows(block.lines)
             bad_rows.add_many(block.bad_rows, block.bad_count)
+            good += len(block.columns)
+            ended = block.ends_epoch
+            if ended:
+                bad_rows.end_pass()
             yield block.columns, block.ends_epoch
 
     yield from rank_shares(

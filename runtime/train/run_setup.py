@@ -123,7 +123,7 @@ def setup_run(
         trained = read_vocabulary(saved) if saved.is_file() else None
         if rank == 0 and resumed_vocabulary is None:
             _copy_vocabulary(prepared, vocab_path)
-        batches = PreparedBatches(prepared, **shape)
+        batches = PreparedBatches(prepared, **shape, on_wrap=_wrapped(choice) if rank == 0 else None)
     else:
         trained = None if resumed_vocabulary is None else read_vocabulary(resumed_vocabulary)
         if trained is not None and rank == 0:
@@ -134,7 +134,8 @@ def setup_run(
         trained = getattr(reader, "vocabulary", None)
         bad_rows["bad_rows"] = BadRowLog(policy, warn)
         unseen = unseen_counter(reader)
-        batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, **shape)
+        on_wrap = _wrapped(choice) if rank == 0 else None
+        batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, on_wrap=on_wrap, **shape)
 
     evaluation: Callable[[], Evaluation] | None = None
     eval_choice = None if options.eval_data is None else choose_data(options.eval_data, inputs)
@@ -232,6 +233,17 @@ def _copy_vocabulary(prepared: PreparedData, vocab_path: Path) -> None:
 
 
 _DATA_NAMES = {"bad_rows": "training data", "eval_bad_rows": "evaluation data"}
+
+
+def _wrapped(choice: DataChoice) -> Callable[[int, int], None]:
+    """The line that says training has read its data to the end and reads it again (stderr, beside the
+    bad-row summary: stdout keeps the step lines and the result)."""
+
+    def say(passes: int, step: int) -> None:
+        console.say(f"training data {choice}: read to its end at step {step:,}; starting again from its "
+                    f"beginning (pass {passes})", sys.stderr)  # fmt: skip
+
+    return say
 
 
 def _warn(message: str) -> None:

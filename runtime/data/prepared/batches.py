@@ -35,7 +35,7 @@ the first batch starts there, and no row group before it is decoded.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -106,11 +106,14 @@ class PreparedBatches:
     """The rank's batches of prepared data, forever; resumable at a row (see the module docstring)."""
 
     def __init__(
-        self, data: PreparedData, *, global_batch: int, rank: int, world_size: int, num_workers: int = 1
+        self, data: PreparedData, *, global_batch: int, rank: int, world_size: int, num_workers: int = 1,
+        on_wrap: Callable[[int, int], None] | None = None,
     ) -> None:
         self.data, self.global_batch, self.rank, self.world_size = data, global_batch, rank, world_size
         self.num_workers = num_workers
+        self.on_wrap = on_wrap  # (pass, step): a batch reads the data again from its beginning (as loader's)
         self.first = 0  # the global batch to start at
+        self.taken = 0  # batches taken since `first`
         self.decoded = DecodeLog()  # everything this rank's workers decoded
         self._chunks: Iterator[Chunk] | None = None
         self._batches: list[LocalBatch] = []
@@ -153,6 +156,11 @@ class PreparedBatches:
             self.decoded.groups += chunk.decoded.groups
             self.decoded.rows += chunk.decoded.rows
             self._batches = list(chunk.batches)
+        g, rows, size = self.first + self.taken, self.data.rows, self.global_batch
+        self.taken += 1
+        if self.on_wrap is not None:
+            for ended in range(max(g * size - 1, 0) // rows + 1, ((g + 1) * size - 1) // rows + 1):
+                self.on_wrap(ended + 1, -(-ended * rows // size))
         return self._batches.pop(0).batch
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +14,9 @@ import pytest
 from compiler.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "runtime" / "data"))
-from sample_files import criteo_line, write_lines  # noqa: E402
+from sample_files import criteo_line, criteo_lines, write_lines  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[3]
 
 SPEC = """\
 version: 1
@@ -90,7 +93,49 @@ def test_a_bad_row_stops_training_or_is_skipped_and_summarised(tmp_path: Path, c
     code, out, err = _train(capsys, spec, "--data", f"criteo:{data}", "--steps", "2", "--bad-rows", "skip")
     assert code == 0 and json.loads(out[-1])["bad_rows"] == 1
     assert f"warning: skipped bad row {data}:42: 41 tab-separated fields" in err
-    assert "training data: skipped 1 bad rows of 300 read; the first:" in err
+    assert "training data: skipped 1 bad row of 300 read; the first:" in err
+
+
+def _three_bad_rows(tmp_path: Path) -> tuple[Path, Path]:
+    """300 Criteo lines, 3 of them bad (297 good rows: 2.3 batches of 128), and the spec."""
+    lines = criteo_lines(300, seed=6)
+    for index in (10, 150, 290):
+        lines[index] = "1\tbad"
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(SPEC)
+    return spec, write_lines(tmp_path / "day_0", lines)
+
+
+def test_bad_rows_are_counted_once_and_each_new_pass_over_the_data_is_said(tmp_path: Path, capsys) -> None:
+    spec, data = _three_bad_rows(tmp_path)
+    code, out, err = _train(capsys, spec, "--data", f"criteo:{data}", "--steps", "5", "--bad-rows", "skip")
+    assert code == 0, err
+    assert json.loads(out[-1])["bad_rows"] == 3
+    # pass 1 ends at good row 297, in step 3 (rows 257..384); pass 2 at row 594, in step 5
+    said = [line for line in err.splitlines() if not line.startswith(("warning: ", "  "))]
+    assert said == [
+        f"training data criteo:{data}: read to its end at step 3; starting again from its beginning (pass 2)",
+        f"training data criteo:{data}: read to its end at step 5; starting again from its beginning (pass 3)",
+        "training data: skipped 3 bad rows of the data's 300, counted once though it was read more than once; "
+        "the first:",
+    ]
+    assert err.count("warning: skipped bad row") == 3
+    code, out, err = _train(capsys, spec, "--data", f"criteo:{data}", "--steps", "2", "--bad-rows", "skip")
+    assert code == 0 and "starting again" not in err  # step 2 ends within the first pass
+
+
+def test_two_ranks_say_a_new_pass_once(tmp_path: Path) -> None:
+    spec, data = _three_bad_rows(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "compiler.cli", "train", str(spec), "-o", str(tmp_path / "build"), "--nproc", "2",
+         "--data", f"criteo:{data}", "--steps", "3", "--bad-rows", "skip", "--data-workers", "0"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["bad_rows"] == 3
+    said = f"training data criteo:{data}: read to its end at step 3; starting again from its beginning (pass 2)"
+    assert done.stderr.splitlines().count(said) == 1, done.stderr
 
 
 def test_the_spec_data_section_selects_the_reader(criteo, capsys) -> None:

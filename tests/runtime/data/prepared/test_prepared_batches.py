@@ -126,6 +126,26 @@ def test_a_resumed_reader_starts_at_the_row_and_decodes_nothing_before_it(prepar
     resumed.close()
 
 
+def test_each_new_pass_over_the_rows_is_told_with_the_step_that_ended_the_last(prepared: Path) -> None:
+    told: list[tuple[int, int]] = []
+    batches = PreparedBatches(_data(prepared), global_batch=96, rank=0, world_size=1, num_workers=0,
+                              on_wrap=lambda passes, step: told.append((passes, step)))  # fmt: skip
+    for _ in range(8):
+        next(batches)
+    assert told == [(2, 5)]  # row 399, the end of pass 1, is in step 5 (rows 384..479)
+    next(batches)
+    assert told == [(2, 5), (3, 9)]  # row 799 in step 9
+    resumed = PreparedBatches(_data(prepared), global_batch=96, rank=0, world_size=1, num_workers=0,
+                              on_wrap=lambda passes, step: told.append((passes, step)))  # fmt: skip
+    resumed.load_state_dict(batches.state_after(5))
+    told.clear()
+    for _ in range(4):
+        next(resumed)
+    assert told == [(3, 9)]
+    batches.close()
+    resumed.close()
+
+
 @pytest.mark.parametrize(
     ("seed", "window", "message"),
     [
