@@ -73,6 +73,7 @@ class MovieLensLayout:
     timestamps: tuple[str, ...] = ()  # the timestamps features of the history feature
     keys: tuple[str, ...] = ()  # the batch's sparse keys: sparse features, then timestamps features
     positives_only: bool = False  # a retrieval head: ratings below the threshold are no rows
+    max_genres: int | None = None  # the genres feature's max_ids_per_sample: a movie with more is a bad row
 
 
 class MovieLensReader:
@@ -128,7 +129,14 @@ class MovieLensReader:
 
     def parse(self, line: bytes) -> RatingRow:
         """User id, movie id, rating and timestamp of one line; RowError names the bad column."""
-        return parse_rating(line, self._separator)
+        row = parse_rating(line, self._separator)
+        limit, genres = self.layout.max_genres, self.vocabulary.movie_genres.get(row[1], ())
+        if limit is not None and len(genres) > limit:
+            names = "|".join(self.vocabulary.genres[g] for g in genres)
+            reason = (f"movie {row[1]} has {len(genres)} genres, but feature {self.layout.genres!r} takes at most "
+                      f"{limit} (max_ids_per_sample)")  # fmt: skip
+            raise RowError("genres", names, reason)
+        return row
 
     def to_columns(self, rows: list[RatingRow]) -> Columns:
         vocab, layout = self.vocabulary, self.layout
@@ -251,7 +259,9 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
             f"history by default)"
         )
     history = _history_feature(inputs, feeds["history"])
+    genres = next((f for f in inputs.sparse if f.name == feeds["genres"]), None)
     common = dict(
+        max_genres=None if genres is None or genres.fixed_ids else genres.ids_per_sample,
         history=feeds["history"],
         max_length=0 if history is None else history.max_length or 0,
         keep="end" if history is None else history.keep,

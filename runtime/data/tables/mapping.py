@@ -10,7 +10,8 @@ from the target:
                                 leading '-') is taken mod the table's
                                 rows; any other value is hashed (blake2b, 64 bits) mod the rows,
                                 the same on every machine. An empty single-id field is id 0.
-                                A sequence keeps its `max_length` ids on its `keep` side.
+                                A sequence keeps its `max_length` ids on its `keep` side; a bag
+                                longer than its `max_ids_per_sample` is a bad row.
     timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence
     head label                  one column: a finite number; a bce head's in [0, 1], a softmax head's
                                 a class number (0, 1, ...)
@@ -50,6 +51,7 @@ class SparseColumn:
     max_length: int | None
     keep: str
     sequence: int | None = None  # timestamps: the index in the layout's keys of the sequence they time
+    max_ids: int | None = None  # a variable-length bag's max_ids_per_sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +110,9 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
         if name in sparse:
             f = sparse[name]
             single = f.fixed_ids and f.ids_per_sample == 1 and f.max_length is None
-            keys.append(SparseColumn(name, fed_sparse[name], f.num_embeddings, single, f.max_length, f.keep))
+            max_ids = None if f.fixed_ids or f.max_length is not None else f.ids_per_sample
+            keys.append(SparseColumn(name, fed_sparse[name], f.num_embeddings, single, f.max_length, f.keep,
+                                     max_ids=max_ids))  # fmt: skip
         else:
             seq = sparse[stamps[name].sequence]
             timed = order.index(stamps[name].sequence)
@@ -196,6 +200,9 @@ def _ids(key: SparseColumn, value: Any) -> list[int]:
         if len(items) > 1:
             raise RowError(key.column, str(value), f"{len(items)} ids, but feature {key.key!r} takes one")
         items = items or [0]
+    if key.max_ids is not None and len(items) > key.max_ids:
+        reason = f"{len(items)} ids, but feature {key.key!r} takes at most {key.max_ids} (max_ids_per_sample)"
+        raise RowError(key.column, str(value), reason)
     if key.max_length is not None and len(items) > key.max_length:
         items = items[-key.max_length :] if key.keep == "end" else items[: key.max_length]
     return [_id(key, item) for item in items]

@@ -271,3 +271,40 @@ def test_check_says_which_lines_it_did_not_parse(users_943: Path, capsys) -> Non
     out = capsys.readouterr().out.splitlines()
     assert out[2] == f"{users_943}: movielens data, all 1,443 lines checked: 1,443 good, 0 bad"
     assert out[4] == "  feature user_id: 943 distinct rows of 944 (max row 943), 1 ids per row"
+
+
+BAGS_SPEC = """\
+version: 1
+name: bags
+features:
+  dense:
+    - {name: x, size: 1}
+  sparse:
+    - {name: tags, num_embeddings: 64, dim: 8, max_ids_per_sample: 3, position_weights: true}
+model:
+  top: {type: mlp, input: [dense.x, sparse.tags], layers: [8, 1]}
+heads:
+  - {name: click, input: top, loss: bce}
+training:
+  batch_size: 8
+data: {reader: csv, path: DATA, columns: {a: x, tags: tags, clicked: click}}
+"""
+
+
+def test_a_bag_longer_than_max_ids_per_sample_is_a_bad_row_everywhere(tmp_path: Path, capsys) -> None:
+    rows = [f"0.{i},{i}|{i + 1},{i % 2}" for i in range(40)]
+    rows[3] = "0.5,1|2|3|4|5|6,1"  # line 5, after the header
+    data = write_lines(tmp_path / "long.csv", ["a,tags,clicked", *rows])
+    spec = tmp_path / "bags.yaml"
+    spec.write_text(BAGS_SPEC.replace("DATA", str(data)))
+    why = f"{data}:5: column tags: 6 ids, but feature 'tags' takes at most 3 (max_ids_per_sample) (value '1|2|3|4|5|6')"
+    assert main(["check", str(spec), "--data", f"csv:{data}"]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1] == f"{data}: csv data, all 40 lines checked: 39 good, 1 bad"
+    assert err.splitlines() == [f"{data}:5: error: column tags: 6 ids, but feature 'tags' takes at most 3 "
+                                "(max_ids_per_sample) (value '1|2|3|4|5|6')", "1 error"]  # fmt: skip
+    code, _, err = _train(capsys, spec, "--steps", "2")
+    assert (code, err) == (1, f"error: rank 0: {why}; pass --bad-rows skip to count and skip bad rows instead\n")
+    code, out, err = _train(capsys, spec, "--steps", "2", "--bad-rows", "skip")
+    assert code == 0 and json.loads(out[-1])["bad_rows"] == 1
+    assert f"warning: skipped bad row {why}" in err

@@ -207,3 +207,20 @@ def test_a_comma_separated_ratings_file_without_its_header_is_refused_not_read_f
     path.write_bytes(b"\xef\xbb\xbfuserId,movieId,rating,timestamp\n1,10,5.0,100\n")  # a BOM is fine
     _, (batch,) = _read(movielens_spec(), path)
     assert batch.labels["like"].tolist() == [1.0]
+
+
+def test_a_movie_with_more_genres_than_max_ids_per_sample_is_a_bad_row(tmp_path: Path) -> None:
+    path = write_ml1m(tmp_path)
+    inputs = movielens_spec(genres=True)
+    inputs = dataclasses.replace(inputs, sparse=tuple(
+        dataclasses.replace(f, ids_per_sample=1) if f.name == "genres" else f for f in inputs.sparse
+    ))  # fmt: skip
+    reader = open_reader(inputs, DataChoice("movielens", str(path)))
+    log = BadRowLog("skip")
+    (local,) = epoch_batches(reader, global_batch=100, rank=0, world_size=1, bad_rows=log, num_workers=0)
+    two = [i + 1 for i, r in enumerate(RATINGS) if len(reader.vocabulary.movie_genres.get(r[1], ())) > 1]
+    assert two and local.batch.batch_size == len(RATINGS) - len(two)
+    assert str(log.examples[0]) == (
+        f"{path}:{two[0]}: column genres: movie {RATINGS[two[0] - 1][1]} has 2 genres, but feature 'genres' takes "
+        "at most 1 (max_ids_per_sample) (value 'Comedy|Drama')"
+    )

@@ -13,6 +13,7 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, choose_data, open_reader
+from sample_files import spec
 from test_csv_files import COLUMNS, _hashed, _inputs
 
 
@@ -58,3 +59,21 @@ def test_a_missing_column_is_named_with_its_file(tmp_path: Path) -> None:
         moved = {**{k: v for k, v in COLUMNS.items() if k != "clicked"}, "nowhere": "click"}
         open_reader(_parquet_inputs(path, moved), DataChoice("parquet", str(path)))
     assert str(error.value) == f"{path}: no column 'nowhere' (data.columns maps it)"
+
+
+def test_a_list_longer_than_max_ids_per_sample_is_a_bad_row(tmp_path: Path) -> None:
+    path = tmp_path / "bags.parquet"
+    pq.write_table(pa.table({"tags": pa.array([[1, 2], [1, 2, 3, 4], []], pa.list_(pa.int64())),
+                             "clicked": [1.0, 0.0, 1.0]}), path)  # fmt: skip
+    inputs = spec(
+        [], [{"name": "tags", "table": "tags", "ids_per_sample": 3, "fixed_ids": False}], {"tags": 10},
+        [{"name": "click", "label": "click", "loss": "bce"}],
+        {"reader": "parquet", "path": str(path), "columns": {"tags": "tags", "clicked": "click"}},
+    )  # fmt: skip
+    bad = BadRowLog("skip")
+    (local,) = epoch_batches(open_reader(inputs, choose_data(None, inputs)), global_batch=2, rank=0, world_size=1,
+                             bad_rows=bad, num_workers=0)  # fmt: skip
+    assert local.batch.sparse["tags"].lengths().tolist() == [2, 0]
+    assert [str(row) for row in bad.examples] == [
+        f"{path}:2: column tags: 4 ids, but feature 'tags' takes at most 3 (max_ids_per_sample) (value '[1, 2, 3, 4]')"
+    ]
