@@ -87,7 +87,7 @@ class BadRowLog:
         if self.whole:
             return
         self.bad += 1
-        if len(self.examples) < EXAMPLES:
+        if len(self.examples) < EXAMPLES and row not in self.examples:  # a resumed prepare reads some again
             self.examples.append(row)
             if self._warn is not None:
                 self._warn(f"skipped bad row {row}")
