@@ -1,11 +1,12 @@
-"""What the compiling commands share: the spec and planning options, and error reporting."""
+"""What the commands share: the spec and planning options, checks of output paths, error reporting."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from compiler.diagnostics import CompileError
 from compiler.pipeline import Options
@@ -38,6 +39,23 @@ def outdir_problem(flag: str, path: Path) -> str | None:
     """Why `path` cannot be the output directory `flag` names, or None."""
     if path.exists() and not path.is_dir():
         return f"{flag} {path}: exists and is not a directory"
+    return None
+
+
+def output_file_problem(flag: str, output: Path, *, export: Path, reads: Iterable[Path]) -> str | None:
+    """Why `output` cannot be the file `flag` names for a command reading the export directory
+    `export` and the data `reads` (files or directories), or None. Checked before anything is
+    written: the file is replaced whole once complete, so naming an input would destroy it."""
+    if output.is_dir():
+        return f"{flag} {output}: is a directory; name the CSV file to write"
+    target = output.resolve()
+    if target.is_relative_to(export.resolve()):
+        return f"{flag} {output}: inside the export directory {export}; writing there would damage the export"
+    for path in reads:
+        if path.is_dir() and target.is_relative_to(path.resolve()):
+            return f"{flag} {output}: inside the --data directory {path}, whose files are all read as data"
+        if target == path.resolve() or (output.exists() and path.exists() and os.path.samefile(output, path)):
+            return f"{flag} {output}: is the --data file {path}; writing it would destroy the input"
     return None
 
 

@@ -9,7 +9,8 @@ compiling anything, streams the data through the model and writes one CSV
 row per sample (see runtime/serving/predict.py); reports rows/s, the threads
 (`--threads` or the cores free at launch, runtime/cpu/threads.py), bad rows and,
 for MovieLens, the ids outside the training vocabulary (scored with row 0). Exit status 1 when
-the export or the data is bad (the first bad row under `--bad-rows fail`).
+the export or the data is bad (the first bad row under `--bad-rows fail`), 2 for bad usage: an
+`-o` that is a directory, a file `--data` reads, or inside OUT is refused before anything is read.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from compiler.commands.common import positive_int
+from compiler.commands.common import output_file_problem, positive_int
 from runtime.cpu.threads import process_threads
 from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
 from runtime.serving.predict import predict_file
@@ -44,9 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from runtime.cpu.allocator import frozen_objects, retain_freed_memory
     from runtime.data.errors import DataError
+    from runtime.data.sources import read_paths
 
-    if args.output.is_dir():
-        print(f"error: -o {args.output}: is a directory; name the CSV file to write", file=sys.stderr)
+    problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     threads = process_threads(args.threads)
     torch.set_num_threads(threads.threads)

@@ -10,7 +10,8 @@ query tower on every request and looks its top K up in the index; writes K
 CSV rows per request (runtime/serving/retrieve.py) and reports requests/s and
 the threads (`--threads` or the cores free at launch, runtime/cpu/threads.py).
 Exit status 1 when the export, its index or the data is bad (the first bad
-row under `--bad-rows fail`, named by file and line), 2 for bad usage.
+row under `--bad-rows fail`, named by file and line), 2 for bad usage (an `-o` that is a
+directory, a file `--data` reads, or inside OUT is refused before anything is read).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from compiler.commands.common import positive_int
+from compiler.commands.common import output_file_problem, positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +45,14 @@ def run(args: argparse.Namespace) -> int:
     from runtime.cpu.allocator import frozen_objects
     from runtime.cpu.threads import process_threads
     from runtime.data.errors import DataError
+    from runtime.data.sources import read_paths
     from runtime.retrieval.index_files import IndexFileError, load_index
     from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
     from runtime.serving.retrieve import retrieve_file
 
-    if args.output.is_dir():
-        print(f"error: -o {args.output}: is a directory; name the CSV file to write", file=sys.stderr)
+    problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     threads = process_threads(args.threads)
     torch.set_num_threads(threads.threads)

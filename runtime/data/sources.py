@@ -31,7 +31,7 @@ from runtime.data.movielens import (
     rating_ids,
     ratings_file,
 )
-from runtime.data.movielens_vocab import Vocabulary, build_vocabulary, load_or_build, with_genres
+from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary, build_vocabulary, load_or_build, with_genres
 
 READERS = ("synthetic", "criteo", "movielens", "csv", "parquet", "prepared")
 
@@ -54,8 +54,8 @@ def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
         if section is None:
             return DataChoice("synthetic", None)
         return DataChoice(section.reader, section.path)
-    reader, colon, path = text.partition(":")
-    if reader in READERS and (colon or reader == "synthetic"):
+    reader, path = _split(text)
+    if reader is not None:
         if reader == "synthetic" and path:
             raise DataError(f"--data {text}: the synthetic reader reads no files")
         if reader != "synthetic" and not path:
@@ -67,6 +67,27 @@ def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
             "section does not"
         )
     return DataChoice(section.reader, text)
+
+
+def read_paths(text: str) -> tuple[Path, ...]:
+    """The files and directories `--data TEXT` may read (none for synthetic): its path, and beside
+    a MovieLens ratings file the movies files genres are read from. For refusing an output that
+    would overwrite the input; the reader of a bare PATH (the spec's) does not matter here."""
+    reader, path = _split(text)
+    if not path or reader == "synthetic":
+        return ()
+    paths = (Path(path),)
+    if reader == "movielens" and paths[0].is_file():
+        paths += tuple(paths[0].with_name(name) for name in MOVIES_FILES.values())
+    return paths
+
+
+def _split(text: str) -> tuple[str | None, str]:
+    """(reader, path) of `READER:PATH` or `synthetic`; (None, TEXT) for a bare path."""
+    reader, colon, path = text.partition(":")
+    if reader in READERS and (colon or reader == "synthetic"):
+        return reader, path
+    return None, text
 
 
 def open_reader(
