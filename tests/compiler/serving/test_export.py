@@ -141,6 +141,18 @@ def test_only_an_all_fp32_export_keeps_the_trained_models_arithmetic(work: Path)
         assert packed and all(module.exact is exact for module in packed), export
 
 
+def test_a_loaded_export_builds_no_autograd_graph_without_no_grad(work: Path) -> None:
+    """Served outputs and scores carry no grad_fn even outside torch.no_grad()."""
+    module = load_module(str(work / "build" / "small_rec.py"))
+    batch = module.synthetic_batch(8, step=0, seed=SEED)
+    for export in ("fp32", "int8", "bf16"):
+        _, model = load(work / export)
+        outputs = model(batch.dense, batch.sparse)
+        assert [(o.requires_grad, o.grad_fn) for o in outputs.values()] == [(False, None)] * 2, export
+        scores = model.scores(outputs)
+        assert [(s.requires_grad, s.grad_fn) for s in scores.values()] == [(False, None)] * 2, export
+
+
 def test_the_manifest_lists_precision_and_size_on_disk_per_table(work: Path) -> None:
     manifest = json.loads((work / "mixed" / "manifest.json").read_text())
     tables = {t["name"]: t for t in manifest["tables"]}

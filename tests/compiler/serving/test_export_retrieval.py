@@ -137,6 +137,14 @@ def test_the_exported_towers_give_exactly_the_trained_models_vectors(work: Path)
     assert served_module.RETRIEVAL["item_table"] == "movie"
 
 
+def test_the_served_towers_build_no_autograd_graph_without_no_grad(work: Path) -> None:
+    assert _export(work, "graphless", "--index", "exact") == 0
+    _, served = load(work / "graphless")
+    batch = load_module(str(work / "build" / "tiny_retrieval.py")).synthetic_batch(4, step=0, seed=1)
+    vectors = [served.item_vectors(torch.arange(1, 5)), served.query_vectors(batch.dense, batch.sparse)]
+    assert [(v.requires_grad, v.grad_fn) for v in vectors] == [(False, None)] * 2
+
+
 def _results(path: Path) -> list[list[str]]:
     with open(path, newline="") as stream:
         return list(csv.reader(stream))
