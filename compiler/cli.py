@@ -3,12 +3,14 @@
 `reccompile SPEC` compiles a spec; `reccompile COMMAND ...` runs one of the
 commands below, each implemented by its own module in `compiler.commands`
 (`add_arguments(parser)` and `run(args) -> exit status`). Exit status: 0 ok,
-1 the input has errors, 2 bad command-line use.
+1 the input has errors, 2 bad command-line use (a first word that is neither
+a command nor a file among them).
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import sys
@@ -55,6 +57,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        if not os.path.exists(argv[0]):
+            print(f"error: {_neither(argv[0])}", file=sys.stderr)
+            return 2
         argv.insert(0, "compile")
     if argv and argv[0] == "train":
         openmp.training_environment(os.environ)  # before the command's module loads torch
@@ -67,6 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     return args.run(args)
+
+
+def _neither(word: str) -> str:
+    """What is wrong with a first word that names no command and no file: a mistyped command, most often."""
+    close = difflib.get_close_matches(word, COMMANDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"{word!r} is neither a command{hint} nor a spec file"
 
 
 if __name__ == "__main__":
