@@ -29,6 +29,7 @@ from compiler.commands.common import memory_size, positive_int
 from compiler.diagnostics import CompileError
 from compiler.ir import ModelIR
 from compiler.pipeline import Options, compile_spec
+from runtime.data.reader_names import READERS, data_forms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         metavar="PATH",
-        help="check the first rows of this file against each spec: criteo:PATH, movielens:PATH, "
-        "or PATH for the reader the spec's data section names",
+        help="check the first rows of this data against each spec: "
+        f"{data_forms(READERS[1:], bare='PATH (the reader the spec names)')}",
     )
     parser.add_argument("--world-size", type=positive_int, help="ranks to plan for (default: the spec's)")
     parser.add_argument("--ranks-per-host", type=positive_int, help="ranks on each host (default: all on one)")

@@ -32,8 +32,7 @@ from compiler.commands.common import positive_int
 from compiler.diagnostics import CompileError
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-
-SOURCE_READERS = ("criteo", "movielens", "csv", "parquet")
+from runtime.data.reader_names import FILE_READERS, data_forms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                  description="Parse training data once into Parquet row groups and a manifest.")
     prepare.add_argument("spec", help="the model spec (YAML)")
     prepare.add_argument("--data", required=True, metavar="READER:PATH",
-                         help=f"the raw data: {' or '.join(r + ':PATH' for r in SOURCE_READERS)}")
+                         help=f"the raw data: {data_forms(FILE_READERS)}")
     prepare.add_argument("-o", "--outdir", type=Path, required=True, help="the prepared directory to write")
     prepare.add_argument("--row-group-rows", type=positive_int, default=512,
                          help="rows per row group (512): a rank reads rows / N when this divides "
@@ -93,8 +92,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = model_inputs(ir)
     try:
         choice = choose_data(args.data, inputs)
-        if choice.reader not in SOURCE_READERS:
-            print(f"error: --data {args.data}: prepare reads {' or '.join(SOURCE_READERS)} data", file=sys.stderr)
+        if choice.reader not in FILE_READERS:
+            print(f"error: --data {args.data}: prepare reads {' or '.join(FILE_READERS)} data", file=sys.stderr)
             return 2
         from runtime.data.prepared.manifest import MANIFEST
         from runtime.data.prepared.prepare import PrepareSettings, prepare

@@ -1,6 +1,6 @@
 """`reccompile predict OUT --data ... -o predictions.csv`: score samples with an exported model.
 
-    reccompile predict OUT --data synthetic|criteo:FILE|movielens:FILE [--batch-size B]
+    reccompile predict OUT --data synthetic|criteo:FILE|movielens:FILE|csv:FILE|... [--batch-size B]
                        [--rows N] [--seed S] [--bad-rows fail|skip] [--threads T] [--no-verify]
                        -o predictions.csv
 
@@ -23,13 +23,15 @@ import torch
 
 from compiler.commands.common import output_file_problem, positive_int
 from runtime.cpu.threads import process_threads
+from runtime.data.reader_names import FILE_READERS, data_forms
 from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
 from runtime.serving.predict import predict_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="an export directory (reccompile export)")
-    parser.add_argument("--data", default="synthetic", help="synthetic (default), criteo:FILE, movielens:FILE")
+    parser.add_argument("--data", default="synthetic",
+                        help=f"the samples: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
     parser.add_argument("--batch-size", type=positive_int, default=512, help="samples per forward (default 512)")
     parser.add_argument("--rows", type=positive_int, default=4096, help="synthetic samples (default 4096)")
     parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")

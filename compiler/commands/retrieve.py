@@ -21,12 +21,13 @@ import sys
 from pathlib import Path
 
 from compiler.commands.common import output_file_problem, positive_int
+from runtime.data.reader_names import FILE_READERS, data_forms
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
     parser.add_argument("--data", default="synthetic",
-                        help="the requests: synthetic (default), movielens:FILE, csv:FILE, criteo:FILE, ...")
+                        help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
     parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10)")
     parser.add_argument("--batch-size", type=positive_int, default=512, help="requests per batch (default 512)")
     parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")

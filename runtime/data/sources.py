@@ -14,6 +14,7 @@ data is synthetic. A relative path is relative to the working directory.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +33,7 @@ from runtime.data.movielens import (
     ratings_file,
 )
 from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary, build_vocabulary, load_or_build, with_genres
-
-READERS = ("synthetic", "criteo", "movielens", "csv", "parquet", "prepared")
+from runtime.data.reader_names import READERS, data_forms
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +61,14 @@ def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
         if reader != "synthetic" and not path:
             raise DataError(f"--data {text}: give the path after '{reader}:'")
         return DataChoice(reader, path or None)
+    named, colon, _ = text.partition(":")
+    if colon and named.isidentifier() and not Path(text).exists():
+        close = difflib.get_close_matches(named, READERS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DataError(f"--data {text}: unknown reader {named!r}{hint}; the readers: {data_forms()}")
     if section is None or section.reader == "synthetic":
         raise DataError(
-            f"--data {text}: name the reader (criteo:PATH, movielens:PATH or prepared:DIR); the spec's data "
-            "section does not"
+            f"--data {text}: name the reader ({data_forms(READERS[1:])}); the spec's data section does not"
         )
     return DataChoice(section.reader, text)
 

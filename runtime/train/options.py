@@ -29,6 +29,7 @@ from runtime.checkpoint.files import is_checkpoint
 from runtime.data.bad_rows import BAD_ROW_POLICIES
 from runtime.data.features import TrainingConfig
 from runtime.data.movielens import DEFAULT_THRESHOLD
+from runtime.data.reader_names import data_forms
 
 
 DEFAULT_KEEP = 3  # enough to fall back past a damaged newest checkpoint, not every one of a long run
@@ -47,7 +48,7 @@ class TrainOptions:
     batch_size: int | None = None  # global: each of N ranks trains batch_size / N samples
     seed: int | None = None
     log_every: int = 10
-    data: str | None = None  # synthetic, criteo:PATH, movielens:PATH or PATH; None: the spec's
+    data: str | None = None  # READER:PATH, synthetic or PATH (runtime.data.sources); None: the spec's
     eval_data: str | None = None
     eval_every: int = 0  # 0: evaluate at the end only
     bad_rows: str = "fail"
@@ -117,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--log-every", type=int, default=10, help="steps between progress lines (default 10)")
     run.add_argument("--threads", type=int, help="torch threads per rank (default: from the cores free)")
     data = parser.add_argument_group("data and reporting")
-    data.add_argument("--data", help="synthetic, criteo:PATH, movielens:PATH or PATH (default: the spec's)")
+    data.add_argument("--data", help=f"{data_forms(bare='PATH')} (default: the spec's)")
     data.add_argument("--eval-data", help="an evaluation split, same forms as --data")
     data.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
     data.add_argument("--bad-rows", choices=BAD_ROW_POLICIES, default="fail",

@@ -26,3 +26,22 @@ def test_a_first_word_that_is_neither_a_command_nor_a_file_is_a_usage_error(argv
 def test_an_existing_file_as_the_first_word_compiles_it(tmp_path: Path, capsys) -> None:
     assert main(["specs/dlrm_criteo.yaml", "-o", str(tmp_path)]) == 0
     assert (tmp_path / "dlrm_criteo.py").is_file()
+
+
+@pytest.mark.parametrize(
+    ("argv", "listed"),
+    [
+        (["train"], "--data DATA synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH, prepared:DIR or PATH "
+                    "(default: the spec's)"),
+        (["predict"], "--data DATA the samples: synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or PATH "
+                      "(default synthetic)"),
+        (["retrieve"], "--data DATA the requests: synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or "
+                       "PATH (default synthetic)"),
+        (["check"], "--data PATH check the first rows of this data against each spec: criteo:PATH, movielens:PATH, "
+                    "csv:PATH, parquet:PATH, prepared:DIR or PATH (the reader the spec names)"),
+        (["data", "prepare"], "--data READER:PATH the raw data: criteo:PATH, movielens:PATH, csv:PATH or parquet:PATH"),
+    ],
+)
+def test_every_help_listing_the_readers_lists_all_of_them(argv: list[str], listed: str, capsys) -> None:
+    assert main([*argv, "--help"]) == 0
+    assert listed in " ".join(capsys.readouterr().out.split())
