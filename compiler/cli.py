@@ -13,6 +13,7 @@ import argparse
 import difflib
 import importlib
 import os
+import signal
 import sys
 from typing import Sequence
 
@@ -55,7 +56,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _run(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's flush at exit
+    except BrokenPipeError:
+        return _stdout_closed()
+    return status
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout is gone (`reccompile schema | head`): stop without a traceback and
+    exit as a command killed by SIGPIPE does, 141, which `set -o pipefail` reports."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit
+    return 128 + signal.SIGPIPE
+
+
+def _run(argv: list[str]) -> int:
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
         if not os.path.exists(argv[0]):
             print(f"error: {_neither(argv[0])}", file=sys.stderr)

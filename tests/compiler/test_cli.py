@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from compiler.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -45,3 +50,15 @@ def test_an_existing_file_as_the_first_word_compiles_it(tmp_path: Path, capsys) 
 def test_every_help_listing_the_readers_lists_all_of_them(argv: list[str], listed: str, capsys) -> None:
     assert main([*argv, "--help"]) == 0
     assert listed in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("argv", [["schema"], ["graph", "specs/dlrm_criteo.yaml"]])
+def test_a_closed_stdout_stops_the_command_quietly_with_sigpipes_status(argv: list[str]) -> None:
+    """`reccompile schema | head`: the reader is gone before the first write here."""
+    command = subprocess.Popen(
+        [sys.executable, "-m", "compiler.cli", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    command.stdout.close()
+    stderr = command.stderr.read()
+    assert (command.wait(timeout=120), stderr) == (141, b"")
