@@ -12,7 +12,7 @@ model. Keep one per model beside your tests:
 A changed graph fails with a unified diff (GoldenMismatch is an
 AssertionError, so pytest shows it as a failed assertion):
 
-    the graph of specs/ranking.yaml differs from tests/golden/ranking.graph.txt (accept it ...):
+    the graph of specs/ranking.yaml differs from tests/golden/ranking.graph.txt (accept it with update=True):
     --- tests/golden/ranking.graph.txt (golden)
     +++ specs/ranking.yaml (graph)
     @@ -10,3 +10,4 @@
@@ -36,7 +36,23 @@ from compiler.pipeline import Options, compile_spec
 
 
 class GoldenMismatch(AssertionError):
-    """The graph is not the golden file's (or there is no golden file); the message holds the diff."""
+    """The graph is not the golden file's (or there is no golden file); the message holds the diff.
+
+    The message says to rewrite the file with `update=True`; a caller that knows another way (the
+    `reccompile graph` command line) words it with `explain`."""
+
+    def __init__(self, spec_path: str | Path, golden: Path, diff: str | None) -> None:
+        self.spec_path, self.golden, self.diff = spec_path, golden, diff  # diff None: no golden file
+        super().__init__(self.explain("update=True"))
+
+    def __reduce__(self) -> tuple[type, tuple[str | Path, Path, str | None]]:  # pickled by pytest-xdist
+        return type(self), (self.spec_path, self.golden, self.diff)
+
+    def explain(self, update: str) -> str:
+        """The message, `update` saying how to write the current text to the golden file."""
+        if self.diff is None:
+            return f"{self.golden} does not exist: write it with {update}"
+        return f"the graph of {self.spec_path} differs from {self.golden} (accept it with {update}):\n{self.diff}"
 
 
 def current_graph(spec_path: str | Path, options: Options = Options(), *, stages: bool = False) -> str:
@@ -69,15 +85,10 @@ def check_graph(
         golden.write_text(actual)
         return True
     if not golden.exists():
-        raise GoldenMismatch(
-            f"{golden} does not exist: write it with update=True (reccompile graph --golden {golden} --update)"
-        )
+        raise GoldenMismatch(spec_path, golden, None)
     expected = golden.read_text()
     if expected != actual:
-        raise GoldenMismatch(
-            f"the graph of {spec_path} differs from {golden} (accept it with update=True, "
-            f"reccompile graph --golden {golden} --update):\n" + unified_diff(expected, actual, golden, spec_path)
-        )
+        raise GoldenMismatch(spec_path, golden, unified_diff(expected, actual, golden, spec_path))
     return False
 
 

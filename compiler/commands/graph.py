@@ -10,6 +10,7 @@ compiler/golden.py for the same check inside a pytest).
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from compiler.commands.common import add_spec_arguments, options_from_args, reporting_errors
@@ -39,10 +40,24 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = check_graph(args.spec, args.golden, update=args.update, options=options, stages=args.stages)
         except GoldenMismatch as mismatch:
-            print(f"error: {mismatch}", end="" if str(mismatch).endswith("\n") else "\n", file=sys.stderr)
+            message = mismatch.explain(_update_command(args))
+            print(f"error: {message}", end="" if message.endswith("\n") else "\n", file=sys.stderr)
             return 1
         print(f"{args.golden}: {'written' if written else 'unchanged'}")
         return 0
 
     return reporting_errors(action)
 
+
+def _update_command(args: argparse.Namespace) -> str:
+    """The command line that writes to the golden file what this one compared with it."""
+    words = ["reccompile", "graph", args.spec]
+    for flag, value in (
+        ("--world-size", args.world_size),
+        ("--ranks-per-host", args.ranks_per_host),
+        ("--memory-per-rank", args.memory_per_rank),
+        ("--plan", args.plan_file),
+    ):
+        words += [] if value is None else [flag, str(value)]
+    words += ["--stages"] if args.stages else []
+    return shlex.join([*words, "--golden", args.golden, "--update"])
