@@ -1,8 +1,10 @@
 """Golden graphs for users: a model's canonical graph text kept in a file, a failure when it changes.
 
 The graph text (`reccompile graph`) shows every stage of the distributed
-program with shapes and spec lines, so a diff of it is what changed in the
-model. Keep one per model beside your tests:
+program with output shapes and spec lines, so a diff of it is what changed
+in the model's structure (blocks, their inputs, output widths, sharding);
+hidden widths, table sizes, pooling and optimizers are not in it
+(`reccompile show` prints them). Keep one per model beside your tests:
 
     from compiler.golden import check_graph
 

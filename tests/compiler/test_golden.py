@@ -62,6 +62,26 @@ def test_check_graph_writes_then_passes_then_fails_with_the_diff(model: Path) ->
     check_graph("model.yaml", "model.graph.txt")
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "shows"),
+    [
+        ("layers: [512, 256, 1]", "layers: [1024, 256, 1]", False),  # a hidden width
+        ("num_embeddings: 100000", "num_embeddings: 5000", False),
+        ("pooling: sum", "pooling: mean", False),
+        ("{type: adagrad, lr: 0.01}", "{type: adagrad, lr: 0.1}", False),
+        ("count: 26", "count: 20", True),  # features, so the interaction's output width
+        ("input: interaction, layers", "input: [interaction, bottom], layers", True),
+    ],
+)
+def test_the_golden_shows_the_models_structure_not_what_is_inside_a_block(
+    model: Path, old: str, new: str, shows: bool
+) -> None:
+    """What README.md says a golden graph file shows and does not."""
+    check_graph("model.yaml", "model.graph.txt", update=True)
+    model.write_text(model.read_text().replace(old, new))
+    assert check_graph("model.yaml", "model.graph.txt", update=True) is shows
+
+
 def test_check_graph_takes_the_world_size_and_the_stages(model: Path) -> None:
     check_graph("model.yaml", "ws2.stages.txt", update=True, options=Options(world_size=2), stages=True)
     golden = (REPO / "tests" / "golden" / "dlrm_criteo.ws2.stages.txt").read_text()
