@@ -375,12 +375,21 @@ def _staging_dir(outdir: Path) -> Path:
     outdir = Path(outdir)
     if outdir.exists() and not outdir.is_dir():
         raise ExportError(f"{outdir} exists and is not a directory")
-    if outdir.is_dir() and any(outdir.iterdir()) and not (outdir / MANIFEST).is_file():
+    if outdir.is_dir() and any(outdir.iterdir()) and not _is_export(outdir):
         raise ExportError(f"{outdir} exists and is not an export directory; choose another -o or empty it")
     staging = outdir.parent / f".{outdir.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     return staging
+
+
+def _is_export(directory: Path) -> bool:
+    """Whether `directory` holds an export (of any format version), which a new export may replace;
+    a checkpoint's directory has a manifest.json too."""
+    try:
+        return json.loads((directory / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        return False
 
 
 def _replace(outdir: Path, staging: Path) -> None:

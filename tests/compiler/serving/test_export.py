@@ -337,6 +337,21 @@ def test_export_refuses_a_checkpoint_of_another_spec_and_bad_choices(work: Path,
     )
 
 
+def test_export_refuses_to_replace_a_checkpoint_directory(work: Path, tmp_path: Path, capsys) -> None:
+    """A checkpoint step has a manifest.json too: -o naming it must not replace the checkpoint."""
+    checkpoint = Path(shutil.copytree(work / "ckpt", tmp_path / "ckpt"))
+    step = checkpoint / "step_00000003"
+    before = sorted(p.name for p in step.iterdir())
+    capsys.readouterr()
+    assert main(["export", str(work / "small.yaml"), "--checkpoint", str(checkpoint), "--no-aot", "-o", str(step)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {step} exists and is not an export directory; choose another -o or empty it\n"
+    )
+    assert sorted(p.name for p in step.iterdir()) == before
+    again = ["export", str(work / "small.yaml"), "--checkpoint", str(checkpoint), "--no-aot", "-o", str(tmp_path / "out")]
+    assert main(again) == main(again) == 0  # an export is replaced as before
+
+
 def test_a_table_beyond_what_its_precision_stores_is_refused_naming_the_checkpoint(tmp_path: Path, capsys) -> None:
     spec = tmp_path / "large.yaml"
     spec.write_text(textwrap.dedent("""\
