@@ -84,6 +84,9 @@ def check(text: str | bytes, capsys: pytest.CaptureFixture[str]) -> None:
     if status == 0:
         assert out.endswith(": ok\n") and err == ""
         return
+    if out.startswith(f"{path}: ok\n"):  # a good spec whose data section names data check cannot use
+        assert "Traceback" not in err and "error: " in err, err
+        return
     lines = err.rstrip("\n").split("\n")
     assert out == "" and COUNT.fullmatch(lines[-1]), err
     assert all(DIAGNOSTIC.fullmatch(line) for line in lines[:-1]), err
