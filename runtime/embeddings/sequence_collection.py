@@ -173,14 +173,14 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         outputs = run_concurrently(
             self._lookups(values, slot_rows), min(self.lookup_threads, torch.get_num_threads())
         )
-        # Each table's rows are its columns' first rows; cut them per feature.
+        # Each table's rows are its columns' first rows; cut them per feature. One split by columns,
+        # not a slice per table: each slice's backward would write a zero gradient the size of the
+        # whole output, so a group of F tables would cost F outputs' worth of zeros per step.
         blocks, key = [], 0
         for output, rows, slots in zip(outputs, slot_rows, self._group_slots):
-            column = 0
-            for count, (dim, features_in_table) in zip(rows, slots):
-                table_rows = output[:count, column : column + dim]
-                blocks.extend(torch.split(table_rows, length_per_key[key : key + features_in_table]))
-                column += dim
+            columns = torch.split(output, [dim for dim, _ in slots], dim=1)
+            for count, (_, features_in_table), table_columns in zip(rows, slots, columns):
+                blocks.extend(torch.split(table_columns[:count], length_per_key[key : key + features_in_table]))
                 key += features_in_table
         batch = kjt.stride()
         lengths = kjt.lengths()
