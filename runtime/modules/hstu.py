@@ -42,10 +42,21 @@ BUCKET_DIVISOR = 0.301
 
 
 def time_buckets(timestamps: torch.Tensor, num_buckets: int) -> torch.Tensor:
-    """[B, L] timestamps -> [B, L, L] int64 buckets of t_i - t_j."""
-    delta = (timestamps.unsqueeze(2) - timestamps.unsqueeze(1)).abs().clamp(min=1)
-    buckets = (delta.to(torch.float32).log() / BUCKET_DIVISOR).floor().long()
-    return buckets.clamp(0, num_buckets)
+    """[B, L] int64 timestamps -> [B, L, L] int64 buckets of t_i - t_j.
+
+    The L x L work is most of an HSTU layer's forward on a CPU, so it runs in
+    place, and on int32 differences (half the bytes) when every time lies within
+    2**30 units of its sample's first (34 years of seconds). Either way the
+    difference is the exact integer and its log a float32 one, so the buckets
+    are the same.
+    """
+    relative = timestamps - timestamps[:, :1]
+    fits = relative.numel() == 0 or relative.abs().amax() < 2**30  # then |t_i - t_j| < 2**31
+    if fits and not relative.is_floating_point():
+        relative = relative.to(torch.int32)
+    delta = (relative.unsqueeze(2) - relative.unsqueeze(1)).abs_().clamp_min_(1)
+    logs = delta.to(torch.float32).log_().div_(BUCKET_DIVISOR)
+    return logs.floor_().clamp_(0, num_buckets).long()
 
 
 class HSTU(nn.Module):
@@ -103,7 +114,10 @@ class HSTU(nn.Module):
         q = q.reshape(batch, length, heads, a).transpose(1, 2)
         k = k.reshape(batch, length, heads, a).transpose(1, 2)
         v = v.reshape(batch, length, heads, u_dim).transpose(1, 2)
-        scores = q @ k.transpose(2, 3) + self.relative_bias(timestamps).unsqueeze(1)
+        # Padding takes its sample's first time: its buckets are masked out below either way, and real
+        # times alone decide whether the differences fit int32 (see time_buckets).
+        real_times = torch.where(layout.mask, timestamps, timestamps[:, :1])
+        scores = q @ k.transpose(2, 3) + self.relative_bias(real_times).unsqueeze(1)
         allowed = layout.mask.unsqueeze(1) & layout.mask.unsqueeze(2)
         allowed = allowed & torch.ones(length, length, dtype=torch.bool, device=x.device).tril()
         weights = F.silu(scores) * (allowed.unsqueeze(1).to(x.dtype) / self.max_length)

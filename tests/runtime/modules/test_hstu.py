@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.modules.hstu import HSTU, hstu_layers
+from runtime.modules.hstu import HSTU, hstu_layers, time_buckets
 from sequence_inputs import padded_batch
 
 DIM, HEADS, ATTN, LIN, MAX_LEN, BUCKETS = 8, 2, 3, 4, 7, 16
@@ -119,3 +119,25 @@ def test_hstu_layers_are_independent_layers_of_the_same_sizes() -> None:
     )
     with pytest.raises(ValueError, match=r"^hstu_layers: num_layers must be"):
         hstu_layers(0, dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5)
+
+
+def plain_time_buckets(ts: torch.Tensor, num_buckets: int) -> torch.Tensor:
+    """The bucket formula on the int64 differences, as the block computed it before it saved bytes."""
+    delta = (ts.unsqueeze(2) - ts.unsqueeze(1)).abs().clamp(min=1)
+    return (delta.to(torch.float32).log() / 0.301).floor().long().clamp(0, num_buckets)
+
+
+@pytest.mark.parametrize("span", [2**30 - 1, 2**30, 2**40], ids=["int32", "just-int64", "int64"])
+def test_time_buckets_are_the_formulas_whether_the_differences_fit_int32_or_not(span: int) -> None:
+    gen = torch.Generator().manual_seed(4)
+    # The first differences at which each bucket starts, one below and one above, beside random ones.
+    starts = [math.ceil(math.exp(0.301 * k)) for k in range(1, 70)]
+    near = torch.tensor([d + s for d in starts for s in (-1, 0, 1) if d + s < span])
+    ts = torch.randint(0, span, (3, 40), generator=gen) + 1_700_000_000
+    ts[:, 0] = 1_700_000_000
+    ts[:, 1] = 1_700_000_000 + span
+    ts[0, 2 : 2 + near.numel()] = 1_700_000_000 + near[:38]
+    buckets = time_buckets(ts, 128)
+    assert buckets.dtype == torch.int64
+    assert torch.equal(buckets, plain_time_buckets(ts, 128))
+    assert int(buckets.max()) == math.floor(math.log(span) / 0.301)
