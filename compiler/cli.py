@@ -19,6 +19,7 @@ from typing import Sequence
 
 from compiler import __version__
 from runtime.cpu import openmp
+from runtime.process.lifetime import skip_exit_collection
 
 # command name -> (module in compiler.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -56,6 +57,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    skip_exit_collection()
     try:
         status = _run(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's flush at exit

@@ -30,7 +30,7 @@ from runtime.data.batch import Batch
 from runtime.reporting import console
 from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, kernel_choices, run_setup
-from runtime.process.lifetime import die_with_parent
+from runtime.process.lifetime import die_with_parent, skip_exit_collection
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.early_stopping import EarlyStopping, resolve_best_metric
 from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
@@ -207,6 +207,7 @@ def run(options: TrainOptions) -> int:
 
 if __name__ == "__main__":
     die_with_parent()
+    skip_exit_collection()
     if len(sys.argv) != 2:
         sys.exit("usage: python -m runtime.train.worker OPTIONS_JSON (see runtime/train/options.py)")
     try:
