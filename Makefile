@@ -40,7 +40,8 @@ test: setup
 # (../shared/bench/SEQUENCE.md) likewise; retrieval-bench (benchmarks/retrieval_workload.py) training
 # locally and on two ranks, retrieve latency per index, and its TorchRec anchor where the venv is; then
 # inference-bench (../shared/bench/INFERENCE.md) per table precision, against TorchRec where its
-# venv is (bash ../shared/bench/setup_torchrec_venv.sh /tmp/venv-torchrec).
+# venv is (bash ../shared/bench/setup_torchrec_venv.sh /tmp/venv-torchrec), in blocks that alternate
+# between the two live processes.
 TORCHREC_PY := /tmp/venv-torchrec/bin/python
 bench: setup
 	$(PY) benchmarks/dlrm_bench.py --mode local
@@ -52,8 +53,8 @@ bench: setup
 	$(PY) benchmarks/retrieval_bench.py --mode retrieve
 	$(if $(wildcard $(TORCHREC_PY)),$(TORCHREC_PY) benchmarks/torchrec_retrieval_anchor.py --mode local)
 	$(if $(wildcard $(TORCHREC_PY)),$(TORCHREC_PY) benchmarks/torchrec_retrieval_anchor.py --mode dist2)
-	$(PY) benchmarks/inference_bench.py --configs fp32,fp16,int8,int4 --rounds 1 \
-		$(if $(wildcard $(TORCHREC_PY)),--torchrec-python $(TORCHREC_PY),--skip-torchrec)
+	$(PY) benchmarks/inference_bench.py --configs fp32,fp16,int8,int4 \
+		$(if $(wildcard $(TORCHREC_PY)),--blocks 10 --torchrec-python $(TORCHREC_PY),--rounds 1 --skip-torchrec)
 
 # data-bench (benchmarks/data_bench.py, issue 19): prepare rows/s, each rank's decoded rows at N = 1, 2, 4,
 # and the dlrm-bench step on prepared data against synthetic batches; the last line sums it up.

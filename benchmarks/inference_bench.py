@@ -34,8 +34,14 @@ The workload of ../shared/bench/INFERENCE.md, through the real serving path:
    GEMMs are most of both sides' forward and slow alike, so the ratio falls
    toward 1 in such minutes, and this field shows when that happened.
 
+   With --blocks N, each case is instead timed in N blocks of calls that
+   alternate between two live processes, ours and TorchRec's, a fraction of a
+   second apart (see `interleave`): the median of the blocks' paired ratios
+   holds where the host's speed drifts between the rounds' fresh processes.
+
     python benchmarks/inference_bench.py                         # everything; TorchRec from /tmp/venv-torchrec
     python benchmarks/inference_bench.py --rounds 5 --skip-torchrec
+    python benchmarks/inference_bench.py --configs int8 --blocks 30
 
 One JSON line per measurement, then a summary table and a last JSON line.
 """
@@ -51,8 +57,10 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,6 +78,7 @@ CASES = (("criteo", 1, 200), ("criteo", 64, 200), ("criteo", 512, 50), ("multiho
 WARMUP = 20
 HELD_OUT_STEP = 1_000_000  # held-out batches: steps the training never draws
 TORCHREC_PYTHON = "/tmp/venv-torchrec/bin/python"
+PAUSE, UNTIMED = 0.05, 2  # before each block of --blocks: seconds of rest, then untimed calls (see interleave)
 
 
 def parts(config: str) -> tuple[str, str]:
@@ -187,31 +196,41 @@ def cpu_counters() -> tuple[int, int]:
     return fields[0] + fields[1] + fields[2] + fields[5] + fields[6], sum(fields[:8])
 
 
+def workload_inputs(variant: str, batch: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The workload's first batches of `variant` at `batch` as (dense, ids, lengths), cycled by the timed calls."""
+    W = workload()
+    lengths = torch.full((W.NUM_SPARSE_FEATURES * batch,), W.VARIANTS[variant], dtype=torch.int64)
+    return [
+        (torch.from_numpy(d), torch.from_numpy(i.reshape(-1)), lengths)
+        for d, i, _ in (W.make_batch(n, variant, batch_size=batch) for n in range(W.NUM_BATCHES))
+    ]
+
+
+def exported_forward(workdir: Path, config: str) -> Callable[[tuple[torch.Tensor, ...], int], Any]:
+    """The export of `config` as a call on one input of workload_inputs, the KeyedJaggedTensor built inside it."""
+    from runtime.serving.export_dir import load
+    from runtime.sparse.jagged import KeyedJaggedTensor
+
+    names = workload().FEATURE_NAMES
+    _, model = load(export_dir(workdir, config), verify=False)
+
+    def forward(item: tuple[torch.Tensor, ...], batch: int) -> Any:
+        dense, values, lengths = item
+        return model({"int": dense}, KeyedJaggedTensor(names, values, lengths=lengths, stride=batch))
+
+    return forward
+
+
 def measure(workdir: Path, configs: list[str]) -> None:
     """Our side of one round (run in a fresh process): one JSON line per configuration and case."""
     from runtime.cpu import choice
     from runtime.cpu.allocator import frozen_objects, retain_freed_memory
-    from runtime.serving.export_dir import load
-    from runtime.sparse.jagged import KeyedJaggedTensor
 
     retain_freed_memory()  # as `reccompile predict` does
-
-    W = workload()
-    inputs = {}
-    for variant, batch, _ in CASES:
-        lengths = torch.full((W.NUM_SPARSE_FEATURES * batch,), W.VARIANTS[variant], dtype=torch.int64)
-        inputs[variant, batch] = [
-            (torch.from_numpy(d), torch.from_numpy(i.reshape(-1)), lengths)
-            for d, i, _ in (W.make_batch(n, variant, batch_size=batch) for n in range(W.NUM_BATCHES))
-        ]
+    inputs = {(variant, batch): workload_inputs(variant, batch) for variant, batch, _ in CASES}
     for config in configs:
         choice.forget_used()  # each configuration's line names its own kernels
-        _, model = load(export_dir(workdir, config), verify=False)
-
-        def forward(item: tuple[torch.Tensor, torch.Tensor, torch.Tensor], batch: int) -> Any:
-            dense, values, lengths = item
-            return model({"int": dense}, KeyedJaggedTensor(W.FEATURE_NAMES, values, lengths=lengths, stride=batch))
-
+        forward = exported_forward(workdir, config)
         for variant, batch, calls in CASES:
             items = inputs[variant, batch]
             times = []
@@ -228,8 +247,37 @@ def measure(workdir: Path, configs: list[str]) -> None:
                 "p50_ms": round(float(np.percentile(ms, 50)), 4), "p99_ms": round(float(np.percentile(ms, 99)), 4),
                 "samples_per_s": round(batch * calls / (ms.sum() / 1e3), 1),
             })
-        del model
+        del forward
         gc.collect()  # the previous export's tables go now, not in a later timed call (TorchRec's side does this too)
+
+
+def serve(workdir: Path, config: str, variant: str, batch: int) -> None:
+    """Our side of the interleaved timing (run in a fresh process): 20 warm-up calls, a
+    {"ready": ..., "kernels": ...} line, then for each line "N U" on stdin U untimed and N
+    timed calls, the latter's nanoseconds printed as a JSON list; ends at end of input.
+    TorchRec's side is torchrec_infer_server.py."""
+    from runtime.cpu import choice
+    from runtime.cpu.allocator import frozen_objects, retain_freed_memory
+
+    retain_freed_memory()
+    items, forward = workload_inputs(variant, batch), exported_forward(workdir, config)
+    calls = 0
+    with frozen_objects(), torch.inference_mode():
+        for _ in range(WARMUP):
+            forward(items[calls % len(items)], batch)
+            calls += 1
+        print(json.dumps({"ready": True, "kernels": choice.machine()["kernels"]}), flush=True)
+        for line in sys.stdin:
+            timed, untimed = (int(n) for n in line.split())
+            times = []
+            for n in range(untimed + timed):
+                item = items[calls % len(items)]
+                started = time.perf_counter_ns()
+                forward(item, batch)
+                if n >= untimed:
+                    times.append(time.perf_counter_ns() - started)
+                calls += 1
+            print(json.dumps(times), flush=True)
 
 
 def host_gemm_gflops(seconds: float = 0.1) -> float:
@@ -268,6 +316,88 @@ def run_side(command: list[str], impl: str, round_: int, pair: str | None = None
                          "other_cpu_pct": other, "kernels": {}, **record})
             emit(rows[-1])
     return rows
+
+
+def interleave_case(args: argparse.Namespace, config: str, variant: str, batch: int, calls: int) -> dict[str, Any]:
+    """One case of --blocks: ours (serve) against TorchRec's (torchrec_infer_server.py) at its precision."""
+    ours = [sys.executable, str(Path(__file__).resolve()), "--serve", "--workdir", str(args.workdir), "--threads",
+            str(args.threads), "--configs", config, "--variant", variant, "--batch", str(batch)]
+    theirs = [args.torchrec_python, str(REPO / "benchmarks" / "torchrec_infer_server.py"), "--precision",
+              parts(config)[0], "--variant", variant, "--batch", str(batch), "--threads", str(args.threads),
+              "--bench-dir", str(BENCH)]
+    host = host_gemm_gflops()
+    line = interleave({"reccompile": ours, "torchrec": theirs}, batch, max(calls // 5, 1), args.blocks)
+    return {"interleaved": True, "config": config, "variant": variant, "batch": batch, "host_gemm_gflops": host,
+            **line}
+
+
+def interleave(commands: dict[str, list[str]], batch: int, block: int, blocks: int) -> dict[str, Any]:
+    """Two serving processes timed in turns: `blocks` blocks of `block` calls each, side by side.
+
+    Each side builds and warms up once, then the two take turns: `block` timed
+    calls on one side while the other waits for its next request, the first
+    side alternating block by block. A pair of blocks is a fraction of a second
+    apart, so a slowdown of the host (seconds to minutes on this 2-core guest)
+    meets both sides of most pairs; the median of the pairs' ratios is the
+    figure that survives it. Each block starts after a pause of PAUSE seconds,
+    so that the last side's OpenMP threads have stopped spinning, with UNTIMED
+    calls that wake its own. The first command's side is "ours" in the ratios.
+    """
+    with contextlib.ExitStack() as stack:
+        sides = {}
+        for impl, command in commands.items():
+            errors = stack.enter_context(tempfile.TemporaryFile("w+"))
+            process = stack.enter_context(subprocess.Popen(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=REPO))
+            sides[impl] = (process, errors)
+        ready = {impl: _answer(impl, *side) for impl, side in sides.items()}
+        times: dict[str, list[list[int]]] = {impl: [] for impl in sides}
+        for n in range(blocks):
+            for impl in list(sides) if n % 2 == 0 else reversed(list(sides)):
+                process, errors = sides[impl]
+                time.sleep(PAUSE)
+                process.stdin.write(f"{block} {UNTIMED}\n")
+                process.stdin.flush()
+                times[impl].append(_answer(impl, process, errors))
+        for process, _ in sides.values():
+            process.stdin.close()
+    ours, theirs = commands
+    line: dict[str, Any] = {"blocks": blocks, "block_calls": block, "kernels": ready[ours].get("kernels", {})}
+    for impl, timed in times.items():
+        ms = np.array([t for b in timed for t in b], dtype=np.float64) / 1e6
+        line[f"{impl}_p50_ms"] = round(float(np.percentile(ms, 50)), 4)
+        line[f"{impl}_p99_ms"] = round(float(np.percentile(ms, 99)), 4)
+        line[f"{impl}_samples_per_s"] = round(batch * ms.size / (ms.sum() / 1e3), 1)
+    line["ratio"] = round(line[f"{ours}_samples_per_s"] / line[f"{theirs}_samples_per_s"], 2)
+    pairs = [sum(t) / sum(o) for o, t in zip(times[ours], times[theirs])]  # equal calls: a speed ratio
+    line["block_ratio_median"] = round(statistics.median(pairs), 2)
+    if len(pairs) > 1:
+        q1, _, q3 = statistics.quantiles(pairs, n=4)
+        line["block_ratio_quartiles"] = [round(q1, 2), round(q3, 2)]
+    return line
+
+
+def _answer(impl: str, process: subprocess.Popen, errors: Any) -> Any:
+    """The next JSON line of a serving process, or the end of the benchmark with its error output."""
+    answer = process.stdout.readline()
+    if not answer:
+        process.wait()
+        errors.seek(0)
+        raise SystemExit(f"error: {impl}'s serving process ended (status {process.returncode}):\n{errors.read()[-3000:]}")
+    return json.loads(answer)
+
+
+def interleaved_markdown(lines: list[dict[str, Any]]) -> str:
+    table = ["| config | variant | batch | ours p50 ms | ours samples/s | TorchRec p50 ms | TorchRec samples/s "
+             "| ratio | median block ratio (quartiles) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in lines:
+        q1, q3 = r.get("block_ratio_quartiles", [None, None])
+        table.append(
+            f"| {r['config']} | {r['variant']} | {r['batch']} | {r['reccompile_p50_ms']:.3f} "
+            f"| {r['reccompile_samples_per_s']:,.0f} | {r['torchrec_p50_ms']:.3f} | {r['torchrec_samples_per_s']:,.0f} "
+            f"| {r['ratio']:.2f} | {r['block_ratio_median']:.2f} ({q1}-{q3}) |"
+        )
+    return "\n".join(table)
 
 
 def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: float) -> list[dict[str, Any]]:
@@ -374,7 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-torchrec", action="store_true")
     parser.add_argument("--max-other-cpu", type=float, default=10.0,
                         help="leave out runs during which others used more than this %% of the machine")
+    parser.add_argument("--blocks", type=int, default=0,
+                        help="instead of rounds of fresh processes, time each case in this many blocks that "
+                             "alternate between two live processes, ours and TorchRec's (see interleave)")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side of one round
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # one side of --blocks
+    parser.add_argument("--variant", help=argparse.SUPPRESS)
+    parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     configs = args.configs.split(",")
@@ -384,6 +520,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.measure:
         measure(args.workdir, configs)
         return 0
+    if args.serve:
+        serve(args.workdir, configs[0], args.variant, args.batch)
+        return 0
+    if args.blocks and args.skip_torchrec:
+        parser.error("--blocks times ours against TorchRec's: it cannot go with --skip-torchrec")
 
     os.chdir(REPO)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -395,6 +536,17 @@ def main(argv: list[str] | None = None) -> int:
         cached.write_text(json.dumps(quality(args.workdir, args.eval_batches)))
     quality_rows = json.loads(cached.read_text())
     emit({"quality": quality_rows})
+
+    if args.blocks:
+        lines = []
+        for config in configs:
+            for variant, batch, calls in CASES:
+                lines.append(interleave_case(args, config, variant, batch, calls))
+                emit(lines[-1])
+        print(interleaved_markdown(lines), flush=True)
+        emit({"summary": lines, "sizes": size_rows, "quality": quality_rows, "blocks": args.blocks,
+              "threads": args.threads})
+        return 0
 
     rows: list[dict[str, Any]] = []
     for round_ in range(args.rounds):

@@ -74,3 +74,44 @@ def test_the_summary_pairs_each_rounds_runs_of_a_configuration() -> None:
 
 def test_a_host_gemm_probe_reports_a_positive_speed() -> None:
     assert _script().host_gemm_gflops(0.01) > 0
+
+
+# A serving process of the --blocks protocol that takes no time: each call "lasts" `ms` milliseconds,
+# times the host's `slow` factor for the blocks it is told of (a slow stretch meets both sides), and it
+# logs each request to `log` so the order of the turns shows.
+FAKE_SERVER = """
+import json, sys
+name, ms, log = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+slow = {2: 3.0, 3: 3.0}  # blocks 2 and 3 of each side: the host at a third of its speed
+print(json.dumps({"ready": True, "kernels": {"dot": {"b": name}}}), flush=True)
+for block, line in enumerate(sys.stdin):
+    timed, untimed = (int(n) for n in line.split())
+    with open(log, "a") as f:
+        f.write(f"{name} {timed} {untimed}\\n")
+    print(json.dumps([int(ms * slow.get(block, 1.0) * 1e6)] * timed), flush=True)
+"""
+
+
+def test_blocks_alternate_between_two_live_processes_and_pair_each_block_with_its_neighbour(tmp_path: Path) -> None:
+    bench = _script()
+    log = tmp_path / "log"
+    commands = {side: [sys.executable, "-c", FAKE_SERVER, side, ms, str(log)]
+                for side, ms in (("reccompile", "1.0"), ("torchrec", "2.0"))}  # fmt: skip
+    line = bench.interleave(commands, batch=512, block=10, blocks=6)
+    assert log.read_text().split("\n")[:-1] == [
+        f"{side} 10 {bench.UNTIMED}" for pair in range(3) for side in ("reccompile", "torchrec", "torchrec", "reccompile")
+    ]
+    assert line["block_ratio_median"] == 2.0 and line["block_ratio_quartiles"] == [2.0, 2.0]
+    assert line["reccompile_p50_ms"] == 1.0 and line["torchrec_p50_ms"] == 2.0
+    # Over all calls: 512 samples per call, ours 4 blocks of 1 ms and 2 of 3 ms a call, TorchRec's twice that.
+    assert line["reccompile_samples_per_s"] == round(512 * 60 / ((40 * 1.0 + 20 * 3.0) / 1e3), 1)
+    assert line["ratio"] == 2.0
+    assert line["kernels"] == {"dot": {"b": "reccompile"}}
+
+
+def test_a_serving_process_that_dies_ends_the_benchmark_with_its_error(tmp_path: Path) -> None:
+    bench = _script()
+    dying = [sys.executable, "-c", "import sys; sys.exit('no export in /nowhere')"]
+    alive = [sys.executable, "-c", FAKE_SERVER, "torchrec", "1.0", str(tmp_path / "log")]
+    with pytest.raises(SystemExit, match=r"^error: reccompile's serving process ended \(status 1\):\nno export in /nowhere"):
+        bench.interleave({"reccompile": dying, "torchrec": alive}, batch=1, block=4, blocks=2)
