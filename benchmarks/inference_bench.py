@@ -334,9 +334,10 @@ def interleave_case(args: argparse.Namespace, config: str, variant: str, batch: 
 def interleave(commands: dict[str, list[str]], batch: int, block: int, blocks: int) -> dict[str, Any]:
     """Two serving processes timed in turns: `blocks` blocks of `block` calls each, side by side.
 
-    Each side builds and warms up once, then the two take turns: `block` timed
-    calls on one side while the other waits for its next request, the first
-    side alternating block by block. A pair of blocks is a fraction of a second
+    Each side builds and warms up once, the second once the first is ready (so
+    that ours measures its kernel choices undisturbed), then the two take
+    turns: `block` timed calls on one side while the other waits for its next
+    request, the first side alternating block by block. A pair of blocks is a fraction of a second
     apart, so a slowdown of the host (seconds to minutes on this 2-core guest)
     meets both sides of most pairs; the median of the pairs' ratios is the
     figure that survives it. Each block starts after a pause of PAUSE seconds,
@@ -344,13 +345,13 @@ def interleave(commands: dict[str, list[str]], batch: int, block: int, blocks: i
     calls that wake its own. The first command's side is "ours" in the ratios.
     """
     with contextlib.ExitStack() as stack:
-        sides = {}
-        for impl, command in commands.items():
+        sides, ready = {}, {}
+        for impl, command in commands.items():  # one after the other: our kernel choices measure on a quiet machine
             errors = stack.enter_context(tempfile.TemporaryFile("w+"))
             process = stack.enter_context(subprocess.Popen(
                 command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=REPO))
             sides[impl] = (process, errors)
-        ready = {impl: _answer(impl, *side) for impl, side in sides.items()}
+            ready[impl] = _answer(impl, process, errors)
         times: dict[str, list[list[int]]] = {impl: [] for impl in sides}
         for n in range(blocks):
             for impl in list(sides) if n % 2 == 0 else reversed(list(sides)):
