@@ -51,9 +51,8 @@ def time_buckets(timestamps: torch.Tensor, num_buckets: int) -> torch.Tensor:
     are the same.
     """
     relative = timestamps - timestamps[:, :1]
-    fits = relative.numel() == 0 or relative.abs().amax() < 2**30  # then |t_i - t_j| < 2**31
-    if fits and not relative.is_floating_point():
-        relative = relative.to(torch.int32)
+    if not relative.is_floating_point() and (relative.numel() == 0 or relative.abs().amax() < 2**30):
+        relative = relative.to(torch.int32)  # |t_i - t_j| < 2**31
     delta = (relative.unsqueeze(2) - relative.unsqueeze(1)).abs_().clamp_min_(1)
     logs = delta.to(torch.float32).log_().div_(BUCKET_DIVISOR)
     return logs.floor_().clamp_(0, num_buckets).long()
