@@ -22,6 +22,7 @@ each prediction keeps its line number; bad rows follow the training rule
 from __future__ import annotations
 
 import csv
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +93,13 @@ _T = TypeVar("_T")
 
 
 def write_csv(output: Path, write: Callable[[TextIO], _T]) -> _T:
-    """`write(file)` into `output` atomically: a hidden `.partial` file renamed when complete, removed otherwise."""
+    """`write(file)` into `output` atomically: a hidden `.partial` file renamed when complete, removed otherwise.
+
+    The partial file is this process's own (its name holds the pid), so that two runs writing one
+    output at once do not write into one file; the last to finish replaces the output whole.
+    """
     output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.name}.partial")
+    partial = output.with_name(f".{output.name}.{os.getpid()}.partial")
     try:
         with open(partial, "w", newline="") as out:
             result = write(out)
