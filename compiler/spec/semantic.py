@@ -35,6 +35,7 @@ from compiler.ir import (
     Training,
 )
 from compiler.spec.load import Node, Path, format_path
+from runtime.data.reader_names import READERS
 
 MAX_SPARSE_FEATURES = 100_000
 SUGGESTION_BUDGET = 500_000  # candidate names compared for did-you-means, per spec
@@ -690,7 +691,7 @@ def resolve_data(checker: Checker, root: Node, targets: set[str]) -> Any:
     if reader == "synthetic" and isinstance(path, str):
         at = checker.child(node, "path") or node
         checker.error(at, "the synthetic reader reads no files; remove path", at_key=True)
-    elif reader in ("criteo", "movielens", "csv", "parquet", "prepared") and path is None:
+    elif reader in READERS and reader != "synthetic" and path is None:
         checker.error(node, f"missing required key 'path' (the {reader} reader reads files)")
     columns = []
     for column, target in checker.pairs(node, "columns"):

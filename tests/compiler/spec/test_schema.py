@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import keyword
+import typing
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -10,8 +11,10 @@ import jsonschema
 import pytest
 import yaml
 
+from compiler.ir import Data
 from compiler.spec.load import load
 from compiler.spec.validate import PATTERN_HINTS, load_schema, validate
+from runtime.data.reader_names import READERS
 from runtime.sharding.types import COMPUTE_KERNELS, SHARDING_TYPES
 
 MINIMAL = """\
@@ -138,3 +141,10 @@ def test_sharding_types_and_kernels_are_the_runtimes() -> None:
     constraint = load_schema()["$defs"]["constraint"]["properties"]
     assert tuple(constraint["sharding_types"]["items"]["enum"]) == SHARDING_TYPES
     assert tuple(constraint["compute_kernels"]["items"]["enum"]) == COMPUTE_KERNELS
+
+
+def test_the_data_readers_are_the_runtimes() -> None:
+    """The schema's enum and the IR's Literal list the readers of runtime/data/reader_names.py, in its order."""
+    reader = load_schema()["$defs"]["data"]["properties"]["reader"]
+    assert tuple(reader["enum"]) == READERS
+    assert typing.get_args(typing.get_type_hints(Data)["reader"]) == READERS
