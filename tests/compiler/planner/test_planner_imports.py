@@ -1,5 +1,6 @@
-"""The planner loads no torch: from the runtime it imports only runtime.sharding.types and the
-learning-rate schedule's rules (runtime.train.lr_schedule, plain Python)."""
+"""The planner loads no torch: from the runtime it imports only runtime.sharding.types, the
+learning-rate schedule's rules (runtime.train.lr_schedule) and the reader names
+(runtime.data.reader_names), all plain Python."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def test_the_planner_imports_only_the_runtimes_sharding_types() -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
         "runtime",
+        "runtime.data",
+        "runtime.data.reader_names",
         "runtime.embeddings",
         "runtime.embeddings.kernels",
         "runtime.sharding",
