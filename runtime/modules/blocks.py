@@ -35,6 +35,7 @@ from runtime.modules.arguments import check_size as _check_size
 from runtime.modules.arguments import owner as _owner
 from runtime.modules.dropout import KeyedDropout
 from runtime.modules.linear import Linear, linear
+from runtime.modules.parametric_activations import PARAMETRIC_ACTIVATIONS, parametric_activation
 from runtime.modules.sync_norm import SyncBatchNorm
 from runtime.sparse.jagged import ColumnPieces, KeyedTensor
 
@@ -98,7 +99,9 @@ class MLP(nn.Module):
     world size. `residual`: the shortcut is h_k itself where the widths
     agree, else a bias-free linear projection of it (ResNet's option B).
     Left at their defaults, none of these modules exist and the layers run
-    as before.
+    as before. `activation` or `final_activation` "prelu" or "dice" give each
+    such layer a module of its own (runtime/modules/parametric_activations.py;
+    Dice's statistics span `process_group`).
     """
 
     def __init__(
@@ -122,11 +125,21 @@ class MLP(nn.Module):
         self.layers = _check_layers(owner, "layers", layers)
         self.activation = activation
         self.final_activation = "none" if final_activation is None else final_activation
-        hidden = _activation(owner, "activation", activation)
-        final = _activation(owner, "final_activation", final_activation)
+        names = [activation] * (len(self.layers) - 1) + [self.final_activation]
         self.out_features = self.layers[-1]
         widths = [self.in_features, *self.layers]
-        self._activations = [hidden] * (len(self.layers) - 1) + [final]
+        self._activations = [
+            None if name in PARAMETRIC_ACTIVATIONS else _activation(owner, key, name)
+            for name, key in zip(names, ["activation"] * (len(names) - 1) + ["final_activation"])
+        ]
+        if parametric := [k for k, name in enumerate(names) if name in PARAMETRIC_ACTIVATIONS]:
+            # PReLU and Dice hold parameters (Dice also batch statistics): one module per layer.
+            self.parametric = nn.ModuleDict({
+                str(k): parametric_activation(names[k], self.layers[k], process_group, where)
+                for k in parametric
+            })  # fmt: skip
+            for k in parametric:
+                self._activations[k] = self.parametric[str(k)]
         self.norm = _check_norm(owner, norm)
         # A bias before batch norm is cancelled by its mean: its true gradient is 0, and adaptive
         # optimizers would turn the rounding noise left in it into steps that differ across ranks.

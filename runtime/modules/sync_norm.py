@@ -71,6 +71,7 @@ class SyncBatchNorm(nn.Module):
         momentum: float = 0.1,
         process_group: dist.ProcessGroup | None = None,
         where: str = "",
+        affine: bool = True,
     ) -> None:
         super().__init__()
         self.where = where
@@ -81,8 +82,9 @@ class SyncBatchNorm(nn.Module):
         self.eps = float(eps)
         self.momentum = _check_unit(name, "momentum", momentum)
         self.process_group = process_group
-        self.weight = nn.Parameter(torch.ones(num_features))
-        self.bias = nn.Parameter(torch.zeros(num_features))
+        # Without `affine` (Dice's normalisation) there is no weight or bias, as in torch's BatchNorm1d.
+        self.weight = nn.Parameter(torch.ones(num_features)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(num_features)) if affine else None
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
@@ -107,6 +109,8 @@ class SyncBatchNorm(nn.Module):
             )
         if not self.training:
             mean, var = self.running_mean, self.running_var
+            if self.weight is None:
+                return (x - mean) * torch.rsqrt(var + self.eps)
             return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
         count, total, squares = self._global_sums(x.reshape(-1, self.num_features))
         n = int(count[0])
@@ -121,8 +125,10 @@ class SyncBatchNorm(nn.Module):
             self.running_mean.mul_(1 - m).add_(mean.to(self.running_mean.dtype), alpha=m)
             self.running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(self.running_var.dtype), alpha=m)
             self.num_batches_tracked.add_(1)
-        scale = torch.rsqrt(var + self.eps).to(x.dtype) * self.weight
-        return (x - mean.to(x.dtype)) * scale + self.bias
+        scale = torch.rsqrt(var + self.eps).to(x.dtype)
+        if self.weight is None:
+            return (x - mean.to(x.dtype)) * scale
+        return (x - mean.to(x.dtype)) * (scale * self.weight) + self.bias
 
     def extra_repr(self) -> str:
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
