@@ -125,13 +125,15 @@ class MLP(nn.Module):
         self.layers = _check_layers(owner, "layers", layers)
         self.activation = activation
         self.final_activation = "none" if final_activation is None else final_activation
-        names = [activation] * (len(self.layers) - 1) + [self.final_activation]
+        hidden = None if activation in PARAMETRIC_ACTIVATIONS else _activation(owner, "activation", activation)
+        final = (
+            None if final_activation in PARAMETRIC_ACTIVATIONS
+            else _activation(owner, "final_activation", final_activation)
+        )  # fmt: skip
         self.out_features = self.layers[-1]
         widths = [self.in_features, *self.layers]
-        self._activations = [
-            None if name in PARAMETRIC_ACTIVATIONS else _activation(owner, key, name)
-            for name, key in zip(names, ["activation"] * (len(names) - 1) + ["final_activation"])
-        ]
+        self._activations = [hidden] * (len(self.layers) - 1) + [final]
+        names = [activation] * (len(self.layers) - 1) + [self.final_activation]
         if parametric := [k for k, name in enumerate(names) if name in PARAMETRIC_ACTIVATIONS]:
             # PReLU and Dice hold parameters (Dice also batch statistics): one module per layer.
             self.parametric = nn.ModuleDict({
