@@ -291,6 +291,17 @@ class Hstu:
 
 
 @dataclass(frozen=True, slots=True)
+class Gru:
+    """A GRU over the sequence input, its state at every position; with a `query`, DIEN's AUGRU."""
+
+    hidden_size: int
+    num_layers: int
+    query: Input | None  # the target vector whose attention scores gate the updates
+    attention: Literal["bilinear", "dot"]
+    attention_softmax: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Stack:
     """Vectors and field stacks of one width D stacked along a field axis: [B, N, D]."""
 
@@ -344,9 +355,9 @@ class MaskNet:
 
 BlockOp = Union[
     Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe, SequencePool, TargetAttention, Transformer, Hstu,
-    Stack, Flatten, SelfAttention, Cin, Wukong, MaskNet, Product, Activation,
+    Stack, Flatten, SelfAttention, Cin, Wukong, MaskNet, Product, Activation, Gru,
 ]  # fmt: skip
-SEQUENCE_OPS = (SequencePool, TargetAttention, Transformer, Hstu)  # the blocks that read a sequence
+SEQUENCE_OPS = (SequencePool, TargetAttention, Transformer, Hstu, Gru)  # the blocks that read a sequence
 STACK_OPS = (Flatten, SelfAttention, Cin, Wukong, MaskNet)  # the blocks that read one field stack
 
 
@@ -393,6 +404,7 @@ BLOCK_TYPE_NAMES: dict[type, str] = {
     MaskNet: "mask_block",
     Product: "product",
     Activation: "activation",
+    Gru: "gru",
 }
 
 

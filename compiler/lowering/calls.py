@@ -20,6 +20,7 @@ from compiler.ir import (
     DotProduct,
     Flatten,
     Fm,
+    Gru,
     Head,
     Hstu,
     MaskNet,
@@ -151,6 +152,15 @@ def _sequence_block_call(block: Block) -> Call:
             ("max_length", block.length if op.positions == "learned" else 0),
             ("activation", op.activation),
         ))
+    if isinstance(op, Gru):
+        return Call("runtime.modules.gru.GRU", (
+            ("dim", dim),
+            ("hidden_size", op.hidden_size),
+            ("num_layers", op.num_layers),
+            *((
+                ("query_dim", op.query.width), ("attention", op.attention), ("softmax", op.attention_softmax),
+            ) if op.query is not None else ()),
+        ))  # fmt: skip
     assert isinstance(op, Hstu) and block.length is not None
     return Call("runtime.modules.hstu.hstu_layers", (
         ("num_layers", op.num_layers),

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import torch
 
+from runtime.modules.gru import GRU
 from runtime.modules.hstu import HSTU
 from runtime.modules.position_weights import PositionWeightedPool
 from runtime.modules.sequence_pool import SequencePool
@@ -59,6 +60,11 @@ def meta_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> torch.Tensor
         return _meta(*args[0].shape) if module.output == "sequence" else _meta(args[0].shape[0], module.dim)
     if isinstance(module, PositionWeightedPool):  # pools rows like pool_rows
         return _meta(args[0].lengths().shape[0], args[0].values().shape[1])
+    if isinstance(module, GRU):
+        _sequence("gru", args[0], module.dim)
+        if module.query_dim and args[2].shape[1:] != (module.query_dim,):
+            raise SequenceShapeError(f"gru takes a query {module.query_dim} wide, got {args[2].shape[1]}")
+        return _meta(args[0].shape[0], args[0].shape[1], module.hidden_size)
     if isinstance(module, HSTU):
         _sequence("hstu", args[0], module.dim, module.max_length)
         return _meta(*args[0].shape)

@@ -1,4 +1,4 @@
-"""The sequence part of the lowering: sequence groups, sequence values and the four sequence blocks.
+"""The sequence part of the lowering: sequence groups, sequence values and the five sequence blocks.
 
 Used by `compiler.lowering.lower`'s graph builder, which owns the graph and
 the values; this module adds the nodes of sequences to it:
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
-from compiler.ir import Block, Hstu, Input, Location, ModelIR, SequencePool, Table, TargetAttention, Transformer
+from compiler.ir import Block, Gru, Hstu, Input, Location, ModelIR, SequencePool, Table, TargetAttention, Transformer
 from compiler.lowering.calls import POSITION_WEIGHTS, position_weights_call
 from compiler.lowering.types import ModuleDecl
 from compiler.planner.plan import ShardingPlan
@@ -154,6 +154,10 @@ class SequenceLowering:
                     "call_function", operator.add, (lengths, len(op.prepend)), f"{name}_lengths", loc, stage="dense"
                 )
             values[name] = self.node("call_module", name, (x, lengths), name, loc, stage="dense", path=path)
+            self.lengths[name] = lengths
+        elif isinstance(op, Gru):
+            args = (x, lengths) if op.query is None else (x, lengths, self.builder.value(op.query, loc))
+            values[name] = self.node("call_module", name, args, name, loc, stage="dense", path=path)
             self.lengths[name] = lengths
         else:
             assert isinstance(op, Hstu)

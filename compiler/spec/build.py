@@ -73,7 +73,7 @@ from compiler.spec.stacks import STACK_BLOCKS, infer_stack_block
 
 METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
 _MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2, "product": 2}
-SEQUENCE_BLOCKS = ("sequence_pool", "target_attention", "transformer", "hstu")  # they read a sequence
+SEQUENCE_BLOCKS = ("sequence_pool", "target_attention", "transformer", "hstu", "gru")  # they read a sequence
 _SIDE_KEYS = ("query", "prepend", "timestamps")  # references outside `input`
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.ir import BlockOp, Hstu, Input, SequencePool, TargetAttention, Transformer
+from compiler.ir import BlockOp, Gru, Hstu, Input, SequencePool, TargetAttention, Transformer
 from compiler.spec.load import Node
 from compiler.spec.semantic import FLOAT_BYTES, INT64_MAX, Checker, Features, known
 
-SEQUENCE_OUTPUTS = ("transformer", "hstu")  # the blocks whose output is a sequence
+SEQUENCE_OUTPUTS = ("transformer", "hstu", "gru")  # the blocks whose output is a sequence
 STACK_OUTPUTS = ("stack", "self_attention", "wukong")  # the blocks whose output is a field stack
 DEFAULT_HIDDEN = [80, 40]  # DIN's attention MLP
 
@@ -161,6 +161,12 @@ def infer_sequence_block(
         prepended = len(block.side.get("prepend", []))
         block.length = None if length is None else length + prepended
         block.origin = _origin(sequence, blocks) if sequence is not None and not prepended else None
+    elif block.kind == "gru":
+        block.op = _gru(checker, block, blocks, features, sequence)
+        block.width = checker.value(block.node, "hidden_size", width)
+        block.width = block.width if known(block.width) else None
+        block.length = length
+        block.origin = _origin(sequence, blocks) if sequence is not None else None
     else:
         block.op = _hstu(checker, block, blocks, features, sequence)
         block.length = length
@@ -282,3 +288,44 @@ def _hstu(
         return None
     timestamps = Input("timestamps", stamp.name, 1, None, value_length(sequence, blocks, features))
     return Hstu(timestamps=timestamps, **values)
+
+
+def _gru(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
+) -> BlockOp | None:
+    keys = ("num_layers", "attention", "attention_softmax")
+    defaults = {"num_layers": 1, "attention": "bilinear", "attention_softmax": True}
+    values = {key: checker.value(block.node, key, defaults[key]) for key in keys}
+    hidden = checker.value(block.node, "hidden_size")
+    queries = block.side.get("query", [])
+    if sequence is None or not block.side_complete:
+        return None
+    width = value_width(sequence, blocks, features)
+    query = None
+    if queries:
+        query = _query_vector(checker, queries[0], blocks, features)
+        if query is None:
+            return None
+        if values["num_layers"] != 1 and known(values["num_layers"]):
+            at = checker.child(block.node, "num_layers") or block.node
+            checker.error(at, f"a gru with a query is DIEN's AUGRU, one layer (got num_layers {values['num_layers']})")
+            return None
+        if values["attention"] == "dot" and query.width != width:
+            message = (
+                f"dot attention scores the sequence '{sequence.text()}' ({width} wide) against the query "
+                f"'{query.ref()}' ({query.width} wide); they must be equally wide (or use attention: bilinear)"
+            )
+            checker.error(queries[0].node, message)
+            return None
+    if not known(hidden, *values.values()):
+        return None
+    return Gru(hidden_size=hidden if hidden is not None else width, query=query, **values)  # type: ignore[arg-type]
+
+
+def _query_vector(checker: Checker, ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> Input | None:
+    """`ref` as an Input if it is a vector of known width; reported otherwise."""
+    if is_sequence(ref, blocks, features) or is_stack(ref, blocks, features):
+        kind, shape = kind_name(ref, blocks, features), describe(ref, blocks, features)
+        checker.error(ref.node, f"the query must be a vector, but '{ref.text()}' is {kind} {shape}")
+        return None
+    return input_ir(ref, blocks, features) if value_width(ref, blocks, features) is not None else None

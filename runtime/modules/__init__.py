@@ -24,6 +24,7 @@ lazy_exports(
         "target_attention": ("TargetAttention",),
         "transformer": ("Transformer",),
         "hstu": ("HSTU",),
+        "gru": ("GRU",),
         "losses": ("head_loss", "total_loss"),
     },
 )  # fmt: skip
