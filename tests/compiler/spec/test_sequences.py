@@ -9,7 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from compiler.ir import Hstu, Input, SequencePool, TargetAttention, Transformer
+from compiler.ir import Gru, Hstu, Input, SequencePool, TargetAttention, Transformer
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 
@@ -108,3 +108,33 @@ def test_a_data_column_may_feed_a_timestamps_feature(tmp_path: Path) -> None:
         data: {reader: csv, path: s.csv, columns: {items: history, times: history_time}}
         """))
     assert validate(load(str(spec))).data.columns == (("items", "history"), ("times", "history_time"))
+
+
+GRU_SPEC = """\
+version: 1
+name: recurrent
+features:
+  sparse:
+    - {name: item, table: items}
+    - {name: history, table: items, pooling: none, max_length: 5}
+tables:
+  - {name: items, num_embeddings: 50, dim: 8}
+model:
+  interests: {type: gru, input: sparse.history, hidden_size: 6, num_layers: 2}
+  evolution: {type: gru, input: interests, query: sparse.item, attention_softmax: false}
+  final: {type: sequence_pool, input: evolution, mode: last}
+  top: {type: mlp, input: [final, sparse.item], layers: [4, 1], activation: dice}
+heads:
+  - {name: click, input: top, loss: bce}
+"""
+
+
+def test_gru_blocks_give_sequences_of_their_hidden_width_and_take_a_query_for_dien(tmp_path: Path) -> None:
+    ir = resolve(tmp_path, GRU_SPEC)
+    interests, evolution, final = (ir.block(n) for n in ("interests", "evolution", "final"))
+    assert interests.op == Gru(hidden_size=6, num_layers=2, query=None, attention="bilinear", attention_softmax=True)
+    assert (interests.width, interests.length) == (6, 5)
+    assert evolution.inputs == (Input("block", "interests", 6, None, 5),)
+    assert evolution.op == Gru(6, 1, Input("sparse", "item", 8), "bilinear", False)
+    assert (evolution.width, evolution.length, final.width) == (6, 5, 6)
+    assert ir.block("top").op.activation == "dice"
