@@ -65,7 +65,7 @@ def _block_op_call(block: Block, in_width: int) -> Call:
             ("layers", list(op.layers)),
             ("activation", op.activation),
             ("final_activation", op.final_activation),
-            *(_mlp_options(op, block) if op.decorated else ()),
+            *(_mlp_options(op, block) if op.decorated or _dice(op) else ()),
         ))
     if isinstance(op, Dot):
         num, dim = _vectors(block)
@@ -113,15 +113,20 @@ def _block_op_call(block: Block, in_width: int) -> Call:
 
 
 def _mlp_options(op: Mlp, block: Block) -> tuple[tuple[str, object], ...]:
-    """norm, dropout and residual; batch norm's all-reduce and dropout's global sample index need the
+    """norm, dropout and residual; batch norm's and Dice's all-reduce and dropout's global sample index need the
     process group, and dropout's masks the training seed with the block's name (stable across recompiles)."""
     return (
         ("norm", op.norm),
         ("dropout", op.dropout),
         ("residual", op.residual),
         *((("seed", _block_seed(block)),) if op.dropout > 0 else ()),
-        *((("process_group", BuildArg("process_group")),) if op.norm == "batch" or op.dropout > 0 else ()),
+        *((("process_group", BuildArg("process_group")),) if op.norm == "batch" or op.dropout > 0 or _dice(op) else ()),
     )
+
+
+def _dice(op: Mlp) -> bool:
+    """Dice normalises by the global batch's statistics, all-reduced over the process group."""
+    return "dice" in (op.activation, op.final_activation)
 
 
 def _block_seed(block: Block) -> int:

@@ -1,4 +1,4 @@
-"""Rank entry points of test_sync_blocks.py: an MLP with BatchNorm and dropout trained on 2 gloo ranks.
+"""Rank entry points of test_sync_blocks.py: an MLP with BatchNorm, dropout and Dice trained on 2 gloo ranks.
 
 Batches are made globally from the step number and sliced per rank, so the
 two ranks together see exactly the batch one process sees. Rank 0 saves what
@@ -30,7 +30,7 @@ UNEVEN = (5, 3)  # local batch sizes of the forward-only check
 def make_model(process_group: dist.ProcessGroup | None) -> MLP:
     torch.manual_seed(0)
     return MLP(
-        IN_FEATURES, [8, 8, 1], final_activation=None, norm="batch", dropout=0.3, residual=True,
+        IN_FEATURES, [8, 8, 1], activation="dice", final_activation=None, norm="batch", dropout=0.3, residual=True,
         seed=3, process_group=process_group,
     )  # fmt: skip
 

@@ -1,7 +1,7 @@
-"""Two ranks (gloo, CPU) with BatchNorm and dropout on compute exactly what one process computes.
+"""Two ranks (gloo, CPU) with BatchNorm, dropout and Dice on compute exactly what one process computes.
 
-An MLP with norm "batch" (SyncBatchNorm), dropout (KeyedDropout) and
-residuals trains 3 SGD steps on 2 ranks under DDP, each rank's loss the mean
+An MLP with norm "batch" (SyncBatchNorm), dropout (KeyedDropout), Dice
+(its own SyncBatchNorm statistics) and residuals trains 3 SGD steps on 2 ranks under DDP, each rank's loss the mean
 over its half of the global batch, and in one process on the global batch:
 outputs, parameter gradients (DDP's average), running statistics and the
 trained parameters agree to 1e-5; the input gradients are the one process's
@@ -41,6 +41,7 @@ def test_two_ranks_train_like_one_process(distributed: dict[str, Any]) -> None:
         for name, grad in expected["grads"][step].items():
             torch.testing.assert_close(got["grads"][step][name], grad, **TOL, msg=f"step {step}: {name}")
     assert any("running_var" in name for name in got["state"])
+    assert any(name.startswith("parametric.") and name.endswith("running_var") for name in got["state"])
     for name, value in expected["state"].items():
         torch.testing.assert_close(got["state"][name], value, **TOL, msg=name)
 
