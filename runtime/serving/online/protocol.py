@@ -1,0 +1,153 @@
+"""The Open Inference Protocol's (KServe v2) REST bodies: an infer request to raw columns, outputs to JSON.
+
+    request = decode_request(body, model.inputs)    # BadRequest naming the input and the problem
+    request.fields   -> {"userId": [1, 2], "movieId": [1000, 1007]}
+    request.rows     -> 2
+    encode_response(model_name, request.id, [Output("like", "FP32", [2], [0.7, 0.1])], parameters)
+
+A request's body is a JSON object with `inputs`: one object per input, each
+with `name`, `datatype`, `shape` [N] and `data` (a flat list of N values, or
+N one-element lists); every input the model takes must be there, with a
+datatype it accepts, and the same N for all. BYTES values are strings,
+INT64/INT32 integers, FP32/FP64 numbers. `outputs` (optional) names the
+outputs wanted. Nothing in a request is executed or used as a path: values
+only reach the readers' parsing (runtime.serving.online.raw_rows).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from runtime.serving.online.raw_rows import RawInput
+
+__all__ = ["BadRequest", "InferRequest", "Output", "decode_request", "encode_response"]
+
+
+class BadRequest(Exception):
+    """A request the server refuses with 400; the message names the input and the problem."""
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    fields: dict[str, list[Any]]
+    rows: int
+    id: str | None = None
+    outputs: tuple[str, ...] | None = None  # None: every output
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[Any]
+
+
+def decode_request(body: bytes, inputs: Sequence[RawInput], outputs: Sequence[str]) -> InferRequest:
+    """The raw columns of an infer request's JSON `body` for a model taking `inputs`."""
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadRequest(f"malformed JSON: {error}") from None
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
+        raise BadRequest("the body must be a JSON object with a list 'inputs'")
+    known = {raw.name: raw for raw in inputs}
+    fields: dict[str, list[Any]] = {}
+    rows: int | None = None
+    for position, item in enumerate(request["inputs"]):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequest(f"inputs[{position}]: an object with a string 'name'")
+        name = item["name"]
+        if name not in known:
+            raise BadRequest(f"input {name!r}: the model has no such input (its inputs: {', '.join(known)})")
+        if name in fields:
+            raise BadRequest(f"input {name!r}: given twice")
+        fields[name] = _values(known[name], item)
+        if rows is None:
+            rows = len(fields[name])
+        elif len(fields[name]) != rows:
+            first = next(iter(fields))
+            raise BadRequest(f"input {name!r}: shape [{len(fields[name])}], but input {first!r} has shape [{rows}]")
+    missing = [name for name in known if name not in fields]
+    if missing:
+        raise BadRequest(f"input {missing[0]!r} is missing (the model's inputs: {', '.join(known)})")
+    if not rows:
+        raise BadRequest("the request has no rows (shape [0])")
+    return InferRequest(fields, rows, _id(request.get("id")), _requested(request.get("outputs"), outputs))
+
+
+def _values(raw: RawInput, item: dict[str, Any]) -> list[Any]:
+    name, datatype, shape, data = raw.name, item.get("datatype"), item.get("shape"), item.get("data")
+    if datatype not in raw.accepts:
+        raise BadRequest(f"input {name!r}: datatype {datatype!r}, expected {' or '.join(raw.accepts)}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise BadRequest(f"input {name!r}: 'shape' must be a list of integers, got {shape!r}")
+    if len(shape) != 1 and not (len(shape) == 2 and shape[1] == 1):
+        raise BadRequest(f"input {name!r}: shape {shape}, expected [N] (one value per row)")
+    if not isinstance(data, list):
+        raise BadRequest(f"input {name!r}: 'data' must be a list")
+    values = [v[0] if isinstance(v, list) and len(v) == 1 else v for v in data]
+    if len(values) != shape[0]:
+        raise BadRequest(f"input {name!r}: shape {shape} but {len(values)} values in 'data'")
+    check = _CHECKS[datatype]
+    for row, value in enumerate(values):
+        if not check(value):
+            raise BadRequest(f"input {name!r}, row {row}: {json.dumps(value)[:40]} is not a {_WHAT[datatype]}")
+    return values
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
+
+
+_CHECKS = {
+    "BYTES": lambda v: isinstance(v, str),
+    "INT64": lambda v: _is_int(v) and -(2**63) <= v < 2**63,
+    "INT32": lambda v: _is_int(v) and -(2**31) <= v < 2**31,
+    "FP32": _is_number,
+    "FP64": _is_number,
+}
+_WHAT = {"BYTES": "string", "INT64": "64-bit integer", "INT32": "32-bit integer",
+         "FP32": "finite number", "FP64": "finite number"}  # fmt: skip
+
+
+def _id(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise BadRequest(f"'id' must be a string, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _requested(value: Any, outputs: Sequence[str]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in value):
+        raise BadRequest("'outputs' must be a list of objects with a string 'name'")
+    names = tuple(o["name"] for o in value)
+    for name in names:
+        if name not in outputs:
+            raise BadRequest(f"output {name!r}: the model has no such output (its outputs: {', '.join(outputs)})")
+    return names
+
+
+def encode_response(
+    model: str, request: InferRequest, outputs: Sequence[Output], parameters: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON object of an infer response: the requested `outputs` (all by default)."""
+    wanted = [o for o in outputs if request.outputs is None or o.name in request.outputs]
+    response: dict[str, Any] = {
+        "model_name": model,
+        "model_version": "1",
+        "outputs": [{"name": o.name, "datatype": o.datatype, "shape": o.shape, "data": o.data} for o in wanted],
+    }
+    if request.id is not None:
+        response["id"] = request.id
+    if parameters:
+        response["parameters"] = parameters
+    return response
