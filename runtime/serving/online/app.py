@@ -19,10 +19,11 @@ cancellation on disconnect and graceful shutdown built in.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import time
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from aiohttp import web
 
@@ -45,10 +46,10 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
     def slot_of(request: web.Request) -> Slot:
         name = request.match_info["name"]
         if name not in slots:
-            raise _error(404, f"unknown model {name!r} (served: {', '.join(slots)})")
+            raise _Error(404, f"unknown model {name!r} (served: {', '.join(slots)})")
         version = request.match_info.get("version")
         if version is not None and version != "1":
-            raise _error(404, f"model {name!r} has version 1 only, not {version!r}")
+            raise _Error(404, f"model {name!r} has version 1 only, not {version!r}")
         return slots[name]
 
     async def live(_: web.Request) -> web.Response:
@@ -78,16 +79,21 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge:
-                raise _error(413, f"the body is over --max-body ({max_body:,} bytes)") from None
+                raise _Error(413, f"the body is over --max-body ({max_body:,} bytes)") from None
             try:
-                decoded = decode_request(body, model.inputs, model.output_names)
+                header = request.headers.get("Inference-Header-Content-Length")
+                decoded = decode_request(body, model.inputs, model.output_names, header)
                 outputs, parameters = await asyncio.wrap_future(slot.batcher.submit((model, decoded), decoded.rows))
             except BadRequest as error:
-                raise _error(400, str(error)) from None
+                raise _Error(400, str(error)) from None
             except Overloaded as error:
-                raise _error(503, f"overloaded: {error}; retry later", {"Retry-After": RETRY_AFTER_SECONDS}) from None
+                raise _Error(503, f"overloaded: {error}; retry later", {"Retry-After": RETRY_AFTER_SECONDS}) from None
             code = 200
-            return web.json_response(encode_response(model.name, decoded, outputs, parameters))
+            payload, json_length = encode_response(model.name, decoded, outputs, parameters)
+            if json_length is None:
+                return web.Response(body=payload, content_type="application/json")
+            headers = {"Inference-Header-Content-Length": str(json_length)}
+            return web.Response(body=payload, content_type="application/octet-stream", headers=headers)
         except web.HTTPException as error:
             code = error.status
             raise
@@ -96,7 +102,7 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
             raise
         except Exception:
             LOG.exception("model %r failed", name)
-            raise _error(500, f"model {name!r} failed on this request; see the server's log") from None
+            raise _Error(500, f"model {name!r} failed on this request; see the server's log") from None
         finally:
             if name in slots:
                 metrics.request(name, code, time.perf_counter() - started)
@@ -107,9 +113,9 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
             try:
                 model = await asyncio.to_thread(slot.reload)
             except ReloadError as error:
-                raise _error(409, str(error)) from None
+                raise _Error(409, str(error)) from None
             except Exception as error:  # a bad or half-written export: the old model keeps serving
-                raise _error(400, f"reload of {request.match_info['name']!r} failed: {error}") from None
+                raise _Error(400, f"reload of {request.match_info['name']!r} failed: {error}") from None
         return web.json_response({"name": model.name, "source": model.source, "reloaded": True})
 
     async def prometheus(_: web.Request) -> web.Response:
@@ -125,14 +131,12 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
     return app
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.HTTPException:
-    kinds = {400: web.HTTPBadRequest, 404: web.HTTPNotFound, 409: web.HTTPConflict,
-             413: web.HTTPRequestEntityTooLarge, 500: web.HTTPInternalServerError, 503: web.HTTPServiceUnavailable}  # fmt: skip
-    kind: Any = kinds[status]
-    body = web.json_response({"error": message}).body
-    if status == 413:
-        return kind(max_size=0, actual_size=0, body=body, content_type="application/json", headers=headers)
-    return kind(body=body, content_type="application/json", headers=headers)
+class _Error(web.HTTPException):
+    """An error answer with a JSON body `{"error": message}` (any status)."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        self.status_code = status  # read by HTTPException.__init__
+        super().__init__(body=json.dumps({"error": message}).encode(), content_type="application/json", headers=headers)
 
 
 async def serve(
