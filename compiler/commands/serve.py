@@ -1,7 +1,7 @@
 """`reccompile serve OUT [OUT ...]`: answer live requests with exported models (Open Inference Protocol, REST).
 
     reccompile serve OUT [OUT ...] [--pipeline RETRIEVAL_OUT RANKING_OUT --k K --n N]
-                     [--host 127.0.0.1] [--port 8000] [--max-batch B] [--max-wait-ms T]
+                     [--reader R] [--host 127.0.0.1] [--port 8000] [--max-batch B] [--max-wait-ms T]
                      [--max-queue ROWS] [--max-body BYTES] [--threads T] [--drain-seconds S] [--no-verify]
 
 Each export is served under its spec's name (runtime/serving/online/: raw
@@ -34,6 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=positive_int, default=10,
                         help="items a retrieval model gives per row; with --pipeline, the candidates ranked (default 10)")
     parser.add_argument("--n", type=positive_int, default=10, help="--pipeline: the ranked items answered (default 10)")
+    parser.add_argument("--reader", choices=("criteo", "csv", "parquet", "movielens"),
+                        help="whose columns requests carry, for a spec without a data section "
+                             "(default: the spec's; movielens for an export with a vocabulary)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: any free port)")
     parser.add_argument("--max-batch", type=positive_int, default=64, help="rows per model batch at most (default 64)")
@@ -75,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()
     metrics = Metrics()
     options = BatchOptions(args.max_batch, args.max_wait_ms / 1000, args.max_queue)
-    loaders = [lambda out=out: load_model(out, k=args.k, verify=args.verify) for out in args.exports]
+    loaders = [lambda out=out: load_model(out, k=args.k, verify=args.verify, reader=args.reader) for out in args.exports]
     if args.pipeline is not None:
         retrieval, ranking = args.pipeline
-        loaders.append(lambda: load_pipeline(retrieval, ranking, k=args.k, n=args.n, verify=args.verify))
+        loaders.append(lambda: load_pipeline(retrieval, ranking, k=args.k, n=args.n, verify=args.verify,
+                                                   reader=args.reader))
     slots: dict[str, Slot] = {}
     try:
         with frozen_objects():  # the loaded models are no garbage: full collections skip them

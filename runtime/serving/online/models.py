@@ -53,14 +53,15 @@ class ServedModel:
         return tuple(name for name, _, _ in self.outputs)
 
 
-def load_model(directory: Path, *, k: int = 10, verify: bool = True) -> ServedModel:
-    """The export at `directory`; a retrieval export answers its top `k` items per row.
+def load_model(directory: Path, *, k: int = 10, verify: bool = True, reader: str | None = None) -> ServedModel:
+    """The export at `directory`; a retrieval export answers its top `k` items per row; `reader`: whose
+    columns requests carry when the spec has no data section (runtime.serving.online.raw_rows).
     ExportError, IndexFileError or DataError when it cannot be served."""
     manifest = read_export_manifest(directory)
     if "retrieval" in manifest:
-        return _retrieval(directory, manifest, k, verify).served
+        return _retrieval(directory, manifest, k, verify, reader).served
     module, model = load(directory, verify=verify)
-    rows = _rows(module, directory, verify)
+    rows = _rows(module, directory, verify, reader)
     heads = module.INPUTS.heads
     outputs = tuple((h.name, "FP32", (-1, h.num_classes) if h.loss == "softmax" else (-1,)) for h in heads)
 
@@ -88,13 +89,13 @@ class _Retrieval:
     item_column: str  # the raw column the item feature reads
 
 
-def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool) -> _Retrieval:
+def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, reader: str | None) -> _Retrieval:
     section = manifest["retrieval"]
     module, model = load(directory, verify=verify)
     index = load_index(directory / section["index"]["directory"], verify=verify)
     k = min(k, len(index.ids))
     item = section["item_feature"]
-    rows = _rows(module, directory, verify, unused=(item,))
+    rows = _rows(module, directory, verify, reader, unused=(item,))
 
     def search(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
@@ -116,12 +117,14 @@ def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool) 
     return _Retrieval(served, rows, search, rows.feature_columns[item])
 
 
-def load_pipeline(retrieval: Path, ranking: Path, *, k: int, n: int, verify: bool = True) -> ServedModel:
+def load_pipeline(
+    retrieval: Path, ranking: Path, *, k: int, n: int, verify: bool = True, reader: str | None = None
+) -> ServedModel:
     """Retrieval's top `k` per row, ranked by the ranking export's first head, the best `n` answered."""
     manifest = read_export_manifest(retrieval)
     if "retrieval" not in manifest:
         raise DataError(f"{retrieval}: not a retrieval export (no sampled_softmax head, no index)")
-    first = _retrieval(retrieval, manifest, k, verify)
+    first = _retrieval(retrieval, manifest, k, verify, reader)
     ranked_manifest = read_export_manifest(ranking)
     if "retrieval" in ranked_manifest:
         raise DataError(f"{ranking}: a retrieval export, not a ranking model")
@@ -129,7 +132,7 @@ def load_pipeline(retrieval: Path, ranking: Path, *, k: int, n: int, verify: boo
     head = module.INPUTS.heads[0]
     if head.loss == "softmax":
         raise DataError(f"{ranking}: its first head {head.name!r} is a softmax head, which gives no one score to rank by")
-    rank_rows = _rows(module, ranking, verify)
+    rank_rows = _rows(module, ranking, verify, reader)
     item = first.item_column
     if item not in {raw.name for raw in rank_rows.inputs}:
         raise DataError(f"{ranking}: the ranking model has no input {item!r} for the retrieved items")
@@ -175,9 +178,9 @@ def load_pipeline(retrieval: Path, ranking: Path, *, k: int, n: int, verify: boo
     return ServedModel(name, f"{retrieval} {ranking}", inputs, outputs, predict)
 
 
-def _rows(module: Any, directory: Path, verify: bool, unused: Sequence[str] = ()) -> RawRows:
+def _rows(module: Any, directory: Path, verify: bool, reader: str | None, unused: Sequence[str] = ()) -> RawRows:
     vocabulary = data_file(directory, "vocabulary", verify=verify)
-    return raw_rows(module.INPUTS, None if vocabulary is None else read_vocabulary(vocabulary), unused)
+    return raw_rows(module.INPUTS, None if vocabulary is None else read_vocabulary(vocabulary), unused, reader)
 
 
 def _parse(rows: RawRows, requests: Sequence[InferRequest]) -> tuple[list[Any], list[tuple[int, list[Any]]]]:

@@ -72,11 +72,17 @@ class BadValue(RowError):
         self.row = row
 
 
-def raw_rows(inputs: ModelInputs, vocabulary: Vocabulary | None, unused: Sequence[str] = ()) -> RawRows:
-    """The raw columns of `inputs`' reader; the columns that feed only the features `unused` are no
-    inputs (a retrieval model's item feature, which the query tower does not read), filled with an
-    empty value. DataError when the model cannot be served from raw columns."""
-    reader = "synthetic" if inputs.data is None else inputs.data.reader
+def raw_rows(
+    inputs: ModelInputs, vocabulary: Vocabulary | None, unused: Sequence[str] = (), reader: str | None = None
+) -> RawRows:
+    """The raw columns of `inputs`' reader: the spec's data section's, else MovieLens's when the export
+    has a vocabulary (only MovieLens training saves one), else `reader`. The columns that feed only
+    the features `unused` are no inputs (a retrieval model's item feature, which the query tower
+    does not read), filled with an empty value. DataError when the model cannot be served from raw columns."""
+    if inputs.data is not None and inputs.data.reader != "synthetic":
+        reader = inputs.data.reader
+    elif vocabulary is not None:
+        reader = "movielens"
     own = read_inputs(inputs)
     if reader in ("csv", "parquet"):
         return _TableRows(inputs, own, reader, set(unused))
@@ -86,7 +92,11 @@ def raw_rows(inputs: ModelInputs, vocabulary: Vocabulary | None, unused: Sequenc
         if vocabulary is None:
             raise DataError("a MovieLens model is served with the vocabulary it was trained with: the export has no vocab.json")
         return _MovieLensRows(inputs, own, vocabulary, set(unused))
-    raise DataError(f"the {reader} reader has no raw columns to serve: give the spec a data section naming a file reader")
+    raise DataError(
+        "the spec has no data section naming a file reader: say whose columns requests carry with "
+        "--reader criteo|csv|parquet|movielens"
+        if reader is None else f"--reader {reader}: not a reader of raw columns (criteo, csv, parquet, movielens)"
+    )
 
 
 def _parse_all(parse: Any, fields: Mapping[str, Sequence[Any]], rows: int) -> list[Any]:
@@ -183,6 +193,7 @@ class _MovieLensLines(MovieLensReader):
             )
         check_rows(own, self.layout, vocabulary)
         self.vocabulary, self.threshold, self.histories = vocabulary, DEFAULT_THRESHOLD, None
+        self._separator = b"::"  # the lines _MovieLensRows makes are ml-1m's
 
 
 class _MovieLensRows(_Rows):
