@@ -65,11 +65,11 @@ class Server:
 
 
 @contextlib.contextmanager
-def started_server(args: list[str | Path]) -> Iterator[Server]:
+def started_server(args: list[str | Path], cwd: Path = REPO_ROOT) -> Iterator[Server]:
     command = [sys.executable, "-m", "compiler.cli", "serve", *map(str, args), "--port", "0", "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               cwd=REPO_ROOT)  # fmt: skip
+                               cwd=cwd)  # fmt: skip
     lines: list[str] = []
     try:
         assert process.stdout is not None
