@@ -30,7 +30,7 @@ import numpy as np
 
 from runtime.serving.online.raw_rows import RawInput
 
-__all__ = ["BadRequest", "InferRequest", "Output", "decode_request", "encode_response"]
+__all__ = ["BadRequest", "InferRequest", "Output", "decode_object", "decode_request", "encode_response"]
 
 
 class BadRequest(Exception):
@@ -68,6 +68,13 @@ def decode_request(
         request = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise BadRequest(f"malformed JSON: {error}") from None
+    return decode_object(request, inputs, outputs, blobs)
+
+
+def decode_object(
+    request: Any, inputs: Sequence[RawInput], outputs: Sequence[str], blobs: bytes = b""
+) -> InferRequest:
+    """`decode_request` of a request already parsed from JSON (`blobs`: the binary data after it)."""
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise BadRequest("the body must be a JSON object with a list 'inputs'")
     known = {raw.name: raw for raw in inputs}
