@@ -152,7 +152,7 @@ class _TableRows(_Rows):
 class _CriteoLines(CriteoReader):
     """The Criteo reader's parsing and columns, without its files."""
 
-    def __init__(self, own: ModelInputs) -> None:  # noqa: super().__init__ opens the files
+    def __init__(self, own: ModelInputs) -> None:  # not super().__init__: it opens the files
         self.layout = criteo_layout(own)
 
 
@@ -184,7 +184,7 @@ class _CriteoRows(_Rows):
 class _MovieLensLines(MovieLensReader):
     """The MovieLens reader's parsing and columns with the export's vocabulary, without a ratings file."""
 
-    def __init__(self, own: ModelInputs, vocabulary: Vocabulary) -> None:  # noqa: super().__init__ reads the file
+    def __init__(self, own: ModelInputs, vocabulary: Vocabulary) -> None:  # not super().__init__: it reads the file
         self.layout = movielens_layout(own)
         if self.layout.history is not None:
             raise DataError(

@@ -120,6 +120,7 @@ def _scores(body: dict[str, Any]) -> list[list[float]]:
 
 
 def test_metadata_health_and_readiness(server: Server) -> None:
+    assert server.url.startswith("http://127.0.0.1:")  # without --host, this machine only
     assert server.call("GET", "/v2/health/live")[0] == 200
     assert server.call("GET", "/v2/health/ready")[0] == 200
     assert server.call("GET", "/v2/models/tiny_ctr/ready")[:1] == (200,)
@@ -340,3 +341,26 @@ def test_sigterm_finishes_the_requests_in_flight_then_exits(slow: Server, refere
     thread.join()
     assert result[0][0] == 200 and np.allclose(_scores(result[0][2]), reference["fp32"][:2], rtol=1e-6, atol=1e-6)
     assert status == 0 and output.endswith("stopped: every request answered\n")
+
+
+# The command line, without a server.
+
+
+def test_serve_without_aiohttp_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, capsys, work: Path) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else find_spec(name, *a))
+    assert main(["serve", str(work / "fp32")]) == 1
+    assert capsys.readouterr().err == (
+        "error: reccompile serve needs the aiohttp package: pip install 'reccompile[serve]' (or: pip install aiohttp)\n"
+    )
+
+
+def test_serve_refuses_bad_usage_and_an_export_it_cannot_serve(capsys, work: Path) -> None:
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err == "error: give an export directory OUT to serve, or --pipeline RETRIEVAL_OUT RANKING_OUT\n"
+    assert main(["serve", str(work / "missing")]) == 1
+    assert capsys.readouterr().err == f"error: export directory {work / 'missing'} does not exist\n"
+    assert main(["serve", "--pipeline", str(work / "fp32"), str(work / "fp32")]) == 1
+    assert capsys.readouterr().err == f"error: {work / 'fp32'}: not a retrieval export (no sampled_softmax head, no index)\n"
