@@ -9,7 +9,7 @@ line per result:
 
     {"server": "predict", ...}        offline `reccompile predict` of 50,000 rows at batch 512: rows/s
     {"server": "reccompile", "clients": C, "rows": R, "p50_ms", "p99_ms", "requests_per_s", "rows_per_s",
-     "failures", ...}                 `reccompile serve` (--max-batch 64, --max-wait-ms 2)
+     "failures", ...}                 `reccompile serve` (--max-batch 64, --max-wait-ms from the option)
     {"server": "litserve", ...}       LitServe serving the same export (benchmarks/serve_litserve.py)
     {"summary": ...}                  the issue's targets: 16 single-row clients vs predict's rows/s,
                                       p99/p50 at 8 clients, and reccompile's rows/s over LitServe's
@@ -105,20 +105,20 @@ def _wait_ready(url: str, process: subprocess.Popen, seconds: float = 300) -> No
     raise SystemExit(f"{url}: not ready after {seconds:.0f} s")
 
 
-def start_reccompile(export: Path, threads: int, port: int) -> subprocess.Popen:
+def start_reccompile(export: Path, threads: int, port: int, max_wait_ms: float) -> subprocess.Popen:
     process = subprocess.Popen(
         [PYTHON, "-m", "compiler.cli", "serve", str(export), "--port", str(port), "--threads", str(threads),
-         "--max-batch", "64", "--max-wait-ms", "2"],
+         "--max-batch", "64", "--max-wait-ms", f"{max_wait_ms:g}"],
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process)
     return process
 
 
-def start_litserve(export: Path, threads: int, port: int) -> subprocess.Popen:
+def start_litserve(export: Path, threads: int, port: int, max_wait_ms: float) -> subprocess.Popen:
     process = subprocess.Popen(
         [PYTHON, str(Path(__file__).with_name("serve_litserve.py")), str(export), "--port", str(port),
-         "--threads", str(threads)],
+         "--threads", str(threads), "--max-wait-ms", f"{max_wait_ms:g}"],
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # LitServe starts worker processes: stop the whole group
     )  # fmt: skip
@@ -164,11 +164,14 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,16,64", help="concurrent clients (default 1,8,16,64)")
     parser.add_argument("--rows", default="1,64", help="rows per request (default 1,64)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every server and predict (default 1)")
+    parser.add_argument("--max-wait-ms", type=float, default=2.0,
+                        help="every server's batch wait (default 2, `reccompile serve`'s default)")
     parser.add_argument("--servers", default="reccompile,litserve", help="which servers (default both)")
     args = parser.parse_args()
     from runtime.cpu.features import model as cpu_model
 
-    common = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "threads": args.threads, "model": SPEC.stem}
+    common = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "threads": args.threads, "model": SPEC.stem,
+              "max_batch": 64, "max_wait_ms": args.max_wait_ms}
     results: dict[tuple[str, int, int], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp:
         work = Path(tmp)
@@ -178,7 +181,7 @@ def main() -> None:
         for server in args.servers.split(","):
             port = _free_port()
             group = server == "litserve"
-            process = (start_litserve if group else start_reccompile)(export, args.threads, port)
+            process = (start_litserve if group else start_reccompile)(export, args.threads, port, args.max_wait_ms)
             path = "/predict" if group else "/v2/models/two_tower_movielens/infer"
             try:
                 for rows in map(int, args.rows.split(",")):

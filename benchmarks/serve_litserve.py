@@ -1,9 +1,9 @@
 """serve-bench's general-purpose comparison: LitServe serving a reccompile export.
 
-    python benchmarks/serve_litserve.py OUT --port P [--threads T]
+    python benchmarks/serve_litserve.py OUT --port P [--threads T] [--max-wait-ms T]
 
 LitServe's own HTTP server (FastAPI on uvicorn), its request batching (64
-rows, 2 ms, like `reccompile serve`'s defaults) and one inference worker
+rows, `--max-wait-ms`, as `reccompile serve` is run) and one inference worker
 process; the request body and the work per request are `reccompile serve`'s
 (the Open Inference Protocol's JSON, runtime.serving.online's raw-row path
 and model), so the difference measured is the serving machinery. Started and
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 
 
 class ExportApi(ls.LitAPI):
-    def __init__(self, export: Path, threads: int) -> None:
-        super().__init__(max_batch_size=64, batch_timeout=0.002)
+    def __init__(self, export: Path, threads: int, max_wait_ms: float) -> None:
+        super().__init__(max_batch_size=64, batch_timeout=max_wait_ms / 1000)
         self.export, self.threads = export, threads
 
     def setup(self, device: str) -> None:
@@ -53,6 +53,7 @@ if __name__ == "__main__":
     parser.add_argument("export", type=Path)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--max-wait-ms", type=float, default=2.0)
     args = parser.parse_args()
-    server = ls.LitServer(ExportApi(args.export, args.threads), accelerator="cpu", workers_per_device=1)
+    server = ls.LitServer(ExportApi(args.export, args.threads, args.max_wait_ms), accelerator="cpu", workers_per_device=1)
     server.run(host="127.0.0.1", port=args.port, generate_client_file=False)
