@@ -19,6 +19,7 @@ import csv
 import json
 import random
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -334,13 +335,21 @@ def test_a_client_that_disconnects_costs_no_model_time(slow: Server) -> None:
     assert slow.call("GET", "/v2/health/live")[0] == 200
 
 
+def test_sighup_reloads_every_model(slow: Server) -> None:
+    slow.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while slow.metric('reccompile_reloads_total{model="tiny_ctr"}') < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert slow.metric('reccompile_reloads_total{model="tiny_ctr"}') == 1
+
+
 def test_sigterm_finishes_the_requests_in_flight_then_exits(slow: Server, reference) -> None:
     thread, result = _in_background(lambda: slow.call("POST", "/v2/models/tiny_ctr/infer", _request(_rows()[:2])))
     time.sleep(0.2)  # queued, its batch 300 ms away
     status, output = slow.stop()
     thread.join()
     assert result[0][0] == 200 and np.allclose(_scores(result[0][2]), reference["fp32"][:2], rtol=1e-6, atol=1e-6)
-    assert status == 0 and output.endswith("stopped: every request answered\n")
+    assert status == 0 and output.endswith("reloaded 'tiny_ctr'\nstopped: every request answered\n")
 
 
 # The command line, without a server.
