@@ -71,11 +71,9 @@ def load_model(directory: Path, *, k: int = 10, verify: bool = True, reader: str
             batch = rows.batch([row for _, part in parsed for row in part])
             with torch.inference_mode():
                 scores = model.scores(model(batch.dense, batch.sparse))
-            start = 0
-            for index, part in parsed:
-                stop = start + len(part)
-                answers[index] = ([_output(h.name, scores[h.name][start:stop], h.loss != "softmax") for h in heads], {})
-                start = stop
+            _answer_each(answers, parsed, lambda lo, hi: (
+                [_output(h.name, scores[h.name][lo:hi], h.loss != "softmax") for h in heads], {}
+            ))  # fmt: skip
         return answers
 
     return ServedModel(manifest["name"], str(directory), rows.inputs, outputs, predict)
@@ -105,11 +103,7 @@ def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, 
         answers, parsed = _parse(rows, requests)
         if parsed:
             scores, items = search(rows.batch([row for _, part in parsed for row in part]))
-            start = 0
-            for index_, part in parsed:
-                stop = start + len(part)
-                answers[index_] = ([_output("items", items[start:stop]), _output("scores", scores[start:stop])], {})
-                start = stop
+            _answer_each(answers, parsed, lambda lo, hi: ([_output("items", items[lo:hi]), _output("scores", scores[lo:hi])], {}))
         return answers
 
     outputs = (("items", "INT64", (-1, k)), ("scores", "FP32", (-1, k)))
@@ -193,6 +187,14 @@ def _parse(rows: RawRows, requests: Sequence[InferRequest]) -> tuple[list[Any], 
         except BadValue as error:
             answers[index] = _bad(error)
     return answers, parsed
+
+
+def _answer_each(answers: list[Any], parsed: list[tuple[int, list[Any]]], make: Callable[[int, int], Answer]) -> None:
+    """Each parsed request's answer, `make(lo, hi)` of its rows' slice of the batch."""
+    start = 0
+    for index, part in parsed:
+        answers[index] = make(start, start + len(part))
+        start += len(part)
 
 
 def _bad(error: BadValue) -> BadRequest:
