@@ -132,6 +132,13 @@ def test_metadata_health_and_readiness(server: Server) -> None:
         "outputs": [{"name": "click", "datatype": "FP32", "shape": [-1]}, {"name": "stars", "datatype": "FP32", "shape": [-1]}],
     }  # fmt: skip
     assert server.call("GET", "/v2/models/other")[::2] == (404, {"error": "unknown model 'other' (served: tiny_ctr)"})
+    assert server.call("GET", "/v2")[::2] == (200, {"name": "reccompile", "version": "1", "extensions": ["model_repository"]})
+    assert server.call("GET", "/v2/models/tiny_ctr/versions/1")[::2] == (200, body)
+    assert server.call("GET", "/v2/models/tiny_ctr/versions/2/ready")[::2] == (
+        404, {"error": "model 'tiny_ctr' has version 1 only, not '2'"}
+    )
+    status, _, answer = server.call("POST", "/v2/models/tiny_ctr/versions/1/infer", _request(_rows()[:1]))
+    assert (status, answer["model_version"], [o["shape"] for o in answer["outputs"]]) == (200, "1", [[1], [1]])
 
 
 def test_served_scores_equal_predicts_from_concurrent_requests_of_every_size(server: Server, work: Path, reference) -> None:

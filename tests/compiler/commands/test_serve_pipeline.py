@@ -66,7 +66,7 @@ def _write_ratings(path: Path) -> Path:
 def _train_and_export(root: Path, name: str, text: str, ratings: Path, *export: str) -> Path:
     (root / f"{name}.yaml").write_text(text)
     assert main(["train", str(root / f"{name}.yaml"), "--data", f"movielens:{ratings}", "--data-workers", "0",
-                 "--steps", "20", "--log-every", "20", "--checkpoint-dir", str(root / f"{name}_ckpt"),
+                 "--steps", "5", "--log-every", "5", "--checkpoint-dir", str(root / f"{name}_ckpt"),
                  "-o", str(root / f"{name}_build")]) == 0  # fmt: skip
     out = root / f"{name}_out"
     assert main(["export", str(root / f"{name}.yaml"), "--checkpoint", str(root / f"{name}_ckpt"), "--no-aot",
