@@ -173,8 +173,16 @@ def load_pipeline(
 
 
 def _rows(module: Any, directory: Path, verify: bool, reader: str | None, unused: Sequence[str] = ()) -> RawRows:
+    """The export's raw rows with what `predict` reads beside the module: the MovieLens vocabulary, and
+    the learned feature state (features.json, from the "own data" work: runtime.data.tables.learn)."""
+    inputs = module.INPUTS
+    features = data_file(directory, "features", verify=verify)
+    if features is not None:  # only an export whose manifest lists features.json: the module is there then
+        from runtime.data.tables.learn import with_learned
+
+        inputs = with_learned(inputs, features)
     vocabulary = data_file(directory, "vocabulary", verify=verify)
-    return raw_rows(module.INPUTS, None if vocabulary is None else read_vocabulary(vocabulary), unused, reader)
+    return raw_rows(inputs, None if vocabulary is None else read_vocabulary(vocabulary), unused, reader)
 
 
 def _parse(rows: RawRows, requests: Sequence[InferRequest]) -> tuple[list[Any], list[tuple[int, list[Any]]]]:
