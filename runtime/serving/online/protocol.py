@@ -12,7 +12,8 @@ N one-element lists, or with the binary tensor extension a
 length the `Inference-Header-Content-Length` header gives: tritonclient's
 default); every input the model takes must be there, with a
 datatype it accepts, and the same N for all. BYTES values are strings,
-INT64/INT32 integers, FP32/FP64 numbers. `outputs` (optional) names the
+INT64/INT32 integers, FP32/FP64 numbers; a number may be null, an empty
+field (what an empty CSV field is to the reader). `outputs` (optional) names the
 outputs wanted; `binary_data_output` (request parameters) or an
 output's `binary_data` asks for binary outputs, as tritonclient does. Nothing in a request is executed or used as a path: values
 only reach the readers' parsing (runtime.serving.online.raw_rows).
@@ -164,12 +165,13 @@ def _is_number(value: Any) -> bool:
     return _is_int(value) or (isinstance(value, float) and math.isfinite(value))
 
 
+# null is an empty field, as an empty CSV field is: its reader's empty value (0, a learned fill).
 _CHECKS = {
     "BYTES": lambda v: isinstance(v, str),
-    "INT64": lambda v: _is_int(v) and -(2**63) <= v < 2**63,
-    "INT32": lambda v: _is_int(v) and -(2**31) <= v < 2**31,
-    "FP32": _is_number,
-    "FP64": _is_number,
+    "INT64": lambda v: v is None or (_is_int(v) and -(2**63) <= v < 2**63),
+    "INT32": lambda v: v is None or (_is_int(v) and -(2**31) <= v < 2**31),
+    "FP32": lambda v: v is None or _is_number(v),
+    "FP64": lambda v: v is None or _is_number(v),
 }
 _WHAT = {"BYTES": "string", "INT64": "64-bit integer", "INT32": "32-bit integer",
          "FP32": "finite number", "FP64": "finite number"}  # fmt: skip

@@ -109,6 +109,11 @@ def _parse_all(parse: Any, fields: Mapping[str, Sequence[Any]], rows: int) -> li
     return parsed
 
 
+def _text(value: Any) -> str:
+    """A value as it stands in a line of text; None (null: an empty field) as nothing."""
+    return "" if value is None else str(value)
+
+
 class _Rows:
     """What every reader shares: `to_columns` of the reader, then the features (fan-out, buckets)."""
 
@@ -171,7 +176,7 @@ class _CriteoRows(_Rows):
         for name, value in row.items():
             if isinstance(value, str) and ("\t" in value or "\n" in value):
                 raise RowError(name, value, "a tab or a newline inside a value")
-        fields = ["0", *(str(row.get(c, "")) for c in INT_COLUMNS), *(row.get(c, "") for c in CAT_COLUMNS)]
+        fields = ["0", *(_text(row.get(c)) for c in INT_COLUMNS), *(row.get(c, "") for c in CAT_COLUMNS)]
         return "\t".join(fields).encode()
 
     def parse(self, fields: Mapping[str, Sequence[Any]], rows: int) -> list[Any]:
@@ -213,7 +218,7 @@ class _MovieLensRows(_Rows):
         )
 
     def _line(self, row: Mapping[str, Any]) -> bytes:
-        return f"{row.get('userId', 0)}::{row.get('movieId', 0)}::5::0".encode()
+        return f"{_text(row.get('userId', 0))}::{_text(row.get('movieId', 0))}::5::0".encode()
 
     def parse(self, fields: Mapping[str, Sequence[Any]], rows: int) -> list[Any]:
         return _parse_all(lambda row: self.reader.parse(self._line(row)), fields, rows)

@@ -3,8 +3,7 @@
 The spec fans one id column out to two tables and bucketizes the integer
 columns (runtime.data.feature_columns), so the served rows must go through
 the Criteo reader's parsing and `to_features` as predict's do. An empty
-integer field is sent as 0, which the reader reads it as; an empty
-categorical field as "".
+integer field is sent as null, an empty categorical field as "".
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _fields(lines: list[str]) -> dict[str, list[object]]:
     split = [line.split("\t") for line in lines]
-    fields: dict[str, list[object]] = {f"I{i}": [int(s[i]) if s[i] else 0 for s in split] for i in range(1, 14)}
+    fields: dict[str, list[object]] = {f"I{i}": [int(s[i]) if s[i] else None for s in split] for i in range(1, 14)}
     fields.update({f"C{i}": [s[13 + i] for s in split] for i in range(1, 27)})
     return fields
 
@@ -79,7 +78,9 @@ def test_served_criteo_rows_score_as_predict(work: Path) -> None:
 
 def test_a_bad_criteo_value_names_its_column_and_row(work: Path) -> None:
     model = load_model(work / "out", reader="criteo")
-    fields = _fields((work / "day_0.txt").read_text().splitlines()[:2])
+    lines = (work / "day_0.txt").read_text().splitlines()
+    assert any(not line.split("\t")[i] for line in lines for i in range(1, 14))  # some integers are null
+    fields = _fields(lines[:2])
     fields["C3"][1] = "xyz"
     (answer,) = model.predict([InferRequest(fields, 2)])
     assert isinstance(answer, BadRequest)
