@@ -23,6 +23,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="rewrite golden files with the current output instead of comparing",
     )
+    parser.addoption(
+        "--update-static-baseline",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/static_checks.txt with today's ruff and mypy findings",
+    )
 
 
 class Golden:
