@@ -411,27 +411,29 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
     ) -> list[torch.Tensor]:
         """Each group's pooled block; the groups run side by side on `lookup_threads` threads."""
         values, offsets, batch = kjt.values(), kjt.offsets(), kjt.stride()
-        lookups, first = [], 0
+        lookups, group_weights, first = [], [], 0
         for group, size in zip(self._groups, self._group_sizes):
             last = first + size
             start, end = value_offsets[first], value_offsets[last]
             lookups.append(
                 functools.partial(
+                    _group_lookup,
                     group,
                     values[start:end],
                     offsets[first * batch : last * batch + 1] - start,
-                    None if weights is None else weights[start:end],
                     [o - start for o in value_offsets[first : last + 1]],
                 )
             )
+            group_weights.append(None if weights is None else weights[start:end])
             first = last
         threads = min(self.lookup_threads, torch.get_num_threads())
-        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, values, batch, threads) == "sequential":
+        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, group_weights, values, batch, threads) == "sequential":
             threads = 1
-        return run_concurrently(lookups, threads)
+        return run_concurrently(lookups, threads, group_weights)
 
     def _choose_concurrency(
-        self, lookups: list[Callable[[], torch.Tensor]], values: torch.Tensor, batch: int, threads: int
+        self, lookups: list[Callable[..., torch.Tensor]], group_weights: list[torch.Tensor | None],
+        values: torch.Tensor, batch: int, threads: int,
     ) -> str:
         """'concurrent' or 'sequential' groups at these shapes, timed on the forward alone: a timed
         backward would step the fused optimizer."""
@@ -445,7 +447,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         def timed(count: int) -> Callable[[], object]:
             def run() -> object:
                 with torch.no_grad():
-                    return run_concurrently(lookups, count)
+                    return run_concurrently(lookups, count, group_weights)
             return run
 
         return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
@@ -460,6 +462,14 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
             f"{t.name}({t.num_embeddings}x{t.embedding_dim}, {t.pooling})" for t in self._tables
         )
         return f"compute_kernel={self.compute_kernel!r}, tables=[{tables}]"
+
+
+def _group_lookup(
+    group: _FusedGroup | _DenseGroup, values: torch.Tensor, offsets: torch.Tensor, value_offsets: list[int],
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """One group's pooled block; the per-id weights come last, from run_concurrently."""
+    return group(values, offsets, weights, value_offsets)
 
 
 def _build_groups(
