@@ -287,10 +287,9 @@ def test_construction_errors() -> None:
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         EmbeddingBagCollection(make_tables(dims=(3, 8, 12)))
-    shared = [EmbeddingBagConfig("a", 4, 4, ["f0"]), EmbeddingBagConfig("b", 4, 4, ["f0"])]
-    message = "feature 'f0' is looked up by tables 'a' and 'b'"
+    message = "table 'a' names feature 'f0' twice"
     with pytest.raises(ValueError, match=re.escape(message)):
-        EmbeddingBagCollection(shared)
+        EmbeddingBagCollection([EmbeddingBagConfig("a", 4, 4, ["f0", "f1", "f0"])])
     with pytest.raises(ValueError, match=re.escape("unknown embedding optimizer 'lamb'")):
         EmbeddingOptimizer("lamb")
     message = "'sgd': weight_decay is only supported for 'adam'"
