@@ -37,17 +37,25 @@ _RUNNER = textwrap.dedent("""
 
 def torchrec_results(cases_file: Path, classes: dict[str, str], output: Path) -> Any:
     """What `cases_file`'s `cases` returns given TorchRec's classes (`name -> torchrec.module.Name`)."""
+    arguments = [str(cases_file.parent), cases_file.stem, str(output), ",".join(classes.values())]
+    _run(["-c", _RUNNER, *arguments], cases_file.name)
+    return torch.load(output, weights_only=False)
+
+
+def torchrec_script(script: str, inputs: Any, directory: Path) -> Any:
+    """What `script` saves to sys.argv[2], run in TorchRec's venv with `inputs` saved at sys.argv[1]."""
+    torch.save(inputs, directory / "inputs.pt")
+    _run(["-c", textwrap.dedent(script), str(directory / "inputs.pt"), str(directory / "outputs.pt")], "script")
+    return torch.load(directory / "outputs.pt", weights_only=False)
+
+
+def _run(arguments: list[str], what: str) -> None:
     if not TORCHREC_PYTHON.exists():
         pytest.skip(f"no TorchRec venv at {TORCHREC_PYTHON}: the differential test against TorchRec 1.8 needs it")
-    command = [
-        str(TORCHREC_PYTHON), "-c", _RUNNER, str(cases_file.parent), cases_file.stem, str(output),
-        ",".join(classes.values()),
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run([str(TORCHREC_PYTHON), *arguments], capture_output=True, text=True, timeout=300, check=False)
     if done.returncode != 0:
         sys.stderr.write(done.stderr)
-        raise AssertionError(f"TorchRec's side of {cases_file.name} failed (exit {done.returncode})")
-    return torch.load(output, weights_only=False)
+        raise AssertionError(f"TorchRec's side of {what} failed (exit {done.returncode})")
 
 
 def assert_same(ours: Any, theirs: Any, where: str = "", exact: bool = True) -> None:

@@ -545,14 +545,21 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         permuted_lpk = [length_per_key[i] for i in indices]
         if indices_tensor is None:
             indices_tensor = torch.tensor(indices, dtype=torch.int32, device=self.device())
+        # fbgemm's backward inverts the permutation, which a repeated or dropped key does not have
+        # (it then reads out of bounds): weights that need a gradient are gathered by index instead.
+        gathered = self._weights is not None and self._weights.requires_grad and torch.is_grad_enabled()
         # The output size passed in spares the kernel a sync; it must be right.
         lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
             indices_tensor.to(torch.int32),
             self.lengths().view(len(self._keys), self._stride),
             self._values,
-            self._weights,
+            None if gathered else self._weights,
             sum(permuted_lpk),
         )
+        if gathered:
+            starts = self.offset_per_key()
+            positions = [torch.arange(starts[i], starts[i + 1], device=self.device()) for i in indices]
+            weights = self._weights.index_select(0, torch.cat(positions) if positions else values.new_zeros(0))
         return KeyedJaggedTensor(
             [self._keys[i] for i in indices],
             values,
