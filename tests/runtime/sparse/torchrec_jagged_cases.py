@@ -1,4 +1,4 @@
-"""Calls on jagged tensors that test_torchrec_conformance.py makes on the runtime's and on TorchRec's.
+"""Calls on jagged tensors that test_jagged_torchrec.py makes on the runtime's and on TorchRec's.
 
 Imports torch only: the classes come in as arguments (tests/torchrec_anchor.py).
 """
