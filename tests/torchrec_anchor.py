@@ -2,7 +2,8 @@
 
 A cases module (a file beside its test, importing torch only) defines
 `cases(**classes) -> dict` that makes its calls on the classes it is given
-and returns plain data (tensors, lists, dicts, numbers, None). A test calls
+and returns plain data (tensors, lists, dicts, numbers, None), and may define
+`differences(**classes)`, the calls whose results differ by design. A test calls
 it with the runtime's classes in-process and `torchrec_results` runs it with
 TorchRec's in /tmp/venv-torchrec (never a dependency of the project; built by
 ../shared/bench/setup_torchrec_venv.sh), so both sides run the one source.
@@ -31,12 +32,15 @@ _RUNNER = textwrap.dedent("""
     for spec in imports.split(","):
         source, name = spec.rsplit(".", 1)
         classes[name] = getattr(importlib.import_module(source), name)
-    torch.save(importlib.import_module(module).cases(**classes), output)
+    module = importlib.import_module(module)
+    calls = [name for name in ("cases", "differences") if hasattr(module, name)]
+    torch.save({name: getattr(module, name)(**classes) for name in calls}, output)
 """)
 
 
-def torchrec_results(cases_file: Path, classes: dict[str, str], output: Path) -> Any:
-    """What `cases_file`'s `cases` returns given TorchRec's classes (`name -> torchrec.module.Name`)."""
+def torchrec_results(cases_file: Path, classes: dict[str, str], output: Path) -> dict[str, Any]:
+    """What `cases_file`'s `cases` (and `differences`) return given TorchRec's classes
+    (`name -> torchrec.module.Name`), by function name."""
     arguments = [str(cases_file.parent), cases_file.stem, str(output), ",".join(classes.values())]
     _run(["-c", _RUNNER, *arguments], cases_file.name)
     return torch.load(output, weights_only=False)

@@ -71,7 +71,24 @@ TORCHREC_SIDE = """
             "table_grads": {name: ec.embeddings[name].weight.grad for name in weights},
         }
 
-    results = {}
+    def differences():  # docs/torchrec_differences.md's rows about the collections
+        out = {}
+        def attempt(name, call):
+            try:
+                call()
+                out[name] = "ok"
+            except Exception as error:
+                out[name] = type(error).__name__
+        mean = [EmbeddingBagConfig(num_embeddings=5, embedding_dim=4, name="t", feature_names=["f"],
+                                   pooling=PoolingType.MEAN)]
+        kjt = KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([1, 2]), torch.tensor([2]), weights=torch.ones(2))
+        attempt("weighted_mean", lambda: EmbeddingBagCollection(mean, is_weighted=True)(kjt))
+        widths = [EmbeddingConfig(num_embeddings=5, embedding_dim=4, name="a", feature_names=["f"]),
+                  EmbeddingConfig(num_embeddings=5, embedding_dim=8, name="b", feature_names=["g"])]
+        attempt("two_widths", lambda: EmbeddingCollection(widths))
+        return out
+
+    results = {"differences": differences()}
     for kernel, inputs in torch.load(sys.argv[1]).items():  # the tables each of our kernels started from
         out = results[kernel] = {case: bags(inputs, *args) for case, args in inputs["bags"].items()}
         for need_indices in (False, True):
@@ -178,3 +195,18 @@ def test_the_output_names_by_table() -> None:
     ec = EmbeddingCollection([EmbeddingConfig(name, rows, dim, features) for name, rows, dim, features in SEQUENCES])
     assert ec.embedding_names_by_table() == [["f@a", "g"], ["f@b"]]
     assert ec.feature_names() == ["f@a", "g", "f@b"] and not ec.need_indices()
+
+
+def test_the_differences_in_the_docs_are_true(sides: tuple[dict, dict]) -> None:
+    """docs/torchrec_differences.md's rows about the collections: TorchRec refuses, ours compute."""
+    theirs = sides[1]["differences"]
+    assert theirs == {"weighted_mean": "NotImplementedError", "two_widths": "ValueError"}
+
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 5, 4, ["f"], pooling="mean")], is_weighted=True)
+    weights = torch.tensor([0.5, 3.0])
+    pooled = ebc(KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([1, 2]), torch.tensor([2]), weights=weights))
+    table = ebc.embedding_parameters()["t"]
+    torch.testing.assert_close(pooled.values()[0], (0.5 * table[1] + 3.0 * table[2]) / 2)
+    ec = EmbeddingCollection([EmbeddingConfig("a", 5, 4, ["f"]), EmbeddingConfig("b", 5, 8, ["g"])])
+    jts = ec(KeyedJaggedTensor.from_lengths_sync(["f", "g"], torch.tensor([1, 2]), torch.tensor([1, 1])))
+    assert [jt.values().shape[1] for jt in jts.values()] == [4, 8]

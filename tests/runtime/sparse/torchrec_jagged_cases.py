@@ -133,3 +133,30 @@ def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[s
     )
     out["kt_size_in_bytes"] = kts[0].size_in_bytes()
     return out
+
+
+def differences(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[str, Any]:  # noqa: N803
+    """The calls of docs/torchrec_differences.md's rows about jagged tensors: each result, or the error's type."""
+    out: dict[str, Any] = {}
+
+    def attempt(name: str, call: Any) -> None:
+        try:
+            out[name] = ["ok", call()]
+        except Exception as error:  # noqa: BLE001 (what is raised is the result)
+            out[name] = ["raises", type(error).__name__]
+
+    empty = JaggedTensor(values=torch.empty(0), lengths=torch.empty(0, dtype=torch.int32))
+    attempt("padded_of_empty", lambda: list(empty.to_padded_dense().shape))
+    attempt("padded_weights_of_empty", lambda: list(JaggedTensor.empty(True).to_padded_dense_weights().shape))
+    attempt("empty_offsets", lambda: JaggedTensor.empty().offsets().tolist())
+    a = JaggedTensor(values=torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
+    b = JaggedTensor(values=torch.tensor([3]), lengths=torch.tensor([1]))
+    attempt("variable_batch", lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "b": b}).stride_per_key())
+    w = JaggedTensor(values=torch.tensor([1, 2]), weights=torch.tensor([0.5, 0.5]), lengths=torch.tensor([1, 1]))
+    attempt("mixed_weights", lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "w": w}).weights().tolist())
+    attempt("no_jts", lambda: KeyedJaggedTensor.from_jt_dict({}).keys())
+    kjt = KeyedJaggedTensor.from_lengths_sync(["a"], torch.tensor([1, 2]), torch.tensor([2, 0]))
+    attempt("to_dict_offsets_held", lambda: kjt.to_dict()["a"].offsets_or_none() is not None)
+    kt = KeyedTensor(keys=["a"], length_per_key=[2], values=torch.ones(1, 2))
+    attempt("regroup_as_dict_names", lambda: list(KeyedTensor.regroup_as_dict([kt], [["a"]], ["x", "y"])))
+    return out
