@@ -56,10 +56,10 @@ def _batch(seed: int) -> KeyedJaggedTensor:
     return KeyedJaggedTensor.from_lengths_sync(list(ROWS), values, lengths, weights=leaf * 2)
 
 
-def _collection_case(compute_kernel: str = "fused", lookup_threads: int = 1) -> Outcome:
+def _collection_case(lookup_threads: int = 1) -> Outcome:
     torch.manual_seed(0)
     collection = EmbeddingBagCollection(
-        TABLES, is_weighted=True, compute_kernel=compute_kernel, lookup_threads=lookup_threads,
+        TABLES, is_weighted=True, lookup_threads=lookup_threads,
         optimizer=EmbeddingOptimizer("rowwise_adagrad", lr=0.1),
     )
     kjt = _batch(1)
