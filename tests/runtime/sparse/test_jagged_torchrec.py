@@ -84,11 +84,11 @@ def test_the_refusals_name_what_is_wrong() -> None:
     kt = KeyedTensor(keys=["a"], length_per_key=[2], values=torch.ones(1, 2))
     refusals = [
         (lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "b": b}),
-         "KeyedJaggedTensor.from_jt_dict: key 'b' has 1 samples but key 'a' has 2 (variable batch sizes per key "
-         "are not supported)"),
+         ("KeyedJaggedTensor.from_jt_dict: key 'b' has 1 samples but key 'a' has 2 (variable batch sizes per key "
+          "are not supported)")),
         (lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "w": w}),
-         "KeyedJaggedTensor.from_jt_dict: key 'w' and key 'a' disagree on weights (all JaggedTensors need "
-         "weights, or none)"),
+         ("KeyedJaggedTensor.from_jt_dict: key 'w' and key 'a' disagree on weights (all JaggedTensors need "
+          "weights, or none)")),
         (lambda: KeyedJaggedTensor.from_jt_dict({}), "KeyedJaggedTensor.from_jt_dict: needs at least one JaggedTensor"),
         (lambda: KeyedTensor.regroup_as_dict([kt], [["a"]], ["x", "y"]),
          "KeyedTensor.regroup_as_dict: 1 groups but 2 keys to name them"),

@@ -26,7 +26,7 @@ def _kjt(kjt: Any) -> dict[str, Any]:
     }
 
 
-def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[str, Any]:  # noqa: N803
+def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     values = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
     weights = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
@@ -135,7 +135,7 @@ def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[s
     return out
 
 
-def differences(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[str, Any]:  # noqa: N803
+def differences(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[str, Any]:
     """The calls of docs/torchrec_differences.md's rows about jagged tensors: each result, or the error's type."""
     out: dict[str, Any] = {}
 
