@@ -80,8 +80,9 @@ def offline_predict(work: Path, threads: int) -> dict[str, Any]:
                "-o", "predicted.csv", cwd=work)  # fmt: skip
     found = re.search(r"in ([\d.]+) s: ([\d,]+) rows/s \(([\d,]+) rows/s in the model\)", out)
     assert found, out
+    rows_per_s, model_rows_per_s = (int(found.group(g).replace(",", "")) for g in (2, 3))
     return {"server": "predict", "rows": 50_000, "batch": 512, "seconds": float(found.group(1)),
-            "rows_per_s": int(found.group(2).replace(",", "")), "model_rows_per_s": int(found.group(3).replace(",", ""))}  # fmt: skip
+            "rows_per_s": rows_per_s, "model_rows_per_s": model_rows_per_s}  # fmt: skip
 
 
 def _free_port() -> int:
@@ -143,7 +144,8 @@ def load(url: str, path: str, clients: int, rows: int, seconds: float, work: Pat
     """One locust run: `clients` closed-loop users sending `rows`-row requests for `seconds`."""
     prefix = work / f"locust_{clients}_{rows}"
     env = {**os.environ, "SERVE_PATH": path, "SERVE_ROWS": str(rows),
-           "SERVE_USERS": ",".join(map(str, range(1, USERS + 1, 7))), "SERVE_MOVIES": ",".join(map(str, range(1, MOVIES + 1, 5)))}  # fmt: skip
+           "SERVE_USERS": ",".join(map(str, range(1, USERS + 1, 7))),
+           "SERVE_MOVIES": ",".join(map(str, range(1, MOVIES + 1, 5)))}  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("serve_locust.py")), "--headless",
          "-u", str(clients), "-r", str(clients), "-t", f"{seconds:g}s", "--host", url, "--csv", str(prefix),
@@ -164,14 +166,24 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,16,64", help="concurrent clients (default 1,8,16,64)")
     parser.add_argument("--rows", default="1,64", help="rows per request (default 1,64)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of every server and predict (default 1)")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="every server's batch wait (default 2, `reccompile serve`'s default)")
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="every server's batch wait (default 2, `reccompile serve`'s default)",
+    )
     parser.add_argument("--servers", default="reccompile,litserve", help="which servers (default both)")
     args = parser.parse_args()
     from runtime.cpu.features import model as cpu_model
 
-    common = {"cpu": cpu_model(), "cores": len(os.sched_getaffinity(0)), "threads": args.threads, "model": SPEC.stem,
-              "max_batch": 64, "max_wait_ms": args.max_wait_ms}
+    common = {
+        "cpu": cpu_model(),
+        "cores": len(os.sched_getaffinity(0)),
+        "threads": args.threads,
+        "model": SPEC.stem,
+        "max_batch": 64,
+        "max_wait_ms": args.max_wait_ms,
+    }
     results: dict[tuple[str, int, int], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp:
         work = Path(tmp)
@@ -186,7 +198,10 @@ def main() -> None:
             try:
                 for rows in map(int, args.rows.split(",")):
                     for clients in map(int, args.clients.split(",")):
-                        result = {"server": server, **load(f"http://127.0.0.1:{port}", path, clients, rows, args.seconds, work)}
+                        result = {
+                            "server": server,
+                            **load(f"http://127.0.0.1:{port}", path, clients, rows, args.seconds, work),
+                        }
                         results[server, clients, rows] = result
                         print(json.dumps({**result, **common}), flush=True)
             finally:

@@ -45,7 +45,9 @@ class ExportApi(ls.LitAPI):
 
     def encode_response(self, answer: Any) -> dict[str, Any]:
         outputs, _ = answer
-        return {"outputs": [{"name": o.name, "datatype": o.datatype, "shape": o.shape, "data": o.data} for o in outputs]}
+        return {
+            "outputs": [{"name": o.name, "datatype": o.datatype, "shape": o.shape, "data": o.data} for o in outputs]
+        }
 
 
 if __name__ == "__main__":
@@ -55,5 +57,7 @@ if __name__ == "__main__":
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     args = parser.parse_args()
-    server = ls.LitServer(ExportApi(args.export, args.threads, args.max_wait_ms), accelerator="cpu", workers_per_device=1)
+    server = ls.LitServer(
+        ExportApi(args.export, args.threads, args.max_wait_ms), accelerator="cpu", workers_per_device=1
+    )
     server.run(host="127.0.0.1", port=args.port, generate_client_file=False)

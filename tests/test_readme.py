@@ -97,8 +97,10 @@ def _ml_1m(root: Path) -> Path:
     movies = [1193, 661, 914, 3408, 2355, 1197, 1287, 2804]
     genres = ["Drama", "Animation|Children's|Musical", "Musical|Romance", "Drama", "Animation|Comedy",
               "Action|Adventure|Romance", "Action|Drama", "Comedy|Drama"]  # fmt: skip
-    (root / "movies.dat").write_text("".join(f"{m}::Movie {m} (2000)::{g}\n" for m, g in zip(movies, genres)))
-    lines = [f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + 10 * u + i}" for u in range(1, 21) for i, m in enumerate(movies)]
+    named = zip(movies, genres, strict=True)
+    (root / "movies.dat").write_text("".join(f"{m}::Movie {m} (2000)::{g}\n" for m, g in named))
+    lines = [f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + 10 * u + i}"
+             for u in range(1, 21) for i, m in enumerate(movies)]  # fmt: skip
     (root / "ratings.dat").write_text("\n".join(lines) + "\n")
     return root / "ratings.dat"
 
@@ -125,11 +127,14 @@ def test_the_serving_examples_answer_what_predict_scores(tmp_path: Path, monkeyp
     program, *args = shlex.split(serve)
     assert program == "reccompile" and args[0] == "serve"
     with started_server(args[1:], cwd=tmp_path) as server:
-        here = "%s:%d" % server.address
-        done = subprocess.run(["bash", "-c", curl.replace("localhost:8000", here)], capture_output=True, text=True, timeout=60)
+        here = "{}:{}".format(*server.address)
+        curled = curl.replace("localhost:8000", here)
+        done = subprocess.run(["bash", "-c", curled], capture_output=True, text=True, timeout=60)
         answer = json.loads(done.stdout)
-        ran = subprocess.run([sys.executable, "-c", snippet.replace("localhost:8000", here)], capture_output=True,
-                             text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})  # fmt: skip
+        ran = subprocess.run(
+            [sys.executable, "-c", snippet.replace("localhost:8000", here)], capture_output=True, text=True,
+            timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        )
     assert (answer["model_name"], answer["model_version"]) == ("two_tower_movielens", "1")
     (like,) = answer["outputs"]
     assert (like["name"], like["datatype"], like["shape"]) == ("like", "FP32", [2])

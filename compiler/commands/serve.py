@@ -20,35 +20,71 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from compiler.commands.common import positive_int
+
+if TYPE_CHECKING:
+    from runtime.serving.online.models import ServedModel
 
 INSTALL = "pip install 'reccompile[serve]' (or: pip install aiohttp)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("exports", metavar="OUT", type=Path, nargs="*", help="export directories (reccompile export)")
-    parser.add_argument("--pipeline", nargs=2, type=Path, metavar=("RETRIEVAL_OUT", "RANKING_OUT"),
-                        help="serve retrieval then ranking in one request")
-    parser.add_argument("--k", type=positive_int, default=10,
-                        help="items a retrieval model gives per row; with --pipeline, the candidates ranked (default 10)")
+    parser.add_argument(
+        "--pipeline",
+        nargs=2,
+        type=Path,
+        metavar=("RETRIEVAL_OUT", "RANKING_OUT"),
+        help="serve retrieval then ranking in one request",
+    )
+    parser.add_argument(
+        "--k",
+        type=positive_int,
+        default=10,
+        help="items a retrieval model gives per row; with --pipeline, the candidates ranked (default 10)",
+    )
     parser.add_argument("--n", type=positive_int, default=10, help="--pipeline: the ranked items answered (default 10)")
-    parser.add_argument("--reader", choices=("criteo", "csv", "parquet", "movielens"),
-                        help="whose columns requests carry, for a spec without a data section "
-                             "(default: the spec's; movielens for an export with a vocabulary)")
-    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)")
+    parser.add_argument(
+        "--reader",
+        choices=("criteo", "csv", "parquet", "movielens"),
+        help="whose columns requests carry, for a spec without a data section "
+        "(default: the spec's; movielens for an export with a vocabulary)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this machine only)"
+    )
     parser.add_argument("--port", type=int, default=8000, help="the port (default 8000; 0: any free port)")
     parser.add_argument("--max-batch", type=positive_int, default=64, help="rows per model batch at most (default 64)")
-    parser.add_argument("--max-wait-ms", type=float, default=2.0,
-                        help="how long the first request of a batch waits for others (default 2 ms)")
-    parser.add_argument("--max-queue", type=positive_int, default=4096,
-                        help="rows queued at most; more answer 503 with Retry-After (default 4096)")
-    parser.add_argument("--max-body", type=positive_int, default=4 << 20, help="request body bytes at most (default 4 MiB)")
+    parser.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=2.0,
+        help="how long the first request of a batch waits for others (default 2 ms)",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=positive_int,
+        default=4096,
+        help="rows queued at most; more answer 503 with Retry-After (default 4096)",
+    )
+    parser.add_argument(
+        "--max-body", type=positive_int, default=4 << 20, help="request body bytes at most (default 4 MiB)"
+    )
     parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: the free cores)")
-    parser.add_argument("--drain-seconds", type=float, default=30.0,
-                        help="on SIGTERM, how long requests in flight may take to finish (default 30)")
-    parser.add_argument("--no-verify", dest="verify", action="store_false", help="check file sizes only, not their sha256")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=30.0,
+        help="on SIGTERM, how long requests in flight may take to finish (default 30)",
+    )
+    parser.add_argument(
+        "--no-verify", dest="verify", action="store_false", help="check file sizes only, not their sha256"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     from runtime.data.errors import DataError
     from runtime.retrieval.index_files import IndexFileError
     from runtime.serving.export_dir import ExportError
-    from runtime.serving.online.app import make_app, run as run_server
+    from runtime.serving.online.app import make_app
+    from runtime.serving.online.app import run as run_server
     from runtime.serving.online.metrics import Metrics
     from runtime.serving.online.models import load_model, load_pipeline
     from runtime.serving.online.registry import BatchOptions, Slot
@@ -78,11 +115,14 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()
     metrics = Metrics()
     options = BatchOptions(args.max_batch, args.max_wait_ms / 1000, args.max_queue)
-    loaders = [lambda out=out: load_model(out, k=args.k, verify=args.verify, reader=args.reader) for out in args.exports]
+    loaders: list[Callable[[], ServedModel]] = [
+        partial(load_model, out, k=args.k, verify=args.verify, reader=args.reader) for out in args.exports
+    ]
     if args.pipeline is not None:
         retrieval, ranking = args.pipeline
-        loaders.append(lambda: load_pipeline(retrieval, ranking, k=args.k, n=args.n, verify=args.verify,
-                                                   reader=args.reader))
+        loaders.append(
+            partial(load_pipeline, retrieval, ranking, k=args.k, n=args.n, verify=args.verify, reader=args.reader)
+        )
     slots: dict[str, Slot] = {}
     try:
         with frozen_objects():  # the loaded models are no garbage: full collections skip them

@@ -23,7 +23,8 @@ import json
 import logging
 import signal
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from aiohttp import web
 
@@ -184,4 +185,3 @@ async def serve(
 
 def run(app: web.Application, slots: Mapping[str, Slot], **options: Any) -> None:
     asyncio.run(serve(app, slots, **options))
-

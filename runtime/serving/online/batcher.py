@@ -21,9 +21,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from runtime.serving.online.metrics import Metrics
 
@@ -97,7 +98,8 @@ class Batcher:
                 if left <= 0:
                     break
                 self._ready.wait(left)
-            batch, rows = [], 0
+            batch: list[_Queued] = []
+            rows = 0
             while self._queue and (not batch or rows + self._queue[0].rows <= self.max_batch):
                 batch.append(self._queue.popleft())
                 rows += batch[-1].rows

@@ -37,7 +37,7 @@ class _Histogram:
 
     def lines(self, name: str, labels: str) -> list[str]:
         out, running = [], 0
-        for bound, count in zip(self.bounds, self.counts):
+        for bound, count in zip(self.bounds, self.counts, strict=True):
             running += count
             out.append(f'{name}_bucket{{{labels},le="{bound:g}"}} {running}')
         out.append(f'{name}_bucket{{{labels},le="+Inf"}} {self.count}')
@@ -80,7 +80,10 @@ class Metrics:
         """Every metric in Prometheus's text exposition format."""
         with self._lock:
             out = _header("requests", "counter", "Infer requests answered, by HTTP status.")
-            out += [f'reccompile_requests_total{{model="{m}",code="{c}"}} {n}' for (m, c), n in sorted(self._requests.items())]
+            out += [
+                f'reccompile_requests_total{{model="{m}",code="{c}"}} {n}'
+                for (m, c), n in sorted(self._requests.items())
+            ]
             out += _header("request_errors", "counter", "Infer requests answered with a 4xx or 5xx status.")
             out += [f'reccompile_request_errors_total{{model="{m}",code="{c}"}} {n}'
                     for (m, c), n in sorted(self._requests.items()) if c >= 400]  # fmt: skip

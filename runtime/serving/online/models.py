@@ -21,9 +21,10 @@ runtime.serving.online.raw_rows, scores through the export's own `scores`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -60,7 +61,8 @@ def load_model(directory: Path, *, k: int = 10, verify: bool = True, reader: str
     manifest = read_export_manifest(directory)
     if "retrieval" in manifest:
         return _retrieval(directory, manifest, k, verify, reader).served
-    module, model = load(directory, verify=verify)
+    module, loaded = load(directory, verify=verify)
+    model: Any = loaded  # the generated module's Model: scores, query_vectors
     rows = _rows(module, directory, verify, reader)
     heads = module.INPUTS.heads
     outputs = tuple((h.name, "FP32", (-1, h.num_classes) if h.loss == "softmax" else (-1,)) for h in heads)
@@ -89,7 +91,8 @@ class _Retrieval:
 
 def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, reader: str | None) -> _Retrieval:
     section = manifest["retrieval"]
-    module, model = load(directory, verify=verify)
+    module, loaded = load(directory, verify=verify)
+    model: Any = loaded  # the generated module's Model: scores, query_vectors
     index = load_index(directory / section["index"]["directory"], verify=verify)
     k = min(k, len(index.ids))
     item = section["item_feature"]
@@ -103,7 +106,9 @@ def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, 
         answers, parsed = _parse(rows, requests)
         if parsed:
             scores, items = search(rows.batch([row for _, part in parsed for row in part]))
-            _answer_each(answers, parsed, lambda lo, hi: ([_output("items", items[lo:hi]), _output("scores", scores[lo:hi])], {}))
+            _answer_each(
+                answers, parsed, lambda lo, hi: ([_output("items", items[lo:hi]), _output("scores", scores[lo:hi])], {})
+            )
         return answers
 
     outputs = (("items", "INT64", (-1, k)), ("scores", "FP32", (-1, k)))
@@ -122,10 +127,13 @@ def load_pipeline(
     ranked_manifest = read_export_manifest(ranking)
     if "retrieval" in ranked_manifest:
         raise DataError(f"{ranking}: a retrieval export, not a ranking model")
-    module, model = load(ranking, verify=verify)
+    module, loaded = load(ranking, verify=verify)
+    model: Any = loaded
     head = module.INPUTS.heads[0]
     if head.loss == "softmax":
-        raise DataError(f"{ranking}: its first head {head.name!r} is a softmax head, which gives no one score to rank by")
+        raise DataError(
+            f"{ranking}: its first head {head.name!r} is a softmax head, which gives no one score to rank by"
+        )
     rank_rows = _rows(module, ranking, verify, reader)
     item = first.item_column
     if item not in {raw.name for raw in rank_rows.inputs}:
@@ -157,7 +165,10 @@ def load_pipeline(
             with torch.inference_mode():
                 scores = model.scores(model(batch.dense, batch.sparse))[head.name].reshape(-1)
         ranked = time.perf_counter()
-        timing = {"retrieval_ms": round(1000 * (retrieved - started), 3), "ranking_ms": round(1000 * (ranked - retrieved), 3)}
+        timing = {
+            "retrieval_ms": round(1000 * (retrieved - started), 3),
+            "ranking_ms": round(1000 * (ranked - retrieved), 3),
+        }
         start = 0
         for index, candidates, _ in pairs:
             part = scores[start : start + candidates.numel()].reshape(candidates.shape)

@@ -15,8 +15,9 @@ datatype it accepts, and the same N for all. BYTES values are strings,
 INT64/INT32 integers, FP32/FP64 numbers; a number may be null, an empty
 field (what an empty CSV field is to the reader). `outputs` (optional) names the
 outputs wanted; `binary_data_output` (request parameters) or an
-output's `binary_data` asks for binary outputs, as tritonclient does. Nothing in a request is executed or used as a path: values
-only reach the readers' parsing (runtime.serving.online.raw_rows).
+output's `binary_data` asks for binary outputs, as tritonclient does.
+Nothing in a request is executed or used as a path: values only reach the
+readers' parsing (runtime.serving.online.raw_rows).
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from __future__ import annotations
 import json
 import math
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -72,9 +74,7 @@ def decode_request(
     return decode_object(request, inputs, outputs, blobs)
 
 
-def decode_object(
-    request: Any, inputs: Sequence[RawInput], outputs: Sequence[str], blobs: bytes = b""
-) -> InferRequest:
+def decode_object(request: Any, inputs: Sequence[RawInput], outputs: Sequence[str], blobs: bytes = b"") -> InferRequest:
     """`decode_request` of a request already parsed from JSON (`blobs`: the binary data after it)."""
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise BadRequest("the body must be a JSON object with a list 'inputs'")
@@ -118,8 +118,11 @@ def _values(raw: RawInput, item: dict[str, Any], blobs: bytes) -> tuple[list[Any
     size = (item.get("parameters") or {}).get("binary_data_size") if isinstance(item.get("parameters"), dict) else None
     if size is not None:
         if not _is_int(size) or not 0 <= size <= len(blobs):
-            raise BadRequest(f"input {name!r}: binary_data_size {size!r}, but {len(blobs)} bytes of binary data are left")
-        data, blobs = _binary(name, datatype, blobs[:size]), blobs[size:]
+            raise BadRequest(
+                f"input {name!r}: binary_data_size {size!r}, but {len(blobs)} bytes of binary data are left"
+            )
+        data: Any = _binary(name, datatype, blobs[:size])
+        blobs = blobs[size:]
     else:
         data = item.get("data")
     if not isinstance(data, list):
@@ -142,9 +145,12 @@ def _binary(name: str, datatype: str, data: bytes) -> list[Any]:
     if datatype != "BYTES":
         width = np.dtype(_NUMPY[datatype]).itemsize
         if len(data) % width:
-            raise BadRequest(f"input {name!r}: {len(data)} bytes of binary data is no whole number of {datatype} values")
+            raise BadRequest(
+                f"input {name!r}: {len(data)} bytes of binary data is no whole number of {datatype} values"
+            )
         return np.frombuffer(data, dtype=_NUMPY[datatype]).tolist()
-    values, at = [], 0
+    values: list[str] = []
+    at = 0
     while at < len(data):
         if at + 4 > len(data) or at + 4 + struct.unpack_from("<I", data, at)[0] > len(data):
             raise BadRequest(f"input {name!r}: binary BYTES element {len(values)} runs past the data")

@@ -24,8 +24,9 @@ file the reader indexes, which a server does not have.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 from runtime.data.batch import Batch
 from runtime.data.columns import Columns
@@ -90,12 +91,15 @@ def raw_rows(
         return _CriteoRows(inputs, own, set(unused))
     if reader == "movielens":
         if vocabulary is None:
-            raise DataError("a MovieLens model is served with the vocabulary it was trained with: the export has no vocab.json")
+            raise DataError(
+                "a MovieLens model is served with the vocabulary it was trained with: the export has no vocab.json"
+            )
         return _MovieLensRows(inputs, own, vocabulary, set(unused))
     raise DataError(
         "the spec has no data section naming a file reader: say whose columns requests carry with "
         "--reader criteo|csv|parquet|movielens"
-        if reader is None else f"--reader {reader}: not a reader of raw columns (criteo, csv, parquet, movielens)"
+        if reader is None
+        else f"--reader {reader}: not a reader of raw columns (criteo, csv, parquet, movielens)"
     )
 
 

@@ -16,8 +16,9 @@ directories given on the command line again.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from runtime.serving.online.batcher import Batcher
 from runtime.serving.online.metrics import Metrics
@@ -53,7 +54,8 @@ class Slot:
             new = self.load()
             if new.name != self.model.name:
                 raise ReloadError(
-                    f"{new.source} now holds model {new.name!r}, not {self.model.name!r}: restart the server to serve it"
+                    f"{new.source} now holds model {new.name!r}, not {self.model.name!r}: "
+                    "restart the server to serve it"
                 )
             self.model = new
             self.metrics.reloaded(new.name)

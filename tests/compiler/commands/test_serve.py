@@ -16,6 +16,7 @@ disconnects and the SIGTERM drain.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import random
 import shutil
@@ -28,9 +29,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from serving_client import Server, started_server
 
 from compiler.cli import main
-from serving_client import Server, started_server
 
 SPEC = """\
 version: 1
@@ -52,7 +53,10 @@ training:
   batch_size: 32
   dense_optimizer: {type: adagrad, lr: 0.5}
   sparse_optimizer: {type: rowwise_adagrad, lr: 0.5}
-data: {reader: csv, path: rows.csv, columns: {age: num, income: num, city: city, tags: tags, clicked: click, rating: rating}}
+data:
+  reader: csv
+  path: rows.csv
+  columns: {age: num, income: num, city: city, tags: tags, clicked: click, rating: rating}
 """
 HEADER = ["age", "income", "city", "tags", "clicked", "rating"]
 INPUTS = {"age": "FP32", "income": "FP32", "city": "BYTES", "tags": "BYTES"}
@@ -64,7 +68,8 @@ def _rows() -> list[list[str]]:
     cities = ["paris", "lyon", "nice", "lille", "brest", "7"]
     return [
         [str(rng.randint(18, 80)), "" if i % 9 == 4 else f"{rng.uniform(0, 5):.3f}", rng.choice(cities),
-         "|".join(str(rng.randint(0, 30)) for _ in range(rng.randint(0, 3))), str(rng.randint(0, 1)), str(rng.randint(1, 5))]
+         "|".join(str(rng.randint(0, 30)) for _ in range(rng.randint(0, 3))), str(rng.randint(0, 1)),
+         str(rng.randint(1, 5))]
         for i in range(ROWS)
     ]  # fmt: skip
 
@@ -84,7 +89,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
         csv.writer(stream, lineterminator="\n").writerows([HEADER, *rows])
     (root / "spec.yaml").write_text(SPEC)
     assert main([
-        "train", str(root / "spec.yaml"), "--data", f"csv:{root / 'rows.csv'}", "--data-workers", "0", "--steps", "2", "--log-every", "2",
+        "train", str(root / "spec.yaml"), "--data", f"csv:{root / 'rows.csv'}", "--data-workers", "0",
+        "--steps", "2", "--log-every", "2",
         "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "2", "-o", str(root / "build"),
     ]) == 0  # fmt: skip
     for name, precision in (("fp32", "none"), ("int8", "int8")):
@@ -117,7 +123,7 @@ def _request(rows: list[list[str]], **extra: Any) -> dict[str, Any]:
 
 def _scores(body: dict[str, Any]) -> list[list[float]]:
     outputs = {o["name"]: o["data"] for o in body["outputs"]}
-    return [list(pair) for pair in zip(outputs["click"], outputs["stars"])]
+    return [list(pair) for pair in zip(outputs["click"], outputs["stars"], strict=True)]
 
 
 def test_metadata_health_and_readiness(server: Server) -> None:
@@ -129,19 +135,26 @@ def test_metadata_health_and_readiness(server: Server) -> None:
     assert status == 200 and body == {
         "name": "tiny_ctr", "versions": ["1"], "platform": "reccompile",
         "inputs": [{"name": n, "datatype": d, "shape": [-1]} for n, d in INPUTS.items()],
-        "outputs": [{"name": "click", "datatype": "FP32", "shape": [-1]}, {"name": "stars", "datatype": "FP32", "shape": [-1]}],
+        "outputs": [{"name": "click", "datatype": "FP32", "shape": [-1]},
+                    {"name": "stars", "datatype": "FP32", "shape": [-1]}],
     }  # fmt: skip
     assert server.call("GET", "/v2/models/other")[::2] == (404, {"error": "unknown model 'other' (served: tiny_ctr)"})
-    assert server.call("GET", "/v2")[::2] == (200, {"name": "reccompile", "version": "1", "extensions": ["model_repository"]})
+    assert server.call("GET", "/v2")[::2] == (
+        200,
+        {"name": "reccompile", "version": "1", "extensions": ["model_repository"]},
+    )
     assert server.call("GET", "/v2/models/tiny_ctr/versions/1")[::2] == (200, body)
     assert server.call("GET", "/v2/models/tiny_ctr/versions/2/ready")[::2] == (
-        404, {"error": "model 'tiny_ctr' has version 1 only, not '2'"}
+        404,
+        {"error": "model 'tiny_ctr' has version 1 only, not '2'"},
     )
     status, _, answer = server.call("POST", "/v2/models/tiny_ctr/versions/1/infer", _request(_rows()[:1]))
     assert (status, answer["model_version"], [o["shape"] for o in answer["outputs"]]) == (200, "1", [[1], [1]])
 
 
-def test_served_scores_equal_predicts_from_concurrent_requests_of_every_size(server: Server, work: Path, reference) -> None:
+def test_served_scores_equal_predicts_from_concurrent_requests_of_every_size(
+    server: Server, work: Path, reference
+) -> None:
     rows = _rows()
     cuts = [0, 1, 4, 5, 12, 13, 40, 41, 60, ROWS]  # requests of 1 to 27 rows, sent at once: batched together
     got: dict[int, list[list[float]]] = {}
@@ -152,7 +165,7 @@ def test_served_scores_equal_predicts_from_concurrent_requests_of_every_size(ser
         got[lo] = _scores(body)
 
     before = server.metric('reccompile_requests_total{model="tiny_ctr",code="200"}')
-    threads = [threading.Thread(target=send, args=pair) for pair in zip(cuts, cuts[1:])]
+    threads = [threading.Thread(target=send, args=pair) for pair in itertools.pairwise(cuts)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -197,20 +210,25 @@ def test_a_bad_request_does_not_fail_the_good_ones_batched_with_it(server: Serve
     rows = _rows()
     bad = _request([["30", "1.5", "paris", "1|2|3|4", "0", "1"]])
     answers: dict[str, tuple] = {}
-    threads = [threading.Thread(target=lambda k=k, b=b: answers.__setitem__(k, server.call("POST", "/v2/models/tiny_ctr/infer", b)))
-               for k, b in (("good", _request(rows[:3])), ("bad", bad))]  # fmt: skip
+    def send(key: str, body: dict[str, Any]) -> None:
+        answers[key] = server.call("POST", "/v2/models/tiny_ctr/infer", body)
+
+    threads = [threading.Thread(target=send, args=pair) for pair in (("good", _request(rows[:3])), ("bad", bad))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert answers["bad"][0] == 400
-    assert answers["good"][0] == 200 and np.allclose(_scores(answers["good"][2]), reference["fp32"][:3], rtol=1e-6, atol=1e-6)
+    assert answers["good"][0] == 200 and np.allclose(
+        _scores(answers["good"][2]), reference["fp32"][:3], rtol=1e-6, atol=1e-6
+    )
 
 
 def test_a_body_over_max_body_answers_413(server: Server) -> None:
     body = _request([["30", "1.5", "paris", "1|2", "0", "1"]] * 300)  # about 7 kB
     assert server.call("POST", "/v2/models/tiny_ctr/infer", body)[::2] == (
-        413, {"error": "the body is over --max-body (4,096 bytes)"}
+        413,
+        {"error": "the body is over --max-body (4,096 bytes)"},
     )
     assert server.call("GET", "/v2/health/live")[0] == 200
 
@@ -219,14 +237,18 @@ def test_tritonclient_works_unchanged_binary_and_json(server: Server, reference)
     import tritonclient.http as triton
 
     rows = _rows()[5:10]  # no empty field: binary FP32 has no null
-    client = triton.InferenceServerClient(url="%s:%d" % server.address)
+    client = triton.InferenceServerClient(url="{}:{}".format(*server.address))
     assert client.is_server_live() and client.is_model_ready("tiny_ctr")
     assert [i["name"] for i in client.get_model_metadata("tiny_ctr")["inputs"]] == list(INPUTS)
     for binary in (True, False):
         inputs = []
         for name, datatype in INPUTS.items():
             column = [row[HEADER.index(name)] for row in rows]
-            array = np.array(column, dtype=np.float32) if datatype == "FP32" else np.array([v.encode() for v in column], dtype=np.object_)
+            array = (
+                np.array(column, dtype=np.float32)
+                if datatype == "FP32"
+                else np.array([v.encode() for v in column], dtype=np.object_)
+            )
             tensor = triton.InferInput(name, [len(rows)], datatype)
             tensor.set_data_from_numpy(array, binary_data=binary)
             inputs.append(tensor)
@@ -265,7 +287,9 @@ def test_reload_under_load_swaps_the_export_with_no_failed_request(server: Serve
     assert status == 200 and body == {"name": "tiny_ctr", "source": str(work / "live"), "reloaded": True}
     assert failures == [] and len(answered) == 160
     for row, scores in answered:  # every answer is one model's or the other's, never a mix
-        assert np.allclose(scores, reference["fp32"][row], rtol=1e-6, atol=1e-6) or np.allclose(scores, reference["int8"][row], rtol=1e-6, atol=1e-6)
+        assert np.allclose(scores, reference["fp32"][row], rtol=1e-6, atol=1e-6) or np.allclose(
+            scores, reference["int8"][row], rtol=1e-6, atol=1e-6
+        )
     status, _, body = server.call("POST", "/v2/models/tiny_ctr/infer", _request(rows))
     assert np.allclose(_scores(body), reference["int8"], rtol=1e-6, atol=1e-6)
     assert not np.allclose(reference["int8"], reference["fp32"], rtol=1e-6, atol=1e-6)  # the swap is visible
@@ -321,7 +345,9 @@ def test_overload_answers_503_with_retry_after_and_never_hangs(slow: Server) -> 
     status, headers, body = slow.call("POST", "/v2/models/tiny_ctr/infer", one)
     assert time.perf_counter() - started < 0.4
     assert (status, headers["Retry-After"], body) == (
-        503, "1", {"error": "overloaded: 2 rows are queued (--max-queue 2); retry later"}
+        503,
+        "1",
+        {"error": "overloaded: 2 rows are queued (--max-queue 2); retry later"},
     )
     for thread, result in waiting:
         thread.join()
@@ -366,7 +392,9 @@ def test_serve_without_aiohttp_says_how_to_install_it(monkeypatch: pytest.Monkey
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "aiohttp" else find_spec(name, *a)
+    )
     assert main(["serve", str(work / "fp32")]) == 1
     assert capsys.readouterr().err == (
         "error: reccompile serve needs the aiohttp package: pip install 'reccompile[serve]' (or: pip install aiohttp)\n"
@@ -375,8 +403,14 @@ def test_serve_without_aiohttp_says_how_to_install_it(monkeypatch: pytest.Monkey
 
 def test_serve_refuses_bad_usage_and_an_export_it_cannot_serve(capsys, work: Path) -> None:
     assert main(["serve"]) == 2
-    assert capsys.readouterr().err == "error: give an export directory OUT to serve, or --pipeline RETRIEVAL_OUT RANKING_OUT\n"
+    assert (
+        capsys.readouterr().err
+        == "error: give an export directory OUT to serve, or --pipeline RETRIEVAL_OUT RANKING_OUT\n"
+    )
     assert main(["serve", str(work / "missing")]) == 1
     assert capsys.readouterr().err == f"error: export directory {work / 'missing'} does not exist\n"
     assert main(["serve", "--pipeline", str(work / "fp32"), str(work / "fp32")]) == 1
-    assert capsys.readouterr().err == f"error: {work / 'fp32'}: not a retrieval export (no sampled_softmax head, no index)\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: {work / 'fp32'}: not a retrieval export (no sampled_softmax head, no index)\n"
+    )

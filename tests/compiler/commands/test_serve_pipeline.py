@@ -19,39 +19,50 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from compiler.cli import main
 from serving_client import Server, started_server
 
+from compiler.cli import main
+
 USERS, MOVIES, K, N = 24, 16, 8, 3
-COMMON = """\
+COMMON = f"""\
 features:
   sparse:
-    - {{name: user_id, num_embeddings: {users}, dim: 8}}
-    - {{name: movie_id, num_embeddings: {movies}, dim: 8}}
+    - {{name: user_id, num_embeddings: {USERS + 1}, dim: 8}}
+    - {{name: movie_id, num_embeddings: {MOVIES + 1}, dim: 8}}
 training:
   batch_size: 32
   seed: 3
   dense_optimizer: {{type: adam, lr: 0.01}}
   sparse_optimizer: {{type: rowwise_adagrad, lr: 0.1}}
-""".format(users=USERS + 1, movies=MOVIES + 1)
-RETRIEVAL = """\
+"""
+RETRIEVAL = (
+    """\
 version: 1
 name: tiny_retrieval
 model:
   user_tower: {type: mlp, input: sparse.user_id, layers: [16, 8], final_activation: none}
   item_tower: {type: mlp, input: sparse.movie_id, layers: [16, 8], final_activation: none}
 heads:
-  - {name: match, loss: sampled_softmax, input: user_tower, item: item_tower, negatives: {in_batch: true}, normalize: true}
-""" + COMMON
-RANKING = """\
+  - name: match
+    loss: sampled_softmax
+    input: user_tower
+    item: item_tower
+    negatives: {in_batch: true}
+    normalize: true
+"""
+    + COMMON
+)
+RANKING = (
+    """\
 version: 1
 name: tiny_ranking
 model:
   top: {type: mlp, input: [sparse.user_id, sparse.movie_id], layers: [16, 1], final_activation: none}
 heads:
   - {name: like, input: top, loss: bce}
-""" + COMMON
+"""
+    + COMMON
+)
 ASKED = [3, 7, 11, 20]  # the users asked for
 
 
@@ -104,8 +115,9 @@ def offline(work: Path) -> dict[str, Any]:
                  "-o", str(work / "ranked.csv")]) == 0  # fmt: skip
     scores = [float(row[2]) for row in _csv(work / "ranked.csv")]
     ranked = {}
+    scored = list(enumerate(zip(pairs, scores, strict=True)))
     for user in ASKED:
-        mine = [(score, rank, item) for rank, ((u, item), score) in enumerate(zip(pairs, scores)) if u == user]
+        mine = [(score, rank, item) for rank, ((u, item), score) in scored if u == user]
         best = sorted(mine, key=lambda t: (-t[0], t[1]))[:N]
         ranked[user] = ([item for _, _, item in best], [score for score, _, _ in best])
     return {"retrieved": retrieved, "ranked": ranked}
@@ -113,7 +125,16 @@ def offline(work: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server(work: Path) -> Any:
-    args = [work / "retrieval_out", "--pipeline", work / "retrieval_out", work / "ranking_out", "--k", str(K), "--n", str(N)]
+    args = [
+        work / "retrieval_out",
+        "--pipeline",
+        work / "retrieval_out",
+        work / "ranking_out",
+        "--k",
+        str(K),
+        "--n",
+        str(N),
+    ]
     with started_server(args) as running:
         yield running
 

@@ -21,7 +21,7 @@ from runtime.serving.online.models import load_model
 from runtime.serving.online.protocol import BadRequest, InferRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data"))
-from sample_files import criteo_line, write_lines  # noqa: E402
+from sample_files import criteo_line, write_lines
 
 SPEC = """\
 version: 1
