@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 FLAVOUR := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup run test bench bench-data clean
+.PHONY: setup run test test-fast bench bench-data clean
 
 setup: $(STAMP)
 
@@ -33,8 +33,14 @@ run: setup
 # Files that start two ranks are not grouped on one worker: two such files at once took 20-23 s against 17 s
 # one after the other (test_sharded_training + test_train_pipeline, 2 cores), a small loss next to
 # the suite's gain; keeping them on one worker would need --dist loadgroup and a group per file.
+# `--durations` names the slowest tests of every full run, so a slow newcomer is seen when it lands.
 test: setup
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=15
+
+# Everything but the files that start ranks (the `ranks` marker, set in tests/conftest.py): for the
+# edit-test loop. `make test` stays the one that counts.
+test-fast: setup
+	$(PY) -m pytest -q -n auto --dist loadfile -m "not ranks"
 
 # dlrm-bench (../shared/bench/WORKLOAD.md), both variants, one process then two ranks; seq-bench
 # (../shared/bench/SEQUENCE.md) likewise; retrieval-bench (benchmarks/retrieval_workload.py) training

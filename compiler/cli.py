@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("export", "write a trained checkpoint as a serving directory (quantized tables, .pt2)"),
     "predict": ("predict", "score samples with an exported model into a CSV file"),
     "retrieve": ("retrieve", "top-k items per request from an exported retrieval model into a CSV file"),
+    "serve": ("serve", "answer Open Inference Protocol (KServe v2) requests over HTTP with exported models"),
     "data": ("data", "prepare training data once into Parquet row groups, or split MovieLens positives by time"),
     "info": ("info", "print the CPU, its vector features, the native kernels and the kernel choices made"),
 }

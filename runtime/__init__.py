@@ -20,6 +20,10 @@ from __future__ import annotations
 import importlib
 from typing import Any, Mapping, MutableMapping, Sequence
 
+# The package index has other distributions whose top-level package is `runtime`: the compiler
+# checks this mark at import, so a foreign `runtime` earlier on sys.path is named, not half-used.
+DISTRIBUTION = "reccompile"
+
 def lazy_exports(namespace: MutableMapping[str, Any], exports: Mapping[str, Sequence[str]]) -> None:
     """Give a package `__all__`, `__dir__` and a PEP 562 `__getattr__` over `exports`.
 

@@ -1,10 +1,13 @@
-"""Shared test fixtures: golden-file comparison (`pytest --update-goldens`), the native kernels."""
+"""Shared test fixtures: golden-file comparison (`pytest --update-goldens`), the native kernels,
+and the `ranks` marker on test files that start ranks (`make test-fast` leaves them out)."""
 
 from __future__ import annotations
 
 import difflib
+import re
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         default=False,
         help="rewrite golden files with the current output instead of comparing",
+    )
+    parser.addoption(
+        "--update-static-baseline",
+        action="store_true",
+        default=False,
+        help="rewrite tests/golden/static_checks.txt with today's ruff and mypy findings",
     )
 
 
@@ -49,6 +58,41 @@ class Golden:
                 )
             )
             pytest.fail(f"output differs from golden file:\n{diff}", pytrace=False)
+
+
+# A test file starts ranks when it opens a rendezvous (tests/rendezvous.py) or launches
+# `train --nproc N` with N > 1. Marked per file: which test of a file starts them is only
+# known by running it, and the guard below fails a test that starts ranks unmarked.
+_STARTS_RANKS = re.compile(r"hosted_store|launcher_port|[\"']--nproc[\"'],\s*[\"'][2-9]|--nproc [2-9]|nproc=[2-9]")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ranks: the test file starts ranks (gloo process groups, torchrun)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    starts: dict[Path, bool] = {}
+    for item in items:
+        path = Path(item.path)
+        if path not in starts:
+            starts[path] = bool(_STARTS_RANKS.search(path.read_text()))
+        if starts[path]:
+            item.add_marker(pytest.mark.ranks)
+
+
+@pytest.fixture(autouse=True)
+def _ranks_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fails a test that opens a rendezvous without the `ranks` marker, so `make test-fast` stays rank-free."""
+    rendezvous = sys.modules.get("rendezvous")  # tests/rendezvous.py, imported by the files that use it
+    if rendezvous is None or request.node.get_closest_marker("ranks") is not None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        pytest.fail(f"{request.node.nodeid} starts ranks but its file is not marked `ranks`; "
+                    "see _STARTS_RANKS in tests/conftest.py", pytrace=False)
+
+    monkeypatch.setattr(rendezvous, "hosted_store", refuse)
+    monkeypatch.setattr(rendezvous, "launcher_port", refuse)
 
 
 @pytest.fixture

@@ -90,3 +90,55 @@ def test_the_module_snippet_runs_after_make_run(tmp_path: Path, monkeypatch: pyt
     )
     assert done.returncode == 0, done.stderr
     assert 0.0 < float(done.stdout.split()[-1]) < 10.0
+
+
+def _ml_1m(root: Path) -> Path:
+    """A tiny ml-1m: ratings.dat of 20 users (the README's movies 1193 and 661 among theirs) and movies.dat."""
+    movies = [1193, 661, 914, 3408, 2355, 1197, 1287, 2804]
+    genres = ["Drama", "Animation|Children's|Musical", "Musical|Romance", "Drama", "Animation|Comedy",
+              "Action|Adventure|Romance", "Action|Drama", "Comedy|Drama"]  # fmt: skip
+    named = zip(movies, genres, strict=True)
+    (root / "movies.dat").write_text("".join(f"{m}::Movie {m} (2000)::{g}\n" for m, g in named))
+    lines = [f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + 10 * u + i}"
+             for u in range(1, 21) for i, m in enumerate(movies)]  # fmt: skip
+    (root / "ratings.dat").write_text("\n".join(lines) + "\n")
+    return root / "ratings.dat"
+
+
+def test_the_serving_examples_answer_what_predict_scores(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The "Serving online" section's server, curl and tritonclient examples, as written, on
+    specs/two_tower_movielens.yaml trained 2 steps on a tiny ml-1m; only the port is the one the server
+    got (port 0), not 8000."""
+    import json
+
+    from serving_client import started_server
+
+    ratings = _ml_1m(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    spec = str(REPO / "specs" / "two_tower_movielens.yaml")
+    assert main(["train", spec, "--data", f"movielens:{ratings}", "--steps", "2", "--data-workers", "0",
+                 "--checkpoint-dir", "ckpt", "-o", "build"]) == 0  # fmt: skip
+    assert main(["export", spec, "--checkpoint", "ckpt", "--no-aot", "-o", "out"]) == 0
+    (tmp_path / "asked.dat").write_text("1::1193::5::0\n2::661::5::0\n")
+    assert main(["predict", "out", "--data", "movielens:asked.dat", "-o", "predicted.csv"]) == 0
+    predicted = [float(line.split(",")[-1]) for line in (tmp_path / "predicted.csv").read_text().splitlines()[1:]]
+    serve, curl = _blocks("Serving online", "sh")
+    (snippet,) = _blocks("Serving online", "python")
+    program, *args = shlex.split(serve)
+    assert program == "reccompile" and args[0] == "serve"
+    with started_server(args[1:], cwd=tmp_path) as server:
+        here = "{}:{}".format(*server.address)
+        curled = curl.replace("localhost:8000", here)
+        done = subprocess.run(["bash", "-c", curled], capture_output=True, text=True, timeout=60)
+        answer = json.loads(done.stdout)
+        ran = subprocess.run(
+            [sys.executable, "-c", snippet.replace("localhost:8000", here)], capture_output=True, text=True,
+            timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        )
+    assert (answer["model_name"], answer["model_version"]) == ("two_tower_movielens", "1")
+    (like,) = answer["outputs"]
+    assert (like["name"], like["datatype"], like["shape"]) == ("like", "FP32", [2])
+    assert like["data"] == pytest.approx(predicted, rel=1e-6, abs=1e-6)
+    assert ran.returncode == 0, ran.stderr
+    printed = [float(v) for v in ran.stdout.strip().strip("[]").split()]
+    assert printed == pytest.approx(predicted, rel=1e-6, abs=1e-6)

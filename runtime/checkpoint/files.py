@@ -31,10 +31,13 @@ from typing import Any
 
 from runtime.storage.manifest import (
     MANIFEST,
+    Artifact,
     FileProblem,
     ManifestProblem,
     check_file,
     describe_files,
+    file_message,
+    manifest_message,
     read_manifest,
     sync_path,
     write_manifest,
@@ -42,6 +45,8 @@ from runtime.storage.manifest import (
 
 FORMAT = "reccompile-checkpoint"
 FORMAT_VERSION = 1
+# No remedy in the messages: resume passes over a damaged checkpoint and says so itself.
+CHECKPOINT = Artifact("checkpoint", "a", "a save cut short leaves none", "", FORMAT_VERSION)
 REQUIRED_KEYS = ("format", "format_version", "step", "world_size", "spec_sha256", "plan", "files")
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -101,7 +106,7 @@ def read_manifest_file(checkpoint: Path) -> dict[str, Any]:
     try:
         manifest = read_manifest(path, FORMAT, FORMAT_VERSION, REQUIRED_KEYS)
     except ManifestProblem as problem:
-        raise CheckpointError(_manifest_message(problem, checkpoint)) from None
+        raise CheckpointError(manifest_message(problem, checkpoint, CHECKPOINT)) from None
     named = _STEP_DIR.match(checkpoint.name)
     if named and int(named.group(1)) != manifest["step"]:
         raise CheckpointError(
@@ -111,41 +116,13 @@ def read_manifest_file(checkpoint: Path) -> dict[str, Any]:
     return manifest
 
 
-def _manifest_message(problem: ManifestProblem, checkpoint: Path) -> str:
-    path = problem.path
-    if problem.kind == "missing":
-        return f"{path}: missing: {checkpoint} is not a complete checkpoint"
-    if problem.kind == "not_json":
-        return f"{path}: corrupted: not valid JSON ({problem.detail})"
-    if problem.kind == "not_object":
-        return f"{path}: corrupted: expected a JSON object"
-    if problem.kind == "missing_keys":
-        return f"{path}: corrupted: no {problem.detail}"
-    found = problem.manifest or {}
-    return (
-        f"{path}: not a {FORMAT} version {FORMAT_VERSION} manifest "
-        f"(format {found.get('format')!r}, version {found.get('format_version')!r})"
-    )
-
-
 def verify_files(checkpoint: Path, manifest: Mapping[str, Any]) -> None:
     """Every file the manifest lists exists with its size and sha256; CheckpointError if not."""
     for name, expected in manifest["files"].items():
         try:
             check_file(checkpoint / name, expected)
         except FileProblem as problem:
-            raise CheckpointError(_file_message(problem)) from None
-
-
-def _file_message(problem: FileProblem) -> str:
-    path, expected = problem.path, problem.expected["bytes"]
-    if problem.kind == "missing":
-        return f"{path}: missing (the checkpoint's manifest lists it)"
-    if problem.kind == "truncated":
-        return f"{path}: truncated: {problem.size} bytes, expected {expected}"
-    if problem.kind == "longer":
-        return f"{path}: corrupted: {problem.size} bytes, expected {expected}"
-    return f"{path}: corrupted: its sha256 differs from the manifest's"
+            raise CheckpointError(file_message(problem, CHECKPOINT)) from None
 
 
 def prepare_partial(root: Path, step: int) -> Path:

@@ -14,6 +14,11 @@ faster on some CPUs:
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)
 
+The two of a pair may round differently but train the same: every input
+that requires a gradient (per-id weights included) gets the same one from
+either, and a measurement leaves none behind
+(tests/runtime/cpu/test_choice_gradients.py, a case per kernel).
+
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
 one warm-up each, then a few interleaved repetitions (for serving's

@@ -25,9 +25,11 @@ so `model.parameters()` of a parent yields the dense parameters only and can
 go straight to a dense optimizer or DDP. `optimizer_in_backward` marks such
 modules; `embedding_parameters()` returns the weights for inspection.
 
-Output order: table order, then each table's `feature_names` order. The input
-KeyedJaggedTensor may hold other keys, or ours in another order; it is
-permuted once, with the permutation cached per key tuple.
+Output order: table order, then each table's `feature_names` order. A
+feature that several tables read is looked up in each, its outputs named
+`feature@table` (TorchRec's names). The input KeyedJaggedTensor may hold
+other keys, or ours in another order; it is permuted once, with the
+permutation cached per key tuple.
 
 Pooling: `sum`, or `mean` = sum(w_i * e_i) / L with L the number of ids in
 the bag (not the sum of the weights; an empty bag gives zeros). This is
@@ -343,7 +345,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         check_compute_kernel(compute_kernel)
         if not tables:
             raise ValueError("EmbeddingBagCollection needs at least one table")
-        _check_names(tables)
+        _check_names(tables, shared_features=True)
         device = torch.device(device if device is not None else "cpu")
         default_optimizer = optimizer if optimizer is not None else EmbeddingOptimizer()
         self._tables = list(tables)
@@ -358,13 +360,15 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
             tables, default_optimizer, compute_kernel, device, self.lookup_threads
         )
 
-        self._feature_names = [f for t in tables for f in t.feature_names]
+        names = embedding_names(tables)
+        self._feature_names = [name for table_names in names for name in table_names]
         self._feature_dims = [t.embedding_dim for t in tables for _ in t.feature_names]
         # Lookup order: the features group after group (tables in table order inside a group).
         self._lookup_names = [f for i in order for f in tables[i].feature_names]
         self._lookup_tables = [tables[i] for i in order for _ in tables[i].feature_names]
         self._group_sizes = [sum(len(t.feature_names) for t in g.tables) for g in self._groups]
-        columns = _feature_columns(self._lookup_names, self._feature_names, self._feature_dims)
+        lookup_outputs = [name for i in order for name in names[i]]
+        columns = _feature_columns(lookup_outputs, self._feature_names, self._feature_dims)
         self._output_columns = None if columns is None else torch.tensor(columns, device=device)
         self._needs_value_offsets = len(self._groups) > 1 or isinstance(
             self._groups[0], _DenseGroup
@@ -384,7 +388,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         return self._is_weighted
 
     def feature_names(self) -> list[str]:
-        """The output keys, in output order."""
+        """The output keys, in output order (`feature@table` for a feature that several tables read)."""
         return list(self._feature_names)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
@@ -411,27 +415,29 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
     ) -> list[torch.Tensor]:
         """Each group's pooled block; the groups run side by side on `lookup_threads` threads."""
         values, offsets, batch = kjt.values(), kjt.offsets(), kjt.stride()
-        lookups, first = [], 0
+        lookups, group_weights, first = [], [], 0
         for group, size in zip(self._groups, self._group_sizes):
             last = first + size
             start, end = value_offsets[first], value_offsets[last]
             lookups.append(
                 functools.partial(
+                    _group_lookup,
                     group,
                     values[start:end],
                     offsets[first * batch : last * batch + 1] - start,
-                    None if weights is None else weights[start:end],
                     [o - start for o in value_offsets[first : last + 1]],
                 )
             )
+            group_weights.append(None if weights is None else weights[start:end])
             first = last
         threads = min(self.lookup_threads, torch.get_num_threads())
-        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, values, batch, threads) == "sequential":
+        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, group_weights, values, batch, threads) == "sequential":
             threads = 1
-        return run_concurrently(lookups, threads)
+        return run_concurrently(lookups, threads, group_weights)
 
     def _choose_concurrency(
-        self, lookups: list[Callable[[], torch.Tensor]], values: torch.Tensor, batch: int, threads: int
+        self, lookups: list[Callable[..., torch.Tensor]], group_weights: list[torch.Tensor | None],
+        values: torch.Tensor, batch: int, threads: int,
     ) -> str:
         """'concurrent' or 'sequential' groups at these shapes, timed on the forward alone: a timed
         backward would step the fused optimizer."""
@@ -445,7 +451,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         def timed(count: int) -> Callable[[], object]:
             def run() -> object:
                 with torch.no_grad():
-                    return run_concurrently(lookups, count)
+                    return run_concurrently(lookups, count, group_weights)
             return run
 
         return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
@@ -460,6 +466,14 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
             f"{t.name}({t.num_embeddings}x{t.embedding_dim}, {t.pooling})" for t in self._tables
         )
         return f"compute_kernel={self.compute_kernel!r}, tables=[{tables}]"
+
+
+def _group_lookup(
+    group: _FusedGroup | _DenseGroup, values: torch.Tensor, offsets: torch.Tensor, value_offsets: list[int],
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """One group's pooled block; the per-id weights come last, from run_concurrently."""
+    return group(values, offsets, weights, value_offsets)
 
 
 def _build_groups(
@@ -519,19 +533,34 @@ def _balanced_runs(tables: list[EmbeddingBagConfig], parts: int) -> list[list[Em
     return [tables[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
-def _check_names(tables: list[EmbeddingBagConfig]) -> None:
+def _check_names(tables: list[Any], shared_features: bool = False) -> None:
+    """Distinct table names, and each table's features distinct; a feature in several tables only
+    where the collection names its outputs `feature@table` (`shared_features`)."""
     seen_tables: set[str] = set()
     feature_table: dict[str, str] = {}
     for t in tables:
         if t.name in seen_tables:
             raise ValueError(f"duplicate table name {t.name!r}")
         seen_tables.add(t.name)
+        repeated = next((f for i, f in enumerate(t.feature_names) if f in t.feature_names[:i]), None)
+        if repeated is not None:
+            raise ValueError(f"table {t.name!r} names feature {repeated!r} twice")
         for f in t.feature_names:
-            if f in feature_table:
+            if f in feature_table and not shared_features:
                 raise ValueError(
                     f"feature {f!r} is looked up by tables {feature_table[f]!r} and {t.name!r}"
                 )
-            feature_table[f] = t.name
+            feature_table.setdefault(f, t.name)
+
+
+def embedding_names(tables: list[Any]) -> list[list[str]]:
+    """Each table's output names, as TorchRec's `get_embedding_names_by_table`: a feature's name,
+    or `feature@table` in every table of a feature that several tables read."""
+    readers: dict[str, int] = {}
+    for t in tables:
+        for f in t.feature_names:
+            readers[f] = readers.get(f, 0) + 1
+    return [[f if readers[f] == 1 else f"{f}@{t.name}" for f in t.feature_names] for t in tables]
 
 
 def _feature_columns(lookup: list[str], output: list[str], dims: list[int]) -> list[int] | None:

@@ -27,7 +27,7 @@ import torch
 
 __all__ = ["run_concurrently"]
 
-Lookup = Callable[[], torch.Tensor]
+Lookup = Callable[..., torch.Tensor]  # no argument, or its input (run_concurrently)
 
 
 @functools.cache
@@ -55,40 +55,58 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return pool
 
 
-def _call_with_grad_mode(enabled: bool, lookup: Lookup) -> torch.Tensor:
+def _call_with_grad_mode(enabled: bool, call: Callable[[], torch.Tensor]) -> torch.Tensor:
     with torch.set_grad_enabled(enabled):  # grad mode is per thread
-        return lookup()
+        return call()
+
+
+def _calls(lookups: Sequence[Lookup], inputs: Sequence[torch.Tensor | None]) -> list[Callable[[], torch.Tensor]]:
+    """Each lookup bound to its input, if the caller gave inputs."""
+    if not inputs:
+        return list(lookups)
+    return [functools.partial(lookup, tensor) for lookup, tensor in zip(lookups, inputs, strict=True)]
 
 
 class _Concurrent(torch.autograd.Function):
-    """The lookups as one node: forward runs them, backward runs their graphs, all concurrently."""
+    """The lookups as one node: forward runs them, backward runs their graphs, all concurrently.
+
+    The inputs (a lookup's per-id weights) enter each lookup's graph as leaves of their own, so a
+    lookup's backward stops there, and their gradients leave through this node into the caller's
+    graph: the caller's graph behind them runs once, not once per lookup.
+    """
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, pool: ThreadPoolExecutor, lookups: Sequence[Lookup], token: torch.Tensor
+        ctx: Any, pool: ThreadPoolExecutor, lookups: Sequence[Lookup], token: torch.Tensor,
+        *inputs: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
-        outputs = list(pool.map(functools.partial(_call_with_grad_mode, True), lookups))
-        ctx.pool, ctx.outputs = pool, outputs
+        leaves = [None if x is None else x.detach().requires_grad_(x.requires_grad) for x in inputs]
+        outputs = list(pool.map(functools.partial(_call_with_grad_mode, True), _calls(lookups, leaves)))
+        ctx.pool, ctx.outputs, ctx.leaves = pool, outputs, leaves
         return tuple(output.detach() for output in outputs)
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[None, None, None]:
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         outputs, ctx.outputs = ctx.outputs, None  # the graphs are freed as they run
         pending = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
         list(ctx.pool.map(lambda pair: torch.autograd.backward(pair[0], pair[1]), pending))
-        return None, None, None
+        return None, None, None, *(None if leaf is None else leaf.grad for leaf in ctx.leaves)
 
 
-def run_concurrently(lookups: Sequence[Lookup], threads: int) -> list[torch.Tensor]:
+def run_concurrently(
+    lookups: Sequence[Lookup], threads: int, inputs: Sequence[torch.Tensor | None] = ()
+) -> list[torch.Tensor]:
     """Each lookup's output, the lookups run on `threads` threads (in order when 1).
 
+    With `inputs` (one per lookup, None or a tensor), each lookup is called with its own.
     With grad enabled, the outputs' gradients flow back into each lookup's
-    own graph (fbgemm's fused optimizer steps run there), concurrently too.
+    own graph (fbgemm's fused optimizer steps run there), concurrently too,
+    and on to the inputs that require grad.
     """
     if threads <= 1 or len(lookups) <= 1:
-        return [lookup() for lookup in lookups]
+        return [call() for call in _calls(lookups, inputs)]
     pool = _pool(threads)
     if not torch.is_grad_enabled():
-        return list(pool.map(functools.partial(_call_with_grad_mode, False), lookups))
+        return list(pool.map(functools.partial(_call_with_grad_mode, False), _calls(lookups, inputs)))
     token = torch.empty(0, requires_grad=True)  # puts _Concurrent in the graph: the ids need no grad
-    return list(_Concurrent.apply(pool, lookups, token))
+    return list(_Concurrent.apply(pool, lookups, token, *inputs))

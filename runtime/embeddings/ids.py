@@ -63,7 +63,11 @@ class IdCheck:
         rows: Sequence[int],
         rank: int | None = None,
     ) -> None:
-        self._table_of = dict(zip(features, zip(tables, rows)))
+        # A feature that several tables read is checked against the one of fewest rows.
+        self._table_of: dict[str, tuple[str, int]] = {}
+        for feature, table, count in zip(features, tables, rows):
+            if feature not in self._table_of or count < self._table_of[feature][1]:
+                self._table_of[feature] = (table, count)
         self._suffix = "" if rank is None else f" (on rank {rank})"
         # Per key order of incoming batches: rows per key, and the one limit if all keys share it.
         self._limits: dict[tuple[tuple[str, ...], torch.device], _KeyLimits] = {}

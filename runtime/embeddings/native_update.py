@@ -13,7 +13,11 @@ backs it with the C update; which of the two backwards runs is chosen by
 measurement at first use per shape (runtime/cpu/choice.py, kernel
 'embedding_update'). The measurement runs both on a zero gradient, which
 leaves weights and state unchanged (m += 0, w -= lr * 0 / (sqrt(m) + eps)),
-so it needs eps > 0; with eps = 0 fbgemm's path runs unmeasured.
+so it needs eps > 0; with eps = 0 fbgemm's path runs unmeasured. It runs on
+a detached copy of the per-id weights, so it leaves no gradient on them (nor
+runs the backward of whatever computed them): the step that follows sees the
+true one, d loss / d w_i = <gradient of i's bag, row of id i>, which the C
+path computes from the rows as the forward read them, before it updates them.
 """
 
 from __future__ import annotations
@@ -73,8 +77,10 @@ class _NativeUpdate(torch.autograd.Function):
         return pooled
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, ...]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         tbe, (values, offsets, weights) = ctx.tbe, ctx.inputs
+        # The weights' gradient reads the rows as the forward did: before the update below moves them.
+        weights_grad = _weights_grad(tbe, ctx.layout, values, offsets, grad) if ctx.needs_input_grad[4] else None
         status = native.rowwise_adagrad_backward(
             tbe.weights_host.detach(), tbe.momentum1_host.detach(), ctx.layout, values, offsets, weights, grad,
             float(tbe.learning_rate_tensor), float(tbe.optimizer_args.eps),
@@ -83,7 +89,30 @@ class _NativeUpdate(torch.autograd.Function):
             raise ValueError("embedding update: an id is outside its table's rows (the batch was not checked)")
         if status:
             raise MemoryError("embedding update: the native kernel could not allocate its scratch space")
-        return None, None, None, None, None, None
+        return None, None, None, None, weights_grad, None
+
+
+def _weights_grad(
+    tbe: Any, table_layout: native.TableLayout, values: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+) -> torch.Tensor:
+    """d loss / d w_i = <grad of id i's bag in its feature's columns, id i's row>, for every id i."""
+    features = table_layout.feature_tables.numel()
+    batch = (offsets.numel() - 1) // max(features, 1)
+    lengths = offsets[1:] - offsets[:-1]
+    bags = torch.repeat_interleave(torch.arange(features * batch), lengths, output_size=values.numel())
+    out = torch.empty(values.numel(), dtype=grad.dtype)
+    rows_host = tbe.weights_host.detach()
+    for f in range(features):
+        start, end = int(offsets[f * batch]), int(offsets[(f + 1) * batch])
+        if start == end:
+            continue
+        table = int(table_layout.feature_tables[f])
+        dim, column = int(table_layout.dims[table]), int(table_layout.grad_columns[f])
+        first = int(table_layout.weight_offsets[table])
+        rows = rows_host[first : first + int(table_layout.rows[table]) * dim].view(-1, dim)
+        bag_grad = grad[bags[start:end] - f * batch, column : column + dim]
+        out[start:end] = (rows.index_select(0, values[start:end]) * bag_grad).sum(1)
+    return out
 
 
 def _choose(
@@ -98,12 +127,15 @@ def _choose(
         f"_{'weighted' if weights is not None else 'plain'}_t{torch.get_num_threads()}"
     )
 
+    # Timed on a copy: a zero gradient must not reach the caller's weights (nor the graph behind them).
+    timed_weights = None if weights is None else weights.detach()
+
     def timed(native_backward: bool) -> Callable[[], None]:
         def step() -> None:
             if native_backward:
-                pooled = _NativeUpdate.apply(tbe, table_layout, values, offsets, weights, tbe.weights_host)
+                pooled = _NativeUpdate.apply(tbe, table_layout, values, offsets, timed_weights, tbe.weights_host)
             else:
-                pooled = tbe(values, offsets, weights)
+                pooled = tbe(values, offsets, timed_weights)
             pooled.backward(torch.zeros_like(pooled))  # a zero gradient leaves weights and state as they are
         return step
 

@@ -38,7 +38,7 @@ from typing import Callable
 
 import torch
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig, _build_groups, _check_names
+from runtime.embeddings.bag_collection import EmbeddingBagConfig, _build_groups, _check_names, embedding_names
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.kernels import check_compute_kernel
@@ -98,10 +98,12 @@ class EmbeddingCollection(TablesOutsideModuleTree):
     """Sequence embedding lookups over many tables (see the module docstring).
 
     `forward(features)` returns `{feature: JaggedTensor}` in `feature_names()`
-    order (table order, then each table's features), values [sum(L), dim]
-    with the feature's lengths. The KeyedJaggedTensor may hold other keys, in
-    any order; its weights are ignored. `bounds_check` and `lookup_threads` as
-    for `EmbeddingBagCollection`.
+    order (table order, then each table's features; `feature@table` for a
+    feature that several tables read, as TorchRec names it), values [sum(L), dim]
+    with the feature's lengths, and with `need_indices` the feature's ids as
+    its weights (TorchRec's place for them). The KeyedJaggedTensor may hold
+    other keys, in any order; its weights are ignored. `bounds_check` and
+    `lookup_threads` as for `EmbeddingBagCollection`.
     """
 
     optimizer_in_backward = True
@@ -110,6 +112,7 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         self,
         tables: list[EmbeddingConfig],
         device: torch.device | str | None = None,
+        need_indices: bool = False,
         compute_kernel: str = "fused",
         optimizer: EmbeddingOptimizer | None = None,
         bounds_check: bool = True,
@@ -119,9 +122,10 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         check_compute_kernel(compute_kernel)
         if not tables:
             raise ValueError("EmbeddingCollection needs at least one table")
-        _check_names(tables)
+        _check_names(tables, shared_features=True)
         device = torch.device(device if device is not None else "cpu")
         self._tables = list(tables)
+        self._need_indices = need_indices
         self.compute_kernel = compute_kernel
         self.bounds_check = bounds_check
         threads = torch.get_num_threads() if lookup_threads is None else lookup_threads
@@ -133,9 +137,11 @@ class EmbeddingCollection(TablesOutsideModuleTree):
             device,
             self.lookup_threads,
         )
-        self._feature_names = [f for t in tables for f in t.feature_names]
+        names = embedding_names(tables)
+        self._feature_names = [name for table_names in names for name in table_names]
         lookup_tables = [tables[i] for i in order]
         self._lookup_names = [f for t in lookup_tables for f in t.feature_names]
+        self._lookup_outputs = [name for i in order for name in names[i]]
         self._select = KeySelection(self._lookup_names)
         self._check = IdCheck(
             self._lookup_names,
@@ -156,6 +162,14 @@ class EmbeddingCollection(TablesOutsideModuleTree):
     def feature_names(self) -> list[str]:
         """The output keys, in output order."""
         return list(self._feature_names)
+
+    def need_indices(self) -> bool:
+        """Whether each output JaggedTensor carries its feature's ids as weights."""
+        return self._need_indices
+
+    def embedding_names_by_table(self) -> list[list[str]]:
+        """Each table's output keys (TorchRec's name for them)."""
+        return embedding_names(self._tables)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
         if self.bounds_check:
@@ -184,9 +198,10 @@ class EmbeddingCollection(TablesOutsideModuleTree):
                 key += features_in_table
         batch = kjt.stride()
         lengths = kjt.lengths()
+        ids = torch.split(values, length_per_key) if self._need_indices else [None] * len(blocks)
         by_name = {
-            name: JaggedTensor(block, lengths=lengths[k * batch : (k + 1) * batch])
-            for k, (name, block) in enumerate(zip(self._lookup_names, blocks))
+            name: JaggedTensor(block, weights=key_ids, lengths=lengths[k * batch : (k + 1) * batch])
+            for k, (name, block, key_ids) in enumerate(zip(self._lookup_outputs, blocks, ids))
         }
         return {name: by_name[name] for name in self._feature_names}
 

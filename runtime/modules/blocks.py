@@ -1,10 +1,8 @@
 """Dense building blocks: the `model:` block types of a spec, as nn.Modules.
 
-The compiler's lowering (compiler/lowering/lower.py) instantiates one module per block
-of the spec through `BLOCK_TYPES` and wires them after the embedding stages.
-It concatenates a block's inputs into one 2-D tensor (B x total width) before
-calling it, except for `DotProduct`, `Sum` and `DotInteraction`, which take
-several tensors.
+The compiler's lowering builds one module per block of the spec from the runtime
+call its IR value lowers to (compiler/lowering/calls.py) and wires them after the
+embedding stages; the other block types live beside this file, one module each.
 
 DLRM spends more time in the 27 x 27 pairwise interaction than anywhere else
 in its dense part apart from the MLP GEMMs. `DotInteraction` has a C

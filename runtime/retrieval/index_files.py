@@ -33,10 +33,13 @@ from runtime.retrieval.index import (
 )
 from runtime.storage.manifest import (
     MANIFEST,
+    Artifact,
     FileProblem,
     ManifestProblem,
     check_file,
     file_facts,
+    file_message,
+    manifest_message,
     read_manifest,
     write_manifest,
 )
@@ -45,6 +48,7 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "IndexFileError", "load_index", "save_ind
 
 FORMAT = "reccompile-index"
 FORMAT_VERSION = 1
+INDEX = Artifact("index", "an", "build one with save_index or reccompile export", "build the index again", FORMAT_VERSION)
 IDS_FILE = "ids.pt"
 EMBEDDINGS_FILE = "embeddings.pt"
 FAISS_FILE = "index.faiss"
@@ -86,7 +90,7 @@ def load_index(directory: str | Path, verify: bool = True) -> ItemIndex:
     try:
         manifest = read_manifest(root / MANIFEST, FORMAT, FORMAT_VERSION, ("kind", "dim", "count", "files"))
     except ManifestProblem as problem:
-        raise IndexFileError(_manifest_message(problem, root)) from None
+        raise IndexFileError(manifest_message(problem, root, INDEX)) from None
     kind = manifest["kind"]
     ids = _load_tensor(root, manifest, IDS_FILE, verify)
     if ids.numel() != manifest["count"]:
@@ -124,7 +128,7 @@ def _checked(root: Path, manifest: Mapping[str, Any], name: str, verify: bool) -
     try:
         check_file(root / entry["file"], entry, verify)
     except FileProblem as problem:
-        raise IndexFileError(_file_message(problem)) from None
+        raise IndexFileError(file_message(problem, INDEX)) from None
     return root / entry["file"]
 
 
@@ -139,29 +143,3 @@ def _load_tensor(root: Path, manifest: Mapping[str, Any], name: str, verify: boo
         raise IndexFileError(f"{path}: holds a {type(value).__name__}, not a tensor; build the index again")
     return value
 
-
-def _manifest_message(problem: ManifestProblem, root: Path) -> str:
-    if problem.kind == "missing":
-        return f"{root}: no {MANIFEST}; not an index directory (build one with save_index or reccompile export)"
-    if problem.kind == "not_json":
-        return f"{problem.path}: not valid JSON ({problem.detail}); build the index again"
-    if problem.kind == "missing_keys":
-        return f"{problem.path}: lacks {problem.detail}; build the index again"
-    if problem.kind in ("not_object", "format"):
-        return f"{problem.path}: not a reccompile index manifest (format {problem.detail})"
-    return f"{problem.path}: format version {problem.detail}; this runtime reads version {FORMAT_VERSION}"
-
-
-def _file_message(problem: FileProblem) -> str:
-    path, entry = problem.path, problem.expected
-    if problem.kind == "missing":
-        return f"{path}: missing (listed in {MANIFEST}); build the index again"
-    if problem.kind in ("truncated", "longer"):
-        return (
-            f"{path}: {problem.size:,} bytes, {MANIFEST} says {entry['bytes']:,}; "
-            "the index is incomplete or corrupted, build it again"
-        )
-    return (
-        f"{path}: sha256 {problem.sha256[:12]}… does not match {MANIFEST} ({entry['sha256'][:12]}…); "
-        "the file was changed or corrupted, build the index again"
-    )

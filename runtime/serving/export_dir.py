@@ -33,7 +33,17 @@ from torch.fx.experimental import _config as fx_config  # backed_size_oblivious:
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.modules.losses import HeadConfig
 from runtime.serving.packed_mlp import pack_mlps
-from runtime.storage.manifest import MANIFEST, FileProblem, ManifestProblem, check_file, file_facts, read_manifest
+from runtime.storage.manifest import (
+    MANIFEST,
+    Artifact,
+    FileProblem,
+    ManifestProblem,
+    check_file,
+    file_facts,
+    file_message,
+    manifest_message,
+    read_manifest,
+)
 
 __all__ = [
     "DENSE_FILE",
@@ -59,6 +69,7 @@ __all__ = [
 
 FORMAT = "reccompile-export"
 FORMAT_VERSION = 1
+EXPORT = Artifact("export", "an", "write one with reccompile export", "export again", FORMAT_VERSION)
 DENSE_FILE = "weights/dense.pt"
 TABLES_DIR = "weights/tables"
 # The serving model's quantized collections: the pooled tables', the sequence tables'.
@@ -81,19 +92,7 @@ def read_export_manifest(directory: str | Path) -> dict[str, Any]:
     try:
         return read_manifest(root / MANIFEST, FORMAT, FORMAT_VERSION)
     except ManifestProblem as problem:
-        raise ExportError(_manifest_message(problem, root)) from None
-
-
-def _manifest_message(problem: ManifestProblem, root: Path) -> str:
-    path = problem.path
-    if problem.kind == "missing":
-        return f"{root}: no {MANIFEST}; not an export directory (write one with reccompile export)"
-    if problem.kind == "not_json":
-        return f"{path}: not valid JSON ({problem.detail}); export again"
-    if problem.kind in ("not_object", "format"):
-        found = problem.detail if problem.kind == "format" else repr(problem.detail)
-        return f"{path}: not a reccompile export manifest (format {found})"
-    return f"{path}: format version {problem.detail}; this runtime reads version {FORMAT_VERSION}"
+        raise ExportError(manifest_message(problem, root, EXPORT)) from None
 
 
 def checked_file(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Path:
@@ -101,23 +100,8 @@ def checked_file(root: Path, entry: Mapping[str, Any], verify: bool = True) -> P
     try:
         check_file(root / entry["file"], entry, verify)
     except FileProblem as problem:
-        raise ExportError(_file_message(problem)) from None
+        raise ExportError(file_message(problem, EXPORT)) from None
     return root / entry["file"]
-
-
-def _file_message(problem: FileProblem) -> str:
-    path, entry = problem.path, problem.expected
-    if problem.kind == "missing":
-        return f"{path}: missing (listed in {MANIFEST}); export again"
-    if problem.kind in ("truncated", "longer"):
-        return (
-            f"{path}: {problem.size:,} bytes, {MANIFEST} says {entry['bytes']:,}; "
-            "the export is incomplete or corrupted, export again"
-        )
-    return (
-        f"{path}: sha256 {problem.sha256[:12]}… does not match {MANIFEST} ({entry['sha256'][:12]}…); "
-        "the file was changed or corrupted, export again"
-    )
 
 
 def load_tensors(root: Path, entry: Mapping[str, Any], verify: bool = True) -> Any:

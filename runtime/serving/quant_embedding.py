@@ -444,6 +444,13 @@ class QuantEmbeddingBagCollection(nn.Module):
         `checked`: the caller has already checked the ids (the sequence collection checks
         its own features'), so the kernels do not check them again.
         """
+        if weights is not None and weights.requires_grad and torch.is_grad_enabled():
+            # fbgemm's kernel has no backward and the C one runs outside autograd: refused on both
+            # paths alike, so the measured choice never decides whether a gradient is lost.
+            raise ValueError(
+                "QuantEmbeddingBagCollection: per-id weights that require grad; quantized tables are "
+                "forward only (detach the weights, or look up under torch.no_grad())"
+            )
         check = self.bounds_check and not checked
         native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
             [self.weights, values], dtype=None

@@ -258,6 +258,16 @@ def _check_distinct(
             raise ValueError(
                 f"table {table.name!r} is given twice: as a pooled table and as a sequence table"
             )
+    reader: dict[str, str] = {}
+    for table in [*tables, *sequence_tables]:
+        for feature in table.feature_names:
+            if reader.setdefault(feature, table.name) != table.name:
+                # The stages route and name outputs by feature; a spec never puts one feature in two tables.
+                raise ValueError(
+                    f"feature {feature!r} is read by tables {reader[feature]!r} and {table.name!r}: "
+                    "sharded tables take one feature each (outputs named feature@table are "
+                    "EmbeddingBagCollection's and EmbeddingCollection's only)"
+                )
 
 
 def _sequence_builder(

@@ -61,10 +61,12 @@ def _cumsum(counts: list[int]) -> list[int]:
     return list(itertools.accumulate(counts, initial=0))
 
 
-def _map_optional(
-    tensor: torch.Tensor | None, fn: Callable[[torch.Tensor], torch.Tensor]
-) -> torch.Tensor | None:
+def _map_optional(tensor: torch.Tensor | None, fn: Callable[[torch.Tensor], Any]) -> Any:
     return None if tensor is None else fn(tensor)
+
+
+def _bytes(*tensors: torch.Tensor | None) -> int:
+    return sum(t.element_size() * t.numel() for t in tensors if t is not None)
 
 
 class JaggedTensor(metaclass=_Traceable):
@@ -106,6 +108,40 @@ class JaggedTensor(metaclass=_Traceable):
         lengths = torch.tensor([v.size(0) for v in values], dtype=torch.int32, device=flat.device)
         return JaggedTensor(flat, None if weights is None else torch.cat(weights), lengths)
 
+    @staticmethod
+    def from_dense_lengths(
+        values: torch.Tensor, lengths: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> JaggedTensor:
+        """Sample b's first lengths[b] entries of row b of `values` (B x N), and of `weights`."""
+        if values.dim() < 2 or lengths.shape != values.shape[:1]:
+            raise ValueError(
+                f"JaggedTensor.from_dense_lengths: values of shape {tuple(values.shape)} need lengths of "
+                f"shape ({values.shape[0] if values.dim() else 0},), got {tuple(lengths.shape)}"
+            )
+        if weights is not None and weights.shape[:2] != values.shape[:2]:
+            raise ValueError(
+                f"JaggedTensor.from_dense_lengths: weights of shape {tuple(weights.shape)} for values of "
+                f"shape {tuple(values.shape)}"
+            )
+        mask = torch.arange(values.size(1), device=values.device).expand(values.size(0), -1) < lengths.unsqueeze(-1)
+        return JaggedTensor(values[mask], _map_optional(weights, lambda w: w[mask]), lengths)
+
+    @staticmethod
+    def empty(
+        is_weighted: bool = False,
+        device: torch.device | None = None,
+        values_dtype: torch.dtype | None = None,
+        weights_dtype: torch.dtype | None = None,
+        lengths_dtype: torch.dtype = torch.int32,
+    ) -> JaggedTensor:
+        """No samples: empty values (and weights if `is_weighted`), lengths [] and offsets [0]."""
+        return JaggedTensor(
+            torch.empty(0, dtype=values_dtype, device=device),
+            torch.empty(0, dtype=weights_dtype, device=device) if is_weighted else None,
+            lengths=torch.empty(0, dtype=lengths_dtype, device=device),
+            offsets=torch.zeros(1, dtype=lengths_dtype, device=device),
+        )
+
     def values(self) -> torch.Tensor:
         return self._values
 
@@ -127,23 +163,49 @@ class JaggedTensor(metaclass=_Traceable):
             self._offsets = _offsets_from_lengths(self._lengths)
         return self._offsets
 
+    def lengths_or_none(self) -> torch.Tensor | None:
+        """The lengths if given or computed already, else None (nothing computed)."""
+        return self._lengths
+
+    def offsets_or_none(self) -> torch.Tensor | None:
+        """The offsets if given or computed already, else None (nothing computed)."""
+        return self._offsets
+
     def device(self) -> torch.device:
         return self._values.device
 
+    def size_in_bytes(self) -> int:
+        """Bytes of the values, weights, and the lengths and offsets held (given or computed)."""
+        return _bytes(self._values, self._weights, self._lengths, self._offsets)
+
     def to_dense(self) -> list[torch.Tensor]:
         """One tensor per sample (views into values)."""
-        return list(torch.split(self._values, self.lengths().tolist()))
+        return self._per_sample(self._values)
+
+    def to_dense_weights(self) -> list[torch.Tensor] | None:
+        """One tensor of weights per sample (views), or None without weights."""
+        return _map_optional(self._weights, self._per_sample)
 
     def to_padded_dense(
         self, desired_length: int | None = None, padding_value: float = 0.0
     ) -> torch.Tensor:
         """B x N tensor, N = desired_length or the longest sample; longer samples are cut."""
+        return self._padded(self._values, desired_length, padding_value)
+
+    def to_padded_dense_weights(
+        self, desired_length: int | None = None, padding_value: float = 0.0
+    ) -> torch.Tensor | None:
+        """The weights as `to_padded_dense` lays out the values, or None without weights."""
+        return _map_optional(self._weights, lambda w: self._padded(w, desired_length, padding_value))
+
+    def _per_sample(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return list(torch.split(tensor, self.lengths().tolist())) if self.lengths().numel() else []
+
+    def _padded(self, tensor: torch.Tensor, desired_length: int | None, padding_value: float) -> torch.Tensor:
         if desired_length is None:
             lengths = self.lengths()
             desired_length = int(lengths.max()) if lengths.numel() else 0
-        return torch.ops.fbgemm.jagged_to_padded_dense(
-            self._values, [self.offsets()], [desired_length], padding_value
-        )
+        return torch.ops.fbgemm.jagged_to_padded_dense(tensor, [self.offsets()], [desired_length], padding_value)
 
     def validate(self) -> JaggedTensor:
         """Checks the layout (syncs with the device); returns self."""
@@ -240,6 +302,53 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         ).sync()
 
     @staticmethod
+    def empty(
+        is_weighted: bool = False,
+        device: torch.device | None = None,
+        values_dtype: torch.dtype | None = None,
+        weights_dtype: torch.dtype | None = None,
+        lengths_dtype: torch.dtype = torch.int32,
+    ) -> KeyedJaggedTensor:
+        """No keys and stride 0: empty values (and weights if `is_weighted`) and lengths."""
+        return KeyedJaggedTensor(
+            [],
+            torch.empty(0, dtype=values_dtype, device=device),
+            torch.empty(0, dtype=weights_dtype, device=device) if is_weighted else None,
+            lengths=torch.empty(0, dtype=lengths_dtype, device=device),
+            stride=0,
+        )
+
+    @staticmethod
+    def from_jt_dict(jt_dict: dict[str, JaggedTensor]) -> KeyedJaggedTensor:
+        """The keys of `jt_dict` in its order, each its JaggedTensor's samples (synced).
+
+        Every JaggedTensor must hold the same number of samples (one batch), and all or none weights.
+        """
+        if not jt_dict:
+            raise ValueError("KeyedJaggedTensor.from_jt_dict: needs at least one JaggedTensor")
+        keys, jts = list(jt_dict), list(jt_dict.values())
+        stride = jts[0].lengths().numel()
+        for key, jt in zip(keys, jts):
+            if jt.lengths().numel() != stride:
+                raise ValueError(
+                    f"KeyedJaggedTensor.from_jt_dict: key {key!r} has {jt.lengths().numel()} samples but "
+                    f"key {keys[0]!r} has {stride} (variable batch sizes per key are not supported)"
+                )
+            if (jt.weights_or_none() is None) != (jts[0].weights_or_none() is None):
+                raise ValueError(
+                    f"KeyedJaggedTensor.from_jt_dict: key {key!r} and key {keys[0]!r} disagree on weights "
+                    "(all JaggedTensors need weights, or none)"
+                )
+        weighted = jts[0].weights_or_none() is not None
+        return KeyedJaggedTensor.from_lengths_sync(
+            keys,
+            torch.cat([jt.values() for jt in jts]),
+            torch.cat([jt.lengths() for jt in jts]),
+            torch.cat([jt.weights() for jt in jts]) if weighted else None,
+            stride=stride,
+        )
+
+    @staticmethod
     def empty_like(kjt: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """No keys, but the stride, device and dtypes of `kjt` (a rank with no features)."""
         return KeyedJaggedTensor(
@@ -279,6 +388,15 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         """Computes length_per_key and offset_per_key now; returns self."""
         self.offset_per_key()
         return self
+
+    def unsync(self) -> KeyedJaggedTensor:
+        """Forgets length_per_key and offset_per_key (the next use computes them again); returns self."""
+        self._length_per_key = self._offset_per_key = None
+        return self
+
+    def size_in_bytes(self) -> int:
+        """Bytes of the values, weights, and the lengths and offsets held (given or computed)."""
+        return _bytes(self._values, self._weights, self._lengths, self._offsets)
 
     def keys(self) -> list[str]:
         return self._keys
@@ -323,6 +441,14 @@ class KeyedJaggedTensor(metaclass=_Traceable):
     def stride(self) -> int:
         """The batch size."""
         return self._stride
+
+    def stride_per_key(self) -> list[int]:
+        """The batch size of each key: the stride for every key (one batch size for all keys)."""
+        return [self._stride] * len(self._keys)
+
+    def inverse_indices_or_none(self) -> tuple[list[str], torch.Tensor] | None:
+        """None: no batch here carries inverse indices (they come with variable batch sizes per key)."""
+        return None
 
     def device(self) -> torch.device:
         return self._values.device
@@ -419,14 +545,21 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         permuted_lpk = [length_per_key[i] for i in indices]
         if indices_tensor is None:
             indices_tensor = torch.tensor(indices, dtype=torch.int32, device=self.device())
+        # fbgemm's backward inverts the permutation, which a repeated or dropped key does not have
+        # (it then reads out of bounds): weights that need a gradient are gathered by index instead.
+        gathered = self._weights is not None and self._weights.requires_grad and torch.is_grad_enabled()
         # The output size passed in spares the kernel a sync; it must be right.
         lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
             indices_tensor.to(torch.int32),
             self.lengths().view(len(self._keys), self._stride),
             self._values,
-            self._weights,
+            None if gathered else self._weights,
             sum(permuted_lpk),
         )
+        if gathered:
+            starts = self.offset_per_key()
+            positions = [torch.arange(starts[i], starts[i + 1], device=self.device()) for i in indices]
+            weights = self._weights.index_select(0, torch.cat(positions) if positions else values.new_zeros(0))
         return KeyedJaggedTensor(
             [self._keys[i] for i in indices],
             values,
@@ -573,6 +706,21 @@ class KeyedTensor(metaclass=_Traceable):
 
     def to_dict(self) -> dict[str, torch.Tensor]:
         return dict(zip(self._keys, torch.split(self.values(), self._length_per_key, dim=1)))
+
+    def size_in_bytes(self) -> int:
+        """Bytes of the values."""
+        return _bytes(self.values())
+
+    @staticmethod
+    def regroup_as_dict(
+        keyed_tensors: list[KeyedTensor], groups: list[list[str]], keys: list[str]
+    ) -> dict[str, torch.Tensor]:
+        """`regroup`'s tensors by name: keys[i] names the tensor of groups[i]."""
+        if len(groups) != len(keys):
+            raise ValueError(
+                f"KeyedTensor.regroup_as_dict: {len(groups)} groups but {len(keys)} keys to name them"
+            )
+        return dict(zip(keys, KeyedTensor.regroup(keyed_tensors, groups)))
 
     @staticmethod
     def regroup(keyed_tensors: list[KeyedTensor], groups: list[list[str]]) -> list[torch.Tensor]:

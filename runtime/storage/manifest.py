@@ -6,8 +6,9 @@ a format version, and the bytes and sha256 of every file, so a reader can
 tell a complete directory from a truncated, corrupted or mixed-up one before
 it reads anything. This module writes and checks those facts once, for both;
 it needs no torch. Problems are `ManifestProblem` / `FileProblem` values
-carrying what was found, and each caller words them for its users (a
-checkpoint and an export advise different remedies).
+carrying what was found; `manifest_message` and `file_message` word them
+for users, one wording for every kind of directory, each `Artifact` naming
+itself and its remedy (export again, build the index again, ...).
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from typing import Any, Literal, Mapping, Sequence
 
 __all__ = [
     "MANIFEST",
+    "Artifact",
     "FileProblem",
     "ManifestProblem",
     "check_file",
     "describe_files",
     "file_facts",
+    "file_message",
     "file_sha256",
+    "manifest_message",
     "read_manifest",
     "sync_path",
     "write_manifest",
@@ -64,6 +68,52 @@ class ManifestProblem(Exception):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.kind} {self.detail}".rstrip()
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A kind of manifest-described directory, as its messages name it."""
+
+    name: str  # "export", "index", "checkpoint"
+    article: str  # "an" or "a", for "not an export directory"
+    made_by: str  # how one is written: "write one with reccompile export"
+    remedy: str  # what to do about a damaged one: "export again"; "" where the caller says it
+    format_version: int
+
+
+def manifest_message(problem: ManifestProblem, directory: Path, artifact: Artifact) -> str:
+    """One line for a manifest problem: the path, what is wrong, the remedy."""
+    path, detail, remedy = problem.path, problem.detail, _then(artifact.remedy, "; ")
+    if problem.kind == "missing":
+        return f"{directory}: no {MANIFEST}; not {artifact.article} {artifact.name} directory ({artifact.made_by})"
+    if problem.kind == "not_json":
+        return f"{path}: not valid JSON ({detail}){remedy}"
+    if problem.kind == "missing_keys":
+        return f"{path}: lacks {detail}{remedy}"
+    if problem.kind in ("not_object", "format"):
+        found = detail if problem.kind == "format" else repr(detail)
+        return f"{path}: not a reccompile {artifact.name} manifest (format {found})"
+    return f"{path}: format version {detail}; this runtime reads version {artifact.format_version}"
+
+
+def file_message(problem: FileProblem, artifact: Artifact) -> str:
+    """One line for a listed file that is missing or differs from its manifest entry."""
+    path, entry = problem.path, problem.expected
+    if problem.kind == "missing":
+        return f"{path}: missing (listed in {MANIFEST}){_then(artifact.remedy, '; ')}"
+    if problem.kind in ("truncated", "longer"):
+        return (
+            f"{path}: {problem.size:,} bytes, {MANIFEST} says {entry['bytes']:,}; "
+            f"the {artifact.name} is incomplete or corrupted{_then(artifact.remedy, ', ')}"
+        )
+    return (
+        f"{path}: sha256 {(problem.sha256 or '')[:12]}… does not match {MANIFEST} ({entry['sha256'][:12]}…); "
+        f"the file was changed or corrupted{_then(artifact.remedy, ', ')}"
+    )
+
+
+def _then(remedy: str, separator: str) -> str:
+    return f"{separator}{remedy}" if remedy else ""
 
 
 def file_sha256(path: Path) -> str:

@@ -22,6 +22,7 @@ import checkpoint_cases as cc
 from runtime.checkpoint import store as checkpoint
 from runtime.checkpoint.files import CheckpointError
 from runtime.checkpoint.lock import DirectoryLock
+from runtime.storage.manifest import file_sha256
 from runtime.train.worker import load_module
 import rendezvous
 
@@ -222,8 +223,11 @@ def test_keep_spares_a_damaged_checkpoint_the_resume_passed_over_once_the_run_is
     damage_flip(tmp_path / "step_00000004" / "__0_0.distcp")
     resumed = checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=sha256, fall_back=True)
     assert (resumed.step, resumed.damaged) == (2, (tmp_path / "step_00000004",))
+    damaged = tmp_path / "step_00000004" / "__0_0.distcp"
+    listed = json.loads((damaged.parent / "manifest.json").read_text())["files"]["__0_0.distcp"]["sha256"]
     assert resumed.passed_over == (
-        f"{tmp_path / 'step_00000004' / '__0_0.distcp'}: corrupted: its sha256 differs from the manifest's",
+        f"{damaged}: sha256 {file_sha256(damaged)[:12]}… does not match manifest.json ({listed[:12]}…); "
+        "the file was changed or corrupted",
     )
     for step in (3, 5):
         checkpoint.save_checkpoint(tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan, keep=2,
@@ -244,18 +248,21 @@ def damage_flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+SHA_DIFFERS = "{f}: sha256 {actual}… does not match manifest.json ({listed}…); the file was changed or corrupted"
 DAMAGES = {
-    "truncated": ("__0_0.distcp", damage_truncate, "{f}: truncated: 100 bytes, expected {n}"),
-    "missing": ("__0_0.distcp", Path.unlink, "{f}: missing (the checkpoint's manifest lists it)"),
-    "corrupted": ("__0_0.distcp", damage_flip, "{f}: corrupted: its sha256 differs from the manifest's"),
-    "corrupted metadata": (".metadata", damage_flip, "{f}: corrupted: its sha256 differs from the manifest's"),
+    "truncated": (
+        "__0_0.distcp", damage_truncate, "{f}: 100 bytes, manifest.json says {n:,}; the checkpoint is incomplete or corrupted"
+    ),
+    "missing": ("__0_0.distcp", Path.unlink, "{f}: missing (listed in manifest.json)"),
+    "corrupted": ("__0_0.distcp", damage_flip, SHA_DIFFERS),
+    "corrupted metadata": (".metadata", damage_flip, SHA_DIFFERS),
     "missing manifest": (
-        "manifest.json", Path.unlink, "{f}: missing: {d} is not a complete checkpoint"
+        "manifest.json", Path.unlink, "{d}: no manifest.json; not a checkpoint directory (a save cut short leaves none)"
     ),
     "corrupted manifest": (
         "manifest.json",
         lambda path: path.write_text('{"step": '),
-        "{f}: corrupted: not valid JSON (Expecting value: line 1 column 10 (char 9))",
+        "{f}: not valid JSON (Expecting value: line 1 column 10 (char 9))",
     ),
 }
 
@@ -266,8 +273,10 @@ def test_a_damaged_checkpoint_is_an_error_naming_the_file(modules, tmp_path: Pat
     name, harm, message = DAMAGES[damage]
     file = directory / name
     size = file.stat().st_size
+    listed = json.loads((directory / "manifest.json").read_text())["files"].get(name, {}).get("sha256", "")
     harm(file)
-    expected = message.format(f=file, n=size, d=directory)
+    actual = file_sha256(file)[:12] if file.exists() else ""
+    expected = message.format(f=file, n=size, d=directory, actual=actual, listed=listed[:12])
     with pytest.raises(CheckpointError) as raised:
         checkpoint.load_model_state(tmp_path)
     assert str(raised.value) == expected

@@ -195,10 +195,8 @@ def test_missing_feature_is_an_error() -> None:
             "kernel requires; use compute_kernel='dense'",
         ),
         (
-            lambda: EmbeddingCollection(
-                [EmbeddingConfig("a", 5, 4, ["f"]), EmbeddingConfig("b", 5, 4, ["f"])]
-            ),
-            "feature 'f' is looked up by tables 'a' and 'b'",
+            lambda: EmbeddingCollection([EmbeddingConfig("a", 5, 4, ["f", "f"])]),
+            "table 'a' names feature 'f' twice",
         ),
         (lambda: EmbeddingConfig("t", 0, 4, ["f"]), "table 't': num_embeddings and embedding_dim must be >= 1"),
         (lambda: EmbeddingConfig("t", 5, 4, []), "table 't': needs at least one feature name"),

@@ -118,7 +118,7 @@ def test_a_changed_file_is_named(tmp_path: Path) -> None:
         load_index(tmp_path)
     size = manifest["files"]["embeddings.pt"]["bytes"]
     assert str(error.value) == (
-        f"{path}: {size - 10:,} bytes, manifest.json says {size:,}; the index is incomplete or corrupted, build it again"
+        f"{path}: {size - 10:,} bytes, manifest.json says {size:,}; the index is incomplete or corrupted, build the index again"
     )
 
 

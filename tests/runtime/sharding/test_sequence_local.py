@@ -119,3 +119,18 @@ def test_a_name_shared_by_a_bag_table_and_a_sequence_table_is_refused() -> None:
     clash = [EmbeddingConfig("user", 10, 4, ("history",))]
     with pytest.raises(ValueError, match="^table 'user' is given twice: as a pooled table and as a sequence table$"):
         SparseArch(BAGS, SGD, whole_table_plan(BAGS), sequence_tables=clash)
+
+
+@pytest.mark.parametrize("as_sequence", [False, True])
+def test_a_feature_read_by_two_tables_is_refused_naming_it(as_sequence: bool) -> None:
+    """The collections name such outputs feature@table; the sharded stages route by feature, and a
+    spec never puts one feature in two tables."""
+    second = (EmbeddingConfig if as_sequence else EmbeddingBagConfig)("other", 10, 4, (BAGS[0].feature_names[0],))
+    bags, sequences = (BAGS, [second]) if as_sequence else (BAGS + [second], [])
+    message = (
+        f"feature {BAGS[0].feature_names[0]!r} is read by tables {BAGS[0].name!r} and 'other': sharded tables take "
+        "one feature each (outputs named feature@table are EmbeddingBagCollection's and EmbeddingCollection's only)"
+    )
+    with pytest.raises(ValueError) as refused:
+        SparseArch(bags, SGD, whole_table_plan(bags + sequences), sequence_tables=sequences)
+    assert str(refused.value) == message

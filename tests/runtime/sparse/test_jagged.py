@@ -171,6 +171,24 @@ def test_permute_matches_reference(ref: Ref, data: st.DataObject, as_tensor: boo
     assert_matches(ref.build().permute(indices, on_device), ref.select(indices))
 
 
+@pytest.mark.parametrize("indices", [[2, 0, 2], [1], [2, 1, 0], []])
+def test_weights_get_their_gradient_through_a_permute_that_repeats_or_drops_keys(indices: list[int]) -> None:
+    """fbgemm's backward inverts the permutation, which repeats and drops lack (it read out of bounds)."""
+    weights = torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0, 16.0], requires_grad=True)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        ["a", "b", "c"], t([1, 2, 3, 4, 5, 6]), t([1, 0, 2, 1, 1, 1]), weights=weights
+    )
+    permuted = kjt.permute(indices)
+    scale = torch.arange(1.0, permuted.values().numel() + 1)
+    (permuted.weights() * scale).sum().backward()
+    blocks = {0: [0], 1: [1, 2, 3], 2: [4, 5]}  # each key's positions in the values
+    expected = torch.zeros(6)
+    positions = [p for i in indices for p in blocks[i]]
+    expected.index_add_(0, torch.tensor(positions, dtype=torch.long), scale)
+    assert torch.equal(weights.grad, expected)
+    assert torch.equal(permuted.weights().detach(), weights.detach()[positions])
+
+
 @SETTINGS
 @given(st.data(), st.integers(0, 3), st.booleans(), st.integers(1, 3))
 def test_concat_matches_reference(

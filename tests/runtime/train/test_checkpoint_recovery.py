@@ -21,6 +21,7 @@ import pytest
 import checkpoint_cases as cc
 from runtime.checkpoint.files import CheckpointError
 from runtime.checkpoint.store import load_model_state
+from runtime.storage.manifest import file_sha256
 from runtime.train import worker
 from runtime.train.options import TrainOptions
 
@@ -59,7 +60,11 @@ def test_resume_passes_over_a_damaged_checkpoint_for_the_newest_intact_one(
     capsys.readouterr()
     assert run_worker(module, checkpoint_dir=ck, resume=True, steps=6, batch_size=64) == 0
     out, err = capsys.readouterr()
-    assert err == f"warning: passed over a damaged checkpoint: {data}: corrupted: its sha256 differs from the manifest's\n"
+    listed = json.loads((data.parent / "manifest.json").read_text())["files"][data.name]["sha256"]
+    assert err == (
+        f"warning: passed over a damaged checkpoint: {data}: sha256 {file_sha256(data)[:12]}… does not match "
+        f"manifest.json ({listed[:12]}…); the file was changed or corrupted\n"
+    )
     assert f"resumed from {ck}/step_00000002 at step 2 (--resume)\n" in out
     assert losses(out) == {step: reference[step] for step in (3, 4, 5, 6)}
 
