@@ -33,7 +33,7 @@ from runtime.modules.arguments import check_size
 from runtime.modules.sequence_checks import check_sequence
 from runtime.sparse.sequence import padding_mask
 
-__all__ = ["ATTENTIONS", "AUGRUCell", "GRU"]
+__all__ = ["ATTENTIONS", "GRU", "AUGRUCell"]
 
 ATTENTIONS = ("bilinear", "dot")
 
@@ -138,5 +138,7 @@ class GRU(nn.Module):
         return PackedSequence(torch.cat(steps), packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices)
 
     def extra_repr(self) -> str:
-        gate = f", query_dim={self.query_dim}, attention={self.attention}, softmax={self.softmax}" if self.query_dim else ""
+        gate = ""
+        if self.query_dim:
+            gate = f", query_dim={self.query_dim}, attention={self.attention}, softmax={self.softmax}"
         return f"dim={self.dim}, hidden_size={self.hidden_size}, num_layers={self.num_layers}{gate}"

@@ -83,8 +83,8 @@ class SyncBatchNorm(nn.Module):
         self.momentum = _check_unit(name, "momentum", momentum)
         self.process_group = process_group
         # Without `affine` (Dice's normalisation) there is no weight or bias, as in torch's BatchNorm1d.
-        self.weight = nn.Parameter(torch.ones(num_features)) if affine else None
-        self.bias = nn.Parameter(torch.zeros(num_features)) if affine else None
+        self.weight: nn.Parameter | None = nn.Parameter(torch.ones(num_features)) if affine else None
+        self.bias: nn.Parameter | None = nn.Parameter(torch.zeros(num_features)) if affine else None
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
@@ -109,9 +109,10 @@ class SyncBatchNorm(nn.Module):
             )
         if not self.training:
             mean, var = self.running_mean, self.running_var
-            if self.weight is None:
-                return (x - mean) * torch.rsqrt(var + self.eps)
-            return (x - mean) * torch.rsqrt(var + self.eps) * self.weight + self.bias
+            normalised = (x - mean) * torch.rsqrt(var + self.eps)
+            if self.weight is None or self.bias is None:
+                return normalised
+            return normalised * self.weight + self.bias
         count, total, squares = self._global_sums(x.reshape(-1, self.num_features))
         n = int(count[0])
         if n < 2:
@@ -126,7 +127,7 @@ class SyncBatchNorm(nn.Module):
             self.running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(self.running_var.dtype), alpha=m)
             self.num_batches_tracked.add_(1)
         scale = torch.rsqrt(var + self.eps).to(x.dtype)
-        if self.weight is None:
+        if self.weight is None or self.bias is None:
             return (x - mean.to(x.dtype)) * scale
         return (x - mean.to(x.dtype)) * (scale * self.weight) + self.bias
 

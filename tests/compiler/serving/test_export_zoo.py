@@ -63,7 +63,8 @@ def _check_towers(directory: Path, build: Path, checkpoint: Path) -> None:
     batch = module.synthetic_batch(BATCH, step=0, seed=SEED)
     rows = torch.arange(64)
     with torch.no_grad():
-        assert torch.equal(served.query_vectors(batch.dense, batch.sparse), model.query_vectors(batch.dense, batch.sparse))
+        queries = served.query_vectors(batch.dense, batch.sparse)
+        assert torch.equal(queries, model.query_vectors(batch.dense, batch.sparse))
         assert torch.equal(served.item_vectors(rows), model.item_vectors(rows))
 
 
