@@ -9,6 +9,8 @@ manifest, the index against its own) without compiling anything, runs the
 query tower on every request and looks its top K up in the index; writes K
 CSV rows per request (runtime/serving/retrieve.py) and reports requests/s and
 the threads (`--threads` or the cores free at launch, runtime/cpu/threads.py).
+A `--k` above the index's item count is clamped to it, with a note: the
+results are sized by the catalogue, never by the number typed.
 Exit status 1 when the export, its index or the data is bad (the first bad
 row under `--bad-rows fail`, named by file and line), 2 for bad usage (an `-o` that is a
 directory, a file `--data` reads, or inside OUT is refused before anything is read).
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
     parser.add_argument("--data", default="synthetic",
                         help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
-    parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10)")
+    parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10; more than the index holds: all of them, with a note)")
     parser.add_argument("--batch-size", type=positive_int, default=512, help="requests per batch (default 512)")
     parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")
     parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
@@ -65,10 +67,14 @@ def run(args: argparse.Namespace) -> int:
             return 1
         module, model = load(args.export, verify=args.verify)
         index = load_index(args.export / section["index"]["directory"], verify=args.verify)
+        k = min(args.k, len(index.ids))
+        if k < args.k:
+            print(f"note: --k {args.k:,} is more than the {k:,} items of the index: retrieving all {k:,}",
+                  file=sys.stderr)  # fmt: skip
         with frozen_objects():  # the loaded model and index are no garbage: full collections skip them
             report = retrieve_file(
                 model, module, index, args.output,
-                data=args.data, k=args.k, batch_size=args.batch_size, rows=args.rows,
+                data=args.data, k=k, batch_size=args.batch_size, rows=args.rows,
                 seed=module.INPUTS.training.seed if args.seed is None else args.seed,
                 bad_rows_policy=args.bad_rows,
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if report.bad_rows_summary is not None:
         print(report.bad_rows_summary, file=sys.stderr)
     print(
-        f"wrote the top {args.k} of {section['items']:,} items ({section['index']['kind']} index) for "
+        f"wrote the top {k} of {section['items']:,} items ({section['index']['kind']} index) for "
         f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "
         f"{report.requests_per_s:,.0f} requests/s (query tower {report.query_seconds:.3f} s, "
         f"index {report.search_seconds:.3f} s) on {threads.describe()}; {report.bad_rows:,} bad rows skipped"
