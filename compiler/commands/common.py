@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 from compiler.diagnostics import CompileError
 from compiler.pipeline import Options
 from compiler.planner.topology import parse_bytes
+from runtime.storage.output import OutputError
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -60,11 +61,15 @@ def output_file_problem(flag: str, output: Path, *, export: Path, reads: Iterabl
 
 
 def reporting_errors(action: Callable[[], int]) -> int:
-    """Run `action`; print a CompileError's diagnostics to stderr and return 1."""
+    """Run `action`; print a CompileError's diagnostics, or the line of an output it could not write
+    (a full disk, a read-only folder), to stderr and return 1."""
     try:
         return action()
     except CompileError as error:
         print(str(error), file=sys.stderr)
+        return 1
+    except OutputError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
 
 
@@ -77,6 +82,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def whole_number_in(least: int, most: int) -> Callable[[str], int]:
+    """argparse type: a whole number from `least` to `most` (runtime/train/limits.py: no memory is ever
+    sized by a number past them)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be between {least:,} and {most:,}, got {value}")
+        return value
+
+    return parse
 
 
 def memory_size(text: str) -> int:

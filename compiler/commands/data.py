@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     from compiler.lowering.instantiate import model_inputs
     from runtime.data.errors import DataError
     from runtime.data.sources import choose_data
+    from runtime.storage.output import OutputError
 
     inputs = model_inputs(ir)
     try:
@@ -112,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         manifest = prepare(inputs, choice, args.outdir, settings, report=_say)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except OutputError as error:  # the parts written are kept: a run again continues from them
+        print(f"error: {error}; once it can be written, run the same command again to continue", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"interrupted: run the same command again to continue the prepare in {args.outdir}", file=sys.stderr)
@@ -143,10 +147,12 @@ def _split(args: argparse.Namespace) -> int:
         return 2
     from runtime.data.errors import DataError
     from runtime.data.movielens_split import split_by_time
+    from runtime.storage.output import OutputError, removed_on_error
 
-    try:
-        split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
-    except DataError as error:
+    try:  # the split refuses an existing train/ or test/: on failure, what it made goes
+        with removed_on_error(args.outdir, args.outdir / "train", args.outdir / "test"):
+            split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
+    except (DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"split {split.describe()}")

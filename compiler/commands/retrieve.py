@@ -22,21 +22,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from compiler.commands.common import output_file_problem, positive_int
+from compiler.commands.common import output_file_problem, positive_int, whole_number_in
 from runtime.data.reader_names import FILE_READERS, data_forms
+from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED, MAX_THREADS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
     parser.add_argument("--data", default="synthetic",
                         help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
-    parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10; more than the index holds: all of them, with a note)")
-    parser.add_argument("--batch-size", type=positive_int, default=512, help="requests per batch (default 512)")
+    parser.add_argument("--k", type=positive_int, default=10,
+                        help="items per request (default 10; more than the index holds: all of them, with a note)")
+    parser.add_argument("--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512,
+                        help="requests per batch (default 512)")
     parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")
-    parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
+    parser.add_argument("--seed", type=whole_number_in(0, MAX_SEED),
+                        help="synthetic data seed (default: the spec's training.seed)")
     parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
                         help="stop at the first bad line (default) or count, report and skip them")
-    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: the free cores)")
+    parser.add_argument("--threads", type=whole_number_in(1, MAX_THREADS),
+                        help="torch intra-op threads (default: the free cores)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="check file sizes only, not their sha256")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
@@ -52,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.retrieval.index_files import IndexFileError, load_index
     from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
     from runtime.serving.retrieve import retrieve_file
+    from runtime.storage.output import OutputError
 
     problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
     if problem is not None:
@@ -80,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
             )  # fmt: skip
-    except (ExportError, IndexFileError, DataError) as error:
+    except (ExportError, IndexFileError, DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if report.bad_rows_summary is not None:

@@ -37,6 +37,7 @@ from runtime.retrieval.index_quality import IndexQuality, check_index
 from runtime.serving.samples import file_samples, requests_reader
 from runtime.serving.vectors import catalogue, row_ids
 from runtime.storage.manifest import MANIFEST, file_facts
+from runtime.storage.output import save_tensors
 
 __all__ = ["INDEX_DIR", "ITEM_VECTORS", "ItemsReport", "export_items", "item_vectors"]
 
@@ -82,7 +83,7 @@ def export_items(
     movie_rows = None if vocabulary is None else vocabulary.movies
     rows, ids = catalogue(table_rows, movie_rows)
     vectors = item_vectors(model, rows)
-    torch.save(vectors.clone(), directory / ITEM_VECTORS)
+    save_tensors(vectors.clone(), directory / ITEM_VECTORS)
     index = build_index(vectors, ids, kind=kind)
     exact = build_index(vectors, ids, kind="exact")
     save_index(index, directory / INDEX_DIR)

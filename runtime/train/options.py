@@ -166,7 +166,9 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
         if value is not None and value < least:
             bound = "at least 1" if least == 1 else "0 or more"
             raise UsageError(f"{flag} must be {bound}, got {value}")
-    for flag, least, most in (("--batch-size", 1, MAX_BATCH_SIZE), ("--seed", 0, MAX_SEED), ("--threads", 1, MAX_THREADS)):
+    for flag, least, most in (
+        ("--batch-size", 1, MAX_BATCH_SIZE), ("--seed", 0, MAX_SEED), ("--threads", 1, MAX_THREADS),
+    ):  # fmt: skip
         value = getattr(args, _dest(flag))
         problem = None if value is None else range_problem(flag, value, least, most)
         if problem is not None:
