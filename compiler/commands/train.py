@@ -23,7 +23,7 @@ from pathlib import Path
 
 from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, outdir_problem, reporting_errors
-from compiler.commands.train_launch import interrupted_message, run_torchrun
+from compiler.commands.train_launch import interrupted_message, interrupted_status, run_torchrun, stop_on_sigterm
 from compiler.lowering.instantiate import model_inputs
 from compiler.pipeline import compile_spec
 from runtime.data.errors import DataError
@@ -101,11 +101,12 @@ def run(args: argparse.Namespace) -> int:
             command = _torchrun_command(args, ready, Path(logs))
             return run_torchrun(command, ready.checkpoint_dir, threads=choice.threads)
 
+    stop_on_sigterm()
     try:
         return reporting_errors(action)
-    except KeyboardInterrupt:  # Ctrl-C in this process (torchrun's ranks: run_torchrun stops them)
-        print(interrupted_message(options.checkpoint_dir), file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM in this process (torchrun's ranks: run_torchrun stops them)
+        print(interrupted_message(options.checkpoint_dir, stop), file=sys.stderr)
+        return interrupted_status(stop)
 
 
 def _world_size(args: argparse.Namespace) -> int:
