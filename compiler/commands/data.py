@@ -33,6 +33,7 @@ from compiler.diagnostics import CompileError
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.data.reader_names import FILE_READERS, data_forms
+from runtime.train.limits import MAX_PROCESSES, range_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
         return _split(args)
     if args.workers is not None and args.workers < 0:
         print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
+        return 2
+    problem = None if args.workers is None else range_problem("--workers", args.workers, 0, MAX_PROCESSES)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     try:
         ir = validate(load(args.spec))

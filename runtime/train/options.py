@@ -30,7 +30,14 @@ from runtime.data.bad_rows import BAD_ROW_POLICIES
 from runtime.data.features import TrainingConfig
 from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.reader_names import data_forms
-from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED, MAX_THREADS, range_problem
+from runtime.train.limits import (
+    MAX_BATCH_SIZE,
+    MAX_PIPELINE_DEPTH,
+    MAX_PROCESSES,
+    MAX_SEED,
+    MAX_THREADS,
+    range_problem,
+)
 
 
 DEFAULT_KEEP = 3  # enough to fall back past a damaged newest checkpoint, not every one of a long run
@@ -168,6 +175,7 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
             raise UsageError(f"{flag} must be {bound}, got {value}")
     for flag, least, most in (
         ("--batch-size", 1, MAX_BATCH_SIZE), ("--seed", 0, MAX_SEED), ("--threads", 1, MAX_THREADS),
+        ("--data-workers", 0, MAX_PROCESSES), ("--pipeline-depth", 1, MAX_PIPELINE_DEPTH),
     ):  # fmt: skip
         value = getattr(args, _dest(flag))
         problem = None if value is None else range_problem(flag, value, least, most)

@@ -65,6 +65,7 @@ from runtime.data.prepared.manifest import (
     MANIFEST,
     Manifest,
     PartFile,
+    check_files,
     file_sha256,
     read_manifest,
     write_json_atomically,
@@ -236,6 +237,7 @@ def _prepare(
     manifest = writer.manifest(choice, bad_rows, vocab)
     write_manifest(manifest)
     (root / JOURNAL).unlink()
+    (root / LOCK_FILE).unlink()  # finished: no prepare writes here again (released once this returns)
     return manifest
 
 
@@ -282,6 +284,7 @@ def _finished(
     root: Path, identity: dict[str, Any], inputs: list[dict[str, Any]], report: Callable[[str], None] | None
 ) -> Manifest:
     manifest = read_manifest(root)
+    check_files(manifest)  # a part truncated or removed by hand since: not "nothing to do"
     made = {**manifest.source.get("identity", {})}
     if made != identity:
         raise DataError(f"{root}: already holds prepared data {_difference(made, identity)}; choose another -o")
