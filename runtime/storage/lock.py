@@ -40,8 +40,12 @@ class FileLock:
             holder = os.read(self._fd, 32).decode("ascii", "replace").strip() or "unknown"
             self.release()
             raise LockHeld(path, holder) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:  # a full disk: no lock without its holder's pid
+            self.release()
+            raise
 
     def release(self) -> None:
         if self._fd is not None:

@@ -204,9 +204,9 @@ def _prepare(
         return _finished(root, identity, stamps, report)
     made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
-    held.callback(_lock(root).release)
     if made:  # nothing of this run is worth keeping until the journal records a part
         held.push(lambda kind, error, trace: _remove_if_no_parts(root) if error is not None else None)
+    held.callback(_lock(root).release)
     journal = _load_journal(root, identity, stamps, report)
     held.push(lambda kind, error, trace: _remove_strays_after(root, journal) if error is not None else None)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
