@@ -215,9 +215,11 @@ def _move_aside_if_unreadable(path: Path, choice: Choice) -> bool:
             inode = os.fstat(existing.fileno()).st_ino
     except FileNotFoundError:
         return True  # moved aside by another process: link again
+    except IsADirectoryError:  # a folder in the file's place: moved aside as a file is
+        inode = None
     log.warning("reccompile: kernel choice %s does not read as one; measured again, kept as %s.bad", path, path.name)
     with contextlib.suppress(FileNotFoundError):
-        if os.stat(path).st_ino == inode:
+        if inode is None or os.stat(path).st_ino == inode:
             os.replace(path, path.with_name(path.name + ".bad"))
     return True
 

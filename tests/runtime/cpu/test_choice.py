@@ -198,6 +198,19 @@ def test_a_file_that_is_not_a_choice_is_measured_again_and_replaced(
     ]
 
 
+def test_a_folder_in_a_choice_files_place_is_measured_again_and_moved_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = choice.directory(tmp_path) / "dot"
+    (folder / "b512.json").mkdir(parents=True)
+    assert choice.choose("dot", "b512", _fast_native()) == "native"
+    assert (folder / "b512.json.bad").is_dir()
+    assert json.loads((folder / "b512.json").read_text())["winner"] == "native"
+    assert caplog.messages == [
+        f"reccompile: kernel choice {folder / 'b512.json'} does not read as one; measured again, kept as b512.json.bad"
+    ]
+
+
 def test_a_choice_that_cannot_be_recorded_is_still_used_and_said(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
