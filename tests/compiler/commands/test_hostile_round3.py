@@ -22,7 +22,8 @@ import torch
 
 from compiler.cli import main
 from runtime.cpu import choice
-from runtime.data.errors import DataError
+from runtime.data.errors import DataError, RowError
+from runtime.data.movielens import parse_rating
 from runtime.data.prepared.manifest import read_manifest
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED
@@ -185,6 +186,18 @@ def test_retrieve_takes_the_largest_timestamps_and_refuses_ones_past_64_bits(wor
         "pass --bad-rows skip to count and skip bad rows instead",
     )
     assert not (tmp_path / "b.csv").exists()
+
+
+@pytest.mark.parametrize("line, column", [
+    (b"1::20::4::100000000000000000000", "timestamp"),
+    (b"99999999999999999999::20::4::5", "userId"),
+    (b"1::9223372036854775808::4::5", "movieId"),
+])  # fmt: skip
+def test_a_movielens_number_past_64_bits_is_a_bad_row_naming_its_column(line: bytes, column: str) -> None:
+    with pytest.raises(RowError) as refused:
+        parse_rating(line, b"::")
+    assert (str(refused.value), refused.value.column) == (f"column {column}: past the 64-bit integers", column)
+    assert parse_rating(b"1::2::4::9223372036854775807", b"::") == (1, 2, 4.0, 2**63 - 1)  # the largest is a time
 
 
 # -- data paths that are no file or directory of data --
