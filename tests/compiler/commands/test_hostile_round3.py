@@ -20,6 +20,9 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
+import compiler.serving.export as serving_export
+import runtime.data.movielens_split as movielens_split
+import runtime.serving.retrieve as serving_retrieve
 from compiler.cli import main
 from runtime.cpu import choice
 from runtime.data.errors import DataError, RowError
@@ -418,3 +421,33 @@ def test_an_output_on_a_full_or_read_only_file_system_is_one_line_and_leaves_not
 def test_the_schema_states_the_bounds_the_flags_check() -> None:
     training = json.loads((REPO / "compiler" / "spec" / "schema.json").read_text())["$defs"]["training"]["properties"]
     assert (training["batch_size"]["maximum"], training["seed"]["maximum"]) == (MAX_BATCH_SIZE, MAX_SEED)
+
+
+# -- Ctrl-C halfway through writing: one line, status 130, nothing written --
+
+
+def _interrupted_after(real: Callable) -> Callable:
+    def write_then_stop(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    return write_then_stop
+
+
+@pytest.mark.parametrize("target, name, argv", [
+    (serving_retrieve, "retrieve", ["retrieve", "{hstu_out}", "--rows", 4, "-o", "{tmp}/out/r.csv"]),
+    (serving_export, "export_items",
+     ["export", "{hstu}", "--checkpoint", "{work}/hstu_ck", "--no-aot", "-o", "{tmp}/out/exp"]),
+    (movielens_split.shutil, "copyfile",  # train/ and test/ written, then the movies files
+     ["data", "split", "--data", "movielens:{tmp}/ml/ratings.dat", "-o", "{tmp}/out/split"]),
+], ids=["retrieve", "export", "data_split"])  # fmt: skip
+def test_ctrl_c_halfway_through_writing_leaves_nothing_and_says_so(
+    work: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, target: object, name: str, argv: list[object]
+) -> None:
+    (tmp_path / "ml").mkdir()
+    (tmp_path / "ml" / "ratings.dat").write_bytes((work / "ratings.dat").read_bytes())
+    (tmp_path / "ml" / "movies.dat").write_text("1::Toy Story (1995)::Animation\n")
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(target, name, _interrupted_after(getattr(target, name)))
+    assert run(capsys, *_fill(argv, work, tmp_path))[::2] == (130, "interrupted: nothing was written")
+    assert list((tmp_path / "out").iterdir()) == []
