@@ -19,11 +19,14 @@ from typing import Callable, Iterator
 
 import pytest
 import torch
+from torch.distributed.checkpoint import FileSystemWriter
 
 import compiler.serving.export as serving_export
 import runtime.data.movielens_split as movielens_split
 import runtime.serving.retrieve as serving_retrieve
 from compiler.cli import main
+from compiler.commands.train_launch import Terminated
+from runtime.checkpoint import dcp
 from runtime.cpu import choice
 from runtime.data.errors import DataError, RowError
 from runtime.data.movielens import parse_rating
@@ -451,3 +454,15 @@ def test_ctrl_c_halfway_through_writing_leaves_nothing_and_says_so(
     monkeypatch.setattr(target, name, _interrupted_after(getattr(target, name)))
     assert run(capsys, *_fill(argv, work, tmp_path))[::2] == (130, "interrupted: nothing was written")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_a_stop_during_a_checkpoint_save_is_the_stop_not_a_failed_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: type[KeyboardInterrupt]
+) -> None:
+    def stopped(*args, **kwargs):
+        raise stop
+
+    monkeypatch.setattr(FileSystemWriter, "write_data", stopped)
+    with pytest.raises(stop):
+        dcp.save({"w": torch.ones(3)}, tmp_path / "ck", None)
