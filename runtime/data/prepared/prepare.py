@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import deque
 import shutil
+from collections import deque
 from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
