@@ -148,8 +148,11 @@ def export(request: ExportRequest) -> ExportResult:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    with output_errors(request.outdir):
+    try:
         _replace(request.outdir, staging)
+    except OSError as error:  # another export renamed OUT at the same moment: this one goes
+        shutil.rmtree(staging, ignore_errors=True)
+        raise cannot_write(request.outdir, error) from None
     return ExportResult(manifest, items)
 
 

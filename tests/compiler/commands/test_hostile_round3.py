@@ -10,6 +10,7 @@ root; where mounting is not permitted those cases skip, saying so).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -466,3 +467,16 @@ def test_a_stop_during_a_checkpoint_save_is_the_stop_not_a_failed_write(
     monkeypatch.setattr(FileSystemWriter, "write_data", stopped)
     with pytest.raises(stop):
         dcp.save({"w": torch.ones(3)}, tmp_path / "ck", None)
+
+
+def test_an_export_that_loses_the_race_for_its_output_leaves_no_staging(
+    work: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def raced(outdir: Path, staging: Path) -> None:  # another export renamed OUT between our two renames
+        raise OSError(errno.ENOTEMPTY, os.strerror(errno.ENOTEMPTY), str(outdir))
+
+    monkeypatch.setattr(serving_export, "_replace", raced)
+    out = tmp_path / "exp"
+    argv = ["export", work / "hstu.yaml", "--checkpoint", work / "hstu_ck", "--no-aot", "-o", out]
+    assert run(capsys, *argv)[::2] == (1, f"error: cannot write {out}: Directory not empty")
+    assert list(tmp_path.iterdir()) == []
