@@ -30,6 +30,7 @@ from torch import nn
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.features import ModelInputs
+from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import Vocabulary
 from runtime.retrieval.index import build_index
 from runtime.retrieval.index_files import save_index
@@ -157,7 +158,7 @@ def _held_out_next(
     from runtime.data.errors import DataError
 
     reader = requests_reader(inputs, data, vocabulary, threshold, positives=True)
-    if not hasattr(reader, "parse"):
+    if not isinstance(reader, MovieLensReader):  # a CSV reader parses lines too, into rows, not ratings
         raise DataError(f"{data}: the recall check of a next-item model reads MovieLens ratings (movielens:FILE)")
     movies = (reader.parse(line)[1] for _, _, line in reader.epoch_lines())
     queries, positives, count = [], [], 0

@@ -480,3 +480,12 @@ def test_an_export_that_loses_the_race_for_its_output_leaves_no_staging(
     argv = ["export", work / "hstu.yaml", "--checkpoint", work / "hstu_ck", "--no-aot", "-o", out]
     assert run(capsys, *argv)[::2] == (1, f"error: cannot write {out}: Directory not empty")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_next_item_exports_recall_check_on_a_csv_says_what_it_reads(work: Path, tmp_path: Path, capsys) -> None:
+    argv = ["export", work / "hstu.yaml", "--checkpoint", work / "hstu_ck", "--no-aot", "-o", tmp_path / "exp",
+            "--eval-data", f"csv:{work / 'seqs.csv'}"]  # fmt: skip
+    assert run(capsys, *argv)[::2] == (
+        1, f"error: csv:{work / 'seqs.csv'}: the recall check of a next-item model reads MovieLens ratings (movielens:FILE)"
+    )
+    assert list(tmp_path.iterdir()) == []
