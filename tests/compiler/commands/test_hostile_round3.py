@@ -102,10 +102,11 @@ def sequences_csv(path: Path, rows: list[tuple[str, str]]) -> Path:
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile3")
+    lengths = [2 + s % 5 for s in range(SEQUENCES)]  # histories of 2 to 6 items, each with its times
     rows = [
-        ("|".join(str(1 + (7 * s + 3 * j) % 39) for j in range(2 + s % 5)), "|".join(str(1000 + 10 * j) for j in range(2 + s % 5)))
-        for s in range(SEQUENCES)
-    ]  # fmt: skip
+        ("|".join(str(1 + (7 * s + 3 * j) % 39) for j in range(n)), "|".join(str(1000 + 10 * j) for j in range(n)))
+        for s, n in enumerate(lengths)
+    ]
     sequences_csv(root / "seqs.csv", rows)
     (root / "hstu.yaml").write_text(HSTU_SPEC.format(data=root / "seqs.csv"))
     (root / "dlrm.yaml").write_text(DLRM_SPEC)
