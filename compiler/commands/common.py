@@ -10,14 +10,17 @@ from typing import Callable, Iterable
 
 from compiler.diagnostics import CompileError
 from compiler.pipeline import Options
+from compiler.planner.fit import MAX_WORLD_SIZE
 from compiler.planner.topology import parse_bytes
 from runtime.storage.output import OutputError
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="the model spec (YAML)")
-    parser.add_argument("--world-size", type=positive_int, help="ranks to plan for (default: the spec's)")
-    parser.add_argument("--ranks-per-host", type=positive_int, help="ranks on each host (default: all on one)")
+    parser.add_argument("--world-size", type=whole_number_in(1, MAX_WORLD_SIZE),
+                        help=f"ranks to plan for, at most {MAX_WORLD_SIZE:,} (default: the spec's)")
+    parser.add_argument("--ranks-per-host", type=whole_number_in(1, MAX_WORLD_SIZE),
+                        help="ranks on each host (default: all on one)")
     parser.add_argument(
         "--memory-per-rank", type=memory_size, help="memory of each rank, e.g. 16GiB (default: the device's)"
     )

@@ -31,6 +31,7 @@ from runtime.data.sources import choose_data
 from runtime.train import options as train_options
 from runtime.train import worker
 from runtime.train.early_stopping import resolve_best_metric
+from runtime.train.limits import MAX_RANKS_PER_HOST, range_problem
 from runtime.train.options import TrainOptions, UsageError
 from runtime.cpu.threads import ThreadChoice, choose_threads, given_threads
 
@@ -112,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
 def _world_size(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc > MAX_RANKS_PER_HOST:
+        raise UsageError(range_problem("--nproc", args.nproc, 1, MAX_RANKS_PER_HOST) or "")
     if args.torchrun_max_restarts is not None:
         restarts = _whole(args.torchrun_max_restarts, "--max-restarts")
         if restarts < 0:

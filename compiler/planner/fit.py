@@ -22,15 +22,19 @@ from typing import Callable
 from compiler.diagnostics import CompileError
 from compiler.planner.topology import Topology
 
+# The largest world size a spec may ask for (schema.json's sharding.world_size): planning is linear
+# in the ranks, and a batch of 2^31 - 2 samples divides over 2^30 - 1 of them.
+MAX_WORLD_SIZE = 65536
+
 
 def fitting_world_size(
     fits: Callable[[int], bool], world_size: int, batch_size: int, step: int, least: int = 1
 ) -> int | None:
     """The smallest world size above `world_size` and at least `least` (the tables' bytes over
-    a rank's) that `fits`, among the multiples of `step` that divide `batch_size`; None when
-    not even the largest fits."""
+    a rank's) that `fits`, among the multiples of `step` that divide `batch_size`, up to
+    MAX_WORLD_SIZE; None when not even the largest fits."""
     first = max(world_size + 1, least)
-    sizes = [n for n in divisors(batch_size) if n >= first and n % step == 0]
+    sizes = [n for n in divisors(batch_size) if first <= n <= MAX_WORLD_SIZE and n % step == 0]
     miss, probe = -1, 0  # sizes[miss] does not fit (-1: before the first)
     while True:  # double: probe 0, 1, 3, 7 ... and the last
         if probe >= len(sizes) - 1:

@@ -16,6 +16,7 @@ MAX_SEED = 2**63 - 1
 MAX_THREADS = 4096
 MAX_PROCESSES = 64  # DataLoader or parse processes: each a Python with torch loaded, ~250 MB
 MAX_PIPELINE_DEPTH = 64  # batches staged ahead, each held in memory until trained
+MAX_RANKS_PER_HOST = 1024  # --nproc: torchrun starts that many processes on this host
 
 
 def range_problem(flag: str, value: int, least: int, most: int) -> str | None:
