@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
             command = _torchrun_command(args, ready, Path(logs))
             return run_torchrun(command, ready.checkpoint_dir, threads=choice.threads)
 
-    stop_on_sigterm()
     try:
-        return reporting_errors(action)
+        with stop_on_sigterm():
+            return reporting_errors(action)
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM in this process (torchrun's ranks: run_torchrun stops them)
         print(interrupted_message(options.checkpoint_dir, stop), file=sys.stderr)
         return interrupted_status(stop)

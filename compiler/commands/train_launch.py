@@ -19,13 +19,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from runtime.checkpoint.files import latest_checkpoint
 from runtime.process.lifetime import set_parent_death_signal
@@ -156,13 +157,18 @@ class Terminated(KeyboardInterrupt):
     checkpoint to resume from named), where by default the launcher died without a word."""
 
 
-def stop_on_sigterm() -> None:
-    """From now on SIGTERM raises Terminated in the main thread."""
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block SIGTERM raises Terminated in the main thread (the caller's handler after)."""
 
     def terminate(number: int, frame: object) -> None:
         raise Terminated
 
-    signal.signal(signal.SIGTERM, terminate)
+    before = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def interrupted_message(checkpoint_dir: Path | None, stop: BaseException | None = None) -> str:
