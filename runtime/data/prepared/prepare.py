@@ -285,7 +285,8 @@ def _finished(
 ) -> Manifest:
     manifest = read_manifest(root)
     check_files(manifest)  # a part truncated or removed by hand since: not "nothing to do"
-    made = {**manifest.source.get("identity", {})}
+    recorded = manifest.source.get("identity")
+    made = recorded if isinstance(recorded, dict) else {}  # edited by hand: not this prepare's
     if made != identity:
         raise DataError(f"{root}: already holds prepared data {_difference(made, identity)}; choose another -o")
     change = input_change(manifest.source.get("inputs"), inputs)

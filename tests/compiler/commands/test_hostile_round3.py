@@ -332,6 +332,18 @@ def test_a_prepare_run_again_over_a_part_truncated_by_hand_says_so(work: Path, p
     )
 
 
+def test_a_prepare_run_again_over_a_manifest_whose_identity_was_edited_refuses_it(
+    work: Path, prepared: Path, tmp_path: Path, capsys
+) -> None:
+    spec_sha256 = json.loads((prepared / "manifest.json").read_text())["source"]["identity"]["spec_sha256"]
+    copy = _edited(prepared, tmp_path, lambda d: _set(d, source={**d["source"], "identity": ["edited"]}))
+    said = run(capsys, "data", "prepare", work / "hstu.yaml", "--data", f"csv:{work / 'seqs.csv'}", "-o", copy)
+    assert said[::2] == (
+        1, f"error: {copy}: already holds prepared data with spec_sha256 None (this prepare's: {spec_sha256!r}); "
+        "choose another -o"
+    )
+
+
 @pytest.mark.parametrize("journal, said", [
     (b"\x9a\xff junk", "not JSON: 'utf-8' codec can't decode byte 0x9a in position 0: invalid start byte"),
     (b'{"identity": {"spec', "not JSON: Unterminated string starting at: line 1 column 15 (char 14)"),
