@@ -5,13 +5,16 @@ may not write reach the commands as OSError from deep inside a writer;
 each command turns it into an `OutputError` whose message names the path and
 the cause, and leaves nothing half-written behind:
 
-    with output_errors():                      # OSError -> OutputError
-        write_file(out / "scores.csv", write)   # a hidden partial file, renamed when whole
-    with removed_on_error(out / "train", out / "test"):
+    write_file(out / "scores.csv", write)      # a hidden partial file, renamed when whole
+    with removed_on_error(out, out / "train", out / "test"):
         ...                                     # what did not exist before goes again on error
+    with output_errors(out):                    # OSError -> OutputError naming `out`
+        ...
+    save_tensors(tensors, staging / "dense.pt") # a full disk an OSError, not torch's RuntimeError
 
 Checkpoints follow the same rule their own way (runtime/checkpoint/files.py:
-a `.partial` directory renamed when complete). Torch-free.
+a `.partial` directory renamed when complete). Torch-free to import
+(`save_tensors` imports torch when called).
 """
 
 from __future__ import annotations
