@@ -64,6 +64,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # a closed stdout shows here, not in the interpreter's flush at exit
     except BrokenPipeError:
         return _stdout_closed()
+    except KeyboardInterrupt:  # train and data prepare say more; every command writes its output whole or not at all
+        print("interrupted: nothing was written", file=sys.stderr)
+        return 128 + signal.SIGINT
     return status
 
 

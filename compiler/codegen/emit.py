@@ -27,6 +27,7 @@ from compiler.lowering.calls import (
 )
 from compiler.lowering.retrieval_graphs import item_graph, query_graph, retrieval_head
 from compiler.lowering.types import BuildArg, Call, ModuleDecl, SplitModel
+from runtime.storage.output import removed_on_error, write_file
 
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("compiler.codegen", "templates"),
@@ -47,13 +48,16 @@ class GeneratedModule:
     plan_json: str
 
     def write(self, outdir: Path | str) -> list[Path]:
+        """Write the module and its plan into `outdir`, each file whole or not at all (an OutputError
+        names `outdir` and the cause; a folder this call made goes again)."""
         out = Path(outdir)
-        out.mkdir(parents=True, exist_ok=True)
         written = []
-        for name, text in ((self.filename, self.source), (self.plan_filename, self.plan_json)):
-            path = out / name
-            path.write_text(text)
-            written.append(path)
+        with removed_on_error(out):
+            out.mkdir(parents=True, exist_ok=True)
+            for name, text in ((self.filename, self.source), (self.plan_filename, self.plan_json)):
+                path = out / name
+                write_file(path, lambda stream, text=text: stream.write(text))
+                written.append(path)
         return written
 
 

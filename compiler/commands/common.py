@@ -10,13 +10,17 @@ from typing import Callable, Iterable
 
 from compiler.diagnostics import CompileError
 from compiler.pipeline import Options
+from compiler.planner.fit import MAX_WORLD_SIZE
 from compiler.planner.topology import parse_bytes
+from runtime.storage.output import OutputError
 
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="the model spec (YAML)")
-    parser.add_argument("--world-size", type=positive_int, help="ranks to plan for (default: the spec's)")
-    parser.add_argument("--ranks-per-host", type=positive_int, help="ranks on each host (default: all on one)")
+    parser.add_argument("--world-size", type=whole_number_in(1, MAX_WORLD_SIZE),
+                        help=f"ranks to plan for, at most {MAX_WORLD_SIZE:,} (default: the spec's)")
+    parser.add_argument("--ranks-per-host", type=whole_number_in(1, MAX_WORLD_SIZE),
+                        help="ranks on each host (default: all on one)")
     parser.add_argument(
         "--memory-per-rank", type=memory_size, help="memory of each rank, e.g. 16GiB (default: the device's)"
     )
@@ -60,11 +64,15 @@ def output_file_problem(flag: str, output: Path, *, export: Path, reads: Iterabl
 
 
 def reporting_errors(action: Callable[[], int]) -> int:
-    """Run `action`; print a CompileError's diagnostics to stderr and return 1."""
+    """Run `action`; print a CompileError's diagnostics, or the line of an output it could not write
+    (a full disk, a read-only folder), to stderr and return 1."""
     try:
         return action()
     except CompileError as error:
         print(str(error), file=sys.stderr)
+        return 1
+    except OutputError as error:
+        print(f"error: {error}", file=sys.stderr)
         return 1
 
 
@@ -77,6 +85,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def whole_number_in(least: int, most: int) -> Callable[[str], int]:
+    """argparse type: a whole number from `least` to `most` (runtime/train/limits.py: no memory is ever
+    sized by a number past them)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(f"must be between {least:,} and {most:,}, got {value}")
+        return value
+
+    return parse
 
 
 def memory_size(text: str) -> int:

@@ -33,6 +33,7 @@ from compiler.diagnostics import CompileError
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.data.reader_names import FILE_READERS, data_forms
+from runtime.train.limits import MAX_PROCESSES, range_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +80,10 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         print(f"error: --workers must be 0 or more, got {args.workers}", file=sys.stderr)
         return 2
+    problem = None if args.workers is None else range_problem("--workers", args.workers, 0, MAX_PROCESSES)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         ir = validate(load(args.spec))
     except CompileError as error:
@@ -88,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     from compiler.lowering.instantiate import model_inputs
     from runtime.data.errors import DataError
     from runtime.data.sources import choose_data
+    from runtime.storage.output import OutputError
 
     inputs = model_inputs(ir)
     try:
@@ -112,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         manifest = prepare(inputs, choice, args.outdir, settings, report=_say)
     except DataError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except OutputError as error:  # the parts written are kept: a run again continues from them
+        print(f"error: {error}; once it can be written, run the same command again to continue", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"interrupted: run the same command again to continue the prepare in {args.outdir}", file=sys.stderr)
@@ -143,10 +152,12 @@ def _split(args: argparse.Namespace) -> int:
         return 2
     from runtime.data.errors import DataError
     from runtime.data.movielens_split import split_by_time
+    from runtime.storage.output import OutputError, removed_on_error
 
-    try:
-        split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
-    except DataError as error:
+    try:  # the split refuses an existing train/ or test/: on failure, what it made goes
+        with removed_on_error(args.outdir, args.outdir / "train", args.outdir / "test"):
+            split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
+    except (DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"split {split.describe()}")

@@ -28,6 +28,7 @@ from runtime.retrieval.index import INDEX_KINDS
 from runtime.retrieval.index_files import IndexFileError
 from runtime.serving.item_index import ItemsReport
 from runtime.serving.export_dir import ExportError
+from runtime.storage.output import OutputError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         except UsageError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        except (ExportError, CheckpointError, DataError, IndexFileError) as error:
+        except (ExportError, CheckpointError, DataError, IndexFileError, OutputError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
         print(summary(result.manifest, args.outdir))

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from compiler.commands.common import output_file_problem, positive_int
+from compiler.commands.common import output_file_problem, positive_int, whole_number_in
 from runtime.cpu.threads import process_threads
 from runtime.data.reader_names import FILE_READERS, data_forms
+from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED, MAX_THREADS
 from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
 from runtime.serving.predict import predict_file
 
@@ -32,13 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="an export directory (reccompile export)")
     parser.add_argument("--data", default="synthetic",
                         help=f"the samples: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
-    parser.add_argument("--batch-size", type=positive_int, default=512, help="samples per forward (default 512)")
+    parser.add_argument("--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512,
+                        help="samples per forward (default 512)")
     parser.add_argument("--rows", type=positive_int, default=4096, help="synthetic samples (default 4096)")
-    parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
+    parser.add_argument("--seed", type=whole_number_in(0, MAX_SEED),
+                        help="synthetic data seed (default: the spec's training.seed)")
     parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
                         help="stop at the first bad row (default) or count, report and skip them")
     parser.add_argument("--rating-threshold", type=float, help="MovieLens positives: rating >= T (default 4)")
-    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: the free cores)")
+    parser.add_argument("--threads", type=whole_number_in(1, MAX_THREADS),
+                        help="torch intra-op threads (default: the free cores)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="check file sizes only, not their sha256")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
@@ -48,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.cpu.allocator import frozen_objects, retain_freed_memory
     from runtime.data.errors import DataError
     from runtime.data.sources import read_paths
+    from runtime.storage.output import OutputError
 
     problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
     if problem is not None:
@@ -76,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                 vocabulary=vocabulary,
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
             )
-    except (ExportError, DataError, IndexError) as error:
+    except (ExportError, DataError, IndexError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if report.bad_rows_summary is not None:

@@ -9,6 +9,8 @@ manifest, the index against its own) without compiling anything, runs the
 query tower on every request and looks its top K up in the index; writes K
 CSV rows per request (runtime/serving/retrieve.py) and reports requests/s and
 the threads (`--threads` or the cores free at launch, runtime/cpu/threads.py).
+A `--k` above the index's item count is clamped to it, with a note: the
+results are sized by the catalogue, never by the number typed.
 Exit status 1 when the export, its index or the data is bad (the first bad
 row under `--bad-rows fail`, named by file and line), 2 for bad usage (an `-o` that is a
 directory, a file `--data` reads, or inside OUT is refused before anything is read).
@@ -20,21 +22,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from compiler.commands.common import output_file_problem, positive_int
+from compiler.commands.common import output_file_problem, positive_int, whole_number_in
 from runtime.data.reader_names import FILE_READERS, data_forms
+from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED, MAX_THREADS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
     parser.add_argument("--data", default="synthetic",
                         help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
-    parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10)")
-    parser.add_argument("--batch-size", type=positive_int, default=512, help="requests per batch (default 512)")
+    parser.add_argument("--k", type=positive_int, default=10,
+                        help="items per request (default 10; more than the index holds: all of them, with a note)")
+    parser.add_argument("--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512,
+                        help="requests per batch (default 512)")
     parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")
-    parser.add_argument("--seed", type=int, help="synthetic data seed (default: the spec's training.seed)")
+    parser.add_argument("--seed", type=whole_number_in(0, MAX_SEED),
+                        help="synthetic data seed (default: the spec's training.seed)")
     parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
                         help="stop at the first bad line (default) or count, report and skip them")
-    parser.add_argument("--threads", type=positive_int, help="torch intra-op threads (default: the free cores)")
+    parser.add_argument("--threads", type=whole_number_in(1, MAX_THREADS),
+                        help="torch intra-op threads (default: the free cores)")
     parser.add_argument("--no-verify", dest="verify", action="store_false",
                         help="check file sizes only, not their sha256")
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
@@ -50,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.retrieval.index_files import IndexFileError, load_index
     from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
     from runtime.serving.retrieve import retrieve_file
+    from runtime.storage.output import OutputError
 
     problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
     if problem is not None:
@@ -65,22 +73,26 @@ def run(args: argparse.Namespace) -> int:
             return 1
         module, model = load(args.export, verify=args.verify)
         index = load_index(args.export / section["index"]["directory"], verify=args.verify)
+        k = min(args.k, len(index.ids))
+        if k < args.k:
+            print(f"note: --k {args.k:,} is more than the {k:,} items of the index: retrieving all {k:,}",
+                  file=sys.stderr)  # fmt: skip
         with frozen_objects():  # the loaded model and index are no garbage: full collections skip them
             report = retrieve_file(
                 model, module, index, args.output,
-                data=args.data, k=args.k, batch_size=args.batch_size, rows=args.rows,
+                data=args.data, k=k, batch_size=args.batch_size, rows=args.rows,
                 seed=module.INPUTS.training.seed if args.seed is None else args.seed,
                 bad_rows_policy=args.bad_rows,
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
             )  # fmt: skip
-    except (ExportError, IndexFileError, DataError) as error:
+    except (ExportError, IndexFileError, DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if report.bad_rows_summary is not None:
         print(report.bad_rows_summary, file=sys.stderr)
     print(
-        f"wrote the top {args.k} of {section['items']:,} items ({section['index']['kind']} index) for "
+        f"wrote the top {k} of {section['items']:,} items ({section['index']['kind']} index) for "
         f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "
         f"{report.requests_per_s:,.0f} requests/s (query tower {report.query_seconds:.3f} s, "
         f"index {report.search_seconds:.3f} s) on {threads.describe()}; {report.bad_rows:,} bad rows skipped"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, outdir_problem, reporting_errors
-from compiler.commands.train_launch import interrupted_message, run_torchrun
+from compiler.commands.train_launch import interrupted_message, interrupted_status, run_torchrun, stop_on_sigterm
 from compiler.lowering.instantiate import model_inputs
 from compiler.pipeline import compile_spec
 from runtime.data.errors import DataError
@@ -31,6 +31,7 @@ from runtime.data.sources import choose_data
 from runtime.train import options as train_options
 from runtime.train import worker
 from runtime.train.early_stopping import resolve_best_metric
+from runtime.train.limits import MAX_RANKS_PER_HOST, range_problem
 from runtime.train.options import TrainOptions, UsageError
 from runtime.cpu.threads import ThreadChoice, choose_threads, given_threads
 
@@ -102,15 +103,18 @@ def run(args: argparse.Namespace) -> int:
             return run_torchrun(command, ready.checkpoint_dir, threads=choice.threads)
 
     try:
-        return reporting_errors(action)
-    except KeyboardInterrupt:  # Ctrl-C in this process (torchrun's ranks: run_torchrun stops them)
-        print(interrupted_message(options.checkpoint_dir), file=sys.stderr)
-        return 130
+        with stop_on_sigterm():
+            return reporting_errors(action)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM in this process (torchrun's ranks: run_torchrun stops them)
+        print(interrupted_message(options.checkpoint_dir, stop), file=sys.stderr)
+        return interrupted_status(stop)
 
 
 def _world_size(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UsageError(f"--nproc must be at least 1, got {args.nproc}")
+    if args.nproc > MAX_RANKS_PER_HOST:
+        raise UsageError(range_problem("--nproc", args.nproc, 1, MAX_RANKS_PER_HOST) or "")
     if args.torchrun_max_restarts is not None:
         restarts = _whole(args.torchrun_max_restarts, "--max-restarts")
         if restarts < 0:

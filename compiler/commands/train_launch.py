@@ -10,6 +10,7 @@
                         checkpoint to resume from
     Ctrl-C              torchrun (in its own session, so a terminal's Ctrl-C reaches only
                         this process) gets SIGTERM and stops the ranks; exit status 130
+    SIGTERM             (a scheduler's stop) as Ctrl-C, said so; exit status 143
     this process dies   torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG), even
                         after a SIGKILL, and stops the ranks (which die with it in turn)
     torchrun dies       its ranks die with it (and their DataLoader workers with them); one
@@ -18,13 +19,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO
+from typing import IO, Iterator
 
 from runtime.checkpoint.files import latest_checkpoint
 from runtime.process.lifetime import set_parent_death_signal
@@ -53,14 +55,15 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
     try:
         report = _pass_through(process.stderr)
         status = process.wait()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         process.send_signal(signal.SIGTERM)
         for _ in process.stderr:  # torchrun's report of the stop: nothing the user needs
             pass
         process.wait()
-        print(interrupted_message(checkpoint_dir), file=sys.stderr)
-        return 130
+        print(interrupted_message(checkpoint_dir, stop), file=sys.stderr)
+        return interrupted_status(stop)
     if status < 0:  # torchrun itself killed: its ranks died with it (PR_SET_PDEATHSIG), whatever they printed
         print(f"error: torchrun was killed by {_signal_name(-status)}, and the ranks with it; {_where(checkpoint_dir)}",
               file=sys.stderr)  # fmt: skip
@@ -149,8 +152,33 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def interrupted_message(checkpoint_dir: Path | None) -> str:
-    return f"interrupted: {_where(checkpoint_dir)}"
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to `reccompile train`: the job stops as on Ctrl-C (ranks, DataLoader workers, the
+    checkpoint to resume from named), where by default the launcher died without a word."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """Within the block SIGTERM raises Terminated in the main thread (the caller's handler after)."""
+
+    def terminate(number: int, frame: object) -> None:
+        raise Terminated
+
+    before = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def interrupted_message(checkpoint_dir: Path | None, stop: BaseException | None = None) -> str:
+    said = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+    return f"{said}: {_where(checkpoint_dir)}"
+
+
+def interrupted_status(stop: BaseException) -> int:
+    """A shell's status for the stop: 128 + the signal's number."""
+    return 128 + (signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 def _where(checkpoint_dir: Path | None) -> str:

@@ -33,7 +33,7 @@ def _meta(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 META_FUNCTIONS: dict[Callable[..., Any], Callable[..., torch.Tensor]] = {
     to_padded: lambda values, lengths, length: _meta(lengths.shape[0], length, values.shape[1]),
     pool_rows: lambda rows, mode, weights=None: _meta(rows.lengths().shape[0], rows.values().shape[1]),
-    pad_times: lambda times, length: _meta(times.lengths().shape[0], length, dtype=torch.int64),
+    pad_times: lambda times, length, lengths=None: _meta(times.lengths().shape[0], length, dtype=torch.int64),
 }
 
 

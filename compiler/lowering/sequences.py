@@ -161,7 +161,7 @@ class SequenceLowering:
             self.lengths[name] = lengths
         else:
             assert isinstance(op, Hstu)
-            times = self.timestamps(op.timestamps, loc)
+            times = self.timestamps(op.timestamps, lengths, loc)
             for layer in range(op.num_layers):
                 last = layer == op.num_layers - 1
                 x = self.node(
@@ -171,7 +171,8 @@ class SequenceLowering:
             values[name] = x
             self.lengths[name] = lengths
 
-    def timestamps(self, item: Input, loc: Location) -> fx.Node:
+    def timestamps(self, item: Input, lengths: fx.Node, loc: Location) -> fx.Node:
+        """The padded timestamps of `item`, checked against `lengths`, their sequence's."""
         ref = item.ref()
         values = self.builder.values
         if ref not in values:
@@ -180,6 +181,7 @@ class SequenceLowering:
                 "call_function", operator.getitem, (self.cut, item.name), f"{item.name}_ids", loc, stage="dense"
             )
             values[ref] = self.node(
-                "call_function", pad_times, (times, item.length), f"timestamps_{item.name}", loc, stage="dense"
+                "call_function", pad_times, (times, item.length, lengths), f"timestamps_{item.name}", loc,
+                stage="dense",
             )
         return values[ref]

@@ -62,6 +62,7 @@ from runtime.serving.export_dir import (
     table_layout,
 )
 from runtime.storage.manifest import write_manifest
+from runtime.storage.output import cannot_write, output_errors, save_tensors, save_to_file
 from runtime.serving.quant_embedding import PRECISIONS, UnstorableTable, row_bytes, stored_dim
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
@@ -107,7 +108,8 @@ def export(request: ExportRequest) -> ExportResult:
     _check_spec(ir, checkpoint, request)
     tables = table_weights(ir, state, request.checkpoint)
 
-    staging = _staging_dir(request.outdir)
+    with output_errors(request.outdir):
+        staging = _staging_dir(request.outdir)
     try:
         module_path = staging / f"{ir.name}.py"
         module_path.write_text(source)
@@ -117,10 +119,10 @@ def export(request: ExportRequest) -> ExportResult:
         load_trained_state(model, state, tables, request.checkpoint)
         dense = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
         (staging / "weights" / "tables").mkdir(parents=True)
-        torch.save(dense, staging / DENSE_FILE)
+        save_tensors(dense, staging / DENSE_FILE)
         for collection in collections.values():
             for name, rows in collection.table_rows().items():
-                torch.save(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
+                save_tensors(rows.clone(), staging / table_file(name))  # a clone: a view saves the whole buffer
         (staging / "layout.json").write_text(json.dumps(table_layout(model), indent=2) + "\n")
         # torch.export cannot trace a sequence lookup: its per-feature row counts are data-dependent.
         # A retrieval head's forward returns the training loss's inputs: it is served by query_vectors.
@@ -140,10 +142,17 @@ def export(request: ExportRequest) -> ExportResult:
         if items is not None:
             manifest["retrieval"] = section
         write_manifest(staging / MANIFEST, manifest)
+    except OSError as error:  # a full disk, a read-only folder: one line, and nothing left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise cannot_write(request.outdir, error) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    _replace(request.outdir, staging)
+    try:
+        _replace(request.outdir, staging)
+    except OSError as error:  # another export renamed OUT at the same moment: this one goes
+        shutil.rmtree(staging, ignore_errors=True)
+        raise cannot_write(request.outdir, error) from None
     return ExportResult(manifest, items)
 
 
@@ -281,7 +290,7 @@ def _write_program(model: torch.nn.Module, ir: ModelIR, staging: Path) -> dict[s
         # then stores the span of the buffer they cover (the zoo test runs every .pt2 against the
         # served module).
         warnings.filterwarnings("ignore", message="No complete tensor found in the group")
-        torch.export.save(program, staging / f"{ir.name}.pt2")
+        save_to_file(staging / f"{ir.name}.pt2", lambda stream: torch.export.save(program, stream))
     return {
         "file": f"{ir.name}.pt2",
         "inputs": {

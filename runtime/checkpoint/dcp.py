@@ -153,6 +153,7 @@ def save(state: dict[str, Any], path: Path, group: dist.ProcessGroup | None) -> 
                 no_dist=group is None,
             )
     except CheckpointException as error:
+        _raise_a_stop(error)
         raise CheckpointError(f"{path}: writing the checkpoint failed: {_first(error)}{_space_left(path)}") from None
 
 
@@ -177,7 +178,16 @@ def load(state: dict[str, Any], path: Path, group: dist.ProcessGroup | None) -> 
                 no_dist=group is None,
             )
     except CheckpointException as error:
+        _raise_a_stop(error)
         raise CheckpointError(f"{path}: reading the checkpoint failed: {_first(error)}") from None
+
+
+def _raise_a_stop(error: CheckpointException) -> None:
+    """A Ctrl-C or SIGTERM (a KeyboardInterrupt) during a save or load is the stop it is, not a failed
+    write: DCP wraps whatever its writer raised. The save's `.partial` folder goes at the next save."""
+    for exception, _ in error.failures.values():
+        if isinstance(exception, KeyboardInterrupt):
+            raise exception from None
 
 
 @contextlib.contextmanager

@@ -165,19 +165,19 @@ def _sources_digest() -> bytes:
 def _read(root: Path, kernel: str, shape: str) -> Choice | None:
     """The recorded choice, or None if there is none or its file is not a choice of `kernel`."""
     try:
-        return _parse((root / kernel / f"{shape}.json").read_text(), kernel, shape)
+        return _parse((root / kernel / f"{shape}.json").read_bytes(), kernel, shape)
     except OSError:
         return None
 
 
-def _parse(text: str, kernel: str, shape: str) -> Choice | None:
+def _parse(text: bytes, kernel: str, shape: str) -> Choice | None:
     try:
-        data = json.loads(text)
+        data = json.loads(text)  # junk bytes are a UnicodeDecodeError, a ValueError
         winner, times, site = data["winner"], data["times_ms"], data.get("site")
         if winner not in KERNELS[kernel] or not isinstance(times, dict) or not isinstance(site, str | None):
             return None
         return Choice(kernel, shape, winner, tuple((k, float(v)) for k, v in times.items()), site)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 
@@ -214,15 +214,17 @@ def _move_aside_if_unreadable(path: Path, choice: Choice) -> bool:
     whether it was unreadable. The file moved is the one read: if another process has replaced it
     since (with a readable choice), that one stands."""
     try:
-        with open(path) as existing:
+        with open(path, "rb") as existing:
             if _parse(existing.read(), choice.kernel, choice.shape) is not None:
                 return False
             inode = os.fstat(existing.fileno()).st_ino
     except FileNotFoundError:
         return True  # moved aside by another process: link again
+    except IsADirectoryError:  # a folder in the file's place: moved aside as a file is
+        inode = None
     log.warning("reccompile: kernel choice %s does not read as one; measured again, kept as %s.bad", path, path.name)
     with contextlib.suppress(FileNotFoundError):
-        if os.stat(path).st_ino == inode:
+        if inode is None or os.stat(path).st_ino == inode:
             os.replace(path, path.with_name(path.name + ".bad"))
     return True
 

@@ -164,6 +164,9 @@ class MovieLensReader:
         return Columns({}, {key: sparse[key] for key in layout.keys}, labels)
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def parse_rating(line: bytes, separator: bytes) -> RatingRow:
     """User id, movie id, rating and timestamp of one ratings line; RowError names the bad column."""
     fields = line.split(separator)
@@ -174,6 +177,8 @@ def parse_rating(line: bytes, separator: bytes) -> RatingRow:
     for column, value in (("userId", user), ("movieId", movie), ("timestamp", stamp)):
         if not value.isdigit():
             raise RowError(column, value, "not a non-negative integer")
+        if len(value) > 18 and int(value) > _INT64_MAX:  # an id or time tensor holds int64
+            raise RowError(column, value, "past the 64-bit integers")
     try:
         stars = float(rating)
     except ValueError:

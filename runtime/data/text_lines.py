@@ -28,7 +28,12 @@ def data_files(path: str | Path) -> list[Path]:
         return [root]
     if not root.exists():
         raise DataError(f"{path}: no such file or directory")
-    files = [p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
+    if not root.is_dir():  # a device, a pipe, a socket: nothing a reader can take as data
+        raise DataError(f"{path}: not a regular file or a directory of data files")
+    try:
+        files = [p for p in root.iterdir() if p.is_file() and not p.name.startswith(".")]
+    except OSError as error:
+        raise DataError(f"{path}: cannot list the directory: {error.strerror}") from None
     if not files:
         raise DataError(f"{path}: the directory holds no data files")
     return sorted(files, key=_natural_key)

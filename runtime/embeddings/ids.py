@@ -168,7 +168,7 @@ def _any_out_of_range(values: torch.Tensor, limits: _KeyLimits, length_per_key: 
     """Whether any id lies outside its key's table: one reduction when keys hold as many ids."""
     if len(set(length_per_key)) == 1 and values.numel():
         low, high = values.view(len(length_per_key), -1).aminmax(dim=1)
-        return bool(high.ge(limits.rows).logical_or_(low.lt(0).logical_and_(limits.checked)).any())
+        return bool(high.ge(limits.rows).logical_or_(low.lt(0)).logical_and_(limits.checked).any())
     return bool(_out_of_range(values, limits, length_per_key).any())
 
 
@@ -177,7 +177,8 @@ def _out_of_range(values: torch.Tensor, limits: _KeyLimits, length_per_key: list
     counts = torch.tensor(length_per_key, device=values.device)
     rows = limits.rows.repeat_interleave(counts, output_size=values.numel())
     checked = limits.checked.repeat_interleave(counts, output_size=values.numel())
-    return values.ge(rows).logical_or_(values.lt(0).logical_and_(checked))
+    # a key without a table (timestamps) takes any int64, its largest included
+    return values.ge(rows).logical_or_(values.lt(0)).logical_and_(checked)
 
 
 def _check_shapes(kjt: KeyedJaggedTensor) -> None:

@@ -149,6 +149,9 @@ class RetrievalLoss(nn.Module):
         super().__init__()
         self.softmax = SampledSoftmaxLoss(config, process_group=process_group)
         self.process_group = process_group
+        # Pairs trained on by every rank so far (the counts are exchanged anyway): a run that ends
+        # with none learnt nothing (every history too short), and the worker says so.
+        self.pairs_trained = 0
 
     def forward(self, output: RetrievalOutput, item_vectors: ItemVectors) -> torch.Tensor:
         query, positive, ids = output.pairs()
@@ -157,4 +160,6 @@ class RetrievalLoss(nn.Module):
         # One exchange of the ranks' pair counts serves the normalisation and the softmax's gathers.
         counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
         losses = self.softmax(query, positive, ids, negatives, reduction="none", row_counts=counts)
+        if self.training:
+            self.pairs_trained += sum(counts)
         return losses.sum() * (len(counts) / max(1.0, float(sum(counts))))

@@ -43,6 +43,7 @@ from runtime.storage.manifest import (
     read_manifest,
     write_manifest,
 )
+from runtime.storage.output import save_tensors
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "IndexFileError", "load_index", "save_index"]
 
@@ -62,12 +63,13 @@ def save_index(index: ItemIndex, directory: str | Path) -> Path:
     """Write `index` to `directory` (created; files of the same names replaced), manifest last."""
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
-    torch.save(index.ids.clone(), root / IDS_FILE)
+    save_tensors(index.ids.clone(), root / IDS_FILE)
     if isinstance(index, ExactIndex):
-        torch.save(index.embeddings.clone(), root / EMBEDDINGS_FILE)
+        save_tensors(index.embeddings.clone(), root / EMBEDDINGS_FILE)
         data_file, dim = EMBEDDINGS_FILE, index.embeddings.shape[1]
     else:
-        require_faiss(index.kind).write_index(index.index, str(root / FAISS_FILE))
+        # write_index's bytes, written by Python: a full disk is an OSError, not faiss's RuntimeError
+        (root / FAISS_FILE).write_bytes(require_faiss(index.kind).serialize_index(index.index).tobytes())
         data_file, dim = FAISS_FILE, index.index.d
     manifest = {
         "format": FORMAT,

@@ -30,6 +30,7 @@ from torch import nn
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.features import ModelInputs
+from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import Vocabulary
 from runtime.retrieval.index import build_index
 from runtime.retrieval.index_files import save_index
@@ -37,6 +38,7 @@ from runtime.retrieval.index_quality import IndexQuality, check_index
 from runtime.serving.samples import file_samples, requests_reader
 from runtime.serving.vectors import catalogue, row_ids
 from runtime.storage.manifest import MANIFEST, file_facts
+from runtime.storage.output import save_tensors
 
 __all__ = ["INDEX_DIR", "ITEM_VECTORS", "ItemsReport", "export_items", "item_vectors"]
 
@@ -82,7 +84,7 @@ def export_items(
     movie_rows = None if vocabulary is None else vocabulary.movies
     rows, ids = catalogue(table_rows, movie_rows)
     vectors = item_vectors(model, rows)
-    torch.save(vectors.clone(), directory / ITEM_VECTORS)
+    save_tensors(vectors.clone(), directory / ITEM_VECTORS)
     index = build_index(vectors, ids, kind=kind)
     exact = build_index(vectors, ids, kind="exact")
     save_index(index, directory / INDEX_DIR)
@@ -156,7 +158,7 @@ def _held_out_next(
     from runtime.data.errors import DataError
 
     reader = requests_reader(inputs, data, vocabulary, threshold, positives=True)
-    if not hasattr(reader, "parse"):
+    if not isinstance(reader, MovieLensReader):  # a CSV reader parses lines too, into rows, not ratings
         raise DataError(f"{data}: the recall check of a next-item model reads MovieLens ratings (movielens:FILE)")
     movies = (reader.parse(line)[1] for _, _, line in reader.epoch_lines())
     queries, positives, count = [], [], 0

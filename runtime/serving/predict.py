@@ -22,11 +22,10 @@ each prediction keeps its line number; bad rows follow the training rule
 from __future__ import annotations
 
 import csv
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TextIO, TypeVar
+from typing import Any, Iterator, Sequence, TextIO
 
 import torch
 from torch import nn
@@ -36,6 +35,7 @@ from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.unseen_ids import UnseenIds
 from runtime.modules.losses import HeadConfig
 from runtime.serving.samples import Keyed, open_samples
+from runtime.storage.output import write_file
 
 
 @dataclass(frozen=True)
@@ -89,26 +89,6 @@ def predict(
     return rows, model_seconds
 
 
-_T = TypeVar("_T")
-
-
-def write_csv(output: Path, write: Callable[[TextIO], _T]) -> _T:
-    """`write(file)` into `output` atomically: a hidden `.partial` file renamed when complete, removed otherwise.
-
-    The partial file is this process's own (its name holds the pid), so that two runs writing one
-    output at once do not write into one file; the last to finish replaces the output whole.
-    """
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(f".{output.name}.{os.getpid()}.partial")
-    try:
-        with open(partial, "w", newline="") as out:
-            result = write(out)
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
-    return result
-
-
 def predict_file(
     model: nn.Module,
     inputs: ModelInputs,
@@ -133,7 +113,7 @@ def predict_file(
         inputs, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy, warn=warn,
         vocabulary=vocabulary, threshold=DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold,
     )  # fmt: skip
-    count, model_seconds = write_csv(
+    count, model_seconds = write_file(
         output, lambda out: predict(model, inputs.heads, samples.batches, out, samples.id_columns)
     )
     return PredictionReport(

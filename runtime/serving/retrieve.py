@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from runtime.retrieval.index import ItemIndex
-from runtime.serving.predict import write_csv
 from runtime.serving.samples import Keyed, open_samples
+from runtime.storage.output import write_file
 
 __all__ = ["RetrieveReport", "retrieve", "retrieve_file"]
 
@@ -95,7 +95,7 @@ def retrieve_file(
         module.INPUTS, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy,
         warn=warn, vocabulary=vocabulary, positives=False,
     )  # fmt: skip
-    count, query_seconds, search_seconds = write_csv(
+    count, query_seconds, search_seconds = write_file(
         output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns)
     )
     return RetrieveReport(

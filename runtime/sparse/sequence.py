@@ -203,10 +203,16 @@ def pool_rows(rows: JaggedTensor, mode: str, weights: torch.Tensor | None = None
     return pooled
 
 
-def pad_times(times: JaggedTensor, max_length: int) -> torch.Tensor:
-    """A timestamps key [sum(L)] with lengths [B] -> [B, max_length] int64, zeros after each sequence."""
+def pad_times(times: JaggedTensor, max_length: int, sequence_lengths: torch.Tensor | None = None) -> torch.Tensor:
+    """A timestamps key [sum(L)] with lengths [B] -> [B, max_length] int64, zeros after each sequence.
+
+    With `sequence_lengths`, the lengths of the ids the times belong to, a sample whose times are
+    more or fewer than its ids is refused (the readers refuse such a row; a batch built by hand
+    would otherwise pair times with the wrong ids and still give a loss)."""
     _check_max_length("pad_times", max_length)
     lengths = times.lengths()
+    if sequence_lengths is not None:
+        _check_same_lengths(lengths, sequence_lengths)
     longest = int(lengths.max()) if lengths.numel() else 0
     if longest > max_length:
         raise ValueError(
@@ -216,3 +222,15 @@ def pad_times(times: JaggedTensor, max_length: int) -> torch.Tensor:
     padded = torch.zeros(lengths.numel(), max_length, dtype=torch.int64, device=lengths.device)
     padded[padding_mask(lengths, max_length)] = times.values().to(torch.int64)
     return padded
+
+
+def _check_same_lengths(times: torch.Tensor, ids: torch.Tensor) -> None:
+    if times.shape != ids.shape:
+        raise ValueError(f"pad_times: timestamps for {times.numel()} samples but their sequence has {ids.numel()}")
+    differ = times.ne(ids.to(times.dtype))
+    if bool(differ.any()):
+        sample = int(differ.nonzero()[0, 0])
+        raise ValueError(
+            f"pad_times: sample {sample} has {int(times[sample])} timestamps but {int(ids[sample])} ids in its "
+            "sequence; each id needs its time"
+        )

@@ -30,6 +30,14 @@ from runtime.data.bad_rows import BAD_ROW_POLICIES
 from runtime.data.features import TrainingConfig
 from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.reader_names import data_forms
+from runtime.train.limits import (
+    MAX_BATCH_SIZE,
+    MAX_PIPELINE_DEPTH,
+    MAX_PROCESSES,
+    MAX_SEED,
+    MAX_THREADS,
+    range_problem,
+)
 
 
 DEFAULT_KEEP = 3  # enough to fall back past a damaged newest checkpoint, not every one of a long run
@@ -113,8 +121,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The worker's options (the module path excepted), in groups, on `parser`."""
     run = parser.add_argument_group("training run")
     run.add_argument("--steps", type=int, help="default: the spec's training.steps")
-    run.add_argument("--batch-size", type=int, help="global batch size (default: the spec's)")
-    run.add_argument("--seed", type=int, help="default: the spec's training.seed")
+    run.add_argument("--batch-size", type=int, help=f"global batch size, 1 to {MAX_BATCH_SIZE:,} (default: the spec's)")
+    run.add_argument("--seed", type=int, help=f"0 to {MAX_SEED:,} (default: the spec's training.seed)")
     run.add_argument("--log-every", type=int, default=10, help="steps between progress lines (default 10)")
     run.add_argument("--threads", type=int, help="torch threads per rank (default: from the cores free)")
     data = parser.add_argument_group("data and reporting")
@@ -165,6 +173,14 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
         if value is not None and value < least:
             bound = "at least 1" if least == 1 else "0 or more"
             raise UsageError(f"{flag} must be {bound}, got {value}")
+    for flag, least, most in (
+        ("--batch-size", 1, MAX_BATCH_SIZE), ("--seed", 0, MAX_SEED), ("--threads", 1, MAX_THREADS),
+        ("--data-workers", 0, MAX_PROCESSES), ("--pipeline-depth", 1, MAX_PIPELINE_DEPTH),
+    ):  # fmt: skip
+        value = getattr(args, _dest(flag))
+        problem = None if value is None else range_problem(flag, value, least, most)
+        if problem is not None:
+            raise UsageError(problem)
     if args.batch_size is not None and args.batch_size < world_size:
         raise UsageError(
             f"--batch-size {args.batch_size} is less than the {world_size} ranks: each rank needs at least one sample"

@@ -19,7 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,10 @@ import torch.distributed as dist
 from runtime.cpu import choice
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
+from runtime.data.errors import DataError
+from runtime.modules.losses import HeadConfig
 from runtime.reporting import console
+from runtime.retrieval.head import RetrievalLoss
 from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, kernel_choices, run_setup
 from runtime.process.lifetime import die_with_parent, skip_exit_collection
@@ -172,6 +175,7 @@ def _train(options: TrainOptions) -> int:
             should_stop=None if stopping is None else stopping.should_stop,
         )
         last_step = start_step + summary.steps
+        _check_pairs_trained(model, module.INPUTS.heads, summary.steps)
         if stopping is not None and stopping.stop_reason is not None and last_step < steps:
             run_io.monitor.stop(last_step, stopping.stop_reason)
         checkpoints.finish(last_step)
@@ -182,6 +186,19 @@ def _train(options: TrainOptions) -> int:
     if rank == 0:
         console.result(final)
     return 0  # run() closes the process group, where this frame's model is gone
+
+
+def _check_pairs_trained(model: torch.nn.Module, heads: Sequence[HeadConfig], steps: int) -> None:
+    """A retrieval head that trained on no pair in the whole run learnt nothing: an error naming its
+    item feature, not a loss of 0 and null metrics (every history of the data shorter than 2 items)."""
+    losses = [m for m in model.modules() if isinstance(m, RetrievalLoss)]
+    if not steps or not losses or any(loss.pairs_trained for loss in losses):
+        return
+    head = next(h for h in heads if h.loss == "sampled_softmax")
+    raise DataError(
+        f"head {head.name!r}: nothing to learn from in {steps:,} steps: no sample of feature {head.label!r} "
+        "has a positive (a next-item history needs 2 items or more; a two-tower sample one item)"
+    )
 
 
 def run(options: TrainOptions) -> int:

@@ -107,17 +107,35 @@ def read_manifest(directory: str | Path) -> Manifest:
         )
     try:
         data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, not an object")
         if data.get("format") != FORMAT or data.get("format_version") != FORMAT_VERSION:
             raise DataError(
                 f"{path}: format {data.get('format')!r} version {data.get('format_version')!r}, "
                 f"expected {FORMAT!r} version {FORMAT_VERSION}"
             )
-        return Manifest(
+        manifest = Manifest(
             root, int(data["rows"]), int(data["row_group_rows"]), str(data["spec_sha256"]), dict(data["columns"]),
             tuple(PartFile.from_json(part) for part in data["files"]), dict(data["source"]),
         )  # fmt: skip
-    except (ValueError, KeyError, TypeError) as error:
+        _check_counts(manifest)
+        return manifest
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise DataError(f"{path}: not a readable manifest ({type(error).__name__}: {error})") from None
+
+
+def _check_counts(manifest: Manifest) -> None:
+    """The manifest's numbers agree with each other (one edited by hand may not): ValueError if not."""
+    if manifest.row_group_rows < 1:
+        raise ValueError(f"row_group_rows is {manifest.row_group_rows}, must be at least 1")
+    for part in manifest.files:
+        if not isinstance(part.name, str) or Path(part.name).name != part.name or part.name in ("", ".", ".."):
+            raise ValueError(f"part name {part.name!r} is not a file of the directory")
+    groups = [rows for part in manifest.files for rows in part.row_groups]
+    if any(not 1 <= rows <= manifest.row_group_rows for rows in groups):
+        raise ValueError(f"a row group's rows are outside 1 to row_group_rows {manifest.row_group_rows}")
+    if sum(groups) != manifest.rows or any(part.rows != sum(part.row_groups) for part in manifest.files):
+        raise ValueError(f"rows {manifest.rows} are not the sum of the row groups' ({sum(groups)})")
 
 
 def check_files(manifest: Manifest, hashes: bool = False) -> None:

@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections import deque
-from contextlib import closing, contextmanager
+from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -64,6 +65,7 @@ from runtime.data.prepared.manifest import (
     MANIFEST,
     Manifest,
     PartFile,
+    check_files,
     file_sha256,
     read_manifest,
     write_json_atomically,
@@ -75,11 +77,14 @@ from runtime.data.prepared.stats import merge_stats, part_stats
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
+from runtime.storage.lock import FileLock, LockHeld
 from runtime.storage.manifest import sync_path
+from runtime.storage.output import cannot_write
 
 logger = logging.getLogger(__name__)
 
 JOURNAL = ".prepare.json"
+LOCK_FILE = ".prepare.lock"  # held by the running prepare (runtime/storage/lock.py)
 VOCABULARY = "vocab.json"  # a MovieLens vocabulary, beside the parts
 
 
@@ -153,9 +158,19 @@ def prepare(
     *,
     report: Callable[[str], None] | None = None,
 ) -> Manifest:
-    """Prepare `choice`'s rows for `inputs` into `directory` (resuming a prepare stopped there)."""
-    with _one_torch_thread():
-        return _prepare(inputs, choice, Path(directory), settings, report)
+    """Prepare `choice`'s rows for `inputs` into `directory` (resuming a prepare stopped there).
+
+    One prepare at a time per directory (a lock, LOCK_FILE); a full disk or a read-only folder is an
+    OutputError naming the directory, the parts the journal records kept for a run again."""
+    root = Path(directory)
+    try:
+        with _one_torch_thread(), ExitStack() as held:
+            return _prepare(inputs, choice, root, settings, report, held)
+    except OSError as error:
+        named = None if error.filename is None else Path(error.filename)
+        if named is not None and not named.absolute().is_relative_to(root.absolute()):
+            raise DataError(f"cannot read {named}: {error.strerror or error}") from None
+        raise cannot_write(root, error) from None
 
 
 @contextmanager
@@ -173,7 +188,7 @@ def _one_torch_thread() -> Iterator[None]:
 
 def _prepare(
     inputs: ModelInputs, choice: DataChoice, root: Path, settings: PrepareSettings,
-    report: Callable[[str], None] | None,
+    report: Callable[[str], None] | None, held: ExitStack,
 ) -> Manifest:
     if root.exists() and not root.is_dir():
         raise DataError(f"{root}: exists and is not a directory")
@@ -187,8 +202,13 @@ def _prepare(
     stamps = input_stamps(input_files(choice, settings.training))
     if (root / MANIFEST).is_file():
         return _finished(root, identity, stamps, report)
+    made = not root.exists()
     root.mkdir(parents=True, exist_ok=True)
+    if made:  # nothing of this run is worth keeping until the journal records a part
+        held.push(lambda kind, error, trace: _remove_if_no_parts(root) if error is not None else None)
+    held.callback(_lock(root).release)
     journal = _load_journal(root, identity, stamps, report)
+    held.push(lambda kind, error, trace: _remove_strays_after(root, journal) if error is not None else None)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
     reader = _open_source(inputs, choice, settings, vocab)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
@@ -217,7 +237,31 @@ def _prepare(
     manifest = writer.manifest(choice, bad_rows, vocab)
     write_manifest(manifest)
     (root / JOURNAL).unlink()
+    (root / LOCK_FILE).unlink()  # finished: no prepare writes here again (released once this returns)
     return manifest
+
+
+def _lock(root: Path) -> FileLock:
+    try:
+        return FileLock(root / LOCK_FILE)
+    except LockHeld as held:
+        raise DataError(
+            f"{root} is in use by another prepare (pid {held.holder}, lock {held.path}); "
+            "wait for it to end or choose another -o"
+        ) from None
+
+
+def _remove_strays_after(root: Path, journal: _Journal) -> None:
+    """After a failure: the part being written goes (a run again would remove it anyway)."""
+    with suppress(OSError):  # a read-only folder holds none
+        _remove_strays(root, journal)
+
+
+def _remove_if_no_parts(root: Path) -> None:
+    """After a failure in a directory this run made: remove it unless a part is recorded to resume from."""
+    with suppress(OSError):
+        if not (root / JOURNAL).is_file():
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def _mode(by_file: bool) -> str:
@@ -240,7 +284,9 @@ def _finished(
     root: Path, identity: dict[str, Any], inputs: list[dict[str, Any]], report: Callable[[str], None] | None
 ) -> Manifest:
     manifest = read_manifest(root)
-    made = {**manifest.source.get("identity", {})}
+    check_files(manifest)  # a part truncated or removed by hand since: not "nothing to do"
+    recorded = manifest.source.get("identity")
+    made = recorded if isinstance(recorded, dict) else {}  # edited by hand: not this prepare's
     if made != identity:
         raise DataError(f"{root}: already holds prepared data {_difference(made, identity)}; choose another -o")
     change = input_change(manifest.source.get("inputs"), inputs)
@@ -252,6 +298,21 @@ def _finished(
     return manifest
 
 
+def _read_journal(path: Path) -> dict[str, Any]:
+    """The journal's JSON object, or a DataError saying it is damaged (edited, truncated by hand)."""
+    try:
+        data = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON
+        raise _damaged(path, f"not JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise _damaged(path, "not a JSON object")
+    return data
+
+
+def _damaged(path: Path, detail: str) -> DataError:
+    return DataError(f"{path}: the journal of a stopped prepare is damaged ({detail}); remove the directory")
+
+
 def _load_journal(
     root: Path, identity: dict[str, Any], inputs: list[dict[str, Any]], report: Callable[[str], None] | None
 ) -> _Journal:
@@ -260,19 +321,23 @@ def _load_journal(
         if any(not _ours(entry.name) for entry in root.iterdir()):
             raise DataError(f"{root}: not empty and not a prepare of this spec and data; choose another -o")
         return _Journal(identity, inputs)
-    data = json.loads(path.read_text())
+    data = _read_journal(path)
+    try:
+        journal = _Journal(
+            data["identity"], inputs, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"],
+            data["by_file"], data["file"], data["bad"], data["bad_examples"], data["stats"],
+        )  # fmt: skip
+        recorded_inputs = data.get("inputs")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise _damaged(path, f"{type(error).__name__}: {error}") from None
     if data["identity"] != identity:
         raise DataError(
             f"{root}: holds a stopped prepare {_difference(data['identity'], identity)}; "
             "choose another -o, or remove the directory"
         )
-    change = input_change(data.get("inputs"), inputs)
+    change = input_change(recorded_inputs, inputs)
     if change is not None:
         raise DataError(f"{root}: holds a stopped prepare, but {change}; choose another -o, or remove the directory")
-    journal = _Journal(
-        identity, inputs, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"], data["by_file"],
-        data["file"], data["bad"], data["bad_examples"], data["stats"],
-    )  # fmt: skip
     for part in journal.parts:
         path = root / part.name
         if not path.is_file() or path.stat().st_size != part.bytes:
@@ -294,7 +359,7 @@ def _difference(made: dict[str, Any], wanted: dict[str, Any]) -> str:
 
 def _remove_strays(root: Path, journal: _Journal) -> None:
     """Parts the journal does not list (written after its last update) and temporary files."""
-    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY}
+    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY, LOCK_FILE}
     for path in root.iterdir():
         finished = journal.by_file and is_finished_file_part(path.name, root, journal.file)
         if path.name not in kept and _ours(path.name) and not finished:

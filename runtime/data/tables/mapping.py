@@ -38,6 +38,7 @@ SEPARATOR = "|"
 
 
 _INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what a time tensor holds
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,9 +212,12 @@ def _ids(key: SparseColumn, value: Any) -> list[int]:
 def _id(key: SparseColumn, item: Any) -> int:
     if key.rows is None:  # a time
         try:
-            return int(item)
+            time = int(item)
         except (TypeError, ValueError):
             raise RowError(key.column, str(item), "not an integer time") from None
+        if not _INT64_MIN <= time <= _INT64_MAX:
+            raise RowError(key.column, str(item), "a time outside the 64-bit integers")
+        return time
     if isinstance(item, int) or (isinstance(item, str) and _INTEGER.fullmatch(item)):
         return int(item) % key.rows
     digest = hashlib.blake2b(str(item).encode(), digest_size=8).digest()

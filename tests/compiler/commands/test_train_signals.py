@@ -3,7 +3,7 @@
 Each job trains the checkpoint tests' tiny spec with a checkpoint every 5
 steps and is stopped once it has printed step 12 (a checkpoint exists):
 Ctrl-C (SIGINT to the launcher) ends it with exit status 130 and the last
-checkpoint named, at 1 and 2 ranks; a rank killed by SIGKILL ends it with
+checkpoint named, at 1 and 2 ranks, SIGTERM likewise with 143; a rank killed by SIGKILL ends it with
 one line naming the rank, the signal and the checkpoint; a SIGKILLed
 launcher takes torchrun and the ranks with it.
 """
@@ -75,15 +75,22 @@ def wait_gone(pids: list[int], seconds: float = 60.0) -> list[int]:
     return alive(pids)
 
 
-@pytest.mark.parametrize("nproc", [1, 2])
-def test_ctrl_c_stops_the_job_names_the_last_checkpoint_and_exits_130(tmp_path: Path, nproc: int) -> None:
+@pytest.mark.parametrize("nproc, number, status_said", [
+    (1, signal.SIGINT, (130, "interrupted")),
+    (2, signal.SIGINT, (130, "interrupted")),
+    (2, signal.SIGTERM, (143, "terminated (SIGTERM)")),  # a scheduler's stop
+])  # fmt: skip
+def test_ctrl_c_or_sigterm_stops_the_job_names_the_last_checkpoint_and_exits_128_plus_the_signal(
+    tmp_path: Path, nproc: int, number: int, status_said: tuple[int, str]
+) -> None:
     process, checkpoints = start(tmp_path, nproc)
     ranks = list(cc.worker_pids(str(checkpoints), nproc).values()) if nproc > 1 else []
-    process.send_signal(signal.SIGINT)
+    process.send_signal(number)
     status, err = finish(process)
     latest = latest_checkpoint(checkpoints)
     assert latest is not None
-    assert (status, err.splitlines()[-1]) == (130, f"interrupted: the last checkpoint is {latest}: continue with --resume")
+    code, said = status_said
+    assert (status, err.splitlines()[-1]) == (code, f"{said}: the last checkpoint is {latest}: continue with --resume")
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert wait_gone(ranks) == []
 

@@ -178,18 +178,34 @@ def _fast_native() -> dict[str, Callable[[], None]]:
     '{"winner": "native", "times_ms": [1, 2]}',
     '{"winner": "native", "times_ms": {}, "site": 3}',
     "[]",
+    b"\x9a\xef\xbb\xbf\xffrandom\x00bytes",  # overwritten with junk: not even UTF-8
+    "[" * 100_000,  # nested past the parser's recursion limit
 ])
 def test_a_file_that_is_not_a_choice_is_measured_again_and_replaced(
-    junk: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    junk: str | bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     folder = choice.directory(tmp_path) / "dot"
     folder.mkdir(parents=True)
-    (folder / "b512.json").write_text(junk)
+    junk = junk if isinstance(junk, bytes) else junk.encode()
+    (folder / "b512.json").write_bytes(junk)
     assert choice.recorded() == []
     assert choice.choose("dot", "b512", _fast_native()) == "native"
-    assert (folder / "b512.json.bad").read_text() == junk
+    assert (folder / "b512.json.bad").read_bytes() == junk
     assert json.loads((folder / "b512.json").read_text())["winner"] == "native"
     assert [(c.kernel, c.shape, c.winner) for c in choice.recorded()] == [("dot", "b512", "native")]
+    assert caplog.messages == [
+        f"reccompile: kernel choice {folder / 'b512.json'} does not read as one; measured again, kept as b512.json.bad"
+    ]
+
+
+def test_a_folder_in_a_choice_files_place_is_measured_again_and_moved_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = choice.directory(tmp_path) / "dot"
+    (folder / "b512.json").mkdir(parents=True)
+    assert choice.choose("dot", "b512", _fast_native()) == "native"
+    assert (folder / "b512.json.bad").is_dir()
+    assert json.loads((folder / "b512.json").read_text())["winner"] == "native"
     assert caplog.messages == [
         f"reccompile: kernel choice {folder / 'b512.json'} does not read as one; measured again, kept as b512.json.bad"
     ]

@@ -81,3 +81,14 @@ def test_pad_times_pads_with_zeros_and_refuses_longer_sequences() -> None:
     assert pad_times(times, 3).tolist() == [[5, 6, 7], [0, 0, 0], [9, 0, 0]]
     with pytest.raises(ValueError, match=r"^pad_times: a sequence of length 3 is longer than max_length 2; "):
         pad_times(times, 2)
+
+
+def test_pad_times_refuses_times_whose_lengths_differ_from_their_sequences_ids() -> None:
+    times = JaggedTensor(torch.tensor([5, 6, 7, 9]), lengths=torch.tensor([3, 0, 1]))
+    assert pad_times(times, 3, torch.tensor([3, 0, 1])).tolist() == [[5, 6, 7], [0, 0, 0], [9, 0, 0]]
+    with pytest.raises(ValueError) as refused:
+        pad_times(times, 3, torch.tensor([3, 1, 0]))
+    assert str(refused.value) == "pad_times: sample 1 has 0 timestamps but 1 ids in its sequence; each id needs its time"
+    with pytest.raises(ValueError) as refused:
+        pad_times(times, 3, torch.tensor([3, 0]))
+    assert str(refused.value) == "pad_times: timestamps for 3 samples but their sequence has 2"
