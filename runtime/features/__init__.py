@@ -40,3 +40,16 @@ the ranks start; every rank then reads the same features.json. Nothing
 relearns silently: a reader whose spec has learned transforms and no state is
 a DataError.
 """
+
+from __future__ import annotations
+
+from runtime import lazy_exports
+
+lazy_exports(
+    globals(),
+    {
+        "config": ("Cross", "History", "Numeric", "Quantiles", "Vocabulary"),
+        "registry": ("transform",),
+        "state": ("FeatureStateError", "Learned", "LearnedFeatures", "read_features"),
+    },
+)

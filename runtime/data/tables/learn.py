@@ -1,0 +1,90 @@
+"""Learning a table's feature transforms: one pass over the training rows, before anything trains.
+
+    learned = learn_features(reader)          # a CsvReader / ParquetReader of the training files
+    inputs = dataclasses.replace(inputs, learned=learned)
+    learned.write(directory / "features.json")
+
+The rows are parsed as for training (runtime.data.tables.mapping.parse_row,
+raw values kept) and handed to each transform's `fit` in chunks, whose
+partial states merge (runtime.features.registry). Bad rows are left out:
+training meets them again and reports them as `--bad-rows` says. Only the
+training files are read: evaluation and prediction data apply the state
+learned here, they never add to it.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from runtime.data.errors import DataError, RowError
+from runtime.data.tables.mapping import TableLayout, TableRow
+from runtime.features.config import History, Numeric, Quantiles
+from runtime.features.registry import transform
+from runtime.features.state import Learned, LearnedFeatures
+
+CHUNK_ROWS = 8192
+
+
+def needs_learning(layout: TableLayout | None) -> bool:
+    """Whether a layout has transforms with a state to learn."""
+    return layout is not None and bool(layout.learned_configs())
+
+
+def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
+    """The learned state of every transform of `reader`'s layout, from all its rows (one pass);
+    `progress` shows a bar on a terminal (stderr)."""
+    layout: TableLayout | None = getattr(reader, "layout", None)
+    if layout is None:
+        raise DataError(f"the {reader.name} reader does not learn feature transforms; use csv: or parquet: data")
+    configs = layout.learned_configs()
+    partials: dict[str, list[tuple[int, Any]]] = {}  # per feature: merged partials and their merge levels
+    chunk: list[TableRow] = []
+    bar = tqdm(desc="learning features", unit=" rows", file=sys.stderr, disable=not (progress and sys.stderr.isatty()))
+    for _, _, line in reader.epoch_lines():
+        try:
+            chunk.append(reader.parse(line))
+        except RowError:
+            continue
+        if len(chunk) == CHUNK_ROWS:
+            _fit(layout, configs, chunk, partials)
+            bar.update(len(chunk))
+            chunk = []
+    if chunk:
+        _fit(layout, configs, chunk, partials)
+        bar.update(len(chunk))
+    bar.close()
+    rows = {key.key: key.rows for key in layout.sparse}
+    learned = {}
+    for name, config in configs.items():
+        kind = transform(config.kind)
+        partial = kind.merge(config, [p for _, p in partials.get(name, [])])
+        learned[name] = Learned(config.kind, config, kind.finish(config, partial, rows.get(name)))
+    return LearnedFeatures(learned, "the features learned from the training data")
+
+
+def _fit(layout: TableLayout, configs: dict[str, Any], rows: list[TableRow], partials: dict[str, list]) -> None:
+    """Fit every transform on one chunk of parsed rows and merge it into `partials`."""
+    raws: dict[str, Any] = {}
+    for i, (name, columns) in enumerate(layout.dense):
+        if isinstance(configs.get(name), Numeric):
+            raws[name] = torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
+    for i, key in enumerate(layout.sparse):
+        config = configs.get(key.key)
+        if isinstance(config, Quantiles):
+            raws[key.key] = torch.tensor([row[1][i][0] for row in rows], dtype=torch.float64)
+        elif isinstance(config, History):
+            raws[key.key] = [row[1][i][0] for row in rows]
+        elif config is not None:
+            raws[key.key] = [item for row in rows for item in row[1][i]]
+    for name, raw in raws.items():
+        config = configs[name]
+        kind = transform(config.kind)
+        stack = partials.setdefault(name, [])
+        stack.append((0, kind.fit(config, raw)))
+        while len(stack) > 1 and stack[-1][0] == stack[-2][0]:  # merge like a binary counter: O(n log n) in all
+            (level, right), (_, left) = stack.pop(), stack.pop()
+            stack.append((level + 1, kind.merge(config, [left, right])))
