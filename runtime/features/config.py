@@ -8,8 +8,10 @@ transform in runtime.features.registry and in the spec.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Union
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +77,8 @@ class Numeric:
 
 
 SparseTransform = Union[Vocabulary, Cross, Quantiles, History]
+
+
+def config_json(config: Any) -> dict[str, Any]:
+    """A transform config as plain data (tuples as lists), as features.json and manifests store it."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))

@@ -15,7 +15,6 @@ relearning.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from runtime.features.config import config_json
 from runtime.features.registry import transform
 
 FILE = "features.json"
@@ -32,11 +32,6 @@ VERSION = 1
 
 class FeatureStateError(ValueError):
     """A features.json that is unreadable or does not fit the spec; the message names the file and the feature."""
-
-
-def config_json(config: Any) -> dict[str, Any]:
-    """A transform config as plain data (tuples as lists), as the file stores it."""
-    return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
 @dataclass(frozen=True)
@@ -86,6 +81,11 @@ def read_features(path: str | Path, configs: Mapping[str, Any], expected_sha256:
         raise FeatureStateError(f"{file}: cannot be read ({error.strerror})") from None
     if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
         raise FeatureStateError(f"{file}: its sha256 is not the one recorded beside it (changed since it was written)")
+    return parse_features(data, configs, str(file))
+
+
+def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> LearnedFeatures:
+    """`read_features` of a file's bytes; `file` names it in errors."""
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

@@ -20,13 +20,13 @@ from runtime.data.features import ModelInputs, TimestampsConfig
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
 from runtime.data.text_lines import data_files, first_line, numbered_lines
+from runtime.features.config import Vocabulary
 
 
 class CsvReader:
     """CSV files for one spec; lines are numbered from 1 (the header is line 1)."""
 
     name = "csv"
-    unseen_features: tuple[str, ...] = ()
 
     def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
         self.layout: TableLayout = table_layout(inputs, "csv")
@@ -68,6 +68,15 @@ class CsvReader:
             name = str(file)
             for number, line in numbered_lines(file, skip=1):
                 yield name, number, line
+
+    @property
+    def unseen_features(self) -> tuple[str, ...]:
+        """The features with a learned vocabulary, whose OOV ids are counted (runtime.data.unseen_ids)."""
+        return tuple(key.key for key in self.layout.sparse if isinstance(key.transform, Vocabulary))
+
+    @property
+    def oov_rows(self) -> dict[str, int]:
+        return {key.key: key.transform.oov_buckets for key in self.layout.sparse if isinstance(key.transform, Vocabulary)}
 
     def parse(self, line: bytes) -> TableRow:
         fields = self._fields(line)

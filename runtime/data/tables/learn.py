@@ -21,7 +21,8 @@ import torch
 from tqdm import tqdm
 
 from runtime.data.errors import DataError, RowError
-from runtime.data.tables.mapping import TableLayout, TableRow
+from runtime.data.features import ModelInputs
+from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow
 from runtime.features.config import History, Numeric, Quantiles
 from runtime.features.registry import transform
 from runtime.features.state import Learned, LearnedFeatures
@@ -29,9 +30,12 @@ from runtime.features.state import Learned, LearnedFeatures
 CHUNK_ROWS = 8192
 
 
-def needs_learning(layout: TableLayout | None) -> bool:
-    """Whether a layout has transforms with a state to learn."""
-    return layout is not None and bool(layout.learned_configs())
+def learned_configs(inputs: ModelInputs) -> dict[str, Any]:
+    """Feature name -> config of every transform of `inputs` with a state to learn."""
+    configs: dict[str, Any] = {f.name: f.transform for f in inputs.dense if f.transform is not None}
+    configs.update({f.name: f.transform for f in inputs.sparse
+                    if f.transform is not None and f.transform.kind in LEARNED_KINDS})  # fmt: skip
+    return configs
 
 
 def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
