@@ -68,7 +68,7 @@ class NumericTransform:
                 fill = partial["raw_sum"][j] / present if present else 0.0
             else:
                 fill = 0.0 if config.fill is None else float(config.fill)
-            filled = float(_shaped(config, torch.tensor([fill]), None)[0])
+            filled = float(_shaped(config, torch.tensor([fill], dtype=torch.float64), None)[0])
             n = present + missing
             total = partial["sum"][j] + missing * filled
             mean = total / n if n else 0.0

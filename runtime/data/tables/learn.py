@@ -14,7 +14,9 @@ learned here, they never add to it.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,7 +27,7 @@ from runtime.data.features import ModelInputs
 from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow
 from runtime.features.config import History, Numeric, Quantiles
 from runtime.features.registry import transform
-from runtime.features.state import Learned, LearnedFeatures
+from runtime.features.state import FeatureStateError, Learned, LearnedFeatures, read_features
 
 CHUNK_ROWS = 8192
 
@@ -36,6 +38,16 @@ def learned_configs(inputs: ModelInputs) -> dict[str, Any]:
     configs.update({f.name: f.transform for f in inputs.sparse
                     if f.transform is not None and f.transform.kind in LEARNED_KINDS})  # fmt: skip
     return configs
+
+
+def with_learned(inputs: ModelInputs, path: str | Path, sha256: str | None = None) -> ModelInputs:
+    """`inputs` with the state of the features.json at `path` (checked against `sha256` when given, and held
+    to the spec's transforms); DataError when it does not fit."""
+    try:
+        learned = read_features(path, learned_configs(inputs), sha256)
+    except FeatureStateError as error:
+        raise DataError(str(error)) from None
+    return dataclasses.replace(inputs, learned=learned)
 
 
 def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
