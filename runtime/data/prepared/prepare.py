@@ -75,12 +75,15 @@ from runtime.data.prepared.stats import merge_stats, part_stats
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
+from runtime.data.tables.learn import learn_features, learned_configs, with_learned
+from runtime.features.state import FILE as FEATURES_FILE
 from runtime.storage.manifest import sync_path
 
 logger = logging.getLogger(__name__)
 
 JOURNAL = ".prepare.json"
 VOCABULARY = "vocab.json"  # a MovieLens vocabulary, beside the parts
+FEATURES = FEATURES_FILE  # the learned feature transforms (runtime.features), beside the parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +105,8 @@ def _open_source(inputs: ModelInputs, choice: DataChoice, settings: PrepareSetti
     threshold = settings.rating_threshold
     if settings.training is None:
         return open_reader(inputs, choice, threshold=threshold, vocab_path=vocab, save_vocab=True)
+    if choice.reader in ("csv", "parquet"):  # the features were learned from the training files already
+        return open_reader(inputs, choice)
     if choice.reader != "movielens" or vocab is None:
         raise DataError(f"--training applies to movielens data (its ids and histories), not {choice.reader}")
     training = open_reader(inputs, DataChoice("movielens", settings.training), threshold=threshold)
@@ -190,6 +195,9 @@ def _prepare(
     root.mkdir(parents=True, exist_ok=True)
     journal = _load_journal(root, identity, stamps, report)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
+    features = None
+    if learned_configs(inputs):
+        inputs, features = _learned(inputs, choice, settings, root)
     reader = _open_source(inputs, choice, settings, vocab)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
     if report is not None:
@@ -214,10 +222,27 @@ def _prepare(
         else:
             blocks = _parsed_blocks(rest, settings, parsing.processes)
         writer.write_rows(blocks, bad_rows)
-    manifest = writer.manifest(choice, bad_rows, vocab)
+    manifest = writer.manifest(choice, bad_rows, vocab, features)
     write_manifest(manifest)
     (root / JOURNAL).unlink()
     return manifest
+
+
+def _learned(
+    inputs: ModelInputs, choice: DataChoice, settings: PrepareSettings, root: Path
+) -> tuple[ModelInputs, Path]:
+    """`inputs` with their learned features and the file that holds them, DIR/features.json: kept from a
+    stopped prepare of the same data, else learned now from the training files (`settings.training`, or
+    the data itself) in one pass."""
+    path = root / FEATURES
+    if path.is_file():  # the journal holds this prepare to the same spec and inputs
+        return with_learned(inputs, path), path
+    if choice.reader not in ("csv", "parquet"):
+        names = ", ".join(repr(name) for name in learned_configs(inputs))
+        raise DataError(f"features {names} are learned from csv or parquet columns; {choice} has columns of its own")
+    training = choice if settings.training is None else DataChoice(choice.reader, settings.training)
+    learn_features(open_reader(inputs, training)).write(path)
+    return with_learned(inputs, path), path
 
 
 def _mode(by_file: bool) -> str:
@@ -294,7 +319,7 @@ def _difference(made: dict[str, Any], wanted: dict[str, Any]) -> str:
 
 def _remove_strays(root: Path, journal: _Journal) -> None:
     """Parts the journal does not list (written after its last update) and temporary files."""
-    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY}
+    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY, FEATURES}
     for path in root.iterdir():
         finished = journal.by_file and is_finished_file_part(path.name, root, journal.file)
         if path.name not in kept and _ours(path.name) and not finished:
@@ -302,8 +327,9 @@ def _remove_strays(root: Path, journal: _Journal) -> None:
 
 
 def _ours(name: str) -> bool:
-    """Whether a prepare writes files of this name (parts, temporary files, the journal, the vocabulary)."""
-    return name.startswith(".") or name.startswith("part-") or name == VOCABULARY
+    """Whether a prepare writes files of this name (parts, temporary files, the journal, the vocabulary,
+    the learned features)."""
+    return name.startswith(".") or name.startswith("part-") or name in (VOCABULARY, FEATURES)
 
 
 class _ResumedReader:
@@ -386,7 +412,7 @@ class _PartWriter:
         if self.pending_rows:
             self._write_part(self._take(self.pending_rows), bad_rows)
 
-    def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None) -> Manifest:
+    def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None, features: Path | None) -> Manifest:
         journal = self.journal
         source: dict[str, Any] = {
             "reader": choice.reader, "path": str(choice.path), "identity": journal.identity, "inputs": journal.inputs,
@@ -395,6 +421,8 @@ class _PartWriter:
         }  # fmt: skip
         if vocab is not None:
             source["vocabulary"] = {"name": vocab.name, "sha256": file_sha256(vocab)}
+        if features is not None:
+            source["features"] = {"name": features.name, "sha256": file_sha256(features)}
         rows = sum(part.rows for part in journal.parts)
         if rows == 0:
             raise DataError(f"{choice}: no good rows to prepare")
