@@ -130,7 +130,7 @@ def check_dense(checker: Checker, entry: Node) -> Numeric | None:
         return None
     clip = spec.get("clip")
     if isinstance(clip, list) and len(clip) == 2 and not clip[0] < clip[1]:
-        checker.error(checker.child(node, "clip") or node, f"clip: the low end {clip[0]} must be below the high "
+        checker.error(checker.child(node, "clip") or node, f"the low end {clip[0]} must be below the high "
                                                            f"end {clip[1]}")  # fmt: skip
     return Numeric(spec.get("fill"), tuple(clip) if isinstance(clip, list) else None, bool(spec.get("log", False)),
                    spec.get("scale"))  # fmt: skip
