@@ -59,5 +59,8 @@ class CrossTransform:
     def load(self, data: dict[str, Any]) -> dict[str, Any]:
         return data
 
+    def describe(self, config: Cross, state: dict[str, Any]) -> str:
+        return f"cross of {', '.join(config.columns)}, hashed"
+
     def apply(self, config: Cross, state: dict[str, Any], raw: Sequence[str], rows: int) -> list[int]:
         return [hash_text(text) % rows for text in raw]

@@ -76,6 +76,10 @@ class HistoryTransform:
     def load(self, data: dict[str, Any]) -> HistoryState:
         return HistoryState({key: (times, values) for key, (times, values) in data["keys"].items()})
 
+    def describe(self, config: History, state: HistoryState) -> str:
+        events = sum(len(times) for times, _ in state.keys.values())
+        return f"history of {config.of} by {config.by}: {len(state.keys):,} keys, {events:,} training rows"
+
     def apply(self, config: History, state: HistoryState, raw: Sequence[tuple[str, float]], length: int) -> list[list[str]]:
         """Per row (key, time): the values of its history."""
         return [state.before(key, time, length) for key, time in raw]

@@ -85,6 +85,10 @@ class NumericTransform:
     def load(self, data: dict[str, Any]) -> dict[str, list[float]]:
         return data
 
+    def describe(self, config: Numeric, state: dict[str, list[float]]) -> str:
+        learned = [f"{key} {', '.join(f'{v:.6g}' for v in state[key])}" for key in ("fill", "mean", "std", "min", "max")]
+        return "numeric: " + "; ".join(learned)
+
     def apply(self, config: Numeric, state: dict[str, list[float]], raw: torch.Tensor) -> torch.Tensor:
         """[n, size] float32 model values of `raw` ([n, size], NaN where a field was empty)."""
         x = _shaped(config, raw, torch.tensor(state["fill"], dtype=torch.float64))

@@ -53,6 +53,10 @@ class QuantilesTransform:
     def load(self, data: dict[str, Any]) -> dict[str, Any]:
         return data
 
+    def describe(self, config: Quantiles, state: dict[str, Any]) -> str:
+        cuts = len(state["boundaries"])
+        return f"{cuts + 1} quantile buckets of {config.buckets} (from {state['values']:,} values)"
+
     def apply(self, config: Quantiles, state: dict[str, Any], raw: torch.Tensor, fill: float) -> torch.Tensor:
         """int64 bucket ids of `raw` (1-d, NaN where empty: takes `fill`)."""
         values = torch.where(torch.isnan(raw), torch.tensor(fill, dtype=raw.dtype), raw).float()

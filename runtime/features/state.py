@@ -53,6 +53,11 @@ class LearnedFeatures:
     def get(self, name: str) -> Learned:
         return self.features[name]
 
+    def describe(self) -> list[str]:
+        """One line per feature: what was learned (sizes, not values)."""
+        return [f"feature {name}: {transform(learned.kind).describe(learned.config, learned.state)}"
+                for name, learned in self.features.items()]  # fmt: skip
+
     def to_bytes(self) -> bytes:
         body = {
             name: {"kind": learned.kind, "version": transform(learned.kind).version,

@@ -30,6 +30,7 @@ from runtime.data.prepared.manifest import read_manifest
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables.learn import learn_features, learned_configs
 from runtime.features.state import FILE, FeatureStateError, parse_features, read_features
+from runtime.reporting import console
 
 SUFFIX = ".features.json"
 
@@ -85,7 +86,11 @@ def prepared_features(directory: Path, configs: dict) -> object:
 
 def _learned_on_rank_0(inputs: ModelInputs, choice: DataChoice, rank: int, group: dist.ProcessGroup | None) -> bytes:
     """features.json's bytes, learned from the training files by rank 0 and sent to every rank."""
-    data = learn_features(open_reader(inputs, choice)).to_bytes() if rank == 0 else b""
+    data = b""
+    if rank == 0:
+        learned = learn_features(open_reader(inputs, choice))
+        console.say(f"learned {len(learned.features)} feature transforms from {choice} (runtime.features)")
+        data = learned.to_bytes()
     if group is not None and dist.get_world_size(group) > 1:
         box = [data]
         dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)

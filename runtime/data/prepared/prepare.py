@@ -75,6 +75,7 @@ from runtime.data.prepared.stats import merge_stats, part_stats
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
+from runtime.data.tables.collisions import PREPARE_ROWS, count_collisions
 from runtime.data.tables.learn import learn_features, learned_configs, with_learned
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.storage.manifest import sync_path
@@ -199,6 +200,8 @@ def _prepare(
     if learned_configs(inputs):
         inputs, features = _learned(inputs, choice, settings, root)
     reader = _open_source(inputs, choice, settings, vocab)
+    if report is not None:
+        _report_features(inputs, reader, report)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
     if report is not None:
         report(f"parsing {parsing.describe()}")
@@ -226,6 +229,20 @@ def _prepare(
     write_manifest(manifest)
     (root / JOURNAL).unlink()
     return manifest
+
+
+def _report_features(inputs: ModelInputs, reader: Reader, report: Callable[[str], None]) -> None:
+    """What the features learned, and the collisions of the hashed ones in the first rows of the data."""
+    if inputs.learned is not None:
+        for line in inputs.learned.describe():
+            report(f"learned {line}")
+    if getattr(reader, "layout", None) is None:
+        return
+    for found in count_collisions(reader, PREPARE_ROWS):
+        report(f"hashed {found.describe()}")
+        warning = found.warning()
+        if warning is not None:
+            report(f"warning: {warning}")
 
 
 def _learned(

@@ -78,11 +78,15 @@ class CsvReader:
     def oov_rows(self) -> dict[str, int]:
         return {key.key: key.transform.oov_buckets for key in self.layout.sparse if isinstance(key.transform, Vocabulary)}
 
-    def parse(self, line: bytes) -> TableRow:
+    def fields(self, line: bytes) -> dict[str, str]:
+        """The line's fields by column (raw text); RowError for a line that is no row of the header."""
         fields = self._fields(line)
         if len(fields) != len(self.header):
             raise RowError(None, line, f"{len(fields)} fields, the header has {len(self.header)}")
-        return parse_row(self.layout, dict(zip(self.header, fields)))
+        return dict(zip(self.header, fields))
+
+    def parse(self, line: bytes) -> TableRow:
+        return parse_row(self.layout, self.fields(line))
 
     def to_columns(self, rows: list[TableRow]) -> Columns:
         return to_columns(self.layout, rows)

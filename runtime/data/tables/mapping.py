@@ -195,7 +195,7 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     for key in layout.sparse:
         if key.sequence is not None:  # timestamps: one per id of their sequence, before either is cut
             timed = layout.sparse[key.sequence]
-            times, items = len(_items(fields[key.column])), len(_items(fields[timed.column]))
+            times, items = len(items_of(fields[key.column])), len(items_of(fields[timed.column]))
             if times != items:
                 reason = f"{times} times but its sequence {timed.key!r} (column {timed.column}) has {items} ids"
                 raise RowError(key.column, str(fields[key.column]), reason)
@@ -254,7 +254,7 @@ def _label(column: str, value: Any, loss: str, classes: int) -> float:
     return label
 
 
-def _items(value: Any) -> list[Any]:
+def items_of(value: Any) -> list[Any]:
     """A field's values: a list (Parquet), `|`-separated text, one value, or none when empty."""
     if value is None or value == "":
         return []
@@ -266,7 +266,7 @@ def _items(value: Any) -> list[Any]:
 
 
 def _ids(key: SparseColumn, value: Any) -> list[int]:
-    items = _items(value)
+    items = items_of(value)
     if key.single:
         if len(items) > 1:
             raise RowError(key.column, str(value), f"{len(items)} ids, but feature {key.key!r} takes one")
@@ -300,7 +300,7 @@ def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
         return [("" if by is None else str(by), moment, "" if value is None else str(value))]
     if isinstance(spec, Quantiles):
         return [_number(key.column, fields[key.column], math.nan)]
-    items = _items(fields[key.column])
+    items = items_of(fields[key.column])
     if key.single:
         if len(items) > 1:
             raise RowError(key.column, str(fields[key.column]), f"{len(items)} ids, but feature {key.key!r} takes one")

@@ -62,6 +62,10 @@ class ParquetReader:
     def oov_rows(self) -> dict[str, int]:
         return {key.key: key.transform.oov_buckets for key in self.layout.sparse if isinstance(key.transform, Vocabulary)}
 
+    def fields(self, line: Any) -> dict[str, Any]:
+        """The row's mapped columns (a row is read as that dict already)."""
+        return line
+
     def parse(self, line: Any) -> TableRow:
         return parse_row(self.layout, line)
 

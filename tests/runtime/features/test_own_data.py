@@ -177,3 +177,62 @@ def _reader_section(inputs, reader: str):
     import dataclasses
 
     return dataclasses.replace(inputs, data=dataclasses.replace(inputs.data, reader=reader))
+
+
+CRITEO_LIKE = """\
+version: 1
+name: criteo_like
+features:
+  dense:
+    - {name: counts, size: 3, transform: {fill: mean, clip: [0, 1000], log: true, scale: standardize}}
+  sparse:
+    - {name: site, num_embeddings: auto, dim: 4, vocabulary: {min_count: 2, max_size: 50, oov_buckets: 2}}
+    - {name: ad, num_embeddings: 64, dim: 4}
+    - {name: site_ad, cross: [site, ad], num_embeddings: 64, dim: 4}
+    - {name: count_q, count: 3, column: counts, quantiles: 4, dim: 4}
+model:
+  deep: {type: mlp, input: [dense.counts, sparse.*], layers: [8, 1], final_activation: none}
+heads:
+  - {name: click, input: deep, loss: bce}
+training:
+  batch_size: 64
+  dense_optimizer: {type: adagrad, lr: 0.1}
+  sparse_optimizer: {type: rowwise_adagrad, lr: 0.1}
+data:
+  reader: csv
+  path: clicks.csv
+  columns: {label: click, I1: counts, I2: counts, I3: counts, site: site, ad: ad}
+"""
+
+
+def test_a_criteo_like_table_with_string_categoricals_and_missing_numbers_trains(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(1)
+    lines = ["label,I1,I2,I3,site,ad"]
+    for i in range(300):
+        site = f"s{rng.randint(0, 9)}" if i % 10 else f"rare{i}"  # every 10th row a site seen once
+        counts = ["" if rng.random() < 0.2 else str(rng.randint(0, 3000)) for _ in range(3)]
+        label = int(rng.random() < (0.8 if site in ("s1", "s3", "s5") else 0.2))
+        lines.append(",".join([str(label), *counts, site, f"ad{rng.randint(0, 30)}"]))
+    (tmp_path / "clicks.csv").write_text("\n".join(lines) + "\n")
+    (tmp_path / "spec.yaml").write_text(CRITEO_LIKE)
+    out = _run("train", str(tmp_path / "spec.yaml"), "--data", f"csv:{tmp_path}/clicks.csv", "--eval-data",
+               f"csv:{tmp_path}/clicks.csv", "--steps", "20", "--data-workers", "0", "-o", str(tmp_path / "build"))
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["eval_unseen_ids"] == {"site": 30}  # the 30 rare sites: below min_count 2, in the OOV rows
+    assert result["loss_last"] < result["loss_first"]
+    state = json.loads((tmp_path / "build" / "criteo_like.features.json").read_text())["features"]
+    present = [float(line.split(",")[1]) for line in lines[1:] if line.split(",")[1]]
+    assert state["counts"]["state"]["fill"][0] == pytest.approx(sum(present) / len(present), rel=1e-12)
+    assert state["site"]["state"]["values"] == sorted({f"s{i}" for i in range(10)},
+                                                      key=lambda s: (-sum(line.split(",")[4] == s for line in lines), s))
+    assert len(state["count_q_0"]["state"]["boundaries"]) == 3
+
+
+def test_check_reports_what_is_learned_and_the_collisions_of_hashed_features(run: dict, capsys) -> None:
+    assert main(["check", str(SPEC), "--data", f"csv:{run['root']}/train.csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "  feature user: vocabulary of 40 values (of 40 seen, min_count 1), 1 OOV row" in out
+    assert "  feature seen: history of movie by user: 40 keys, 640 training rows" in out
+    assert out[-1] == "  hashed feature gender_occupation: 10 distinct values in 640 rows; 0 (0.0%) share a row of its 256"
