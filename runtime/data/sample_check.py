@@ -40,6 +40,7 @@ from runtime.data.sources import DataChoice, open_reader
 from runtime.data.spec_columns import table_rows
 from runtime.data.tables.collisions import count_collisions
 from runtime.data.tables.learn import learn_features, learned_configs
+from runtime.data.tables.mapping import layout_of
 
 SHOWN_BAD_ROWS = 20
 
@@ -58,13 +59,13 @@ def check_sample(inputs: ModelInputs, choice: DataChoice, rows: int = 1000) -> S
     report = SampleReport()
     try:
         reader = _open(inputs, choice, report)
-        if learned_configs(inputs) and getattr(reader, "layout", None) is not None and inputs.learned is None:
+        if learned_configs(inputs) and layout_of(reader) is not None and inputs.learned is None:
             inputs = _learned(inputs, choice, reader, report)
             reader = open_reader(inputs, choice)
     except DataError as error:
         report.errors.append(f"{choice.path}: error: {error}")
         return report
-    collisions = count_collisions(reader, rows) if getattr(reader, "layout", None) is not None else []
+    collisions = count_collisions(reader, rows) if layout_of(reader) is not None else []
     good, bad, lines = [], [], 0
     stream = iter(reader.epoch_lines())
     for file, number, line in itertools.islice(stream, rows):

@@ -77,6 +77,7 @@ from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables.collisions import PREPARE_ROWS, count_collisions
 from runtime.data.tables.learn import learn_features, learned_configs, with_learned
+from runtime.data.tables.mapping import layout_of
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.storage.manifest import sync_path
 
@@ -236,7 +237,7 @@ def _report_features(inputs: ModelInputs, reader: Reader, report: Callable[[str]
     if inputs.learned is not None:
         for line in inputs.learned.describe():
             report(f"learned {line}")
-    if getattr(reader, "layout", None) is None:
+    if layout_of(reader) is None:
         return
     for found in count_collisions(reader, PREPARE_ROWS):
         report(f"hashed {found.describe()}")

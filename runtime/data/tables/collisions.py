@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.data.errors import RowError
-from runtime.data.tables.mapping import TableLayout, items_of
+from runtime.data.tables.mapping import TableLayout, items_of, layout_of
 from runtime.features.config import Cross
 from runtime.features.hashing import cross_text, hash_id
 
@@ -67,8 +67,8 @@ def hashed_keys(layout: TableLayout) -> list[Any]:
 def count_collisions(reader: Any, rows: int | None = None) -> list[Collisions]:
     """Per hashed feature of `reader` (a csv or parquet reader), its collisions in the first `rows` rows
     (all without a limit); bad rows are left out."""
-    layout: TableLayout = reader.layout
-    keys = hashed_keys(layout)
+    layout = layout_of(reader)
+    keys = [] if layout is None else hashed_keys(layout)
     if not keys:
         return []
     seen: list[set[str]] = [set() for _ in keys]

@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from runtime.data.errors import DataError, RowError
 from runtime.data.features import ModelInputs
-from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow
+from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of
 from runtime.features.config import History, Numeric, Quantiles
 from runtime.features.registry import transform
 from runtime.features.state import FeatureStateError, Learned, LearnedFeatures, read_features
@@ -53,7 +53,7 @@ def with_learned(inputs: ModelInputs, path: str | Path, sha256: str | None = Non
 def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
     """The learned state of every transform of `reader`'s layout, from all its rows (one pass);
     `progress` shows a bar on a terminal (stderr)."""
-    layout: TableLayout | None = getattr(reader, "layout", None)
+    layout = layout_of(reader)
     if layout is None:
         raise DataError(f"the {reader.name} reader does not learn feature transforms; use csv: or parquet: data")
     configs = layout.learned_configs()

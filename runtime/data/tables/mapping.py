@@ -182,6 +182,12 @@ def _sparse_column(
                         transform=spec, columns=columns, of=of, dense=dense)  # fmt: skip
 
 
+def layout_of(reader: Any) -> TableLayout | None:
+    """The table layout of a csv or parquet reader (wrapped or not), None for the other readers."""
+    layout = getattr(reader, "layout", None)
+    return layout if isinstance(layout, TableLayout) else None
+
+
 # One parsed row: dense values by feature, ids by sparse key, labels.
 TableRow = tuple[list[list[float]], list[list[int]], list[float]]
 
