@@ -47,6 +47,7 @@ from compiler.spec.validate import validate
 from runtime.checkpoint.files import CheckpointError, is_checkpoint
 from runtime.checkpoint.store import load_model_state, newest_intact_checkpoint, read_checkpoint_manifest
 from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
+from runtime.features.config import Quantiles
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available
 from runtime.serving.item_index import ItemsReport, export_items
@@ -311,7 +312,7 @@ def _derived(ir: ModelIR) -> dict[str, Any]:
     for f in ir.sparse:
         if f.boundaries:
             derived[f.name] = {"bucketize": f.column, "column": f.column_index, "boundaries": list(f.boundaries)}
-        elif f.column is not None:
+        elif f.column is not None and not isinstance(f.transform, Quantiles):  # learned buckets: features.json
             derived[f.name] = {"copy_of": f.column}
     return {"derived_keys": derived} if derived else {}
 

@@ -31,12 +31,14 @@ Where raw fields become model inputs (the one path, for every caller):
     runtime.data.tables.mapping.to_columns(layout, rows)                 # apply(): ids and floats
     runtime.data.feature_columns.to_features(columns, inputs)            # fan-out, fixed buckets
 
+`inputs_with_learned = runtime.data.tables.learn.with_learned(module.INPUTS, export_dir / "features.json")`
+(an export's manifest lists the file under "features"), then
 `layout = table_layout(inputs_with_learned, "csv")`; CsvReader, ParquetReader,
 `predict`, `retrieve`, `train --eval-data` and a server all go through these
 three calls, so the same raw row gives the same ids and numbers on every path.
-Learning (`fit_table`, runtime.features.learn) is one pass over the training
-files' rows before the first step (or in `data prepare`), on rank 0 or before
-the ranks start; every rank then reads the same features.json. Nothing
+Learning (`learn_features`, runtime.data.tables.learn) is one pass over the
+training files' rows before the first step (runtime.train.feature_state: on
+rank 0, its bytes broadcast to every rank) or in `data prepare`. Nothing
 relearns silently: a reader whose spec has learned transforms and no state is
 a DataError.
 """
