@@ -65,7 +65,8 @@ def atomic_files(wheel: Path | None, workdir: Path) -> dict[str, list[list[str]]
 
 def write_csvs(files: dict[str, list[list[str]]], directory: Path, held_out: float = 0.2) -> tuple[Path, Path]:
     users = {row[0]: row[1:] for row in files["user"]}
-    items = {row[0]: (row[2], "|".join(row[3].split())) for row in files["item"]}
+    # a year that is no number ('unkonwn' in ml-100k) is written empty: the spec fills it with the mean
+    items = {row[0]: (row[2] if row[2].isdigit() else "", "|".join(row[3].split())) for row in files["item"]}
     by_user: dict[str, list[tuple[int, int, list[str]]]] = {}
     for order, (user, item, rating, ts) in enumerate(files["inter"]):
         age, gender, occupation, zip_code = users[user]
