@@ -4,10 +4,13 @@
     inputs = dataclasses.replace(inputs, learned=learned)
     learned.write(directory / "features.json")
 
-The rows are parsed as for training (runtime.data.tables.mapping.parse_row,
-raw values kept) and handed to each transform's `fit` in chunks, whose
-partial states merge (runtime.features.registry). Bad rows are left out:
-training meets them again and reports them as `--bad-rows` says. Only the
+Only the columns the transforms read are parsed, as training parses them
+(runtime.data.tables.mapping.parse_learned, raw values kept), so the pass
+costs less than training's own parse; the values go to each transform's
+`fit` in chunks, whose partial states merge (runtime.features.registry). A
+row whose learned columns are bad is left out (training meets it again and
+reports it as `--bad-rows` says); a row bad only in columns no transform
+reads is learned from, and skipped or refused by training. Only the
 training files are read: evaluation and prediction data apply the state
 learned here, they never add to it.
 """
@@ -24,7 +27,7 @@ from tqdm import tqdm
 
 from runtime.data.errors import DataError, RowError
 from runtime.data.features import ModelInputs
-from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of
+from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of, parse_learned
 from runtime.features.config import History, Numeric, Quantiles
 from runtime.features.registry import transform
 from runtime.features.state import FeatureStateError, Learned, LearnedFeatures, read_features
@@ -60,9 +63,10 @@ def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
     partials: dict[str, list[tuple[int, Any]]] = {}  # per feature: merged partials and their merge levels
     chunk: list[TableRow] = []
     bar = tqdm(desc="learning features", unit=" rows", file=sys.stderr, disable=not (progress and sys.stderr.isatty()))
+    names = frozenset(configs)
     for _, _, line in reader.epoch_lines():
         try:
-            chunk.append(reader.parse(line))
+            chunk.append(parse_learned(layout, reader.fields(line), names))
         except RowError:
             continue
         if len(chunk) == CHUNK_ROWS:

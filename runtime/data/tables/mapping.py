@@ -210,6 +210,15 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     return dense, ids, labels
 
 
+def parse_learned(layout: TableLayout, fields: dict[str, Any], names: frozenset[str]) -> TableRow:
+    """`parse_row`'s values of the features `names` only (those a learning pass fits), None for the others:
+    learning reads no other column (runtime.data.tables.learn)."""
+    dense = [[_number(column, fields[column], math.nan) for column in columns] if name in names else None
+             for name, columns in layout.dense]  # fmt: skip
+    ids = [_raw(key, fields) if key.key in names else None for key in layout.sparse]
+    return dense, ids, []  # type: ignore[return-value]
+
+
 def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
     """The model inputs of parsed `rows`: every transform applied with the layout's learned state."""
     learned = layout.learned
