@@ -186,7 +186,8 @@ def main() -> int:
         str(work / "served"))  # fmt: skip
     run("predict", str(work / "served"), "--data", f"csv:{test}", "-o", str(work / "scores.csv"))
     with open(work / "scores.csv") as scores, open(test) as rows:
-        predicted = auc([float(r["like"]) for r in csv.DictReader(scores)], [float(r["label"]) for r in csv.DictReader(rows)])
+        scored = [float(r["like"]) for r in csv.DictReader(scores)]
+        predicted = auc(scored, [float(r["label"]) for r in csv.DictReader(rows)])
     print(json.dumps({"path": "predict", "auc": predicted}))
     rates = prepare_rates(work, train, args.repeats)
     print(json.dumps({

@@ -80,6 +80,8 @@ class HistoryTransform:
         events = sum(len(times) for times, _ in state.keys.values())
         return f"history of {config.of} by {config.by}: {len(state.keys):,} keys, {events:,} training rows"
 
-    def apply(self, config: History, state: HistoryState, raw: Sequence[tuple[str, float]], length: int) -> list[list[str]]:
+    def apply(
+        self, config: History, state: HistoryState, raw: Sequence[tuple[str, float]], length: int
+    ) -> list[list[str]]:
         """Per row (key, time): the values of its history."""
         return [state.before(key, time, length) for key, time in raw]

@@ -86,7 +86,8 @@ class NumericTransform:
         return data
 
     def describe(self, config: Numeric, state: dict[str, list[float]]) -> str:
-        learned = [f"{key} {', '.join(f'{v:.6g}' for v in state[key])}" for key in ("fill", "mean", "std", "min", "max")]
+        keys = ("fill", "mean", "std", "min", "max")
+        learned = [f"{key} {', '.join(f'{v:.6g}' for v in state[key])}" for key in keys]
         return "numeric: " + "; ".join(learned)
 
     def apply(self, config: Numeric, state: dict[str, list[float]], raw: torch.Tensor) -> torch.Tensor:

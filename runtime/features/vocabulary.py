@@ -64,7 +64,8 @@ class VocabularyTransform:
 
     def describe(self, config: Vocabulary, state: VocabularyState) -> str:
         oov = f"{state.oov_buckets} OOV row{'s' if state.oov_buckets > 1 else ''}"
-        return f"vocabulary of {len(state.values):,} values (of {state.seen:,} seen, min_count {config.min_count}), {oov}"
+        kept = f"{len(state.values):,} values (of {state.seen:,} seen, min_count {config.min_count})"
+        return f"vocabulary of {kept}, {oov}"
 
     def apply(self, config: Vocabulary, state: VocabularyState, raw: Sequence[str]) -> list[int]:
         rows, buckets = state.rows, state.oov_buckets

@@ -61,7 +61,8 @@ class Collisions:
 
 def hashed_keys(layout: TableLayout) -> list[Any]:
     """The keys of `layout` whose values are hashed into their table: no learned transform, or a cross."""
-    return [key for key in layout.sparse if key.rows is not None and (key.transform is None or isinstance(key.transform, Cross))]
+    return [key for key in layout.sparse
+            if key.rows is not None and (key.transform is None or isinstance(key.transform, Cross))]  # fmt: skip
 
 
 def count_collisions(reader: Any, rows: int | None = None) -> list[Collisions]:

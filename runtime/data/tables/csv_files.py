@@ -61,6 +61,8 @@ class CsvReader:
         except UnicodeDecodeError as error:
             reason = f"not UTF-8 text (byte 0x{line[error.start]:02x} at position {error.start})"
             raise RowError(None, line, reason) from None
+        if '"' not in text and "\r" not in text and "\0" not in text:  # the csv module's split, faster
+            return text.split(self.delimiter) if text else []
         return next(csv.reader([text], delimiter=self.delimiter), [])
 
     def epoch_lines(self) -> Iterator[tuple[str, int, bytes]]:
@@ -76,7 +78,9 @@ class CsvReader:
 
     @property
     def oov_rows(self) -> dict[str, int]:
-        return {key.key: key.transform.oov_buckets for key in self.layout.sparse if isinstance(key.transform, Vocabulary)}
+        """Per vocabulary feature, its OOV rows (the first rows of its table)."""
+        keys = self.layout.sparse
+        return {key.key: key.transform.oov_buckets for key in keys if isinstance(key.transform, Vocabulary)}
 
     def fields(self, line: bytes) -> dict[str, str]:
         """The line's fields by column (raw text); RowError for a line that is no row of the header."""

@@ -237,7 +237,7 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
     for i, key in enumerate(layout.sparse):
         bags = [row[1][i] for row in rows]
         if key.transform is not None:
-            bags = _transformed(layout, key, bags, raw_dense)
+            bags = _transformed(layout, key, bags)
         lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
         sparse[key.key] = Jagged(lengths, torch.tensor([v for bag in bags for v in bag], dtype=torch.long), None)
     labels = {label: torch.tensor([row[2][i] for row in rows], dtype=torch.float32)
@@ -307,6 +307,9 @@ def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
     """A transformed key's raw values: text items (vocabulary), one cross text, one (key, time, value)
     event (history) or one number, NaN when empty (quantiles)."""
     spec = key.transform
+    value = fields[key.column]
+    if key.single and type(spec) is Vocabulary and type(value) is str and SEPARATOR not in value:
+        return [value]  # the common case, a CSV id, without the general path's lists
     if isinstance(spec, Cross):
         return [cross_text([fields[column] for column in spec.columns])]
     if isinstance(spec, History):
@@ -325,7 +328,7 @@ def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
         raise RowError(key.column, str(fields[key.column]), reason)
     if key.max_length is not None and len(items) > key.max_length:
         items = items[-key.max_length :] if key.keep == "end" else items[: key.max_length]
-    return [str(item) for item in items]
+    return items if type(value) is str else [str(item) for item in items]
 
 
 def _apply(learned: Any, name: str, raw: Any, *extra: Any) -> Any:
@@ -334,7 +337,7 @@ def _apply(learned: Any, name: str, raw: Any, *extra: Any) -> Any:
     return transform(entry.kind).apply(entry.config, entry.state, raw, *extra)
 
 
-def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]], dense: list[torch.Tensor]) -> list[list[int]]:
+def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) -> list[list[int]]:
     """The ids of a transformed key's raw `bags` (one list per row)."""
     spec, learned = key.transform, layout.learned
     assert key.rows is not None

@@ -60,7 +60,9 @@ class ParquetReader:
 
     @property
     def oov_rows(self) -> dict[str, int]:
-        return {key.key: key.transform.oov_buckets for key in self.layout.sparse if isinstance(key.transform, Vocabulary)}
+        """Per vocabulary feature, its OOV rows (the first rows of its table)."""
+        keys = self.layout.sparse
+        return {key.key: key.transform.oov_buckets for key in keys if isinstance(key.transform, Vocabulary)}
 
     def fields(self, line: Any) -> dict[str, Any]:
         """The row's mapped columns (a row is read as that dict already)."""
