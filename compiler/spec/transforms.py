@@ -157,13 +157,16 @@ def check_links(
         if of is None:
             checker.error(node, f"unknown sparse feature '{config.of}'{checker.suggest(config.of, by_name)}")
             continue
-        single = of.fields["pooling"] != "none" and of.fields["max_ids_per_sample"] in (None,) and \
-            of.fields["ids_per_sample"] in (None, 1) and not isinstance(of.fields["transform"], (History, Cross))
+        single = (
+            of.fields["pooling"] != "none" and of.fields["max_ids_per_sample"] is None
+            and of.fields["ids_per_sample"] in (None, 1) and not isinstance(of.fields["transform"], (History, Cross))
+        )  # fmt: skip
         if not single or of.fields["column"] is not None:
             checker.error(node, f"'{config.of}' is not a single-id feature of its own column; a history is made of "
                                 "one value per row")  # fmt: skip
-        elif None not in (table_of.get(of.name), table_of.get(feature.name)) and \
-                table_of.get(of.name) != table_of.get(feature.name):
+        elif None not in (table_of.get(of.name), table_of.get(feature.name)) and (
+            table_of.get(of.name) != table_of.get(feature.name)
+        ):
             checker.error(node, f"the history looks its ids up in the table of '{config.of}' "
                                 f"('{table_of.get(of.name)}'), not in '{table_of.get(feature.name)}': "
                                 f"give it table: {table_of.get(of.name)}")  # fmt: skip
