@@ -75,7 +75,7 @@ from runtime.data.prepared.stats import merge_stats, part_stats
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
-from runtime.data.tables.collisions import PREPARE_ROWS, count_collisions
+from runtime.data.tables.collisions import PREPARE_ROWS, CollisionCounter, count_collisions
 from runtime.data.tables.learn import learn_features, learned_configs, with_learned
 from runtime.data.tables.mapping import layout_of
 from runtime.features.state import FILE as FEATURES_FILE
@@ -197,12 +197,12 @@ def _prepare(
     root.mkdir(parents=True, exist_ok=True)
     journal = _load_journal(root, identity, stamps, report)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
-    features = None
+    features, collisions = None, None
     if learned_configs(inputs):
-        inputs, features = _learned(inputs, choice, settings, root)
+        inputs, features, collisions = _learned(inputs, choice, settings, root)
     reader = _open_source(inputs, choice, settings, vocab)
     if report is not None:
-        _report_features(inputs, reader, report)
+        _report_features(inputs, reader, report, collisions)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
     if report is not None:
         report(f"parsing {parsing.describe()}")
@@ -232,14 +232,17 @@ def _prepare(
     return manifest
 
 
-def _report_features(inputs: ModelInputs, reader: Reader, report: Callable[[str], None]) -> None:
-    """What the features learned, and the collisions of the hashed ones in the first rows of the data."""
+def _report_features(
+    inputs: ModelInputs, reader: Reader, report: Callable[[str], None], counted: CollisionCounter | None
+) -> None:
+    """What the features learned, and the collisions of the hashed ones in the first rows of the data
+    (counted by the learning pass when it read this data, else by a pass of their own over those rows)."""
     if inputs.learned is not None:
         for line in inputs.learned.describe():
             report(f"learned {line}")
     if layout_of(reader) is None:
         return
-    for found in count_collisions(reader, PREPARE_ROWS):
+    for found in counted.result() if counted is not None else count_collisions(reader, PREPARE_ROWS):
         report(f"hashed {found.describe()}")
         warning = found.warning()
         if warning is not None:
@@ -248,19 +251,23 @@ def _report_features(inputs: ModelInputs, reader: Reader, report: Callable[[str]
 
 def _learned(
     inputs: ModelInputs, choice: DataChoice, settings: PrepareSettings, root: Path
-) -> tuple[ModelInputs, Path]:
+) -> tuple[ModelInputs, Path, CollisionCounter | None]:
     """`inputs` with their learned features and the file that holds them, DIR/features.json: kept from a
     stopped prepare of the same data, else learned now from the training files (`settings.training`, or
     the data itself) in one pass."""
     path = root / FEATURES
     if path.is_file():  # the journal holds this prepare to the same spec and inputs
-        return with_learned(inputs, path), path
+        return with_learned(inputs, path), path, None
     if choice.reader not in ("csv", "parquet"):
         names = ", ".join(repr(name) for name in learned_configs(inputs))
         raise DataError(f"features {names} are learned from csv or parquet columns; {choice} has columns of its own")
-    training = choice if settings.training is None else DataChoice(choice.reader, settings.training)
-    learn_features(open_reader(inputs, training)).write(path)
-    return with_learned(inputs, path), path
+    if settings.training is not None:
+        learn_features(open_reader(inputs, DataChoice(choice.reader, settings.training))).write(path)
+        return with_learned(inputs, path), path, None
+    reader = open_reader(inputs, choice)
+    counter = CollisionCounter(layout_of(reader), PREPARE_ROWS)  # type: ignore[arg-type]
+    learn_features(reader, collisions=counter).write(path)
+    return with_learned(inputs, path), path, counter
 
 
 def _mode(by_file: bool) -> str:

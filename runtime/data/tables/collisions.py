@@ -19,7 +19,6 @@ shares about 1 - exp(-n/m) of them, so 1% is passed from n ≈ m / 100.
 
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -65,29 +64,53 @@ def hashed_keys(layout: TableLayout) -> list[Any]:
             if key.rows is not None and (key.transform is None or isinstance(key.transform, Cross))]  # fmt: skip
 
 
-def count_collisions(reader: Any, rows: int | None = None) -> list[Collisions]:
-    """Per hashed feature of `reader` (a csv or parquet reader), its collisions in the first `rows` rows
-    (all without a limit); bad rows are left out."""
-    layout = layout_of(reader)
-    keys = [] if layout is None else hashed_keys(layout)
-    if not keys:
-        return []
-    seen: list[set[str]] = [set() for _ in keys]
-    read = 0
-    for _, _, line in itertools.islice(reader.epoch_lines(), rows):
-        try:
-            fields = reader.fields(line)
-        except RowError:
-            continue
-        read += 1
-        for values, key in zip(seen, keys):
+class CollisionCounter:
+    """The distinct values of `layout`'s hashed features in the rows `add`ed (their raw fields), up to `rows`
+    rows; `result()` says how many share a row. The learning pass feeds one as it reads (no pass of its own)."""
+
+    def __init__(self, layout: TableLayout, rows: int | None = None) -> None:
+        self.keys = hashed_keys(layout)
+        self.limit = rows
+        self.seen: list[set[str]] = [set() for _ in self.keys]
+        self.read = 0
+
+    @property
+    def full(self) -> bool:
+        return not self.keys or (self.limit is not None and self.read >= self.limit)
+
+    def add(self, fields: dict[str, Any]) -> None:
+        if self.full:
+            return
+        self.read += 1
+        for values, key in zip(self.seen, self.keys):
             if isinstance(key.transform, Cross):
                 values.add(cross_text([fields.get(column) for column in key.transform.columns]))
             else:
                 values.update(str(item) for item in items_of(fields.get(key.column)))
-    found = []
-    for values, key in zip(seen, keys):
-        by_row = Counter(hash_id(value, key.rows) for value in values)
-        shared = sum(count for count in by_row.values() if count > 1)
-        found.append(Collisions(key.key, key.rows, read, len(values), shared))
-    return found
+
+    def result(self) -> list[Collisions]:
+        found = []
+        for values, key in zip(self.seen, self.keys):
+            by_row = Counter(hash_id(value, key.rows) for value in values)
+            shared = sum(count for count in by_row.values() if count > 1)
+            found.append(Collisions(key.key, key.rows, self.read, len(values), shared))
+        return found
+
+
+def count_collisions(reader: Any, rows: int | None = None) -> list[Collisions]:
+    """Per hashed feature of `reader` (a csv or parquet reader), its collisions in the first `rows` rows
+    (all without a limit); bad rows are left out."""
+    layout = layout_of(reader)
+    if layout is None:
+        return []
+    counter = CollisionCounter(layout, rows)
+    lines = reader.epoch_lines()
+    while not counter.full:
+        line = next(lines, None)
+        if line is None:
+            break
+        try:
+            counter.add(reader.fields(line[2]))
+        except RowError:
+            continue
+    return counter.result()

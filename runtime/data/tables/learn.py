@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from runtime.data.errors import DataError, RowError
+from runtime.data.tables.collisions import CollisionCounter
 from runtime.data.features import ModelInputs
 from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of, parse_learned
 from runtime.features.config import History, Numeric, Quantiles
@@ -53,9 +54,10 @@ def with_learned(inputs: ModelInputs, path: str | Path, sha256: str | None = Non
     return dataclasses.replace(inputs, learned=learned)
 
 
-def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
+def learn_features(reader: Any, progress: bool = True, collisions: CollisionCounter | None = None) -> LearnedFeatures:
     """The learned state of every transform of `reader`'s layout, from all its rows (one pass);
-    `progress` shows a bar on a terminal (stderr)."""
+    `progress` shows a bar on a terminal (stderr); `collisions` counts the hashed features' values of the
+    rows read on the way (runtime.data.tables.collisions)."""
     layout = layout_of(reader)
     if layout is None:
         raise DataError(f"the {reader.name} reader does not learn feature transforms; use csv: or parquet: data")
@@ -66,9 +68,12 @@ def learn_features(reader: Any, progress: bool = True) -> LearnedFeatures:
     names = frozenset(configs)
     for _, _, line in reader.epoch_lines():
         try:
-            chunk.append(parse_learned(layout, reader.fields(line), names))
+            fields = reader.fields(line)
+            chunk.append(parse_learned(layout, fields, names))
         except RowError:
             continue
+        if collisions is not None:
+            collisions.add(fields)
         if len(chunk) == CHUNK_ROWS:
             _fit(layout, configs, chunk, partials)
             bar.update(len(chunk))
