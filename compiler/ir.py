@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
+from runtime.features.config import Numeric, SparseTransform  # the transforms learned from the data
 from runtime.sharding.types import ComputeKernel, ShardingType  # named once, for planner and runtime
 
 Pooling = Literal["sum", "mean"]
@@ -61,6 +62,7 @@ class DenseFeature:
     loc: Location
     embed_dim: int | None = None
     embed_bias: bool = False
+    transform: Numeric | None = None  # how csv / parquet fields become its values (runtime.features)
 
     @property
     def is_stack(self) -> bool:
@@ -99,6 +101,7 @@ class SparseFeature:
     column_index: int = 0  # the dense column a bucketized feature reads
     boundaries: tuple[float, ...] = ()  # set for bucketized features only
     position_weighted: bool = False
+    transform: SparseTransform | None = None  # a learned vocabulary, cross, quantiles or history (runtime.features)
 
     @property
     def is_sequence(self) -> bool:

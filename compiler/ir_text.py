@@ -106,7 +106,8 @@ def _entry(indent: int, value: Any, loc: Location) -> str:
 
 def _dense_entry(feature: DenseFeature) -> str:
     """A dense feature; `embed_dim` and `embed_bias` only on one with `embed` (a field stack)."""
-    skip = () if feature.is_stack else ("embed_dim", "embed_bias")
+    skip: tuple[str, ...] = () if feature.is_stack else ("embed_dim", "embed_bias")
+    skip += () if feature.transform is not None else ("transform",)
     fields = ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(feature, skip).items())
     return "    - {" + fields + "}" + _comment(feature.loc)
 
@@ -121,6 +122,8 @@ def _sparse_entry(feature: SparseFeature) -> str:
         skip += ("column_index", "boundaries")
     if not feature.position_weighted:
         skip += ("position_weighted",)
+    if feature.transform is None:
+        skip += ("transform",)
     fields = ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(feature, skip).items())
     return "    - {" + fields + "}" + _comment(feature.loc)
 
@@ -143,7 +146,9 @@ def _flow(value: Any) -> str:
     if isinstance(value, Input):
         return _scalar(value.ref())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return "{" + ", ".join(f"{key}: {_flow(item)}" for key, item in _fields(value).items()) + "}"
+        kind = getattr(value, "kind", None)  # a feature transform (runtime.features.config): say which
+        named = {"kind": kind} if isinstance(kind, str) and "kind" not in _fields(value) else {}
+        return "{" + ", ".join(f"{key}: {_flow(item)}" for key, item in {**named, **_fields(value)}.items()) + "}"
     if isinstance(value, (tuple, list)):
         return "[" + ", ".join(_flow(item) for item in value) + "]"
     return _scalar(value)

@@ -1,4 +1,5 @@
-"""The model specs every compiler test runs over: specs/*.yaml and the published models in specs/zoo/."""
+"""The model specs every compiler test runs over: specs/*.yaml, the published models in specs/zoo/ and the
+examples in specs/examples/."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted(
-    p.relative_to(REPO).as_posix() for p in [*(REPO / "specs").glob("*.yaml"), *(REPO / "specs" / "zoo").glob("*.yaml")]
+    p.relative_to(REPO).as_posix()
+    for p in [*(REPO / "specs").glob("*.yaml"), *(REPO / "specs" / "zoo").glob("*.yaml"),
+              *(REPO / "specs" / "examples").glob("*.yaml")]  # fmt: skip
 )
 
 

@@ -142,3 +142,25 @@ def test_the_serving_examples_answer_what_predict_scores(tmp_path: Path, monkeyp
     assert ran.returncode == 0, ran.stderr
     printed = [float(v) for v in ran.stdout.strip().strip("[]").split()]
     assert printed == pytest.approx(predicted, rel=1e-6, abs=1e-6)
+
+
+def test_your_own_data_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """The commands of "Your own data" on a small table in the example's layout (tests/runtime/features)."""
+    sys.path.insert(0, str(REPO / "tests" / "runtime" / "features"))
+    from own_data import rating_rows, split_by_user, write_csv
+
+    (commands,) = _blocks("Your own data", "sh")
+    (tmp_path / "specs" / "examples").mkdir(parents=True)
+    shutil.copy(REPO / "specs" / "examples" / "movielens_csv.yaml", tmp_path / "specs" / "examples")
+    train, test = split_by_user(rating_rows())
+    write_csv(tmp_path / "data" / "train.csv", train)
+    write_csv(tmp_path / "data" / "test.csv", test)
+    monkeypatch.chdir(tmp_path)
+    for line in commands.strip().splitlines():
+        program, *args = shlex.split(line)
+        assert program == "reccompile"
+        assert main(args) == 0, line
+    out = capsys.readouterr().out
+    assert "  feature user: vocabulary of 40 values (of 40 seen, min_count 1), 1 OOV row" in out
+    assert "wrote 160 predictions to scores.csv" in out
+    assert (tmp_path / "served" / "features.json").read_bytes() == (tmp_path / "build" / "movielens_csv.features.json").read_bytes()

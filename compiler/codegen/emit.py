@@ -115,7 +115,13 @@ def extra_imports(lowered: SplitModel) -> list[str]:
     if head is not None:
         graphs += [query_graph(lowered, head), item_graph(lowered, head)]
         modules.append(ModuleDecl("retrieval_loss", retrieval_loss_call(lowered.ir, head), head.loc))
-    return runtime_imports(modules, graphs, TEMPLATE_IMPORTS)
+    return runtime_imports(modules, graphs, TEMPLATE_IMPORTS) + transform_imports(lowered.ir)
+
+
+def transform_imports(ir: ModelIR) -> list[str]:
+    """The import of the feature transforms' configs, when INPUTS has some (runtime.features.config)."""
+    features = [*ir.dense, *ir.sparse]
+    return ["import runtime.features.config"] if any(f.transform is not None for f in features) else []
 
 
 def runtime_imports(modules: Sequence[ModuleDecl], graphs: Sequence[fx.Graph], known: Sequence[str]) -> list[str]:

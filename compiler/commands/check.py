@@ -97,6 +97,8 @@ def _check_data(ir: ModelIR, data: str | None, rows: int) -> bool:
         return False
     for line in report.notes:
         print(line)
+    for line in report.warnings:
+        print(line, file=sys.stderr)
     for line in report.errors:
         print(line, file=sys.stderr)
     if report.errors:

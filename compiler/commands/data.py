@@ -59,10 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "files' rows into parts), else line by line; the prepare prints which and why")
     prepare.add_argument("--rating-threshold", type=float, default=4.0,
                          help="MovieLens: rating >= T is a positive (4)")  # fmt: skip
-    prepare.add_argument("--training", metavar="movielens:PATH",
+    prepare.add_argument("--training", metavar="READER:PATH",
                          help="MovieLens evaluation data: map ids with the vocabulary of these training ratings and "
                               "start histories in them, as --eval-data movielens: does; train --eval-data prepared: "
-                              "refuses evaluation data prepared without the training vocabulary")  # fmt: skip
+                              "refuses evaluation data prepared without the training vocabulary. csv or parquet "
+                              "evaluation data: apply the features learned from these training files")  # fmt: skip
     split = actions.add_parser("split", help="MovieLens positives split by time per user into train/ and test/",
                                description="MovieLens positives (rating >= threshold) split by time per user: "
                                            "the last --holdout of each user's positives go to DIR/test, the rest "
@@ -105,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
         from runtime.data.prepared.prepare import PrepareSettings, prepare
 
         training = None if args.training is None else choose_data(args.training, inputs)
-        if training is not None and (training.reader != "movielens" or choice.reader != "movielens"):
-            print(f"error: --training {args.training}: applies to movielens data, as movielens:PATH", file=sys.stderr)
+        if training is not None and (training.reader != choice.reader or choice.reader == "criteo"):
+            print(f"error: --training {args.training}: applies to movielens, csv or parquet data, read as --data is",
+                  file=sys.stderr)  # fmt: skip
             return 2
         settings = PrepareSettings(
             row_group_rows=args.row_group_rows, part_row_groups=args.part_row_groups, bad_rows=args.bad_rows,

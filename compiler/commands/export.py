@@ -107,6 +107,7 @@ def summary(manifest: dict, outdir: Path) -> str:
     if manifest["aot"] is None and any(table["lookup"] == "rows" for table in manifest["tables"]):
         lines.append(f"no {manifest['name']}.pt2: torch.export cannot trace sequence lookups; serve the module")
     files += [manifest["vocabulary"]] if manifest["vocabulary"] else []
+    files += [manifest["features"]] if manifest.get("features") else []
     lines += [f"wrote {outdir / entry['file']} ({entry['bytes']:,} bytes)" for entry in files]
     lines.append(f"wrote {outdir / 'weights' / 'tables'}/ ({len(manifest['tables'])} tables)")
     lines.append(f"wrote {outdir / 'manifest.json'}")

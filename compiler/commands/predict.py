@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
                 bad_rows_policy=args.bad_rows,
                 rating_threshold=args.rating_threshold,
                 vocabulary=vocabulary,
+                features=data_file(args.export, "features", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
             )
     except (ExportError, DataError, IndexError, OutputError) as error:

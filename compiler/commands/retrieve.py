@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
                 seed=module.INPUTS.training.seed if args.seed is None else args.seed,
                 bad_rows_policy=args.bad_rows,
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
+                features=data_file(args.export, "features", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
             )  # fmt: skip
     except (ExportError, IndexFileError, DataError, OutputError) as error:

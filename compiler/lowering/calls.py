@@ -8,6 +8,9 @@ program.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from compiler.ir import (
     SEQUENCE_OPS,
     STACK_OPS,
@@ -38,6 +41,7 @@ from compiler.ir import (
     Wukong,
 )
 from compiler.lowering.types import BuildArg, Call
+from runtime.features.config import Quantiles
 
 
 def _vectors(block: Block) -> tuple[int, int]:
@@ -360,6 +364,7 @@ def model_inputs_call(ir: ModelIR) -> Call:
     dense = [
         Call("runtime.data.features.DenseFeatureConfig", (
             ("name", f.name), ("size", f.size), ("where", str(f.loc)),
+            *((("transform", _config_call(f.transform)),) if f.transform is not None else ()),
         ))
         for f in ir.dense
     ]  # fmt: skip
@@ -374,7 +379,9 @@ def model_inputs_call(ir: ModelIR) -> Call:
             *((("max_length", f.max_length), ("keep", f.keep)) if f.is_sequence else ()),
             *((("column", f.column),) if f.column is not None else ()),
             *((("column_index", f.column_index), ("boundaries", f.boundaries)) if f.boundaries else ()),
+            *((("column_index", f.column_index),) if isinstance(f.transform, Quantiles) else ()),
             ("where", str(f.loc)),
+            *((("transform", _config_call(f.transform)),) if f.transform is not None else ()),
         ))
         for f in ir.sparse
     ]  # fmt: skip
@@ -411,6 +418,12 @@ def model_inputs_call(ir: ModelIR) -> Call:
         ("device", ir.sharding.device),
         *((("timestamps", timestamps),) if timestamps else ()),
     ))
+
+
+def _config_call(config: Any) -> Call:
+    """A feature transform's config (runtime.features.config) as the call that builds it."""
+    fields = tuple((field.name, getattr(config, field.name)) for field in dataclasses.fields(config))
+    return Call(f"runtime.features.config.{type(config).__name__}", fields)
 
 
 def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:

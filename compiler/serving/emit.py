@@ -21,6 +21,7 @@ from compiler.codegen.emit import (
     python_literal,
     render_call,
     runtime_imports,
+    transform_imports,
 )
 from compiler.lowering.types import LoweredModel
 from compiler.serving.retrieval import retrieval_graphs
@@ -68,7 +69,7 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
             {"target": d.target, "loc": f"{d.loc.file}:{d.loc.line}", "source": render_call(d.call, indent=8)}
             for d in lowered.modules
         ],
-        extra_imports=runtime_imports(lowered.modules, graphs, TEMPLATE_IMPORTS),
+        extra_imports=runtime_imports(lowered.modules, graphs, TEMPLATE_IMPORTS) + transform_imports(ir),
         forward=_method_source(lowered.graph, "forward"),
         retrieval=None if retrieval is None else {
             "constant": python_literal(retrieval.constant),

@@ -14,6 +14,8 @@ The steps, in order:
                                         models with sequence tables, whose row counts torch.export
                                         cannot trace)
     the checkpoint's vocab.json      -> OUT/vocab.json (MovieLens: the ids training mapped, for predict)
+    the checkpoint's features.json   -> OUT/features.json (the learned feature transforms, runtime.features:
+                                        predict, retrieve and a server apply them to raw fields)
     export_items (retrieval heads)   -> OUT/item_vectors.pt and OUT/index/: the item tower on every
                                         catalogue item and their nearest-neighbour index, checked
                                         against exact search (runtime/serving/item_index.py)
@@ -45,6 +47,8 @@ from compiler.spec.validate import validate
 from runtime.checkpoint.files import CheckpointError, is_checkpoint
 from runtime.checkpoint.store import load_model_state, newest_intact_checkpoint, read_checkpoint_manifest
 from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
+from runtime.features.config import Quantiles
+from runtime.features.state import FILE as FEATURES_FILE
 from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available
 from runtime.serving.item_index import ItemsReport, export_items
 from runtime.serving.export_dir import (
@@ -131,6 +135,9 @@ def export(request: ExportRequest) -> ExportResult:
         vocabulary = Path(checkpoint.get("path", request.checkpoint)) / VOCABULARY_FILE
         if vocabulary.is_file():  # the ids training mapped: predict must map them alike
             shutil.copyfile(vocabulary, staging / VOCABULARY_FILE)
+        features = Path(checkpoint.get("path", request.checkpoint)) / FEATURES_FILE
+        if features.is_file():  # the transforms training learned: predict applies them alike
+            shutil.copyfile(features, staging / FEATURES_FILE)
         items = None
         if hasattr(module, "RETRIEVAL"):
             section, items = export_items(
@@ -314,7 +321,7 @@ def _derived(ir: ModelIR) -> dict[str, Any]:
     for f in ir.sparse:
         if f.boundaries:
             derived[f.name] = {"bucketize": f.column, "column": f.column_index, "boundaries": list(f.boundaries)}
-        elif f.column is not None:
+        elif f.column is not None and not isinstance(f.transform, Quantiles):  # learned buckets: features.json
             derived[f.name] = {"copy_of": f.column}
     return {"derived_keys": derived} if derived else {}
 
@@ -374,6 +381,7 @@ def _manifest(
         "tables_compression": round(fp32 / on_disk, 3) if on_disk else None,
         "aot": None if aot is None else {**aot, **file_facts(staging / aot["file"])},
         "vocabulary": facts(VOCABULARY_FILE) if (staging / VOCABULARY_FILE).is_file() else None,
+        **({"features": facts(FEATURES_FILE)} if (staging / FEATURES_FILE).is_file() else {}),
         "heads": [
             {"name": h.name, "loss": h.loss, "label": h.label, "num_classes": h.num_classes} for h in ir.heads
         ],

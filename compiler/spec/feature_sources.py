@@ -140,10 +140,10 @@ def resolve_columns(
         boundaries = feature.fields["boundaries"]
         if boundaries is not None and not isinstance(boundaries, list):
             continue  # rejected by the schema: no source, no IR
-        if isinstance(boundaries, list):
+        if isinstance(boundaries, list) or isinstance(feature.fields["quantiles"], int):
             source = _dense_source(column, node, counts[feature.entry.path], dense_sizes, once, checker, index)
-            if source is not None:
-                sources[feature.name] = Source(column, index, tuple(float(b) for b in boundaries))
+            if source is not None:  # quantiles: boundaries learned from the data (compiler.spec.transforms)
+                sources[feature.name] = Source(column, index, tuple(float(b) for b in boundaries or ()))
             continue
         target = f"{column}_{index}" if counted else column
         if target == feature.name:

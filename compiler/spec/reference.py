@@ -129,6 +129,8 @@ def _type_of(schema: dict[str, Any], defs: dict[str, Any]) -> str:
         return f"`{_flow(schema['const'])}`"
     if "enum" in schema:
         return " | ".join(f"`{value}`" for value in schema["enum"])
+    if "anyOf" in schema:
+        return " or ".join(_type_of(option, defs) for option in schema["anyOf"])
     kinds = schema.get("type", [])
     kinds = [kinds] if isinstance(kinds, str) else kinds
     return " or ".join(_kind(kind, schema, defs) for kind in kinds)

@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any, Collection
 
 from compiler.diagnostics import Diagnostic
-from compiler.spec import feature_sources
+from compiler.spec import feature_sources, transforms
 from compiler.ir import (
     INT64_MAX,
     Constraint,
@@ -185,6 +185,9 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     sources = feature_sources.resolve_columns(checker, sparse, dense_sizes)
     tables = _tables(checker, root, sparse)
     feature_sources.check_column_rows(checker, sparse, sources, tables)
+    transformed = {feature.name for feature in dense if feature.transform is not None}
+    transforms.check_links(checker, sparse, transformed, tables)
+    transforms.check_reader(checker, root, sparse, transformed)
     by_feature = {name: spec for spec in tables.values() for name in spec.features}
     sparse_ir = [ir for ir in (_sparse_ir(s, by_feature.get(s.name), sources.get(s.name)) for s in sparse) if ir]
     position = {s.name: i for i, s in enumerate(sparse)}
@@ -260,10 +263,12 @@ def _dense(
         sizes[name] = size if isinstance(size, int) else None
         embed = checker.child(entry, "embed")
         dim, bias = checker.value(embed, "dim"), checker.value(embed, "bias", False)
+        transform = transforms.check_dense(checker, entry)
         if isinstance(size, int) and embed is None:
-            dense.append(DenseFeature(name=name, size=size, loc=entry.loc))
+            dense.append(DenseFeature(name=name, size=size, loc=entry.loc, transform=transform))
         elif isinstance(size, int) and isinstance(dim, int) and known(bias):
-            dense.append(DenseFeature(name=name, size=size, loc=entry.loc, embed_dim=dim, embed_bias=bias))
+            dense.append(DenseFeature(name=name, size=size, loc=entry.loc, embed_dim=dim, embed_bias=bias,
+                                      transform=transform))  # fmt: skip
     return dense, sizes
 
 
@@ -280,7 +285,7 @@ def _embed_dims(checker: Checker, features: Node | None) -> dict[str, int | None
 
 _SPARSE_FIELDS = (
     "num_embeddings", "dim", "pooling", "table", "ids_per_sample", "max_ids_per_sample", "weighted", "hash",
-    "max_length", "keep", "column", "boundaries", "position_weights",
+    "max_length", "keep", "column", "boundaries", "position_weights", *transforms.KEYS,
 )  # fmt: skip
 _POOLED_ONLY = {  # keys a sequence feature must not have, and why
     "ids_per_sample": "a sequence's length is bounded by max_length",
@@ -301,6 +306,7 @@ def _expand_sparse(checker: Checker, features: Node | None, names: dict[str, tup
         fields = {key: checker.value(entry, key) for key in _SPARSE_FIELDS}
         _check_ids(checker, entry)
         feature_sources.check_entry(checker, entry, fields)
+        transforms.check_sparse(checker, entry, fields, INVALID)
         if not _check_sequence_keys(checker, entry, fields):
             fields["max_length"] = INVALID
         expanded = [name] if count is None else [f"{name}_{i}" for i in range(count)]
@@ -535,6 +541,7 @@ def _sparse_ir(
         column_index=source.index,
         boundaries=source.boundaries,
         position_weighted=bool(fields["position_weights"]),
+        transform=fields["transform"],
     )
 
 

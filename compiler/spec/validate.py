@@ -158,6 +158,8 @@ def _diagnose(error: ValidationError, root: Node) -> Iterator[Problem]:
                 yield Problem(path, _at(node, f"missing required key '{key}'"), missing=key)
     elif keyword == "uniqueItems":
         yield from _duplicate_items(node)
+    elif keyword == "anyOf":
+        yield Problem(path, _at(node, _any_of_message(error, _describe(error.instance))))
     else:
         yield Problem(path, _at(node, _message(error, _describe(error.instance))))
 
@@ -215,6 +217,21 @@ def _message(error: ValidationError, got: str) -> str:
             return f"{got} is a Python keyword and cannot be a name"
         return f"{got} is reserved for the generated code and cannot be a name"
     return error.message
+
+
+def _any_of_message(error: ValidationError, got: str) -> str:
+    """An `anyOf` of a type and a constant (`num_embeddings: auto`, `fill: mean`): the bound the value broke
+    in the branch of its type, else what the branches accept."""
+    for branch in error.context or ():
+        if branch.validator not in ("type", "const"):
+            return _message(branch, got)
+    accepted = []
+    for option in error.validator_value:
+        if "const" in option:
+            accepted.append(_describe(option["const"]))
+        else:
+            accepted.append(_TYPE_NAMES[option["type"]])
+    return "expected " + " or ".join(accepted) + f", got {got}"
 
 
 _BOUNDS = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}

@@ -30,20 +30,27 @@ import torch
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError
 from runtime.data.features import ModelInputs, SparseFeatureConfig
+from runtime.features.config import Quantiles
 
 __all__ = ["FeatureReader", "bucketize", "derives", "read_inputs", "to_features"]
 
 
+def _reads_own(feature: SparseFeatureConfig) -> bool:
+    """Whether the reader makes the feature's ids: its own column, or learned quantiles of a dense column
+    (taken of the raw values, runtime.features.quantiles, which only the table reader sees)."""
+    return feature.column is None or isinstance(feature.transform, Quantiles)
+
+
 def derives(inputs: ModelInputs) -> bool:
     """Whether some feature reads a column other than its own."""
-    return any(feature.column is not None for feature in inputs.sparse)
+    return not all(_reads_own(feature) for feature in inputs.sparse)
 
 
 def read_inputs(inputs: ModelInputs) -> ModelInputs:
     """The inputs a reader parses: the sparse features that read their own column."""
     if not derives(inputs):
         return inputs
-    own = tuple(feature for feature in inputs.sparse if feature.column is None)
+    own = tuple(feature for feature in inputs.sparse if _reads_own(feature))
     return dataclasses.replace(inputs, sparse=own)
 
 
@@ -71,7 +78,7 @@ def to_features(columns: Columns, inputs: ModelInputs) -> Columns:
 
 
 def _feature(columns: Columns, feature: SparseFeatureConfig) -> Jagged:
-    if feature.column is None:
+    if _reads_own(feature):
         return columns.sparse[feature.name]
     if not feature.boundaries:
         return columns.sparse[feature.column]

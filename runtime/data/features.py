@@ -11,17 +11,20 @@ compiled from.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from runtime.features.config import Numeric, SparseTransform
 from runtime.modules.losses import HeadConfig
 
 
 @dataclass(frozen=True, slots=True)
 class DenseFeatureConfig:
-    """A float vector of `size` columns."""
+    """A float vector of `size` columns; `transform` fills, clips, logs and scales them (runtime.features.numeric)."""
 
     name: str
     size: int
     where: str = ""
+    transform: Numeric | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,7 @@ class SparseFeatureConfig:
     column: str | None = None
     column_index: int = 0
     boundaries: tuple[float, ...] = ()
+    transform: SparseTransform | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "boundaries", tuple(float(b) for b in self.boundaries))
@@ -98,7 +102,12 @@ class DataConfig:
 
 @dataclass(frozen=True, slots=True)
 class ModelInputs:
-    """Everything outside the model the runtime needs to feed it: features, heads, training, data."""
+    """Everything outside the model the runtime needs to feed it: features, heads, training, data.
+
+    `learned` is the state of the features' learned transforms
+    (runtime.features.state.LearnedFeatures), set once learned or read
+    (`dataclasses.replace(inputs, learned=...)`); a generated module's INPUTS has none.
+    """
 
     dense: tuple[DenseFeatureConfig, ...]
     sparse: tuple[SparseFeatureConfig, ...]
@@ -107,6 +116,7 @@ class ModelInputs:
     data: DataConfig | None = None
     device: str = "cpu"
     timestamps: tuple[TimestampsConfig, ...] = ()
+    learned: Any = None
 
     def __post_init__(self) -> None:
         for name in ("dense", "sparse", "heads", "timestamps"):

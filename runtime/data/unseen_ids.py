@@ -20,7 +20,7 @@ row:
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -28,25 +28,29 @@ from runtime.data.columns import Columns
 
 
 class UnseenIds:
-    """Per feature, how many ids of the rows added were outside the vocabulary (row 0)."""
+    """Per feature, how many ids of the rows added were outside the vocabulary (row 0, or the first
+    `oov_rows[feature]` rows: a learned vocabulary's OOV rows, runtime.features.vocabulary)."""
 
-    def __init__(self, features: Sequence[str]) -> None:
+    def __init__(self, features: Sequence[str], oov_rows: Mapping[str, int] | None = None) -> None:
         self.counts: dict[str, int] = dict.fromkeys(features, 0)
+        self.oov_rows = {feature: (oov_rows or {}).get(feature, 1) for feature in features}
         self.rows = 0
 
     def add(self, columns: Columns) -> None:
-        """Count the row-0 ids of `columns`' vocabulary features."""
+        """Count the OOV-row ids of `columns`' vocabulary features."""
         self.rows += len(columns)
         for feature in self.counts:
-            self.counts[feature] += int(torch.count_nonzero(columns.sparse[feature].values == 0))
+            values = columns.sparse[feature].values
+            self.counts[feature] += int(torch.count_nonzero(values < self.oov_rows[feature]))
 
     def describe(self) -> str:
         """The counts as one human-readable phrase."""
         counts = ", ".join(f"{feature} {count:,}" for feature, count in self.counts.items())
-        return f"ids not in the training vocabulary (row 0): {counts} of {self.rows:,} rows"
+        where = "row 0" if all(rows == 1 for rows in self.oov_rows.values()) else "the OOV rows"
+        return f"ids not in the training vocabulary ({where}): {counts} of {self.rows:,} rows"
 
 
 def unseen_counter(reader: Any) -> UnseenIds | None:
     """A counter for the vocabulary features of `reader` (a runtime.data.loader.Reader), None without any."""
     features = reader.unseen_features
-    return UnseenIds(features) if features else None
+    return UnseenIds(features, getattr(reader, "oov_rows", None)) if features else None

@@ -11,6 +11,8 @@ module reads without the compiler:
     weights/tables/T.pt   table T's stored rows (uint8, fbgemm's row layout)
     <name>.pt2            torch.export program of lookup + dense part (torch + fbgemm_gpu only)
     vocab.json            the MovieLens vocabulary training mapped ids with (when it had one)
+    features.json         the learned feature transforms (runtime.features), when the spec has some:
+                          `learned_inputs(directory, module.INPUTS)` applies them to raw fields
 
 Every file is checked against the manifest before use (size always, sha256
 unless `verify=False`), and every failure is an `ExportError` whose message

@@ -102,16 +102,19 @@ def predict_file(
     rating_threshold: float | None = None,
     warn: Any = None,
     vocabulary: Path | None = None,
+    features: Path | None = None,
 ) -> PredictionReport:
     """Predict every sample of `data` (see the module docstring) into the CSV file `output`.
 
     `vocabulary`: the saved MovieLens vocabulary training used (an export's
     vocab.json); without it MovieLens ids map through one built from `data`.
+    `features`: the learned feature state (an export's features.json).
     """
     started = time.perf_counter()
     samples = open_samples(
         inputs, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy, warn=warn,
         vocabulary=vocabulary, threshold=DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold,
+        features=features,
     )  # fmt: skip
     count, model_seconds = write_file(
         output, lambda out: predict(model, inputs.heads, samples.batches, out, samples.id_columns)

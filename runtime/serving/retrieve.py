@@ -88,12 +88,13 @@ def retrieve_file(
     bad_rows_policy: str = "fail",
     vocabulary: Path | None = None,
     warn: Any = None,
+    features: Path | None = None,
 ) -> RetrieveReport:
     """Retrieve the top `k` items of every request of `data` (see the module docstring) into `output`."""
     started = time.perf_counter()
     samples = open_samples(
         module.INPUTS, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy,
-        warn=warn, vocabulary=vocabulary, positives=False,
+        warn=warn, vocabulary=vocabulary, positives=False, features=features,
     )  # fmt: skip
     count, query_seconds, search_seconds = write_file(
         output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns)

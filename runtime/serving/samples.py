@@ -25,6 +25,7 @@ from runtime.data.batch import Batch
 from runtime.data.errors import RowError
 from runtime.data.features import ModelInputs
 from runtime.data.movielens_vocab import Vocabulary, read_vocabulary
+from runtime.data.tables.learn import with_learned
 from runtime.data.synthetic import make_batch
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
 
@@ -64,12 +65,17 @@ def open_samples(
     vocabulary: Path | None = None,
     threshold: float = 4.0,
     positives: bool = True,
+    features: Path | None = None,
 ) -> Samples:
     """`data`'s samples in batches of `batch_size` (`rows` of them for synthetic, from `seed`).
 
     `vocabulary`: the saved MovieLens vocabulary (without it ids map through
     one built from `data`); `threshold` and `positives` as for
-    `requests_reader`."""
+    `requests_reader`. `features`: the learned feature state training saved
+    (an export's features.json), applied to the raw fields; a spec with
+    learned transforms and no such file is a DataError, never relearned."""
+    if features is not None:
+        inputs = with_learned(inputs, features)
     if data == "synthetic":
         return Samples(synthetic_samples(inputs, batch_size, rows, seed), ["id"])
     known = None if vocabulary is None else read_vocabulary(vocabulary)

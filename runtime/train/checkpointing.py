@@ -44,10 +44,12 @@ from runtime.checkpoint.store import (
 from runtime.data.batch import Batch
 from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
+from runtime.features.state import FILE as FEATURES_FILE
 from runtime.reporting import console
 from runtime.train import kernel_choices
 from runtime.train.lr_schedule import spell
 from runtime.train.early_stopping import EarlyStopping
+from runtime.train.feature_state import SUFFIX as FEATURES_SUFFIX
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
@@ -244,6 +246,13 @@ class Checkpointing:
         path = self._resumed.path / VOCABULARY_FILE
         return path if path.is_file() else None
 
+    def resumed_features(self) -> Path | None:
+        """The learned feature state saved with the checkpoint this run resumed from, if it has one."""
+        if self._resumed is None:
+            return None
+        path = self._resumed.path / FEATURES_FILE
+        return path if path.is_file() else None
+
     def position(self, batches: Iterator[Batch], data: str | None) -> Iterator[Batch]:
         """`batches` of the worker's `--data` at the resumed data position.
 
@@ -336,9 +345,14 @@ class Checkpointing:
         return path
 
     def _data_files(self) -> dict[str, bytes]:
-        """The vocabulary the data reader maps ids with (`<module>.vocab.json`), when there is one."""
-        vocabulary = Path(self.module.__file__).with_suffix(".vocab.json")
-        return {VOCABULARY_FILE: vocabulary.read_bytes()} if vocabulary.is_file() else {}
+        """The vocabulary the data reader maps ids with (`<module>.vocab.json`) and the learned feature
+        state (`<module>.features.json`, runtime.train.feature_state), when there are."""
+        files = {}
+        for name, suffix in ((VOCABULARY_FILE, ".vocab.json"), (FEATURES_FILE, FEATURES_SUFFIX)):
+            path = Path(self.module.__file__).with_suffix(suffix)
+            if path.is_file():
+                files[name] = path.read_bytes()
+        return files
 
     def _say(self, line: str, stream: TextIO | None = None) -> None:
         if self.rank == 0:

@@ -32,6 +32,7 @@ from runtime.data.prepared.reading import PreparedData, open_prepared
 from runtime.data.sources import DataChoice, choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from runtime.train.evaluate import evaluate, training_catalogue
+from runtime.train.feature_state import learned_inputs
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 from runtime.reporting.monitor import Evaluation, TrainingMonitor
@@ -95,6 +96,7 @@ def setup_run(
     other_work: OtherWork,
     resumed_vocabulary: Path | None = None,
     on_evaluation: Callable[[int, Mapping[str, Any]], None] | None = None,
+    resumed_features: Path | None = None,
 ) -> RunIO:
     """Open the training and evaluation data of `options` and the monitor of the run.
 
@@ -103,6 +105,9 @@ def setup_run(
     file the run now reads (ids it lacks are counted as unseen), and it stays
     beside the module for the checkpoints this run writes.
     `on_evaluation(step, metrics)` follows every evaluation pass (early stopping).
+    `resumed_features`: the learned feature state saved with that checkpoint; without it the
+    state comes from prepared data or is learned now (runtime.train.feature_state), and both
+    the training and the evaluation data are read with it.
     """
     policy, workers, threshold = options.bad_rows, options.data_workers, options.rating_threshold
     warn = _warn if rank == 0 else None
@@ -112,6 +117,8 @@ def setup_run(
     unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(options.data, inputs)
+    inputs = learned_inputs(inputs, choice, module_file=options.module, resumed=resumed_features, rank=rank,
+                            process_group=process_group)  # fmt: skip
     reader = None
     trained: Vocabulary | None = None  # the MovieLens vocabulary the tables' rows mean
     batches: Iterator[Batch]

@@ -147,6 +147,7 @@ def _train(options: TrainOptions) -> int:
             device=device,
             other_work=other_work,
             resumed_vocabulary=checkpoints.resumed_vocabulary(),
+            resumed_features=checkpoints.resumed_features(),
             on_evaluation=None if stopping is None else on_evaluation,
         )
         resumed_tracker = stopping is not None and checkpoints.resumed_early_stopping

@@ -25,7 +25,7 @@ def test_runtime_holds_only_packages() -> None:
     loose = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
     assert loose == []
     assert PACKAGES == [
-        "checkpoint", "cpu", "data", "embeddings", "modules", "process", "reporting",
+        "checkpoint", "cpu", "data", "embeddings", "features", "modules", "process", "reporting",
         "retrieval", "serving", "sharding", "sparse", "storage", "train",
     ]  # fmt: skip
 

@@ -25,9 +25,10 @@ from runtime.data.text_lines import data_files
 
 def input_files(choice: DataChoice, training: str | None) -> list[Path]:
     """The files `choice` reads: its data files, or a MovieLens ratings file and its movies file
-    (with those of the `training` ratings, whose vocabulary and histories evaluation data takes)."""
+    (with those of the `training` ratings, whose vocabulary and histories evaluation data takes);
+    csv or parquet evaluation data with the `training` files its learned features come from."""
     if choice.reader != "movielens":
-        return data_files(choice.path or "")
+        return data_files(choice.path or "") + ([] if training is None else data_files(training))
     files = []
     for path in (choice.path or "", *([] if training is None else [training])):
         ratings, layout = ratings_file(path)

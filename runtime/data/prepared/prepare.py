@@ -58,6 +58,8 @@ from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader
 from runtime.data.features import ModelInputs
 from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
+from runtime.data.movielens import MovieLensReader
+from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.prepared.arrow import pq
 from runtime.data.prepared.by_file import FileParts, is_finished_file_part, raw_files
 from runtime.data.prepared.inputs import input_change, input_files, input_stamps
@@ -74,9 +76,11 @@ from runtime.data.prepared.manifest import (
 from runtime.data.prepared.parsing import choose_parsing
 from runtime.data.prepared.schema import column_specs, spec_digest, to_table
 from runtime.data.prepared.stats import merge_stats, part_stats
-from runtime.data.movielens import MovieLensReader
-from runtime.data.movielens_vocab import save_vocabulary
 from runtime.data.sources import DataChoice, open_reader
+from runtime.data.tables.collisions import PREPARE_ROWS, CollisionCounter, count_collisions
+from runtime.data.tables.learn import learn_features, learned_configs, with_learned
+from runtime.data.tables.mapping import layout_of
+from runtime.features.state import FILE as FEATURES_FILE
 from runtime.storage.lock import FileLock, LockHeld
 from runtime.storage.manifest import sync_path
 from runtime.storage.output import cannot_write
@@ -86,6 +90,7 @@ logger = logging.getLogger(__name__)
 JOURNAL = ".prepare.json"
 LOCK_FILE = ".prepare.lock"  # held by the running prepare (runtime/storage/lock.py)
 VOCABULARY = "vocab.json"  # a MovieLens vocabulary, beside the parts
+FEATURES = FEATURES_FILE  # the learned feature transforms (runtime.features), beside the parts
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +112,8 @@ def _open_source(inputs: ModelInputs, choice: DataChoice, settings: PrepareSetti
     threshold = settings.rating_threshold
     if settings.training is None:
         return open_reader(inputs, choice, threshold=threshold, vocab_path=vocab, save_vocab=True)
+    if choice.reader in ("csv", "parquet"):  # the features were learned from the training files already
+        return open_reader(inputs, choice)
     if choice.reader != "movielens" or vocab is None:
         raise DataError(f"--training applies to movielens data (its ids and histories), not {choice.reader}")
     training = open_reader(inputs, DataChoice("movielens", settings.training), threshold=threshold)
@@ -210,7 +217,12 @@ def _prepare(
     journal = _load_journal(root, identity, stamps, report)
     held.push(lambda kind, error, trace: _remove_strays_after(root, journal) if error is not None else None)
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
+    features, collisions = None, None
+    if learned_configs(inputs):
+        inputs, features, collisions = _learned(inputs, choice, settings, root)
     reader = _open_source(inputs, choice, settings, vocab)
+    if report is not None:
+        _report_features(inputs, reader, report, collisions)
     parsing = choose_parsing(len(raw_files(reader)), settings.workers, journal.by_file if journal.parts else None)
     if report is not None:
         report(f"parsing {parsing.describe()}")
@@ -234,7 +246,7 @@ def _prepare(
         else:
             blocks = _parsed_blocks(rest, settings, parsing.processes)
         writer.write_rows(blocks, bad_rows)
-    manifest = writer.manifest(choice, bad_rows, vocab)
+    manifest = writer.manifest(choice, bad_rows, vocab, features)
     write_manifest(manifest)
     (root / JOURNAL).unlink()
     (root / LOCK_FILE).unlink()  # finished: no prepare writes here again (released once this returns)
@@ -262,6 +274,44 @@ def _remove_if_no_parts(root: Path) -> None:
     with suppress(OSError):
         if not (root / JOURNAL).is_file():
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _report_features(
+    inputs: ModelInputs, reader: Reader, report: Callable[[str], None], counted: CollisionCounter | None
+) -> None:
+    """What the features learned, and the collisions of the hashed ones in the first rows of the data
+    (counted by the learning pass when it read this data, else by a pass of their own over those rows)."""
+    if inputs.learned is not None:
+        for line in inputs.learned.describe():
+            report(f"learned {line}")
+    if layout_of(reader) is None:
+        return
+    for found in counted.result() if counted is not None else count_collisions(reader, PREPARE_ROWS):
+        report(f"hashed {found.describe()}")
+        warning = found.warning()
+        if warning is not None:
+            report(f"warning: {warning}")
+
+
+def _learned(
+    inputs: ModelInputs, choice: DataChoice, settings: PrepareSettings, root: Path
+) -> tuple[ModelInputs, Path, CollisionCounter | None]:
+    """`inputs` with their learned features and the file that holds them, DIR/features.json: kept from a
+    stopped prepare of the same data, else learned now from the training files (`settings.training`, or
+    the data itself) in one pass."""
+    path = root / FEATURES
+    if path.is_file():  # the journal holds this prepare to the same spec and inputs
+        return with_learned(inputs, path), path, None
+    if choice.reader not in ("csv", "parquet"):
+        names = ", ".join(repr(name) for name in learned_configs(inputs))
+        raise DataError(f"features {names} are learned from csv or parquet columns; {choice} has columns of its own")
+    if settings.training is not None:
+        learn_features(open_reader(inputs, DataChoice(choice.reader, settings.training))).write(path)
+        return with_learned(inputs, path), path, None
+    reader = open_reader(inputs, choice)
+    counter = CollisionCounter(layout_of(reader), PREPARE_ROWS)  # type: ignore[arg-type]
+    learn_features(reader, collisions=counter).write(path)
+    return with_learned(inputs, path), path, counter
 
 
 def _mode(by_file: bool) -> str:
@@ -359,7 +409,7 @@ def _difference(made: dict[str, Any], wanted: dict[str, Any]) -> str:
 
 def _remove_strays(root: Path, journal: _Journal) -> None:
     """Parts the journal does not list (written after its last update) and temporary files."""
-    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY, LOCK_FILE}
+    kept = {part.name for part in journal.parts} | {JOURNAL, VOCABULARY, FEATURES, LOCK_FILE}
     for path in root.iterdir():
         finished = journal.by_file and is_finished_file_part(path.name, root, journal.file)
         if path.name not in kept and _ours(path.name) and not finished:
@@ -367,8 +417,9 @@ def _remove_strays(root: Path, journal: _Journal) -> None:
 
 
 def _ours(name: str) -> bool:
-    """Whether a prepare writes files of this name (parts, temporary files, the journal, the vocabulary)."""
-    return name.startswith(".") or name.startswith("part-") or name == VOCABULARY
+    """Whether a prepare writes files of this name (parts, temporary files, the journal, the vocabulary,
+    the learned features)."""
+    return name.startswith(".") or name.startswith("part-") or name in (VOCABULARY, FEATURES)
 
 
 class _ResumedReader:
@@ -451,7 +502,7 @@ class _PartWriter:
         if self.pending_rows:
             self._write_part(self._take(self.pending_rows), bad_rows)
 
-    def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None) -> Manifest:
+    def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None, features: Path | None) -> Manifest:
         journal = self.journal
         source: dict[str, Any] = {
             "reader": choice.reader, "path": str(choice.path), "identity": journal.identity, "inputs": journal.inputs,
@@ -460,6 +511,8 @@ class _PartWriter:
         }  # fmt: skip
         if vocab is not None:
             source["vocabulary"] = {"name": vocab.name, "sha256": file_sha256(vocab)}
+        if features is not None:
+            source["features"] = {"name": features.name, "sha256": file_sha256(features)}
         rows = sum(part.rows for part in journal.parts)
         if rows == 0:
             raise DataError(f"{choice}: no good rows to prepare")

@@ -33,6 +33,7 @@ from runtime.data.columns import Columns, Jagged
 from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.data.prepared.arrow import pa
 from runtime.data.spec_columns import heads_by_label, is_weighted
+from runtime.features.config import config_json
 
 DENSE, SPARSE, WEIGHT, LABEL = "dense.", "sparse.", "weight.", "label."
 
@@ -41,7 +42,7 @@ def column_specs(inputs: ModelInputs) -> dict[str, dict[str, Any]]:
     """Column name -> what the spec makes of it, in batch order (dense, sparse keys, weights, labels)."""
     specs: dict[str, dict[str, Any]] = {}
     for dense in inputs.dense:
-        specs[DENSE + dense.name] = {"kind": "dense", "size": dense.size}
+        specs[DENSE + dense.name] = {"kind": "dense", "size": dense.size, **_transform(dense.transform)}
     for sparse in inputs.sparse:
         specs[SPARSE + sparse.name] = _sparse_spec(sparse)
     for stamps in inputs.timestamps:
@@ -58,7 +59,12 @@ def _sparse_spec(feature: SparseFeatureConfig) -> dict[str, Any]:
     spec: dict[str, Any] = {"kind": "sparse", "table_rows": feature.num_embeddings}
     if feature.max_length is not None:
         spec.update(max_length=feature.max_length, keep=feature.keep)
-    return spec
+    return {**spec, **_transform(feature.transform)}
+
+
+def _transform(config: Any) -> dict[str, Any]:
+    """A learned transform's kind and config (runtime.features.config), so data prepared with another is refused."""
+    return {} if config is None else {"transform": {"kind": config.kind, **config_json(config)}}
 
 
 def spec_digest(specs: dict[str, dict[str, Any]]) -> str:

@@ -6,24 +6,35 @@ from the target:
 
     dense feature of size s     s columns, in the order data.columns lists them: finite numbers (empty: 0)
     sparse feature              one column: an id, or a bag / sequence of them, `|`-separated in
-                                text (a list in Parquet). An integer id (ASCII digits, an optional
-                                leading '-') is taken mod the table's
-                                rows; any other value is hashed (blake2b, 64 bits) mod the rows,
-                                the same on every machine. An empty single-id field is id 0.
+                                text (a list in Parquet). Without a transform an integer id (ASCII
+                                digits, an optional leading '-') is taken mod the table's rows; any
+                                other value is hashed (blake2b, 64 bits) mod the rows, the same on
+                                every machine (runtime.features.hashing); an empty single-id field
+                                is id 0. With a `vocabulary` the values (each item of a bag) map
+                                through it (runtime.features.vocabulary).
                                 A sequence keeps its `max_length` ids on its `keep` side; a bag
                                 longer than its `max_ids_per_sample` is a bad row.
+    cross / history feature     no data.columns entry: a cross reads its `columns`, a history its
+                                `by` and `time` columns and its `of` feature's column
+    quantiles feature           the column of its dense feature (`column`), bucketized
     timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence
     head label                  one column: a finite number; a bce head's in [0, 1], a softmax head's
                                 a class number (0, 1, ...)
 
 Every feature and head label must be fed; columns not listed are ignored.
+
+This module is where raw fields become model inputs, for every caller (the
+csv and parquet readers, `predict`, `retrieve`, evaluation, a server):
+`parse_row` keeps the raw values the learned transforms need (text for a
+vocabulary, NaN for an empty field of a transformed dense feature), and
+`to_columns` applies the transforms (runtime.features) with the layout's
+learned state, `inputs.learned`. Without that state, a layout that needs
+one parses rows (for learning) but refuses to build columns.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -33,11 +44,12 @@ from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
 from runtime.data.features import ModelInputs
 from runtime.data.spec_columns import feature_list, heads_by_label
+from runtime.features.config import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.features.hashing import cross_text, hash_id
+from runtime.features.registry import transform
 
 SEPARATOR = "|"
-
-
-_INTEGER = re.compile(r"-?[0-9]+")  # ASCII digits: str.isdigit() takes '²', which int() refuses
+LEARNED_KINDS = (Vocabulary.kind, Quantiles.kind, History.kind, Numeric.kind)  # the transforms with a state
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what a time tensor holds
 
 
@@ -53,6 +65,17 @@ class SparseColumn:
     keep: str
     sequence: int | None = None  # timestamps: the index in the layout's keys of the sequence they time
     max_ids: int | None = None  # a variable-length bag's max_ids_per_sample
+    transform: Any = None  # runtime.features.config's sparse transform, or None: hashed
+    columns: tuple[str, ...] = ()  # a cross's columns; a history's (by, time, of's column)
+    of: int | None = None  # a history: the index in the layout's keys of its `of` feature
+    dense: tuple[int, int] | None = None  # quantiles: (dense feature index, column index) of the raw values
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The table columns this key reads."""
+        if isinstance(self.transform, (Cross, History)):
+            return self.columns
+        return (self.column,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,13 +86,22 @@ class TableLayout:
     sparse: tuple[SparseColumn, ...]
     labels: tuple[tuple[str, str], ...]  # (head label, column)
     label_kinds: tuple[tuple[str, int], ...]  # per label: its head's loss and classes, for the row checks
+    numeric: tuple[Numeric | None, ...] = ()  # per dense feature: its transform
+    learned: Any = None  # runtime.features.state.LearnedFeatures: the state of the learned transforms
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the layout reads, each once."""
-        names = [c for _, cols in self.dense for c in cols] + [s.column for s in self.sparse]
+        names = [c for _, cols in self.dense for c in cols] + [c for s in self.sparse for c in s.reads]
         names += [column for _, column in self.labels]
         return tuple(dict.fromkeys(names))
+
+    def learned_configs(self) -> dict[str, Any]:
+        """Feature name -> config of every transform with a learned state."""
+        configs = {name: numeric for (name, _), numeric in zip(self.dense, self.numeric) if numeric is not None}
+        configs.update({key.key: key.transform for key in self.sparse
+                        if key.transform is not None and key.transform.kind in LEARNED_KINDS})  # fmt: skip
+        return configs
 
 
 def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
@@ -83,6 +115,8 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
     fed_dense: dict[str, list[str]] = {name: [] for name in dense}
     fed_sparse: dict[str, str] = {}
     fed_labels: dict[str, str] = {}
+    unfed_kinds = (Cross.kind, History.kind, Quantiles.kind)  # read their columns by name
+    derived = {f.name for f in inputs.sparse if f.transform is not None and f.transform.kind in unfed_kinds}
     for column, target in inputs.data.columns:
         if target in dense:
             fed_dense[target].append(column)
@@ -102,27 +136,57 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
                 f"dense feature {name!r} has size {dense[name].size} but {len(columns)} columns feed it"
                 + (f" ({', '.join(columns)})" if columns else "")
             )
-    unfed = [n for n in [*sparse, *stamps] if n not in fed_sparse] + [n for n in labels if n not in fed_labels]
+    unfed = [n for n in [*sparse, *stamps] if n not in fed_sparse and n not in derived]
+    unfed += [n for n in labels if n not in fed_labels]
     if unfed:
         raise DataError(f"{feature_list(unfed)} {'is' if len(unfed) == 1 else 'are'} fed by no column of data.columns")
     keys = []
     order = list(sparse)
     for name in [*sparse, *stamps]:
         if name in sparse:
-            f = sparse[name]
-            single = f.fixed_ids and f.ids_per_sample == 1 and f.max_length is None
-            max_ids = None if f.fixed_ids or f.max_length is not None else f.ids_per_sample
-            keys.append(SparseColumn(name, fed_sparse[name], f.num_embeddings, single, f.max_length, f.keep,
-                                     max_ids=max_ids))  # fmt: skip
+            keys.append(_sparse_column(sparse[name], fed_sparse, fed_dense, order))
         else:
             seq = sparse[stamps[name].sequence]
             timed = order.index(stamps[name].sequence)
             keys.append(SparseColumn(name, fed_sparse[name], None, False, seq.max_length, seq.keep, timed))
-    return TableLayout(
+    layout = TableLayout(
         tuple((name, tuple(cols)) for name, cols in fed_dense.items()), tuple(keys),
         tuple((label, fed_labels[label]) for label in labels),
         tuple((head.loss, head.num_classes) for head in labels.values()),
+        tuple(f.transform for f in dense.values()), inputs.learned,
     )  # fmt: skip
+    if inputs.learned is not None:  # the state must be the one learned for these transforms
+        missing = [name for name in layout.learned_configs() if name not in inputs.learned.features]
+        if missing:
+            raise DataError(f"{inputs.learned.source}: feature {missing[0]!r} is not learned there")
+    return layout
+
+
+def _sparse_column(
+    f: Any, fed_sparse: dict[str, str], fed_dense: dict[str, list[str]], order: list[str]
+) -> SparseColumn:
+    """The key of sparse feature `f` (a SparseFeatureConfig): what it reads and how."""
+    single = f.fixed_ids and f.ids_per_sample == 1 and f.max_length is None
+    max_ids = None if f.fixed_ids or f.max_length is not None else f.ids_per_sample
+    spec = f.transform
+    column, columns, of, dense = fed_sparse.get(f.name, ""), (), None, None
+    if isinstance(spec, Cross):
+        column, columns = spec.columns[0], spec.columns
+    elif isinstance(spec, History):
+        if spec.of not in fed_sparse:
+            raise DataError(f"feature {f.name!r}: its history is of {spec.of!r}, which no column feeds")
+        column, columns, of = spec.by, (spec.by, spec.time, fed_sparse[spec.of]), order.index(spec.of)
+    elif isinstance(spec, Quantiles):
+        names = list(fed_dense)
+        column, dense = fed_dense[f.column][f.column_index], (names.index(f.column), f.column_index)
+    return SparseColumn(f.name, column, f.num_embeddings, single, f.max_length, f.keep, max_ids=max_ids,
+                        transform=spec, columns=columns, of=of, dense=dense)  # fmt: skip
+
+
+def layout_of(reader: Any) -> TableLayout | None:
+    """The table layout of a csv or parquet reader (wrapped or not), None for the other readers."""
+    layout = getattr(reader, "layout", None)
+    return layout if isinstance(layout, TableLayout) else None
 
 
 # One parsed row: dense values by feature, ids by sparse key, labels.
@@ -131,12 +195,14 @@ TableRow = tuple[list[list[float]], list[list[int]], list[float]]
 
 def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     """A row's fields (column -> text, or a list / number from Parquet) as values; RowError names the column."""
-    dense = [[_number(column, fields[column], 0.0) for column in columns] for _, columns in layout.dense]
-    ids = [_ids(key, fields[key.column]) for key in layout.sparse]
+    empty = [0.0 if numeric is None else math.nan for numeric in layout.numeric]
+    dense = [[_number(column, fields[column], empty[i]) for column in columns]
+             for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
+    ids = [_ids(key, fields[key.column]) if key.transform is None else _raw(key, fields) for key in layout.sparse]
     for key in layout.sparse:
         if key.sequence is not None:  # timestamps: one per id of their sequence, before either is cut
             timed = layout.sparse[key.sequence]
-            times, items = len(_items(fields[key.column])), len(_items(fields[timed.column]))
+            times, items = len(items_of(fields[key.column])), len(items_of(fields[timed.column]))
             if times != items:
                 reason = f"{times} times but its sequence {timed.key!r} (column {timed.column}) has {items} ids"
                 raise RowError(key.column, str(fields[key.column]), reason)
@@ -145,14 +211,34 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     return dense, ids, labels
 
 
+def parse_learned(layout: TableLayout, fields: dict[str, Any], names: frozenset[str]) -> TableRow:
+    """`parse_row`'s values of the features `names` only (those a learning pass fits), None for the others:
+    learning reads no other column (runtime.data.tables.learn)."""
+    dense = [[_number(column, fields[column], math.nan) for column in columns] if name in names else None
+             for name, columns in layout.dense]  # fmt: skip
+    ids = [_raw(key, fields) if key.key in names else None for key in layout.sparse]
+    return dense, ids, []  # type: ignore[return-value]
+
+
 def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
-    dense = {
-        name: torch.tensor([row[0][i] for row in rows], dtype=torch.float32).reshape(len(rows), len(columns))
-        for i, (name, columns) in enumerate(layout.dense)
-    }
+    """The model inputs of parsed `rows`: every transform applied with the layout's learned state."""
+    learned = layout.learned
+    if learned is None and layout.learned_configs():
+        names = ", ".join(repr(name) for name in layout.learned_configs())
+        raise DataError(f"features {names} have learned transforms but no learned state: learn them "
+                        "(reccompile data prepare, or train on the raw files) or read the state saved with them")  # fmt: skip
+    raw_dense = [torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
+                 for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
+    dense = {}
+    for i, (name, _) in enumerate(layout.dense):
+        numeric = layout.numeric[i] if layout.numeric else None
+        values = raw_dense[i] if numeric is None else _apply(learned, name, raw_dense[i])
+        dense[name] = values.float()
     sparse = {}
     for i, key in enumerate(layout.sparse):
         bags = [row[1][i] for row in rows]
+        if key.transform is not None:
+            bags = _transformed(layout, key, bags)
         lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
         sparse[key.key] = Jagged(lengths, torch.tensor([v for bag in bags for v in bag], dtype=torch.long), None)
     labels = {label: torch.tensor([row[2][i] for row in rows], dtype=torch.float32)
@@ -184,7 +270,7 @@ def _label(column: str, value: Any, loss: str, classes: int) -> float:
     return label
 
 
-def _items(value: Any) -> list[Any]:
+def items_of(value: Any) -> list[Any]:
     """A field's values: a list (Parquet), `|`-separated text, one value, or none when empty."""
     if value is None or value == "":
         return []
@@ -196,7 +282,7 @@ def _items(value: Any) -> list[Any]:
 
 
 def _ids(key: SparseColumn, value: Any) -> list[int]:
-    items = _items(value)
+    items = items_of(value)
     if key.single:
         if len(items) > 1:
             raise RowError(key.column, str(value), f"{len(items)} ids, but feature {key.key!r} takes one")
@@ -218,7 +304,75 @@ def _id(key: SparseColumn, item: Any) -> int:
         if not _INT64_MIN <= time <= _INT64_MAX:
             raise RowError(key.column, str(item), "a time outside the 64-bit integers")
         return time
-    if isinstance(item, int) or (isinstance(item, str) and _INTEGER.fullmatch(item)):
-        return int(item) % key.rows
-    digest = hashlib.blake2b(str(item).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % key.rows
+    return hash_id(item, key.rows)
+
+
+def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
+    """A transformed key's raw values: text items (vocabulary), one cross text, one (key, time, value)
+    event (history) or one number, NaN when empty (quantiles)."""
+    spec = key.transform
+    value = fields[key.column]
+    if key.single and type(spec) is Vocabulary and type(value) is str and SEPARATOR not in value:
+        return [value]  # the common case, a CSV id, without the general path's lists
+    if isinstance(spec, Cross):
+        return [cross_text([fields[column] for column in spec.columns])]
+    if isinstance(spec, History):
+        by, time, value = (fields[column] for column in key.columns)
+        moment = math.inf if time is None or time == "" else _number(key.columns[1], time, None)
+        return [("" if by is None else str(by), moment, "" if value is None else str(value))]
+    if isinstance(spec, Quantiles):
+        return [_number(key.column, fields[key.column], math.nan)]
+    items = items_of(fields[key.column])
+    if key.single:
+        if len(items) > 1:
+            raise RowError(key.column, str(fields[key.column]), f"{len(items)} ids, but feature {key.key!r} takes one")
+        items = items or [""]
+    if key.max_ids is not None and len(items) > key.max_ids:
+        reason = f"{len(items)} ids, but feature {key.key!r} takes at most {key.max_ids} (max_ids_per_sample)"
+        raise RowError(key.column, str(fields[key.column]), reason)
+    if key.max_length is not None and len(items) > key.max_length:
+        items = items[-key.max_length :] if key.keep == "end" else items[: key.max_length]
+    return items if type(value) is str else [str(item) for item in items]
+
+
+def _apply(learned: Any, name: str, raw: Any, *extra: Any) -> Any:
+    """Feature `name`'s learned transform applied to `raw`."""
+    entry = learned.get(name)
+    return transform(entry.kind).apply(entry.config, entry.state, raw, *extra)
+
+
+def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) -> list[list[int]]:
+    """The ids of a transformed key's raw `bags` (one list per row)."""
+    spec, learned = key.transform, layout.learned
+    assert key.rows is not None
+    if isinstance(spec, Cross):
+        return [[row] for row in transform(Cross.kind).apply(spec, {}, [bag[0] for bag in bags], key.rows)]
+    if isinstance(spec, Quantiles):
+        assert key.dense is not None
+        feature, column = key.dense
+        name = layout.dense[feature][0]
+        numeric = layout.numeric[feature]
+        fill = 0.0 if numeric is None or numeric.fill is None else (
+            learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill)
+        )
+        raw = torch.tensor([bag[0] for bag in bags], dtype=torch.float64)
+        return [[bucket] for bucket in _apply(learned, key.key, raw, fill).tolist()]
+    if isinstance(spec, History):
+        assert key.of is not None
+        length = key.max_length or key.max_ids or 1
+        values = _apply(learned, key.key, [(bag[0][0], bag[0][1]) for bag in bags], length)
+        return [_ids_of(layout, layout.sparse[key.of], items) for items in values]
+    flat = _apply(learned, key.key, [item for bag in bags for item in bag])
+    out, at = [], 0
+    for bag in bags:
+        out.append(flat[at : at + len(bag)])
+        at += len(bag)
+    return out
+
+
+def _ids_of(layout: TableLayout, key: SparseColumn, items: list[str]) -> list[int]:
+    """`items` (raw text) as key's ids: through its vocabulary, or hashed."""
+    if isinstance(key.transform, Vocabulary):
+        return _apply(layout.learned, key.key, items)
+    assert key.rows is not None
+    return [hash_id(item, key.rows) for item in items]

@@ -19,6 +19,7 @@ from runtime.data.prepared.arrow import pa, pq
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
 from runtime.data.text_lines import data_files
+from runtime.features.config import Vocabulary
 
 _READ_ROWS = 4096
 
@@ -27,7 +28,6 @@ class ParquetReader:
     """Parquet files for one spec; a "line" here is one row, as a column -> value dict."""
 
     name = "parquet"
-    unseen_features: tuple[str, ...] = ()
 
     def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
         self.layout: TableLayout = table_layout(inputs, "parquet")
@@ -52,6 +52,21 @@ class ParquetReader:
                 for row in batch.to_pylist():
                     number += 1
                     yield str(file), number, row
+
+    @property
+    def unseen_features(self) -> tuple[str, ...]:
+        """The features with a learned vocabulary, whose OOV ids are counted (runtime.data.unseen_ids)."""
+        return tuple(key.key for key in self.layout.sparse if isinstance(key.transform, Vocabulary))
+
+    @property
+    def oov_rows(self) -> dict[str, int]:
+        """Per vocabulary feature, its OOV rows (the first rows of its table)."""
+        keys = self.layout.sparse
+        return {key.key: key.transform.oov_buckets for key in keys if isinstance(key.transform, Vocabulary)}
+
+    def fields(self, line: Any) -> dict[str, Any]:
+        """The row's mapped columns (a row is read as that dict already)."""
+        return line
 
     def parse(self, line: Any) -> TableRow:
         return parse_row(self.layout, line)

@@ -1,0 +1,87 @@
+"""`history`: a sequence feature built from the earlier rows of the same key in an event table.
+
+`history: {of: movie, by: user, time: ts}` makes, for a row, the `of`
+feature's values in the training rows with the same `by` value and a time
+strictly earlier than the row's, oldest first, cut to the feature's
+`max_length` (its most recent ones). Ties: a training row with the same time
+as the row is not in its history, whichever comes first in the file, so two
+ratings given in the same second never see each other. The state is the
+training rows themselves (per key, their times and values sorted by time,
+file order among ties), so:
+
+  training rows   see the training rows of their key before them in time;
+  evaluation rows see the training rows of their key before them in time (the
+                  training rows count as history; evaluation rows never do);
+  predict / a     a request carries its key (`by`) and its time; the history
+  server request  is the state's (the training rows), never the request's. An
+                  empty time means "now": the key's whole training history.
+
+The values are mapped to ids as the `of` feature maps them (its vocabulary,
+or hashing), in the `of` feature's table.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Iterable, Sequence
+
+from runtime.features.config import History
+
+VERSION = 1
+
+Event = tuple[str, float, str]  # (key, time, value)
+
+
+class HistoryState:
+    """Per key: the training rows' times (sorted) and values."""
+
+    def __init__(self, keys: dict[str, tuple[list[float], list[str]]]) -> None:
+        self.keys = keys
+
+    def before(self, key: str, time: float, length: int) -> list[str]:
+        """The values of `key` at times < `time`, the last `length` of them, oldest first."""
+        found = self.keys.get(key)
+        if found is None:
+            return []
+        end = bisect.bisect_left(found[0], time)
+        return found[1][max(0, end - length) : end]
+
+
+class HistoryTransform:
+    kind, version = History.kind, VERSION
+
+    def fit(self, config: History, raw: Iterable[Event]) -> dict[str, list[tuple[float, str]]]:
+        partial: dict[str, list[tuple[float, str]]] = {}
+        for key, time, value in raw:
+            partial.setdefault(key, []).append((time, value))
+        return partial
+
+    def merge(self, config: History, partials: Sequence[dict[str, list[tuple[float, str]]]]) -> dict[str, Any]:
+        merged: dict[str, list[tuple[float, str]]] = {}
+        for partial in partials:  # in file order: a stable sort keeps it among ties
+            for key, events in partial.items():
+                merged.setdefault(key, []).extend(events)
+        return merged
+
+    def finish(self, config: History, partial: dict[str, list[tuple[float, str]]], rows: int | None) -> HistoryState:
+        keys = {}
+        for key in sorted(partial):
+            events = sorted(partial[key], key=lambda event: event[0])
+            keys[key] = ([time for time, _ in events], [value for _, value in events])
+        return HistoryState(keys)
+
+    def dump(self, state: HistoryState) -> dict[str, Any]:
+        return {"keys": {key: [times, values] for key, (times, values) in state.keys.items()}}
+
+    def load(self, data: dict[str, Any]) -> HistoryState:
+        return HistoryState({key: (times, values) for key, (times, values) in data["keys"].items()})
+
+    def describe(self, config: History, state: HistoryState) -> str:
+        events = sum(len(times) for times, _ in state.keys.values())
+        return f"history of {config.of} by {config.by}: {len(state.keys):,} keys, {events:,} training rows"
+
+    def apply(
+        self, config: History, state: HistoryState, raw: Sequence[tuple[str, float]], length: int
+    ) -> list[list[str]]:
+        """Per row (key, time): the values of its history."""
+        return [state.before(key, time, length) for key, time in raw]

@@ -1,0 +1,117 @@
+"""`LearnedFeatures`: every learned state of a model, and its file `features.json`.
+
+    {"format": "reccompile-features", "version": 1,
+     "features": {"user": {"kind": "vocabulary", "version": 1,
+                           "config": {"min_count": 1, "max_size": 10000, "oov_buckets": 1},
+                           "state": {"seen": 943, "oov_buckets": 1, "values": ["u405", ...]}}, ...}}
+
+The file is written once (atomically) and read back byte for byte wherever
+it travels: beside prepared data (its sha256 in the manifest), beside the
+generated module while training, in checkpoints and exports. `read_features`
+holds a state to the spec: a feature learned with another config or another
+transform version is an error that says to learn again, never a silent
+relearning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from runtime.features.config import config_json
+from runtime.features.registry import transform
+
+FILE = "features.json"
+FORMAT = "reccompile-features"
+VERSION = 1
+
+
+class FeatureStateError(ValueError):
+    """A features.json that is unreadable or does not fit the spec; the message names the file and the feature."""
+
+
+@dataclass(frozen=True)
+class Learned:
+    """One feature's learned state."""
+
+    kind: str
+    config: Any  # runtime.features.config
+    state: Any  # the transform's own state object
+
+
+@dataclass(frozen=True)
+class LearnedFeatures:
+    """The learned states of a model's features, by feature name; `source` names the file read."""
+
+    features: Mapping[str, Learned]
+    source: str = ""
+
+    def get(self, name: str) -> Learned:
+        return self.features[name]
+
+    def describe(self) -> list[str]:
+        """One line per feature: what was learned (sizes, not values)."""
+        return [f"feature {name}: {transform(learned.kind).describe(learned.config, learned.state)}"
+                for name, learned in self.features.items()]  # fmt: skip
+
+    def to_bytes(self) -> bytes:
+        body = {
+            name: {"kind": learned.kind, "version": transform(learned.kind).version,
+                   "config": config_json(learned.config), "state": transform(learned.kind).dump(learned.state)}
+            for name, learned in self.features.items()
+        }  # fmt: skip
+        document = {"format": FORMAT, "version": VERSION, "features": body}
+        return (json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+
+    def write(self, path: str | Path) -> str:
+        """Write the file atomically; its sha256."""
+        data = self.to_bytes()
+        target = Path(path)
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_bytes(data)
+        os.replace(partial, target)
+        return hashlib.sha256(data).hexdigest()
+
+
+def read_features(path: str | Path, configs: Mapping[str, Any], expected_sha256: str | None = None) -> LearnedFeatures:
+    """The learned features of `path`, held to the spec's `configs` (name -> config)."""
+    file = Path(path)
+    try:
+        data = file.read_bytes()
+    except OSError as error:
+        raise FeatureStateError(f"{file}: cannot be read ({error.strerror})") from None
+    if expected_sha256 is not None and hashlib.sha256(data).hexdigest() != expected_sha256:
+        raise FeatureStateError(f"{file}: its sha256 is not the one recorded beside it (changed since it was written)")
+    return parse_features(data, configs, str(file))
+
+
+def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> LearnedFeatures:
+    """`read_features` of a file's bytes; `file` names it in errors."""
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise FeatureStateError(f"{file}: not a features file ({error})") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT or document.get("version") != VERSION:
+        raise FeatureStateError(f"{file}: not a reccompile features file of version {VERSION}")
+    stored = document.get("features", {})
+    features = {}
+    for name, config in configs.items():
+        entry = stored.get(name)
+        if entry is None or entry.get("kind") != config.kind or entry.get("config") != config_json(config):
+            learned_as = "is not learned there" if entry is None else (
+                f"was learned as {entry.get('kind')} {entry.get('config')}, the spec says {config.kind} "
+                f"{config_json(config)}"
+            )
+            raise FeatureStateError(f"{file}: feature {name!r} {learned_as}; learn the features again "
+                                    "(reccompile data prepare, or train on the raw files without --resume)")  # fmt: skip
+        version = transform(config.kind).version
+        if entry.get("version") != version:
+            raise FeatureStateError(f"{file}: feature {name!r} was learned by {config.kind} version "
+                                    f"{entry.get('version')}, this runtime applies version {version}; "
+                                    "learn the features again")  # fmt: skip
+        features[name] = Learned(config.kind, config, transform(config.kind).load(entry["state"]))
+    return LearnedFeatures(features, str(file))

@@ -1,0 +1,8 @@
+"""The feature tests build their tables with own_data.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))

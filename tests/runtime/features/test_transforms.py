@@ -1,0 +1,114 @@
+"""runtime/features: each transform's fit / merge / finish / apply against plain formulas."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from runtime.features.config import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.features.hashing import hash_id, hash_text
+from runtime.features.registry import transform
+from runtime.features.state import Learned, LearnedFeatures, read_features
+
+VOCAB, NUMERIC, QUANT, HIST = (transform(k) for k in ("vocabulary", "numeric", "quantiles", "history"))
+
+
+def _learn(kind, config, chunks, rows=None):
+    t = transform(kind)
+    return t.finish(config, t.merge(config, [t.fit(config, chunk) for chunk in chunks]), rows)
+
+
+def test_vocabulary_keeps_frequent_values_first_ties_by_text_and_maps_the_rest_to_oov() -> None:
+    config = Vocabulary(min_count=2, max_size=3)
+    state = _learn("vocabulary", config, [["b", "a", "c", "b"], ["a", "d", "c", "b", "e", "e"]])
+    assert state.values == ["b", "a", "c"]  # b 3; a, c, e 2 (e cut by max_size); d 1 (below min_count)
+    assert state.seen == 5
+    assert VOCAB.apply(config, state, ["a", "b", "c", "e", "zzz"]) == [2, 1, 3, 0, 0]
+
+
+def test_vocabulary_is_the_same_whatever_the_order_of_the_chunks() -> None:
+    config = Vocabulary()
+    chunks = [["x", "y", "y"], ["z", "x"], ["w"]]
+    one = _learn("vocabulary", config, chunks)
+    other = _learn("vocabulary", config, chunks[::-1])
+    assert one.values == other.values == ["x", "y", "w", "z"]
+
+
+def test_vocabulary_fits_in_the_table_and_hashes_oov_values_into_its_buckets() -> None:
+    config = Vocabulary(oov_buckets=3)
+    state = _learn("vocabulary", config, [[f"v{i}" for i in range(10)]], rows=7)
+    assert len(state.values) == 4  # 7 rows - 3 OOV rows
+    assert VOCAB.apply(config, state, ["v0", "v9", "new"]) == [3, hash_text("v9") % 3, hash_text("new") % 3]
+
+
+def test_hash_takes_integers_mod_rows_and_hashes_text() -> None:
+    assert [hash_id("17", 10), hash_id(-3, 10), hash_id("x", 10)] == [7, 7, hash_text("x") % 10]
+    assert transform("cross").apply(Cross(("a", "b")), {}, ["1\x1fm"], 50) == [hash_text("1\x1fm") % 50]
+
+
+def test_numeric_fill_mean_clip_log_standardize_against_the_formula() -> None:
+    config = Numeric(fill="mean", clip=(0.0, 100.0), log=True, scale="standardize")
+    raw = torch.tensor([[1.0], [math.nan], [3.0], [500.0]], dtype=torch.float64)
+    state = _learn("numeric", config, [raw[:2], raw[2:]])
+    fill = (1.0 + 3.0 + 500.0) / 3
+    shaped = [math.log1p(min(max(v, 0.0), 100.0)) for v in (1.0, fill, 3.0, 500.0)]
+    mean = sum(shaped) / 4
+    std = math.sqrt(sum((v - mean) ** 2 for v in shaped) / 4)
+    assert state["fill"] == [pytest.approx(fill)]
+    got = NUMERIC.apply(config, state, raw)
+    assert got.dtype == torch.float32
+    assert got[:, 0].tolist() == pytest.approx([(v - mean) / std for v in shaped], rel=1e-6)
+
+
+def test_numeric_min_max_and_a_fixed_fill() -> None:
+    config = Numeric(fill=-1.0, scale="min_max")
+    raw = torch.tensor([[2.0, 5.0], [math.nan, 5.0], [6.0, 5.0]], dtype=torch.float64)
+    state = _learn("numeric", config, [raw])
+    got = NUMERIC.apply(config, state, raw)
+    assert got[:, 0].tolist() == pytest.approx([3 / 7, 0.0, 1.0])
+    assert got[:, 1].tolist() == [0.0, 0.0, 0.0]  # a constant column: range 1
+
+
+def test_quantiles_cut_equal_frequency_buckets() -> None:
+    config = Quantiles(buckets=4)
+    values = torch.arange(100, dtype=torch.float64)
+    state = _learn("quantiles", config, [values[:30], values[30:]])
+    assert state["boundaries"] == [25.0, 50.0, 75.0]
+    ids = QUANT.apply(config, state, torch.tensor([0.0, 25.0, 74.9, 99.0, math.nan], dtype=torch.float64), 60.0)
+    assert ids.tolist() == [0, 1, 2, 3, 2]
+    assert torch.bincount(QUANT.apply(config, state, values, 0.0)).tolist() == [25, 25, 25, 25]
+
+
+def test_history_is_the_strictly_earlier_rows_of_the_key_ties_excluded() -> None:
+    config = History(of="movie", by="user", time="ts")
+    events = [("u1", 10.0, "a"), ("u1", 20.0, "b"), ("u2", 5.0, "x"), ("u1", 20.0, "c"), ("u1", 30.0, "d")]
+    state = _learn("history", config, [events[:2], events[2:]])
+    rows = [("u1", 10.0), ("u1", 20.0), ("u1", 25.0), ("u1", 99.0), ("u3", 1.0), ("u1", math.inf)]
+    assert HIST.apply(config, state, rows, 2) == [[], ["a"], ["b", "c"], ["c", "d"], [], ["c", "d"]]
+
+
+def test_a_state_round_trips_through_its_file_and_is_held_to_the_spec(tmp_path) -> None:
+    config = Vocabulary(min_count=1)
+    state = _learn("vocabulary", config, [["a", "b", "b"]])
+    learned = LearnedFeatures({"user": Learned("vocabulary", config, state)})
+    path = tmp_path / "features.json"
+    sha = learned.write(path)
+    back = read_features(path, {"user": config}, sha)
+    assert back.get("user").state.values == ["b", "a"]
+    assert back.to_bytes() == path.read_bytes()
+    with pytest.raises(ValueError) as error:
+        read_features(path, {"user": Vocabulary(min_count=2)})
+    assert str(error.value) == (
+        f"{path}: feature 'user' was learned as vocabulary {{'min_count': 1, 'max_size': None, 'oov_buckets': 1}}, "
+        "the spec says vocabulary {'min_count': 2, 'max_size': None, 'oov_buckets': 1}; learn the features again "
+        "(reccompile data prepare, or train on the raw files without --resume)"
+    )
+    with pytest.raises(ValueError, match="its sha256 is not the one recorded"):
+        read_features(path, {"user": config}, "0" * 64)
+
+
+def test_counter_partials_are_plain_counts() -> None:
+    assert VOCAB.fit(Vocabulary(), ["a", "a"]) == Counter({"a": 2})
