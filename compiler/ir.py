@@ -271,11 +271,15 @@ class Transformer:
     num_layers: int
     num_heads: int
     ffn_dim: int
-    norm: Literal["pre", "post"]
+    norm: Literal["pre", "post", "sasrec"]
     causal: bool
     positions: Literal["learned", "none"]
-    activation: Literal["relu", "gelu"]
+    activation: Literal["relu", "gelu", "leaky_relu"]
     prepend: tuple[Input, ...]
+    norm_affine: bool = True
+    scale_input: bool = False
+    dropout: float = 0.0
+    input_dropout: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,6 +292,10 @@ class Hstu:
     linear_dim: int
     num_buckets: int
     timestamps: Input
+    dropout: float = 0.0
+    scale_input: bool = False
+    positions: Literal["learned", "none"] = "none"
+    input_dropout: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,6 +131,31 @@ def _block_seed(block: Block) -> int:
     return h & 0x7FFFFFFF
 
 
+def _transformer_options(op: Transformer, block: Block) -> tuple[tuple[str, object], ...]:
+    """The options away from their defaults only, so the calls of specs that use none stay as they were."""
+    dropout = op.dropout > 0 or op.input_dropout > 0
+    return (
+        *((("sasrec", True),) if op.norm == "sasrec" else ()),
+        *((("norm_affine", False),) if not op.norm_affine else ()),
+        *((("scale_input", True),) if op.scale_input else ()),
+        *((("dropout", op.dropout),) if op.dropout > 0 else ()),
+        *((("input_dropout", op.input_dropout),) if op.input_dropout > 0 else ()),
+        *((("seed", _block_seed(block)), ("process_group", BuildArg("process_group"))) if dropout else ()),
+    )
+
+
+def _hstu_options(op: Hstu, block: Block) -> tuple[tuple[str, object], ...]:
+    """The options away from their defaults only, so the calls of specs that use none stay as they were."""
+    dropout = op.dropout > 0 or op.input_dropout > 0
+    return (
+        *((("dropout", op.dropout),) if op.dropout > 0 else ()),
+        *((("scale_input", True),) if op.scale_input else ()),
+        *((("positions", True),) if op.positions == "learned" else ()),
+        *((("input_dropout", op.input_dropout),) if op.input_dropout > 0 else ()),
+        *((("seed", _block_seed(block)), ("process_group", BuildArg("process_group"))) if dropout else ()),
+    )
+
+
 def _sequence_block_call(block: Block) -> Call:
     op, dim = block.op, block.inputs[0].width
     if isinstance(op, SequencePool):
@@ -150,6 +175,7 @@ def _sequence_block_call(block: Block) -> Call:
             ("causal", op.causal),
             ("max_length", block.length if op.positions == "learned" else 0),
             ("activation", op.activation),
+            *_transformer_options(op, block),
         ))
     assert isinstance(op, Hstu) and block.length is not None
     return Call("runtime.modules.hstu.hstu_layers", (
@@ -160,6 +186,7 @@ def _sequence_block_call(block: Block) -> Call:
         ("linear_dim", op.linear_dim),
         ("max_length", block.length),
         ("num_buckets", op.num_buckets),
+        *_hstu_options(op, block),
     ))
 
 

@@ -233,8 +233,10 @@ def _target_attention(
 def _transformer(
     checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
 ) -> BlockOp | None:
-    keys = ("num_layers", "num_heads", "ffn_dim", "norm", "causal", "positions", "activation")
-    defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu"}
+    keys = ("num_layers", "num_heads", "ffn_dim", "norm", "causal", "positions", "activation", "norm_affine",
+            "scale_input", "dropout", "input_dropout")
+    defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu",
+                "norm_affine": True, "scale_input": False, "dropout": 0.0, "input_dropout": 0.0}
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
     if sequence is None:
         return None
@@ -247,14 +249,17 @@ def _transformer(
         return None
     if None in prepend or not block.side_complete or not known(*values.values()) or None in values.values():
         return None
+    values["dropout"], values["input_dropout"] = float(values["dropout"]), float(values["input_dropout"])
     return Transformer(prepend=tuple(prepend), **values)  # type: ignore[arg-type]
 
 
 def _hstu(
     checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
 ) -> BlockOp | None:
-    keys = ("num_layers", "num_heads", "attention_dim", "linear_dim", "num_buckets")
-    defaults = {"num_layers": 1, "num_buckets": 128}
+    keys = ("num_layers", "num_heads", "attention_dim", "linear_dim", "num_buckets", "dropout", "scale_input",
+            "positions", "input_dropout")
+    defaults = {"num_layers": 1, "num_buckets": 128, "dropout": 0.0, "scale_input": False, "positions": "none",
+                "input_dropout": 0.0}
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
     stamps = block.side.get("timestamps", [])
     if sequence is None or len(stamps) != 1:
@@ -281,4 +286,5 @@ def _hstu(
     if not known(*values.values()) or None in values.values():
         return None
     timestamps = Input("timestamps", stamp.name, 1, None, value_length(sequence, blocks, features))
+    values["dropout"], values["input_dropout"] = float(values["dropout"]), float(values["input_dropout"])
     return Hstu(timestamps=timestamps, **values)

@@ -76,13 +76,18 @@ class RetrievalOutput:
         Two-tower: every query with its positive. Next item: the query at
         position len - 2 and the item at len - 1, for sequences of two items or more.
         """
+        queries, ids, _ = self.held_out_with_positives()
+        return queries, ids
+
+    def held_out_with_positives(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`held_out`, and the positives' vectors [n, D] as this forward computed them."""
         if not self.next_item:
-            return self.query, self.ids
+            return self.query, self.ids, self.positive
         lengths = (self.ids >= 0).sum(dim=1)
         keep = lengths >= 2
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)[keep]
         last = lengths[keep] - 1
-        return self.query[rows, last - 1], self.ids[rows, last]
+        return self.query[rows, last - 1], self.ids[rows, last], self.positive[rows, last]
 
 
 def two_tower_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
