@@ -285,6 +285,15 @@ def _hstu(
         return None
     if not known(*values.values()) or None in values.values():
         return None
+    preprocessed = [key for key, off in (("scale_input", False), ("positions", "none"), ("input_dropout", 0.0))
+                    if values[key] != off]
+    if sequence.kind == "block" and preprocessed:
+        message = (
+            f"{preprocessed[0]} prepares the input of an hstu stack, but this hstu reads block '{sequence.text()}'; "
+            "set it on the first hstu of the stack"
+        )
+        checker.error(checker.child(block.node, preprocessed[0]) or block.node, message)
+        return None
     timestamps = Input("timestamps", stamp.name, 1, None, value_length(sequence, blocks, features))
     values["dropout"], values["input_dropout"] = float(values["dropout"]), float(values["input_dropout"])
     return Hstu(timestamps=timestamps, **values)
