@@ -424,6 +424,7 @@ class Retrieval:
     normalize: bool
     ks: tuple[int, ...]  # the k of the metrics
     next_item: bool  # the query is a sequence and each position predicts the next item
+    per_query: bool = False  # each query draws its own `uniform` negatives (else one draw a step)
 
 
 @dataclass(frozen=True, slots=True)

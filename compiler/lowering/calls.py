@@ -440,6 +440,7 @@ def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
         ("logq", retrieval.logq),
         ("frequency_slots", rows),  # an id per slot: the item table's rows
         ("seed", ir.training.seed),
+        *((("per_query", True),) if retrieval.per_query else ()),
     ))
     return Call("runtime.retrieval.head.RetrievalLoss", (
         ("config", config),
