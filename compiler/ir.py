@@ -262,6 +262,7 @@ class TargetAttention:
     query: Input
     hidden: tuple[int, ...]
     activation: str
+    normalize: Literal["none", "softmax"] = "none"
 
 
 @dataclass(frozen=True, slots=True)

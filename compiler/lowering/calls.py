@@ -163,6 +163,7 @@ def _sequence_block_call(block: Block) -> Call:
     if isinstance(op, TargetAttention):
         return Call("runtime.modules.target_attention.TargetAttention", (
             ("dim", dim), ("hidden", list(op.hidden)), ("activation", op.activation),
+            *((("normalize", op.normalize),) if op.normalize != "none" else ()),
         ))  # fmt: skip
     if isinstance(op, Transformer):
         assert block.length is not None

@@ -221,13 +221,14 @@ def _target_attention(
 ) -> BlockOp | None:
     hidden = layer_widths(checker, block, "hidden", None) if checker.child(block.node, "hidden") else DEFAULT_HIDDEN
     activation = checker.value(block.node, "activation", "sigmoid")
+    normalize = checker.value(block.node, "normalize", "none")
     queries = block.side.get("query", [])
     if sequence is None or len(queries) != 1:
         return None
     query = _vector_of_width(checker, queries[0], "the query", sequence, blocks, features)
-    if query is None or hidden is None or not known(activation):
+    if query is None or hidden is None or not known(activation, normalize):
         return None
-    return TargetAttention(query, tuple(hidden), activation)
+    return TargetAttention(query, tuple(hidden), activation, normalize)
 
 
 def _transformer(
