@@ -201,7 +201,12 @@ class CrossNet:
 
 @dataclass(frozen=True, slots=True)
 class Fm:
-    """Factorization machine second-order term over the inputs (equal widths)."""
+    """Factorization machine second-order term over the inputs (equal widths).
+
+    `output` "sum": the scalar term; "vector": its D-wide vector before the sum over d (TorchEasyRec's DeepFM).
+    """
+
+    output: Literal["sum", "vector"] = "sum"
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,6 +322,7 @@ class SelfAttention:
     num_heads: int
     attention_dim: int  # per head; the output fields are num_heads * attention_dim wide
     residual: bool
+    residual_projection: bool = True  # False: the residual adds the input itself (W_Res = I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +331,7 @@ class Cin:
 
     layer_sizes: tuple[int, ...]
     split_half: bool
+    bias: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +356,7 @@ class MaskNet:
     layer_norm: bool
     emb_layer_norm: bool
     layers: tuple[int, ...]
+    emb_norm_scope: Literal["field", "whole"] = "field"
 
 
 BlockOp = Union[

@@ -71,7 +71,9 @@ def _block_op_call(block: Block, in_width: int) -> Call:
         return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
     if isinstance(op, Fm):
         num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
+        return Call("runtime.modules.blocks.FactorizationMachine", (
+            ("num_vectors", num), ("dim", dim), *((("vector", True),) if op.output == "vector" else ()),
+        ))  # fmt: skip
     if isinstance(op, CrossNet):
         return Call("runtime.modules.blocks.CrossNet", (
             ("in_features", in_width),
@@ -204,10 +206,12 @@ def _stack_block_call(block: Block) -> Call:
             ("num_heads", op.num_heads),
             ("num_layers", op.num_layers),
             ("residual", op.residual),
+            *((("residual_projection", False),) if not op.residual_projection else ()),
         ))
     if isinstance(op, Cin):
         return Call("runtime.modules.cin.CIN", (
             *shape, ("layer_sizes", list(op.layer_sizes)), ("split_half", op.split_half),
+            *((("bias", True),) if op.bias else ()),
         ))  # fmt: skip
     if isinstance(op, Wukong):
         return Call("runtime.modules.wukong.Wukong", (
@@ -228,6 +232,7 @@ def _stack_block_call(block: Block) -> Call:
         ("emb_layer_norm", op.emb_layer_norm),
         ("layer_norm", op.layer_norm),
         ("layers", list(op.layers)),
+        *((("emb_norm_scope", op.emb_norm_scope),) if op.emb_norm_scope != "field" else ()),
     ))
 
 

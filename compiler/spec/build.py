@@ -479,9 +479,12 @@ def _infer(
         block.op, block.width = (Activation(fn) if known(fn) and fn else None), total
     elif kind in ("fm", "dot_product"):
         # a scalar per sample, whatever the inputs: known even when they are broken
-        block.width = 1
-        if _vectorvalue_width(checker, block, widths, count) is not None:
-            block.op = Fm() if kind == "fm" else DotProduct()
+        output = checker.value(block.node, "output", "sum") if kind == "fm" else "sum"
+        block.width = 1 if output == "sum" else None
+        width = _vectorvalue_width(checker, block, widths, count)
+        if width is not None and known(output):
+            block.op = Fm(output) if kind == "fm" else DotProduct()
+            block.width = 1 if output == "sum" else width
     elif kind in ("dot", "sum", "product"):
         width = _vectorvalue_width(checker, block, widths, count)
         if width is not None and count is not None:
