@@ -17,7 +17,7 @@ from runtime.sharding.types import ComputeKernel, ShardingType  # named once, fo
 Pooling = Literal["sum", "mean"]
 Keep = Literal["end", "start"]  # which positions a sequence longer than its max_length keeps
 LossType = Literal["bce", "mse", "softmax", "sampled_softmax"]
-OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
+OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "adamw"]
 LrScheduleType = Literal["constant", "step", "exponential", "linear", "cosine"]
 Device = Literal["cpu", "cuda"]
 INT64_MAX = (1 << 63) - 1  # the largest count or size the IR holds: the runtime's tensors index in int64
