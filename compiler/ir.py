@@ -235,6 +235,9 @@ class Moe:
     activation: str
     task_experts: int = 0
     levels: int = 1
+    # PLE with layers of different sizes: (shared experts, task experts, expert layers) of each level; () when
+    # every level is (num_experts, task_experts, expert_layers).
+    per_level: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
 
     @property
     def is_ple(self) -> bool:

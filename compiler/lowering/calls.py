@@ -97,6 +97,8 @@ def _block_op_call(block: Block, in_width: int) -> Call:
             ("num_tasks", len(op.tasks)),
             ("levels", op.levels),
             ("activation", op.activation),
+            *((("per_level", [(shared, task, list(layers)) for shared, task, layers in op.per_level]),)
+              if op.per_level else ()),
         ))
     if isinstance(op, Moe):
         return Call("runtime.modules.blocks.MixtureOfExperts", (

@@ -518,10 +518,11 @@ def _moe(checker: Checker, block: ParsedBlock, total: int | None) -> tuple[Block
     activation = checker.value(block.node, "activation", "relu")
     if layers is None:
         return None, None
-    ple = ple_options(checker, block)
+    ple = ple_options(checker, block, experts, layers)
     if not (known(experts, tasks, activation, ple) and experts and tasks):
         return None, layers[-1]
-    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), layers[-1]
+    per_level = ple[2]
+    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), per_level[-1][2][-1] if per_level else layers[-1]
 
 
 def _vectorvalue_width(
