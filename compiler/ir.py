@@ -265,12 +265,15 @@ class SequencePool:
 
 @dataclass(frozen=True, slots=True)
 class TargetAttention:
-    """DIN's attention of the vector `query` over the sequence input (same width)."""
+    """DIN's attention of the vector `query` over the sequence input (same width); with several sequence
+    inputs (fields of one history, joined position by position) the query is `query` and `query_fields` joined."""
 
     query: Input
     hidden: tuple[int, ...]
     activation: str
     normalize: Literal["none", "softmax"] = "none"
+    # Several sequence fields joined position by position: the query vectors after `query`, one per field.
+    query_fields: tuple[Input, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,7 +166,7 @@ def _sequence_block_call(block: Block) -> Call:
         return Call("runtime.modules.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
     if isinstance(op, TargetAttention):
         return Call("runtime.modules.target_attention.TargetAttention", (
-            ("dim", dim), ("hidden", list(op.hidden)), ("activation", op.activation),
+            ("dim", sum(item.width for item in block.inputs)), ("hidden", list(op.hidden)), ("activation", op.activation),
             *((("normalize", op.normalize),) if op.normalize != "none" else ()),
         ))  # fmt: skip
     if isinstance(op, Transformer):

@@ -155,7 +155,11 @@ def infer_sequence_block(
         if sequence is not None and known(mode):
             block.op = SequencePool(mode)
     elif block.kind == "target_attention":
-        block.op = _target_attention(checker, block, blocks, features, sequence)
+        sequences = _joined_sequences(checker, block, blocks, features) if len(block.refs) > 1 else [sequence]
+        if sequences is not None and None not in sequences and len(sequences) > 1:
+            widths = [value_width(ref, blocks, features) for ref in sequences]  # type: ignore[arg-type]
+            block.width = None if None in widths else sum(widths)  # type: ignore[arg-type]
+        block.op = _target_attention(checker, block, blocks, features, sequences)  # type: ignore[arg-type]
     elif block.kind == "transformer":
         block.op = _transformer(checker, block, blocks, features, sequence)
         prepended = len(block.side.get("prepend", []))
@@ -175,7 +179,8 @@ def _sequence_input(
     if not block.complete or not block.refs:
         return None
     if len(block.refs) != 1:
-        checker.error(at, f"{block.kind} reads one sequence (got {len(block.refs)} inputs)")
+        if block.kind != "target_attention":  # which joins several (_joined_sequences)
+            checker.error(at, f"{block.kind} reads one sequence (got {len(block.refs)} inputs)")
         return None
     ref = block.refs[0]
     if not is_sequence(ref, blocks, features):
@@ -183,6 +188,27 @@ def _sequence_input(
         checker.error(ref.node, f"{block.kind} needs a sequence, but '{ref.text()}' is {kind} {shape}")
         return None
     return ref if value_width(ref, blocks, features) is not None else None
+
+
+def _joined_sequences(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features
+) -> list[Ref] | None:
+    """The sequence fields a target_attention joins position by position, all of one max_length; None (reported)."""
+    if not block.complete:
+        return None
+    misfits = [ref for ref in block.refs if not is_sequence(ref, blocks, features)]
+    for ref in misfits:
+        shape, kind = describe(ref, blocks, features), kind_name(ref, blocks, features)
+        checker.error(ref.node, f"target_attention needs sequences, but '{ref.text()}' is {kind} {shape}")
+    if misfits:
+        return None
+    lengths = [value_length(ref, blocks, features) for ref in block.refs]
+    if len(set(lengths)) > 1:
+        listed = ", ".join(f"'{ref.text()}' {length}" for ref, length in zip(block.refs, lengths))
+        message = f"target_attention joins its sequences position by position, so they need one max_length (got {listed})"
+        checker.error(checker.child(block.node, "input") or block.node, message)
+        return None
+    return list(block.refs) if None not in [value_width(ref, blocks, features) for ref in block.refs] else None
 
 
 def _origin(sequence: Ref, blocks: dict[str, ParsedBlock]) -> str | None:
@@ -217,18 +243,31 @@ def _vector_of_width(
 
 
 def _target_attention(
-    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
+    checker: Checker,
+    block: ParsedBlock,
+    blocks: dict[str, ParsedBlock],
+    features: Features,
+    sequences: list[Ref] | None,
 ) -> BlockOp | None:
     hidden = layer_widths(checker, block, "hidden", None) if checker.child(block.node, "hidden") else DEFAULT_HIDDEN
     activation = checker.value(block.node, "activation", "sigmoid")
     normalize = checker.value(block.node, "normalize", "none")
     queries = block.side.get("query", [])
-    if sequence is None or len(queries) != 1:
+    if not sequences or not queries or not block.side_complete:
         return None
-    query = _vector_of_width(checker, queries[0], "the query", sequence, blocks, features)
-    if query is None or hidden is None or not known(activation, normalize):
+    if len(queries) != len(sequences):
+        at = checker.child(block.node, "query") or block.node
+        message = (
+            f"target_attention joins {len(sequences)} sequences position by position, so its query lists "
+            f"{len(sequences)} vectors, one per sequence (got {len(queries)})"
+        )
+        checker.error(at, message)
         return None
-    return TargetAttention(query, tuple(hidden), activation, normalize)
+    role = "the query" if len(queries) == 1 else "a query field"
+    fields = [_vector_of_width(checker, ref, role, sequence, blocks, features) for ref, sequence in zip(queries, sequences)]
+    if None in fields or hidden is None or not known(activation, normalize):
+        return None
+    return TargetAttention(fields[0], tuple(hidden), activation, normalize, tuple(fields[1:]))  # type: ignore[arg-type]
 
 
 def _transformer(

@@ -24,9 +24,27 @@ from runtime.modules.blocks import MLP, _check_layers, _check_size
 from runtime.modules.sequence_checks import check_sequence
 from runtime.sparse.sequence import padding_mask
 
-__all__ = ["NORMALIZE", "TargetAttention"]
+__all__ = ["NORMALIZE", "TargetAttention", "join_fields"]
 
 NORMALIZE = ("none", "softmax")
+
+
+def join_fields(sequences: list[torch.Tensor], lengths: list[torch.Tensor]) -> torch.Tensor:
+    """Padded sequence fields of one history [B, L, D_i] joined position by position: [B, L, sum D_i].
+
+    The fields (a history's item ids, categories, brands, ...) describe the same positions, so every
+    sample has one length in all of them; a sample whose lengths differ is an error naming it.
+    """
+    first = lengths[0]
+    for other in lengths[1:]:
+        differs = torch.nonzero(other != first)
+        if differs.numel():
+            b = int(differs[0, 0])
+            raise ValueError(
+                f"target_attention: the joined sequences have different lengths in sample {b} "
+                f"({int(first[b])} and {int(other[b])}); each field must describe the same positions"
+            )
+    return torch.cat(sequences, dim=2)
 
 
 class TargetAttention(nn.Module):
