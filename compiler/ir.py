@@ -285,13 +285,14 @@ class Transformer:
     ffn_dim: int
     norm: Literal["pre", "post", "sasrec"]
     causal: bool
-    positions: Literal["learned", "none"]
+    positions: Literal["learned", "concat", "none"]
     activation: Literal["relu", "gelu", "leaky_relu"]
     prepend: tuple[Input, ...]
     norm_affine: bool = True
     scale_input: bool = False
     dropout: float = 0.0
     input_dropout: float = 0.0
+    position_dim: int = 0  # positions: concat, the width of the concatenated positions
 
 
 @dataclass(frozen=True, slots=True)

@@ -145,6 +145,7 @@ def _transformer_options(op: Transformer, block: Block) -> tuple[tuple[str, obje
         *((("dropout", op.dropout),) if op.dropout > 0 else ()),
         *((("input_dropout", op.input_dropout),) if op.input_dropout > 0 else ()),
         *((("seed", _block_seed(block)), ("process_group", BuildArg("process_group"))) if dropout else ()),
+        *((("position_dim", op.position_dim),) if op.position_dim else ()),
     )
 
 
@@ -178,7 +179,7 @@ def _sequence_block_call(block: Block) -> Call:
             ("num_layers", op.num_layers),
             ("norm_first", op.norm == "pre"),
             ("causal", op.causal),
-            ("max_length", block.length if op.positions == "learned" else 0),
+            ("max_length", block.length if op.positions != "none" else 0),
             ("activation", op.activation),
             *_transformer_options(op, block),
         ))

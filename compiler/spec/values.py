@@ -162,6 +162,8 @@ def infer_sequence_block(
         block.op = _target_attention(checker, block, blocks, features, sequences)  # type: ignore[arg-type]
     elif block.kind == "transformer":
         block.op = _transformer(checker, block, blocks, features, sequence)
+        if isinstance(block.op, Transformer) and width is not None:
+            block.width = width + block.op.position_dim
         prepended = len(block.side.get("prepend", []))
         block.length = None if length is None else length + prepended
         block.origin = _origin(sequence, blocks) if sequence is not None and not prepended else None
@@ -278,19 +280,42 @@ def _transformer(
     defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu",
                 "norm_affine": True, "scale_input": False, "dropout": 0.0, "input_dropout": 0.0}
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
-    if sequence is None:
+    position_dim = _position_dim(checker, block, values["positions"])
+    if sequence is None or position_dim is None:
         return None
     width = value_width(sequence, blocks, features)
     prepend = [_vector_of_width(checker, ref, "prepend", sequence, blocks, features) for ref in block.side.get("prepend", [])]
     heads = values["num_heads"]
-    if isinstance(heads, int) and width is not None and width % heads:
+    if isinstance(heads, int) and width is not None and (width + position_dim) % heads:
         at = checker.child(block.node, "num_heads") or block.node
-        checker.error(at, f"the sequence width {width} is not divisible by num_heads {heads}")
+        if position_dim:
+            what = f"the sequence width {width} plus position_dim {position_dim}"
+        else:
+            what = f"the sequence width {width}"
+        checker.error(at, f"{what} is not divisible by num_heads {heads}")
         return None
     if None in prepend or not block.side_complete or not known(*values.values()) or None in values.values():
         return None
     values["dropout"], values["input_dropout"] = float(values["dropout"]), float(values["input_dropout"])
-    return Transformer(prepend=tuple(prepend), **values)  # type: ignore[arg-type]
+    return Transformer(prepend=tuple(prepend), position_dim=position_dim, **values)  # type: ignore[arg-type]
+
+
+def _position_dim(checker: Checker, block: ParsedBlock, positions: Any) -> int | None:
+    """The width of concatenated positions (0 unless `positions: concat`); None when misused (reported)."""
+    position_dim = checker.value(block.node, "position_dim", 0)
+    if not known(positions, position_dim):
+        return None
+    if positions == "concat" and not position_dim:
+        at = checker.child(block.node, "positions")
+        assert at is not None
+        checker.error(at, "positions: concat needs position_dim, the width of the positions concatenated to the input")
+        return None
+    if positions != "concat" and position_dim:
+        at = checker.child(block.node, "position_dim")
+        assert at is not None
+        checker.error(at, f"position_dim is the width of concatenated positions, but positions is {positions}", at_key=True)
+        return None
+    return position_dim
 
 
 def _hstu(

@@ -6,7 +6,9 @@ LayerNorm, after it (post-norm, the default) or before it (`norm_first`)),
 with the padding masked from the lengths, optionally causal, and learned
 positions (N(0, 1), as nn.Embedding) added to the input when `max_length` is
 given. Parameters are named as torch's layer names them, so its weights load
-unchanged. `sasrec` arranges a layer as generative-recommenders' SASRec does
+unchanged. With `position_dim` P the learned positions [max_length, P] are
+concatenated to the input instead of added, as BST does: the layers and the
+output are dim + P wide. `sasrec` arranges a layer as generative-recommenders' SASRec does
 (LayerNorms of eps 1e-8, the query normalised but not the keys and values):
 
     x' = LN(LN(x) + MHA(LN(x), x, x));   out = x' + FFN(x')
@@ -250,17 +252,24 @@ class Transformer(nn.Module):
         input_dropout: float = 0.0,
         seed: int = 0,
         process_group: dist.ProcessGroup | None = None,
+        position_dim: int = 0,
     ) -> None:
         super().__init__()
         self.dim = _check_size("Transformer", "dim", dim)
+        self.position_dim = _check_size("Transformer", "position_dim", position_dim, minimum=0)
+        if position_dim and not max_length:
+            raise ValueError("Transformer: position_dim concatenates learned positions, which need max_length")
+        # The layers' width: the input's, and the concatenated positions' (BST).
+        self.width = width = dim + position_dim
         self.num_heads = _check_size("Transformer", "num_heads", num_heads)
         self.ffn_dim = _check_size("Transformer", "ffn_dim", ffn_dim)
         self.num_layers = _check_size("Transformer", "num_layers", num_layers)
         self.max_length = _check_size("Transformer", "max_length", max_length, minimum=0)
         self.dropout = check_probability("Transformer", "dropout", dropout)
         self.input_dropout = check_probability("Transformer", "input_dropout", input_dropout)
-        if dim % num_heads:
-            raise ValueError(f"Transformer: dim {dim} is not divisible by num_heads {num_heads}")
+        if width % num_heads:
+            what = f"dim {dim}" if not position_dim else f"dim {dim} + position_dim {position_dim}"
+            raise ValueError(f"Transformer: {what} is not divisible by num_heads {num_heads}")
         if activation not in FFN_ACTIVATIONS:
             raise ValueError(
                 f"Transformer: unknown activation {activation!r} (expected one of: {', '.join(FFN_ACTIVATIONS)})"
@@ -274,10 +283,10 @@ class Transformer(nn.Module):
         self.norm_first, self.causal, self.activation = bool(norm_first), bool(causal), activation
         self.output, self.sasrec, self.norm_affine = output, bool(sasrec), bool(norm_affine)
         self.scale_input = bool(scale_input)
-        self.positions = nn.Parameter(torch.randn(max_length, dim)) if max_length else None
+        self.positions = nn.Parameter(torch.randn(max_length, position_dim or dim)) if max_length else None
         self.layers = nn.ModuleList(
             TransformerLayer(
-                dim, num_heads, ffn_dim, self.norm_first, activation, self.sasrec, self.norm_affine, self.dropout,
+                width, num_heads, ffn_dim, self.norm_first, activation, self.sasrec, self.norm_affine, self.dropout,
                 stream=1 + STREAMS_PER_LAYER * i,
             )
             for i in range(num_layers)
@@ -294,7 +303,10 @@ class Transformer(nn.Module):
                 raise ValueError(
                     f"Transformer: a padded length of {length} exceeds max_length {self.max_length}"
                 )
-            x = x + self.positions[:length]
+            if self.position_dim:
+                x = torch.cat([x, self.positions[:length].expand(x.shape[0], -1, -1)], dim=2)
+            else:
+                x = x + self.positions[:length]
         draw = self.drop.draw(x.shape[0], x.device) if self.dropout or self.input_dropout else None
         if draw is not None:
             x = draw.padded(x, self.input_dropout, 0)
@@ -333,7 +345,7 @@ class Transformer(nn.Module):
             f"num_layers={self.num_layers}, norm_first={self.norm_first}, causal={self.causal}, "
             f"max_length={self.max_length}, activation={self.activation!r}, output={self.output!r}, "
             f"sasrec={self.sasrec}, norm_affine={self.norm_affine}, scale_input={self.scale_input}, "
-            f"dropout={self.dropout}, input_dropout={self.input_dropout}"
+            f"dropout={self.dropout}, input_dropout={self.input_dropout}, position_dim={self.position_dim}"
         )
 
 

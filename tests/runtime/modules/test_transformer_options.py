@@ -9,6 +9,8 @@ the layer's formula with masks drawn by `keep_mask` for the global samples.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -154,3 +156,25 @@ def test_dropout_of_a_sample_does_not_depend_on_how_the_batch_is_split(monkeypat
         half.drop.step.fill_(0)
         parts.append(half(x[first : first + 2], lengths[first : first + 2]))
     torch.testing.assert_close(torch.cat(parts), expected, **TOL)
+
+
+def test_concatenated_positions_widen_the_layers_as_bst() -> None:
+    torch.manual_seed(0)
+    position_dim = 4
+    block = Transformer(DIM, HEADS, 2 * FFN, LAYERS, max_length=LENGTH, position_dim=position_dim)
+    assert block.positions.shape == (LENGTH, position_dim) and block.width == DIM + position_dim
+    reference = nn.ModuleList(
+        nn.TransformerEncoderLayer(DIM + position_dim, HEADS, 2 * FFN, dropout=0.0, batch_first=True)
+        for _ in range(LAYERS)
+    )
+    for theirs, ours in zip(reference, block.layers):
+        theirs.load_state_dict(ours.state_dict())
+    x, lengths = padded_batch(DIM, lengths=LENGTHS)
+    real = real_mask(lengths)
+    out = block(x, lengths)
+    joined = torch.cat([x, block.positions.expand(len(LENGTHS), -1, -1)], dim=2)
+    expected = run_torch(reference, joined, lengths, causal=False)
+    torch.testing.assert_close(out[real], expected[real], **TOL)
+    message = "Transformer: dim 8 + position_dim 3 is not divisible by num_heads 2"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Transformer(DIM, HEADS, FFN, max_length=LENGTH, position_dim=3)
