@@ -490,7 +490,7 @@ class FactorizationMachine(nn.Module):
         return 0.5 * (total.square().sum(dim=1, keepdim=True) - x.square().sum(dim=1, keepdim=True))
 
     def extra_repr(self) -> str:
-        return f"num_vectors={self.num_vectors}, dim={self.dim}, vector={self.vector}"
+        return f"num_vectors={self.num_vectors}, dim={self.dim}" + (", vector=True" if self.vector else "")
 
 
 def _check_same_shapes(owner: str, xs: Sequence[torch.Tensor]) -> None:
