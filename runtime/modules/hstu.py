@@ -185,7 +185,7 @@ def hstu_layers(
     dropout masks are keyed by a seed derived from `seed` and i.
     """
     _check_size("hstu_layers", "num_layers", num_layers)
-    first = dict(scale_input=scale_input, positions=positions, input_dropout=input_dropout)
+    first = {"scale_input": scale_input, "positions": positions, "input_dropout": input_dropout}
     return nn.ModuleList(
         HSTU(**layer, **(first if i == 0 else {}), seed=derive_seed(seed, i)) for i in range(num_layers)
     )

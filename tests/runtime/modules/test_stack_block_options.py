@@ -32,7 +32,10 @@ def stack() -> torch.Tensor:
 def fuxictr_self_attention(layer, x: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
     """FuxiCTR's MultiHeadSelfAttention (no scaling, no layer norm), its residual the input itself."""
     w_q, w_k, w_v = layer.in_proj_weight.chunk(3)
-    split = lambda t: t.view(B, N, heads, head_dim).transpose(1, 2)  # noqa: E731
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return t.view(B, N, heads, head_dim).transpose(1, 2)
+
     q, k, v = split(x @ w_q.T), split(x @ w_k.T), split(x @ w_v.T)
     attention = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
     output = (attention @ v).transpose(1, 2).reshape(B, N, heads * head_dim)
