@@ -19,7 +19,9 @@ updated vector, a positive looks found after one step of a model whose loss
 is still at chance. So `training_catalogue` returns a `StepPositives`
 catalogue: each positive scores with the vector the step's forward used
 (`RetrievalOutput.positive`, normalised like the catalogue), and the other
-candidates are read at the log step.
+candidates are read at the log step. Dense layers of an item tower move
+every candidate at each update too, so early in training the figure can sit
+a little below chance rather than above it; evaluation reads one state.
 
     >>> catalogue = training_catalogue(model.item_vectors, model.item_catalogue, num_items=1 << 20)
     >>> vectors, ids, positives = catalogue.candidates(window_ids, process_group)  # a collective
