@@ -18,7 +18,7 @@ from runtime.sharding.types import ComputeKernel, ShardingType  # named once, fo
 Pooling = Literal["sum", "mean"]
 Keep = Literal["end", "start"]  # which positions a sequence longer than its max_length keeps
 LossType = Literal["bce", "mse", "softmax", "sampled_softmax"]
-OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam"]
+OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "adamw"]
 LrScheduleType = Literal["constant", "step", "exponential", "linear", "cosine"]
 Device = Literal["cpu", "cuda"]
 INT64_MAX = (1 << 63) - 1  # the largest count or size the IR holds: the runtime's tensors index in int64
@@ -204,7 +204,12 @@ class CrossNet:
 
 @dataclass(frozen=True, slots=True)
 class Fm:
-    """Factorization machine second-order term over the inputs (equal widths)."""
+    """Factorization machine second-order term over the inputs (equal widths).
+
+    `output` "sum": the scalar term; "vector": its D-wide vector before the sum over d (TorchEasyRec's DeepFM).
+    """
+
+    output: Literal["sum", "vector"] = "sum"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +238,9 @@ class Moe:
     activation: str
     task_experts: int = 0
     levels: int = 1
+    # PLE with layers of different sizes: (shared experts, task experts, expert layers) of each level; () when
+    # every level is (num_experts, task_experts, expert_layers).
+    per_level: tuple[tuple[int, int, tuple[int, ...]], ...] = ()
 
     @property
     def is_ple(self) -> bool:
@@ -260,11 +268,15 @@ class SequencePool:
 
 @dataclass(frozen=True, slots=True)
 class TargetAttention:
-    """DIN's attention of the vector `query` over the sequence input (same width)."""
+    """DIN's attention of the vector `query` over the sequence input (same width); with several sequence
+    inputs (fields of one history, joined position by position) the query is `query` and `query_fields` joined."""
 
     query: Input
     hidden: tuple[int, ...]
     activation: str
+    normalize: Literal["none", "softmax"] = "none"
+    # Several sequence fields joined position by position: the query vectors after `query`, one per field.
+    query_fields: tuple[Input, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +286,16 @@ class Transformer:
     num_layers: int
     num_heads: int
     ffn_dim: int
-    norm: Literal["pre", "post"]
+    norm: Literal["pre", "post", "sasrec"]
     causal: bool
-    positions: Literal["learned", "none"]
-    activation: Literal["relu", "gelu"]
+    positions: Literal["learned", "concat", "none"]
+    activation: Literal["relu", "gelu", "leaky_relu"]
     prepend: tuple[Input, ...]
+    norm_affine: bool = True
+    scale_input: bool = False
+    dropout: float = 0.0
+    input_dropout: float = 0.0
+    position_dim: int = 0  # positions: concat, the width of the concatenated positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +308,10 @@ class Hstu:
     linear_dim: int
     num_buckets: int
     timestamps: Input
+    dropout: float = 0.0
+    scale_input: bool = False
+    positions: Literal["learned", "none"] = "none"
+    input_dropout: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,6 +343,7 @@ class SelfAttention:
     num_heads: int
     attention_dim: int  # per head; the output fields are num_heads * attention_dim wide
     residual: bool
+    residual_projection: bool = True  # False: the residual adds the input itself (W_Res = I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,6 +352,7 @@ class Cin:
 
     layer_sizes: tuple[int, ...]
     split_half: bool
+    bias: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +377,7 @@ class MaskNet:
     layer_norm: bool
     emb_layer_norm: bool
     layers: tuple[int, ...]
+    emb_norm_scope: Literal["field", "whole"] = "field"
 
 
 BlockOp = Union[
@@ -431,6 +455,7 @@ class Retrieval:
     normalize: bool
     ks: tuple[int, ...]  # the k of the metrics
     next_item: bool  # the query is a sequence and each position predicts the next item
+    per_query: bool = False  # each query draws its own `uniform` negatives (else one draw a step)
 
 
 @dataclass(frozen=True, slots=True)

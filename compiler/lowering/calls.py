@@ -76,7 +76,9 @@ def _block_op_call(block: Block, in_width: int) -> Call:
         return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
     if isinstance(op, Fm):
         num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.FactorizationMachine", (("num_vectors", num), ("dim", dim)))
+        return Call("runtime.modules.blocks.FactorizationMachine", (
+            ("num_vectors", num), ("dim", dim), *((("vector", True),) if op.output == "vector" else ()),
+        ))  # fmt: skip
     if isinstance(op, CrossNet):
         return Call("runtime.modules.blocks.CrossNet", (
             ("in_features", in_width),
@@ -100,6 +102,8 @@ def _block_op_call(block: Block, in_width: int) -> Call:
             ("num_tasks", len(op.tasks)),
             ("levels", op.levels),
             ("activation", op.activation),
+            *((("per_level", [(shared, task, list(layers)) for shared, task, layers in op.per_level]),)
+              if op.per_level else ()),
         ))
     if isinstance(op, Moe):
         return Call("runtime.modules.blocks.MixtureOfExperts", (
@@ -141,13 +145,40 @@ def _block_seed(block: Block) -> int:
     return h & 0x7FFFFFFF
 
 
+def _transformer_options(op: Transformer, block: Block) -> tuple[tuple[str, object], ...]:
+    """The options away from their defaults only, so the calls of specs that use none stay as they were."""
+    dropout = op.dropout > 0 or op.input_dropout > 0
+    return (
+        *((("sasrec", True),) if op.norm == "sasrec" else ()),
+        *((("norm_affine", False),) if not op.norm_affine else ()),
+        *((("scale_input", True),) if op.scale_input else ()),
+        *((("dropout", op.dropout),) if op.dropout > 0 else ()),
+        *((("input_dropout", op.input_dropout),) if op.input_dropout > 0 else ()),
+        *((("seed", _block_seed(block)), ("process_group", BuildArg("process_group"))) if dropout else ()),
+        *((("position_dim", op.position_dim),) if op.position_dim else ()),
+    )
+
+
+def _hstu_options(op: Hstu, block: Block) -> tuple[tuple[str, object], ...]:
+    """The options away from their defaults only, so the calls of specs that use none stay as they were."""
+    dropout = op.dropout > 0 or op.input_dropout > 0
+    return (
+        *((("dropout", op.dropout),) if op.dropout > 0 else ()),
+        *((("scale_input", True),) if op.scale_input else ()),
+        *((("positions", True),) if op.positions == "learned" else ()),
+        *((("input_dropout", op.input_dropout),) if op.input_dropout > 0 else ()),
+        *((("seed", _block_seed(block)), ("process_group", BuildArg("process_group"))) if dropout else ()),
+    )
+
+
 def _sequence_block_call(block: Block) -> Call:
     op, dim = block.op, block.inputs[0].width
     if isinstance(op, SequencePool):
         return Call("runtime.modules.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
     if isinstance(op, TargetAttention):
         return Call("runtime.modules.target_attention.TargetAttention", (
-            ("dim", dim), ("hidden", list(op.hidden)), ("activation", op.activation),
+            ("dim", sum(item.width for item in block.inputs)), ("hidden", list(op.hidden)), ("activation", op.activation),
+            *((("normalize", op.normalize),) if op.normalize != "none" else ()),
         ))  # fmt: skip
     if isinstance(op, Transformer):
         assert block.length is not None
@@ -158,8 +189,9 @@ def _sequence_block_call(block: Block) -> Call:
             ("num_layers", op.num_layers),
             ("norm_first", op.norm == "pre"),
             ("causal", op.causal),
-            ("max_length", block.length if op.positions == "learned" else 0),
+            ("max_length", block.length if op.positions != "none" else 0),
             ("activation", op.activation),
+            *_transformer_options(op, block),
         ))
     if isinstance(op, Gru):
         return Call("runtime.modules.gru.GRU", (
@@ -179,6 +211,7 @@ def _sequence_block_call(block: Block) -> Call:
         ("linear_dim", op.linear_dim),
         ("max_length", block.length),
         ("num_buckets", op.num_buckets),
+        *_hstu_options(op, block),
     ))
 
 
@@ -195,10 +228,12 @@ def _stack_block_call(block: Block) -> Call:
             ("num_heads", op.num_heads),
             ("num_layers", op.num_layers),
             ("residual", op.residual),
+            *((("residual_projection", False),) if not op.residual_projection else ()),
         ))
     if isinstance(op, Cin):
         return Call("runtime.modules.cin.CIN", (
             *shape, ("layer_sizes", list(op.layer_sizes)), ("split_half", op.split_half),
+            *((("bias", True),) if op.bias else ()),
         ))  # fmt: skip
     if isinstance(op, Wukong):
         return Call("runtime.modules.wukong.Wukong", (
@@ -219,6 +254,7 @@ def _stack_block_call(block: Block) -> Call:
         ("emb_layer_norm", op.emb_layer_norm),
         ("layer_norm", op.layer_norm),
         ("layers", list(op.layers)),
+        *((("emb_norm_scope", op.emb_norm_scope),) if op.emb_norm_scope != "field" else ()),
     ))
 
 
@@ -441,6 +477,7 @@ def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
         ("logq", retrieval.logq),
         ("frequency_slots", rows),  # an id per slot: the item table's rows
         ("seed", ir.training.seed),
+        *((("per_query", True),) if retrieval.per_query else ()),
     ))
     return Call("runtime.retrieval.head.RetrievalLoss", (
         ("config", config),

@@ -20,7 +20,7 @@ from compiler.lowering.types import LoweredModel
 from compiler.planner.topology import format_bytes
 
 # Tensors per parameter beyond itself and its gradient, by dense optimizer.
-OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2}
+OPTIMIZER_SLOTS = {"sgd": 0, "adagrad": 1, "adam": 2, "adamw": 2}
 
 
 def check_dense_memory(lowered: LoweredModel) -> LoweredModel:

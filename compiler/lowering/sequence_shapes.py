@@ -57,7 +57,8 @@ def meta_forward(module: torch.nn.Module, args: tuple[Any, ...]) -> torch.Tensor
         return _meta(keys.shape[0], module.dim)
     if isinstance(module, Transformer):
         _sequence("transformer", args[0], module.dim, module.max_length)
-        return _meta(*args[0].shape) if module.output == "sequence" else _meta(args[0].shape[0], module.dim)
+        batch, length = args[0].shape[:2]
+        return _meta(batch, length, module.width) if module.output == "sequence" else _meta(batch, module.width)
     if isinstance(module, PositionWeightedPool):  # pools rows like pool_rows
         return _meta(args[0].lengths().shape[0], args[0].values().shape[1])
     if isinstance(module, GRU):

@@ -25,6 +25,7 @@ import torch
 import torch.fx as fx
 
 from compiler.ir import Block, Gru, Hstu, Input, Location, ModelIR, SequencePool, Table, TargetAttention, Transformer
+from runtime.modules.target_attention import join_fields
 from compiler.lowering.calls import POSITION_WEIGHTS, position_weights_call
 from compiler.lowering.types import ModuleDecl
 from compiler.planner.plan import ShardingPlan
@@ -140,6 +141,17 @@ class SequenceLowering:
             values[name] = self.node("call_module", name, (x, lengths), name, loc, stage="dense", path=path)
         elif isinstance(op, TargetAttention):
             query = self.builder.value(op.query, loc)
+            if op.query_fields:
+                # Fields of one history joined position by position: one attention over the joined width.
+                parts = [query] + [self.builder.value(item, loc) for item in op.query_fields]
+                query = self.node(
+                    "call_function", torch.cat, (parts,), f"{name}_query", loc, stage="dense", kw={"dim": 1}
+                )
+                fields = [self.sequence(item, loc) for item in block.inputs]
+                x = self.node(
+                    "call_function", join_fields, ([f[0] for f in fields], [f[1] for f in fields]),
+                    f"{name}_fields", loc, stage="dense",
+                )
             values[name] = self.node("call_module", name, (query, x, lengths), name, loc, stage="dense", path=path)
         elif isinstance(op, Transformer):
             if op.prepend:

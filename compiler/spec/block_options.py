@@ -45,12 +45,35 @@ def mlp_options(checker: Checker, block: ParsedBlock, layers: list[int], final: 
     return values
 
 
-def ple_options(checker: Checker, block: ParsedBlock) -> Any:
-    """(task_experts, levels) of a moe block, or INVALID (reported)."""
+def ple_options(checker: Checker, block: ParsedBlock, experts: Any, layers: list[int]) -> Any:
+    """(task_experts, levels, per_level) of a moe block, or INVALID (reported).
+
+    `per_level` entries default to the block's num_experts (`experts`), task_experts and expert_layers
+    (`layers`); `levels`, when written beside it, must count its entries.
+    """
     task_experts = checker.value(block.node, "task_experts", 0)
-    levels = checker.value(block.node, "levels", 1)
-    if not known(task_experts, levels):
+    entries = checker.entries(block.node, "per_level") if checker.child(block.node, "per_level") else []
+    levels = checker.value(block.node, "levels", len(entries) or 1)
+    if not known(task_experts, levels, experts):
         return INVALID
+    per_level = []
+    for entry in entries:
+        values = (checker.value(entry, "num_experts", experts), checker.value(entry, "task_experts", task_experts),
+                  checker.value(entry, "expert_layers", layers))
+        if not known(*values):
+            return INVALID
+        per_level.append((values[0], values[1], tuple(values[2])))
+    if entries and levels != len(entries):
+        at = checker.child(block.node, "levels")
+        assert at is not None
+        checker.error(at, f"levels: {levels}, but per_level describes {len(entries)} levels; write one of them")
+        return INVALID
+    if entries:
+        missing = [i for i, (_, task, _) in enumerate(per_level) if task == 0]
+        for i in missing:
+            checker.error(entries[i], f"per_level[{i}] has no task experts: set its task_experts or the block's")
+        # The block's task_experts describes the first level (is_ple holds it).
+        return INVALID if missing else (per_level[0][1], levels, tuple(per_level))
     if levels > 1 and task_experts == 0:
         at = checker.child(block.node, "levels")
         assert at is not None
@@ -60,7 +83,7 @@ def ple_options(checker: Checker, block: ParsedBlock) -> Any:
         )
         checker.error(at, message)
         return INVALID
-    return task_experts, levels
+    return task_experts, levels, ()
 
 
 def head_output(checker: Checker, head: Node, loss: Any, source: Any, readers: dict[str, Any]) -> Any:

@@ -479,9 +479,12 @@ def _infer(
         block.op, block.width = (Activation(fn) if known(fn) and fn else None), total
     elif kind in ("fm", "dot_product"):
         # a scalar per sample, whatever the inputs: known even when they are broken
-        block.width = 1
-        if _vectorvalue_width(checker, block, widths, count) is not None:
-            block.op = Fm() if kind == "fm" else DotProduct()
+        output = checker.value(block.node, "output", "sum") if kind == "fm" else "sum"
+        block.width = 1 if output == "sum" else None
+        width = _vectorvalue_width(checker, block, widths, count)
+        if width is not None and known(output):
+            block.op = Fm(output) if kind == "fm" else DotProduct()
+            block.width = 1 if output == "sum" else width
     elif kind in ("dot", "sum", "product"):
         width = _vectorvalue_width(checker, block, widths, count)
         if width is not None and count is not None:
@@ -515,10 +518,11 @@ def _moe(checker: Checker, block: ParsedBlock, total: int | None) -> tuple[Block
     activation = checker.value(block.node, "activation", "relu")
     if layers is None:
         return None, None
-    ple = ple_options(checker, block)
+    ple = ple_options(checker, block, experts, layers)
     if not (known(experts, tasks, activation, ple) and experts and tasks):
         return None, layers[-1]
-    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), layers[-1]
+    per_level = ple[2]
+    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), per_level[-1][2][-1] if per_level else layers[-1]
 
 
 def _vectorvalue_width(

@@ -117,7 +117,8 @@ def retrieval_head(
     rows = next((t.num_embeddings for t in features.tables if t.name == table), None)
     if rows is not None and uniform > rows:
         at = checker.child(checker.child(entry, "negatives"), "uniform") or entry
-        checker.error(at, f"{uniform} uniform negatives per step, but the item table '{table}' has {rows} rows")
+        per = "query" if negatives[2] else "step"
+        checker.error(at, f"{uniform} uniform negatives per {per}, but the item table '{table}' has {rows} rows")
         return None
     if not ok or table is None or not known(weight, metrics, negatives, logq, temperature, normalize):
         return None
@@ -132,6 +133,7 @@ def retrieval_head(
         normalize=normalize,
         ks=tuple(sorted({int(m.partition("@")[2]) for m in metrics if "@" in m})),
         next_item=next_item,
+        per_query=negatives[2],
     )
     ref = input_ir(query, blocks, features)
     return Head(name, ref, "sampled_softmax", feature, float(weight), 1, tuple(metrics), entry.loc, retrieval)
@@ -150,17 +152,24 @@ def _metrics(checker: Checker, entry: Node) -> Any:
 
 
 def _negatives(checker: Checker, entry: Node) -> Any:
-    """(in_batch, uniform samples per step); INVALID if none are asked for or the schema rejected them."""
+    """(in_batch, uniform samples per step or query, per_query); INVALID if none are asked for or the schema
+    rejected them."""
     node = checker.child(entry, "negatives")
     if node is None:
-        return (True, 0)
+        return (True, 0, False)
     in_batch, uniform = checker.value(node, "in_batch", False), checker.value(node, "uniform", 0)
-    if not known(in_batch, uniform) or not node.is_mapping:
+    per_query = checker.value(node, "per_query", False)
+    if not known(in_batch, uniform, per_query) or not node.is_mapping:
         return INVALID
     if not in_batch and not uniform:
         checker.error(node, "a sampled_softmax head needs negatives: `in_batch: true`, `uniform: <samples>`, or both")
         return INVALID
-    return (in_batch, uniform)
+    if per_query and not uniform:
+        at = checker.child(node, "per_query")
+        assert at is not None
+        checker.error(at, "per_query draws each query's own uniform negatives: add `uniform: <samples per query>`")
+        return INVALID
+    return (in_batch, uniform, per_query)
 
 
 def _item_feature(checker: Checker, item: Ref, blocks: dict[str, ParsedBlock], features: Features) -> str | None:

@@ -61,6 +61,7 @@ _OPTIMIZER_PARAMS = {
     "adagrad": {"eps"},
     "rowwise_adagrad": {"eps"},
     "adam": {"eps", "beta1", "beta2"},
+    "adamw": {"eps", "beta1", "beta2"},
 }
 _SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _SIZE_UNITS.update({"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40})
@@ -610,6 +611,11 @@ def optimizer_ir(checker: Checker, node: Node | None, default: Optimizer | None)
 
 def _table_optimizer(checker: Checker, node: Node | None, optimizer: Any) -> Any:
     """`optimizer` unless it asks a table for what the fused kernels do not do (INVALID then)."""
+    if isinstance(optimizer, Optimizer) and optimizer.type == "adamw":
+        at = checker.child(node, "type") or node
+        message = "adamw is for dense parameters only; tables take adam, whose weight_decay is an L2 term"
+        checker.error(at, message)
+        return INVALID
     if isinstance(optimizer, Optimizer) and optimizer.weight_decay and optimizer.type != "adam":
         at = checker.child(node, "weight_decay") or node
         checker.error(at, f"weight_decay applies to tables only with adam, not {optimizer.type}", at_key=True)

@@ -31,10 +31,12 @@ from compiler.spec.values import (
 
 STACK_BLOCKS = ("stack", "flatten", "self_attention", "cin", "wukong", "mask_block")
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "self_attention": {"num_layers": 3, "num_heads": 2, "attention_dim": 32, "residual": True},
-    "cin": {"split_half": True},
+    "self_attention": {"num_layers": 3, "num_heads": 2, "attention_dim": 32, "residual": True,
+                       "residual_projection": True},
+    "cin": {"split_half": True, "bias": False},
     "wukong": {"num_layers": 1, "fmb_layers": [], "activation": "relu"},
-    "mask_block": {"reduction_ratio": 1.0, "layer_norm": True, "emb_layer_norm": True, "layers": []},
+    "mask_block": {"reduction_ratio": 1.0, "layer_norm": True, "emb_layer_norm": True, "layers": [],
+                   "emb_norm_scope": "field"},
 }
 
 
@@ -51,7 +53,7 @@ def infer_stack_block(checker: Checker, block: ParsedBlock, blocks: dict[str, Pa
         heads, head_dim = values["num_heads"], values["attention_dim"]
         block.fields = fields
         block.width = heads * head_dim if known(heads, head_dim) else None
-        if fields is not None and known(*values.values()):
+        if fields is not None and known(*values.values()) and _identity_fits(checker, block, values, dim):
             block.op = SelfAttention(**values)
     elif block.kind == "wukong":
         _wukong(checker, block, values, fields, dim)
@@ -116,6 +118,21 @@ def _stack_input(checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedB
     return ref if value_width(ref, blocks, features) is not None else None
 
 
+def _identity_fits(checker: Checker, block: ParsedBlock, values: dict[str, Any], dim: int | None) -> bool:
+    """False (reported) when an identity residual's input is not as wide as the layers' output."""
+    width = values["num_heads"] * values["attention_dim"]
+    if not values["residual"] or values["residual_projection"] or dim is None or dim == width:
+        return True
+    at = checker.child(block.node, "residual_projection")
+    assert at is not None
+    message = (
+        f"residual_projection: false adds each layer's input to its output, but the stack is {dim} wide and the "
+        f"layers' output {width} (num_heads {values['num_heads']} x attention_dim {values['attention_dim']})"
+    )
+    checker.error(at, message)
+    return False
+
+
 def _cin(checker: Checker, block: ParsedBlock, values: dict[str, Any]) -> None:
     sizes = layer_widths(checker, block, "layer_sizes", None)
     split_half = values["split_half"]
@@ -131,7 +148,7 @@ def _cin(checker: Checker, block: ParsedBlock, values: dict[str, Any]) -> None:
         width = sum(size // 2 for size in sizes[:-1]) + sizes[-1]
     else:
         width = sum(sizes)
-    block.op, block.width = Cin(tuple(sizes), split_half), width
+    block.op, block.width = Cin(tuple(sizes), split_half, values["bias"]), width
 
 
 def _wukong(
@@ -165,7 +182,13 @@ def _mask_block(checker: Checker, block: ParsedBlock, values: dict[str, Any], fl
         checker.error(at, f"reduction_ratio {ratio} times the masked width {narrow[0]} leaves no aggregation layer")
         return
     blocks_out = sizes[-1] if mode == "serial" else sum(sizes)
+    if values["emb_norm_scope"] != "field" and not values["emb_layer_norm"]:
+        at = checker.child(block.node, "emb_norm_scope")
+        assert at is not None
+        checker.error(at, "emb_norm_scope chooses what emb_layer_norm normalises, but emb_layer_norm is false")
+        return
     block.op = MaskNet(
-        mode, tuple(sizes), float(ratio), values["layer_norm"], values["emb_layer_norm"], tuple(layers)
+        mode, tuple(sizes), float(ratio), values["layer_norm"], values["emb_layer_norm"], tuple(layers),
+        values["emb_norm_scope"],
     )
     block.width = layers[-1] if layers else blocks_out

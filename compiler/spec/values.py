@@ -155,9 +155,15 @@ def infer_sequence_block(
         if sequence is not None and known(mode):
             block.op = SequencePool(mode)
     elif block.kind == "target_attention":
-        block.op = _target_attention(checker, block, blocks, features, sequence)
+        sequences = _joined_sequences(checker, block, blocks, features) if len(block.refs) > 1 else [sequence]
+        if sequences is not None and None not in sequences and len(sequences) > 1:
+            widths = [value_width(ref, blocks, features) for ref in sequences]  # type: ignore[arg-type]
+            block.width = None if None in widths else sum(widths)  # type: ignore[arg-type]
+        block.op = _target_attention(checker, block, blocks, features, sequences)  # type: ignore[arg-type]
     elif block.kind == "transformer":
         block.op = _transformer(checker, block, blocks, features, sequence)
+        if isinstance(block.op, Transformer) and width is not None:
+            block.width = width + block.op.position_dim
         prepended = len(block.side.get("prepend", []))
         block.length = None if length is None else length + prepended
         block.origin = _origin(sequence, blocks) if sequence is not None and not prepended else None
@@ -181,7 +187,8 @@ def _sequence_input(
     if not block.complete or not block.refs:
         return None
     if len(block.refs) != 1:
-        checker.error(at, f"{block.kind} reads one sequence (got {len(block.refs)} inputs)")
+        if block.kind != "target_attention":  # which joins several (_joined_sequences)
+            checker.error(at, f"{block.kind} reads one sequence (got {len(block.refs)} inputs)")
         return None
     ref = block.refs[0]
     if not is_sequence(ref, blocks, features):
@@ -189,6 +196,27 @@ def _sequence_input(
         checker.error(ref.node, f"{block.kind} needs a sequence, but '{ref.text()}' is {kind} {shape}")
         return None
     return ref if value_width(ref, blocks, features) is not None else None
+
+
+def _joined_sequences(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features
+) -> list[Ref] | None:
+    """The sequence fields a target_attention joins position by position, all of one max_length; None (reported)."""
+    if not block.complete:
+        return None
+    misfits = [ref for ref in block.refs if not is_sequence(ref, blocks, features)]
+    for ref in misfits:
+        shape, kind = describe(ref, blocks, features), kind_name(ref, blocks, features)
+        checker.error(ref.node, f"target_attention needs sequences, but '{ref.text()}' is {kind} {shape}")
+    if misfits:
+        return None
+    lengths = [value_length(ref, blocks, features) for ref in block.refs]
+    if len(set(lengths)) > 1:
+        listed = ", ".join(f"'{ref.text()}' {length}" for ref, length in zip(block.refs, lengths))
+        message = f"target_attention joins its sequences position by position, so they need one max_length (got {listed})"
+        checker.error(checker.child(block.node, "input") or block.node, message)
+        return None
+    return list(block.refs) if None not in [value_width(ref, blocks, features) for ref in block.refs] else None
 
 
 def _origin(sequence: Ref, blocks: dict[str, ParsedBlock]) -> str | None:
@@ -223,44 +251,86 @@ def _vector_of_width(
 
 
 def _target_attention(
-    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
+    checker: Checker,
+    block: ParsedBlock,
+    blocks: dict[str, ParsedBlock],
+    features: Features,
+    sequences: list[Ref] | None,
 ) -> BlockOp | None:
     hidden = layer_widths(checker, block, "hidden", None) if checker.child(block.node, "hidden") else DEFAULT_HIDDEN
     activation = checker.value(block.node, "activation", "sigmoid")
+    normalize = checker.value(block.node, "normalize", "none")
     queries = block.side.get("query", [])
-    if sequence is None or len(queries) != 1:
+    if not sequences or not queries or not block.side_complete:
         return None
-    query = _vector_of_width(checker, queries[0], "the query", sequence, blocks, features)
-    if query is None or hidden is None or not known(activation):
+    if len(queries) != len(sequences):
+        at = checker.child(block.node, "query") or block.node
+        message = (
+            f"target_attention joins {len(sequences)} sequences position by position, so its query lists "
+            f"{len(sequences)} vectors, one per sequence (got {len(queries)})"
+        )
+        checker.error(at, message)
         return None
-    return TargetAttention(query, tuple(hidden), activation)
+    role = "the query" if len(queries) == 1 else "a query field"
+    fields = [_vector_of_width(checker, ref, role, sequence, blocks, features) for ref, sequence in zip(queries, sequences)]
+    if None in fields or hidden is None or not known(activation, normalize):
+        return None
+    return TargetAttention(fields[0], tuple(hidden), activation, normalize, tuple(fields[1:]))  # type: ignore[arg-type]
 
 
 def _transformer(
     checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
 ) -> BlockOp | None:
-    keys = ("num_layers", "num_heads", "ffn_dim", "norm", "causal", "positions", "activation")
-    defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu"}
+    keys = ("num_layers", "num_heads", "ffn_dim", "norm", "causal", "positions", "activation", "norm_affine",
+            "scale_input", "dropout", "input_dropout")
+    defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu",
+                "norm_affine": True, "scale_input": False, "dropout": 0.0, "input_dropout": 0.0}
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
-    if sequence is None:
+    position_dim = _position_dim(checker, block, values["positions"])
+    if sequence is None or position_dim is None:
         return None
     width = value_width(sequence, blocks, features)
     prepend = [_vector_of_width(checker, ref, "prepend", sequence, blocks, features) for ref in block.side.get("prepend", [])]
     heads = values["num_heads"]
-    if isinstance(heads, int) and width is not None and width % heads:
+    if isinstance(heads, int) and width is not None and (width + position_dim) % heads:
         at = checker.child(block.node, "num_heads") or block.node
-        checker.error(at, f"the sequence width {width} is not divisible by num_heads {heads}")
+        if position_dim:
+            what = f"the sequence width {width} plus position_dim {position_dim}"
+        else:
+            what = f"the sequence width {width}"
+        checker.error(at, f"{what} is not divisible by num_heads {heads}")
         return None
     if None in prepend or not block.side_complete or not known(*values.values()) or None in values.values():
         return None
-    return Transformer(prepend=tuple(prepend), **values)  # type: ignore[arg-type]
+    values["dropout"], values["input_dropout"] = float(values["dropout"]), float(values["input_dropout"])
+    return Transformer(prepend=tuple(prepend), position_dim=position_dim, **values)  # type: ignore[arg-type]
+
+
+def _position_dim(checker: Checker, block: ParsedBlock, positions: Any) -> int | None:
+    """The width of concatenated positions (0 unless `positions: concat`); None when misused (reported)."""
+    position_dim = checker.value(block.node, "position_dim", 0)
+    if not known(positions, position_dim):
+        return None
+    if positions == "concat" and not position_dim:
+        at = checker.child(block.node, "positions")
+        assert at is not None
+        checker.error(at, "positions: concat needs position_dim, the width of the positions concatenated to the input")
+        return None
+    if positions != "concat" and position_dim:
+        at = checker.child(block.node, "position_dim")
+        assert at is not None
+        checker.error(at, f"position_dim is the width of concatenated positions, but positions is {positions}", at_key=True)
+        return None
+    return position_dim
 
 
 def _hstu(
     checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
 ) -> BlockOp | None:
-    keys = ("num_layers", "num_heads", "attention_dim", "linear_dim", "num_buckets")
-    defaults = {"num_layers": 1, "num_buckets": 128}
+    keys = ("num_layers", "num_heads", "attention_dim", "linear_dim", "num_buckets", "dropout", "scale_input",
+            "positions", "input_dropout")
+    defaults = {"num_layers": 1, "num_buckets": 128, "dropout": 0.0, "scale_input": False, "positions": "none",
+                "input_dropout": 0.0}
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
     stamps = block.side.get("timestamps", [])
     if sequence is None or len(stamps) != 1:
@@ -286,7 +356,17 @@ def _hstu(
         return None
     if not known(*values.values()) or None in values.values():
         return None
+    preprocessed = [key for key, off in (("scale_input", False), ("positions", "none"), ("input_dropout", 0.0))
+                    if values[key] != off]
+    if sequence.kind == "block" and preprocessed:
+        message = (
+            f"{preprocessed[0]} prepares the input of an hstu stack, but this hstu reads block '{sequence.text()}'; "
+            "set it on the first hstu of the stack"
+        )
+        checker.error(checker.child(block.node, preprocessed[0]) or block.node, message)
+        return None
     timestamps = Input("timestamps", stamp.name, 1, None, value_length(sequence, blocks, features))
+    values["dropout"], values["input_dropout"] = float(values["dropout"]), float(values["input_dropout"])
     return Hstu(timestamps=timestamps, **values)
 
 

@@ -480,24 +480,30 @@ class FactorizationMachine(nn.Module):
     """Second-order FM term over N vectors of width D.
 
     y = 0.5 * sum_d[(sum_i v_{i,d})^2 - sum_i v_{i,d}^2] = sum_{i<j} <v_i, v_j>.
-    Shapes: (B, N*D) -> (B, 1).
+    Shapes: (B, N*D) -> (B, 1). With `vector`, the terms before the sum over d,
+    y_d = 0.5 * [(sum_i v_{i,d})^2 - sum_i v_{i,d}^2]: (B, N*D) -> (B, D), as
+    TorchEasyRec's FactorizationMachine returns them to DeepFM's final MLP.
     """
 
-    def __init__(self, num_vectors: int, dim: int, where: str = "") -> None:
+    def __init__(self, num_vectors: int, dim: int, where: str = "", vector: bool = False) -> None:
         super().__init__()
         self.where = where
         owner = _owner("FactorizationMachine", where)
         self.num_vectors = _check_size(owner, "num_vectors", num_vectors)
         self.dim = _check_size(owner, "dim", dim)
-        self.out_features = 1
+        self.vector = bool(vector)
+        self.out_features = dim if self.vector else 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_input(_owner("FactorizationMachine", self.where), x, self.num_vectors * self.dim)
-        total = x.reshape(x.shape[0], self.num_vectors, self.dim).sum(dim=1)
+        fields = x.reshape(x.shape[0], self.num_vectors, self.dim)
+        if self.vector:
+            return 0.5 * (fields.sum(dim=1).square() - fields.square().sum(dim=1))
+        total = fields.sum(dim=1)
         return 0.5 * (total.square().sum(dim=1, keepdim=True) - x.square().sum(dim=1, keepdim=True))
 
     def extra_repr(self) -> str:
-        return f"num_vectors={self.num_vectors}, dim={self.dim}"
+        return f"num_vectors={self.num_vectors}, dim={self.dim}" + (", vector=True" if self.vector else "")
 
 
 def _check_same_shapes(owner: str, xs: Sequence[torch.Tensor]) -> None:

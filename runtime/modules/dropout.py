@@ -32,7 +32,7 @@ from torch import nn
 
 from runtime.modules.arguments import check_probability, owner
 
-__all__ = ["KeyedDropout", "derive_seed", "keep_mask"]
+__all__ = ["KeyedDropout", "derive_seed", "first_global_sample", "keep_mask"]
 
 _MASK32 = 0xFFFFFFFF
 _MIXER = 0x45D9F3B
@@ -76,6 +76,16 @@ def keep_mask(
     return (bits >> 8) >= threshold
 
 
+def first_global_sample(batch: int, device: torch.device, group: dist.ProcessGroup | None) -> int:
+    """The global index of this rank's first sample: the batch sizes of the lower ranks, summed."""
+    if group is None or dist.get_world_size(group) == 1:
+        return 0
+    mine = torch.tensor([batch], dtype=torch.long, device=device)
+    sizes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(sizes, mine, group=group)
+    return int(sum(int(s) for s in sizes[: dist.get_rank(group)]))
+
+
 class KeyedDropout(nn.Module):
     """Dropout with probability p; the mask keyed by (seed, stream, step, global sample, element).
 
@@ -108,13 +118,7 @@ class KeyedDropout(nn.Module):
     def _first_sample(self, batch: int, device: torch.device) -> int:
         if self.first_sample is not None:
             return self.first_sample
-        group = self.process_group
-        if group is None or dist.get_world_size(group) == 1:
-            return 0
-        mine = torch.tensor([batch], dtype=torch.long, device=device)
-        sizes = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(sizes, mine, group=group)
-        return int(sum(int(s) for s in sizes[: dist.get_rank(group)]))
+        return first_global_sample(batch, device, self.process_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:

@@ -8,6 +8,9 @@ field stack E [B, N, D_l] to [B, N, H * d'] (D_0 = dim, then H * d'):
              O^h = softmax(Q K^T) V                        (over the fields)
     E' = ReLU(concat_h O^h + E W_Res)                      (residual; without it ReLU(concat_h O^h))
 
+With `residual_projection` False the residual adds E itself (W_Res = I), as
+FuxiCTR's AutoInt does when D_l equals H * d'; the stack's width must then be H * d'.
+
 The paper's scores are plain inner products; `scale` divides them by
 sqrt(d') as the authors' code and torch's attention do. `layer_norm` applies
 a LayerNorm after the ReLU, as the authors' code does. Q, K and V come from
@@ -34,7 +37,14 @@ class InteractingLayer(nn.Module):
     """One layer of the formula in the module docstring: [B, N, in_dim] -> [B, N, heads * head_dim]."""
 
     def __init__(
-        self, in_dim: int, head_dim: int, num_heads: int, residual: bool, scale: bool, layer_norm: bool
+        self,
+        in_dim: int,
+        head_dim: int,
+        num_heads: int,
+        residual: bool,
+        scale: bool,
+        layer_norm: bool,
+        residual_projection: bool = True,
     ) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, head_dim
@@ -42,7 +52,8 @@ class InteractingLayer(nn.Module):
         width = num_heads * head_dim
         self.in_proj_weight = nn.Parameter(torch.empty(3 * width, in_dim))
         nn.init.xavier_uniform_(self.in_proj_weight)
-        self.residual = Linear(in_dim, width, bias=False) if residual else None
+        self.residual = Linear(in_dim, width, bias=False) if residual and residual_projection else None
+        self.identity = residual and not residual_projection
         self.norm = nn.LayerNorm(width) if layer_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,6 +65,8 @@ class InteractingLayer(nn.Module):
         out = attended.transpose(1, 2).reshape(batch * fields, self.num_heads * self.head_dim)
         if self.residual is not None:
             out = out + self.residual(rows)
+        elif self.identity:
+            out = out + rows
         out = torch.relu(out).view(batch, fields, -1)
         return self.norm(out) if self.norm is not None else out
 
@@ -75,6 +88,7 @@ class FieldSelfAttention(nn.Module):
         scale: bool = False,
         layer_norm: bool = False,
         where: str = "",
+        residual_projection: bool = True,
     ) -> None:
         super().__init__()
         self.where = where
@@ -88,9 +102,17 @@ class FieldSelfAttention(nn.Module):
             if not isinstance(value, bool):
                 raise ValueError(f"{name}: {key} must be true or false (got {value!r})")
         self.residual, self.scale, self.layer_norm = residual, scale, layer_norm
+        self.residual_projection = bool(residual_projection)
         self.out_dim = self.num_heads * self.head_dim
+        if residual and not self.residual_projection and self.dim != self.out_dim:
+            raise ValueError(
+                f"{name}: an identity residual needs dim {self.dim} equal to num_heads * head_dim {self.out_dim}"
+            )
         self.interacting = nn.ModuleList(
-            InteractingLayer(self.dim if i == 0 else self.out_dim, head_dim, num_heads, residual, scale, layer_norm)
+            InteractingLayer(
+                self.dim if i == 0 else self.out_dim, head_dim, num_heads, residual, scale, layer_norm,
+                self.residual_projection,
+            )
             for i in range(num_layers)
         )
 
@@ -104,5 +126,5 @@ class FieldSelfAttention(nn.Module):
         return (
             f"num_fields={self.num_fields}, dim={self.dim}, head_dim={self.head_dim}, "
             f"num_heads={self.num_heads}, num_layers={self.num_layers}, residual={self.residual}, "
-            f"scale={self.scale}, layer_norm={self.layer_norm}"
+            f"scale={self.scale}, layer_norm={self.layer_norm}, residual_projection={self.residual_projection}"
         )

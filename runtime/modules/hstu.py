@@ -22,17 +22,31 @@ last real position reads the padding; this block uses the query's own time.
 Outputs at padding positions are zero. The LayerNorms, projections and
 gating run on the real positions' rows [sum(L), ...] (fbgemm's jagged ops),
 as generative-recommenders runs them; only the attention is padded.
+
+`dropout` drops elements of LN(A V) * U before W_o, as generative-recommenders'
+`linear_dropout_rate`. The first layer of a stack may also run
+generative-recommenders' input preprocessor on x: `scale_input` multiplies
+it by sqrt(dim), `positions` adds a learned vector per position (initialised
+N(0, 1/dim) truncated at two standard deviations, as theirs), and
+`input_dropout` drops elements of the result. Masks are keyed by global
+sample (runtime/modules/sequence_dropout.py): N ranks train what one process does.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
 from runtime.modules.blocks import _check_size
 from runtime.modules.linear import linear
+from runtime.modules.arguments import check_probability
+from runtime.modules.dropout import derive_seed
 from runtime.modules.sequence_checks import check_sequence
+from runtime.modules.sequence_dropout import SequenceDropout
 from runtime.sparse.sequence import PaddedLayout
 
 __all__ = ["HSTU", "hstu_layers"]
@@ -69,6 +83,12 @@ class HSTU(nn.Module):
         linear_dim: int,
         max_length: int,
         num_buckets: int = 128,
+        dropout: float = 0.0,
+        scale_input: bool = False,
+        positions: bool = False,
+        input_dropout: float = 0.0,
+        seed: int = 0,
+        process_group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
         self.dim = _check_size("HSTU", "dim", dim)
@@ -84,6 +104,14 @@ class HSTU(nn.Module):
         nn.init.xavier_uniform_(self.output.weight)
         self.position_bias = nn.Parameter(torch.empty(2 * max_length - 1).normal_(0.0, 0.02))
         self.time_bias = nn.Parameter(torch.empty(num_buckets + 1).normal_(0.0, 0.02))
+        self.dropout = check_probability("HSTU", "dropout", dropout)
+        self.input_dropout = check_probability("HSTU", "input_dropout", input_dropout)
+        self.scale_input = bool(scale_input)
+        self.positions = None
+        if positions:
+            std = dim**-0.5
+            self.positions = nn.Parameter(nn.init.trunc_normal_(torch.empty(max_length, dim), 0.0, std, -2 * std, 2 * std))
+        self.drop = SequenceDropout(seed, process_group, where="HSTU")
 
     def relative_bias(self, timestamps: torch.Tensor) -> torch.Tensor:
         """rab [B, L, L] for timestamps [B, L]."""
@@ -104,6 +132,13 @@ class HSTU(nn.Module):
                 f"HSTU: expected timestamps of shape ({batch}, {length}), got {tuple(timestamps.shape)}"
             )
         heads, a, u_dim = self.num_heads, self.attention_dim, self.linear_dim
+        if self.scale_input:
+            x = x * dim**0.5
+        if self.positions is not None:
+            x = x + self.positions[:length]
+        draw = self.drop.draw(batch, x.device) if self.dropout or self.input_dropout else None
+        if draw is not None:
+            x = draw.padded(x, self.input_dropout, 0)
         # Position-wise work on the real rows; only the attention is padded.
         layout = PaddedLayout(lengths, length)
         rows = layout.rows(x)
@@ -122,6 +157,8 @@ class HSTU(nn.Module):
         weights = F.silu(scores) * (allowed.unsqueeze(1).to(x.dtype) / self.max_length)
         attended = layout.rows((weights @ v).transpose(1, 2).reshape(batch, length, heads * u_dim))
         gated = F.layer_norm(attended, (heads * u_dim,), eps=LN_EPS) * u
+        if draw is not None:
+            gated = draw.rows(gated, layout, self.dropout, 1)
         out = linear(gated, self.output.weight, self.output.bias) + rows
         return layout.padded(out)
 
@@ -129,11 +166,26 @@ class HSTU(nn.Module):
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, attention_dim={self.attention_dim}, "
             f"linear_dim={self.linear_dim}, max_length={self.max_length}, "
-            f"num_buckets={self.num_buckets}"
+            f"num_buckets={self.num_buckets}, dropout={self.dropout}, scale_input={self.scale_input}, "
+            f"positions={self.positions is not None}, input_dropout={self.input_dropout}"
         )
 
 
-def hstu_layers(num_layers: int, **layer: int) -> nn.ModuleList:
-    """`num_layers` HSTU layers of the same sizes (`layer`: HSTU's arguments), run in turn by the graph."""
+def hstu_layers(
+    num_layers: int,
+    scale_input: bool = False,
+    positions: bool = False,
+    input_dropout: float = 0.0,
+    seed: int = 0,
+    **layer: Any,
+) -> nn.ModuleList:
+    """`num_layers` HSTU layers of the same sizes (`layer`: HSTU's arguments), run in turn by the graph.
+
+    The first layer runs the input preprocessor (`scale_input`, `positions`, `input_dropout`); layer i's
+    dropout masks are keyed by a seed derived from `seed` and i.
+    """
     _check_size("hstu_layers", "num_layers", num_layers)
-    return nn.ModuleList(HSTU(**layer) for _ in range(num_layers))
+    first = {"scale_input": scale_input, "positions": positions, "input_dropout": input_dropout}
+    return nn.ModuleList(
+        HSTU(**layer, **(first if i == 0 else {}), seed=derive_seed(seed, i)) for i in range(num_layers)
+    )

@@ -13,8 +13,10 @@ MaskNet first normalises each field of the stack on its own (LN_EMB: one
 LayerNorm per field), then, serial: the first block masks LN_EMB(V_emb) and
 each next block masks the previous block's output, every mask computed from
 the raw V_emb; parallel: every block masks LN_EMB(V_emb) and their outputs are
-concatenated. An optional MLP (`layers`, ReLU after each) follows, before
-the model's output layer. Linears have nn.Linear's init.
+concatenated. With `emb_norm_scope` "whole", LN_EMB is one LayerNorm over
+the flattened [N * D] input instead, as TorchEasyRec's MaskNetModule has it.
+An optional MLP (`layers`, ReLU after each) follows, before the model's
+output layer. Linears have nn.Linear's init.
 """
 
 from __future__ import annotations
@@ -30,9 +32,10 @@ from runtime.modules.blocks import MLP, _activation
 from runtime.modules.field_stack import check_stack
 from runtime.modules.linear import Linear
 
-__all__ = ["MASKNET_MODES", "MaskBlock", "MaskNet"]
+__all__ = ["EMB_NORM_SCOPES", "MASKNET_MODES", "MaskBlock", "MaskNet"]
 
 MASKNET_MODES = ("parallel", "serial")
+EMB_NORM_SCOPES = ("field", "whole")
 
 
 def _check_ratio(name: str, value: object) -> float:
@@ -121,10 +124,16 @@ class MaskNet(nn.Module):
         layers: Sequence[int] = (),
         activation: str = "relu",
         where: str = "",
+        emb_norm_scope: str = "field",
     ) -> None:
         super().__init__()
         self.where = where
         name = owner("MaskNet", where)
+        if emb_norm_scope not in EMB_NORM_SCOPES:
+            raise ValueError(
+                f"{name}: unknown emb_norm_scope {emb_norm_scope!r} (expected one of: {', '.join(EMB_NORM_SCOPES)})"
+            )
+        self.emb_norm_scope = emb_norm_scope
         self.num_fields = check_size(name, "num_fields", num_fields)
         self.dim = check_size(name, "dim", dim)
         if mode not in MASKNET_MODES:
@@ -144,7 +153,8 @@ class MaskNet(nn.Module):
             for a, b in zip(ins, self.block_sizes)
         )
         if self.emb_layer_norm:
-            # One LayerNorm per field: a shared normalisation, a gain and bias per field.
+            # "field": one LayerNorm per field, a shared normalisation, a gain and bias per field;
+            # "whole": one LayerNorm over the flattened [N * D] input (TorchEasyRec's MaskNetModule).
             self.emb_norm_weight = nn.Parameter(torch.ones(self.num_fields, self.dim))
             self.emb_norm_bias = nn.Parameter(torch.zeros(self.num_fields, self.dim))
         empty = isinstance(layers, Sequence) and not isinstance(layers, (str, bytes)) and len(layers) == 0
@@ -156,7 +166,9 @@ class MaskNet(nn.Module):
         check_stack(owner("MaskNet", self.where), x, self.num_fields, self.dim)
         batch = x.shape[0]
         v_emb = x.reshape(batch, -1)
-        if self.emb_layer_norm:
+        if self.emb_layer_norm and self.emb_norm_scope == "whole":
+            hidden = F.layer_norm(v_emb, (v_emb.shape[1],), self.emb_norm_weight.view(-1), self.emb_norm_bias.view(-1))
+        elif self.emb_layer_norm:
             normed = F.layer_norm(x, (self.dim,)) * self.emb_norm_weight + self.emb_norm_bias
             hidden = normed.reshape(batch, -1)
         else:
@@ -172,5 +184,5 @@ class MaskNet(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"num_fields={self.num_fields}, dim={self.dim}, mode={self.mode}, "
-            f"block_sizes={self.block_sizes}, out_features={self.out_features}"
+            f"block_sizes={self.block_sizes}, out_features={self.out_features}, emb_norm_scope={self.emb_norm_scope}"
         )

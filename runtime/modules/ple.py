@@ -11,6 +11,9 @@ input x). Customised gate control:
 the shared gate existing in every layer but the last. The block's outputs
 are the last layer's x_t, one per task. Experts are MLPs with `activation`
 after every layer, as MixtureOfExperts' are; with one layer this is CGC.
+`per_level` gives each layer its own (shared experts, task experts, expert
+layers), as the paper's figure 5 stacks layers of different sizes; layer
+j + 1 reads layer j's outputs, as wide as its experts' last layer.
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class ProgressiveLayeredExtraction(nn.Module):
         levels: int = 1,
         activation: str = "relu",
         where: str = "",
+        per_level: Sequence[tuple[int, int, Sequence[int]]] = (),
     ) -> None:
         super().__init__()
         self.where = where
@@ -94,11 +98,19 @@ class ProgressiveLayeredExtraction(nn.Module):
         self.levels = check_size(name, "levels", levels)
         _activation(name, "activation", activation)
         self.activation = activation
-        self.out_features = self.expert_layers[-1]
-        widths = [self.in_features] + [self.out_features] * (levels - 1)
+        if per_level and len(per_level) != levels:
+            raise ValueError(f"{name}: per_level has {len(per_level)} entries for {levels} levels")
+        sizes = [
+            (check_size(name, f"per_level[{j}] shared experts", shared), check_size(name, f"per_level[{j}] task experts", task),
+             check_layers(name, f"per_level[{j}] expert_layers", layers))
+            for j, (shared, task, layers) in enumerate(per_level)
+        ] or [(self.shared_experts, self.task_experts, self.expert_layers)] * levels  # fmt: skip
+        self.per_level = [(shared, task, list(layers)) for shared, task, layers in per_level]
+        self.out_features = sizes[-1][2][-1]
+        widths = [self.in_features] + [layers[-1] for _, _, layers in sizes[:-1]]
         self.layers = nn.ModuleList(
-            ExtractionLayer(w, num_tasks, task_experts, shared_experts, self.expert_layers, activation, j == levels - 1)
-            for j, w in enumerate(widths)
+            ExtractionLayer(w, num_tasks, task, shared, layers, activation, j == levels - 1)
+            for j, (w, (shared, task, layers)) in enumerate(zip(widths, sizes))
         )
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -113,4 +125,5 @@ class ProgressiveLayeredExtraction(nn.Module):
             f"in_features={self.in_features}, shared_experts={self.shared_experts}, "
             f"task_experts={self.task_experts}, expert_layers={self.expert_layers}, "
             f"num_tasks={self.num_tasks}, levels={self.levels}, activation={self.activation}"
+            + (f", per_level={self.per_level}" if self.per_level else "")
         )

@@ -8,7 +8,9 @@ keys k [B, L, D] with lengths, each real position l gets a score
 and the output is sum_l s_l * k_l over the real positions: DIN's weighted sum,
 with the scores not softmax-normalised (Zhou et al. 2018, section 4.3: the
 sum keeps the intensity of the user's interest). Padding scores 0, so an
-empty sequence gives zeros.
+empty sequence gives zeros. With `normalize` "softmax" the weights are
+softmax(s) over the real positions instead, as TorchEasyRec's DINEncoder
+computes them; an empty sequence gives zeros there too.
 """
 
 from __future__ import annotations
@@ -22,7 +24,27 @@ from runtime.modules.blocks import MLP, _check_layers, _check_size
 from runtime.modules.sequence_checks import check_sequence
 from runtime.sparse.sequence import padding_mask
 
-__all__ = ["TargetAttention"]
+__all__ = ["NORMALIZE", "TargetAttention", "join_fields"]
+
+NORMALIZE = ("none", "softmax")
+
+
+def join_fields(sequences: list[torch.Tensor], lengths: list[torch.Tensor]) -> torch.Tensor:
+    """Padded sequence fields of one history [B, L, D_i] joined position by position: [B, L, sum D_i].
+
+    The fields (a history's item ids, categories, brands, ...) describe the same positions, so every
+    sample has one length in all of them; a sample whose lengths differ is an error naming it.
+    """
+    first = lengths[0]
+    for other in lengths[1:]:
+        differs = torch.nonzero(other != first)
+        if differs.numel():
+            b = int(differs[0, 0])
+            raise ValueError(
+                f"target_attention: the joined sequences have different lengths in sample {b} "
+                f"({int(first[b])} and {int(other[b])}); each field must describe the same positions"
+            )
+    return torch.cat(sequences, dim=2)
 
 
 class TargetAttention(nn.Module):
@@ -30,12 +52,20 @@ class TargetAttention(nn.Module):
 
     `hidden` are the attention MLP's hidden widths, each followed by
     `activation` (a name of `runtime.modules.blocks.ACTIVATIONS`); the last
-    layer is linear with one output.
+    layer is linear with one output. `normalize`: "none" (DIN's raw scores)
+    or "softmax" over the real positions.
     """
 
-    def __init__(self, dim: int, hidden: Sequence[int] = (80, 40), activation: str = "sigmoid") -> None:
+    def __init__(
+        self, dim: int, hidden: Sequence[int] = (80, 40), activation: str = "sigmoid", normalize: str = "none"
+    ) -> None:
         super().__init__()
         self.dim = _check_size("TargetAttention", "dim", dim)
+        if normalize not in NORMALIZE:
+            raise ValueError(
+                f"TargetAttention: unknown normalize {normalize!r} (expected one of: {', '.join(NORMALIZE)})"
+            )
+        self.normalize = normalize
         self.hidden = _check_layers("TargetAttention", "hidden", hidden)
         try:
             self.scorer = MLP(4 * dim, [*self.hidden, 1], activation=activation, final_activation=None)
@@ -53,8 +83,14 @@ class TargetAttention(nn.Module):
         q = query.unsqueeze(1).expand(-1, length, -1)
         features = torch.cat([q, keys, q - keys, q * keys], dim=2)
         scores = self.scorer(features.reshape(batch * length, 4 * dim)).view(batch, length, 1)
-        scores = scores * padding_mask(lengths, length).unsqueeze(2).to(scores.dtype)
+        real = padding_mask(lengths, length).unsqueeze(2)
+        if self.normalize == "softmax":
+            # Padding takes the lowest finite score (no NaN for an empty sequence, whose weights the mask zeroes).
+            masked = scores.masked_fill(~real, torch.finfo(scores.dtype).min)
+            scores = torch.softmax(masked, dim=1) * real.to(scores.dtype)
+        else:
+            scores = scores * real.to(scores.dtype)
         return (scores * keys).sum(dim=1)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, hidden={self.hidden}"
+        return f"dim={self.dim}, hidden={self.hidden}, normalize={self.normalize!r}"

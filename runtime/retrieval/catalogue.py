@@ -13,6 +13,16 @@ each log step and the same on every rank, with each positive's own vector
 from the same item tower. The metrics then carry a `sampled_` prefix
 (`sampled_recall@10`), so no line passes them off as the exact figures.
 
+Training reads the catalogue after the window's updates, and an update has
+just pulled each query's positive towards that query: ranked against its
+updated vector, a positive looks found after one step of a model whose loss
+is still at chance. So `training_catalogue` returns a `StepPositives`
+catalogue: each positive scores with the vector the step's forward used
+(`RetrievalOutput.positive`, normalised like the catalogue), and the other
+candidates are read at the log step. Dense layers of an item tower move
+every candidate at each update too, so early in training the figure can sit
+a little below chance rather than above it; evaluation reads one state.
+
     >>> catalogue = training_catalogue(model.item_vectors, model.item_catalogue, num_items=1 << 20)
     >>> vectors, ids, positives = catalogue.candidates(window_ids, process_group)  # a collective
 """
@@ -23,11 +33,19 @@ from typing import Callable, Protocol
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from runtime.retrieval.gather import gather_ids
 from runtime.retrieval.sampling import uniform_negatives
 
-__all__ = ["TRAINING_CANDIDATES", "Catalogue", "ExactCatalogue", "SampledCatalogue", "training_catalogue"]
+__all__ = [
+    "TRAINING_CANDIDATES",
+    "Catalogue",
+    "ExactCatalogue",
+    "SampledCatalogue",
+    "StepPositives",
+    "training_catalogue",
+]
 
 TRAINING_CANDIDATES = 2048
 SAMPLE_SEED = 0x5EED
@@ -87,13 +105,32 @@ class SampledCatalogue:
         return vectors[torch.searchsorted(ids, drawn)], drawn, vectors[torch.searchsorted(ids, positive_ids.cpu())]
 
 
+class StepPositives:
+    """`inner`'s candidates, with each positive's vector taken from the step's forward (see the module docstring)."""
+
+    def __init__(self, inner: Catalogue, normalize: bool) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.normalize = normalize
+
+    def candidates(
+        self, positive_ids: torch.Tensor, process_group: dist.ProcessGroup | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        return self.inner.candidates(positive_ids, process_group)
+
+    def forward_positives(self, vectors: torch.Tensor) -> torch.Tensor:
+        """The forward's positive vectors [n, D] as the catalogue scores them (L2-normalised when it is)."""
+        return F.normalize(vectors, dim=-1) if self.normalize else vectors
+
+
 def training_catalogue(
     item_vectors: Callable[[torch.Tensor], torch.Tensor],
     item_catalogue: Callable[[], torch.Tensor],
     num_items: int,
     size: int = TRAINING_CANDIDATES,
-) -> Catalogue:
-    """What the log steps of training rank against: the whole table up to `size` rows, else a sample."""
-    if num_items <= size:
-        return ExactCatalogue(item_catalogue)
-    return SampledCatalogue(item_vectors, num_items, size)
+    normalize: bool = False,
+) -> StepPositives:
+    """What the log steps of training rank against: the whole table up to `size` rows, else a sample;
+    positives score with the step's vectors. `normalize`: the head L2-normalises its vectors."""
+    inner: Catalogue = ExactCatalogue(item_catalogue) if num_items <= size else SampledCatalogue(item_vectors, num_items, size)
+    return StepPositives(inner, normalize)

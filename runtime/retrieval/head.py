@@ -76,13 +76,18 @@ class RetrievalOutput:
         Two-tower: every query with its positive. Next item: the query at
         position len - 2 and the item at len - 1, for sequences of two items or more.
         """
+        queries, ids, _ = self.held_out_with_positives()
+        return queries, ids
+
+    def held_out_with_positives(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`held_out`, and the positives' vectors [n, D] as this forward computed them."""
         if not self.next_item:
-            return self.query, self.ids
+            return self.query, self.ids, self.positive
         lengths = (self.ids >= 0).sum(dim=1)
         keep = lengths >= 2
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)[keep]
         last = lengths[keep] - 1
-        return self.query[rows, last - 1], self.ids[rows, last]
+        return self.query[rows, last - 1], self.ids[rows, last], self.positive[rows, last]
 
 
 def two_tower_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
@@ -155,11 +160,26 @@ class RetrievalLoss(nn.Module):
 
     def forward(self, output: RetrievalOutput, item_vectors: ItemVectors) -> torch.Tensor:
         query, positive, ids = output.pairs()
-        negative_ids = self.softmax.negative_ids(ids.device)
-        negatives = None if negative_ids is None else item_vectors(negative_ids)
-        # One exchange of the ranks' pair counts serves the normalisation and the softmax's gathers.
+        # One exchange of the ranks' pair counts serves the normalisation, the softmax's gathers and
+        # per-query negatives.
         counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
+        if self.softmax.config.per_query:
+            negatives = self._per_query_negatives(ids, counts, item_vectors)
+        else:
+            negative_ids = self.softmax.negative_ids(ids.device)
+            negatives = None if negative_ids is None else item_vectors(negative_ids)
         losses = self.softmax(query, positive, ids, negatives, reduction="none", row_counts=counts)
         if self.training:
             self.pairs_trained += sum(counts)
         return losses.sum() * (len(counts) / max(1.0, float(sum(counts))))
+
+    def _per_query_negatives(self, ids: torch.Tensor, counts: list[int], item_vectors: ItemVectors) -> torch.Tensor:
+        """[n, S, D]: the vectors of this rank's queries' own negatives. Every rank looks up as many ids
+        (its rows padded to the largest rank's), as the sharded lookup's exchange needs."""
+        first = sum(counts[: dist.get_rank(self.process_group)]) if len(counts) > 1 else 0
+        own = self.softmax.negative_ids(ids.device, slice(first, first + ids.numel()), sum(counts))
+        assert own is not None
+        padded = torch.full((max(counts), own.shape[1]), self.softmax.config.first_id, dtype=own.dtype, device=own.device)
+        padded[: own.shape[0]] = own
+        vectors = item_vectors(padded.reshape(-1))
+        return vectors.view(*padded.shape, -1)[: own.shape[0]]

@@ -10,6 +10,9 @@ and reports the head's metrics, summed over every rank's queries: what one
 process would report. Metrics over a sample are named with a `sampled_`
 prefix. A query's norm does not change its ranking, so queries are ranked as
 they come; the catalogue is normalised already when the head normalises.
+A training catalogue (`StepPositives`) scores each positive with the vector
+the step's forward used, kept by `update`, not with the one read after the
+updates that followed it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.retrieval.catalogue import Catalogue
+from runtime.retrieval.catalogue import Catalogue, StepPositives
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.metrics import RetrievalMetrics
 
@@ -46,14 +49,16 @@ class RetrievalHeadMetrics:
     def reset(self) -> None:
         self._queries: list[torch.Tensor] = []
         self._ids: list[torch.Tensor] = []
+        self._positives: list[torch.Tensor] = []
 
     def update(self, output: RetrievalOutput, real: int | None = None) -> None:
         """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding)."""
         if real is not None:
             output = RetrievalOutput(output.query[:real], output.positive[:real], output.ids[:real])
-        queries, ids = output.held_out()
+        queries, ids, positives = output.held_out_with_positives()
         self._queries.append(queries.detach().float().cpu())
         self._ids.append(ids.detach().cpu())
+        self._positives.append(positives.detach().float().cpu())
 
     def compute(
         self, catalogue: Catalogue, process_group: dist.ProcessGroup | None = None
@@ -63,6 +68,8 @@ class RetrievalHeadMetrics:
         ids = torch.cat(self._ids) if self._ids else torch.zeros(0, dtype=torch.long)
         vectors, candidate_ids, positives = catalogue.candidates(ids, process_group)
         queries = torch.cat(self._queries) if self._queries else torch.zeros(0, vectors.shape[1])
+        if isinstance(catalogue, StepPositives) and self._positives:
+            positives = catalogue.forward_positives(torch.cat(self._positives))
         ranker = RetrievalMetrics(self._ks, catalogue.kind)
         if ids.numel():
             ranker.update(queries, ids, positives, vectors, candidate_ids)

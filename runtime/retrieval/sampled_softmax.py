@@ -7,7 +7,9 @@ For query i with positive item p_i, the candidates are
                equals p_i, other than p_i's own column, is masked out
     uniform    S ids drawn uniformly from the item table for the step, shared
                by every query and every rank (see sampling.py); an id equal
-               to p_i is masked out
+               to p_i is masked out. With `per_query`, S ids drawn for each
+               query instead (generative-recommenders' "local" sampling),
+               the same whichever rank the query lands on
     both       the two together (mixed negative sampling)
 
 and the loss is -log softmax(logits)[own positive], with
@@ -41,7 +43,7 @@ from torch import nn
 
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
 from runtime.retrieval.gather import gather_ids, gather_rows
-from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
+from runtime.retrieval.sampling import per_query_negatives, uniform_log_q, uniform_negatives
 
 __all__ = ["NEGATIVES", "SampledSoftmaxConfig", "SampledSoftmaxLoss", "sampled_softmax"]
 
@@ -59,6 +61,7 @@ class SampledSoftmaxConfig:
     step). `logq`: subtract log Q; `frequency`: its in-batch estimate,
     `streaming` (over `frequency_slots` hash slots, moving-average weight
     `frequency_alpha`) or `counts` (item counts handed to the loss).
+    `per_query`: each query draws its own `num_negatives` uniform ids.
     """
 
     negatives: str = "in_batch"
@@ -72,6 +75,7 @@ class SampledSoftmaxConfig:
     frequency_slots: int = 1 << 20
     frequency_alpha: float = 0.05
     seed: int = 0
+    per_query: bool = False
 
     def __post_init__(self) -> None:
         if self.negatives not in NEGATIVES:
@@ -90,6 +94,9 @@ class SampledSoftmaxConfig:
                     f"sampled softmax: uniform negatives need num_items > first_id "
                     f"(got num_items {self.num_items}, first_id {self.first_id})"
                 )
+
+        if self.per_query and not self.uniform:
+            raise ValueError(f"sampled softmax: per_query draws uniform negatives, but negatives is {self.negatives!r}")
 
     @property
     def in_batch(self) -> bool:
@@ -119,7 +126,8 @@ def sampled_softmax(
     """The loss of this rank's queries; the module below fills the arguments from its config.
 
     `query`, `positive`: [b, D]; `positive_ids`: [b]. `negatives` [S, D] with
-    `negative_ids` [S]: the step's uniform samples, the same on every rank.
+    `negative_ids` [S]: the step's uniform samples, the same on every rank;
+    or [b, S, D] with [b, S]: each query's own samples.
     `in_batch_log_q`: [B] over the GLOBAL batch's positives in rank order (or
     None: no in-batch correction); `negative_log_q`: the uniform samples'
     correction (None: none). Without in-batch candidates the positive takes
@@ -146,7 +154,16 @@ def sampled_softmax(
         ids.append(None)
         corrections.append(None if negative_log_q is None else torch.full((1,), negative_log_q, dtype=torch.float64))
         own = torch.zeros_like(rows)
-    if negatives is not None:
+    if negatives is not None and negatives.dim() == 3:
+        assert negative_ids is not None
+        scores = torch.einsum("bd,bsd->bs", query, negatives)
+        own_id = negative_ids.to(positive_ids.device) == positive_ids.unsqueeze(1)
+        blocks.append(scores.masked_fill(own_id, float("-inf")))
+        ids.append(None)  # its accidental hits are masked here
+        corrections.append(
+            None if negative_log_q is None else torch.full((negatives.shape[1],), negative_log_q, dtype=torch.float64)
+        )
+    elif negatives is not None:
         blocks.append(query @ negatives.T)
         ids.append(negative_ids)
         corrections.append(
@@ -248,11 +265,22 @@ class SampledSoftmaxLoss(nn.Module):
         uses_stream = config.logq and config.in_batch and config.frequency == "streaming"
         self.frequency = StreamingFrequency(config.frequency_slots, config.frequency_alpha) if uses_stream else None
 
-    def negative_ids(self, device: torch.device | str | None = None) -> torch.Tensor | None:
-        """The current step's uniform negative ids, or None without uniform negatives."""
+    def negative_ids(
+        self, device: torch.device | str | None = None, queries: slice | None = None, total_queries: int = 0
+    ) -> torch.Tensor | None:
+        """The current step's uniform negative ids [S], or None without uniform negatives.
+
+        `per_query`: [len(queries), S], the rows of global queries `queries` (of `total_queries`).
+        """
         c = self.config
         if not c.uniform:
             return None
+        if c.per_query:
+            if queries is None:
+                raise ValueError("sampled softmax: per_query negatives need the queries' global rows")
+            return per_query_negatives(
+                c.seed, int(self.step), queries, total_queries, c.num_negatives, c.num_items, c.first_id, device
+            )
         return uniform_negatives(c.seed, int(self.step), c.num_negatives, c.num_items, c.first_id, device)
 
     def forward(
@@ -271,8 +299,19 @@ class SampledSoftmaxLoss(nn.Module):
             raise ValueError(f"sampled softmax: negatives {c.negatives!r} needs the embeddings of negative_ids()")
         if not c.uniform and negatives is not None:
             raise ValueError("sampled softmax: negatives given but the config draws none (negatives 'in_batch')")
-        negative_ids = self.negative_ids(positive_ids.device)
-        if negatives is not None and negatives.shape[0] != c.num_negatives:
+        if c.per_query:
+            counts = row_counts or [positive_ids.shape[0]]
+            first = sum(counts[: dist.get_rank(self.process_group)]) if len(counts) > 1 else 0
+            queries = slice(first, first + positive_ids.shape[0])
+            negative_ids = self.negative_ids(positive_ids.device, queries, sum(counts))
+            if negatives is not None and tuple(negatives.shape[:2]) != (positive_ids.shape[0], c.num_negatives):
+                raise ValueError(
+                    f"sampled softmax: negative embeddings of shape {tuple(negatives.shape)} for "
+                    f"{positive_ids.shape[0]} queries of {c.num_negatives} per_query negatives"
+                )
+        else:
+            negative_ids = self.negative_ids(positive_ids.device)
+        if not c.per_query and negatives is not None and negatives.shape[0] != c.num_negatives:
             raise ValueError(
                 f"sampled softmax: {negatives.shape[0]} negative embeddings for {c.num_negatives} negative ids"
             )

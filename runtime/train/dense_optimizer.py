@@ -12,7 +12,7 @@ from typing import Iterable
 
 import torch
 
-DENSE_OPTIMIZER_TYPES = ("sgd", "adagrad", "adam")
+DENSE_OPTIMIZER_TYPES = ("sgd", "adagrad", "adam", "adamw")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class DenseOptimizerConfig:
     def __post_init__(self) -> None:
         if self.type not in DENSE_OPTIMIZER_TYPES:
             at = f" ({self.where})" if self.where else ""
-            raise ValueError(f"dense optimizer {self.type!r}{at} is not supported (sgd, adagrad or adam)")
+            raise ValueError(f"dense optimizer {self.type!r}{at} is not supported (sgd, adagrad, adam or adamw)")
 
 
 def make_dense_optimizer(
@@ -48,7 +48,9 @@ def make_dense_optimizer(
         return torch.optim.Adagrad(
             params, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay, **fast
         )
-    return torch.optim.Adam(
+    # adamw: decoupled weight decay (Loshchilov and Hutter), as generative-recommenders trains.
+    adam = torch.optim.AdamW if config.type == "adamw" else torch.optim.Adam
+    return adam(
         params,
         lr=config.lr,
         betas=(config.beta1, config.beta2),

@@ -35,8 +35,10 @@ def training_catalogue(model: torch.nn.Module) -> catalogue.Catalogue | None:
     inner = _inner(model)
     if getattr(inner, "item_catalogue", None) is None:
         return None
-    num_items = inner.retrieval_loss.softmax.config.num_items  # the item table's rows
-    return catalogue.training_catalogue(inner.item_vectors, inner.item_catalogue, num_items)
+    config = inner.retrieval_loss.softmax.config
+    return catalogue.training_catalogue(
+        inner.item_vectors, inner.item_catalogue, config.num_items, normalize=config.normalize
+    )
 
 
 def _inner(model: torch.nn.Module) -> torch.nn.Module:

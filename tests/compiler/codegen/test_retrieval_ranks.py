@@ -7,7 +7,9 @@ sequence table (whose ranks hold different numbers of positions, so the
 loss's normalisation by the global count matters). Both negatives are on:
 in-batch ones come from the global batch (all-gathered), uniform ones are
 drawn alike on every rank and looked up through the same sharded table as
-the positives. After STEPS steps on the same global batches (synthetic,
+the positives (or, per position, drawn for each global position). The next-item
+model with generative-recommenders' options also checks that the keyed dropout
+of hstu and transformer layers draws what one process draws. After STEPS steps on the same global batches (synthetic,
 sliced per rank), the global losses agree to a relative 1e-5 and every table
 row, dense parameter and loss buffer to an absolute 1e-5; also when the two
 ranks train through the pipeline (the next batch's input_dist ahead).
@@ -76,12 +78,40 @@ sharding:
     history: {{sharding_types: [{sharding}]}}
 """
 
+# generative-recommenders' options: keyed dropout in an hstu and a SASRec-arranged transformer, and negatives
+# drawn per position (whose lookups differ in number between the ranks, padded to the larger).
+NEXT_ITEM_LOCAL = """\
+version: 1
+name: {name}
+features:
+  sparse:
+    - {{name: history, num_embeddings: 30, dim: 8, pooling: none, max_length: 6}}
+  timestamps:
+    - {{name: history_time, sequence: history}}
+model:
+  stack: {{type: hstu, input: sparse.history, timestamps: timestamps.history_time, num_heads: 2, attention_dim: 4,
+          linear_dim: 4, scale_input: true, positions: learned, input_dropout: 0.2, dropout: 0.3}}
+  encoder: {{type: transformer, input: stack, num_heads: 2, ffn_dim: 8, norm: sasrec, norm_affine: false, causal: true,
+            dropout: 0.2, input_dropout: 0.1}}
+heads:
+  - {{name: next_item, loss: sampled_softmax, input: encoder, item: sparse.history,
+     negatives: {{uniform: 10, per_query: true}}, temperature: 0.2, normalize: true}}
+training:
+  batch_size: {batch}
+  dense_optimizer: {{type: sgd, lr: 0.1}}
+  sparse_optimizer: {{type: rowwise_adagrad, lr: 0.1}}
+sharding:
+  constraints:
+    history: {{sharding_types: [{sharding}]}}
+"""
+
 # case -> (spec, the item table's sharding type, pipeline depth of the two ranks)
 CASES = {
     "two_tower_data_parallel": (TWO_TOWER, "data_parallel", 1),
     "two_tower_row_wise": (TWO_TOWER, "row_wise", 1),
     "two_tower_row_wise_pipelined": (TWO_TOWER, "row_wise", 2),
     "next_item_table_wise": (NEXT_ITEM, "table_wise", 1),
+    "next_item_local_row_wise": (NEXT_ITEM_LOCAL, "row_wise", 1),
 }
 
 

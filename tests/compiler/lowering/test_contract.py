@@ -95,7 +95,7 @@ def test_configs_built_by_hand_name_what_they_are() -> None:
     with pytest.raises(ValueError) as dense:
         DenseOptimizerConfig("rowwise_adagrad", 0.1, where="model.yaml:9:3")
     assert str(dense.value) == (
-        "dense optimizer 'rowwise_adagrad' (model.yaml:9:3) is not supported (sgd, adagrad or adam)"
+        "dense optimizer 'rowwise_adagrad' (model.yaml:9:3) is not supported (sgd, adagrad, adam or adamw)"
     )
     with pytest.raises(ValueError) as block:
         MLP(4, [0], where="model.yaml:5:3")

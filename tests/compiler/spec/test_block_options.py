@@ -57,3 +57,15 @@ def test_an_mlp_read_by_a_probability_head_defaults_to_sigmoid(tmp_path: Path) -
     path.write_text(text.replace("  ctcvr_p: {type: product, input: [ctr_p, cvr_tower]}\n", ""))
     ir = validate(load(str(path)))
     assert ir.block("cvr_tower").op.final_activation == "sigmoid"
+
+
+def test_ple_levels_of_different_sizes_resolve_per_level(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(SPEC.replace(
+        "num_experts: 2, task_experts: 1, levels: 3,",
+        "num_experts: 2, task_experts: 1, per_level: [{num_experts: 4, expert_layers: [32]}, {task_experts: 2}],",
+    ))
+    ir = validate(load(str(path)))
+    experts = ir.block("experts")
+    assert experts.op.levels == 2 and experts.op.per_level == ((4, 1, (32,)), (2, 2, (16,)))
+    assert experts.width == 16 and ir.block("ctr_tower").inputs[0].width == 16

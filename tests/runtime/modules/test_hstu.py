@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from runtime.modules.dropout import keep_mask
 from runtime.modules.hstu import HSTU, hstu_layers, time_buckets
 from sequence_inputs import padded_batch
 
@@ -24,8 +25,10 @@ def layer_norm(v: torch.Tensor) -> torch.Tensor:
     return (v - mean) / torch.sqrt(((v - mean) ** 2).mean() + 1e-6)
 
 
-def loop_reference(block: HSTU, x: torch.Tensor, lengths: torch.Tensor, ts: torch.Tensor) -> torch.Tensor:
-    """Sample by sample, position by position, head by head."""
+def loop_reference(
+    block: HSTU, x: torch.Tensor, lengths: torch.Tensor, ts: torch.Tensor, gate_scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Sample by sample, position by position, head by head; `gate_scale` [B, L, H*LIN] multiplies the gate."""
     out = torch.zeros_like(x)
     for b, n in enumerate(lengths.tolist()):
         sizes = (HEADS * LIN, HEADS * LIN, HEADS * ATTN, HEADS * ATTN)
@@ -47,6 +50,8 @@ def loop_reference(block: HSTU, x: torch.Tensor, lengths: torch.Tensor, ts: torc
                     total = total + weight * v[j][h * LIN : (h + 1) * LIN]
                 heads.append(total)
             gated = layer_norm(torch.cat(heads)) * u[i]
+            if gate_scale is not None:
+                gated = gated * gate_scale[b, i]
             out[b, i] = block.output.weight @ gated + block.output.bias + x[b, i]
     return out
 
@@ -115,7 +120,8 @@ def test_hstu_layers_are_independent_layers_of_the_same_sizes() -> None:
     assert [type(layer).__name__ for layer in layers] == ["HSTU", "HSTU"]
     assert not torch.equal(layers[0].uvqk, layers[1].uvqk)
     assert layers[1].extra_repr() == (
-        "dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5, num_buckets=16"
+        "dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5, num_buckets=16, dropout=0.0, "
+        "scale_input=False, positions=False, input_dropout=0.0"
     )
     with pytest.raises(ValueError, match=r"^hstu_layers: num_layers must be"):
         hstu_layers(0, dim=8, num_heads=2, attention_dim=4, linear_dim=4, max_length=5)
@@ -141,3 +147,33 @@ def test_time_buckets_are_the_formulas_whether_the_differences_fit_int32_or_not(
     assert buckets.dtype == torch.int64
     assert torch.equal(buckets, plain_time_buckets(ts, 128))
     assert int(buckets.max()) == math.floor(math.log(span) / 0.301)
+
+
+def test_input_preprocessor_and_dropout_follow_generative_recommenders() -> None:
+    """sqrt(d) scaling, learned positions and input dropout before the first layer; dropout on LN(AV) * U."""
+    torch.manual_seed(0)
+    layers = hstu_layers(
+        2, scale_input=True, positions=True, input_dropout=0.2, seed=5, dim=DIM, num_heads=HEADS, attention_dim=ATTN,
+        linear_dim=LIN, max_length=MAX_LEN, num_buckets=BUCKETS, dropout=0.3,
+    )
+    assert layers[1].positions is None and not layers[1].scale_input and layers[1].input_dropout == 0.0
+    assert layers[0].positions.abs().max() <= 2 * DIM**-0.5
+    x, lengths = padded_batch(DIM)
+    ts = timestamps(lengths.tolist(), x.shape[1])
+    samples = torch.arange(x.shape[0])
+
+    def scale(layer: HSTU, p: float, stream: int, shape: tuple[int, ...]) -> torch.Tensor:
+        mask = keep_mask(p, layer.drop.seed, stream, 0, samples, math.prod(shape[1:]))
+        return (mask / (1 - p)).view(shape)
+
+    out = x
+    for layer in layers:
+        out = layer(out, lengths, ts)
+    first = layers[0]
+    expected = (x * DIM**0.5 + first.positions[: x.shape[1]]) * scale(first, 0.2, 0, x.shape)
+    for layer in layers:
+        gate = scale(layer, 0.3, 1, (*x.shape[:2], HEADS * LIN))
+        expected = loop_reference(layer, expected, lengths, ts, gate)
+    real = torch.arange(x.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
+    torch.testing.assert_close(out[real], expected[real], atol=1e-5, rtol=0)
+    assert layers[0].drop.seed != layers[1].drop.seed

@@ -74,3 +74,21 @@ def test_ple_rejects_bad_arguments_and_inputs() -> None:
     ple = ProgressiveLayeredExtraction(4, 1, 1, [4], 2)
     with pytest.raises(ValueError, match=r"expected input of shape \(B, 4\), got \(2, 3\)"):
         ple(torch.randn(2, 3))
+
+
+def test_ple_levels_of_different_sizes_match_the_formula() -> None:
+    torch.manual_seed(0)
+    per_level = [(3, 2, [8, 5]), (1, 1, [4]), (2, 3, [6, 3])]
+    ple = ProgressiveLayeredExtraction(
+        6, shared_experts=9, task_experts=9, expert_layers=[9], num_tasks=2, levels=3, per_level=per_level
+    ).double()
+    sizes = [(len(layer.shared), len(layer.task[0]), [m.out_features for m in layer.shared[0].linears]) for layer in ple.layers]
+    assert sizes == per_level and ple.out_features == 3
+    assert [layer.task_gates[0].weight.shape[1] for layer in ple.layers] == [6, 5, 4]  # each reads the last widths
+    x = torch.randn(7, 6, dtype=torch.float64)
+    for out, expected in zip(ple(x), _reference(ple, x)):
+        assert out.shape == (7, 3)
+        torch.testing.assert_close(out, expected, **F64)
+    message = "ProgressiveLayeredExtraction: per_level has 2 entries for 3 levels"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        ProgressiveLayeredExtraction(6, 1, 1, [4], 2, levels=3, per_level=per_level[:2])

@@ -70,9 +70,36 @@ def _sampled_metrics(table: Table, rows: slice, group: dist.ProcessGroup | None,
 
 def test_a_small_table_is_ranked_whole_and_a_large_one_against_a_sample() -> None:
     table = Table()
-    assert isinstance(training_catalogue(table.item_vectors, table.item_catalogue, TRAINING_CANDIDATES), ExactCatalogue)
+    whole = training_catalogue(table.item_vectors, table.item_catalogue, TRAINING_CANDIDATES)
+    assert isinstance(whole.inner, ExactCatalogue) and whole.kind == "exact"
     sampled = training_catalogue(table.item_vectors, table.item_catalogue, TRAINING_CANDIDATES + 1)
-    assert isinstance(sampled, SampledCatalogue) and sampled.size == TRAINING_CANDIDATES
+    assert isinstance(sampled.inner, SampledCatalogue) and sampled.inner.size == TRAINING_CANDIDATES
+    assert sampled.kind == "sampled"
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_training_ranks_positives_with_the_vectors_the_forward_used(normalize: bool) -> None:
+    """An update after the forward pulled every positive onto its query: ranked against the updated
+    vectors recall@1 would be 1.0; ranked as the forward saw them (random vectors) it is at chance."""
+    items = 1000
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(items, DIM, generator=generator)
+    queries = torch.randn(WINDOW, DIM, generator=generator)
+    ids = torch.randperm(items, generator=generator)[:WINDOW]
+    head = RetrievalHeadMetrics(("recall@1", "recall@10"))
+    head.update(RetrievalOutput(queries, rows[ids].clone(), ids))
+    updated = rows.clone()
+    updated[ids] = torch.nn.functional.normalize(queries, dim=-1) * 100.0  # the step's update
+    scored = (lambda r: torch.nn.functional.normalize(r, dim=-1)) if normalize else (lambda r: r)
+    got = head.compute(training_catalogue(lambda i: scored(updated)[i], lambda: scored(updated), items,
+                                          normalize=normalize))
+    reference = RetrievalMetrics((1, 10))
+    reference.update(queries, ids, scored(rows[ids]), scored(updated))
+    expected = reference.compute()
+    assert got == pytest.approx({"recall@1": expected["recall@1"], "recall@10": expected["recall@10"]}, rel=1e-12)
+    assert got["recall@1"] <= 2 / WINDOW and got["recall@10"] <= 0.1  # chance: about 1 / 1000 and 10 / 1000
+    head.update(RetrievalOutput(queries, rows[ids].clone(), ids))
+    assert head.compute(ExactCatalogue(lambda: scored(updated)))["recall@1"] == 1.0  # what it measured before
 
 
 def test_sampled_metrics_rank_against_the_drawn_ids_and_say_so() -> None:

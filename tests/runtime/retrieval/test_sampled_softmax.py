@@ -244,3 +244,40 @@ def test_accidental_hits_found_by_search_match_the_written_out_softmax(distinct:
             negatives=negatives.tolist() if uniform else None, negative_ids=negative_ids.tolist() if uniform else None,
         )  # fmt: skip
         assert losses.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("in_batch", [False, True])
+def test_per_query_negatives_are_each_querys_own_softmax(in_batch: bool) -> None:
+    """generative-recommenders' "local" sampling: query i's candidates are its positive and its own S ids."""
+    query, positive, _ = _inputs()
+    config = SampledSoftmaxConfig(
+        negatives="both" if in_batch else "uniform", num_negatives=S, num_items=10, per_query=True,
+        temperature=0.5, normalize=True, logq=True, frequency="counts",
+    )
+    counts = torch.ones(10, dtype=torch.float64) if in_batch else None
+    loss = SampledSoftmaxLoss(config, item_counts=counts)
+    ids = loss.negative_ids(queries=slice(0, B), total_queries=B)
+    assert ids.shape == (B, S) and bool((ids == IDS.unsqueeze(1)).any())  # some accidental hits to mask
+    table = torch.randn(10, D, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = loss(query, positive, IDS, table[ids], reduction="none")
+    in_batch_log_q = counts_log_q(counts, IDS, B).tolist() if in_batch else None
+    expected = []
+    for i in range(B):  # the written-out softmax with query i's own negatives; its own row of the batch
+        rows = reference_losses(
+            query.tolist(), positive.tolist(), IDS.tolist(), in_batch=in_batch, negatives=table[ids[i]].tolist(),
+            negative_ids=ids[i].tolist(), in_batch_log_q=in_batch_log_q, negative_log_q=uniform_log_q(S, 10),
+            temperature=0.5, normalize=True,
+        )
+        expected.append(rows[i])
+    assert got.tolist() == pytest.approx(expected, rel=1e-9)
+
+
+def test_per_query_negatives_of_a_query_do_not_depend_on_the_rank_it_lands_on() -> None:
+    loss = SampledSoftmaxLoss(SampledSoftmaxConfig(negatives="uniform", num_negatives=S, num_items=50, per_query=True))
+    whole = loss.negative_ids(queries=slice(0, 10), total_queries=10)
+    assert torch.equal(torch.cat([loss.negative_ids(queries=slice(0, 4), total_queries=10),
+                                  loss.negative_ids(queries=slice(4, 10), total_queries=10)]), whole)
+    assert len({tuple(row) for row in whole.tolist()}) == 10  # every query its own draw
+    with pytest.raises(ValueError) as error:
+        SampledSoftmaxConfig(negatives="in_batch", per_query=True)
+    assert str(error.value) == "sampled softmax: per_query draws uniform negatives, but negatives is 'in_batch'"
