@@ -156,5 +156,5 @@ class RetrievalLoss(nn.Module):
         negatives = None if negative_ids is None else item_vectors(negative_ids)
         # One exchange of the ranks' pair counts serves the normalisation and the softmax's gathers.
         counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
-        losses = self.softmax(query, positive, ids, negatives, reduction="none", row_counts=counts)
-        return losses.sum() * (len(counts) / max(1.0, float(sum(counts))))
+        total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=counts)
+        return total * (len(counts) / max(1.0, float(sum(counts))))
