@@ -17,16 +17,23 @@ def _reference(query, candidates, own, hits, temperature, reduction):
     return F.cross_entropy(logits, own, reduction=reduction)
 
 
+@pytest.mark.parametrize("bounded", [False, True])
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("block", [1, 4, 7, 64])
-def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str) -> None:
+def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str, bounded: bool) -> None:
     gen = torch.Generator().manual_seed(3)
-    query = torch.randn(13, 8, generator=gen, dtype=torch.float64, requires_grad=True)
-    candidates = torch.randn(17, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    query = torch.randn(13, 8, generator=gen, dtype=torch.float64)
+    candidates = torch.randn(17, 8, generator=gen, dtype=torch.float64)
+    if bounded:  # unit rows: |logit| <= 1 / T, the bound the loss is told
+        query, candidates = F.normalize(query, dim=-1), F.normalize(candidates, dim=-1)
+    query.requires_grad_(True)
+    candidates.requires_grad_(True)
     own = torch.randint(0, 17, (13,), generator=gen)
     hits = (torch.tensor([0, 0, 5, 12]), torch.tensor([3, 9, 1, 16]))
     weight = 0.7  # an incoming gradient other than 1
-    got = blocked_softmax_loss(query, candidates, own, hits, 0.3, reduction, block=block)
+    got = blocked_softmax_loss(
+        query, candidates, own, hits, 0.3, reduction, block=block, bound=1 / 0.3 if bounded else None
+    )
     (got * weight).backward()
     grads = query.grad.clone(), candidates.grad.clone()
     query.grad = candidates.grad = None
@@ -61,3 +68,20 @@ def test_blocked_softmax_without_gradients_returns_the_loss_only() -> None:
     with torch.no_grad():
         got = blocked_softmax_loss(query, candidates, own, None, 1.0, "mean", block=2)
     torch.testing.assert_close(got, F.cross_entropy(query @ candidates.T, own))
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_blocked_softmax_in_float32_at_onednn_sizes(bounded: bool) -> None:
+    """Products big enough for oneDNN (runtime.modules.linear.onednn_applies), against float64."""
+    gen = torch.Generator().manual_seed(7)
+    query = F.normalize(torch.randn(700, 64, generator=gen), dim=-1).requires_grad_(True)
+    candidates = F.normalize(torch.randn(650, 64, generator=gen), dim=-1).requires_grad_(True)
+    own = torch.randint(0, 650, (700,), generator=gen)
+    got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", block=256, bound=20.0 if bounded else None)
+    got.backward()
+    q64, c64 = query.detach().double().requires_grad_(True), candidates.detach().double().requires_grad_(True)
+    want = _reference(q64, c64, own, None, 0.05, "mean")
+    want.backward()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(query.grad.double(), q64.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(candidates.grad.double(), c64.grad, rtol=1e-4, atol=1e-6)
