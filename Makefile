@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 FLAVOUR := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup run test bench bench-data clean
+.PHONY: setup run test bench bench-data gpu-check clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,11 @@ bench: setup
 	$(PY) benchmarks/gen_bench.py --mode dist2
 	$(if $(wildcard $(TORCHREC_PY)),$(if $(wildcard $(GEN_ANCHOR)),$(TORCHREC_PY) $(GEN_ANCHOR) --mode dist2))
 	$(PY) benchmarks/gen_bench.py --mode local --block hstu
+
+# gpu-check (benchmarks/gpu_check.py): every sharding type, the pipeline, export and predict, and
+# dlrm-bench on one CUDA GPU, a JSON line per check and a summary; without a GPU it says so and exits 0.
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py
 
 # data-bench (benchmarks/data_bench.py, issue 19): prepare rows/s, each rank's decoded rows at N = 1, 2, 4,
 # and the dlrm-bench step on prepared data against synthetic batches; the last line sums it up.
