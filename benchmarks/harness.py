@@ -107,6 +107,9 @@ def run_rank(
     from runtime.train.train_pipeline import TrainPipeline
     from runtime.train.worker import load_module
 
+    from runtime.train.precision import check_precision
+
+    check_precision(args.precision, args.device)  # here, on the rank: where the CPU is known
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = None
@@ -128,11 +131,15 @@ def run_rank(
     def run_block(pipelined: bool, first: int, count: int, timed: dict[str, list[float]] | None) -> None:
         """Steps first..first+count-1, plain or through a pipeline that drains at the end."""
         if pipelined:
+            if args.precision != "fp32":
+                raise SystemExit(f"error: --precision {args.precision} runs the plain loop only: add --pipeline off")
             pipeline = TrainPipeline(model, optimizer, depth=args.pipeline_depth)
             source = (batches[i % len(batches)] for i in range(first, first + count))
             step_once = lambda step: pipeline.progress(source)[0]  # noqa: E731
         else:
-            step_once = lambda step: train_step(model, optimizer, batches[step % len(batches)])  # noqa: E731
+            step_once = lambda step: train_step(  # noqa: E731
+                model, optimizer, batches[step % len(batches)], args.precision
+            )
         for step in range(first, first + count):
             started, cpu_started = time.perf_counter(), time.thread_time()
             losses.append(step_once(step))
@@ -245,6 +252,7 @@ def summarize(
         "world_size": world_size,
         "steps": args.steps,
         "threads_per_proc": first["threads"],
+        **({"precision": args.precision} if args.precision != "fp32" else {}),
         "step_ms_min": round(min(step_s) * 1e3, 3),
         "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
@@ -310,6 +318,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...] = 
     """The options every training benchmark takes (mode, steps, threads, pipeline, profile)."""
     parser.add_argument("--mode", choices=modes, default="local")
     parser.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: the dense layers under autocast, fp32 weights and tables (runtime.train.precision)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the spec compiled for CUDA, rank r on GPU r, NCCL between ranks")
     parser.add_argument("--warmup", type=int, default=5)

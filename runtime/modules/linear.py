@@ -92,6 +92,7 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dim() == 2
         and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled  # off while torch.export traces: no guard on the batch below
+        and not torch.is_autocast_enabled("cpu")  # bf16 training (runtime.train.precision): autocast's F.linear
         and x.shape[0] * weight.shape[0] * weight.shape[1] >= MIN_ONEDNN_MACS
     )
 

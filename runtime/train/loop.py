@@ -20,6 +20,7 @@ import torch.distributed as dist
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
 from runtime.train.lr_scheduler import LrScheduler
+from runtime.train.precision import autocast
 from runtime.train.timing import OtherWork
 from runtime.train.train_pipeline import TrainPipeline
 
@@ -39,20 +40,24 @@ class TrainSummary:
         }
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, precision: str = "fp32"
+) -> torch.Tensor:
     """One step of forward, loss, backward and dense optimizer; returns the detached local loss.
 
-    The embedding tables are updated inside backward by their fused optimizer.
+    The embedding tables are updated inside backward by their fused optimizer. `precision`
+    bf16: the dense layers compute in bf16 (runtime.train.precision), fp32 weights.
     """
-    return train_step_outputs(model, optimizer, batch)[0]
+    return train_step_outputs(model, optimizer, batch, precision)[0]
 
 
 def train_step_outputs(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, precision: str = "fp32"
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`train_step`, also returning the heads' detached outputs (what metrics need)."""
-    outputs = model(batch.dense, batch.sparse)
-    loss = model.loss(outputs, batch.labels)
+    with autocast(precision):
+        outputs = model(batch.dense, batch.sparse)
+        loss = model.loss(outputs, batch.labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
