@@ -92,7 +92,6 @@ def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dim() == 2
         and torch.backends.mkldnn.is_available()
         and torch.backends.mkldnn.enabled  # off while torch.export traces: no guard on the batch below
-        and not torch.is_autocast_enabled("cpu")  # bf16 training (runtime.train.precision): autocast's F.linear
         and x.shape[0] * weight.shape[0] * weight.shape[1] >= MIN_ONEDNN_MACS
     )
 
@@ -138,6 +137,9 @@ def onednn_chosen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias), then ReLU if `relu`; on oneDNN where it applies and is the faster."""
+    if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):  # bf16 (runtime.train.precision)
+        out = F.linear(x, weight, bias)  # custom autograd functions would see fp32 in, bf16 gradients back
+        return torch.relu(out) if relu else out
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if onednn_applies(x, weight) and _choose(x, weight, bias, relu, grad) == "onednn":
         return _onednn(x, weight, bias, relu, grad)

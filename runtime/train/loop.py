@@ -81,6 +81,7 @@ def train(
     other_work: OtherWork | None = None,
     lr_scheduler: LrScheduler | None = None,
     should_stop: Callable[[], bool] | None = None,
+    precision: str = "fp32",
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
@@ -110,7 +111,7 @@ def train(
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
     other_before = other.total()  # other work before timed_from
-    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
+    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device, precision)
     last = steps
 
     def log(step: int, loss: torch.Tensor, now: float) -> None:
@@ -154,20 +155,22 @@ def _step_runner(
     steps: int,
     depth: int,
     device: torch.device | None,
+    precision: str = "fp32",
 ) -> Callable[[], tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]]:
     """One training step per call: (its batch, local loss, outputs), plain or pipelined."""
     if depth == 1:
 
         def plain() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
             batch = next(batches)
-            return (batch, *train_step_outputs(model, optimizer, batch))
+            return (batch, *train_step_outputs(model, optimizer, batch, precision))
 
         return plain
     pipeline = TrainPipeline(model, optimizer, device=device, depth=depth)
     source = itertools.islice(batches, steps)  # the pipeline reads no batch beyond the last step
 
     def pipelined() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
-        loss, outputs = pipeline.progress(source)
+        with autocast(precision):  # the pipeline's forward; its backward runs in the forward's dtypes anyway
+            loss, outputs = pipeline.progress(source)
         assert pipeline.last_batch is not None
         return pipeline.last_batch, loss, outputs
 

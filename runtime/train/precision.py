@@ -16,9 +16,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-import torch
-
-from runtime.cpu import features
+from runtime.cpu import features  # torch-free, as this module's import: `reccompile check` uses it
 
 __all__ = ["BF16_FLAGS", "PRECISIONS", "PrecisionError", "autocast", "bf16_supported", "check_precision"]
 
@@ -37,13 +35,17 @@ def bf16_supported(flags: Sequence[str] | None = None) -> bool:
     return any(flag in flags for flag in BF16_FLAGS)
 
 
-def check_precision(precision: str, device: str = "cpu", flags: Sequence[str] | None = None) -> None:
-    """Raises PrecisionError when `precision` is unknown, or bf16 on a CPU without bf16 arithmetic."""
+def check_precision(
+    precision: str, device: str = "cpu", flags: Sequence[str] | None = None, where: str = ""
+) -> None:
+    """Raises PrecisionError when `precision` is unknown, or bf16 on a CPU without bf16 arithmetic;
+    `where` (the spec location) starts the message."""
+    at = f"{where}: " if where else ""
     if precision not in PRECISIONS:
-        raise PrecisionError(f"training precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+        raise PrecisionError(f"{at}training precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision == "bf16" and device == "cpu" and not bf16_supported(flags):
         raise PrecisionError(
-            f"training precision bf16 needs a CPU with bf16 arithmetic ({', '.join(BF16_FLAGS)}); "
+            f"{at}training precision bf16 needs a CPU with bf16 arithmetic ({', '.join(BF16_FLAGS)}); "
             f"this one ({features.model()}) has none: train in fp32"
         )
 
@@ -54,5 +56,7 @@ def autocast(precision: str, device: str = "cpu") -> Iterator[None]:
     if precision == "fp32":
         yield
         return
+    import torch
+
     with torch.autocast(device_type=device, dtype=torch.bfloat16):
         yield

@@ -6,10 +6,13 @@ are testable everywhere; the capability check takes the flags it is given.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from compiler import cli
 from runtime.cpu import features
 from runtime.data.batch import Batch
 from runtime.modules.linear import Linear, linear
@@ -81,3 +84,63 @@ def test_a_bf16_step_matches_fp32_to_bf16_rounding_and_keeps_fp32_weights_and_st
     assert losses[1] != losses[0]  # it did compute in bf16
     for got, want in zip(bf16.parameters(), fp32.parameters()):
         torch.testing.assert_close(got, want, rtol=0, atol=0.05)
+
+
+BF16_SPEC = """\
+version: 1
+name: bf
+features:
+  dense:
+    - {name: num, size: 4}
+  sparse:
+    - {name: a, num_embeddings: 60, dim: 8}
+model:
+  top: {type: mlp, input: [dense.num, sparse.a], layers: [8, 1]}
+heads:
+  - {name: click, input: top, loss: bce}
+training:
+  batch_size: 64
+  precision: bf16
+"""
+
+
+def _no_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(features, "vector_features", lambda: AVX2_ONLY)
+
+
+def test_train_refuses_bf16_on_the_worker_naming_the_spec_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "bf.yaml"
+    spec.write_text(BF16_SPEC)
+    _no_bf16(monkeypatch)
+    assert cli.main(["train", str(spec), "--steps", "1", "-o", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: rank 0: {spec}:14:3: training precision bf16 needs a CPU with bf16 arithmetic "
+        f"(avx512bf16, amx-bf16, bf16); this one ({features.model()}) has none: train in fp32"
+    )
+
+
+def test_check_warns_about_bf16_on_a_cpu_without_it_and_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "bf.yaml"
+    spec.write_text(BF16_SPEC)
+    _no_bf16(monkeypatch)
+    assert cli.main(["check", str(spec)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{spec}: ok\n"
+    assert err == (
+        f"{spec}:14:3: warning: training precision bf16: this machine's CPU ({features.model()}) has no bf16 "
+        "arithmetic (avx512bf16, amx-bf16, bf16); training would refuse it here\n"
+    )
+
+
+def test_train_with_bf16_where_the_cpu_has_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "bf.yaml"
+    spec.write_text(BF16_SPEC)
+    monkeypatch.setattr(features, "vector_features", lambda: WITH_BF16)
+    assert cli.main(["train", str(spec), "--steps", "2", "-o", str(tmp_path / "out")]) == 0
+    assert '"steps": 2' in capsys.readouterr().out
