@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 
-from runtime.cpu import features  # torch-free, as this module's import: `reccompile check` uses it
+# torch-free, as this module's import: `reccompile check` uses it
+from runtime.cpu import features
 
 __all__ = ["BF16_FLAGS", "PRECISIONS", "PrecisionError", "autocast", "bf16_supported", "check_precision"]
 
