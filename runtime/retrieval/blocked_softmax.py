@@ -20,6 +20,8 @@ it to F.cross_entropy on the whole matrix.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from runtime.modules.linear import onednn_applies
@@ -121,5 +123,12 @@ def blocked_softmax_loss(
     if reduction not in ("sum", "mean"):
         raise ValueError(f"blocked softmax: reduction {reduction!r} is not sum or mean")
     hit_rows, hit_columns = (None, None) if hits is None else hits
-    total = _BlockedSoftmax.apply(query, candidates, own, hit_rows, hit_columns, float(temperature), bound, int(block))
+    # fp32 under bf16 training (runtime.train.precision) too: logits at 1 / T = 20 need its mantissa
+    with contextlib.ExitStack() as fp32:
+        if query.device.type in ("cpu", "cuda"):
+            fp32.enter_context(torch.autocast(query.device.type, enabled=False))
+        dtype = torch.promote_types(torch.promote_types(query.dtype, candidates.dtype), torch.float32)
+        total = _BlockedSoftmax.apply(
+            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound, int(block)
+        )
     return total / max(1, query.shape[0]) if reduction == "mean" else total

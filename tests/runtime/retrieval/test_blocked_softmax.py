@@ -85,3 +85,14 @@ def test_blocked_softmax_in_float32_at_onednn_sizes(bounded: bool) -> None:
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(query.grad.double(), q64.grad, rtol=1e-4, atol=1e-6)
     torch.testing.assert_close(candidates.grad.double(), c64.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_blocked_softmax_stays_fp32_under_bf16_autocast() -> None:
+    gen = torch.Generator().manual_seed(9)
+    query = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
+    candidates = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
+    own = torch.arange(300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, _reference(query, candidates, own, None, 0.05, "mean"))
