@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 FLAVOUR := $(shell nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 STAMP := $(VENV)/.installed-$(FLAVOUR)
 
-.PHONY: setup run test test-fast bench bench-data clean
+.PHONY: setup run test test-fast bench bench-data gpu-check clean
 
 setup: $(STAMP)
 
@@ -47,8 +47,10 @@ test-fast: setup
 # locally and on two ranks, retrieve latency per index, and its TorchRec anchor where the venv is; then
 # inference-bench (../shared/bench/INFERENCE.md) per table precision, against TorchRec where its
 # venv is (bash ../shared/bench/setup_torchrec_venv.sh /tmp/venv-torchrec), in blocks that alternate
-# between the two live processes.
+# between the two live processes; gen-bench (../shared/bench/GENERATIVE.md) beside its TorchRec anchor,
+# local then two ranks, and through the hstu block (its own cost, no anchor).
 TORCHREC_PY := /tmp/venv-torchrec/bin/python
+GEN_ANCHOR := $(or $(RECCOMPILE_BENCH_WORKLOADS),../shared/bench)/torchrec_gen_bench.py
 bench: setup
 	$(PY) benchmarks/dlrm_bench.py --mode local
 	$(PY) benchmarks/dlrm_bench.py --mode dist2
@@ -61,6 +63,16 @@ bench: setup
 	$(if $(wildcard $(TORCHREC_PY)),$(TORCHREC_PY) benchmarks/torchrec_retrieval_anchor.py --mode dist2)
 	$(PY) benchmarks/inference_bench.py --configs fp32,fp16,int8,int4 \
 		$(if $(wildcard $(TORCHREC_PY)),--blocks 10 --torchrec-python $(TORCHREC_PY),--rounds 1 --skip-torchrec)
+	$(PY) benchmarks/gen_bench.py --mode local
+	$(if $(wildcard $(TORCHREC_PY)),$(if $(wildcard $(GEN_ANCHOR)),$(TORCHREC_PY) $(GEN_ANCHOR) --mode local))
+	$(PY) benchmarks/gen_bench.py --mode dist2
+	$(if $(wildcard $(TORCHREC_PY)),$(if $(wildcard $(GEN_ANCHOR)),$(TORCHREC_PY) $(GEN_ANCHOR) --mode dist2))
+	$(PY) benchmarks/gen_bench.py --mode local --block hstu
+
+# gpu-check (benchmarks/gpu_check.py): every sharding type, the pipeline, export and predict, and
+# dlrm-bench on one CUDA GPU, a JSON line per check and a summary; without a GPU it says so and exits 0.
+gpu-check: setup
+	$(PY) benchmarks/gpu_check.py
 
 # data-bench (benchmarks/data_bench.py, issue 19): prepare rows/s, each rank's decoded rows at N = 1, 2, 4,
 # and the dlrm-bench step on prepared data against synthetic batches; the last line sums it up.

@@ -66,11 +66,23 @@ class Workload:
     batches: Callable[[ModuleType, int], list[Any]]  # (generated module, rank) -> its Batches
 
 
+# The device `run` compiles for (`--device`); compiling happens in the parent process, before the ranks start.
+COMPILE_DEVICE = "cpu"
+
+
 def compile_spec(spec: Path, world_size: int, outdir: str) -> Path:
-    """The generated module of `spec` for `world_size` ranks, written into `outdir`."""
+    """The generated module of `spec` for `world_size` ranks, written into `outdir`; for
+    COMPILE_DEVICE cuda from a copy of the spec with `sharding.device: cuda` (benchmark specs set no device)."""
     from compiler.pipeline import Options, generate
 
-    generated = generate(str(spec.relative_to(REPO)), Options(world_size=world_size))
+    path = str(spec.relative_to(REPO))
+    if COMPILE_DEVICE != "cpu":
+        text = spec.read_text()
+        if "\nsharding:" in text:
+            raise SystemExit(f"error: {path} has a sharding section; --device {COMPILE_DEVICE} sets its own")
+        path = str(Path(outdir) / spec.name)
+        Path(path).write_text(f"{text}\nsharding:\n  device: {COMPILE_DEVICE}\n")
+    generated = generate(path, Options(world_size=world_size))
     return generated.write(outdir)[0]
 
 
@@ -95,29 +107,44 @@ def run_rank(
     from runtime.train.train_pipeline import TrainPipeline
     from runtime.train.worker import load_module
 
+    from runtime.train.precision import check_precision
+
+    check_precision(args.precision, args.device)  # here, on the rank: where the CPU is known
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    device = None
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
     retain_freed_memory()  # as runtime.train.worker does for `reccompile train`
     choice.forget_used()  # this run's kernels only, not an earlier run's in this process
     module = load_module(module_path)
     group = dist.group.WORLD if world_size > 1 else None
     torch.manual_seed(workload.model_seed)
-    model = module.build(process_group=group)
+    model = module.build(process_group=group, device=device)
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     model = distribute_dense(model, group)  # dense gradients averaged over the ranks, as in TorchRec
     batches = workload.batches(module, rank)
+    if device is not None and args.pipeline == "off":
+        batches = [batch.to(device) for batch in batches]  # the pipeline copies them itself
 
     def run_block(pipelined: bool, first: int, count: int, timed: dict[str, list[float]] | None) -> None:
         """Steps first..first+count-1, plain or through a pipeline that drains at the end."""
         if pipelined:
+            if args.precision != "fp32":
+                raise SystemExit(f"error: --precision {args.precision} runs the plain loop only: add --pipeline off")
             pipeline = TrainPipeline(model, optimizer, depth=args.pipeline_depth)
             source = (batches[i % len(batches)] for i in range(first, first + count))
             step_once = lambda step: pipeline.progress(source)[0]  # noqa: E731
         else:
-            step_once = lambda step: train_step(model, optimizer, batches[step % len(batches)])  # noqa: E731
+            step_once = lambda step: train_step(  # noqa: E731
+                model, optimizer, batches[step % len(batches)], args.precision
+            )
         for step in range(first, first + count):
             started, cpu_started = time.perf_counter(), time.thread_time()
             losses.append(step_once(step))
+            if device is not None:
+                torch.cuda.synchronize(device)  # the step's kernels done, not only queued
             if timed is not None:
                 timed["times"].append(time.perf_counter() - started)
                 # wall time the main thread did not run: waits, collectives, peers, the scheduler
@@ -225,6 +252,7 @@ def summarize(
         "world_size": world_size,
         "steps": args.steps,
         "threads_per_proc": first["threads"],
+        **({"precision": args.precision} if args.precision != "fp32" else {}),
         "step_ms_min": round(min(step_s) * 1e3, 3),
         "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
@@ -249,7 +277,7 @@ def _dist_rank(
     from runtime.train.process_group import close_process_group, init_process_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    init_process_group(backend="gloo", rank=rank, world_size=world_size)
+    init_process_group(backend="nccl" if args.device == "cuda" else "gloo", rank=rank, world_size=world_size)
     try:
         result = run_rank(args, workload, module_path, rank, world_size)  # the model is gone when it returns
         gathered: list[Any] = [None] * world_size
@@ -268,7 +296,9 @@ def free_port() -> int:
 
 def run(args: argparse.Namespace, workload: Workload) -> list[dict[str, Any]]:
     """One summary per mode run: one, or plain and pipelined for `--pipeline ab`."""
+    global COMPILE_DEVICE
     world_size = 2 if args.mode == "dist2" else 1
+    COMPILE_DEVICE = args.device
     with tempfile.TemporaryDirectory() as outdir:
         module_path = str(workload.compile(world_size, outdir))
         if world_size == 1:
@@ -288,6 +318,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...] = 
     """The options every training benchmark takes (mode, steps, threads, pipeline, profile)."""
     parser.add_argument("--mode", choices=modes, default="local")
     parser.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: the dense layers under autocast, fp32 weights and tables (runtime.train.precision)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the spec compiled for CUDA, rank r on GPU r, NCCL between ranks")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
         "--threads", type=int,

@@ -513,6 +513,8 @@ class Training:
     loc: Location
     lr_schedule: LrSchedule = LrSchedule()
     early_stopping: EarlyStopping | None = None
+    precision: str = "fp32"  # the dense layers' compute: fp32 or bf16 (runtime.train.precision)
+    precision_loc: Location | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,9 +63,24 @@ def run(args: argparse.Namespace) -> int:
             status = 1
         else:
             print(f"{spec}: ok")
+            _warn_precision(ir)
             if not _check_data(ir, args.data, args.sample):
                 status = 1
     return status
+
+
+def _warn_precision(ir: ModelIR) -> None:
+    """bf16 training on a CPU without bf16 arithmetic: a warning here, where the CPU that trains may be
+    another; the training worker refuses it (runtime.train.precision)."""
+    from runtime.train.precision import BF16_FLAGS, bf16_supported
+
+    training = ir.training
+    if training.precision == "bf16" and ir.sharding.device == "cpu" and not bf16_supported():
+        from runtime.cpu.features import model
+
+        print(f"{training.precision_loc or training.loc}: warning: training precision bf16: this machine's CPU "
+              f"({model()}) has no bf16 arithmetic ({', '.join(BF16_FLAGS)}); training would refuse it here",
+              file=sys.stderr)  # fmt: skip
 
 
 def _check_data(ir: ModelIR, data: str | None, rows: int) -> bool:

@@ -438,6 +438,10 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("patience", stopping.patience),
             ("early_stopping_where", str(stopping.loc)),
         )),
+        *(() if ir.training.precision == "fp32" else (
+            ("precision", ir.training.precision),
+            ("precision_where", str(ir.training.precision_loc or ir.training.loc)),
+        )),
     ))  # fmt: skip
     data = None if ir.data is None else Call("runtime.data.features.DataConfig", (
         ("reader", ir.data.reader),

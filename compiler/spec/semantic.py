@@ -690,9 +690,14 @@ def resolve_training(checker: Checker, root: Node, world_size: Any) -> Any:
     sparse = optimizer_ir(checker, checker.child(node, "sparse_optimizer"), DEFAULT_SPARSE_OPTIMIZER)
     sparse = _table_optimizer(checker, checker.child(node, "sparse_optimizer"), sparse)
     seed, steps = checker.value(node, "seed", 0), checker.value(node, "steps", 100)
-    if not known(batch, seed, steps, dense, sparse):
+    precision = checker.value(node, "precision", "fp32")
+    if not known(batch, seed, steps, dense, sparse, precision):
         return INVALID
-    return Training(batch, seed, steps, dense, sparse, _section_loc(root, node))
+    at = checker.child(node, "precision")
+    return Training(
+        batch, seed, steps, dense, sparse, _section_loc(root, node),
+        precision=precision, precision_loc=None if at is None else (at.key_loc or at.loc),
+    )  # fmt: skip
 
 
 def resolve_data(checker: Checker, root: Node, targets: set[str]) -> Any:

@@ -85,6 +85,8 @@ class TrainingConfig:
     best_metric: str | None = None
     patience: int | None = None
     early_stopping_where: str = ""  # the spec location of `training.early_stopping`
+    precision: str = "fp32"  # `training.precision` (runtime.train.precision)
+    precision_where: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,6 +137,9 @@ def onednn_chosen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, relu: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias), then ReLU if `relu`; on oneDNN where it applies and is the faster."""
+    if x.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(x.device.type):  # bf16 (runtime.train.precision)
+        out = F.linear(x, weight, bias)  # custom autograd functions would see fp32 in, bf16 gradients back
+        return torch.relu(out) if relu else out
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if onednn_applies(x, weight) and _choose(x, weight, bias, relu, grad) == "onednn":
         return _onednn(x, weight, bias, relu, grad)

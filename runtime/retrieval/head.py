@@ -168,10 +168,11 @@ class RetrievalLoss(nn.Module):
         else:
             negative_ids = self.softmax.negative_ids(ids.device)
             negatives = None if negative_ids is None else item_vectors(negative_ids)
-        losses = self.softmax(query, positive, ids, negatives, reduction="none", row_counts=counts)
+        # A summed loss: in-batch negatives alone then take the blocked path (runtime/retrieval/blocked_softmax.py).
+        total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=counts)
         if self.training:
             self.pairs_trained += sum(counts)
-        return losses.sum() * (len(counts) / max(1.0, float(sum(counts))))
+        return total * (len(counts) / max(1.0, float(sum(counts))))
 
     def _per_query_negatives(self, ids: torch.Tensor, counts: list[int], item_vectors: ItemVectors) -> torch.Tensor:
         """[n, S, D]: the vectors of this rank's queries' own negatives. Every rank looks up as many ids

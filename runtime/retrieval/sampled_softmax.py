@@ -41,6 +41,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.retrieval.blocked_softmax import blocked_softmax_loss
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
 from runtime.retrieval.gather import gather_ids, gather_rows
 from runtime.retrieval.sampling import per_query_negatives, uniform_log_q, uniform_negatives
@@ -143,6 +144,14 @@ def sampled_softmax(
         negatives = None if negatives is None else F.normalize(negatives, dim=-1)
     rows = torch.arange(query.shape[0], device=query.device)
     blocks, ids, corrections = [], [], []
+    if in_batch and negatives is None and in_batch_log_q is None and reduction != "none":
+        # in-batch only (next-item training): the [b, B] logits never exist whole (blocked_softmax.py)
+        candidates, offset = gather_rows(positive, process_group, row_counts)
+        candidate_ids = gather_ids(positive_ids, process_group, row_counts)
+        own = rows + offset
+        hits = _accidental_hits([candidate_ids], [candidates.T], positive_ids, own, True)
+        bound = 1.0 / temperature if normalize else None  # |cosine| <= 1
+        return blocked_softmax_loss(query, candidates, own, hits, temperature, reduction, bound=bound)
     if in_batch:
         candidates, offset = gather_rows(positive, process_group, row_counts)
         blocks.append(query @ candidates.T)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
 from runtime.train.lr_scheduler import LrScheduler
+from runtime.train.precision import autocast
 from runtime.train.timing import OtherWork
 from runtime.train.train_pipeline import TrainPipeline
 
@@ -39,20 +40,24 @@ class TrainSummary:
         }
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch) -> torch.Tensor:
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, precision: str = "fp32"
+) -> torch.Tensor:
     """One step of forward, loss, backward and dense optimizer; returns the detached local loss.
 
-    The embedding tables are updated inside backward by their fused optimizer.
+    The embedding tables are updated inside backward by their fused optimizer. `precision`
+    bf16: the dense layers compute in bf16 (runtime.train.precision), fp32 weights.
     """
-    return train_step_outputs(model, optimizer, batch)[0]
+    return train_step_outputs(model, optimizer, batch, precision)[0]
 
 
 def train_step_outputs(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Batch, precision: str = "fp32"
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`train_step`, also returning the heads' detached outputs (what metrics need)."""
-    outputs = model(batch.dense, batch.sparse)
-    loss = model.loss(outputs, batch.labels)
+    with autocast(precision):
+        outputs = model(batch.dense, batch.sparse)
+        loss = model.loss(outputs, batch.labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
@@ -76,6 +81,7 @@ def train(
     other_work: OtherWork | None = None,
     lr_scheduler: LrScheduler | None = None,
     should_stop: Callable[[], bool] | None = None,
+    precision: str = "fp32",
 ) -> TrainSummary:
     """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
 
@@ -105,7 +111,7 @@ def train(
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
     other_before = other.total()  # other work before timed_from
-    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device)
+    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device, precision)
     last = steps
 
     def log(step: int, loss: torch.Tensor, now: float) -> None:
@@ -149,20 +155,22 @@ def _step_runner(
     steps: int,
     depth: int,
     device: torch.device | None,
+    precision: str = "fp32",
 ) -> Callable[[], tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]]:
     """One training step per call: (its batch, local loss, outputs), plain or pipelined."""
     if depth == 1:
 
         def plain() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
             batch = next(batches)
-            return (batch, *train_step_outputs(model, optimizer, batch))
+            return (batch, *train_step_outputs(model, optimizer, batch, precision))
 
         return plain
     pipeline = TrainPipeline(model, optimizer, device=device, depth=depth)
     source = itertools.islice(batches, steps)  # the pipeline reads no batch beyond the last step
 
     def pipelined() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
-        loss, outputs = pipeline.progress(source)
+        with autocast(precision):  # the pipeline's forward; its backward runs in the forward's dtypes anyway
+            loss, outputs = pipeline.progress(source)
         assert pipeline.last_batch is not None
         return pipeline.last_batch, loss, outputs
 

@@ -40,6 +40,7 @@ from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
+from runtime.train.precision import check_precision
 from runtime.train.process_group import close_process_group, init_process_group
 from runtime.train.timing import OtherWork
 
@@ -96,6 +97,8 @@ def _train(options: TrainOptions) -> int:
     steps, batch_size, seed = options.steps, options.batch_size, options.seed
 
     device_kind = module.INPUTS.device
+    training = module.INPUTS.training
+    check_precision(training.precision, device_kind, where=training.precision_where)  # this rank's CPU
     process_group = init_distributed(device_kind)
     rank = dist.get_rank() if process_group is not None else 0
     world_size = dist.get_world_size() if process_group is not None else 1
@@ -171,6 +174,7 @@ def _train(options: TrainOptions) -> int:
             start_step=start_step,
             pipeline_depth=depth,
             device=device,
+            precision=training.precision,
             other_work=other_work,
             lr_scheduler=lr_scheduler,
             should_stop=None if stopping is None else stopping.should_stop,

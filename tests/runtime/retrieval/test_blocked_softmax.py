@@ -1,0 +1,98 @@
+"""The blocked in-batch softmax against F.cross_entropy on the whole logit matrix: loss and both gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from runtime.retrieval.blocked_softmax import blocked_softmax_loss
+from runtime.retrieval.sampled_softmax import sampled_softmax
+
+
+def _reference(query, candidates, own, hits, temperature, reduction):
+    logits = (query / temperature) @ candidates.T
+    if hits is not None:
+        logits = logits.index_put(hits, torch.tensor(float("-inf"), dtype=logits.dtype))
+    return F.cross_entropy(logits, own, reduction=reduction)
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("block", [1, 4, 7, 64])
+def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str, bounded: bool) -> None:
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(13, 8, generator=gen, dtype=torch.float64)
+    candidates = torch.randn(17, 8, generator=gen, dtype=torch.float64)
+    if bounded:  # unit rows: |logit| <= 1 / T, the bound the loss is told
+        query, candidates = F.normalize(query, dim=-1), F.normalize(candidates, dim=-1)
+    query.requires_grad_(True)
+    candidates.requires_grad_(True)
+    own = torch.randint(0, 17, (13,), generator=gen)
+    hits = (torch.tensor([0, 0, 5, 12]), torch.tensor([3, 9, 1, 16]))
+    weight = 0.7  # an incoming gradient other than 1
+    got = blocked_softmax_loss(
+        query, candidates, own, hits, 0.3, reduction, block=block, bound=1 / 0.3 if bounded else None
+    )
+    (got * weight).backward()
+    grads = query.grad.clone(), candidates.grad.clone()
+    query.grad = candidates.grad = None
+    want = _reference(query, candidates, own, hits, 0.3, reduction)
+    (want * weight).backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grads, (query.grad, candidates.grad))
+
+
+def test_in_batch_sampled_softmax_takes_the_blocked_path_with_the_same_result() -> None:
+    """Next-item training's case: in-batch negatives only, repeated ids (accidental hits), normalised."""
+    gen = torch.Generator().manual_seed(5)
+    query = torch.randn(40, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    positive = torch.randn(40, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 12, (40,), generator=gen)
+    got = sampled_softmax(query, positive, ids, temperature=0.05, normalize=True, reduction="sum")
+    got.backward()
+    grads = query.grad.clone(), positive.grad.clone()
+    query.grad = positive.grad = None
+    q, c = F.normalize(query, dim=-1), F.normalize(positive, dim=-1)
+    hit = (ids.unsqueeze(1) == ids.unsqueeze(0)).fill_diagonal_(False)
+    logits = (q @ c.T / 0.05).masked_fill(hit, float("-inf"))
+    want = F.cross_entropy(logits, torch.arange(40), reduction="sum")
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grads, (query.grad, positive.grad))
+
+
+def test_blocked_softmax_without_gradients_returns_the_loss_only() -> None:
+    query, candidates = torch.randn(5, 4), torch.randn(5, 4)
+    own = torch.arange(5)
+    with torch.no_grad():
+        got = blocked_softmax_loss(query, candidates, own, None, 1.0, "mean", block=2)
+    torch.testing.assert_close(got, F.cross_entropy(query @ candidates.T, own))
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_blocked_softmax_in_float32_at_onednn_sizes(bounded: bool) -> None:
+    """Products big enough for oneDNN (runtime.modules.linear.onednn_applies), against float64."""
+    gen = torch.Generator().manual_seed(7)
+    query = F.normalize(torch.randn(700, 64, generator=gen), dim=-1).requires_grad_(True)
+    candidates = F.normalize(torch.randn(650, 64, generator=gen), dim=-1).requires_grad_(True)
+    own = torch.randint(0, 650, (700,), generator=gen)
+    got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", block=256, bound=20.0 if bounded else None)
+    got.backward()
+    q64, c64 = query.detach().double().requires_grad_(True), candidates.detach().double().requires_grad_(True)
+    want = _reference(q64, c64, own, None, 0.05, "mean")
+    want.backward()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(query.grad.double(), q64.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(candidates.grad.double(), c64.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_blocked_softmax_stays_fp32_under_bf16_autocast() -> None:
+    gen = torch.Generator().manual_seed(9)
+    query = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
+    candidates = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
+    own = torch.arange(300)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, _reference(query, candidates, own, None, 0.05, "mean"))
