@@ -133,11 +133,11 @@ def _comment(loc: Location) -> str:
 
 
 def _fields(value: Any, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A dataclass's fields in declaration order, without locations."""
+    """A dataclass's fields in declaration order, without locations (`loc`, `<field>_loc`)."""
     return {
         field.name: getattr(value, field.name)
         for field in dataclasses.fields(value)
-        if field.name != "loc" and field.name not in skip
+        if field.name != "loc" and not field.name.endswith("_loc") and field.name not in skip
     }
 
 

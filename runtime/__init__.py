@@ -11,8 +11,9 @@ do not import torch or fbgemm_gpu.
 
 Packages, lowest layer first (each imports only from the layers below it;
 pyproject.toml's import-linter contract checks it): `sparse`, `storage`,
-`cpu` < `embeddings`, `modules`, `retrieval` < `sharding` < `data` < `reporting` <
-`checkpoint` < `train`, `serving`.
+`cpu`, `process`, `features` < `embeddings`, `modules` < `retrieval` (its
+losses run their products as the linears do) < `sharding` < `data` <
+`reporting` < `checkpoint` < `train`, `serving`.
 """
 
 from __future__ import annotations

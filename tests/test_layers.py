@@ -2,7 +2,7 @@
 
 The runtime never imports the compiler, and the runtime's packages import
 downward only (train | serving > checkpoint > reporting > data > sharding >
-modules | embeddings | retrieval > cpu | sparse | storage), and so do the online
+retrieval > modules | embeddings > cpu | sparse | storage), and so do the online
 server's modules (app > registry > batcher | models > protocol | metrics >
 raw_rows). A broken contract fails this
 test with lint-imports' report, which names the importing line.

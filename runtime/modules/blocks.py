@@ -64,10 +64,13 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
 }
 
 
-def _activation(owner: str, name: str, value: str | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+def _activation(
+    owner: str, name: str, value: str | None, also: Sequence[str] = ()
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The plain activation `value` names; `also`: the other names the caller takes, for the error."""
     key = "none" if value is None else value
     if key not in ACTIVATIONS:
-        choices = ", ".join(sorted(ACTIVATIONS))
+        choices = ", ".join(sorted({*ACTIVATIONS, *also}))
         raise ValueError(f"{owner}: unknown {name} {value!r} (expected one of: {choices})")
     return ACTIVATIONS[key]
 
@@ -123,11 +126,14 @@ class MLP(nn.Module):
         self.layers = _check_layers(owner, "layers", layers)
         self.activation = activation
         self.final_activation = "none" if final_activation is None else final_activation
-        hidden = None if activation in PARAMETRIC_ACTIVATIONS else _activation(owner, "activation", activation)
+        hidden = (
+            None if activation in PARAMETRIC_ACTIVATIONS
+            else _activation(owner, "activation", activation, PARAMETRIC_ACTIVATIONS)
+        )
         final = (
             None if final_activation in PARAMETRIC_ACTIVATIONS
-            else _activation(owner, "final_activation", final_activation)
-        )  # fmt: skip
+            else _activation(owner, "final_activation", final_activation, PARAMETRIC_ACTIVATIONS)
+        )
         self.out_features = self.layers[-1]
         widths = [self.in_features, *self.layers]
         self._activations = [hidden] * (len(self.layers) - 1) + [final]

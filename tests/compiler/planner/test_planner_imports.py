@@ -1,6 +1,7 @@
 """The planner loads no torch: from the runtime it imports only runtime.sharding.types, the
-learning-rate schedule's rules (runtime.train.lr_schedule) and the reader names
-(runtime.data.reader_names), all plain Python."""
+learning-rate schedule's rules (runtime.train.lr_schedule), the reader names
+(runtime.data.reader_names) and the feature transforms' configs (runtime.features.config),
+all plain Python."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def test_the_planner_imports_only_the_runtimes_sharding_types() -> None:
         "runtime.data.reader_names",
         "runtime.embeddings",
         "runtime.embeddings.kernels",
+        "runtime.features",
+        "runtime.features.config",
         "runtime.sharding",
         "runtime.sharding.types",
         "runtime.train",

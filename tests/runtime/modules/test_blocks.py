@@ -118,11 +118,11 @@ def test_mlp_gradcheck_with_in_place_activations() -> None:
         ({"in_features": 3, "layers": [2.5]}, "MLP: layers[0] must be an integer >= 1 (got 2.5)"),
         (
             {"in_features": 3, "layers": [4], "activation": "swish"},
-            "MLP: unknown activation 'swish' (expected one of: gelu, none, relu, sigmoid, silu, tanh)",
+            "MLP: unknown activation 'swish' (expected one of: dice, gelu, none, prelu, relu, sigmoid, silu, tanh)",
         ),
         (
             {"in_features": 3, "layers": [4], "final_activation": "softmax"},
-            "MLP: unknown final_activation 'softmax' (expected one of: gelu, none, relu, sigmoid, silu, tanh)",
+            "MLP: unknown final_activation 'softmax' (expected one of: dice, gelu, none, prelu, relu, sigmoid, silu, tanh)",
         ),
     ],
 )

@@ -54,8 +54,8 @@ def test_scores_are_not_normalised() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: TargetAttention(4, (8,), "dice"),
-         "TargetAttention: unknown activation 'dice' (expected one of: gelu, none, relu, sigmoid, silu, tanh)"),
+        (lambda: TargetAttention(4, (8,), "swish"),
+         "TargetAttention: unknown activation 'swish' (expected one of: dice, gelu, none, prelu, relu, sigmoid, silu, tanh)"),
         (lambda: TargetAttention(4, []), "TargetAttention: hidden must be a non-empty list of sizes (got [])"),
         (lambda: TargetAttention(4)(torch.zeros(5, 3), *padded_batch(dim=4)),
          "TargetAttention: expected a query of shape (5, 4), got (5, 3)"),
