@@ -1,6 +1,7 @@
 """`reccompile retrieve OUT --data ... --k K -o results.csv`: top-k items per request from an export.
 
-    reccompile retrieve OUT --data synthetic|movielens:FILE|csv:FILE|... [--k K] [--batch-size B]
+    reccompile retrieve OUT --data synthetic|movielens:FILE|csv:FILE|... [--history movielens:TRAIN]
+                        [--k K] [--batch-size B]
                         [--rows N] [--seed S] [--bad-rows fail|skip]
                         [--threads T] [--no-verify] -o results.csv
 
@@ -9,6 +10,9 @@ manifest, the index against its own) without compiling anything, runs the
 query tower on every request and looks its top K up in the index; writes K
 CSV rows per request (runtime/serving/retrieve.py) and reports requests/s and
 the threads (`--threads` or the cores free at launch, runtime/cpu/threads.py).
+A next-item model's requests take their histories from `--history` (the
+training ratings they were split from) and their own file; requests with no
+history get no rows and are counted in the report.
 Exit status 1 when the export, its index or the data is bad (the first bad
 row under `--bad-rows fail`, named by file and line), 2 for bad usage (an `-o` that is a
 directory, a file `--data` reads, or inside OUT is refused before anything is read).
@@ -28,6 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
     parser.add_argument("--data", default="synthetic",
                         help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
+    parser.add_argument("--history", metavar="movielens:TRAIN",
+                        help="next-item models: the training ratings the requests were split from, where each "
+                             "request's history (the user's earlier positives) is cut from")
     parser.add_argument("--k", type=positive_int, default=10, help="items per request (default 10)")
     parser.add_argument("--batch-size", type=positive_int, default=512, help="requests per batch (default 512)")
     parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")
@@ -51,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from runtime.serving.export_dir import ExportError, data_file, load, read_export_manifest
     from runtime.serving.retrieve import retrieve_file
 
-    problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
+    reads = read_paths(args.data) + (() if args.history is None else read_paths(args.history))
+    problem = output_file_problem("-o", args.output, export=args.export, reads=reads)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -73,17 +81,23 @@ def run(args: argparse.Namespace) -> int:
                 bad_rows_policy=args.bad_rows,
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+                history=args.history,
             )  # fmt: skip
     except (ExportError, IndexFileError, DataError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if report.bad_rows_summary is not None:
         print(report.bad_rows_summary, file=sys.stderr)
+    if report.no_history:
+        source = "--history and the requests file" if args.history else "the requests file (no --history)"
+        print(f"warning: {report.no_history:,} of {report.requests:,} requests have no history in {source}: "
+              "no items written for them", file=sys.stderr)  # fmt: skip
     print(
         f"wrote the top {args.k} of {section['items']:,} items ({section['index']['kind']} index) for "
         f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "
         f"{report.requests_per_s:,.0f} requests/s (query tower {report.query_seconds:.3f} s, "
         f"index {report.search_seconds:.3f} s) on {threads.describe()}; {report.bad_rows:,} bad rows skipped"
+        + (f"; {report.no_history:,} requests without a history" if report.no_history else "")
         + ("" if report.unseen is None else f"; {report.unseen.describe()}")
     )
     return 0

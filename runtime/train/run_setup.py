@@ -159,7 +159,7 @@ def setup_run(
             )
         eval_reader = open_reader(
             inputs, eval_choice, threshold=threshold, vocab_path=vocab_path,
-            save_vocab=False, vocabulary=trained, training=reader,
+            save_vocab=False, vocabulary=trained, training=reader, held_out=True,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
 
