@@ -207,5 +207,19 @@ def check_early_stopping(options: TrainOptions) -> None:
         )
 
 
+def check_shuffle_window(options: TrainOptions, data: str) -> None:
+    """--shuffle-window shuffles prepared data (runtime.data.prepared.batches) only: raw files and
+    synthetic batches are read in their order, so the flag on them is a UsageError, not ignored."""
+    if options.shuffle_window and data == "synthetic":
+        raise UsageError(f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and synthetic "
+                         "batches are made, not read")  # fmt: skip
+    if options.shuffle_window and not data.startswith("prepared:"):
+        raise UsageError(
+            f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and {data} is read in "
+            f"its own order; prepare it once (reccompile data prepare SPEC --data {data} -o DIR) and train "
+            "with --data prepared:DIR"
+        )
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
