@@ -416,6 +416,7 @@ class Retrieval:
     normalize: bool
     ks: tuple[int, ...]  # the k of the metrics
     next_item: bool  # the query is a sequence and each position predicts the next item
+    mask_seen: bool = False  # next_item: a held-out row's history items are no candidates in the metrics
 
 
 @dataclass(frozen=True, slots=True)

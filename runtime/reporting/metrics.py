@@ -1,6 +1,7 @@
 """Model quality metrics per head, exact over all ranks.
 
-    bce heads      ne (normalised entropy), auc, accuracy
+    bce heads      ne (normalised entropy), auc, accuracy; log_loss (the mean
+                   binary cross-entropy) when asked for
     mse heads      mse, rmse
     softmax heads  accuracy
     sampled_softmax heads  recall@k, ndcg@k, hit_rate@k, mrr of held-out
@@ -100,6 +101,8 @@ class HeadMetrics:
         for metric in self.metrics:
             if metric == "ne":
                 values[metric] = normalized_entropy(loss_sum, positives, count)
+            elif metric == "log_loss":
+                values[metric] = loss_sum / count if count else None
             elif metric in ("accuracy", "mse"):
                 values[metric] = fourth / count if count else None
             elif metric == "rmse":
@@ -129,7 +132,7 @@ class MetricSet:
     def __init__(self, heads: Sequence[HeadConfig], catalogue: Catalogue | None = None) -> None:
         self.heads = [HeadMetrics(head) for head in heads if head.loss != "sampled_softmax"]
         self.retrieval = {
-            head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss])
+            head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss], head.mask_seen)
             for head in heads
             if head.loss == "sampled_softmax"
         }

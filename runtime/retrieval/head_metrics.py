@@ -10,6 +10,9 @@ and reports the head's metrics, summed over every rank's queries: what one
 process would report. Metrics over a sample are named with a `sampled_`
 prefix. A query's norm does not change its ranking, so queries are ranked as
 they come; the catalogue is normalised already when the head normalises.
+With `mask_seen` (a next-item head's default, the spec's `mask_seen`) the
+items of each query's history are no candidates: the held-out item ranks
+among the items its user has not seen, as RecBole's full-sort metrics rank.
 """
 
 from __future__ import annotations
@@ -38,22 +41,26 @@ def metric_ks(metrics: Sequence[str]) -> tuple[int, ...]:
 class RetrievalHeadMetrics:
     """One retrieval head's window of held-out queries; `metrics` names what `compute` reports."""
 
-    def __init__(self, metrics: Sequence[str]) -> None:
+    def __init__(self, metrics: Sequence[str], mask_seen: bool = True) -> None:
         self.metrics = tuple(metrics)
+        self.mask_seen = mask_seen
         self._ks = metric_ks(self.metrics)
         self.reset()
 
     def reset(self) -> None:
         self._queries: list[torch.Tensor] = []
         self._ids: list[torch.Tensor] = []
+        self._seen: list[torch.Tensor] = []
 
     def update(self, output: RetrievalOutput, real: int | None = None) -> None:
         """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding)."""
         if real is not None:
             output = RetrievalOutput(output.query[:real], output.positive[:real], output.ids[:real])
-        queries, ids = output.held_out()
+        queries, ids, seen = output.held_out_with_history()
         self._queries.append(queries.detach().float().cpu())
         self._ids.append(ids.detach().cpu())
+        if self.mask_seen:
+            self._seen.append(seen.detach().cpu())
 
     def compute(
         self, catalogue: Catalogue, process_group: dist.ProcessGroup | None = None
@@ -65,8 +72,16 @@ class RetrievalHeadMetrics:
         queries = torch.cat(self._queries) if self._queries else torch.zeros(0, vectors.shape[1])
         ranker = RetrievalMetrics(self._ks, catalogue.kind)
         if ids.numel():
-            ranker.update(queries, ids, positives, vectors, candidate_ids)
+            ranker.update(queries, ids, positives, vectors, candidate_ids, seen=_padded(self._seen))
         values = ranker.compute(process_group)
         self.reset()
         prefix = "sampled_" if catalogue.kind == "sampled" else ""
         return {prefix + name: values[prefix + name] for name in self.metrics}
+
+
+def _padded(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """Batches of [n, S_i] history ids (-1 padding) as one [sum n, max S_i] tensor; None when empty."""
+    if not parts or not max(part.shape[1] for part in parts):
+        return None
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, width - part.shape[1]), value=-1) for part in parts])

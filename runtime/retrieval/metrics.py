@@ -12,6 +12,10 @@ query's other positives. Per query, with relevant items R and k:
                 over the ideal sum over the first min(|R|, k) positions
     mrr         1 / (1 + the best positive's position)
 
+A query's `seen` items (its history, -1 padding) are no candidates when
+given: the positive ranks among the items the user has not seen (a seen
+item that is also a positive still counts as a positive).
+
 The candidates are either the whole item table (`exact`) or a sampled set
 (`sampled`); sampled metrics are named with a `sampled_` prefix
 (`sampled_recall@10`), so the progress line, the JSON result and the run log
@@ -48,6 +52,7 @@ def positive_positions(
     candidates: torch.Tensor,
     candidate_ids: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, P] positions (float64; padding -1 gives +inf) of each query's positives.
 
@@ -55,7 +60,8 @@ def positive_positions(
     [B, P, D] their embeddings; `candidates` [N, D] with `candidate_ids` [N]
     (default: row numbers, the exact case over a whole table). A candidate
     with the id of one of the query's positives is not counted as a candidate
-    (the positives are counted among themselves instead).
+    (the positives are counted among themselves instead); nor is one with the
+    id of one of its `seen` items ([B, S], -1 padding).
     """
     queries = queries.detach().float()
     valid = positive_ids >= 0
@@ -63,19 +69,20 @@ def positive_positions(
     # Among the positives themselves: the others scoring at least as high.
     beaten = (own.unsqueeze(1) >= own.unsqueeze(2)) & valid.unsqueeze(1)
     count = beaten.sum(dim=2) - 1
-    step = max(1, chunk_size // max(1, positive_ids.shape[1]))  # the [B, P, chunk] comparison stays bounded
+    masked = positive_ids if seen is None else torch.cat([positive_ids, seen.to(positive_ids.device)], dim=1)
+    step = max(1, chunk_size // max(1, masked.shape[1]))  # the [B, P + S, chunk] comparison stays bounded
     for start in range(0, candidates.shape[0], step):
         block = candidates[start : start + step].detach().float()
         ids = None if candidate_ids is None else candidate_ids[start : start + step].to(positive_ids.device)
         scores = queries @ block.T  # [B, c]
-        if candidate_ids is None:  # row numbers: each positive's row in the chunk is known
-            rows = positive_ids - start
-            inside = valid & (rows >= 0) & (rows < block.shape[0])
+        if candidate_ids is None:  # row numbers: each positive's (and seen item's) row in the chunk is known
+            rows = masked - start
+            inside = (masked >= 0) & (rows >= 0) & (rows < block.shape[0])
             query_rows = torch.arange(queries.shape[0], device=rows.device).unsqueeze(1).expand_as(rows)
             scores[query_rows[inside], rows[inside]] = float("-inf")
         else:
-            is_positive = (ids.view(1, 1, -1) == positive_ids.unsqueeze(2)).any(dim=1)  # [B, c]
-            scores = scores.masked_fill(is_positive, float("-inf"))
+            is_masked = (ids.view(1, 1, -1) == masked.unsqueeze(2)).any(dim=1)  # [B, c]
+            scores = scores.masked_fill(is_masked, float("-inf"))
         count += (scores.unsqueeze(1) >= own.unsqueeze(2)).sum(dim=2)
     positions = count.to(torch.float64)
     return positions.masked_fill(~valid, float("inf"))
@@ -128,13 +135,17 @@ class RetrievalMetrics:
         positives: torch.Tensor,
         candidates: torch.Tensor,
         candidate_ids: torch.Tensor | None = None,
+        seen: torch.Tensor | None = None,
     ) -> None:
         """Add a batch of queries (see `positive_positions` for the arguments; 1-d ids: one positive)."""
         if positive_ids.dim() == 1:
             positive_ids, positives = positive_ids.unsqueeze(1), positives.unsqueeze(1)
         keep = (positive_ids >= 0).any(dim=1)  # a query without positives counts for nothing
         positive_ids, positives, queries = positive_ids[keep], positives[keep], queries[keep]
-        positions = positive_positions(queries, positive_ids, positives, candidates, candidate_ids, self.chunk_size)
+        seen = None if seen is None else seen[keep]
+        positions = positive_positions(
+            queries, positive_ids, positives, candidates, candidate_ids, self.chunk_size, seen=seen
+        )
         values = query_metrics(positions, positive_ids, self.ks)
         unprefixed = [name.removeprefix("sampled_") for name in self.names]
         sums = [float(values[name].sum()) for name in unprefixed]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -21,13 +22,10 @@ TEST = ["1::13::5::300", "2::14::4::300"]
 ROWS = 6
 
 
-def next_item_spec(max_length: int = 5):
-    return spec(
-        [],
-        [{"name": "history", "table": "movie", "max_length": max_length}],
-        {"movie": ROWS},
-        [{"name": "next", "label": "history", "loss": "sampled_softmax", "metrics": ("recall@1", "recall@2", "mrr")}],
-    )
+def next_item_spec(max_length: int = 5, mask_seen: bool = True):
+    head = {"name": "next", "label": "history", "loss": "sampled_softmax", "metrics": ("recall@1", "recall@2", "mrr")}
+    return spec([], [{"name": "history", "table": "movie", "max_length": max_length}], {"movie": ROWS},
+                [{**head, "mask_seen": mask_seen}])  # fmt: skip
 
 
 class ScoreTable(nn.Module):
@@ -56,8 +54,19 @@ def _read(inputs, path: Path, **options):
     return reader, list(batches)
 
 
-def test_evaluation_ranks_the_held_out_movie_from_the_whole_history(tmp_path: Path) -> None:
-    inputs = next_item_spec()
+@pytest.mark.parametrize(
+    ("mask_seen", "expected"),
+    [
+        # user 1's row 4 (0.5) under rows 1, 2, 3 and 5: position 4; user 2's row 5 (0.9): position 0
+        (False, {"recall@1": 0.5, "recall@2": 0.5, "mrr": (1 / 5 + 1) / 2}),
+        # user 1's history (rows 5, 1, 2) is no candidate: only row 3 (0.8) above it, position 1
+        (True, {"recall@1": 0.5, "recall@2": 1.0, "mrr": (1 / 2 + 1) / 2}),
+    ],
+)
+def test_evaluation_ranks_the_held_out_movie_from_the_whole_history(
+    tmp_path: Path, mask_seen: bool, expected: dict[str, float]
+) -> None:
+    inputs = next_item_spec(mask_seen=mask_seen)
     train, (trained,) = _read(inputs, write_lines(tmp_path / "train" / "ratings.dat", TRAIN))
     _, (held,) = _read(inputs, write_lines(tmp_path / "test" / "ratings.dat", TEST),
                        vocabulary=train.vocabulary, training=train, held_out=True)  # fmt: skip
@@ -65,14 +74,13 @@ def test_evaluation_ranks_the_held_out_movie_from_the_whole_history(tmp_path: Pa
     # user 1: 14 (t=50), 10, 11, then the held-out 13; user 2: 13 (t=10), 12, 11, then 14
     assert torch.split(history.values(), history.lengths().tolist())[0].tolist() == [5, 1, 2, 4]
     assert torch.split(history.values(), history.lengths().tolist())[1].tolist() == [4, 3, 2, 5]
-    # Both histories end with movie 11 (row 2): its query's scores over rows 0..5. Held out for
-    # user 1: row 4, scored 0.5 with rows 1, 2 and 5 above it: position 3. User 2: row 5, scored
-    # 0.9, nothing above it: position 0. (Ranking the history's last movie from the query before
-    # it, as evaluation did, would rank row 2 on an all-zero row of scores: position 5.)
+    # Both histories end with movie 11 (row 2): its query's scores over rows 0..5 rank the held-out
+    # rows 4 (user 1) and 5 (user 2). (Ranking the history's last movie from the query before it,
+    # as evaluation did, would rank on an all-zero row of scores.)
     scores = torch.zeros(ROWS, ROWS)
-    scores[2] = torch.tensor([0.0, 0.7, 0.6, 0.1, 0.5, 0.9])
+    scores[2] = torch.tensor([0.0, 0.7, 0.6, 0.8, 0.5, 0.9])
     metrics = evaluate(ScoreTable(scores), [held], inputs.heads)["next"]
-    assert metrics == {"recall@1": 0.5, "recall@2": 0.5, "mrr": (1 / 4 + 1) / 2}
+    assert metrics == pytest.approx(expected, abs=1e-12)
     assert len(trained.batch.sparse["history"].values()) == 6  # training rows: their histories only
 
 
