@@ -27,8 +27,8 @@ from compiler.spec.values import SEQUENCE_OUTPUTS, ParsedBlock, Ref, describe, i
 
 RETRIEVAL_KEYS = ("item", "negatives", "logq", "temperature", "normalize", "mask_seen")
 DEFAULT_METRICS = ("recall@10", "ndcg@10")
-ALLOWED_METRICS = "recall@<k>, ndcg@<k>, hit_rate@<k>, mrr"
-_METRIC = re.compile(r"(recall|ndcg|hit_rate)@([1-9][0-9]*)|mrr")
+ALLOWED_METRICS = "recall@<k>, ndcg@<k>, hit_rate@<k>, mrr, each also as user_<metric> (averaged per user)"
+_METRIC = re.compile(r"(user_)?((recall|ndcg|hit_rate)@([1-9][0-9]*)|mrr)")
 
 
 def check_keys(checker: Checker, entry: Node, loss: Any) -> None:

@@ -33,7 +33,7 @@ from typing import Iterator, Mapping
 
 import torch
 
-from runtime.data.columns import Columns, Jagged
+from runtime.data.columns import USER_IDS, Columns, Jagged
 from runtime.data.errors import DataError, RowError
 from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.data.movielens_history import HistoryIndex
@@ -74,6 +74,7 @@ class MovieLensLayout:
     keys: tuple[str, ...] = ()  # the batch's sparse keys: sparse features, then timestamps features
     positives_only: bool = False  # a retrieval head: ratings below the threshold are no rows
     next_item: bool = False  # a retrieval head's positives are the history sequence's ids
+    user_ids: bool = False  # a retrieval head reports per-user metrics: the labels carry USER_IDS
     max_genres: int | None = None  # the genres feature's max_ids_per_sample: a movie with more is a bad row
 
 
@@ -162,6 +163,8 @@ class MovieLensReader:
         labels = {
             label: (stars >= self.threshold).float() if loss == "bce" else stars for label, loss in layout.labels
         }
+        if layout.user_ids:
+            labels[USER_IDS] = torch.tensor([r[0] for r in rows], dtype=torch.long)
         if layout.history is not None and self.histories is not None:
             users = torch.tensor([r[0] for r in rows], dtype=torch.long)
             stamps = torch.tensor([r[3] for r in rows], dtype=torch.long)
@@ -298,8 +301,9 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
     if any(head.loss == "sampled_softmax" for head in inputs.heads):
         _check_retrieval_heads(inputs, explicit, feeds)
         next_item = any(head.label == feeds["history"] for head in inputs.heads if feeds["history"] is not None)
+        user_ids = any(name.startswith("user_") for head in inputs.heads for name in head.metrics)
         return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], (), positives_only=True,
-                               next_item=next_item, **common)  # fmt: skip
+                               next_item=next_item, user_ids=user_ids, **common)  # fmt: skip
     label = explicit.get("rating", inputs.heads[0].label)
     heads = [head for head in inputs.heads if head.label == label]
     if not heads:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from runtime.modules.losses import HeadConfig
 from runtime.retrieval.catalogue import Catalogue
-from runtime.retrieval.head_metrics import RetrievalHeadMetrics
+from runtime.retrieval.head_metrics import USER_IDS, RetrievalHeadMetrics
 
 MetricValues = dict[str, float | None]
 DEFAULT_METRICS = {
@@ -152,7 +152,7 @@ class MetricSet:
                 output, label = output[:real], label[:real]
             head.update(output, label)
         for name, retrieval in self.retrieval.items():
-            retrieval.update(outputs[name], real)  # type: ignore[arg-type]
+            retrieval.update(outputs[name], real, labels.get(USER_IDS))  # type: ignore[arg-type]
 
     def compute(self, process_group: dist.ProcessGroup | None = None) -> dict[str, MetricValues]:
         """head name -> metric -> value over all ranks (None when undefined); a collective."""

@@ -76,21 +76,23 @@ class RetrievalOutput:
         Two-tower: every query with its positive. Next item: the query at
         position len - 2 and the item at len - 1, for sequences of two items or more.
         """
-        queries, ids, _ = self.held_out_with_history()
+        queries, ids, _, _ = self.held_out_with_history()
         return queries, ids
 
-    def held_out_with_history(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`held_out`'s queries and positive ids, and each query's history: the items before the
-        positive, [n, S] with -1 padding (S = 0 for a two-tower head, whose query has none)."""
+    def held_out_with_history(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`held_out`'s queries and positive ids, each query's history (the items before the
+        positive, [n, S] with -1 padding; S = 0 for a two-tower head, whose query has none) and
+        the sample each query is of [n]."""
         if not self.next_item:
-            return self.query, self.ids, self.ids.new_full((self.ids.shape[0], 0), -1)
+            samples = torch.arange(self.ids.shape[0], device=self.ids.device)
+            return self.query, self.ids, self.ids.new_full((self.ids.shape[0], 0), -1), samples
         lengths = (self.ids >= 0).sum(dim=1)
         keep = lengths >= 2
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)[keep]
         last = lengths[keep] - 1
         history = self.ids[keep, :-1]
         history = history.masked_fill(torch.arange(history.shape[1], device=history.device) >= last.unsqueeze(1), -1)
-        return self.query[rows, last - 1], self.ids[rows, last], history
+        return self.query[rows, last - 1], self.ids[rows, last], history, rows
 
 def two_tower_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
     """The head's output for vector queries; `ids` must hold exactly one item id per sample."""

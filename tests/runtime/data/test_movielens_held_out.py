@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from runtime.data.bad_rows import BadRowLog
+from runtime.data.columns import USER_IDS
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, open_reader
 from runtime.retrieval.head import next_item_output
@@ -92,3 +94,19 @@ def test_requests_and_training_rows_keep_their_history_alone(tmp_path: Path) -> 
     _, (held,) = _read(inputs, test, vocabulary=train.vocabulary, training=train, held_out=True)
     assert requests.batch.sparse["history"].values().tolist() == [1, 2, 3, 2]  # the latest two
     assert held.batch.sparse["history"].values().tolist() == [2, 4, 2, 5]  # the latest one, then its own
+
+
+def test_per_user_metrics_take_the_user_ids_the_reader_puts_in_the_labels(tmp_path: Path) -> None:
+    inputs = next_item_spec()
+    head = dataclasses.replace(inputs.heads[0], metrics=("mrr", "user_mrr"))
+    inputs = dataclasses.replace(inputs, heads=(head,))
+    train, _ = _read(inputs, write_lines(tmp_path / "train" / "ratings.dat", TRAIN))
+    # user 1 holds out two ratings, user 2 one: the per-user mean weighs the users alike
+    test = write_lines(tmp_path / "test" / "ratings.dat", [*TEST, "1::12::4::400"])
+    _, (held,) = _read(inputs, test, vocabulary=train.vocabulary, training=train, held_out=True)
+    assert held.batch.labels[USER_IDS].tolist() == [1, 2, 1]
+    scores = torch.zeros(ROWS, ROWS)
+    scores[2] = torch.tensor([0.0, 0.7, 0.6, 0.8, 0.5, 0.9])  # user 1's first row: position 1, user 2's: 0
+    scores[4] = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # user 1's second (after movie 13): row 3 ties, position 1
+    metrics = evaluate(ScoreTable(scores), [held], inputs.heads)["next"]
+    assert metrics == pytest.approx({"mrr": (1 / 2 + 1 + 1 / 2) / 3, "user_mrr": ((1 / 2 + 1 / 2) / 2 + 1) / 2})

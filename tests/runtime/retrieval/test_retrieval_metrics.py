@@ -207,3 +207,18 @@ def test_seen_items_are_no_candidates(sampled: bool) -> None:
     unmasked = RetrievalMetrics((5, 20), candidates="sampled" if sampled else "exact")
     unmasked.update(queries, positive_ids, table[positive_ids], table[ids], ids if sampled else None)
     assert unmasked.compute()[prefix + "mrr"] < got[prefix + "mrr"]  # masking moves positives up
+
+
+def test_per_user_metrics_average_each_users_mean() -> None:
+    # Three queries of user 7 and one of user 9 over a 4-item table of one-hot rows: the scores are the queries.
+    table = torch.eye(4)
+    queries = torch.tensor([[0.9, 0.1, 0.0, 0.0], [0.1, 0.9, 0.0, 0.0], [0.0, 0.2, 0.3, 0.1], [0.0, 0.0, 0.0, 1.0]])
+    positive_ids = torch.tensor([0, 0, 0, 3])  # positions 0, 1, 3 for user 7; 0 for user 9
+    metrics = RetrievalMetrics((1,), per_user=True)
+    metrics.update(queries, positive_ids, table[positive_ids], table, users=torch.tensor([7, 7, 7, 9]))
+    got = metrics.compute()
+    assert got["recall@1"] == pytest.approx((1 + 0 + 0 + 1) / 4)
+    assert got["user_recall@1"] == pytest.approx(((1 + 0 + 0) / 3 + 1) / 2)
+    assert got["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 4 + 1) / 4)
+    assert got["user_mrr"] == pytest.approx(((1 + 1 / 2 + 1 / 4) / 3 + 1) / 2)
+    assert list(got) == [*metric_names((1,)), "user_recall@1", "user_ndcg@1", "user_hit_rate@1", "user_mrr"]
