@@ -142,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     best = parser.add_argument_group("early stopping")
     best.add_argument("--best-metric", metavar="NAME",
                       help="the eval metric (auc, ne, head.metric ...) whose best pass is kept in "
-                           "CHECKPOINT_DIR/best; lower is better for ne, mse, rmse, loss")  # fmt: skip
+                           "CHECKPOINT_DIR/best; lower is better for ne, log_loss, mse, rmse, loss")  # fmt: skip
     best.add_argument("--patience", type=int, help="stop after P evaluations without a gain of --best-metric")
     pipelining = parser.add_argument_group("training pipeline")
     pipelining.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
