@@ -29,8 +29,11 @@ SAMPLE_ROWS = 10_000
 
 
 def sequence_features(inputs: ModelInputs) -> tuple[str, ...]:
-    """The sparse features that are sequences (a max_length: histories)."""
-    return tuple(f.name for f in inputs.sparse if f.max_length is not None)
+    """The sparse features that are sequences (a max_length: histories), but a next-item head's own
+    sequence: every position of a training sequence is trained, so its prefixes are the short
+    histories, and a row's whole length says nothing."""
+    next_item = {head.label for head in inputs.heads if head.loss == "sampled_softmax"}
+    return tuple(f.name for f in inputs.sparse if f.max_length is not None and f.name not in next_item)
 
 
 def reader_lengths(reader: Any, features: tuple[str, ...], rows: int = SAMPLE_ROWS) -> dict[str, float]:

@@ -47,6 +47,13 @@ def test_a_split_whose_evaluation_rows_carry_the_training_past_is_measured(tmp_p
     ]
 
 
+def test_a_next_item_heads_own_sequence_is_not_compared() -> None:
+    inputs = spec([], [{"name": "history", "table": "movie", "max_length": 50}], {"movie": 40},
+                  [{"name": "next", "label": "history", "loss": "sampled_softmax"}])  # fmt: skip
+    assert sequence_features(inputs) == ()
+    assert sequence_features(history_spec()) == ("history",)
+
+
 def test_prepared_data_gives_the_mean_of_every_row_from_its_statistics() -> None:
     columns = {"sparse.history": {"stats": {"rows": 8, "values": 20}}, "sparse.movie_id": {"stats": {"rows": 8}}}
     assert prepared_lengths(columns, ("history", "other")) == {"history": 2.5}
