@@ -16,8 +16,9 @@ vectors used as queries. A next-item model's held-out request is a rating
 line: its query is the user's earlier positives (the history the reader
 cuts from `history`, the training ratings the file was split from, and the
 file's earlier lines), its positive the line's movie; a line with no history
-is no query, and the report counts them. An approximate index that keeps less than 0.95 of
-exact search's figure is written all the same, and the report says so.
+is no query, and the report counts them. An approximate index that keeps
+less than 0.95 of exact search's figure is written all the same, and the
+report says so.
 """
 
 from __future__ import annotations
