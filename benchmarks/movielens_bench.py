@@ -56,7 +56,7 @@ def write_ratings(wheel: Path, path: Path) -> int:
 def reccompile(*args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "compiler.cli", *args], cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"reccompile {' '.join(args)} failed:\n{done.stderr}")
+        raise SystemExit(f"reccompile {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}")
     return done.stdout
 
 
