@@ -456,6 +456,7 @@ class Retrieval:
     ks: tuple[int, ...]  # the k of the metrics
     next_item: bool  # the query is a sequence and each position predicts the next item
     per_query: bool = False  # each query draws its own `uniform` negatives (else one draw a step)
+    mask_seen: bool = False  # next_item: a held-out row's history items are no candidates in the metrics
 
 
 @dataclass(frozen=True, slots=True)

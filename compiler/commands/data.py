@@ -16,6 +16,9 @@ rows only.
 `reccompile data split --data movielens:PATH -o DIR [--holdout F]`: the
 positives of a MovieLens file split by time per user into DIR/train and
 DIR/test (runtime.data.movielens_split), for retrieval models.
+`reccompile data split --data csv:PATH|parquet:PATH --time COL [--key COL]`
+and `--data criteo:PATH`: any table's latest rows held out, per key or in
+all (runtime.data.table_split); run on DIR/train it cuts a validation part.
 
 Prints what was prepared (split) and its throughput; exit status 0 when done,
 1 for a spec or data error, 2 for bad usage.
@@ -64,16 +67,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                               "start histories in them, as --eval-data movielens: does; train --eval-data prepared: "
                               "refuses evaluation data prepared without the training vocabulary. csv or parquet "
                               "evaluation data: apply the features learned from these training files")  # fmt: skip
-    split = actions.add_parser("split", help="MovieLens positives split by time per user into train/ and test/",
-                               description="MovieLens positives (rating >= threshold) split by time per user: "
-                                           "the last --holdout of each user's positives go to DIR/test, the rest "
-                                           "to DIR/train, as ratings files of the input's layout.")
-    split.add_argument("--data", required=True, metavar="movielens:PATH", help="the MovieLens ratings file or directory")
+    split = actions.add_parser("split", help="data split by time into train/ and test/ (the latest rows held out)",
+                               description="Rows split by time: the latest --holdout of each --key's rows (or of "
+                                           "all rows) go to DIR/test, the rest to DIR/train, in the input's format. "
+                                           "MovieLens: the positives (rating >= threshold) of each user by timestamp. "
+                                           "CSV and Parquet: ordered by --time. Criteo: the latest lines (its "
+                                           "files are in time order).")
+    split.add_argument("--data", required=True, metavar="READER:PATH",
+                       help="movielens:PATH, csv:PATH, parquet:PATH or criteo:PATH (a file or a directory of them)")
     split.add_argument("-o", "--outdir", type=Path, required=True, help="the directory to write train/ and test/ in")
     split.add_argument("--holdout", type=float, default=0.2,
-                       help="the share of each user's latest positives held out (0.2; at most all but one)")
-    split.add_argument("--rating-threshold", type=float, default=4.0, help="rating >= T is a positive (4)")
-
+                       help="the share of each key's latest rows held out (0.2; at most all but one)")
+    split.add_argument("--time", metavar="COLUMN", help="csv, parquet: the column the rows are ordered by (numbers)")
+    split.add_argument("--key", metavar="COLUMN",
+                       help="csv, parquet: hold out the latest rows of each value of this column (e.g. the user), "
+                            "not the latest rows of the whole table")
+    split.add_argument("--rating-threshold", type=float, default=4.0, help="movielens: rating >= T is a positive (4)")
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "split":
@@ -145,26 +154,40 @@ def _count(n: int, noun: str) -> str:
 
 
 def _split(args: argparse.Namespace) -> int:
+    from runtime.data.table_split import SPLIT_READERS
+
     reader, colon, path = args.data.partition(":")
-    if reader != "movielens" or not colon or not path:
-        print(f"error: --data {args.data}: split reads movielens:PATH", file=sys.stderr)
+    if reader not in SPLIT_READERS or not colon or not path:
+        print(f"error: --data {args.data}: split reads {', '.join(f'{r}:PATH' for r in SPLIT_READERS)}",
+              file=sys.stderr)  # fmt: skip
         return 2
     if not 0.0 < args.holdout < 1.0:
         print(f"error: --holdout must be between 0 and 1 (exclusive), got {args.holdout:g}", file=sys.stderr)
         return 2
+    if reader in ("movielens", "criteo") and (args.time is not None or args.key is not None):
+        given = "--time" if args.time is not None else "--key"
+        why = "users and timestamps are its own" if reader == "movielens" else "its lines are in time order"
+        print(f"error: {given}: {reader} data is split without it ({why})", file=sys.stderr)
+        return 2
+    if reader in ("csv", "parquet") and args.time is None:
+        print(f"error: --data {args.data}: name the column the rows are ordered by (--time COLUMN)", file=sys.stderr)
+        return 2
     from runtime.data.errors import DataError
     from runtime.data.movielens_split import split_by_time
+    from runtime.data.table_split import split_table
     from runtime.storage.output import OutputError, removed_on_error
 
     try:  # the split refuses an existing train/ or test/: on failure, what it made goes
         with removed_on_error(args.outdir, args.outdir / "train", args.outdir / "test"):
-            split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
+            if reader == "movielens":
+                split = split_by_time(path, args.outdir, threshold=args.rating_threshold, holdout=args.holdout)
+            else:
+                split = split_table(reader, path, args.outdir, time=args.time, key=args.key, holdout=args.holdout)
     except (DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"split {split.describe()}")
     return 0
-
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr if message.startswith("warning:") else sys.stdout, flush=True)

@@ -3,14 +3,15 @@
     reccompile export SPEC --checkpoint DIR [--quantize fp16|int8|int4|none]
                            [--per-table t0=int4,t3=fp32] [--dense fp32|bf16] [--no-aot]
                            [--allow-spec-change] [--index auto|exact|flat|ivf|hnsw]
-                           [--eval-data movielens:FILE|...] -o OUT
+                           [--eval-data movielens:FILE|... [--history movielens:TRAIN]] -o OUT
 
 Writes OUT/ (see compiler/serving/export.py and runtime/serving/export_dir.py): the generated
 inference module, the weights at each table's precision, the layout, the
 torch.export program and the manifest; prints one row per table with its
 size on disk. A retrieval model (a sampled_softmax head) also gets its item
 vectors and their index, and the line saying how the index's recall@100
-compares with exact search's (on --eval-data's held-out positives). Exit status 1 when the spec, the checkpoint or the export
+compares with exact search's (on --eval-data's held-out positives; a next-item
+model's take their histories from --history, the training ratings they were split from). Exit status 1 when the spec, the checkpoint or the export
 fails, 2 for bad command-line use.
 """
 
@@ -51,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-data", metavar="READER:PATH",
                         help="retrieval models: held-out requests (e.g. `reccompile data split`'s test part) "
                              "to measure the index's recall@100 against exact search")
+    parser.add_argument("--history", metavar="movielens:TRAIN",
+                        help="next-item models: the training ratings --eval-data was split from, where each "
+                             "held-out request's history is cut from")
     parser.add_argument("--rating-threshold", type=float, default=4.0,
                         help="MovieLens --eval-data: rating >= T is a positive (4)")
     parser.add_argument("-o", "--outdir", type=Path, required=True, metavar="OUT", help="the export directory")
@@ -70,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             index=args.index,
             eval_data=args.eval_data,
             rating_threshold=args.rating_threshold,
+            history=args.history,
         )
         try:
             result = export(request)

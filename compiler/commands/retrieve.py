@@ -1,6 +1,7 @@
 """`reccompile retrieve OUT --data ... --k K -o results.csv`: top-k items per request from an export.
 
-    reccompile retrieve OUT --data synthetic|movielens:FILE|csv:FILE|... [--k K] [--batch-size B]
+    reccompile retrieve OUT --data synthetic|movielens:FILE|csv:FILE|... [--history movielens:TRAIN]
+                        [--k K] [--batch-size B]
                         [--rows N] [--seed S] [--bad-rows fail|skip]
                         [--threads T] [--no-verify] -o results.csv
 
@@ -11,6 +12,11 @@ CSV rows per request (runtime/serving/retrieve.py) and reports requests/s and
 the threads (`--threads` or the cores free at launch, runtime/cpu/threads.py).
 A `--k` above the index's item count is clamped to it, with a note: the
 results are sized by the catalogue, never by the number typed.
+
+A next-item model's requests take their histories from `--history` (the
+training ratings they were split from) and their own file; requests with no
+history get no rows and are counted in the report.
+
 Exit status 1 when the export, its index or the data is bad (the first bad
 row under `--bad-rows fail`, named by file and line), 2 for bad usage (an `-o` that is a
 directory, a file `--data` reads, or inside OUT is refused before anything is read).
@@ -31,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
     parser.add_argument("--data", default="synthetic",
                         help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
+    parser.add_argument("--history", metavar="movielens:TRAIN",
+                        help="next-item models: the training ratings the requests were split from, where each "
+                             "request's history (the user's earlier positives) is cut from")
     parser.add_argument("--k", type=positive_int, default=10,
                         help="items per request (default 10; more than the index holds: all of them, with a note)")
     parser.add_argument("--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512,
@@ -59,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from runtime.serving.retrieve import retrieve_file
     from runtime.storage.output import OutputError
 
-    problem = output_file_problem("-o", args.output, export=args.export, reads=read_paths(args.data))
+    reads = read_paths(args.data) + (() if args.history is None else read_paths(args.history))
+    problem = output_file_problem("-o", args.output, export=args.export, reads=reads)
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
@@ -86,17 +96,23 @@ def run(args: argparse.Namespace) -> int:
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
                 features=data_file(args.export, "features", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
+                history=args.history,
             )  # fmt: skip
     except (ExportError, IndexFileError, DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     if report.bad_rows_summary is not None:
         print(report.bad_rows_summary, file=sys.stderr)
+    if report.no_history:
+        source = "--history and the requests file" if args.history else "the requests file (no --history)"
+        print(f"warning: {report.no_history:,} of {report.requests:,} requests have no history in {source}: "
+              "no items written for them", file=sys.stderr)  # fmt: skip
     print(
         f"wrote the top {k} of {section['items']:,} items ({section['index']['kind']} index) for "
         f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "
         f"{report.requests_per_s:,.0f} requests/s (query tower {report.query_seconds:.3f} s, "
         f"index {report.search_seconds:.3f} s) on {threads.describe()}; {report.bad_rows:,} bad rows skipped"
+        + (f"; {report.no_history:,} requests without a history" if report.no_history else "")
         + ("" if report.unseen is None else f"; {report.unseen.describe()}")
     )
     return 0

@@ -80,8 +80,10 @@ def run(args: argparse.Namespace) -> int:
         if unused is not None:
             print(f"note: {unused}", file=sys.stderr)
         try:
-            reads_files = choose_data(options.data, inputs).reader != "synthetic"
+            data = choose_data(options.data, inputs)
+            reads_files = data.reader != "synthetic"
             train_options.check_early_stopping(ready)
+            train_options.check_shuffle_window(ready, str(data))
             if ready.best_metric is not None:
                 resolve_best_metric(ready.best_metric, inputs.heads)
         except (DataError, UsageError) as error:

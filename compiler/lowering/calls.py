@@ -360,6 +360,7 @@ def head_config_call(head: Head) -> Call:
         ("num_classes", head.num_classes),
         ("metrics", head.metrics),
         *((("output", head.output),) if head.output != "logit" else ()),
+        *((("mask_seen", False),) if head.retrieval is not None and not head.retrieval.mask_seen else ()),
         ("where", str(head.loc)),
     ))
 

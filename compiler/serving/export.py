@@ -91,6 +91,7 @@ class ExportRequest:
     index: str = "auto"  # retrieval heads: the index kind (runtime.retrieval.index.INDEX_KINDS)
     eval_data: str | None = None  # retrieval heads: held-out requests for the index's recall check
     rating_threshold: float = 4.0  # MovieLens held-out data: the positives
+    history: str | None = None  # next-item eval_data: the training ratings its histories are cut from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +143,7 @@ def export(request: ExportRequest) -> ExportResult:
         if hasattr(module, "RETRIEVAL"):
             section, items = export_items(
                 model, module, staging, kind=request.index, eval_data=request.eval_data,
-                threshold=request.rating_threshold,
+                threshold=request.rating_threshold, history=request.history,
                 vocabulary=read_vocabulary(vocabulary) if vocabulary.is_file() else None,
             )  # fmt: skip
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
@@ -170,6 +171,8 @@ def _check_index_request(ir: ModelIR, request: ExportRequest) -> None:
         raise UsageError(
             f"--index and --eval-data are for retrieval models: {ir.source} has no sampled_softmax head"
         )
+    if request.history is not None and request.eval_data is None:
+        raise UsageError("--history is where --eval-data's histories come from: give --eval-data too")
     if request.index not in INDEX_KINDS:
         raise UsageError(f"--index: {request.index!r} is not one of {', '.join(INDEX_KINDS)}")
     if request.index in FAISS_KINDS and not faiss_available():

@@ -71,7 +71,8 @@ from compiler.spec.values import (
 )
 from compiler.spec.stacks import STACK_BLOCKS, infer_stack_block
 
-METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}
+METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}  # the defaults
+ALSO_ALLOWED = {"bce": ("log_loss",)}  # metrics a head may ask for beyond its defaults
 _MIN_VECTORS = {"dot": 2, "fm": 2, "sum": 2, "product": 2}
 SEQUENCE_BLOCKS = ("sequence_pool", "target_attention", "transformer", "hstu", "gru")  # they read a sequence
 _SIDE_KEYS = ("query", "prepend", "timestamps")  # references outside `input`
@@ -605,9 +606,9 @@ def _metrics(checker: Checker, head: _Head) -> Any:
     metrics = checker.value(head.node, "metrics")
     if head.loss not in METRICS or not known(metrics):
         return INVALID
-    allowed = METRICS[head.loss]
     if metrics is None:
-        return list(allowed)
+        return list(METRICS[head.loss])
+    allowed = METRICS[head.loss] + ALSO_ALLOWED.get(head.loss, ())
     misfits = [item for item in checker.entries(head.node, "metrics") if item.value not in allowed]
     for item in misfits:
         message = f"metric '{item.value}' does not apply to {article(head.loss)} head (allowed: {', '.join(allowed)})"

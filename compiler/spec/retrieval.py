@@ -25,10 +25,10 @@ from compiler.spec.load import Node
 from compiler.spec.semantic import INVALID, Checker, Features, known
 from compiler.spec.values import SEQUENCE_OUTPUTS, ParsedBlock, Ref, describe, input_ir, is_sequence, value_width
 
-RETRIEVAL_KEYS = ("item", "negatives", "logq", "temperature", "normalize")
+RETRIEVAL_KEYS = ("item", "negatives", "logq", "temperature", "normalize", "mask_seen")
 DEFAULT_METRICS = ("recall@10", "ndcg@10")
-ALLOWED_METRICS = "recall@<k>, ndcg@<k>, hit_rate@<k>, mrr"
-_METRIC = re.compile(r"(recall|ndcg|hit_rate)@([1-9][0-9]*)|mrr")
+ALLOWED_METRICS = "recall@<k>, ndcg@<k>, hit_rate@<k>, mrr, each also as user_<metric> (averaged per user)"
+_METRIC = re.compile(r"(user_)?((recall|ndcg|hit_rate)@([1-9][0-9]*)|mrr)")
 
 
 def check_keys(checker: Checker, entry: Node, loss: Any) -> None:
@@ -98,6 +98,11 @@ def retrieval_head(
     normalize = checker.value(entry, "normalize", False)
     query_block = blocks[query.name]
     next_item = query_block.kind in SEQUENCE_OUTPUTS
+    mask_seen = checker.value(entry, "mask_seen", next_item)
+    if mask_seen is True and not next_item:
+        message = "`mask_seen` applies to a next-item head (a sequence query): a two-tower query has no history to mask"
+        checker.error(checker.child(entry, "mask_seen") or entry, message, at_key=True)
+        return None
     feature = _item_feature(checker, item, blocks, features)
     if feature is None:
         return None
@@ -120,7 +125,7 @@ def retrieval_head(
         per = "query" if negatives[2] else "step"
         checker.error(at, f"{uniform} uniform negatives per {per}, but the item table '{table}' has {rows} rows")
         return None
-    if not ok or table is None or not known(weight, metrics, negatives, logq, temperature, normalize):
+    if not ok or table is None or not known(weight, metrics, negatives, logq, temperature, normalize, mask_seen):
         return None
     retrieval = Retrieval(
         item=input_ir(item, blocks, features),
@@ -134,6 +139,7 @@ def retrieval_head(
         ks=tuple(sorted({int(m.partition("@")[2]) for m in metrics if "@" in m})),
         next_item=next_item,
         per_query=negatives[2],
+        mask_seen=mask_seen,
     )
     ref = input_ir(query, blocks, features)
     return Head(name, ref, "sampled_softmax", feature, float(weight), 1, tuple(metrics), entry.loc, retrieval)

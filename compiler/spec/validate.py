@@ -48,8 +48,9 @@ _TYPE_NAMES = {
 PATTERN_HINTS = {
     "^[A-Za-z][A-Za-z0-9_]*$": "is not a valid name: use a letter, then letters, digits or _",
     "^[0-9]+(\\.[0-9]+)? ?(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)$": "is not a size like 16GiB, 512MiB, 2GB or a byte count",
-    "^(ne|auc|accuracy|mse|rmse|mrr|(recall|ndcg|hit_rate)@[1-9][0-9]{0,5})$": (
-        "is not a metric: ne, auc, accuracy, mse, rmse, mrr, or recall@k, ndcg@k, hit_rate@k with k from 1 to 999999"
+    "^(ne|log_loss|auc|accuracy|mse|rmse|(user_)?mrr|(user_)?(recall|ndcg|hit_rate)@[1-9][0-9]{0,5})$": (
+        "is not a metric: ne, log_loss, auc, accuracy, mse, rmse, mrr, or recall@k, ndcg@k, hit_rate@k with k from 1 "
+        "to 999999 (user_ before a retrieval metric: averaged per user)"
     ),
 }
 

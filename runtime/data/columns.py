@@ -19,6 +19,10 @@ import torch
 from runtime.data.batch import Batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 
+# The labels' entry holding each row's user id where per-user retrieval metrics need it
+# (runtime.retrieval.head_metrics); no head reads it, and prepared data does not keep it.
+USER_IDS = "_user_ids"
+
 
 @dataclass(frozen=True, slots=True)
 class Jagged:

@@ -33,7 +33,7 @@ from typing import Iterator, Mapping
 
 import torch
 
-from runtime.data.columns import Columns, Jagged
+from runtime.data.columns import USER_IDS, Columns, Jagged
 from runtime.data.errors import DataError, RowError
 from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.data.movielens_history import HistoryIndex
@@ -73,6 +73,8 @@ class MovieLensLayout:
     timestamps: tuple[str, ...] = ()  # the timestamps features of the history feature
     keys: tuple[str, ...] = ()  # the batch's sparse keys: sparse features, then timestamps features
     positives_only: bool = False  # a retrieval head: ratings below the threshold are no rows
+    next_item: bool = False  # a retrieval head's positives are the history sequence's ids
+    user_ids: bool = False  # a retrieval head reports per-user metrics: the labels carry USER_IDS
     max_genres: int | None = None  # the genres feature's max_ids_per_sample: a movie with more is a bad row
 
 
@@ -81,6 +83,11 @@ class MovieLensReader:
 
     `earlier`: the training ratings file when this one is read for evaluation;
     its ratings count as history for this file's (runtime.data.movielens_history).
+    `held_out`: the rows are evaluated (not requests to answer): a next-item
+    model's sequence is then the row's history followed by the row's own movie
+    (the history cut to max_length - 1 to make room), so the model's query at
+    the last history position is ranked on the held-out movie, never on a
+    movie of the history (runtime.retrieval.head.RetrievalOutput.held_out).
     """
 
     name = "movielens"
@@ -92,6 +99,7 @@ class MovieLensReader:
         vocabulary: Vocabulary,
         threshold: float = DEFAULT_THRESHOLD,
         earlier: Path | None = None,
+        held_out: bool = False,
     ) -> None:
         self.file, self.format = ratings_file(path)
         self.source = str(path)
@@ -106,6 +114,7 @@ class MovieLensReader:
         self._separator = _SEPARATORS[self.format]
         self.timestamps = inputs.timestamps
         check_rows(inputs, self.layout, vocabulary)
+        self.held_out = held_out and self.layout.next_item
         self.histories: HistoryIndex | None = None
         if self.layout.history is not None:
             files = [self.file] if earlier is None or _same_file(earlier, self.file) else [earlier, self.file]
@@ -154,10 +163,16 @@ class MovieLensReader:
         labels = {
             label: (stars >= self.threshold).float() if loss == "bce" else stars for label, loss in layout.labels
         }
+        if layout.user_ids:
+            labels[USER_IDS] = torch.tensor([r[0] for r in rows], dtype=torch.long)
         if layout.history is not None and self.histories is not None:
             users = torch.tensor([r[0] for r in rows], dtype=torch.long)
             stamps = torch.tensor([r[3] for r in rows], dtype=torch.long)
-            lengths, movies, times = self.histories.cut(users, stamps, layout.max_length, layout.keep)
+            room = layout.max_length - 1 if self.held_out else layout.max_length
+            lengths, movies, times = self.histories.cut(users, stamps, room, layout.keep)
+            if self.held_out:
+                own = torch.tensor([vocab.movie_row(r[1]) for r in rows], dtype=torch.long)
+                lengths, movies, times = _followed_by(lengths, movies, times, own, stamps)
             sparse[layout.history] = Jagged(lengths, movies, None)
             for name in layout.timestamps:
                 sparse[name] = Jagged(lengths, times, None)
@@ -165,6 +180,21 @@ class MovieLensReader:
 
 
 _INT64_MAX = 2**63 - 1
+
+
+def _followed_by(
+    lengths: torch.Tensor, movies: torch.Tensor, times: torch.Tensor, own: torch.Tensor, stamps: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's history (lengths, movies, times) with the row's own movie and time after it."""
+    longer = lengths + 1
+    last = torch.cumsum(longer, 0) - 1
+    is_last = torch.zeros(int(longer.sum()), dtype=torch.bool)
+    is_last[last] = True
+    joined_movies = torch.empty(is_last.numel(), dtype=torch.long)
+    joined_times = torch.empty(is_last.numel(), dtype=torch.long)
+    joined_movies[last], joined_movies[~is_last] = own, movies
+    joined_times[last], joined_times[~is_last] = stamps, times
+    return longer, joined_movies, joined_times
 
 
 def parse_rating(line: bytes, separator: bytes) -> RatingRow:
@@ -275,7 +305,10 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
     )
     if any(head.loss == "sampled_softmax" for head in inputs.heads):
         _check_retrieval_heads(inputs, explicit, feeds)
-        return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], (), positives_only=True, **common)
+        next_item = any(head.label == feeds["history"] for head in inputs.heads if feeds["history"] is not None)
+        user_ids = any(name.startswith("user_") for head in inputs.heads for name in head.metrics)
+        return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], (), positives_only=True,
+                               next_item=next_item, user_ids=user_ids, **common)  # fmt: skip
     label = explicit.get("rating", inputs.heads[0].label)
     heads = [head for head in inputs.heads if head.label == label]
     if not heads:

@@ -37,7 +37,7 @@ from runtime.data.errors import DataError, RowError
 from runtime.data.movielens import DEFAULT_THRESHOLD, movies_file, parse_rating, ratings_file
 from runtime.data.text_lines import numbered_lines
 
-__all__ = ["MovieLensSplit", "split_by_time"]
+__all__ = ["MovieLensSplit", "refuse_outdir", "split_by_time"]
 
 _SEPARATORS = {"tab": b"\t", "dat": b"::", "csv": b","}
 
@@ -72,7 +72,7 @@ def split_by_time(
         raise DataError(f"holdout must be between 0 and 1 (exclusive), got {holdout:g}")
     file, layout = ratings_file(path)
     root = Path(outdir)
-    _refuse_outdir(root, [file, movies_file(file, layout)])
+    refuse_outdir(root, [file, movies_file(file, layout)])
     header, positives, dropped = _read_positives(file, layout, threshold)
     held: set[int] = set()
     for events in positives.values():
@@ -94,7 +94,7 @@ def split_by_time(
     )  # fmt: skip
 
 
-def _refuse_outdir(root: Path, inputs: list[Path]) -> None:
+def refuse_outdir(root: Path, inputs: list[Path]) -> None:
     """DataError when writing the split into `root` could replace anything: its train/ or test/ exists."""
     if root.exists() and not root.is_dir():
         raise DataError(f"{root}: exists and is not a directory; choose another -o")

@@ -103,17 +103,19 @@ def open_reader(
     save_vocab: bool = False,
     vocabulary: Vocabulary | None = None,
     training: Reader | None = None,
+    held_out: bool = False,
 ) -> Reader:
     """The reader of `choice` for `inputs`; MovieLens uses `vocabulary`, else the one saved at
     `vocab_path` while current, else one built now (and saved there when `save_vocab`).
 
-    `training`: the training data's reader when `choice` is evaluation data; a MovieLens
-    evaluation file takes its rows' histories from the training file too."""
+    `training`: the training data's reader when `choice` is evaluation data or requests; a
+    MovieLens file then takes its rows' histories from the training file too. `held_out`: the
+    rows are evaluated against their own movie (runtime.data.movielens.MovieLensReader)."""
     if choice.path is None:
         raise DataError(f"the {choice.reader} reader reads no files")
     if choice.reader == "prepared":
         raise DataError(f"{choice}: prepared data is read by rank (runtime.data.prepared), not line by line")
-    reader = _open(read_inputs(inputs), choice, threshold, vocab_path, save_vocab, vocabulary, training)
+    reader = _open(read_inputs(inputs), choice, threshold, vocab_path, save_vocab, vocabulary, training, held_out)
     if next(iter(reader.epoch_lines()), None) is None:
         raise DataError(f"{choice.path}: no data lines")
     return FeatureReader(reader, inputs) if derives(inputs) else reader
@@ -127,6 +129,7 @@ def _open(
     save_vocab: bool,
     vocabulary: Vocabulary | None,
     training: Reader | None,
+    held_out: bool = False,
 ) -> Reader:
     """The reader of `choice` parsing the columns of `inputs`."""
     assert choice.path is not None
@@ -142,7 +145,7 @@ def _open(
     elif choice.reader == "movielens":
         training = training.inner if isinstance(training, FeatureReader) else training
         earlier = training.file if isinstance(training, MovieLensReader) else None
-        reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier)
+        reader = _movielens(inputs, choice.path, threshold, vocab_path, save_vocab, vocabulary, earlier, held_out)
     else:
         raise DataError(f"unknown reader {choice.reader!r} (expected one of {', '.join(READERS)})")
     return reader
@@ -156,6 +159,7 @@ def _movielens(
     save_vocab: bool,
     vocabulary: Vocabulary | None,
     earlier: Path | None,
+    held_out: bool,
 ) -> MovieLensReader:
     layout = movielens_layout(inputs)
     file, file_layout = ratings_file(path)
@@ -169,4 +173,4 @@ def _movielens(
         vocabulary = load_or_build(file, vocab_path, build, save_vocab, genres)
     elif genres and not vocabulary.genres:  # saved before genres were kept with the ids
         vocabulary = with_genres(vocabulary, movies_file(file, file_layout), file_layout)
-    return MovieLensReader(inputs, path, vocabulary, threshold, earlier)
+    return MovieLensReader(inputs, path, vocabulary, threshold, earlier, held_out)

@@ -34,6 +34,7 @@ class HeadConfig:
     metrics: tuple[str, ...] = ()
     where: str = ""
     output: str = "logit"
+    mask_seen: bool = True  # a next-item head's metrics: a held-out row's history items are no candidates
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "metrics", tuple(self.metrics))

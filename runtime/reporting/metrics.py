@@ -1,6 +1,7 @@
 """Model quality metrics per head, exact over all ranks.
 
-    bce heads      ne (normalised entropy), auc, accuracy
+    bce heads      ne (normalised entropy), auc, accuracy; log_loss (the mean
+                   binary cross-entropy) when asked for
     mse heads      mse, rmse
     softmax heads  accuracy
     sampled_softmax heads  recall@k, ndcg@k, hit_rate@k, mrr of held-out
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 
 from runtime.modules.losses import HeadConfig
 from runtime.retrieval.catalogue import Catalogue
-from runtime.retrieval.head_metrics import RetrievalHeadMetrics
+from runtime.retrieval.head_metrics import USER_IDS, RetrievalHeadMetrics
 
 MetricValues = dict[str, float | None]
 DEFAULT_METRICS = {
@@ -100,6 +101,8 @@ class HeadMetrics:
         for metric in self.metrics:
             if metric == "ne":
                 values[metric] = normalized_entropy(loss_sum, positives, count)
+            elif metric == "log_loss":
+                values[metric] = loss_sum / count if count else None
             elif metric in ("accuracy", "mse"):
                 values[metric] = fourth / count if count else None
             elif metric == "rmse":
@@ -129,7 +132,7 @@ class MetricSet:
     def __init__(self, heads: Sequence[HeadConfig], catalogue: Catalogue | None = None) -> None:
         self.heads = [HeadMetrics(head) for head in heads if head.loss != "sampled_softmax"]
         self.retrieval = {
-            head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss])
+            head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss], head.mask_seen)
             for head in heads
             if head.loss == "sampled_softmax"
         }
@@ -149,7 +152,7 @@ class MetricSet:
                 output, label = output[:real], label[:real]
             head.update(output, label)
         for name, retrieval in self.retrieval.items():
-            retrieval.update(outputs[name], real)  # type: ignore[arg-type]
+            retrieval.update(outputs[name], real, labels.get(USER_IDS))  # type: ignore[arg-type]
 
     def compute(self, process_group: dist.ProcessGroup | None = None) -> dict[str, MetricValues]:
         """head name -> metric -> value over all ranks (None when undefined); a collective."""

@@ -24,7 +24,7 @@ process does even when the ranks hold different numbers of positions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,7 @@ from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftm
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [
+    "HeldOut",
     "RetrievalLoss",
     "RetrievalOutput",
     "catalogue_vectors",
@@ -46,6 +47,16 @@ __all__ = [
 ]
 
 ItemVectors = Callable[[torch.Tensor], torch.Tensor]
+
+
+class HeldOut(NamedTuple):
+    """The held-out pairs a retrieval head's metrics rank (RetrievalOutput.held_out_pairs)."""
+
+    queries: torch.Tensor  # [n, D]
+    ids: torch.Tensor  # [n] the positives' ids
+    positives: torch.Tensor  # [n, D] the positives' vectors as the forward computed them
+    history: torch.Tensor  # [n, S] the items before each positive, -1 padded (S = 0: two-tower)
+    samples: torch.Tensor  # [n] the sample each query is of
 
 
 @dataclass(frozen=True)
@@ -76,18 +87,23 @@ class RetrievalOutput:
         Two-tower: every query with its positive. Next item: the query at
         position len - 2 and the item at len - 1, for sequences of two items or more.
         """
-        queries, ids, _ = self.held_out_with_positives()
-        return queries, ids
+        held = self.held_out_pairs()
+        return held.queries, held.ids
 
-    def held_out_with_positives(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`held_out`, and the positives' vectors [n, D] as this forward computed them."""
+    def held_out_pairs(self) -> HeldOut:
+        """`held_out`'s queries and positive ids, the positives' vectors as this forward computed
+        them [n, D], each query's history (the items before the positive, [n, S] with -1 padding;
+        S = 0 for a two-tower head, whose query has none) and the sample each query is of [n]."""
         if not self.next_item:
-            return self.query, self.ids, self.positive
+            samples = torch.arange(self.ids.shape[0], device=self.ids.device)
+            return HeldOut(self.query, self.ids, self.positive, self.ids.new_full((self.ids.shape[0], 0), -1), samples)
         lengths = (self.ids >= 0).sum(dim=1)
         keep = lengths >= 2
         rows = torch.arange(self.ids.shape[0], device=self.ids.device)[keep]
         last = lengths[keep] - 1
-        return self.query[rows, last - 1], self.ids[rows, last], self.positive[rows, last]
+        history = self.ids[keep, :-1]
+        history = history.masked_fill(torch.arange(history.shape[1], device=history.device) >= last.unsqueeze(1), -1)
+        return HeldOut(self.query[rows, last - 1], self.ids[rows, last], self.positive[rows, last], history, rows)
 
 
 def two_tower_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:

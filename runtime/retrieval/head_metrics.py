@@ -13,23 +13,37 @@ they come; the catalogue is normalised already when the head normalises.
 A training catalogue (`StepPositives`) scores each positive with the vector
 the step's forward used, kept by `update`, not with the one read after the
 updates that followed it.
+
+With `mask_seen` (a next-item head's default, the spec's `mask_seen`) the
+items of each query's history are no candidates: the held-out item ranks
+among the items its user has not seen, as RecBole's full-sort metrics rank.
+Metrics named `user_...` average per user (runtime.retrieval.metrics): the
+batches' labels then carry each sample's user id under USER_IDS (the
+MovieLens reader puts it there when a head asks for them).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
+from runtime.data.columns import USER_IDS
 from runtime.retrieval.catalogue import Catalogue, StepPositives
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.metrics import RetrievalMetrics
 
-__all__ = ["RetrievalHeadMetrics", "metric_ks"]
+__all__ = ["USER_IDS", "RetrievalHeadMetrics", "metric_ks", "wants_users"]
 
-_AT_K = re.compile(r"(recall|ndcg|hit_rate)@([0-9]+)")
+
+def wants_users(metrics: Sequence[str]) -> bool:
+    """Whether metrics averaged per user are among `metrics`."""
+    return any(name.startswith("user_") for name in metrics)
+
+_AT_K = re.compile(r"(?:user_)?(recall|ndcg|hit_rate)@([0-9]+)")
 
 
 def metric_ks(metrics: Sequence[str]) -> tuple[int, ...]:
@@ -41,8 +55,10 @@ def metric_ks(metrics: Sequence[str]) -> tuple[int, ...]:
 class RetrievalHeadMetrics:
     """One retrieval head's window of held-out queries; `metrics` names what `compute` reports."""
 
-    def __init__(self, metrics: Sequence[str]) -> None:
+    def __init__(self, metrics: Sequence[str], mask_seen: bool = True) -> None:
         self.metrics = tuple(metrics)
+        self.mask_seen = mask_seen
+        self.per_user = wants_users(self.metrics)
         self._ks = metric_ks(self.metrics)
         self.reset()
 
@@ -50,15 +66,23 @@ class RetrievalHeadMetrics:
         self._queries: list[torch.Tensor] = []
         self._ids: list[torch.Tensor] = []
         self._positives: list[torch.Tensor] = []
+        self._seen: list[torch.Tensor] = []
+        self._users: list[torch.Tensor] = []
 
-    def update(self, output: RetrievalOutput, real: int | None = None) -> None:
-        """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding)."""
+    def update(self, output: RetrievalOutput, real: int | None = None, users: torch.Tensor | None = None) -> None:
+        """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding).
+        `users`: each sample's user id, for the per-user metrics."""
         if real is not None:
             output = RetrievalOutput(output.query[:real], output.positive[:real], output.ids[:real])
-        queries, ids, positives = output.held_out_with_positives()
-        self._queries.append(queries.detach().float().cpu())
-        self._ids.append(ids.detach().cpu())
-        self._positives.append(positives.detach().float().cpu())
+        held = output.held_out_pairs()
+        if self.per_user:  # NaN: data without user ids (the per-user metrics are then None)
+            known = users[held.samples.to(users.device)].detach().cpu().double() if users is not None else None
+            self._users.append(torch.full((held.ids.shape[0],), math.nan, dtype=torch.float64) if known is None else known)
+        self._queries.append(held.queries.detach().float().cpu())
+        self._ids.append(held.ids.detach().cpu())
+        self._positives.append(held.positives.detach().float().cpu())
+        if self.mask_seen:
+            self._seen.append(held.history.detach().cpu())
 
     def compute(
         self, catalogue: Catalogue, process_group: dist.ProcessGroup | None = None
@@ -70,10 +94,19 @@ class RetrievalHeadMetrics:
         queries = torch.cat(self._queries) if self._queries else torch.zeros(0, vectors.shape[1])
         if isinstance(catalogue, StepPositives) and self._positives:
             positives = catalogue.forward_positives(torch.cat(self._positives))
-        ranker = RetrievalMetrics(self._ks, catalogue.kind)
+        users = torch.cat(self._users) if self._users else None
+        ranker = RetrievalMetrics(self._ks, catalogue.kind, per_user=self.per_user)
         if ids.numel():
-            ranker.update(queries, ids, positives, vectors, candidate_ids)
+            ranker.update(queries, ids, positives, vectors, candidate_ids, seen=_padded(self._seen), users=users)
         values = ranker.compute(process_group)
         self.reset()
         prefix = "sampled_" if catalogue.kind == "sampled" else ""
-        return {prefix + name: values[prefix + name] for name in self.metrics}
+        return {prefix + name: values.get(prefix + name) for name in self.metrics}
+
+
+def _padded(parts: list[torch.Tensor]) -> torch.Tensor | None:
+    """Batches of [n, S_i] history ids (-1 padding) as one [sum n, max S_i] tensor; None when empty."""
+    if not parts or not max(part.shape[1] for part in parts):
+        return None
+    width = max(part.shape[1] for part in parts)
+    return torch.cat([torch.nn.functional.pad(part, (0, width - part.shape[1]), value=-1) for part in parts])

@@ -12,6 +12,10 @@ query's other positives. Per query, with relevant items R and k:
                 over the ideal sum over the first min(|R|, k) positions
     mrr         1 / (1 + the best positive's position)
 
+A query's `seen` items (its history, -1 padding) are no candidates when
+given: the positive ranks among the items the user has not seen (a seen
+item that is also a positive still counts as a positive).
+
 The candidates are either the whole item table (`exact`) or a sampled set
 (`sampled`); sampled metrics are named with a `sampled_` prefix
 (`sampled_recall@10`), so the progress line, the JSON result and the run log
@@ -20,7 +24,11 @@ a table of a million items never needs a [B, 1M] score matrix at once.
 
 `RetrievalMetrics` accumulates per-query sums over a window and `compute` (a
 collective) all-reduces the sums and the query count in float64, so N ranks
-report what one process would. Its result has the shape of
+report what one process would. With `per_user` it also reports each metric
+averaged per user (`user_recall@10`: the mean over users of their queries'
+mean, so a user with many held-out rows weighs as much as one with a single
+row): `update` takes each query's user id, and `compute` gathers every
+rank's per-query values and users, since one user's rows may be on any rank. Its result has the shape of
 runtime.reporting.metrics' MetricValues ({metric: value}), so the console,
 the run log and the result line print it as they print NE and AUC.
 """
@@ -33,7 +41,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.retrieval.gather import distributed
+from runtime.retrieval.gather import distributed, gather_rows
 
 __all__ = ["CANDIDATES", "RetrievalMetrics", "metric_names", "positive_positions", "query_metrics"]
 
@@ -48,6 +56,7 @@ def positive_positions(
     candidates: torch.Tensor,
     candidate_ids: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK,
+    seen: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, P] positions (float64; padding -1 gives +inf) of each query's positives.
 
@@ -55,7 +64,8 @@ def positive_positions(
     [B, P, D] their embeddings; `candidates` [N, D] with `candidate_ids` [N]
     (default: row numbers, the exact case over a whole table). A candidate
     with the id of one of the query's positives is not counted as a candidate
-    (the positives are counted among themselves instead).
+    (the positives are counted among themselves instead); nor is one with the
+    id of one of its `seen` items ([B, S], -1 padding).
     """
     queries = queries.detach().float()
     valid = positive_ids >= 0
@@ -63,19 +73,20 @@ def positive_positions(
     # Among the positives themselves: the others scoring at least as high.
     beaten = (own.unsqueeze(1) >= own.unsqueeze(2)) & valid.unsqueeze(1)
     count = beaten.sum(dim=2) - 1
-    step = max(1, chunk_size // max(1, positive_ids.shape[1]))  # the [B, P, chunk] comparison stays bounded
+    masked = positive_ids if seen is None else torch.cat([positive_ids, seen.to(positive_ids.device)], dim=1)
+    step = max(1, chunk_size // max(1, masked.shape[1]))  # the [B, P + S, chunk] comparison stays bounded
     for start in range(0, candidates.shape[0], step):
         block = candidates[start : start + step].detach().float()
         ids = None if candidate_ids is None else candidate_ids[start : start + step].to(positive_ids.device)
         scores = queries @ block.T  # [B, c]
-        if candidate_ids is None:  # row numbers: each positive's row in the chunk is known
-            rows = positive_ids - start
-            inside = valid & (rows >= 0) & (rows < block.shape[0])
+        if candidate_ids is None:  # row numbers: each positive's (and seen item's) row in the chunk is known
+            rows = masked - start
+            inside = (masked >= 0) & (rows >= 0) & (rows < block.shape[0])
             query_rows = torch.arange(queries.shape[0], device=rows.device).unsqueeze(1).expand_as(rows)
             scores[query_rows[inside], rows[inside]] = float("-inf")
         else:
-            is_positive = (ids.view(1, 1, -1) == positive_ids.unsqueeze(2)).any(dim=1)  # [B, c]
-            scores = scores.masked_fill(is_positive, float("-inf"))
+            is_masked = (ids.view(1, 1, -1) == masked.unsqueeze(2)).any(dim=1)  # [B, c]
+            scores = scores.masked_fill(is_masked, float("-inf"))
         count += (scores.unsqueeze(1) >= own.unsqueeze(2)).sum(dim=2)
     positions = count.to(torch.float64)
     return positions.masked_fill(~valid, float("inf"))
@@ -97,17 +108,22 @@ def query_metrics(positions: torch.Tensor, positive_ids: torch.Tensor, ks: Seque
     return values
 
 
-def metric_names(ks: Sequence[int], candidates: str = "exact") -> tuple[str, ...]:
-    """The names `compute` reports, in order: recall, ndcg, hit rate per k, then mrr."""
+def metric_names(ks: Sequence[int], candidates: str = "exact", per_user: bool = False) -> tuple[str, ...]:
+    """The names `compute` reports, in order: recall, ndcg, hit rate per k, then mrr (then the
+    same averaged per user, `user_recall@k` ..., with `per_user`)."""
     prefix = "sampled_" if candidates == "sampled" else ""
-    names = [f"{prefix}{name}@{k}" for k in ks for name in ("recall", "ndcg", "hit_rate")]
-    return (*names, f"{prefix}mrr")
+    names = (*(f"{name}@{k}" for k in ks for name in ("recall", "ndcg", "hit_rate")), "mrr")
+    users = tuple(f"user_{name}" for name in names) if per_user else ()
+    return tuple(prefix + name for name in (*names, *users))
 
 
 class RetrievalMetrics:
     """Sums of the per-query metrics over a window, combined over ranks by `compute`."""
 
-    def __init__(self, ks: Sequence[int] = (10,), candidates: str = "exact", chunk_size: int = DEFAULT_CHUNK) -> None:
+    def __init__(
+        self, ks: Sequence[int] = (10,), candidates: str = "exact", chunk_size: int = DEFAULT_CHUNK,
+        per_user: bool = False,
+    ) -> None:  # fmt: skip
         if candidates not in CANDIDATES:
             raise ValueError(f"retrieval metrics: candidates {candidates!r} is not one of {', '.join(CANDIDATES)}")
         if not ks or any(k < 1 for k in ks):
@@ -115,11 +131,14 @@ class RetrievalMetrics:
         self.ks = tuple(ks)
         self.candidates = candidates
         self.chunk_size = chunk_size
+        self.per_user = per_user
         self.names = metric_names(self.ks, candidates)
+        self.user_names = metric_names(self.ks, candidates, per_user)[len(self.names) :]
         self.reset()
 
     def reset(self) -> None:
         self._sums = torch.zeros(len(self.names) + 1, dtype=torch.float64)  # + the query count
+        self._per_query: list[torch.Tensor] = []  # per_user: [n, metrics + 1] values and the user id
 
     def update(
         self,
@@ -128,17 +147,28 @@ class RetrievalMetrics:
         positives: torch.Tensor,
         candidates: torch.Tensor,
         candidate_ids: torch.Tensor | None = None,
+        seen: torch.Tensor | None = None,
+        users: torch.Tensor | None = None,
     ) -> None:
-        """Add a batch of queries (see `positive_positions` for the arguments; 1-d ids: one positive)."""
+        """Add a batch of queries (see `positive_positions` for the arguments; 1-d ids: one positive);
+        `users` [B]: each query's user id, needed with `per_user`."""
         if positive_ids.dim() == 1:
             positive_ids, positives = positive_ids.unsqueeze(1), positives.unsqueeze(1)
         keep = (positive_ids >= 0).any(dim=1)  # a query without positives counts for nothing
         positive_ids, positives, queries = positive_ids[keep], positives[keep], queries[keep]
-        positions = positive_positions(queries, positive_ids, positives, candidates, candidate_ids, self.chunk_size)
+        seen = None if seen is None else seen[keep]
+        positions = positive_positions(
+            queries, positive_ids, positives, candidates, candidate_ids, self.chunk_size, seen=seen
+        )
         values = query_metrics(positions, positive_ids, self.ks)
         unprefixed = [name.removeprefix("sampled_") for name in self.names]
         sums = [float(values[name].sum()) for name in unprefixed]
         self._sums += torch.tensor([*sums, float(positive_ids.shape[0])], dtype=torch.float64)
+        if self.per_user:
+            if users is None:
+                raise ValueError("retrieval metrics: per-user metrics need each query's user id")
+            columns = [values[name] for name in unprefixed] + [users[keep.cpu()].cpu().to(torch.float64)]
+            self._per_query.append(torch.stack(columns, dim=1))
 
     def compute(self, process_group: dist.ProcessGroup | None = None) -> dict[str, float | None]:
         """{metric: mean over the window's queries of all ranks} (None without queries); a collective."""
@@ -149,5 +179,22 @@ class RetrievalMetrics:
             dist.all_reduce(sums, group=process_group)
             sums = sums.cpu()
         *totals, count = sums.tolist()
+        result = {name: (total / count if count else None) for name, total in zip(self.names, totals)}
+        if self.per_user:
+            result.update(self._per_user(process_group))
         self.reset()
-        return {name: (total / count if count else None) for name, total in zip(self.names, totals)}
+        return result
+
+    def _per_user(self, process_group: dist.ProcessGroup | None) -> dict[str, float | None]:
+        """Each metric's mean over users of the user's mean over their queries, every rank's queries."""
+        width = len(self.names) + 1
+        rows = torch.cat(self._per_query) if self._per_query else torch.zeros(0, width, dtype=torch.float64)
+        with torch.no_grad():
+            rows, _ = gather_rows(rows, process_group)
+        if not rows.shape[0] or bool(rows[:, -1].isnan().any()):  # no queries, or some without a user
+            return {name: None for name in self.user_names}
+        _, user = torch.unique(rows[:, -1], return_inverse=True)
+        users = int(user.max()) + 1
+        count = torch.zeros(users, dtype=torch.float64).index_add_(0, user, torch.ones_like(rows[:, -1]))
+        means = torch.zeros(users, width - 1, dtype=torch.float64).index_add_(0, user, rows[:, :-1]) / count[:, None]
+        return {name: float(value) for name, value in zip(self.user_names, means.mean(dim=0))}

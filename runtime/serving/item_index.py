@@ -13,10 +13,12 @@ with held-out requests (`--eval-data`, e.g. the test part of `reccompile data
 split`), recall@k of their positives through the index over recall@k through
 exact search; without them, the top-k overlap with exact search for item
 vectors used as queries. A next-item model's held-out request is a rating
-line: its query is the user's earlier positives in that file (the history
-the reader cuts), its positive the line's movie; a line with no history is
-no query. An approximate index that keeps less than 0.95 of
-exact search's figure is written all the same, and the report says so.
+line: its query is the user's earlier positives (the history the reader
+cuts from `history`, the training ratings the file was split from, and the
+file's earlier lines), its positive the line's movie; a line with no history
+is no query, and the report counts them. An approximate index that keeps
+less than 0.95 of exact search's figure is written all the same, and the
+report says so.
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def export_items(
     vocabulary: Vocabulary | None,
     eval_data: str | None,
     threshold: float,
+    history: str | None = None,
 ) -> tuple[dict[str, Any], ItemsReport]:
     """Write the item vectors and index of `model` into `directory`; the manifest's section and the report."""
     retrieval, inputs = module.RETRIEVAL, module.INPUTS
@@ -90,9 +93,15 @@ def export_items(
     save_index(index, directory / INDEX_DIR)
     k = min(RECALL_K, ids.numel())
     if eval_data is not None:
-        held_out = _held_out_next if retrieval.get("next_item") else _held_out
-        queries, positives = held_out(model, inputs, eval_data, threshold, vocabulary, retrieval["item_feature"])
-        source = f"{eval_data}, one held-out positive each"
+        if retrieval.get("next_item"):
+            queries, positives, empty = _held_out_next(
+                model, inputs, eval_data, threshold, vocabulary, retrieval["item_feature"], history
+            )
+            past = f"histories from {history} and the file" if history else "histories from the file alone"
+            source = f"{eval_data}, one held-out positive each, {past}; {empty:,} requests without a history skipped"
+        else:
+            queries, positives = _held_out(model, inputs, eval_data, threshold, vocabulary, retrieval["item_feature"])
+            source = f"{eval_data}, one held-out positive each"
         quality = check_index(index, exact, queries, k, positives, threshold=RATIO)
     else:
         picked = torch.linspace(0, ids.numel() - 1, min(SELF_QUERIES, ids.numel())).long()
@@ -152,27 +161,32 @@ def _held_out_next(
     threshold: float,
     vocabulary: Vocabulary | None,
     item_feature: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    history: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """A next-item model's query vectors (each line's history) and positive item ids (the line's
-    movie) of the first MAX_QUERIES held-out lines of `data` with a history."""
+    movie) of the first MAX_QUERIES held-out lines of `data` with a history, and how many lines
+    read had none."""
     from runtime.data.errors import DataError
 
-    reader = requests_reader(inputs, data, vocabulary, threshold, positives=True)
-    if not isinstance(reader, MovieLensReader):  # a CSV reader parses lines too, into rows, not ratings
+    reader = requests_reader(inputs, data, vocabulary, threshold, positives=True, history=history)
+    if not isinstance(getattr(reader, "inner", reader), MovieLensReader):  # a CSV reader parses lines too, into rows
         raise DataError(f"{data}: the recall check of a next-item model reads MovieLens ratings (movielens:FILE)")
     movies = (reader.parse(line)[1] for _, _, line in reader.epoch_lines())
-    queries, positives, count = [], [], 0
+    queries, positives, count, empty = [], [], 0, 0
     with torch.inference_mode():
         for keys, batch in file_samples(reader, 4096, BadRowLog("fail")):
             following = torch.tensor([next(movies) for _ in keys], dtype=torch.long)
             if vocabulary is not None:
                 following = torch.tensor([m if m in vocabulary.movies else -1 for m in following.tolist()])
             known = batch.sparse[item_feature].lengths() > 0
+            empty += len(keys) - int(known.sum())
             queries.append(model.query_vectors(batch.dense, batch.sparse)[known])
             positives.append(following[known])
             count += queries[-1].shape[0]
             if count >= MAX_QUERIES:
                 break
     if not sum(q.shape[0] for q in queries):
-        raise DataError(f"{data}: no held-out requests with a history to measure the index with")
-    return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES]
+        hint = "" if history else (": pass --history movielens:TRAIN, the training ratings they were split from, "
+                                   "where their histories are")  # fmt: skip
+        raise DataError(f"{data}: no held-out requests with a history to measure the index with{hint}")
+    return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES], empty

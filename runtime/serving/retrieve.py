@@ -14,6 +14,14 @@ vocabulary). Each request becomes K rows, best first:
 the head normalises), 9 significant digits. A request with fewer than K
 items in the index gets fewer rows. Bad lines stop the run naming file and
 line (`fail`) or are counted, reported and skipped (`skip`).
+
+A next-item model's request is its history (the user's earlier positives):
+with `history` (`--history movielens:TRAIN`, the training file the requests
+were split from, as `reccompile data split` writes it) they come from the
+training data and the requests file's earlier lines, without it from the
+requests file alone. A request with no history gets no rows: it is counted
+(`no_history`) and reported, never answered as if the empty sequence were
+a user.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class RetrieveReport:
     bad_rows: int
     bad_rows_summary: str | None
     unseen: Any = None  # MovieLens: request ids outside the training vocabulary (runtime.data.unseen_ids)
+    no_history: int = 0  # next-item requests without a history: no rows written for them
 
     @property
     def requests_per_s(self) -> float:
@@ -50,16 +59,31 @@ class RetrieveReport:
 
 
 def retrieve(
-    model: nn.Module, index: ItemIndex, samples: Iterator[Keyed], k: int, out: TextIO, id_columns: list[str]
-) -> tuple[int, float, float]:
-    """Write K rows per request of `samples`; returns (requests, query seconds, search seconds)."""
+    model: nn.Module,
+    index: ItemIndex,
+    samples: Iterator[Keyed],
+    k: int,
+    out: TextIO,
+    id_columns: list[str],
+    sequence: str | None = None,
+) -> tuple[int, int, float, float]:
+    """Write K rows per request of `samples`; returns (requests, requests without a history,
+    query seconds, search seconds). `sequence`: a next-item model's history feature, whose
+    empty requests get no rows."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*id_columns, "rank", "item", "score"])
-    requests, query_seconds, search_seconds = 0, 0.0, 0.0
+    requests, empty, query_seconds, search_seconds = 0, 0, 0.0, 0.0
     with torch.inference_mode():
         for keys, batch in samples:
+            requests += len(keys)
             started = time.perf_counter()
             queries = model.query_vectors(batch.dense, batch.sparse)
+            if sequence is not None:  # the query of an empty history is no user's: not searched
+                known = batch.sparse[sequence].lengths() > 0
+                empty += len(keys) - int(known.sum())
+                keys, queries = [key for key, kept in zip(keys, known.tolist()) if kept], queries[known]
+            if not keys:
+                continue
             searched = time.perf_counter()
             scores, items = index.search(queries, k)
             query_seconds += searched - started
@@ -70,8 +94,7 @@ def retrieve(
                     for rank, (item, score) in enumerate(zip(row_items, row_scores), start=1)
                     if item >= 0
                 )
-            requests += len(keys)
-    return requests, query_seconds, search_seconds
+    return requests, empty, query_seconds, search_seconds
 
 
 def retrieve_file(
@@ -89,15 +112,18 @@ def retrieve_file(
     vocabulary: Path | None = None,
     warn: Any = None,
     features: Path | None = None,
+    history: str | None = None,
 ) -> RetrieveReport:
     """Retrieve the top `k` items of every request of `data` (see the module docstring) into `output`."""
     started = time.perf_counter()
     samples = open_samples(
         module.INPUTS, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy,
-        warn=warn, vocabulary=vocabulary, positives=False, features=features,
+        warn=warn, vocabulary=vocabulary, positives=False, features=features, history=history,
     )  # fmt: skip
-    count, query_seconds, search_seconds = write_file(
-        output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns)
+    section = module.RETRIEVAL
+    sequence = section["item_feature"] if section.get("next_item") and data != "synthetic" else None
+    count, empty, query_seconds, search_seconds = write_file(
+        output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns, sequence)
     )
     return RetrieveReport(
         requests=count,
@@ -107,4 +133,5 @@ def retrieve_file(
         bad_rows=samples.bad_count,
         bad_rows_summary=samples.bad_rows_summary,
         unseen=samples.unseen,
+        no_history=empty,
     )

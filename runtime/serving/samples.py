@@ -11,7 +11,10 @@ would use (runtime.data.sources), line by line in file order so each row
 keeps its file and line, bad rows under the training rule
 (runtime.data.bad_rows) and MovieLens ids mapped with the vocabulary
 training saved (an export's vocab.json), those outside it counted
-(runtime.data.unseen_ids).
+(runtime.data.unseen_ids). `history` (a next-item model's requests): the
+training data each request's history is cut from, as evaluation cuts it
+(runtime.data.movielens_history); without it a request's history is the
+earlier lines of its own file.
 """
 
 from __future__ import annotations
@@ -66,11 +69,12 @@ def open_samples(
     threshold: float = 4.0,
     positives: bool = True,
     features: Path | None = None,
+    history: str | None = None,
 ) -> Samples:
     """`data`'s samples in batches of `batch_size` (`rows` of them for synthetic, from `seed`).
 
     `vocabulary`: the saved MovieLens vocabulary (without it ids map through
-    one built from `data`); `threshold` and `positives` as for
+    one built from `data`); `threshold`, `positives` and `history` as for
     `requests_reader`. `features`: the learned feature state training saved
     (an export's features.json), applied to the raw fields; a spec with
     learned transforms and no such file is a DataError, never relearned."""
@@ -79,19 +83,36 @@ def open_samples(
     if data == "synthetic":
         return Samples(synthetic_samples(inputs, batch_size, rows, seed), ["id"])
     known = None if vocabulary is None else read_vocabulary(vocabulary)
-    reader = requests_reader(inputs, data, known, threshold, positives)
+    reader = requests_reader(inputs, data, known, threshold, positives, history)
     log, unseen = BadRowLog(bad_rows_policy, warn), unseen_counter(reader)
     return Samples(file_samples(reader, batch_size, log, unseen), ["file", "line"], log, unseen)
 
 
 def requests_reader(
-    inputs: ModelInputs, data: str, vocabulary: Vocabulary | None, threshold: float = 4.0, positives: bool = False
+    inputs: ModelInputs,
+    data: str,
+    vocabulary: Vocabulary | None,
+    threshold: float = 4.0,
+    positives: bool = False,
+    history: str | None = None,
 ) -> Any:
     """The reader of a requests file: every line a request, or with `positives` (held-out data)
-    a MovieLens file's ratings >= `threshold` only, as training read them."""
+    a MovieLens file's ratings >= `threshold` only, as training read them; `history`: the
+    training data whose ratings are the requests' past (`movielens:FILE`)."""
+    from runtime.data.errors import DataError
     from runtime.data.sources import choose_data, open_reader
 
-    reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary)
+    training = None
+    if history is not None:
+        choice = choose_data(history, inputs)
+        if choice.reader != "movielens":
+            raise DataError(f"--history {history}: the histories of requests come from MovieLens ratings "
+                            "(movielens:FILE), the training data the requests were split from")  # fmt: skip
+        training = open_reader(inputs, choice, threshold=threshold, vocabulary=vocabulary)
+    reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary,
+                         training=training)  # fmt: skip
+    if training is not None and getattr(getattr(reader, "inner", reader), "histories", None) is None:
+        raise DataError(f"--history {history}: the requests of {data} have no history feature to cut from it")
     if not positives and hasattr(reader, "positives_only"):
         reader.positives_only = False
     return reader

@@ -33,7 +33,7 @@ from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import DEFAULT_METRICS
 from runtime.train.options import UsageError
 
-LOWER_IS_BETTER = frozenset({"ne", "mse", "rmse", "mae", "loss", "logloss"})
+LOWER_IS_BETTER = frozenset({"ne", "mse", "rmse", "mae", "loss", "logloss", "log_loss"})
 
 Metrics = Mapping[str, Mapping[str, float | None]]
 

@@ -150,7 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     best = parser.add_argument_group("early stopping")
     best.add_argument("--best-metric", metavar="NAME",
                       help="the eval metric (auc, ne, head.metric ...) whose best pass is kept in "
-                           "CHECKPOINT_DIR/best; lower is better for ne, mse, rmse, loss")  # fmt: skip
+                           "CHECKPOINT_DIR/best; lower is better for ne, log_loss, mse, rmse, loss")  # fmt: skip
     best.add_argument("--patience", type=int, help="stop after P evaluations without a gain of --best-metric")
     pipelining = parser.add_argument_group("training pipeline")
     pipelining.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
@@ -220,6 +220,20 @@ def check_early_stopping(options: TrainOptions) -> None:
     if options.patience is not None and not options.eval_every:
         raise UsageError(
             f"--patience {options.patience} needs --eval-every K (evaluating only at the end cannot stop early)"
+        )
+
+
+def check_shuffle_window(options: TrainOptions, data: str) -> None:
+    """--shuffle-window shuffles prepared data (runtime.data.prepared.batches) only: raw files and
+    synthetic batches are read in their order, so the flag on them is a UsageError, not ignored."""
+    if options.shuffle_window and data == "synthetic":
+        raise UsageError(f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and synthetic "
+                         "batches are made, not read")  # fmt: skip
+    if options.shuffle_window and not data.startswith("prepared:"):
+        raise UsageError(
+            f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and {data} is read in "
+            f"its own order; prepare it once (reccompile data prepare SPEC --data {data} -o DIR) and train "
+            "with --data prepared:DIR"
         )
 
 

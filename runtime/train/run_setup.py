@@ -25,6 +25,7 @@ from runtime.data.features import ModelInputs
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.errors import DataError
 from runtime.data.movielens import movielens_layout
+from runtime.data.history_lengths import length_warnings, prepared_lengths, reader_lengths, sequence_features
 from runtime.data.movielens_vocab import Vocabulary, read_vocabulary
 from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
 from runtime.data.prepared.prepare import VOCABULARY
@@ -122,6 +123,10 @@ def setup_run(
     reader = None
     trained: Vocabulary | None = None  # the MovieLens vocabulary the tables' rows mean
     batches: Iterator[Batch]
+    # rank 0 compares the sequence features' mean lengths in training and evaluation rows
+    compare_lengths = warn is not None and options.eval_data is not None and bool(sequence_features(inputs))
+    lengths: dict[str, float] = {}
+    eval_lengths: dict[str, float] = {}
     if choice.reader == "synthetic":
         batches = synthetic()
     elif choice.reader == "prepared":
@@ -131,6 +136,8 @@ def setup_run(
         if rank == 0 and resumed_vocabulary is None:
             _copy_vocabulary(prepared, vocab_path)
         batches = PreparedBatches(prepared, **shape, on_wrap=_wrapped(choice) if rank == 0 else None)
+        if compare_lengths:
+            lengths = prepared_lengths(prepared.manifest.columns, sequence_features(inputs))
     else:
         trained = None if resumed_vocabulary is None else read_vocabulary(resumed_vocabulary)
         if trained is not None and rank == 0:
@@ -143,6 +150,8 @@ def setup_run(
         unseen = unseen_counter(reader)
         on_wrap = _wrapped(choice) if rank == 0 else None
         batches = training_batches(reader, bad_rows=bad_rows["bad_rows"], unseen=unseen, on_wrap=on_wrap, **shape)
+        if compare_lengths:
+            lengths = reader_lengths(reader, sequence_features(inputs))
 
     evaluation: Callable[[], Evaluation] | None = None
     eval_choice = None if options.eval_data is None else choose_data(options.eval_data, inputs)
@@ -150,6 +159,8 @@ def setup_run(
         eval_prepared = _open_prepared(inputs, eval_choice, dataclasses.replace(options, shuffle_window=0), 
                                        global_batch, world_size, warn)  # fmt: skip
         _check_eval_vocabulary(eval_prepared, trained, eval_choice)
+        if compare_lengths:
+            eval_lengths = prepared_lengths(eval_prepared.manifest.columns, sequence_features(inputs))
 
         def evaluate_prepared() -> Evaluation:
             with other_work.measure("eval"):
@@ -166,9 +177,11 @@ def setup_run(
             )
         eval_reader = open_reader(
             inputs, eval_choice, threshold=threshold, vocab_path=vocab_path,
-            save_vocab=False, vocabulary=trained, training=reader,
+            save_vocab=False, vocabulary=trained, training=reader, held_out=True,
         )  # fmt: skip
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
+        if compare_lengths:
+            eval_lengths = reader_lengths(eval_reader, sequence_features(inputs))
 
         def evaluate_split() -> Evaluation:
             with other_work.measure("eval"):
@@ -178,6 +191,9 @@ def setup_run(
 
         evaluation = evaluate_split
 
+    if warn is not None:  # sequence features much longer in evaluation than in training (or shorter)
+        for message in length_warnings(lengths, eval_lengths, str(choice), str(eval_choice)):
+            warn(message)
     monitor = TrainingMonitor(
         inputs.heads,
         steps=steps,

@@ -120,7 +120,9 @@ def _open_source(inputs: ModelInputs, choice: DataChoice, settings: PrepareSetti
     trained = training.inner if isinstance(training, FeatureReader) else training
     assert isinstance(trained, MovieLensReader)
     save_vocabulary(trained.vocabulary, vocab, trained.file)
-    return open_reader(inputs, choice, threshold=threshold, vocabulary=trained.vocabulary, training=training)
+    return open_reader(
+        inputs, choice, threshold=threshold, vocabulary=trained.vocabulary, training=training, held_out=True
+    )
 
 
 @dataclass

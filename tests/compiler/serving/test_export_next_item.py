@@ -123,10 +123,15 @@ def test_retrieve_on_histories_ranks_each_lines_next_movie(work: Path, tmp_path:
     output = tmp_path / "results.csv"
     capsys.readouterr()
     assert main(["retrieve", str(work / "out"), "--data", f"movielens:{requests}", "--k", "5", "-o", str(output)]) == 0
-    assert f"for 4 requests to {output}" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert f"for 4 requests to {output}" in printed.out and "; 1 requests without a history" in printed.out
+    assert printed.err == ("warning: 1 of 4 requests have no history in the requests file (no --history): "
+                           "no items written for them\n")  # fmt: skip
     with open(output, newline="") as stream:
         rows = list(csv.reader(stream))
-    assert rows[0] == ["file", "line", "rank", "item", "score"] and len(rows) == 1 + 4 * 5
+    # line 1 has no earlier movie: no rows, rather than the empty sequence's guesses
+    assert rows[0] == ["file", "line", "rank", "item", "score"] and len(rows) == 1 + 3 * 5
+    assert [r[1] for r in rows[1:]] == ["2"] * 5 + ["3"] * 5 + ["4"] * 5
     _, served = load(work / "out")
     items = torch.load(work / "out" / "item_vectors.pt", weights_only=True)
     # line 4's query is the history of lines 1-3: the exported query tower on that sequence
@@ -136,8 +141,46 @@ def test_retrieve_on_histories_ranks_each_lines_next_movie(work: Path, tmp_path:
     sparse = KeyedJaggedTensor(["history"], history, None, lengths=torch.tensor([3]))
     with torch.no_grad():
         best = (items @ served.query_vectors({}, sparse)[0]).topk(5)
-    last = rows[1 + 15 : 1 + 20]
+    last = rows[1 + 10 : 1 + 15]
     assert [r[:3] for r in last] == [[str(requests), "4", str(rank)] for rank in range(1, 6)]
     assert [int(r[3]) for r in last] == [movie_id(int(i)) for i in best.indices]
     assert [float(r[4]) for r in last] == pytest.approx(best.values.tolist(), abs=1e-6)
     assert movie_id(ordered[3]) in [int(r[3]) for r in last]  # the planted next movie
+
+
+def test_held_out_requests_take_their_history_from_the_training_part_of_the_split(
+    work: Path, tmp_path: Path, capsys
+) -> None:
+    assert main(["data", "split", "--data", f"movielens:{work / 'ml' / 'ratings.dat'}", "--holdout", "0.1",
+                 "-o", str(tmp_path / "split")]) == 0  # fmt: skip
+    train, test = tmp_path / "split" / "train" / "ratings.dat", tmp_path / "split" / "test" / "ratings.dat"
+    export = ["export", str(work / "tiny.yaml"), "--checkpoint", str(work / "ckpt"), "--index", "exact",
+              "--eval-data", f"movielens:{test}"]  # fmt: skip
+    capsys.readouterr()
+    assert main([*export, "-o", str(tmp_path / "alone")]) == 1  # one line per user: no history in the file
+    assert capsys.readouterr().err == (
+        f"error: movielens:{test}: no held-out requests with a history to measure the index with: pass --history "
+        "movielens:TRAIN, the training ratings they were split from, where their histories are\n"
+    )
+    assert main([*export, "--history", f"movielens:{train}", "-o", str(tmp_path / "out")]) == 0
+    quality = json.loads((tmp_path / "out" / "manifest.json").read_text())["retrieval"]["quality"]
+    assert quality["queries"] == USERS  # the last of each user's 8 positives held out, every one with a history
+    assert quality["source"].endswith(f"histories from movielens:{train} and the file; 0 requests without a history skipped")
+    output = tmp_path / "results.csv"
+    assert main(["retrieve", str(tmp_path / "out"), "--data", f"movielens:{test}", "--history", f"movielens:{train}",
+                 "--k", "3", "-o", str(output)]) == 0  # fmt: skip
+    with open(output, newline="") as stream:
+        rows = list(csv.DictReader(stream))
+    assert len(rows) == USERS * 3
+    # user 1's held-out line: its query is user 1's 7 training movies, oldest first
+    _, served = load(tmp_path / "out")
+    from runtime.sparse.jagged import KeyedJaggedTensor
+
+    liked = [k for k in range(MOVIES) if k % GROUPS == 1]
+    ordered = liked[1:] + liked[:1]
+    sparse = KeyedJaggedTensor(["history"], torch.tensor([1 + k for k in ordered[:7]]), None, lengths=torch.tensor([7]))
+    items = torch.load(tmp_path / "out" / "item_vectors.pt", weights_only=True)
+    with torch.no_grad():
+        best = (items @ served.query_vectors({}, sparse)[0]).topk(3)
+    first = [r for r in rows if r["line"] == "1"]
+    assert [int(r["item"]) for r in first] == [movie_id(int(i)) for i in best.indices]

@@ -74,5 +74,5 @@ def test_next_item_head_reads_the_querys_own_sequence_with_default_settings(tmp_
     assert head.metrics == ("recall@10", "ndcg@10")
     assert head.retrieval == Retrieval(
         item=Input("sparse", "history", 8, None, 6), item_feature="history", item_table="history", in_batch=True,
-        uniform=0, logq=False, temperature=1.0, normalize=False, ks=(10,), next_item=True,
+        uniform=0, logq=False, temperature=1.0, normalize=False, ks=(10,), next_item=True, mask_seen=True,
     )

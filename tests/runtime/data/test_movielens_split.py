@@ -87,8 +87,12 @@ def test_the_command_prints_the_split_and_refuses_bad_usage(tmp_path: Path, caps
     assert main(["data", "split", "--data", f"movielens:{source}", "-o", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert out.startswith("split 3 users, 8 positives (1 below the threshold dropped): 6 train (")
-    assert main(["data", "split", "--data", f"criteo:{source}", "-o", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == f"error: --data criteo:{source}: split reads movielens:PATH\n"
+    assert main(["data", "split", "--data", f"tsv:{source}", "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --data tsv:{source}: split reads movielens:PATH, csv:PATH, parquet:PATH, criteo:PATH\n"
+    )
+    assert main(["data", "split", "--data", f"movielens:{source}", "--key", "u", "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == "error: --key: movielens data is split without it (users and timestamps are its own)\n"
     assert main(["data", "split", "--data", f"movielens:{source}", "--holdout", "1", "-o", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == "error: --holdout must be between 0 and 1 (exclusive), got 1\n"
     assert main(["data", "split", "--data", f"movielens:{tmp_path / 'nope'}", "-o", str(tmp_path / "o")]) == 1

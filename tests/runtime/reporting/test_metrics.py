@@ -80,6 +80,18 @@ def test_ne_accuracy_mse_rmse_match_direct_formulas() -> None:
     assert list(values["click"]) == ["ne", "auc", "accuracy"]
 
 
+def test_log_loss_beside_ne_is_the_mean_binary_cross_entropy() -> None:
+    outputs, labels = _data(300, seed=4)
+    metrics = MetricSet([HeadConfig("click", "bce", "click", metrics=("ne", "log_loss"))])
+    metrics.update({"click": outputs["click"]}, {"click": labels["click"]})
+    got = metrics.compute()["click"]
+    p, y = torch.sigmoid(outputs["click"].double()), labels["click"].double()
+    log_loss = float(-(y * p.log() + (1 - y) * (1 - p).log()).mean())
+    rate = float(y.mean())
+    assert got["log_loss"] == pytest.approx(log_loss, rel=1e-12)
+    assert got["ne"] == pytest.approx(log_loss / -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate)), rel=1e-12)
+
+
 def test_compute_starts_a_new_window_and_padding_is_left_out() -> None:
     outputs, labels = _data(40)
     metrics = MetricSet(HEADS)

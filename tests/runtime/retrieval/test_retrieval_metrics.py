@@ -176,3 +176,49 @@ def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:
     one = RetrievalMetrics(KS)
     one.update(queries, positive_ids, table[positive_ids], table)
     assert got == pytest.approx(one.compute(), rel=1e-12)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_seen_items_are_no_candidates(sampled: bool) -> None:
+    table = _table(150, 5, seed=10)
+    queries = _queries(30, table, 11)
+    generator = torch.Generator().manual_seed(12)
+    positive_ids = torch.randint(0, 150, (30,), generator=generator)
+    seen = torch.randint(0, 150, (30, 6), generator=generator)
+    seen[::4, 3:] = -1  # histories of several lengths
+    seen[1, 0] = positive_ids[1]  # a seen item that is the positive stays the positive
+    ids = torch.randint(0, 150, (80,), generator=generator) if sampled else torch.arange(150)
+    metrics = RetrievalMetrics((5, 20), candidates="sampled" if sampled else "exact", chunk_size=23)
+    metrics.update(queries, positive_ids, table[positive_ids], table[ids], ids if sampled else None, seen=seen)
+    got = metrics.compute()
+    # brute force, one query at a time, its seen items taken out of the candidates
+    expected: dict[str, float] = {}
+    for row in range(30):
+        others = seen[row][(seen[row] >= 0) & (seen[row] != positive_ids[row])]
+        unseen = ~torch.isin(ids, others)
+        one = _brute_force(
+            queries[row : row + 1].numpy(), positive_ids[row : row + 1, None].numpy(),
+            table[positive_ids[row : row + 1]][:, None].numpy(), table[ids[unseen]].numpy(), ids[unseen].numpy(), (5, 20),
+        )  # fmt: skip
+        for name, value in one.items():
+            expected[name] = expected.get(name, 0.0) + value / 30
+    prefix = "sampled_" if sampled else ""
+    assert got == pytest.approx({prefix + name: value for name, value in expected.items()}, rel=1e-12)
+    unmasked = RetrievalMetrics((5, 20), candidates="sampled" if sampled else "exact")
+    unmasked.update(queries, positive_ids, table[positive_ids], table[ids], ids if sampled else None)
+    assert unmasked.compute()[prefix + "mrr"] < got[prefix + "mrr"]  # masking moves positives up
+
+
+def test_per_user_metrics_average_each_users_mean() -> None:
+    # Three queries of user 7 and one of user 9 over a 4-item table of one-hot rows: the scores are the queries.
+    table = torch.eye(4)
+    queries = torch.tensor([[0.9, 0.1, 0.0, 0.0], [0.1, 0.9, 0.0, 0.0], [0.0, 0.2, 0.3, 0.1], [0.0, 0.0, 0.0, 1.0]])
+    positive_ids = torch.tensor([0, 0, 0, 3])  # positions 0, 1, 3 for user 7; 0 for user 9
+    metrics = RetrievalMetrics((1,), per_user=True)
+    metrics.update(queries, positive_ids, table[positive_ids], table, users=torch.tensor([7, 7, 7, 9]))
+    got = metrics.compute()
+    assert got["recall@1"] == pytest.approx((1 + 0 + 0 + 1) / 4)
+    assert got["user_recall@1"] == pytest.approx(((1 + 0 + 0) / 3 + 1) / 2)
+    assert got["mrr"] == pytest.approx((1 + 1 / 2 + 1 / 4 + 1) / 4)
+    assert got["user_mrr"] == pytest.approx(((1 + 1 / 2 + 1 / 4) / 3 + 1) / 2)
+    assert list(got) == [*metric_names((1,)), "user_recall@1", "user_ndcg@1", "user_hit_rate@1", "user_mrr"]

@@ -53,7 +53,8 @@ def test_an_unknown_or_ambiguous_metric_is_a_usage_error(name: str, message: str
 @pytest.mark.parametrize(
     ("metric", "higher"),
     [("auc", True), ("accuracy", True), ("recall@10", True), ("ndcg@5", True), ("mrr", True),
-     ("hit_rate@20", True), ("ne", False), ("mse", False), ("rmse", False), ("loss", False)],
+     ("hit_rate@20", True), ("user_recall@10", True), ("ne", False), ("mse", False), ("rmse", False), ("loss", False),
+     ("log_loss", False)],
 )
 def test_the_direction_follows_the_name(metric: str, higher: bool) -> None:
     assert BestMetric("h", metric).higher_is_better is higher

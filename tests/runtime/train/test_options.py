@@ -56,6 +56,12 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
          "--patience 2 needs --eval-every K (evaluating only at the end cannot stop early)"),
         (["--eval-data", "synthetic", "--eval-every", "5", "--best-metric", "auc", "--patience", "0"],
          "--patience must be at least 1, got 0"),
+        (["--data", "movielens:ml/ratings.dat", "--shuffle-window", "2"],
+         "--shuffle-window 2: shuffles prepared data only, and movielens:ml/ratings.dat is read in its own order; "
+         "prepare it once (reccompile data prepare SPEC --data movielens:ml/ratings.dat -o DIR) and train with "
+         "--data prepared:DIR"),
+        (["--shuffle-window", "1"],
+         "--shuffle-window 1: shuffles prepared data only, and synthetic batches are made, not read"),
         (["--eval-data", "synthetic", "--best-metric", "recall@10"],
          "--best-metric 'recall@10': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy"),
         (["--eval-data", "synthetic", "--best-metric", "click.auc"],

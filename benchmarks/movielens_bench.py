@@ -1,0 +1,134 @@
+"""MovieLens-100k leave-one-out: popularity, the shipped two-tower and SASRec, recall@10 and NDCG@10.
+
+The data is RecBole's own copy of MovieLens-100k (`recbole/dataset_example/
+ml-100k/ml-100k.inter` inside the `recbole` wheel, fetched with `pip download
+--no-deps recbole` into a temporary directory unless `--wheel` names it; it
+is never kept or committed). Every rating is an interaction, as RecBole
+reads it (`--rating-threshold 0`); `reccompile data split --holdout 1e-9`
+holds out each user's latest one by time (leave-one-out). Every model ranks
+the held-out movie against the whole catalogue:
+
+    popularity   training counts, nothing masked
+    two_tower    specs/two_tower_retrieval.yaml, tables sized for ml-100k
+    sasrec       specs/sasrec.yaml, tables sized for ml-100k; the held-out
+                 movie ranked among the movies the user's history has not seen
+                 (the head's mask_seen default, as RecBole's full-sort metrics)
+
+One JSON line per result: {"model", "recall@10", "ndcg@10", "users", "epochs", "seconds"}.
+
+    python benchmarks/movielens_bench.py [--wheel recbole-1.2.1-py3-none-any.whl] [--epochs 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+INTER = "recbole/dataset_example/ml-100k/ml-100k.inter"
+
+
+def fetch_wheel(into: Path) -> Path:
+    """The recbole wheel, downloaded by pip (no dependencies) into `into`."""
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "recbole", "-q", "-d", str(into)], check=True)
+    return next(into.glob("recbole-*.whl"))
+
+
+def write_ratings(wheel: Path, path: Path) -> int:
+    """ml-100k.inter (user_id:token, item_id:token, rating:float, timestamp:float, a header) as u.data lines."""
+    with zipfile.ZipFile(wheel) as archive:
+        lines = archive.read(INTER).decode().splitlines()[1:]
+    rows = [line.split("\t") for line in lines if line.strip()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{u}\t{i}\t{r}\t{int(float(t))}\n" for u, i, r, t in rows))
+    return len(rows)
+
+
+def reccompile(*args: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "compiler.cli", *args], cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"reccompile {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}")
+    return done.stdout
+
+
+def read(path: Path) -> list[tuple[int, int, int]]:
+    return [(int(u), int(i), int(t)) for u, i, _, t in (line.split("\t") for line in path.read_text().splitlines())]
+
+
+def popularity(train: list[tuple[int, int, int]], test: list[tuple[int, int, int]], k: int = 10) -> dict[str, float]:
+    """The held-out movie's rank among all movies ordered by training count (ties against it)."""
+    counts = Counter(movie for _, movie, _ in train)
+    catalogue = set(counts) | {movie for _, movie, _ in test}
+    recall = ndcg = 0.0
+    for _, movie, _ in test:
+        mine = counts.get(movie, 0)
+        position = sum(1 for other in catalogue if other != movie and counts.get(other, 0) >= mine)
+        if position < k:
+            recall += 1
+            ndcg += 1 / math.log2(position + 2)
+    return {"recall@10": recall / len(test), "ndcg@10": ndcg / len(test)}
+
+
+def sized_spec(spec: Path, out: Path, users: int, movies: int) -> Path:
+    """`spec` with its user and item tables sized for ml-100k's ids (plus row 0 for unseen ones)."""
+    text = spec.read_text()
+    text = re.sub(r"num_embeddings: 6041", f"num_embeddings: {users + 1}", text)
+    text = re.sub(r"num_embeddings: 3953", f"num_embeddings: {movies + 1}", text)
+    out.write_text(text)
+    return out
+
+
+def trained(spec: Path, split: Path, work: Path, epochs: int, rows: int) -> dict[str, float]:
+    """Train `spec` on the split's training part for `epochs`, evaluated on its test part: the last eval metrics."""
+    batch = int(re.search(r"batch_size: (\d+)", spec.read_text()).group(1))
+    steps = max(1, epochs * rows // batch)
+    out = reccompile(
+        "train", str(spec), "--data", f"movielens:{split / 'train' / 'u.data'}", "--rating-threshold", "0",
+        "--eval-data", f"movielens:{split / 'test' / 'u.data'}", "--steps", str(steps),
+        "--log-every", str(steps), "-o", str(work / spec.stem),
+    )  # fmt: skip
+    result = json.loads(out.strip().splitlines()[-1])
+    (metrics,) = result["eval_metrics"].values()
+    return {"recall@10": metrics["recall@10"], "ndcg@10": metrics["ndcg@10"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheel", type=Path, help="the recbole wheel (default: pip download it)")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over the training part (10)")
+    parser.add_argument("--models", default="popularity,two_tower,sasrec")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="movielens-bench-") as folder:
+        work = Path(folder)
+        wheel = args.wheel or fetch_wheel(work)
+        ratings = work / "ml-100k" / "u.data"
+        write_ratings(wheel, ratings)
+        split = work / "split"
+        reccompile("data", "split", "--data", f"movielens:{ratings}", "--holdout", "1e-9", "--rating-threshold", "0",
+                   "-o", str(split))  # fmt: skip
+        train, test = read(split / "train" / "u.data"), read(split / "test" / "u.data")
+        users, movies = len({u for u, _, _ in train}), len({m for _, m, _ in train})
+        for model in args.models.split(","):
+            started = time.perf_counter()
+            if model == "popularity":
+                figures = popularity(train, test)
+            else:
+                shipped = {"two_tower": "two_tower_retrieval.yaml", "sasrec": "sasrec.yaml"}[model]
+                spec = sized_spec(REPO / "specs" / shipped, work / f"{model}.yaml", users, movies)
+                figures = trained(spec, split, work, args.epochs, len(train))
+            print(json.dumps({"model": model, **{k: round(v, 4) for k, v in figures.items()}, "users": len(test),
+                              "epochs": None if model == "popularity" else args.epochs,
+                              "seconds": round(time.perf_counter() - started, 1)}), flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
