@@ -37,9 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from runtime.data.columns import USER_IDS
 from runtime.modules.losses import HeadConfig
 from runtime.retrieval.catalogue import Catalogue
-from runtime.retrieval.head_metrics import USER_IDS, RetrievalHeadMetrics
+from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 
 MetricValues = dict[str, float | None]
 DEFAULT_METRICS = {

@@ -18,7 +18,7 @@ With `mask_seen` (a next-item head's default, the spec's `mask_seen`) the
 items of each query's history are no candidates: the held-out item ranks
 among the items its user has not seen, as RecBole's full-sort metrics rank.
 Metrics named `user_...` average per user (runtime.retrieval.metrics): the
-batches' labels then carry each sample's user id under USER_IDS (the
+batches' labels then carry each sample's user id under runtime.data.columns.USER_IDS (the
 MovieLens reader puts it there when a head asks for them).
 """
 
@@ -31,12 +31,11 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.data.columns import USER_IDS
 from runtime.retrieval.catalogue import Catalogue, StepPositives
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.metrics import RetrievalMetrics
 
-__all__ = ["USER_IDS", "RetrievalHeadMetrics", "metric_ks", "wants_users"]
+__all__ = ["RetrievalHeadMetrics", "metric_ks", "wants_users"]
 
 
 def wants_users(metrics: Sequence[str]) -> bool:
