@@ -62,6 +62,7 @@ class LrScheduler:
         self._tables = [m for m in model.modules() if callable(getattr(m, "set_lr_scale", None))]
         self.completed = 0
         self.scale = schedule.factor(0)
+        self.resumed_plateau = False  # the plateau goes on from a checkpoint's state
 
     def start_step(self, completed: int) -> float:
         """Set every rate for the update after `completed` steps; returns the factor."""
@@ -73,11 +74,11 @@ class LrScheduler:
             module.set_lr_scale(self.scale)
         return self.scale
 
-    def observe(self, metrics: Metrics) -> float:
-        """Take an evaluation pass's metrics (when reducing on plateau) and set the rates the next
-        update trains at; returns the factor."""
+    def observe(self, metrics: Metrics, step: int | None = None) -> float:
+        """Take an evaluation pass's metrics (at `step`, when reducing on plateau) and set the rates
+        the next update trains at; returns the factor."""
         if self.plateau is not None:
-            self.plateau.observe(metrics)
+            self.plateau.observe(metrics, step)
         return self.start_step(self.completed)
 
     @property
@@ -97,11 +98,11 @@ class LrScheduler:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> bool:
-        """Go on from a checkpoint's `state_dict()`; False if it was saved under another schedule
-        (or another plateau metric: the plateau then starts afresh)."""
+        """Go on from a checkpoint's `state_dict()`; False if it was saved under another schedule.
+        A plateau goes on from its saved state (`resumed_plateau`) unless it tracked another metric."""
         same = dict(state["schedule"]) == self.schedule.describe()
         if self.plateau is not None:
             saved = state.get("plateau")
-            same = same and saved is not None and self.plateau.load_state_dict(saved)
+            self.resumed_plateau = saved is not None and self.plateau.load_state_dict(saved)
         self.start_step(int(state["completed"]))
         return same

@@ -30,15 +30,15 @@ def _torch_scales(values: list[float | None], mode: str, factor: float, patience
 
 
 @pytest.mark.parametrize("name", sorted(SEQUENCES))
-@pytest.mark.parametrize(("metric", "patience", "min_scale"), [("auc", 1, 0.0), ("auc", 0, 0.005), ("ne", 2, 0.0)])
-def test_decisions_match_torch(name: str, metric: str, patience: int, min_scale: float) -> None:
+@pytest.mark.parametrize(("metric", "patience", "min_factor"), [("auc", 1, 0.0), ("auc", 0, 0.005), ("ne", 2, 0.0)])
+def test_decisions_match_torch(name: str, metric: str, patience: int, min_factor: float) -> None:
     values = SEQUENCES[name]
     if metric == "ne":  # lower is better: the same sequence mirrored
         values = [None if v is None else 1.0 - v for v in values]
-    plateau = LrPlateau(BestMetric("click", metric), factor=0.1, patience=patience, min_scale=min_scale)
+    plateau = LrPlateau(BestMetric("click", metric), factor=0.1, patience=patience, min_factor=min_factor)
     ours = [plateau.observe({"click": {metric: v}}) for v in values]
     mode = "min" if metric == "ne" else "max"
-    assert ours == pytest.approx(_torch_scales(values, mode, 0.1, patience, min_scale), rel=1e-12)
+    assert ours == pytest.approx(_torch_scales(values, mode, 0.1, patience, min_factor), rel=1e-12)
 
 
 def test_explicit_mode_overrides_the_metric() -> None:

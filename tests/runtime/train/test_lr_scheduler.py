@@ -73,11 +73,11 @@ def test_a_plateau_multiplies_the_step_factor_and_resumes_with_it(module_path: P
     assert saved["next_scale"] == pytest.approx(EXPECTED.factor(4) * 0.1)
     model, optimizer = cc.fresh(module)
     resumed = LrScheduler(module.LR_SCHEDULE, optimizer, model, LrPlateau(BestMetric("click", "auc"), patience=0))
-    assert resumed.load_state_dict(saved)
+    assert resumed.load_state_dict(saved) and resumed.resumed_plateau
     assert resumed.lr == pytest.approx(BASE_LR * EXPECTED.factor(4) * 0.1)
     assert resumed.observe({"click": {"auc": 0.69}}) == pytest.approx(EXPECTED.factor(4) * 0.01)  # best 0.7 kept
     other = LrScheduler(module.LR_SCHEDULE, optimizer, model, LrPlateau(BestMetric("click", "ne")))
-    assert not other.load_state_dict(saved)
+    assert other.load_state_dict(saved) and not other.resumed_plateau
 
 
 def test_the_pipeline_trains_the_schedule_of_the_plain_loop(module_path: Path) -> None:
