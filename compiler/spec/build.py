@@ -123,7 +123,8 @@ def build_ir(
     targets = set(features.dense_sizes) | set(features.sparse_dims) | features.timestamps_names | labels
     data = resolve_data(checker, root, targets)
     name, version = checker.value(root, "name"), checker.value(root, "version")
-    complete = known(sharding, training, lr_schedule, early_stopping, lr_plateau, data, name, version) and None not in heads_ir
+    resolved = (sharding, training, lr_schedule, early_stopping, lr_plateau, data, name, version)
+    complete = known(*resolved) and None not in heads_ir
     if tainted or checker.diagnostics or not complete:
         return None, checker.diagnostics
     ir_blocks = tuple(_block_ir(blocks[name], blocks, features) for name in order)

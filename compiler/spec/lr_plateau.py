@@ -7,7 +7,8 @@ metric is found as early stopping's is (compiler.spec.early_stopping).
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from compiler.ir import Head, LrPlateau
 from compiler.spec.early_stopping import find_head_metric

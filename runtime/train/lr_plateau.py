@@ -24,7 +24,8 @@ one would have. On N ranks the evaluation metrics are all-reduced
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from runtime.data.features import PlateauConfig
 from runtime.modules.losses import HeadConfig
@@ -53,7 +54,8 @@ class LrPlateau:
             raise ValueError(f"lr plateau: factor must be between 0 and 1 (exclusive), got {factor}")
         if patience < 0 or min_factor < 0.0 or threshold < 0.0:
             raise ValueError(
-                f"lr plateau: patience, min_factor and threshold must be >= 0, got {patience}, {min_factor}, {threshold}"
+                "lr plateau: patience, min_factor and threshold must be >= 0, "
+                f"got {patience}, {min_factor}, {threshold}"
             )
         self.metric = metric
         self.factor, self.patience, self.min_factor, self.threshold = factor, patience, min_factor, threshold
@@ -111,7 +113,9 @@ class LrPlateau:
         return value < best - abs(best) * self.threshold
 
 
-def plateau_from_spec(config: PlateauConfig | None, heads: Sequence[HeadConfig], eval_data: str | None) -> LrPlateau | None:
+def plateau_from_spec(
+    config: PlateauConfig | None, heads: Sequence[HeadConfig], eval_data: str | None
+) -> LrPlateau | None:
     """The spec's `training.lr_plateau` for a run; UsageError when the run has no evaluation split."""
     if config is None:
         return None

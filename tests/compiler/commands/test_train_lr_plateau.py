@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_train_early_stopping import SPEC, write_ratings
 
 from compiler.cli import main
-from test_train_early_stopping import SPEC, write_ratings
 
 EVERY, STEPS, BASE_LR = 25, 300, 0.01
 PLATEAU = SPEC + "  lr_plateau: {metric: auc, factor: 0.5, patience: 1}\n"
