@@ -505,6 +505,20 @@ class EarlyStopping:
 
 
 @dataclass(frozen=True, slots=True)
+class LrPlateau:
+    """`training.lr_plateau`: the eval metric (checked against the heads) whose plateaus reduce
+    every learning rate, as runtime.train.lr_plateau decides; `mode` None is the metric's own."""
+
+    metric: str
+    mode: str | None
+    factor: float
+    patience: int
+    min_factor: float
+    threshold: float
+    loc: Location
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     batch_size: int  # global: each of N ranks gets batch_size / N
     seed: int
@@ -514,6 +528,7 @@ class Training:
     loc: Location
     lr_schedule: LrSchedule = LrSchedule()
     early_stopping: EarlyStopping | None = None
+    lr_plateau: LrPlateau | None = None
     precision: str = "fp32"  # the dense layers' compute: fp32 or bf16 (runtime.train.precision)
     precision_loc: Location | None = None
 

@@ -31,6 +31,7 @@ from runtime.data.sources import choose_data
 from runtime.train import options as train_options
 from runtime.train import worker
 from runtime.train.early_stopping import resolve_best_metric
+from runtime.train.lr_plateau import plateau_from_spec
 from runtime.train.limits import MAX_RANKS_PER_HOST, range_problem
 from runtime.train.options import TrainOptions, UsageError
 from runtime.cpu.threads import ThreadChoice, choose_threads, given_threads
@@ -86,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
             train_options.check_shuffle_window(ready, str(data))
             if ready.best_metric is not None:
                 resolve_best_metric(ready.best_metric, inputs.heads)
+            plateau_from_spec(inputs.training.lr_plateau, inputs.heads, ready.eval_data)
         except (DataError, UsageError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

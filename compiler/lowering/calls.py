@@ -428,7 +428,7 @@ def model_inputs_call(ir: ModelIR) -> Call:
         ))
         for t in ir.timestamps
     ]  # fmt: skip
-    stopping = ir.training.early_stopping
+    stopping, plateau = ir.training.early_stopping, ir.training.lr_plateau
     training = Call("runtime.data.features.TrainingConfig", (
         ("steps", ir.training.steps),
         ("batch_size", ir.training.batch_size),
@@ -439,6 +439,11 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("patience", stopping.patience),
             ("early_stopping_where", str(stopping.loc)),
         )),
+        *(() if plateau is None else (("lr_plateau", Call("runtime.data.features.PlateauConfig", (
+            ("metric", plateau.metric), ("mode", plateau.mode), ("factor", plateau.factor),
+            ("patience", plateau.patience), ("min_factor", plateau.min_factor),
+            ("threshold", plateau.threshold), ("where", str(plateau.loc)),
+        ))),)),
         *(() if ir.training.precision == "fp32" else (
             ("precision", ir.training.precision),
             ("precision_where", str(ir.training.precision_loc or ir.training.loc)),

@@ -41,6 +41,7 @@ from compiler.spec.groups import PREFIX as GROUPS, group_members, resolve_groups
 from compiler.spec.load import Document, Node, Path
 from compiler.spec.module_names import module_name_clash
 from compiler.spec.early_stopping import resolve_early_stopping
+from compiler.spec.lr_plateau import resolve_lr_plateau
 from compiler.spec.lr_schedule import resolve_lr_schedule
 from compiler.spec.retrieval import check_keys, check_one, item_ref, retrieval_head
 from compiler.spec.semantic import (
@@ -118,11 +119,13 @@ def build_ir(
     training = resolve_training(checker, root, spec_world)
     lr_schedule = resolve_lr_schedule(checker, checker.child(root, "training"))
     early_stopping = resolve_early_stopping(checker, checker.child(root, "training"), heads_ir)
+    lr_plateau = resolve_lr_plateau(checker, checker.child(root, "training"), heads_ir)
     labels = {head.label for head in heads if isinstance(head.label, str) and head.loss != "sampled_softmax"}
     targets = set(features.dense_sizes) | set(features.sparse_dims) | features.timestamps_names | labels
     data = resolve_data(checker, root, targets)
     name, version = checker.value(root, "name"), checker.value(root, "version")
-    complete = known(sharding, training, lr_schedule, early_stopping, data, name, version) and None not in heads_ir
+    resolved = (sharding, training, lr_schedule, early_stopping, lr_plateau, data, name, version)
+    complete = known(*resolved) and None not in heads_ir
     if tainted or checker.diagnostics or not complete:
         return None, checker.diagnostics
     ir_blocks = tuple(_block_ir(blocks[name], blocks, features) for name in order)
@@ -141,7 +144,9 @@ def build_ir(
             ),
             blocks=ir_blocks,
             heads=tuple(h for h in heads_ir if h is not None),
-            training=dataclasses.replace(training, lr_schedule=lr_schedule, early_stopping=early_stopping),
+            training=dataclasses.replace(
+                training, lr_schedule=lr_schedule, early_stopping=early_stopping, lr_plateau=lr_plateau
+            ),
             sharding=sharding,
             data=data,
             loc=root.loc,

@@ -14,7 +14,7 @@ from compiler.ir import EarlyStopping, Head
 from compiler.spec.load import Node
 from compiler.spec.semantic import INVALID, Checker, known
 
-__all__ = ["resolve_early_stopping"]
+__all__ = ["find_head_metric", "resolve_early_stopping"]
 
 
 def resolve_early_stopping(checker: Checker, training: Node | None, heads: Sequence[Head | None]) -> Any:
@@ -25,16 +25,20 @@ def resolve_early_stopping(checker: Checker, training: Node | None, heads: Seque
     metric, patience = checker.value(node, "metric"), checker.value(node, "patience")
     if not known(metric, patience) or not isinstance(metric, str) or None in heads:
         return INVALID
+    if not find_head_metric(checker, checker.child(node, "metric") or node, metric, heads):
+        return INVALID
+    return EarlyStopping(metric, patience, node.key_loc or node.loc)
+
+
+def find_head_metric(checker: Checker, where: Node, metric: str, heads: Sequence[Head | None]) -> bool:
+    """Whether exactly one head reports `metric` (or `head.metric`); else reported at `where`."""
     available = [(head.name, name) for head in heads if head is not None for name in head.metrics]
     head, dot, name = metric.partition(".")
     found = [pair for pair in available if (pair == (head, name) if dot else pair[1] == metric)]
-    where = checker.child(node, "metric") or node
     if not found:
         listed = ", ".join(f"{h}.{m}" for h, m in available)
         checker.error(where, f"no head reports '{metric}'; the heads' metrics are {listed}")
-        return INVALID
-    if len(found) > 1:
+    elif len(found) > 1:
         both = " and ".join(h for h, _ in found)
         checker.error(where, f"heads {both} both report '{metric}'; name one, e.g. '{found[0][0]}.{metric}'")
-        return INVALID
-    return EarlyStopping(metric, patience, node.key_loc or node.loc)
+    return len(found) == 1

@@ -82,6 +82,12 @@ def resolve_best_metric(name: str, heads: Sequence[HeadConfig]) -> BestMetric:
     return BestMetric(*found[0])
 
 
+def missed_evaluation(last_step: int | None, step: int, eval_every: int) -> bool:
+    """Whether a tracker that last observed the pass of `last_step` was saved at `step` before that
+    step's evaluation pass (see `EarlyStopping.missed`)."""
+    return bool(eval_every) and step > 0 and step % eval_every == 0 and (last_step or 0) < step
+
+
 class EarlyStopping:
     """The best value of `metric` so far and the passes since; stop after `patience` without a gain.
 
@@ -138,7 +144,7 @@ class EarlyStopping:
     def missed(self, step: int, eval_every: int) -> bool:
         """Whether a checkpoint at `step` was saved before that step's evaluation pass (a save
         on a log step, or after the last step): a run resumed from it must evaluate first."""
-        return bool(eval_every) and step > 0 and step % eval_every == 0 and (self.last_step or 0) < step
+        return missed_evaluation(self.last_step, step, eval_every)
 
     def _better(self, value: float, best: float) -> bool:
         return value > best if self.metric.higher_is_better else value < best

@@ -13,8 +13,13 @@ rate. The factor `schedule.factor(t)` (runtime.train.lr_schedule) multiplies
   SparseArch and of the embedding collections), each table at its own
   optimizer's lr x factor, per-table optimizers included.
 
-The factor depends on the step alone, so a resumed run sets exactly the
-rates the uninterrupted run had. `state_dict()` goes into the checkpoint's
+With a reduce-on-plateau (runtime.train.lr_plateau), its factor multiplies
+the step's: `observe(metrics)` after each evaluation pass sets the new rates
+at once, so the next update trains at them.
+
+The step's factor depends on the step alone and the plateau's state is
+saved with it, so a resumed run sets exactly the rates the uninterrupted run
+had. `state_dict()` goes into the checkpoint's
 manifest; `load_state_dict` reads it back on resume and says whether the
 checkpoint was trained with another schedule (possible with
 --allow-spec-change only): the run then goes on with its own schedule, at
@@ -27,6 +32,8 @@ from typing import Any, Mapping
 
 import torch
 
+from runtime.train.early_stopping import Metrics
+from runtime.train.lr_plateau import LrPlateau
 from runtime.train.lr_schedule import LrSchedule
 
 __all__ = ["LrScheduler"]
@@ -39,8 +46,15 @@ class LrScheduler:
     are read from its groups here (or from their `initial_lr`, when set).
     """
 
-    def __init__(self, schedule: LrSchedule, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    def __init__(
+        self,
+        schedule: LrSchedule,
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        plateau: LrPlateau | None = None,
+    ) -> None:
         self.schedule = schedule
+        self.plateau = plateau
         self.optimizer = optimizer
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
@@ -48,15 +62,24 @@ class LrScheduler:
         self._tables = [m for m in model.modules() if callable(getattr(m, "set_lr_scale", None))]
         self.completed = 0
         self.scale = schedule.factor(0)
+        self.resumed_plateau = False  # the plateau goes on from a checkpoint's state
 
     def start_step(self, completed: int) -> float:
         """Set every rate for the update after `completed` steps; returns the factor."""
-        self.completed, self.scale = completed, self.schedule.factor(completed)
+        self.completed = completed
+        self.scale = self.schedule.factor(completed) * (1.0 if self.plateau is None else self.plateau.scale)
         for group in self.optimizer.param_groups:
             group["lr"] = group["initial_lr"] * self.scale
         for module in self._tables:
             module.set_lr_scale(self.scale)
         return self.scale
+
+    def observe(self, metrics: Metrics, step: int | None = None) -> float:
+        """Take an evaluation pass's metrics (at `step`, when reducing on plateau) and set the rates
+        the next update trains at; returns the factor."""
+        if self.plateau is not None:
+            self.plateau.observe(metrics, step)
+        return self.start_step(self.completed)
 
     @property
     def lr(self) -> float:
@@ -66,13 +89,20 @@ class LrScheduler:
     def state_dict(self, completed: int) -> dict[str, Any]:
         """Plain data for the manifest of a checkpoint after `completed` steps: the schedule, the
         steps, and the factor the next step trains at."""
+        plateau = {} if self.plateau is None else {"plateau": self.plateau.state_dict()}
         return {
             "schedule": self.schedule.describe(),
             "completed": completed,
-            "next_scale": self.schedule.factor(completed),
+            "next_scale": self.schedule.factor(completed) * (1.0 if self.plateau is None else self.plateau.scale),
+            **plateau,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> bool:
-        """Go on from a checkpoint's `state_dict()`; False if it was saved under another schedule."""
+        """Go on from a checkpoint's `state_dict()`; False if it was saved under another schedule.
+        A plateau goes on from its saved state (`resumed_plateau`) unless it tracked another metric."""
+        same = dict(state["schedule"]) == self.schedule.describe()
+        if self.plateau is not None:
+            saved = state.get("plateau")
+            self.resumed_plateau = saved is not None and self.plateau.load_state_dict(saved)
         self.start_step(int(state["completed"]))
-        return dict(state["schedule"]) == self.schedule.describe()
+        return same

@@ -37,6 +37,7 @@ from runtime.process.lifetime import die_with_parent, skip_exit_collection
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.early_stopping import EarlyStopping, resolve_best_metric
 from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
+from runtime.train.lr_plateau import plateau_from_spec
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
@@ -111,7 +112,8 @@ def _train(options: TrainOptions) -> int:
     torch.manual_seed(seed)
     model = module.build(process_group=process_group, device=device)
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
-    lr_scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model)
+    plateau = plateau_from_spec(training.lr_plateau, module.INPUTS.heads, options.eval_data)
+    lr_scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model, plateau)
     other_work = OtherWork()
     stopping = None
     if options.best_metric is not None:
@@ -122,8 +124,8 @@ def _train(options: TrainOptions) -> int:
     )  # fmt: skip
 
     def on_evaluation(step: int, metrics: dict) -> None:
-        assert stopping is not None
-        if stopping.observe(step, metrics):
+        lr_scheduler.observe(metrics, step)
+        if stopping is not None and stopping.observe(step, metrics):
             checkpoints.save_best(step)
 
     def best_result() -> dict:
@@ -151,11 +153,14 @@ def _train(options: TrainOptions) -> int:
             other_work=other_work,
             resumed_vocabulary=checkpoints.resumed_vocabulary(),
             resumed_features=checkpoints.resumed_features(),
-            on_evaluation=None if stopping is None else on_evaluation,
+            on_evaluation=None if stopping is None and plateau is None else on_evaluation,
         )
         resumed_tracker = stopping is not None and checkpoints.resumed_early_stopping
-        if resumed_tracker and stopping.missed(start_step, options.eval_every):
-            run_io.monitor.evaluate(start_step)  # so the count goes on as in the run that saved it
+        missed = resumed_tracker and stopping.missed(start_step, options.eval_every)
+        if lr_scheduler.resumed_plateau and plateau is not None:
+            missed = missed or plateau.missed(start_step, options.eval_every)
+        if missed:
+            run_io.monitor.evaluate(start_step)  # so the counts go on as in the run that saved them
         batches = checkpoints.position(run_io.batches, options.data)
         depth = options.pipeline_depth_for(world_size)
         if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)

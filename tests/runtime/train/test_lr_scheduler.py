@@ -19,7 +19,9 @@ import torch
 import checkpoint_cases as cc
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
 from runtime.train import worker
+from runtime.train.early_stopping import BestMetric
 from runtime.train.loop import train
+from runtime.train.lr_plateau import LrPlateau
 from runtime.train.lr_schedule import LrSchedule
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
@@ -56,6 +58,26 @@ def test_each_step_sets_the_dense_and_table_rates_of_the_formula(module_path: Pa
         assert scale == EXPECTED.factor(completed)
         assert [group["lr"] for group in optimizer.param_groups] == [BASE_LR * scale]
         assert [tbe.get_learning_rate() for tbe in tbes] == pytest.approx([BASE_LR * scale] * len(tbes), rel=1e-6)
+
+
+def test_a_plateau_multiplies_the_step_factor_and_resumes_with_it(module_path: Path) -> None:
+    module = load_module(str(module_path))
+    model, optimizer = cc.fresh(module)
+    tbes = [g.tbe for c in model.sparse_arch._collections() for g in c._groups]
+    scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model, LrPlateau(BestMetric("click", "auc"), patience=0))
+    scheduler.start_step(3)
+    assert scheduler.observe({"click": {"auc": 0.7}}) == EXPECTED.factor(3)
+    assert scheduler.observe({"click": {"auc": 0.6}}) == pytest.approx(EXPECTED.factor(3) * 0.1)
+    assert tbes[0].get_learning_rate() == pytest.approx(BASE_LR * EXPECTED.factor(3) * 0.1, rel=1e-6)
+    saved = scheduler.state_dict(4)
+    assert saved["next_scale"] == pytest.approx(EXPECTED.factor(4) * 0.1)
+    model, optimizer = cc.fresh(module)
+    resumed = LrScheduler(module.LR_SCHEDULE, optimizer, model, LrPlateau(BestMetric("click", "auc"), patience=0))
+    assert resumed.load_state_dict(saved) and resumed.resumed_plateau
+    assert resumed.lr == pytest.approx(BASE_LR * EXPECTED.factor(4) * 0.1)
+    assert resumed.observe({"click": {"auc": 0.69}}) == pytest.approx(EXPECTED.factor(4) * 0.01)  # best 0.7 kept
+    other = LrScheduler(module.LR_SCHEDULE, optimizer, model, LrPlateau(BestMetric("click", "ne")))
+    assert other.load_state_dict(saved) and not other.resumed_plateau
 
 
 def test_the_pipeline_trains_the_schedule_of_the_plain_loop(module_path: Path) -> None:
