@@ -30,6 +30,7 @@ import torch
 
 from runtime.data.errors import DataError
 from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.tables.learn import with_learned
 from runtime.retrieval.index_files import load_index
 from runtime.serving.export_dir import data_file, load, read_export_manifest
 from runtime.serving.online.protocol import BadRequest, InferRequest, Output
@@ -185,12 +186,10 @@ def load_pipeline(
 
 def _rows(module: Any, directory: Path, verify: bool, reader: str | None, unused: Sequence[str] = ()) -> RawRows:
     """The export's raw rows with what `predict` reads beside the module: the MovieLens vocabulary, and
-    the learned feature state (features.json, from the "own data" work: runtime.data.tables.learn)."""
+    the learned feature state (features.json), applied by `with_learned` as predict applies it."""
     inputs = module.INPUTS
     features = data_file(directory, "features", verify=verify)
-    if features is not None:  # only an export whose manifest lists features.json: the module is there then
-        from runtime.data.tables.learn import with_learned
-
+    if features is not None:
         inputs = with_learned(inputs, features)
     vocabulary = data_file(directory, "vocabulary", verify=verify)
     return raw_rows(inputs, None if vocabulary is None else read_vocabulary(vocabulary), unused, reader)
