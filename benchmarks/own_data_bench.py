@@ -41,12 +41,14 @@ import time
 import zipfile
 from pathlib import Path
 
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from compiler.cli import main as reccompile  # noqa: E402
+from runtime.reporting.metrics import auc  # noqa: E402  the AUC training reports
 
 SPEC = REPO / "specs" / "examples" / "movielens_csv.yaml"
 HEADER = ["user", "movie", "genres", "age", "gender", "occupation", "zip", "year", "ts", "label"]
@@ -104,23 +106,6 @@ def run(*args: str) -> str:
 
 def result_of(output: str) -> dict:
     return json.loads(output.strip().splitlines()[-1])
-
-
-def auc(scores: list[float], labels: list[float]) -> float:
-    """The probability a positive scores above a negative (ties half), by ranks."""
-    order = sorted(range(len(scores)), key=lambda i: scores[i])
-    ranks = [0.0] * len(scores)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and scores[order[j + 1]] == scores[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    positives = sum(labels)
-    negatives = len(labels) - positives
-    return (sum(r for r, y in zip(ranks, labels) if y == 1) - positives * (positives + 1) / 2) / (positives * negatives)
 
 
 def timing_specs(workdir: Path) -> dict[str, Path]:
@@ -187,7 +172,7 @@ def main() -> int:
     run("predict", str(work / "served"), "--data", f"csv:{test}", "-o", str(work / "scores.csv"))
     with open(work / "scores.csv") as scores, open(test) as rows:
         scored = [float(r["like"]) for r in csv.DictReader(scores)]
-        predicted = auc(scored, [float(r["label"]) for r in csv.DictReader(rows)])
+        predicted = auc(torch.tensor(scored), torch.tensor([float(r["label"]) for r in csv.DictReader(rows)]))
     print(json.dumps({"path": "predict", "auc": predicted}))
     rates = prepare_rates(work, train, args.repeats)
     print(json.dumps({
