@@ -63,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-wait-ms",
         type=float,
-        default=2.0,
-        help="how long the first request of a batch waits for others (default 2 ms)",
+        default=0.0,
+        help="how long the first request of a batch waits for others (default 0: none; a request that finds "
+        "the model idle runs at once, those that arrive while a batch runs make the next batch)",
     )
     parser.add_argument(
         "--max-queue",

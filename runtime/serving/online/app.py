@@ -84,7 +84,7 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
             try:
                 header = request.headers.get("Inference-Header-Content-Length")
                 decoded = decode_request(body, model.inputs, model.output_names, header)
-                outputs, parameters = await asyncio.wrap_future(slot.batcher.submit((model, decoded), decoded.rows))
+                outputs, parameters = await slot.batcher.submit((model, decoded), decoded.rows)
             except BadRequest as error:
                 raise _Error(400, str(error)) from None
             except Overloaded as error:
@@ -180,7 +180,7 @@ async def serve(
     await stop.wait()
     await runner.cleanup()
     for slot in slots.values():
-        await asyncio.to_thread(slot.batcher.stop)
+        await slot.batcher.stop()
 
 
 def run(app: web.Application, slots: Mapping[str, Slot], **options: Any) -> None:

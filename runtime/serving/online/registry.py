@@ -1,6 +1,6 @@
 """The served models by name, each with its batcher; a reload swaps a new export in atomically.
 
-    slot = Slot(lambda: load_model(out), options, metrics)   # loads now, starts its batcher
+    slot = Slot(lambda: load_model(out), options, metrics)   # loads now; its batcher runs on the event loop
     model = slot.model            # what a request is checked against and runs on, start to finish
     slot.reload()                 # loads again from the same place, then swaps (one assignment)
 
@@ -46,7 +46,6 @@ class Slot:
         self._reloading = threading.Lock()
         self.batcher = Batcher(self._run, max_batch=options.max_batch, max_wait=options.max_wait,
                                max_queue=options.max_queue, metrics=metrics, model=self.model.name)  # fmt: skip
-        self.batcher.start()
 
     def reload(self) -> ServedModel:
         """Load the export again and swap it in; ReloadError (the old model still serving) if its name changed."""
