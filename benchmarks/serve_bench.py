@@ -1,4 +1,4 @@
-"""serve-bench: `reccompile serve` under load, against offline `predict` and LitServe on the same export.
+"""serve-bench: `reccompile serve` under load, against offline `predict`, LitServe and a trivial endpoint.
 
     python benchmarks/serve_bench.py [--seconds 8] [--clients 1,8,16,64] [--rows 1,64] [--threads T]
 
@@ -7,20 +7,30 @@ generated ml-1m-shaped ratings file (6,040 users, 3,952 movies; the scores'
 values do not matter, their cost does) and exported at fp32. Then, one JSON
 line per result:
 
-    {"server": "predict", ...}        offline `reccompile predict` of 50,000 rows at batch 512: rows/s
+    {"server": "predict", "batch": 512, ...}   offline `reccompile predict` of 50,000 rows: rows/s
+    {"server": "trivial", ...}                  the ceiling: an aiohttp endpoint that reads the body and
+                                                answers a fixed score (benchmarks/serve_trivial.py)
     {"server": "reccompile", "clients": C, "rows": R, "p50_ms", "p99_ms", "requests_per_s", "rows_per_s",
-     "failures", ...}                 `reccompile serve` (--max-batch 64, --max-wait-ms from the option)
-    {"server": "litserve", ...}       LitServe serving the same export (benchmarks/serve_litserve.py)
-    {"summary": ...}                  the issue's targets: 16 single-row clients vs predict's rows/s,
-                                      p99/p50 at 8 clients, and reccompile's rows/s over LitServe's
+     "failures", "server_cpu_us_per_request", "mean_batch_rows", ...}
+                                                `reccompile serve` (--max-batch 64, --max-wait-ms)
+    {"server": "litserve", ...}                 LitServe serving the same export (benchmarks/serve_litserve.py)
+    {"server": "predict", "batch": B, ...}      predict again at the batch the server ran 16 single-row
+                                                clients with (its mean, from /metrics)
+    {"summary": ...}                            the issue's targets: 16 single-row clients vs predict's
+                                                rows/s, the trivial ceiling's fraction of it, p99/p50 at
+                                                8 clients, reccompile's rows/s over LitServe's
 
 The load is locust (`benchmarks/serve_locust.py`, FastHttpUser, no think
 time: each client sends its next request when the last is answered) for
 `--seconds` per point, headless, its percentiles read from its CSV (locust
 rounds them to two significant figures). Every server gets the same
-`--threads` and listens on 127.0.0.1. On a 2-core machine the load generator
-shares the cores with the server, so the figures are lower bounds, and noisy
-where other work runs: compare the servers side by side, within one run.
+`--threads` and listens on 127.0.0.1. With 2 cores or more, every server
+(its worker processes too) is pinned to the first core and locust to the
+second (`taskset`), so the load generator does not take the server's core;
+the lines say so ("server_cpus", "load_cpus"). `server_cpu_us_per_request`
+is the server's own CPU time (psutil, children included) over the
+requests answered: it holds still when other work on the machine slows
+the wall clock, and 1e6 / it is the requests/s one whole core would give.
 Needs the `serve-bench` extra (aiohttp, locust, litserve).
 """
 
@@ -32,12 +42,14 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +57,25 @@ REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "specs" / "two_tower_movielens.yaml"
 USERS, MOVIES = 6040, 3952
 PYTHON = sys.executable
+MODEL_PATH = "/v2/models/two_tower_movielens/infer"
 
 
-def _cli(*args: str, cwd: Path) -> str:
-    done = subprocess.run([PYTHON, "-m", "compiler.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=1800)  # fmt: skip
+def _pinning() -> tuple[list[str], list[str], dict[str, str]]:
+    """The command prefixes pinning a server and the load generator to cores of their own, and what to say."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2 or shutil.which("taskset") is None:
+        return [], [], {"server_cpus": "shared with the load", "load_cpus": "shared with the server"}
+    server, load = str(cpus[0]), ",".join(map(str, cpus[1:]))
+    return ["taskset", "-c", server], ["taskset", "-c", load], {"server_cpus": server, "load_cpus": load}
+
+
+SERVER_PIN, LOAD_PIN, PINNING = _pinning()
+
+
+def _cli(*args: str, cwd: Path, pin: bool = False) -> str:
+    done = subprocess.run([*(SERVER_PIN if pin else []), PYTHON, "-m", "compiler.cli", *args], cwd=cwd,
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          timeout=1800)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"reccompile {args[0]} failed:\n{done.stderr}")
     return done.stdout
@@ -71,17 +97,18 @@ def build_export(work: Path) -> Path:
     return work / "out"
 
 
-def offline_predict(work: Path, threads: int) -> dict[str, Any]:
+def offline_predict(work: Path, threads: int, batch: int = 512) -> dict[str, Any]:
+    """`reccompile predict` of 50,000 generated rows at `batch`, on the server's core."""
     rng = random.Random(1)
     (work / "requests.dat").write_text("".join(
         f"{rng.randint(1, USERS)}::{rng.randint(1, MOVIES)}::5::0\n" for _ in range(50_000)
     ))  # fmt: skip
-    out = _cli("predict", "out", "--data", "movielens:requests.dat", "--batch-size", "512", "--threads", str(threads),
-               "-o", "predicted.csv", cwd=work)  # fmt: skip
+    out = _cli("predict", "out", "--data", "movielens:requests.dat", "--batch-size", str(batch), "--threads",
+               str(threads), "-o", "predicted.csv", cwd=work, pin=True)  # fmt: skip
     found = re.search(r"in ([\d.]+) s: ([\d,]+) rows/s \(([\d,]+) rows/s in the model\)", out)
     assert found, out
     rows_per_s, model_rows_per_s = (int(found.group(g).replace(",", "")) for g in (2, 3))
-    return {"server": "predict", "rows": 50_000, "batch": 512, "seconds": float(found.group(1)),
+    return {"server": "predict", "rows": 50_000, "batch": batch, "seconds": float(found.group(1)),
             "rows_per_s": rows_per_s, "model_rows_per_s": model_rows_per_s}  # fmt: skip
 
 
@@ -92,8 +119,6 @@ def _free_port() -> int:
 
 
 def _wait_ready(url: str, process: subprocess.Popen, seconds: float = 300) -> None:
-    import urllib.request
-
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -106,58 +131,78 @@ def _wait_ready(url: str, process: subprocess.Popen, seconds: float = 300) -> No
     raise SystemExit(f"{url}: not ready after {seconds:.0f} s")
 
 
-def start_reccompile(export: Path, threads: int, port: int, max_wait_ms: float) -> subprocess.Popen:
+def start(server: str, export: Path, threads: int, port: int, max_wait_ms: float) -> subprocess.Popen:
+    """`server` (reccompile, litserve or trivial) on 127.0.0.1:port, pinned to the server's core, once ready."""
+    here = Path(__file__).parent
+    command, ready = {
+        "reccompile": ([PYTHON, "-m", "compiler.cli", "serve", str(export), "--threads", str(threads),
+                        "--max-batch", "64", "--max-wait-ms", f"{max_wait_ms:g}"], "/v2/health/ready"),
+        "litserve": ([PYTHON, str(here / "serve_litserve.py"), str(export), "--threads", str(threads),
+                      "--max-wait-ms", f"{max_wait_ms:g}"], "/health"),
+        "trivial": ([PYTHON, str(here / "serve_trivial.py")], "/v2/health/ready"),
+    }[server]  # fmt: skip
     process = subprocess.Popen(
-        [PYTHON, "-m", "compiler.cli", "serve", str(export), "--port", str(port), "--threads", str(threads),
-         "--max-batch", "64", "--max-wait-ms", f"{max_wait_ms:g}"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    _wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process)
-    return process
-
-
-def start_litserve(export: Path, threads: int, port: int, max_wait_ms: float) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [PYTHON, str(Path(__file__).with_name("serve_litserve.py")), str(export), "--port", str(port),
-         "--threads", str(threads), "--max-wait-ms", f"{max_wait_ms:g}"],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [*SERVER_PIN, *command, "--port", str(port)], env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # LitServe starts worker processes: stop the whole group
     )  # fmt: skip
-    _wait_ready(f"http://127.0.0.1:{port}/health", process)
+    _wait_ready(f"http://127.0.0.1:{port}{ready}", process)
     return process
 
 
-def stop(process: subprocess.Popen, group: bool = False) -> None:
+def stop(process: subprocess.Popen) -> None:
     if process.poll() is None:
-        if group:
-            os.killpg(process.pid, signal.SIGTERM)
-        else:
-            process.send_signal(signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGTERM)
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL) if group else process.kill()
+            os.killpg(process.pid, signal.SIGKILL)
             process.wait()
 
 
-def load(url: str, path: str, clients: int, rows: int, seconds: float, work: Path) -> dict[str, Any]:
-    """One locust run: `clients` closed-loop users sending `rows`-row requests for `seconds`."""
+def _cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of the process and its children so far."""
+    import psutil
+
+    process = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [process, *process.children(recursive=True)])
+
+
+def _batches(url: str) -> tuple[float, float]:
+    """reccompile's (batches, rows batched) so far, from /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found = [re.search(rf"^reccompile_batch_rows_{k}\{{[^}}]*\}} (\S+)$", text, re.M) for k in ("count", "sum")]
+    return (float(found[0].group(1)), float(found[1].group(1))) if found[0] and found[1] else (0.0, 0.0)
+
+
+def load(server: str, url: str, clients: int, rows: int, seconds: float, work: Path, pid: int) -> dict[str, Any]:
+    """One locust run on the load's cores: `clients` closed-loop users sending `rows`-row requests for `seconds`."""
+    path = "/predict" if server == "litserve" else MODEL_PATH
     prefix = work / f"locust_{clients}_{rows}"
     env = {**os.environ, "SERVE_PATH": path, "SERVE_ROWS": str(rows),
            "SERVE_USERS": ",".join(map(str, range(1, USERS + 1, 7))),
            "SERVE_MOVIES": ",".join(map(str, range(1, MOVIES + 1, 5)))}  # fmt: skip
+    batched = _batches(url) if server == "reccompile" else None
+    cpu = _cpu_seconds(pid)
     subprocess.run(
-        [sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("serve_locust.py")), "--headless",
-         "-u", str(clients), "-r", str(clients), "-t", f"{seconds:g}s", "--host", url, "--csv", str(prefix),
-         "--only-summary", "--loglevel", "ERROR", "--stop-timeout", "5"],
+        [*LOAD_PIN, sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("serve_locust.py")),
+         "--headless", "-u", str(clients), "-r", str(clients), "-t", f"{seconds:g}s", "--host", url,
+         "--csv", str(prefix), "--only-summary", "--loglevel", "ERROR", "--stop-timeout", "5"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 120,
     )  # fmt: skip
+    cpu = _cpu_seconds(pid) - cpu
     with open(f"{prefix}_stats.csv", newline="") as stream:
         total = next(row for row in csv.DictReader(stream) if row["Name"] == "Aggregated")
-    per_s = float(total["Requests/s"])
-    return {"clients": clients, "rows": rows, "seconds": seconds, "requests": int(total["Request Count"]),
-            "failures": int(total["Failure Count"]), "p50_ms": float(total["50%"]), "p99_ms": float(total["99%"]),
-            "requests_per_s": round(per_s, 1), "rows_per_s": round(per_s * rows, 1)}  # fmt: skip
+    per_s, requests = float(total["Requests/s"]), int(total["Request Count"])
+    result = {"clients": clients, "rows": rows, "seconds": seconds, "requests": requests,
+              "failures": int(total["Failure Count"]), "p50_ms": float(total["50%"]), "p99_ms": float(total["99%"]),
+              "requests_per_s": round(per_s, 1), "rows_per_s": round(per_s * rows, 1),
+              "server_cpu_us_per_request": round(1e6 * cpu / max(requests, 1), 1)}  # fmt: skip
+    if batched is not None:
+        count, total_rows = (after - before for after, before in zip(_batches(url), batched, strict=True))
+        result["mean_batch_rows"] = round(total_rows / max(count, 1), 1)
+    return result
 
 
 def main() -> None:
@@ -169,20 +214,26 @@ def main() -> None:
     parser.add_argument(
         "--max-wait-ms",
         type=float,
-        default=2.0,
-        help="every server's batch wait (default 2, `reccompile serve`'s default)",
+        default=0.0,
+        help="reccompile's batch wait (default 0, `reccompile serve`'s default)",
     )
-    parser.add_argument("--servers", default="reccompile,litserve", help="which servers (default both)")
+    parser.add_argument(
+        "--litserve-wait-ms", type=float, default=2.0, help="LitServe's batch_timeout in ms (default 2)"
+    )
+    parser.add_argument(
+        "--servers", default="trivial,reccompile,litserve", help="which servers (default trivial,reccompile,litserve)"
+    )
     args = parser.parse_args()
     from runtime.cpu.features import model as cpu_model
 
     common = {
         "cpu": cpu_model(),
         "cores": len(os.sched_getaffinity(0)),
+        **PINNING,
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "threads": args.threads,
         "model": SPEC.stem,
         "max_batch": 64,
-        "max_wait_ms": args.max_wait_ms,
     }
     results: dict[tuple[str, int, int], dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="serve_bench_") as tmp:
@@ -192,24 +243,42 @@ def main() -> None:
         print(json.dumps({**offline, **common}), flush=True)
         for server in args.servers.split(","):
             port = _free_port()
-            group = server == "litserve"
-            process = (start_litserve if group else start_reccompile)(export, args.threads, port, args.max_wait_ms)
-            path = "/predict" if group else "/v2/models/two_tower_movielens/infer"
+            wait = args.litserve_wait_ms if server == "litserve" else args.max_wait_ms
+            process = start(server, export, args.threads, port, wait)
             try:
                 for rows in map(int, args.rows.split(",")):
+                    if server == "trivial" and rows != 1:
+                        continue  # its answer holds one score
                     for clients in map(int, args.clients.split(",")):
                         result = {
                             "server": server,
-                            **load(f"http://127.0.0.1:{port}", path, clients, rows, args.seconds, work),
+                            **load(server, f"http://127.0.0.1:{port}", clients, rows, args.seconds, work, process.pid),
+                            "max_wait_ms": wait if server != "trivial" else None,
                         }
                         results[server, clients, rows] = result
+                        common["load_average_1m"] = round(os.getloadavg()[0], 2)
                         print(json.dumps({**result, **common}), flush=True)
             finally:
-                stop(process, group)
+                stop(process)
+        ours = results.get(("reccompile", 16, 1))
+        at_batch = None
+        if ours and ours.get("mean_batch_rows"):
+            at_batch = offline_predict(work, args.threads, max(1, round(ours["mean_batch_rows"])))
+            print(json.dumps({**at_batch, **common}), flush=True)
     summary: dict[str, Any] = {"offline_predict_rows_per_s": offline["rows_per_s"]}
-    ours = results.get(("reccompile", 16, 1))
+    if at_batch:
+        summary["offline_predict_rows_per_s_at_the_servers_batch"] = at_batch["rows_per_s"]
+        summary["servers_mean_batch_at_16x1"] = ours["mean_batch_rows"]  # type: ignore[index]
     if ours:
         summary["serve_16x1_rows_per_s_over_predict"] = round(ours["rows_per_s"] / offline["rows_per_s"], 3)
+    ceiling = results.get(("trivial", 16, 1))
+    if ceiling:
+        summary["trivial_16x1_rows_per_s_over_predict"] = round(ceiling["rows_per_s"] / offline["rows_per_s"], 3)
+    if ours and ceiling:
+        summary["serve_16x1_over_trivial"] = round(ours["rows_per_s"] / max(ceiling["rows_per_s"], 1e-9), 2)
+        summary["serve_16x1_cpu_per_request_over_trivial"] = round(
+            ours["server_cpu_us_per_request"] / max(ceiling["server_cpu_us_per_request"], 1e-9), 2
+        )
     half = results.get(("reccompile", 8, 1))
     if half:
         summary["serve_8x1_p99_over_p50"] = round(half["p99_ms"] / half["p50_ms"], 2)
