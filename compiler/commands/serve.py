@@ -3,10 +3,12 @@
     reccompile serve OUT [OUT ...] [--pipeline RETRIEVAL_OUT RANKING_OUT --k K --n N]
                      [--reader R] [--host 127.0.0.1] [--port 8000] [--max-batch B] [--max-wait-ms T]
                      [--max-queue ROWS] [--max-body BYTES] [--threads T] [--drain-seconds S] [--no-verify]
+                     [--watch] [--watch-every SECONDS]
 
 Each export is served under its spec's name (runtime/serving/online/: raw
 columns in through the readers' parsing, concurrent requests batched,
-`/metrics`, reload by `POST /v2/repository/models/NAME/load` or SIGHUP);
+`/metrics`, reload by `POST /v2/repository/models/NAME/load`, SIGHUP, or
+`--watch`: a new complete export in a served directory);
 `--pipeline` serves a retrieval export's top K re-ranked by a ranking
 export, the best N answered, as one model named RETRIEVAL_then_RANKING.
 Prints the address once listening (the real port for `--port 0`); SIGTERM or
@@ -86,6 +88,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-verify", dest="verify", action="store_false", help="check file sizes only, not their sha256"
     )
+    parser.add_argument(
+        "--watch",
+        action="store_true",
+        help="swap in a new export written to a served directory (its manifest.json changed); "
+        "an incomplete or corrupt one is refused and the old model keeps serving",
+    )
+    parser.add_argument("--watch-every", type=float, default=1.0, help="--watch: seconds between looks (default 1)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.max_wait_ms < 0 or args.drain_seconds < 0 or not 0 <= args.port < 65536:
         print("error: --max-wait-ms and --drain-seconds must be >= 0, --port in 0..65535", file=sys.stderr)
+        return 2
+    if not args.watch_every > 0:
+        print(f"error: --watch-every {args.watch_every:g}: must be a number of seconds above 0", file=sys.stderr)
         return 2
     if importlib.util.find_spec("aiohttp") is None:
         print(f"error: reccompile serve needs the aiohttp package: {INSTALL}", file=sys.stderr)
@@ -116,19 +128,19 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()
     metrics = Metrics()
     options = BatchOptions(args.max_batch, args.max_wait_ms / 1000, args.max_queue)
-    loaders: list[Callable[[], ServedModel]] = [
-        partial(load_model, out, k=args.k, verify=args.verify, reader=args.reader) for out in args.exports
+    loaders: list[tuple[Callable[[], ServedModel], tuple[Path, ...]]] = [
+        (partial(load_model, out, k=args.k, verify=args.verify, reader=args.reader), (out,)) for out in args.exports
     ]
     if args.pipeline is not None:
         retrieval, ranking = args.pipeline
-        loaders.append(
-            partial(load_pipeline, retrieval, ranking, k=args.k, n=args.n, verify=args.verify, reader=args.reader)
-        )
+        load_both = partial(load_pipeline, retrieval, ranking, k=args.k, n=args.n, verify=args.verify,
+                            reader=args.reader)  # fmt: skip
+        loaders.append((load_both, (retrieval, ranking)))
     slots: dict[str, Slot] = {}
     try:
         with frozen_objects():  # the loaded models are no garbage: full collections skip them
-            for load in loaders:
-                slot = Slot(load, options, metrics)
+            for load, directories in loaders:
+                slot = Slot(load, options, metrics, directories)
                 if slot.model.name in slots:
                     print(f"error: two exports are both model {slot.model.name!r}: serve them from two servers",
                           file=sys.stderr)  # fmt: skip
@@ -146,11 +158,14 @@ def run(args: argparse.Namespace) -> int:
               f"{threads.describe()})", flush=True)  # fmt: skip
 
     def reloaded(name: str, error: BaseException | None) -> None:
-        print(f"reloaded {name!r}" if error is None else f"error: reload of {name!r} failed: {error}",
-              file=sys.stdout if error is None else sys.stderr, flush=True)  # fmt: skip
+        if error is None:
+            print(f"reloaded {name!r}", flush=True)
+        else:
+            print(f"error: reload of {name!r} failed: {error}; the previous export keeps serving",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
     app = make_app(slots, metrics, args.max_body)
     run_server(app, slots, host=args.host, port=args.port, drain_seconds=args.drain_seconds,
-               announce=announce, on_reload=reloaded)  # fmt: skip
+               announce=announce, on_reload=reloaded, watch_every=args.watch_every if args.watch else None)  # fmt: skip
     print("stopped: every request answered", flush=True)
     return 0

@@ -32,6 +32,7 @@ from runtime.serving.online.batcher import Overloaded
 from runtime.serving.online.metrics import Metrics
 from runtime.serving.online.protocol import BadRequest, decode_request, encode_response
 from runtime.serving.online.registry import ReloadError, Slot
+from runtime.serving.online.watch import watch
 
 __all__ = ["make_app", "serve"]
 
@@ -148,9 +149,11 @@ async def serve(
     drain_seconds: float,
     announce: Callable[[str], None],
     on_reload: Callable[[str, BaseException | None], None],
+    watch_every: float | None = None,
 ) -> None:
     """Serve `app` on host:port until SIGTERM or SIGINT, then stop listening, let the requests in flight
-    finish (up to `drain_seconds`) and run what is queued. SIGHUP reloads every model.
+    finish (up to `drain_seconds`) and run what is queued. SIGHUP reloads every model; with
+    `watch_every` (seconds) a new export in a served directory is swapped in (runtime.serving.online.watch).
     `announce(url)` is called once listening (the port is the real one when `port` is 0)."""
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=drain_seconds, access_log=None)
     await runner.setup()
@@ -177,7 +180,10 @@ async def serve(
             task.add_done_callback(tasks.discard)
 
     loop.add_signal_handler(signal.SIGHUP, reload_all)
+    watching = None if watch_every is None else loop.create_task(watch(slots, watch_every, on_reload))
     await stop.wait()
+    if watching is not None:
+        watching.cancel()
     await runner.cleanup()
     for slot in slots.values():
         await slot.batcher.stop()

@@ -166,4 +166,3 @@ class Batcher:
         self._schedule(loop)
         if self._idle is not None and not self._queue:
             self._idle.set()
-

@@ -7,6 +7,7 @@
     reccompile_queue_rows{model}               gauge: rows waiting for a batch
     reccompile_cancelled_total{model}          requests whose client left before their batch ran
     reccompile_reloads_total{model}            exports swapped in without a restart
+    reccompile_reload_failures_total{model}    reloads refused (a broken export; the old one kept serving)
 
 Written by hand (a few dozen lines) rather than with prometheus_client: the
 format is plain text, and the batcher thread and the event loop share one lock.
@@ -54,6 +55,7 @@ class Metrics:
         self._queue: dict[str, int] = {}
         self._cancelled: dict[str, int] = defaultdict(int)
         self._reloads: dict[str, int] = defaultdict(int)
+        self._reload_failures: dict[str, int] = defaultdict(int)
 
     def request(self, model: str, code: int, seconds: float) -> None:
         with self._lock:
@@ -75,6 +77,10 @@ class Metrics:
     def reloaded(self, model: str) -> None:
         with self._lock:
             self._reloads[model] += 1
+
+    def reload_failed(self, model: str) -> None:
+        with self._lock:
+            self._reload_failures[model] += 1
 
     def text(self) -> str:
         """Every metric in Prometheus's text exposition format."""
@@ -99,6 +105,9 @@ class Metrics:
             out += [f'reccompile_cancelled_total{{model="{m}"}} {n}' for m, n in sorted(self._cancelled.items())]
             out += _header("reloads", "counter", "Exports swapped in without a restart.")
             out += [f'reccompile_reloads_total{{model="{m}"}} {n}' for m, n in sorted(self._reloads.items())]
+            out += _header("reload_failures", "counter", "Reloads refused: a broken export; the old one serves on.")
+            out += [f'reccompile_reload_failures_total{{model="{m}"}} {n}'
+                    for m, n in sorted(self._reload_failures.items())]  # fmt: skip
         return "\n".join(out) + "\n"
 
 

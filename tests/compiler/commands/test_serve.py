@@ -16,6 +16,7 @@ disconnects and the SIGTERM drain.
 from __future__ import annotations
 
 import csv
+import hashlib
 import itertools
 import json
 import random
@@ -304,6 +305,63 @@ def test_a_reload_of_a_broken_export_keeps_the_old_model_serving(server: Server,
         (work / "live" / "manifest.moved").rename(work / "live" / "manifest.json")
     assert status == 400 and body["error"].startswith("reload of 'tiny_ctr' failed: ")
     assert server.call("POST", "/v2/models/tiny_ctr/infer", _request(_rows()[:1]))[0] == 200
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _until(condition: Any, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not within the deadline"
+        time.sleep(0.1)
+
+
+def test_watch_swaps_in_a_complete_export_and_refuses_an_incomplete_or_corrupt_one(work: Path, reference) -> None:
+    watched, staged = work / "watched", work / "staged"
+    shutil.copytree(work / "fp32", watched)
+    shutil.copytree(work / "int8", staged)
+    weights = max((p for p in (staged / "weights").iterdir()), key=lambda p: p.stat().st_size)
+    good = weights.read_bytes()
+    weights.write_bytes(good[:100] + bytes([good[100] ^ 1]) + good[101:])  # same size, another sha256
+    rows = _rows()
+    with started_server([watched, "--watch", "--watch-every", "0.2"]) as running:
+
+        def scores() -> list[list[float]]:
+            status, _, body = running.call("POST", "/v2/models/tiny_ctr/infer", _request(rows))
+            assert status == 200
+            return _scores(body)
+
+        def failures() -> float:
+            return running.metric('reccompile_reload_failures_total{model="tiny_ctr"}')
+
+        shutil.copy(work / "int8" / "manifest.json", watched / "manifest.json")  # incomplete: its files not there
+        _until(lambda: failures() >= 1)
+        assert np.allclose(scores(), reference["fp32"], rtol=1e-6, atol=1e-6)  # the old model serves on
+        time.sleep(0.6)  # nothing changed: not tried again
+        assert failures() == 1
+        shutil.copytree(staged, watched, dirs_exist_ok=True)  # complete but one weights file corrupt
+        _until(lambda: failures() >= 2)
+        assert np.allclose(scores(), reference["fp32"], rtol=1e-6, atol=1e-6)
+        assert running.metric('reccompile_reloads_total{model="tiny_ctr"}') == 0
+        (watched / "weights" / weights.name).write_bytes(good)  # mended: the new export is whole
+        _until(lambda: running.metric('reccompile_reloads_total{model="tiny_ctr"}') == 1)
+        assert np.allclose(scores(), reference["int8"], rtol=1e-6, atol=1e-6)
+        status, output = running.stop()
+    assert status == 0
+    lines = output.splitlines()
+    refused = [line for line in lines if line.startswith("error: reload of 'tiny_ctr' failed: ")]
+
+    def mismatch(name: str, found: bytes, listed: bytes) -> str:
+        return (f"error: reload of 'tiny_ctr' failed: {watched / name}: sha256 {_sha(found)[:12]}… does not match "
+                f"manifest.json ({_sha(listed)[:12]}…); the file was changed or corrupted, export again; "
+                "the previous export keeps serving")  # fmt: skip
+
+    module = (work / "fp32" / "tiny_ctr.py").read_bytes(), (work / "int8" / "tiny_ctr.py").read_bytes()
+    assert refused[0] == mismatch("tiny_ctr.py", *module)
+    assert refused[-1] == mismatch(f"weights/{weights.name}", weights.read_bytes(), good)
+    assert lines[-2:] == ["reloaded 'tiny_ctr'", "stopped: every request answered"]
 
 
 def test_metrics_are_prometheus_text(server: Server) -> None:
