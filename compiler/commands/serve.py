@@ -3,7 +3,7 @@
     reccompile serve OUT [OUT ...] [--pipeline RETRIEVAL_OUT RANKING_OUT --k K --n N]
                      [--reader R] [--host 127.0.0.1] [--port 8000] [--max-batch B] [--max-wait-ms T]
                      [--max-queue ROWS] [--max-body BYTES] [--threads T] [--drain-seconds S] [--no-verify]
-                     [--watch] [--watch-every SECONDS]
+                     [--watch] [--watch-every SECONDS] [--grpc-port PORT]
 
 Each export is served under its spec's name (runtime/serving/online/: raw
 columns in through the readers' parsing, concurrent requests batched,
@@ -11,7 +11,9 @@ columns in through the readers' parsing, concurrent requests batched,
 `--watch`: a new complete export in a served directory);
 `--pipeline` serves a retrieval export's top K re-ranked by a ranking
 export, the best N answered, as one model named RETRIEVAL_then_RANKING.
-Prints the address once listening (the real port for `--port 0`); SIGTERM or
+`--grpc-port` adds the protocol's gRPC binding (the `grpc` extra:
+grpcio, tritonclient's generated stubs). Prints the address once listening
+(the real port for `--port 0`); SIGTERM or
 Ctrl-C stops listening, finishes the requests in flight and exits 0. Needs
 the `serve` extra (aiohttp). Exit status 1 when an export cannot be served,
 2 for bad usage.
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from runtime.serving.online.models import ServedModel
 
 INSTALL = "pip install 'reccompile[serve]' (or: pip install aiohttp)"
+INSTALL_GRPC = "pip install 'reccompile[grpc]' (or: pip install grpcio 'tritonclient[grpc]')"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,6 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "an incomplete or corrupt one is refused and the old model keeps serving",
     )
     parser.add_argument("--watch-every", type=float, default=1.0, help="--watch: seconds between looks (default 1)")
+    parser.add_argument(
+        "--grpc-port",
+        type=int,
+        help="also answer the protocol's gRPC binding on this port (0: any free port; needs the grpc extra)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -109,6 +117,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if importlib.util.find_spec("aiohttp") is None:
         print(f"error: reccompile serve needs the aiohttp package: {INSTALL}", file=sys.stderr)
+        return 1
+    if args.grpc_port is not None and not 0 <= args.grpc_port < 65536:
+        print("error: --grpc-port must be in 0..65535", file=sys.stderr)
+        return 2
+    if args.grpc_port is not None and not all(importlib.util.find_spec(m) for m in ("grpc", "tritonclient")):
+        print(f"error: --grpc-port needs the grpcio and tritonclient packages: {INSTALL_GRPC}", file=sys.stderr)
         return 1
     import torch
 
@@ -153,7 +167,9 @@ def run(args: argparse.Namespace) -> int:
         inputs = ", ".join(f"{i.name} {i.datatype}" for i in slot.model.inputs)
         print(f"model {name!r} from {slot.model.source}: inputs {inputs}")
 
-    def announce(url: str) -> None:
+    def announce(url: str, grpc_address: str | None) -> None:
+        if grpc_address is not None:
+            print(f"gRPC on {grpc_address}", flush=True)
         print(f"listening on {url} (batches of up to {args.max_batch} rows, {args.max_wait_ms:g} ms wait; "
               f"{threads.describe()})", flush=True)  # fmt: skip
 
@@ -166,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
 
     app = make_app(slots, metrics, args.max_body)
     run_server(app, slots, host=args.host, port=args.port, drain_seconds=args.drain_seconds,
-               announce=announce, on_reload=reloaded, watch_every=args.watch_every if args.watch else None)  # fmt: skip
+               announce=announce, on_reload=reloaded, watch_every=args.watch_every if args.watch else None,
+               grpc_port=args.grpc_port, metrics=metrics, max_body=args.max_body)  # fmt: skip
     print("stopped: every request answered", flush=True)
     return 0

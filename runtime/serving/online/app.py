@@ -147,19 +147,29 @@ async def serve(
     host: str,
     port: int,
     drain_seconds: float,
-    announce: Callable[[str], None],
+    announce: Callable[[str, str | None], None],
     on_reload: Callable[[str, BaseException | None], None],
     watch_every: float | None = None,
+    grpc_port: int | None = None,
+    metrics: Metrics | None = None,
+    max_body: int = 4 << 20,
 ) -> None:
     """Serve `app` on host:port until SIGTERM or SIGINT, then stop listening, let the requests in flight
     finish (up to `drain_seconds`) and run what is queued. SIGHUP reloads every model; with
-    `watch_every` (seconds) a new export in a served directory is swapped in (runtime.serving.online.watch).
-    `announce(url)` is called once listening (the port is the real one when `port` is 0)."""
+    `watch_every` (seconds) a new export in a served directory is swapped in (runtime.serving.online.watch);
+    with `grpc_port` the gRPC binding listens too (runtime.serving.online.grpc_binding, counted in `metrics`).
+    `announce(url, grpc_address)` is called once listening (the real ports when a port is 0)."""
+    grpc_server, grpc_address = None, None
+    if grpc_port is not None:
+        from runtime.serving.online.grpc_binding import start_grpc  # needs the `grpc` extra
+
+        grpc_server, bound = await start_grpc(slots, metrics or Metrics(), host, grpc_port, max_body)
+        grpc_address = f"{'[' + host + ']' if ':' in host else host}:{bound}"
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=drain_seconds, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     address = runner.addresses[0]
-    announce(f"http://{'[' + host + ']' if ':' in host else host}:{address[1]}")
+    announce(f"http://{'[' + host + ']' if ':' in host else host}:{address[1]}", grpc_address)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -184,7 +194,10 @@ async def serve(
     await stop.wait()
     if watching is not None:
         watching.cancel()
-    await runner.cleanup()
+    if grpc_server is not None:
+        await asyncio.gather(runner.cleanup(), grpc_server.stop(drain_seconds))
+    else:
+        await runner.cleanup()
     for slot in slots.values():
         await slot.batcher.stop()
 

@@ -33,7 +33,15 @@ import numpy as np
 
 from runtime.serving.online.raw_rows import RawInput
 
-__all__ = ["BadRequest", "InferRequest", "Output", "decode_object", "decode_request", "encode_response"]
+__all__ = [
+    "BadRequest",
+    "InferRequest",
+    "Output",
+    "decode_object",
+    "decode_request",
+    "encode_response",
+    "tensor_bytes",
+]
 
 
 class BadRequest(Exception):
@@ -215,7 +223,7 @@ def encode_response(
     for o in wanted:
         entry: dict[str, Any] = {"name": o.name, "datatype": o.datatype, "shape": o.shape}
         if o.name in request.binary:
-            blobs.append(np.asarray(o.data, dtype=_NUMPY[o.datatype]).tobytes())
+            blobs.append(tensor_bytes(o))
             entry["parameters"] = {"binary_data_size": len(blobs[-1])}
         else:
             entry["data"] = o.data
@@ -227,3 +235,8 @@ def encode_response(
         response["parameters"] = parameters
     text = json.dumps(response).encode()
     return (text + b"".join(blobs), len(text)) if blobs else (text, None)
+
+
+def tensor_bytes(output: Output) -> bytes:
+    """An output's values as binary tensor data (little-endian), as the binary extension and gRPC carry them."""
+    return np.asarray(output.data, dtype=_NUMPY[output.datatype]).tobytes()

@@ -259,6 +259,57 @@ def test_tritonclient_works_unchanged_binary_and_json(server: Server, reference)
         assert served.dtype == np.float32 and np.allclose(served, reference["fp32"][5:10], rtol=1e-6, atol=1e-6)
 
 
+def test_grpc_binding_answers_tritonclient_and_typed_contents_with_predicts_scores(work: Path, reference) -> None:
+    import grpc
+    import tritonclient.grpc as triton
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.utils import InferenceServerException
+
+    rows = _rows()[5:10]  # no empty field: binary FP32 has no null
+    with started_server([work / "fp32", "--grpc-port", "0"]) as running:
+        address = next(line.split()[-1] for line in running.lines if line.startswith("gRPC on "))
+        assert address.startswith("127.0.0.1:")
+        client = triton.InferenceServerClient(url=address)
+        assert client.is_server_live() and client.is_model_ready("tiny_ctr") and not client.is_model_ready("other")
+        assert [i.name for i in client.get_model_metadata("tiny_ctr").inputs] == list(INPUTS)
+        inputs = []
+        for name, datatype in INPUTS.items():
+            column = [row[HEADER.index(name)] for row in rows]
+            tensor = triton.InferInput(name, [len(rows)], datatype)
+            tensor.set_data_from_numpy(np.array(column, dtype=np.float32) if datatype == "FP32"
+                                       else np.array([v.encode() for v in column], dtype=np.object_))  # fmt: skip
+            inputs.append(tensor)
+        result = client.infer("tiny_ctr", inputs)
+        served = np.stack([result.as_numpy("click"), result.as_numpy("stars")], axis=1)
+        assert served.dtype == np.float32 and np.allclose(served, reference["fp32"][5:10], rtol=1e-6, atol=1e-6)
+        with pytest.raises(InferenceServerException) as missing:
+            client.infer("tiny_ctr", inputs[:3])
+        assert (missing.value.status(), missing.value.message()) == (
+            "StatusCode.INVALID_ARGUMENT", "input 'tags' is missing (the model's inputs: age, income, city, tags)"
+        )
+        with pytest.raises(InferenceServerException) as unknown:
+            client.infer("other", inputs)
+        assert (unknown.value.status(), unknown.value.message()) == (
+            "StatusCode.NOT_FOUND", "unknown model 'other' (served: tiny_ctr)"
+        )
+        # Typed contents rather than raw bytes, the stubs called directly, one output asked for.
+        request = service_pb2.ModelInferRequest(model_name="tiny_ctr", id="typed")
+        for name, datatype in INPUTS.items():
+            tensor = request.inputs.add(name=name, datatype=datatype, shape=[len(rows)])
+            column = [row[HEADER.index(name)] for row in rows]
+            if datatype == "FP32":
+                tensor.contents.fp32_contents.extend(float(v) for v in column)
+            else:
+                tensor.contents.bytes_contents.extend(v.encode() for v in column)
+        request.outputs.add(name="stars")
+        with grpc.insecure_channel(address) as channel:
+            answer = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30)
+        assert (answer.id, [o.name for o in answer.outputs], list(answer.outputs[0].shape)) == ("typed", ["stars"], [5])
+        stars = np.frombuffer(answer.raw_output_contents[0], dtype="<f4")
+        assert np.allclose(stars, [r[1] for r in reference["fp32"][5:10]], rtol=1e-6, atol=1e-6)
+        assert running.metric('reccompile_requests_total{model="tiny_ctr",code="200"}') == 2
+
+
 def test_reload_under_load_swaps_the_export_with_no_failed_request(server: Server, work: Path, reference) -> None:
     rows = _rows()
     failures: list[Any] = []
@@ -457,6 +508,20 @@ def test_serve_without_aiohttp_says_how_to_install_it(monkeypatch: pytest.Monkey
     assert capsys.readouterr().err == (
         "error: reccompile serve needs the aiohttp package: pip install 'reccompile[serve]' (or: pip install aiohttp)\n"
     )
+
+
+def test_grpc_port_without_grpcio_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch, capsys, work: Path) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "grpc" else find_spec(name, *a))
+    assert main(["serve", str(work / "fp32"), "--grpc-port", "0"]) == 1
+    assert capsys.readouterr().err == (
+        "error: --grpc-port needs the grpcio and tritonclient packages: "
+        "pip install 'reccompile[grpc]' (or: pip install grpcio 'tritonclient[grpc]')\n"
+    )
+    assert main(["serve", str(work / "fp32"), "--watch", "--watch-every", "0"]) == 2
+    assert capsys.readouterr().err == "error: --watch-every 0: must be a number of seconds above 0\n"
 
 
 def test_serve_refuses_bad_usage_and_an_export_it_cannot_serve(capsys, work: Path) -> None:
