@@ -133,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from runtime.serving.export_dir import ExportError
     from runtime.serving.online.app import make_app
     from runtime.serving.online.app import run as run_server
+    from runtime.serving.online.batcher import INLINE_ROWS
     from runtime.serving.online.metrics import Metrics
     from runtime.serving.online.models import load_model, load_pipeline
     from runtime.serving.online.registry import BatchOptions, Slot
@@ -141,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(threads.threads)
     retain_freed_memory()
     metrics = Metrics()
-    options = BatchOptions(args.max_batch, args.max_wait_ms / 1000, args.max_queue)
+    # On one core a batch on the batcher's thread overlaps nothing: every batch runs on the event loop.
+    inline_rows = args.max_batch if threads.usable == 1 else INLINE_ROWS
+    options = BatchOptions(args.max_batch, args.max_wait_ms / 1000, args.max_queue, inline_rows)
     loaders: list[tuple[Callable[[], ServedModel], tuple[Path, ...]]] = [
         (partial(load_model, out, k=args.k, verify=args.verify, reader=args.reader), (out,)) for out in args.exports
     ]

@@ -18,7 +18,8 @@ a batch of at most `inline_rows` rows runs on the event loop itself, since
 for a few rows handing it to a thread and back (two wake-ups, the GIL passed
 twice) costs more than the model; a bigger batch runs on the batcher's one
 thread so the loop goes on reading requests while the model's kernels,
-which release the GIL, compute. `run(works)` returns one result per work, or
+which release the GIL, compute (`reccompile serve` confined to one core runs
+every batch inline: there is nothing to overlap). `run(works)` returns one result per work, or
 an exception for a work that alone failed (a bad value in one request does
 not fail its batch). A request whose client went away is cancelled and
 skipped when its batch is cut: it costs no model time.

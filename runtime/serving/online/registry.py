@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.serving.export_dir import MANIFEST
-from runtime.serving.online.batcher import Batcher
+from runtime.serving.online.batcher import INLINE_ROWS, Batcher
 from runtime.serving.online.metrics import Metrics
 from runtime.serving.online.models import ServedModel
 
@@ -40,6 +40,7 @@ class BatchOptions:
     max_batch: int
     max_wait: float  # seconds
     max_queue: int  # rows
+    inline_rows: int = INLINE_ROWS  # batches of at most this many rows run on the event loop
 
 
 class Slot:
@@ -56,7 +57,8 @@ class Slot:
         self.metrics = metrics
         self._reloading = threading.Lock()
         self.batcher = Batcher(self._run, max_batch=options.max_batch, max_wait=options.max_wait,
-                               max_queue=options.max_queue, metrics=metrics, model=self.model.name)  # fmt: skip
+                               max_queue=options.max_queue, metrics=metrics, model=self.model.name,
+                               inline_rows=options.inline_rows)  # fmt: skip
 
     def reload(self) -> ServedModel:
         """Load the export again and swap it in; ReloadError (the old model still serving) if its name changed."""
