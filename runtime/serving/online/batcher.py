@@ -144,7 +144,12 @@ class Batcher:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"batcher-{self.model}")
         self._busy = True
         done = loop.run_in_executor(self._thread, self._results, works)
-        done.add_done_callback(lambda results: (self._finish(live, results.result()), self._after(loop)))
+
+        def finished(results: asyncio.Future) -> None:
+            self._finish(live, results.result())
+            self._after(loop)
+
+        done.add_done_callback(finished)
 
     def _results(self, works: list[Any]) -> list[Any]:
         try:
