@@ -64,7 +64,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from runtime.checkpoint import dcp
 from runtime.checkpoint.dcp import blocks_of
-from runtime.checkpoint.states import CheckpointStates
 from runtime.checkpoint.files import (
     FORMAT,
     FORMAT_VERSION,
@@ -79,6 +78,7 @@ from runtime.checkpoint.files import (
     resolve,
     verify_files,
 )
+from runtime.checkpoint.states import CheckpointStates
 from runtime.sharding.sparse_arch import SparseArch
 
 __all__ = [

@@ -27,10 +27,10 @@ from compiler.pipeline import compile_spec
 from runtime.data.loader import LocalBatch
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.index_quality import held_out_recall
-from runtime.train.dense_optimizer import make_dense_optimizer
-from runtime.train.evaluate import evaluate
 from runtime.train.callbacks import Callback
 from runtime.train.context import RunContext
+from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.evaluate import evaluate
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module

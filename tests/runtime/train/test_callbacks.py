@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import checkpoint_cases as cc
 import pytest
 import torch
 
-import checkpoint_cases as cc
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
 from runtime.train.callbacks import Callback, CallbackList
@@ -61,9 +61,10 @@ def module(tmp_path_factory: pytest.TempPathFactory):
     return load_module(str(cc.compile_modules(tmp_path_factory.mktemp("modules"), (1,))[1]))
 
 
-def _context(module, steps: int = STEPS, **options: Any) -> RunContext:
-    return RunContext(TrainOptions(module=module.__file__, steps=steps, batch_size=cc.BATCH, seed=0, log_every=2,
-                                   pipeline=False, **options), module.INPUTS, module.SPEC_SHA256, module.PLAN)  # fmt: skip
+def _context(module, steps: int = STEPS, **given: Any) -> RunContext:
+    options = TrainOptions(module=module.__file__, steps=steps, batch_size=cc.BATCH, seed=0, log_every=2,
+                           pipeline=False, **given)  # fmt: skip
+    return RunContext(options, module.INPUTS, module.SPEC_SHA256, module.PLAN)
 
 
 def _batches(module, start: int = 0):
