@@ -6,10 +6,10 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
+import rendezvous
 import torch
 import torch.distributed as dist
 
-import rendezvous
 from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet
 from runtime.train.early_stopping import BestMetric

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import plateau_ranks as pr
 import pytest
+import rendezvous
 import torch
 import torch.multiprocessing as mp
-
-import plateau_ranks as pr
-import rendezvous
 
 
 @pytest.fixture(scope="module")
