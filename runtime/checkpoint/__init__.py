@@ -8,6 +8,7 @@ lazy_exports(
     globals(),
     {
         "files": ("CheckpointError", "latest_checkpoint"),
+        "states": ("CheckpointStates", "Stateful"),
         "store": ("Resumed", "load_checkpoint", "load_model_state", "read_checkpoint_manifest", "save_checkpoint"),
     },
 )

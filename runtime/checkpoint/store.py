@@ -2,9 +2,10 @@
 
 `save_checkpoint` writes, collectively, everything a run needs to continue
 exactly where it was: the embedding tables and their fused optimizer state,
-the dense parameters and the dense optimizer's state, the step, each rank's
-RNG states and data position, the sharding plan, the spec's sha256 and the
-kernel choices the run made.
+the dense parameters and the dense optimizer's state, the step, the sharding
+plan, the spec's sha256, and the run's other Stateful objects by name
+(runtime.checkpoint.states: each rank's RNG states and data position, the
+learning-rate schedule, early stopping, the kernel choices the run made).
 `load_checkpoint` puts them back, at any world size and with any plan for
 the same spec. `load_model_state` and `read_checkpoint_manifest` read a checkpoint in
 one process without a process group (the inference export uses them).
@@ -50,7 +51,6 @@ same world size too.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +78,7 @@ from runtime.checkpoint.files import (
     resolve,
     verify_files,
 )
+from runtime.checkpoint.states import CheckpointStates
 from runtime.sharding.sparse_arch import SparseArch
 
 __all__ = [
@@ -116,38 +117,31 @@ def save_checkpoint(
     step: int,
     spec_sha256: str,
     plan: Mapping[str, Any],
-    data_state: Any = None,
-    batch_size: int | None = None,
-    seed: int | None = None,
+    states: CheckpointStates | None = None,
+    facts: Mapping[str, Any] | None = None,
     keep: int | None = None,
     process_group: dist.ProcessGroup | None = None,
     files: Mapping[str, bytes] | None = None,
-    lr_schedule: Mapping[str, Any] | None = None,
-    early_stopping: Mapping[str, Any] | None = None,
-    kernels: Mapping[str, Mapping[str, str]] | None = None,
     damaged: Collection[Path] = (),
 ) -> Path:
     """Write `DIR/step_<step>` atomically (collective on `process_group`); returns its path.
 
-    `model` may be DDP-wrapped; `data_state` is this rank's data position
-    (see the module docstring); `batch_size` the global batch the steps
-    consumed (kept as the manifest's "global_batch_size") and `seed` the run's
-    seed ("seed"); `keep` prunes all but the newest `keep`, sparing the checkpoints `damaged`
-    (a resume's `Resumed.damaged`).
+    `model` may be DDP-wrapped. `states` are the run's other Stateful objects by name
+    (runtime.checkpoint.states: the schedule, early stopping and kernel choices in the
+    manifest, each rank's RNG and data position under `rank.<r>`); without it, the RNG
+    states alone. `facts` are plain manifest entries the run is checked against on resume
+    ("global_batch_size", "seed"). `keep` prunes all but the newest `keep`, sparing the
+    checkpoints `damaged` (a resume's `Resumed.damaged`).
     `files` (name -> contents, rank 0's) are saved beside the state and listed
     with their hashes in the manifest: what training used to read its data,
     such as the MovieLens vocabulary, travels with the weights it shaped.
-    `lr_schedule` (plain data: runtime.train.lr_scheduler's `state_dict`) is
-    kept as the manifest's "lr_schedule", `early_stopping` (the best evaluation
-    so far: runtime.train.early_stopping) as its "early_stopping", `kernels`
-    (the run's kernel choices by kernel then site: runtime.cpu.choice's
-    `pinned`) as its "kernels", which a resume pins again.
     """
+    states = states if states is not None else CheckpointStates()
     root = Path(directory)
     group = _group(process_group)
     rank, world_size = _rank_and_size(group)
     partial = _on_first_rank(lambda: prepare_partial(root, step), group)
-    state = _save_state(_unwrap(model), optimizer, rank, data_state)
+    state = _save_state(_unwrap(model), optimizer, rank, states.rank_state())
     dcp.save(state, partial, group)
     manifest = {
         "format": FORMAT,
@@ -156,17 +150,9 @@ def save_checkpoint(
         "world_size": world_size,
         "spec_sha256": spec_sha256,
         "plan": dict(plan),
+        **(facts or {}),
+        **states.shared_state(),
     }
-    if batch_size is not None:
-        manifest["global_batch_size"] = batch_size
-    if seed is not None:
-        manifest["seed"] = seed
-    if lr_schedule is not None:
-        manifest["lr_schedule"] = dict(lr_schedule)
-    if early_stopping is not None:
-        manifest["early_stopping"] = dict(early_stopping)
-    if kernels is not None:
-        manifest["kernels"] = {kernel: dict(sites) for kernel, sites in kernels.items()}
 
     def finish() -> Path:
         for name, contents in (files or {}).items():
@@ -188,8 +174,14 @@ def load_checkpoint(
     allow_spec_change: bool = False,
     fall_back: bool = False,
     process_group: dist.ProcessGroup | None = None,
+    states: CheckpointStates | None = None,
 ) -> Resumed:
     """Restore the latest complete checkpoint in `directory` (or `directory` itself); collective.
+
+    `states`: the Stateful objects saved with it, each handed its saved state
+    (runtime.checkpoint.states); without it, the RNG states alone. A per-rank
+    state is restored at the same world size only, and one saved but not
+    registered (the data position, whose reader opens later) is in `Resumed.data_state`.
 
     The files are checked against the manifest first; with `fall_back`, a
     damaged checkpoint is passed over for the newest intact one before it
@@ -218,8 +210,10 @@ def load_checkpoint(
     apply_model()
     apply_optimizer()
     saved = targets.state.get(rank_key) if same_world else None
+    states = states if states is not None else CheckpointStates()
+    states.load_shared(manifest)
     if saved is not None:
-        _set_rng(saved["rng"])
+        states.load_rank(saved)
     return Resumed(
         path=path,
         step=int(manifest["step"]),
@@ -270,7 +264,7 @@ def load_model_state(directory: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _save_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, data_state: Any
+    model: nn.Module, optimizer: torch.optim.Optimizer, rank: int, rank_state: dict[str, Any]
 ) -> dict[str, Any]:
     full = model.state_dict()
     archs = _sparse_archs(model)
@@ -295,7 +289,7 @@ def _save_state(
     for name, param_state in _optimizer_state(model, optimizer):
         for key, value in param_state.items():
             state[f"optim.{name}.{key}"] = value
-    state[f"rank.{rank}"] = {"rng": _get_rng(), "data": data_state}
+    state[f"rank.{rank}"] = rank_state
     return state
 
 
@@ -529,20 +523,6 @@ def _optimizer_state(
     for index, name in enumerate(_parameter_names(model, optimizer)):
         if index in states:
             yield name, states[index]
-
-
-def _get_rng() -> dict[str, Any]:
-    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    return rng
-
-
-def _set_rng(rng: Mapping[str, Any]) -> None:
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 # Agreement between ranks.

@@ -1,4 +1,5 @@
-"""Training: the loop, the pipeline, evaluation, checkpointing options and the torchrun worker."""
+"""Training: the run context, the loop and its callbacks, the pipeline, evaluation, checkpointing options and
+the torchrun worker."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ lazy_exports(
     globals(),
     {
         "loop": ("TrainSummary", "train", "train_step"),
+        "context": ("RunContext",),
+        "callbacks": ("Callback", "CallbackList"),
         "dense_optimizer": ("DenseOptimizerConfig", "make_dense_optimizer"),
         "lr_schedule": ("LrSchedule",),
         "lr_scheduler": ("LrScheduler",),

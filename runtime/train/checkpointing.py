@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable, Iterator, Sequence, TextIO
 
 import torch
@@ -34,6 +33,7 @@ import torch.distributed as dist
 
 from runtime.checkpoint.files import complete_checkpoints
 from runtime.checkpoint.lock import LOCK_FILE, DirectoryLock
+from runtime.checkpoint.states import CheckpointStates, Stateful
 from runtime.checkpoint.store import (
     CheckpointError,
     Resumed,
@@ -46,13 +46,9 @@ from runtime.data.movielens_vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.reporting import console
-from runtime.train import kernel_choices
-from runtime.train.lr_schedule import spell
-from runtime.train.early_stopping import EarlyStopping
+from runtime.train.callbacks import Callback
+from runtime.train.context import RunContext
 from runtime.train.feature_state import SUFFIX as FEATURES_SUFFIX
-from runtime.train.lr_scheduler import LrScheduler
-from runtime.train.options import TrainOptions
-from runtime.train.timing import OtherWork
 
 BEST_DIR = "best"  # under --checkpoint-dir: the best evaluation's checkpoint, DIR/best/step_<N>
 
@@ -81,73 +77,76 @@ def _some(entries: Sequence[str], shown: int = 3) -> str:
     return ", ".join(entries[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
-class Checkpointing:
-    """One worker's checkpoints: `resume()` before training, `on_step` after each step.
+class Checkpointing(Callback):
+    """One worker's checkpoints: `resume()` before training; as a callback, saves every
+    --checkpoint-every steps (`on_step_end`) and after the last step (`on_train_end`).
 
+    What a checkpoint holds besides the model and the dense optimizer (whose state the
+    store lays out itself) is the Stateful objects `register`ed under a name
+    (runtime.checkpoint.states) before `resume`, which hands each its saved state; the data
+    position is registered once the reader is open (`position`).
     Inactive (every method a no-op) without --checkpoint-dir.
     """
 
     def __init__(
         self,
-        options: TrainOptions,
-        module: ModuleType,
+        context: RunContext,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        process_group: dist.ProcessGroup | None,
-        rank: int,
-        other_work: OtherWork | None = None,
         stream: TextIO | None = None,
-        lr_scheduler: LrScheduler | None = None,
-        early_stopping: EarlyStopping | None = None,
     ) -> None:
+        options = context.options
+        self.context = context
         self.directory: Path | None = options.checkpoint_dir
         self.every: int | None = options.checkpoint_every
-        self.keep: int | None = options.keep
-        self.resume_requested: bool = options.resume
-        self.allow_spec_change: bool = options.allow_spec_change
-        self.batch_size: int | None = options.batch_size
-        self.seed: int | None = options.seed
-        self.other_work = other_work if other_work is not None else OtherWork()
-        self.module, self.model, self.optimizer = module, model, optimizer
-        self.process_group, self.rank = process_group, rank
-        self.lr_scheduler = lr_scheduler
-        self.early_stopping = early_stopping
+        self.model, self.optimizer = model, optimizer
+        self.states = CheckpointStates()
         self.stream = sys.stdout if stream is None else stream
         self.start_step = 0
         self.last_saved: int | None = None
-        self.resumed_early_stopping = False  # the tracker goes on from the checkpoint's state
         self.best_path: Path | None = None  # DIR/best/step_<N>, once this run saved one
+        self._saving = 0  # the step of the save under way: the states taken as of it read it
         self._resumed: Resumed | None = None
         self._batches: Iterator[Batch] | None = None
         self._lock: DirectoryLock | None = None
 
-    def resume(self, steps: int) -> int:
+    def register(self, name: str, state: Stateful, *, per_rank: bool = False) -> None:
+        """Save `state` under `name` with every checkpoint (before `resume`, to be restored too)."""
+        self.states.register(name, state, per_rank=per_rank)
+
+    def saving_step(self) -> int:
+        """The step of the save under way (states whose own counters run ahead take theirs as of it)."""
+        return self._saving
+
+    def resume(self) -> int:
         """Load the latest checkpoint if asked to or restarted by torchrun; the step to go on from.
 
-        `steps`: the run's last step, which the checkpoint must not be past.
+        The checkpoint must not be past the run's last step.
         """
         if self.directory is None:
             return 0
-        if self.resume_requested and not self.directory.is_dir():  # before the lock would create it
+        options, steps, process_group = self.context.options, self.context.steps, self.context.process_group
+        if options.resume and not self.directory.is_dir():  # before the lock would create it
             raise CheckpointError(f"--resume: no complete checkpoint in {self.directory}: it does not exist")
-        if self.rank == 0:
+        if self.context.rank == 0:
             self._lock = DirectoryLock(self.directory)
-        restarted = restarted_by_torchrun(self.process_group)
-        if not (self.resume_requested or restarted):
+        restarted = restarted_by_torchrun(process_group)
+        if not (options.resume or restarted):
             self._refuse_an_earlier_runs_checkpoints()
             return 0
         if latest_checkpoint(self.directory) is None:
-            if self.resume_requested:
+            if options.resume:
                 raise CheckpointError(f"--resume: no complete checkpoint in {self.directory}")
             return 0  # restarted before the first checkpoint: start afresh
         self._resumed = load_checkpoint(
             self.directory,
             self.model,
             self.optimizer,
-            spec_sha256=self.module.SPEC_SHA256,
-            allow_spec_change=self.allow_spec_change,
+            spec_sha256=self.context.spec_sha256,
+            allow_spec_change=options.allow_spec_change,
             fall_back=True,
-            process_group=self.process_group,
+            process_group=process_group,
+            states=self.states,
         )
         for reason in self._resumed.passed_over:
             self._say(f"warning: passed over a damaged checkpoint: {reason}", sys.stderr)
@@ -155,16 +154,16 @@ class Checkpointing:
             self._say(f"warning: {self._resumed.path} lacks {_some(self._resumed.skipped)}: those keep their "
                       "fresh values (--allow-spec-change)", sys.stderr)  # fmt: skip
         saved_batch = self._resumed.manifest.get("global_batch_size")
-        if saved_batch is not None and self.batch_size is not None and saved_batch != self.batch_size:
+        if saved_batch is not None and saved_batch != self.context.global_batch:
             raise CheckpointError(
                 f"{self._resumed.path} was trained with batch size {saved_batch}, this run's is "
-                f"{self.batch_size}: resume with --batch-size {saved_batch} (the data position is "
+                f"{self.context.global_batch}: resume with --batch-size {saved_batch} (the data position is "
                 "counted in batches)"
             )
         saved_seed = self._resumed.manifest.get("seed")
-        if saved_seed is not None and self.seed is not None and saved_seed != self.seed:
+        if saved_seed is not None and saved_seed != self.context.seed:
             raise CheckpointError(
-                f"{self._resumed.path} was trained with seed {saved_seed}, this run's is {self.seed}: "
+                f"{self._resumed.path} was trained with seed {saved_seed}, this run's is {self.context.seed}: "
                 f"resume with --seed {saved_seed} (the batches of synthetic data and the shuffles follow it)"
             )
         self.start_step = self.last_saved = self._resumed.step
@@ -180,15 +179,21 @@ class Checkpointing:
                 f"into a directory of its own and resume there: cp -r {self._resumed.path} NEWDIR/, then "
                 "--checkpoint-dir NEWDIR --resume"
             )
-        self._resume_schedule()
-        self._resume_early_stopping()
-        for problem in kernel_choices.restore(self._resumed.manifest):
-            self._say(f"warning: {self._resumed.path}: {problem}", sys.stderr)
+        for state in self.states.shared.values():  # what a state found at odds with this run
+            for note in getattr(state, "load_notes", ()):
+                self._say(f"warning: {self._resumed.path}{note}", sys.stderr)
         why = "torchrun restarted this job" if restarted else "--resume"
         self._say(f"resumed from {self._resumed.path} at step {self.start_step} ({why})")
         if self.start_step == steps and not restarted:
             self._say(f"note: step {steps} is this run's last: nothing is left to train (raise --steps to go on)")
         return self.start_step
+
+    def found_best(self, step: int | None) -> None:
+        """A resumed tracker's best is at `step`: DIR/best's checkpoint, if it is of that step, is this run's
+        best until a better one replaces it."""
+        best = complete_checkpoints(self.directory / BEST_DIR) if self.directory is not None else []
+        if best and best[-1][0] == step:
+            self.best_path = best[-1][1]
 
     def _is_a_runs_best_folder(self) -> bool:
         """Whether --checkpoint-dir is DIR/best of a run in DIR (one that holds its lock file or checkpoints)."""
@@ -209,36 +214,6 @@ class Checkpointing:
                     "continue that run with --resume, or remove them or choose another --checkpoint-dir"
                 )
 
-    def _resume_schedule(self) -> None:
-        """The learning-rate schedule goes on at the resumed step; a changed one is said."""
-        assert self._resumed is not None
-        saved = self._resumed.manifest.get("lr_schedule")
-        if self.lr_scheduler is None or saved is None:
-            return
-        if not self.lr_scheduler.load_state_dict(saved):
-            self._say(
-                f"warning: {self._resumed.path} was trained with lr_schedule {spell(saved['schedule'])}; "
-                f"this run goes on from step {self.start_step} with {spell(self.lr_scheduler.schedule.describe())}",
-                sys.stderr,
-            )
-
-    def _resume_early_stopping(self) -> None:
-        """The best evaluation so far and the passes since it, as the checkpoint kept them."""
-        assert self._resumed is not None
-        saved = self._resumed.manifest.get("early_stopping")
-        if self.early_stopping is None or saved is None:
-            return
-        self.resumed_early_stopping = self.early_stopping.load_state_dict(saved)
-        best = complete_checkpoints(self.directory / BEST_DIR) if self.directory is not None else []
-        if self.resumed_early_stopping and best and best[-1][0] == self.early_stopping.best_step:
-            self.best_path = best[-1][1]  # this run's result names it until a better one replaces it
-        if not self.resumed_early_stopping:
-            self._say(
-                f"warning: {self._resumed.path} tracked --best-metric {saved.get('metric')}; this run tracks "
-                f"{self.early_stopping.metric.name} from scratch",
-                sys.stderr,
-            )
-
     def resumed_vocabulary(self) -> Path | None:
         """The id vocabulary saved with the checkpoint this run resumed from, if it has one."""
         if self._resumed is None:
@@ -253,8 +228,9 @@ class Checkpointing:
         path = self._resumed.path / FEATURES_FILE
         return path if path.is_file() else None
 
-    def position(self, batches: Iterator[Batch], data: str | None) -> Iterator[Batch]:
-        """`batches` of the worker's `--data` at the resumed data position.
+    def position(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """`batches` of the worker's `--data` at the resumed data position; their position is saved
+        with every checkpoint from now on (each rank's, as its "data").
 
         Synthetic batches are indexed by step: the worker starts them at
         `start_step`. Other iterators get their saved state (`load_state_dict`,
@@ -263,7 +239,10 @@ class Checkpointing:
         gives the same data order, slowly.
         """
         self._batches = batches
-        if self.start_step == 0 or choose_data(data, self.module.INPUTS).reader == "synthetic":
+        position = _DataPosition(batches, self.saving_step)
+        if position.saved():
+            self.register("data", position, per_rank=True)
+        if self.start_step == 0 or choose_data(self.context.options.data, self.context.inputs).reader == "synthetic":
             return batches
         saved = self._resumed.data_state if self._resumed is not None else None
         state_after = getattr(batches, "state_after", None)
@@ -279,21 +258,13 @@ class Checkpointing:
             next(batches)
         return batches
 
-    def chain(self, hook: Callable[..., None] | None) -> Callable[..., None]:
-        """A per-step hook for the training loop: `hook`'s work, then `on_step`."""
-        if hook is None:
-            return self.on_step
-
-        def both(step: int, *rest: Any) -> None:
-            hook(step, *rest)
-            self.on_step(step)
-
-        return both
-
-    def on_step(self, step: int, *_: Any) -> None:
-        """The training loop's per-step hook: save every --checkpoint-every steps."""
+    def on_step_end(self, step: int, *_: Any) -> None:
+        """Save every --checkpoint-every steps."""
         if self.directory is not None and self.every is not None and step % self.every == 0:
             self.save(step)
+
+    def on_train_end(self, last_step: int) -> None:
+        self.finish(last_step)
 
     def finish(self, step: int) -> None:
         """After the last step: save it unless it was just saved."""
@@ -314,30 +285,22 @@ class Checkpointing:
     def save(self, step: int, best: bool = False) -> Path:
         """Save the model after `step` to DIR, or with `best` to DIR/best (keeping only that one)."""
         assert self.directory is not None
-        # The position after `step` batches, not the iterator's own: a pipeline has drawn batches ahead.
-        state_after = getattr(self._batches, "state_after", None)
-        state_dict = (lambda: state_after(step)) if callable(state_after) else getattr(self._batches, "state_dict", None)
-        tracked = None if self.early_stopping is None else self.early_stopping.state_dict()
-        kernels, differences = kernel_choices.gather(self.process_group)
-        for difference in differences:
-            self._say(f"warning: ranks chose kernels differently: {difference}", sys.stderr)
-        with self.other_work.measure("checkpoint"):
+        context = self.context
+        facts = {"global_batch_size": context.options.batch_size, "seed": context.options.seed}
+        self._saving = step
+        with context.other_work.measure("checkpoint"):
             path = save_checkpoint(
                 self.directory / BEST_DIR if best else self.directory,
                 self.model,
                 self.optimizer,
                 step=step,
-                spec_sha256=self.module.SPEC_SHA256,
-                plan=self.module.PLAN,
-                data_state=state_dict() if callable(state_dict) else None,
-                batch_size=self.batch_size,
-                seed=self.seed,
-                keep=1 if best else self.keep,
-                process_group=self.process_group,
+                spec_sha256=context.spec_sha256,
+                plan=context.plan,
+                states=self.states,
+                facts={name: value for name, value in facts.items() if value is not None},
+                keep=1 if best else context.options.keep,
+                process_group=context.process_group,
                 files=self._data_files(),
-                lr_schedule=None if self.lr_scheduler is None else self.lr_scheduler.state_dict(step),
-                early_stopping=tracked,
-                kernels=kernels,
                 damaged=() if best or self._resumed is None else self._resumed.damaged,
             )
         if not best:
@@ -349,11 +312,35 @@ class Checkpointing:
         state (`<module>.features.json`, runtime.train.feature_state), when there are."""
         files = {}
         for name, suffix in ((VOCABULARY_FILE, ".vocab.json"), (FEATURES_FILE, FEATURES_SUFFIX)):
-            path = Path(self.module.__file__).with_suffix(suffix)
+            path = self.context.module_file.with_suffix(suffix)
             if path.is_file():
                 files[name] = path.read_bytes()
         return files
 
     def _say(self, line: str, stream: TextIO | None = None) -> None:
-        if self.rank == 0:
+        if self.context.rank == 0:
             console.say(line, self.stream if stream is None else stream)
+
+
+class _DataPosition:
+    """The batches' position as a checkpoint's per-rank state: after the batches the saved step's
+    steps consumed (`state_after(step)`), not the iterator's own, since a pipeline draws ahead; an
+    iterator without `state_after` gives its `state_dict()`."""
+
+    def __init__(self, batches: Iterator[Batch], step: Callable[[], int]) -> None:
+        self.batches, self.step = batches, step
+
+    def saved(self) -> bool:
+        """Whether the batches offer a position at all (else a checkpoint keeps None)."""
+        return callable(getattr(self.batches, "state_after", None)) or callable(
+            getattr(self.batches, "state_dict", None)
+        )
+
+    def state_dict(self) -> Any:
+        state_after = getattr(self.batches, "state_after", None)
+        if callable(state_after):
+            return state_after(self.step())
+        return self.batches.state_dict()  # type: ignore[attr-defined]
+
+    def load_state_dict(self, state_dict: Any) -> None:
+        self.batches.load_state_dict(state_dict)  # type: ignore[attr-defined]

@@ -13,13 +13,14 @@ resume, before the first step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch.distributed as dist
 
 from runtime.cpu import choice
 
-__all__ = ["gather", "restore", "share"]
+__all__ = ["KernelChoices", "gather", "restore", "share"]
 
 
 def share(process_group: dist.ProcessGroup | None) -> None:
@@ -62,3 +63,26 @@ def restore(manifest: Mapping[str, object]) -> list[str]:
     if not isinstance(recorded, Mapping):
         return []
     return choice.pin(recorded)
+
+
+class KernelChoices:
+    """The run's kernel choices as a checkpoint's state (its manifest's "kernels": runtime.checkpoint.states).
+
+    `state_dict` gathers every rank's (a collective, as the save is) and `warn`s of each site
+    ranks disagree on; `load_state_dict` pins the saved ones, and `load_notes` says, after the
+    checkpoint's path, why any cannot be kept.
+    """
+
+    def __init__(self, process_group: dist.ProcessGroup | None, warn: Callable[[str], None]) -> None:
+        self.process_group = process_group
+        self.warn = warn
+        self.load_notes: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        kernels, differences = gather(self.process_group)
+        for difference in differences:
+            self.warn(f"warning: ranks chose kernels differently: {difference}")
+        return kernels
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        self.load_notes = [f": {problem}" for problem in restore({"kernels": state_dict})]

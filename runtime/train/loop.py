@@ -19,9 +19,10 @@ import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
+from runtime.train.callbacks import Callback
+from runtime.train.context import RunContext
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.precision import autocast
-from runtime.train.timing import OtherWork
 from runtime.train.train_pipeline import TrainPipeline
 
 
@@ -65,85 +66,74 @@ def train_step_outputs(
 
 
 def train(
+    context: RunContext,
     model: torch.nn.Module,
     batches: Iterator[Batch],
-    *,
-    steps: int,
     optimizer: torch.optim.Optimizer,
-    global_batch_size: int,
-    log_every: int = 10,
-    on_log: Callable[[StepLog], None] | None = None,
-    on_step: Callable[[int, Batch, dict[str, torch.Tensor], torch.Tensor], None] | None = None,
-    process_group: dist.ProcessGroup | None = None,
-    pipeline_depth: int = 1,
-    device: torch.device | None = None,
-    start_step: int = 0,
-    other_work: OtherWork | None = None,
+    *,
+    callbacks: Callback | None = None,
     lr_scheduler: LrScheduler | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    precision: str = "fp32",
+    start_step: int = 0,
 ) -> TrainSummary:
-    """Run `steps` steps of forward, loss, backward and optimizer; return the global losses.
+    """Train up to `context.steps`, from `start_step` (steps already done: a resumed run); the global losses.
 
-    `pipeline_depth` > 1 trains through runtime.train.train_pipeline.TrainPipeline (same
-    losses, the next batch's input_dist overlapped), which copies batches to
-    `device`; exactly `steps` batches are taken from `batches` either way.
+    The context gives the rest: the global batch, `log_every`, the process group, the pipeline's
+    depth and device, the dense layers' precision, and `other_work`, what the hooks measured as
+    evaluation or checkpoint saving, which samples/s leaves out. A pipeline depth > 1 trains
+    through runtime.train.train_pipeline.TrainPipeline (same losses, the next batch's input_dist
+    overlapped), which copies batches to the device; exactly the steps' batches are taken from
+    `batches` either way.
 
-    `on_step(step, batch, outputs, local loss)` follows every step (metrics, evaluation);
-    `on_log` every `log_every` steps and the last. Both run on every rank.
-
-    `start_step`: steps already done (a resumed run); steps are numbered on from
-    it up to `steps`, and the summary covers the steps run here.
-
-    `other_work`: what the hooks measured as evaluation or checkpoint saving;
-    samples/s leaves that time out.
+    `callbacks` (runtime.train.callbacks) run on every rank: `on_step_end` after every step,
+    `on_log` every `log_every` steps and the last, then `should_stop`; when it says yes, that
+    step is logged and is the last. Steps are numbered on from `start_step`, and the summary
+    covers the steps run here.
 
     `lr_scheduler`: sets the dense and embedding learning rates before each step
     from the number of steps completed, so a resumed run keeps its schedule; the
     log entries carry the rate.
-
-    `should_stop`: asked after each step's hooks (runtime.train.early_stopping); when it
-    says yes, that step is logged and is the last. Every rank must answer alike.
     """
-    other = other_work if other_work is not None else OtherWork()
+    hooks = callbacks if callbacks is not None else Callback()
+    steps, global_batch, group = context.steps, context.global_batch, context.process_group
+    other = context.other_work
     model.train()
     local_losses: list[torch.Tensor] = []
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
     other_before = other.total()  # other work before timed_from
-    run_step = _step_runner(model, optimizer, batches, steps - start_step, pipeline_depth, device, precision)
+    run_step = _step_runner(
+        model, optimizer, batches, steps - start_step, context.pipeline_depth, context.device, context.precision
+    )
     last = steps
 
     def log(step: int, loss: torch.Tensor, now: float) -> None:
-        if on_log is not None:
-            training_seconds = now - timed_from - (other.total() - other_before)
-            rate = _rate(global_batch_size, step - start_step - 1, training_seconds)
-            on_log(StepLog(step, _global_mean(loss, process_group), rate, *_rates(lr_scheduler)))
+        training_seconds = now - timed_from - (other.total() - other_before)
+        rate = _rate(global_batch, step - start_step - 1, training_seconds)
+        hooks.on_log(StepLog(step, _global_mean(loss, group), rate, *_rates(lr_scheduler)))
 
     for step in range(start_step + 1, steps + 1):
         if lr_scheduler is not None:
             lr_scheduler.start_step(step - 1)
         batch, loss, outputs = run_step()
         local_losses.append(loss)
-        if on_step is not None:
-            on_step(step, batch, outputs, loss)
+        hooks.on_step_end(step, batch, outputs, loss)
         now = time.perf_counter()
         if step == start_step + 1:
             timed_from, other_before = now, other.total()
-        logged = step % log_every == 0 or step == steps
+        logged = step % context.log_every == 0 or step == steps
         if logged:
             log(step, loss, now)
         # Asked after the log step, whose hook may evaluate; a stopping step is logged too.
-        if should_stop is not None and step < steps and should_stop():
+        if step < steps and hooks.should_stop():
             if not logged:
                 log(step, loss, now)
             last = step
             break
     elapsed = time.perf_counter() - timed_from - (other.total() - other_before)
-    losses = _global_mean(torch.stack(local_losses), process_group) if local_losses else []
+    losses = _global_mean(torch.stack(local_losses), group) if local_losses else []
     return TrainSummary(
         steps=last - start_step,
-        samples_per_s=_rate(global_batch_size, last - start_step - 1, elapsed),
+        samples_per_s=_rate(global_batch, last - start_step - 1, elapsed),
         losses=tuple(losses) if isinstance(losses, list) else (losses,),
     )
 

@@ -28,15 +28,16 @@ its step.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
+from runtime.train.callbacks import Callback
 from runtime.train.early_stopping import Metrics
 from runtime.train.lr_plateau import LrPlateau
-from runtime.train.lr_schedule import LrSchedule
+from runtime.train.lr_schedule import LrSchedule, spell
 
-__all__ = ["LrScheduler"]
+__all__ = ["LrScheduler", "ReduceOnPlateau", "ScheduleState"]
 
 
 class LrScheduler:
@@ -106,3 +107,42 @@ class LrScheduler:
             self.resumed_plateau = saved is not None and self.plateau.load_state_dict(saved)
         self.start_step(int(state["completed"]))
         return same
+
+
+class ScheduleState:
+    """The scheduler as a checkpoint's state (the manifest's "lr_schedule": runtime.checkpoint.states).
+
+    Taken as of `step()`, the step being saved: the scheduler itself counts the step
+    under way. After a load, `load_notes` says, after the checkpoint's path, that it was
+    trained with another schedule (the run goes on with its own, at its step).
+    """
+
+    def __init__(self, scheduler: LrScheduler, step: Callable[[], int]) -> None:
+        self.scheduler = scheduler
+        self.step = step
+        self.load_notes: list[str] = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict(self.step())
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        same = self.scheduler.load_state_dict(state_dict)
+        self.load_notes = [] if same else [
+            f" was trained with lr_schedule {spell(state_dict['schedule'])}; this run goes on from step "
+            f"{int(state_dict['completed'])} with {spell(self.scheduler.schedule.describe())}"
+        ]
+
+
+class ReduceOnPlateau(Callback):
+    """`training.lr_plateau`: every evaluation pass's metrics go to the plateau, which sets the rates
+    the next update trains at; a run resumed from a state saved before its step's pass evaluates first."""
+
+    def __init__(self, scheduler: LrScheduler, eval_every: int) -> None:
+        assert scheduler.plateau is not None
+        self.scheduler, self.plateau, self.eval_every = scheduler, scheduler.plateau, eval_every
+
+    def on_eval(self, step: int, metrics: Metrics) -> None:
+        self.scheduler.observe(metrics, step)
+
+    def evaluate_on_resume(self, start_step: int) -> bool:
+        return self.scheduler.resumed_plateau and self.plateau.missed(start_step, self.eval_every)

@@ -1,8 +1,8 @@
 """What a training run reads and reports: its data, evaluation, metrics, progress and logs.
 
-`setup_run` turns the data and reporting fields of a `TrainOptions` (see
-runtime.train.options) into the batches to train on and the
-`TrainingMonitor` whose hooks the training loop calls; `RunIO.finish` adds
+`setup_run` turns the data and reporting fields of a run's `TrainOptions` (see
+runtime.train.options and runtime.train.context) into the batches to train on and the
+`TrainingMonitor`, whose hooks the training loop calls as a callback (`MonitorHooks`); `RunIO.finish` adds
 the final metrics, the bad-row count and, for MovieLens, the ids outside the
 vocabulary (runtime.data.unseen_ids) to the run's last JSON line.
 Evaluation passes are timed apart from training (runtime.train.timing).
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
-import torch.distributed as dist
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
@@ -32,14 +31,29 @@ from runtime.data.prepared.prepare import VOCABULARY
 from runtime.data.prepared.reading import PreparedData, open_prepared
 from runtime.data.sources import DataChoice, choose_data, open_reader
 from runtime.data.unseen_ids import UnseenIds, unseen_counter
+from runtime.train.callbacks import Callback
+from runtime.train.context import RunContext
 from runtime.train.evaluate import evaluate, training_catalogue
 from runtime.train.feature_state import learned_inputs
 from runtime.train.options import TrainOptions
-from runtime.train.timing import OtherWork
-from runtime.reporting.monitor import Evaluation, TrainingMonitor
+from runtime.reporting.monitor import Evaluation, StepLog, TrainingMonitor
 from runtime.reporting import console
 from runtime.reporting.console import Console
 from runtime.reporting.run_log import RunLog
+
+
+class MonitorHooks(Callback):
+    """The monitor as the loop's callback: metrics, progress and evaluation after every step, the
+    step lines on log steps."""
+
+    def __init__(self, monitor: TrainingMonitor) -> None:
+        self.monitor = monitor
+
+    def on_step_end(self, step: int, batch: Batch, outputs: Mapping[str, torch.Tensor], loss: torch.Tensor) -> None:
+        self.monitor.on_step(step, batch, outputs, loss)
+
+    def on_log(self, entry: StepLog) -> None:
+        self.monitor.on_log(entry)
 
 
 @dataclass
@@ -82,34 +96,29 @@ class RunIO:
 
 
 def setup_run(
-    options: TrainOptions,
-    inputs: ModelInputs,
-    *,
+    context: RunContext,
     model: torch.nn.Module,
     synthetic: Callable[[], Iterator[Batch]],
-    steps: int,
-    log_every: int,
-    global_batch: int,
-    rank: int,
-    world_size: int,
-    process_group: dist.ProcessGroup | None,
-    device: torch.device | None,
-    other_work: OtherWork,
+    *,
     resumed_vocabulary: Path | None = None,
-    on_evaluation: Callable[[int, Mapping[str, Any]], None] | None = None,
     resumed_features: Path | None = None,
+    on_evaluation: Callable[[int, Mapping[str, Any]], None] | None = None,
 ) -> RunIO:
-    """Open the training and evaluation data of `options` and the monitor of the run.
+    """Open the training and evaluation data of the run's options and the monitor of the run.
 
+    `synthetic()`: the batches of synthetic data, from the step the run starts at.
     `resumed_vocabulary`: the vocabulary saved with the checkpoint this run resumed
     from. The tables' rows mean its ids, so the reader maps ids with it whatever
     file the run now reads (ids it lacks are counted as unseen), and it stays
     beside the module for the checkpoints this run writes.
-    `on_evaluation(step, metrics)` follows every evaluation pass (early stopping).
     `resumed_features`: the learned feature state saved with that checkpoint; without it the
     state comes from prepared data or is learned now (runtime.train.feature_state), and both
     the training and the evaluation data are read with it.
+    `on_evaluation(step, metrics)` follows every evaluation pass (the callbacks' `on_eval`).
     """
+    options, inputs, rank, world_size = context.options, context.inputs, context.rank, context.world_size
+    process_group, device, other_work = context.process_group, context.device, context.other_work
+    steps, log_every, global_batch = context.steps, context.log_every, context.global_batch
     policy, workers, threshold = options.bad_rows, options.data_workers, options.rating_threshold
     warn = _warn if rank == 0 else None
     vocab_path = Path(options.module).with_suffix(".vocab.json")  # beside the module and its checkpoint

@@ -19,7 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,16 +34,17 @@ from runtime.retrieval.head import RetrievalLoss
 from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, kernel_choices, run_setup
 from runtime.process.lifetime import die_with_parent, skip_exit_collection
+from runtime.train.best_checkpoint import BestCheckpoint, TrackerState, early_stopping
+from runtime.train.callbacks import CallbackList
+from runtime.train.context import RunContext
 from runtime.train.dense_optimizer import make_dense_optimizer
-from runtime.train.early_stopping import EarlyStopping, resolve_best_metric
 from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
 from runtime.train.lr_plateau import plateau_from_spec
-from runtime.train.lr_scheduler import LrScheduler
+from runtime.train.lr_scheduler import LrScheduler, ReduceOnPlateau, ScheduleState
 from runtime.train.loop import train
 from runtime.train.options import TrainOptions
 from runtime.train.precision import check_precision
 from runtime.train.process_group import close_process_group, init_process_group
-from runtime.train.timing import OtherWork
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
 
@@ -94,108 +95,91 @@ def _train(options: TrainOptions) -> int:
     if options.threads is not None:
         torch.set_num_threads(options.threads)
     module = load_module(options.module)
-    options = options.with_spec_defaults(module.INPUTS.training)
-    steps, batch_size, seed = options.steps, options.batch_size, options.seed
+    context = build_context(options.with_spec_defaults(module.INPUTS.training), module)
+    options, training = context.options, context.inputs.training
+    if context.process_group is not None and (local_ranks := ranks_per_node()) is not None:
+        check_plan_fits_nodes(module.PLAN, local_ranks)
 
+    torch.manual_seed(context.seed)
+    model = module.build(process_group=context.process_group, device=context.device)
+    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
+    plateau = plateau_from_spec(training.lr_plateau, context.inputs.heads, options.eval_data)
+    lr_scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model, plateau)
+    # What a checkpoint keeps besides the model and optimizer, in the manifest's order.
+    checkpoints = checkpointing.Checkpointing(context, model, optimizer)
+    checkpoints.register("lr_schedule", ScheduleState(lr_scheduler, checkpoints.saving_step))
+    stopping = early_stopping(context)
+    tracker = None if stopping is None else TrackerState(stopping)
+    if tracker is not None:
+        checkpoints.register("early_stopping", tracker)
+    checkpoints.register("kernels", kernel_choices.KernelChoices(context.process_group, _warn_on_rank_0(context)))
+    callbacks = CallbackList()
+
+    try:
+        start_step = checkpoints.resume()  # --resume, or a restart by torchrun
+        # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
+        model = distribute_dense(model, context.process_group)
+        run_io = run_setup.setup_run(
+            context,
+            model,
+            lambda: synthetic_batches(module, context.global_batch, context.seed, context.rank,
+                                      context.world_size, start_step),
+            resumed_vocabulary=checkpoints.resumed_vocabulary(),
+            resumed_features=checkpoints.resumed_features(),
+            on_evaluation=callbacks.on_eval,
+        )  # fmt: skip
+        # In the order they run at every hook (runtime.train.callbacks).
+        callbacks.append(run_setup.MonitorHooks(run_io.monitor))
+        callbacks.append(None if plateau is None else ReduceOnPlateau(lr_scheduler, options.eval_every))
+        callbacks.append(None if tracker is None else BestCheckpoint(context, tracker, checkpoints, run_io.monitor))
+        callbacks.append(checkpoints)
+        if callbacks.evaluate_on_resume(start_step):
+            run_io.monitor.evaluate(start_step)  # so the counts go on as in the run that saved them
+        batches = checkpoints.position(run_io.batches)
+        if context.device is not None and context.pipeline_depth == 1:  # pipelined, the pipeline copies
+            batches = (b.to(context.device, non_blocking=True) for b in batches)  # (pinned, ahead)
+
+        summary = train(
+            context, model, batches, optimizer, callbacks=callbacks, lr_scheduler=lr_scheduler, start_step=start_step
+        )
+        last_step = start_step + summary.steps
+        _check_pairs_trained(model, context.inputs.heads, summary.steps)
+        callbacks.on_train_end(last_step)
+        # The time of work outside the steps is read after the final evaluation, which it includes.
+        final = run_io.finish(summary.as_json(), lambda: {**callbacks.result(), **context.other_work.as_json()})
+    finally:
+        checkpoints.close()
+    if context.rank == 0:
+        console.result(final)
+    return 0  # run() closes the process group, where this frame's model is gone
+
+
+def build_context(options: TrainOptions, module: ModuleType) -> RunContext:
+    """The run's context (runtime.train.context): `options` with the spec's defaults, `module`'s
+    configs, and this rank's process group, joined here when torchrun started several ranks."""
     device_kind = module.INPUTS.device
     training = module.INPUTS.training
     check_precision(training.precision, device_kind, where=training.precision_where)  # this rank's CPU
     process_group = init_distributed(device_kind)
-    rank = dist.get_rank() if process_group is not None else 0
-    world_size = dist.get_world_size() if process_group is not None else 1
     kernel_choices.share(process_group)
-    device = torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else None
-    local_ranks = ranks_per_node()
-    if process_group is not None and local_ranks is not None:
-        check_plan_fits_nodes(module.PLAN, local_ranks)
+    return RunContext(
+        options=options,
+        inputs=module.INPUTS,
+        spec_sha256=module.SPEC_SHA256,
+        plan=module.PLAN,
+        process_group=process_group,
+        rank=dist.get_rank() if process_group is not None else 0,
+        world_size=dist.get_world_size() if process_group is not None else 1,
+        device=torch.device("cuda", torch.cuda.current_device()) if device_kind == "cuda" else None,
+    )
 
-    torch.manual_seed(seed)
-    model = module.build(process_group=process_group, device=device)
-    optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
-    plateau = plateau_from_spec(training.lr_plateau, module.INPUTS.heads, options.eval_data)
-    lr_scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model, plateau)
-    other_work = OtherWork()
-    stopping = None
-    if options.best_metric is not None:
-        stopping = EarlyStopping(resolve_best_metric(options.best_metric, module.INPUTS.heads), options.patience)
-    checkpoints = checkpointing.Checkpointing(
-        options, module, model, optimizer, process_group, rank, other_work,
-        lr_scheduler=lr_scheduler, early_stopping=stopping,
-    )  # fmt: skip
 
-    def on_evaluation(step: int, metrics: dict) -> None:
-        lr_scheduler.observe(metrics, step)
-        if stopping is not None and stopping.observe(step, metrics):
-            checkpoints.save_best(step)
+def _warn_on_rank_0(context: RunContext) -> Callable[[str], None]:
+    def warn(line: str) -> None:
+        if context.rank == 0:
+            console.say(line, sys.stderr)
 
-    def best_result() -> dict:
-        if stopping is None:
-            return {}
-        saved = {} if checkpoints.best_path is None else {"checkpoint": str(checkpoints.best_path)}
-        return {"best": {**stopping.best(), **saved}}
-
-    try:
-        start_step = checkpoints.resume(steps)  # --resume, or a restart by torchrun
-        # DDP for the dense part; the wrapper still offers `.loss` and `.dense_parameters()`.
-        model = distribute_dense(model, process_group)
-        run_io = run_setup.setup_run(
-            options,
-            module.INPUTS,
-            model=model,
-            synthetic=lambda: synthetic_batches(module, batch_size, seed, rank, world_size, start_step),
-            steps=steps,
-            log_every=options.log_every,
-            global_batch=batch_size,
-            rank=rank,
-            world_size=world_size,
-            process_group=process_group,
-            device=device,
-            other_work=other_work,
-            resumed_vocabulary=checkpoints.resumed_vocabulary(),
-            resumed_features=checkpoints.resumed_features(),
-            on_evaluation=None if stopping is None and plateau is None else on_evaluation,
-        )
-        resumed_tracker = stopping is not None and checkpoints.resumed_early_stopping
-        missed = resumed_tracker and stopping.missed(start_step, options.eval_every)
-        if lr_scheduler.resumed_plateau and plateau is not None:
-            missed = missed or plateau.missed(start_step, options.eval_every)
-        if missed:
-            run_io.monitor.evaluate(start_step)  # so the counts go on as in the run that saved them
-        batches = checkpoints.position(run_io.batches, options.data)
-        depth = options.pipeline_depth_for(world_size)
-        if device is not None and depth == 1:  # pipelined, the pipeline copies (pinned, ahead)
-            batches = (b.to(device, non_blocking=True) for b in batches)
-
-        summary = train(
-            model,
-            batches,
-            steps=steps,
-            optimizer=optimizer,
-            global_batch_size=batch_size,
-            log_every=options.log_every,
-            on_log=run_io.monitor.on_log,
-            on_step=checkpoints.chain(run_io.monitor.on_step),
-            process_group=process_group,
-            start_step=start_step,
-            pipeline_depth=depth,
-            device=device,
-            precision=training.precision,
-            other_work=other_work,
-            lr_scheduler=lr_scheduler,
-            should_stop=None if stopping is None else stopping.should_stop,
-        )
-        last_step = start_step + summary.steps
-        _check_pairs_trained(model, module.INPUTS.heads, summary.steps)
-        if stopping is not None and stopping.stop_reason is not None and last_step < steps:
-            run_io.monitor.stop(last_step, stopping.stop_reason)
-        checkpoints.finish(last_step)
-        # The time of work outside the steps is read after the final evaluation, which it includes.
-        final = run_io.finish(summary.as_json(), lambda: {**best_result(), **other_work.as_json()})
-    finally:
-        checkpoints.close()
-    if rank == 0:
-        console.result(final)
-    return 0  # run() closes the process group, where this frame's model is gone
+    return warn
 
 
 def _check_pairs_trained(model: torch.nn.Module, heads: Sequence[HeadConfig], steps: int) -> None:

@@ -30,7 +30,9 @@ TRAIN_SCRIPT = """
 import itertools, json, sys, traceback, torch
 from runtime.train.worker import load_module
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.context import RunContext
 from runtime.train.loop import train
+from runtime.train.options import TrainOptions
 for path in sys.argv[1:]:
     try:
         module = load_module(path)
@@ -38,7 +40,8 @@ for path in sys.argv[1:]:
         model = module.build()
         optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
         batches = (module.synthetic_batch(256, step=i) for i in itertools.count())
-        summary = train(model, batches, steps=20, optimizer=optimizer, global_batch_size=256)
+        context = RunContext(TrainOptions(module=path, steps=20, batch_size=256), module.INPUTS)
+        summary = train(context, model, batches, optimizer)
         result = {"losses": summary.losses}
     except Exception:
         result = {"error": traceback.format_exc()}

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import pytest
 import torch
@@ -27,9 +27,12 @@ from compiler.pipeline import compile_spec
 from runtime.data.loader import LocalBatch
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.index_quality import held_out_recall
+from runtime.train.callbacks import Callback
+from runtime.train.context import RunContext
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.evaluate import evaluate
 from runtime.train.loop import train
+from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[3]
@@ -86,11 +89,13 @@ def test_a_retrieval_spec_learns_more_than_popularity(name: str, tmp_path: Path,
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     seen: list[torch.Tensor] = []
 
-    def remember(step: int, batch: Any, outputs: dict[str, Any], loss: torch.Tensor) -> None:
-        seen.append(outputs[head.name].pairs()[2])
+    class Remember(Callback):
+        def on_step_end(self, step: int, batch: Any, outputs: Mapping[str, Any], loss: torch.Tensor) -> None:
+            seen.append(outputs[head.name].pairs()[2])
 
     batches = (module.synthetic_batch(batch_size, step=i) for i in range(steps))
-    summary = train(model, batches, steps=steps, optimizer=optimizer, global_batch_size=batch_size, on_step=remember)
+    context = RunContext(TrainOptions(module=module.__file__, steps=steps, batch_size=batch_size), module.INPUTS)
+    summary = train(context, model, batches, optimizer, callbacks=Remember())
     assert sum(summary.losses[-10:]) < sum(summary.losses[:10])
 
     held_out = [LocalBatch(module.synthetic_batch(batch_size, step=s), batch_size) for s in EVAL_STEPS]

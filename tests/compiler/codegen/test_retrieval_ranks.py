@@ -29,7 +29,9 @@ from compiler.codegen.emit import emit
 from compiler.pipeline import Options, compile_spec
 from runtime.sharding import distribute_dense
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.context import RunContext
 from runtime.train.loop import train
+from runtime.train.options import TrainOptions
 from runtime.train.process_group import close_process_group, init_process_group
 from runtime.train.worker import load_module
 import rendezvous
@@ -136,10 +138,8 @@ def run(path: str, rank: int, world_size: int, group: Any, depth: int = 1) -> di
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     wrapped = distribute_dense(model, group)
     batches = (module.synthetic_batch(BATCH, step=i, rank=rank, world_size=world_size) for i in range(STEPS))
-    summary = train(
-        wrapped, batches, steps=STEPS, optimizer=optimizer, global_batch_size=BATCH, process_group=group,
-        pipeline_depth=depth,
-    )  # fmt: skip
+    options = TrainOptions(module=path, steps=STEPS, batch_size=BATCH, pipeline=True, pipeline_depth=depth)
+    summary = train(RunContext(options, module.INPUTS, process_group=group), wrapped, batches, optimizer)
     return {"losses": summary.losses, "state": model.full_state_dict()}
 
 

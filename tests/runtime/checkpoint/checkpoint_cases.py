@@ -21,7 +21,9 @@ import torch.distributed as dist
 from runtime.checkpoint import store as checkpoint
 from runtime.sharding import distribute_dense
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.context import RunContext
 from runtime.train.loop import train
+from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module
 from runtime.train.process_group import close_process_group, init_process_group
 import rendezvous
@@ -100,10 +102,9 @@ def run_steps(
         module.synthetic_batch(BATCH, step=step, rank=rank, world_size=world_size)
         for step in itertools.count(start)
     )
-    summary = train(
-        model, batches, steps=stop, optimizer=optimizer,
-        global_batch_size=BATCH, process_group=process_group, start_step=start,
-    )  # fmt: skip
+    options = TrainOptions(module=module.__file__, steps=stop, batch_size=BATCH, pipeline=False)
+    context = RunContext(options, module.INPUTS, process_group=process_group)
+    summary = train(context, model, batches, optimizer, start_step=start)
     return list(summary.losses)
 
 

@@ -19,6 +19,7 @@ import torch
 import checkpoint_cases as cc
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
 from runtime.train import worker
+from runtime.train.context import RunContext
 from runtime.train.early_stopping import BestMetric
 from runtime.train.loop import train
 from runtime.train.lr_plateau import LrPlateau
@@ -87,10 +88,9 @@ def test_the_pipeline_trains_the_schedule_of_the_plain_loop(module_path: Path) -
         model, optimizer = cc.fresh(module)
         batches = (module.synthetic_batch(cc.BATCH, step=step) for step in range(6))
         scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model)
-        summary = train(
-            model, batches, steps=6, optimizer=optimizer, global_batch_size=cc.BATCH,
-            pipeline_depth=depth, lr_scheduler=scheduler,
-        )  # fmt: skip
+        options = TrainOptions(module=str(module_path), steps=6, batch_size=cc.BATCH, pipeline=True,
+                               pipeline_depth=depth)  # fmt: skip
+        summary = train(RunContext(options, module.INPUTS), model, batches, optimizer, lr_scheduler=scheduler)
         runs.append((summary.losses, cc.full_state(model)))
     (plain_losses, plain_state), (piped_losses, piped_state) = runs
     assert plain_losses == piped_losses

@@ -12,7 +12,10 @@ import time
 import pytest
 
 import checkpoint_cases as cc
+from runtime.train.callbacks import Callback
+from runtime.train.context import RunContext
 from runtime.train.loop import train
+from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 from runtime.train.worker import load_module
 
@@ -29,18 +32,18 @@ def test_samples_per_s_leaves_out_evaluation_and_checkpoint_time(module) -> None
     model, optimizer = cc.fresh(module)
     other = OtherWork()
 
-    def busy_hook(*_: object) -> None:
-        with other.measure("eval"):
-            time.sleep(SLEEP)
-        with other.measure("checkpoint"):
-            time.sleep(SLEEP)
+    class Busy(Callback):
+        def on_step_end(self, *_: object) -> None:
+            with other.measure("eval"):
+                time.sleep(SLEEP)
+            with other.measure("checkpoint"):
+                time.sleep(SLEEP)
 
     batches = (module.synthetic_batch(cc.BATCH, step=step) for step in itertools.count())
+    context = RunContext(TrainOptions(module=module.__file__, steps=STEPS, batch_size=cc.BATCH), module.INPUTS,
+                         other_work=other)  # fmt: skip
     started = time.perf_counter()
-    summary = train(
-        model, batches, steps=STEPS, optimizer=optimizer, global_batch_size=cc.BATCH,
-        on_step=busy_hook, other_work=other,
-    )  # fmt: skip
+    summary = train(context, model, batches, optimizer, callbacks=Busy())
     wall = time.perf_counter() - started
     # samples/s times steps 2..STEPS; the hooks of those steps slept 2 * SLEEP each.
     training_seconds = cc.BATCH * (STEPS - 1) / summary.samples_per_s

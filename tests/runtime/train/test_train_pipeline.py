@@ -24,7 +24,9 @@ from runtime.data.batch import Batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.train_pipeline import PipelineError, TrainPipeline
 from runtime.train.dense_optimizer import make_dense_optimizer
+from runtime.train.context import RunContext
 from runtime.train.loop import train
+from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module
 import rendezvous
 
@@ -161,10 +163,8 @@ def test_train_loop_takes_a_pipeline_depth(one_rank_module: Any) -> None:
         model = one_rank_module.build()
         optimizer = make_dense_optimizer(one_rank_module.DENSE_OPTIMIZER, model.dense_parameters())
         source = itertools.cycle(batches(one_rank_module, 3))
-        runs.append(train(
-            model, source, steps=5, optimizer=optimizer, global_batch_size=pc.GLOBAL_BATCH,
-            pipeline_depth=depth,
-        ).losses)
+        options = TrainOptions(module="", steps=5, batch_size=pc.GLOBAL_BATCH, pipeline=True, pipeline_depth=depth)
+        runs.append(train(RunContext(options, one_rank_module.INPUTS), model, source, optimizer).losses)
     assert runs[0] == runs[1] and len(runs[0]) == 5
 
 
