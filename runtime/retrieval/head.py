@@ -173,6 +173,9 @@ class RetrievalLoss(nn.Module):
         # Pairs trained on by every rank so far (the counts are exchanged anyway): a run that ends
         # with none learnt nothing (every history too short), and the worker says so.
         self.pairs_trained = 0
+        # (ids [S], detached vectors [S, D]) of the last training forward's shared uniform negatives, or
+        # None: the candidates training's metrics rank against (runtime.retrieval.catalogue.StepCandidates).
+        self.step_negatives: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, output: RetrievalOutput, item_vectors: ItemVectors) -> torch.Tensor:
         query, positive, ids = output.pairs()
@@ -184,6 +187,8 @@ class RetrievalLoss(nn.Module):
         else:
             negative_ids = self.softmax.negative_ids(ids.device)
             negatives = None if negative_ids is None else item_vectors(negative_ids)
+            if self.training:
+                self.step_negatives = None if negatives is None else (negative_ids, negatives.detach())
         # A summed loss: in-batch negatives alone then take the blocked path (runtime/retrieval/blocked_softmax.py).
         total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=counts)
         if self.training:
