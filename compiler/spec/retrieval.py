@@ -30,6 +30,7 @@ from compiler.spec.values import SEQUENCE_OUTPUTS, ParsedBlock, Ref, describe, i
 RETRIEVAL_KEYS = ("item", "item_attributes", "negatives", "logq", "temperature", "normalize", "mask_seen")
 DEFAULT_METRICS = ("recall@10", "ndcg@10")
 ALLOWED_METRICS = "recall@<k>, ndcg@<k>, hit_rate@<k>, mrr, each also as user_<metric> (averaged per user)"
+HINT = "; list it in the head's `item_attributes` if it is an attribute of the item"
 _METRIC = re.compile(r"(user_)?((recall|ndcg|hit_rate)@([1-9][0-9]*)|mrr)")
 
 
@@ -265,7 +266,7 @@ def _item_feature(
         message = (
             f"the item tower '{item.text()}' must read one id feature only ('{sparse[0]}'), but it also reads "
             f"'{others[0]}': an item's vector must follow from its id alone (for negatives, metrics and the export)"
-            + ("; list it in the head's `item_attributes` if it is an attribute of the item" if _one_id(others[0], features) else "")
+            + (HINT if _one_id(others[0], features) else "")
         )
         checker.error(item.node, message)
         return None
@@ -275,7 +276,9 @@ def _item_feature(
 def _one_id(text: str, features: Features) -> bool:
     """Whether reference `text` is a sparse feature of one plain id per sample (what an attribute is)."""
     spec = next((f for f in features.sparse if f"sparse.{f.name}" == text), None)
-    return spec is not None and not spec.is_sequence and spec.fixed_ids and spec.ids_per_sample == 1 and not spec.weighted
+    if spec is None or spec.is_sequence or spec.weighted:
+        return False
+    return spec.fixed_ids and spec.ids_per_sample == 1
 
 
 def _check_item_feature(

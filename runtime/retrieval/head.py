@@ -223,7 +223,8 @@ class RetrievalLoss(nn.Module):
             negative_ids = self.softmax.negative_ids(ids.device)
             negatives = None if negative_ids is None else item_vectors(negative_ids)
             if self.training:
-                self.step_negatives = None if negatives is None else (negative_ids, negatives.detach())
+                drawn = None if negative_ids is None or negatives is None else (negative_ids, negatives.detach())
+                self.step_negatives = drawn
         # A summed loss: in-batch negatives alone then take the blocked path (runtime/retrieval/blocked_softmax.py).
         total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=counts)
         if self.training:

@@ -27,7 +27,7 @@ under sum or mean pooling). The table is a buffer: checkpoints carry it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -39,6 +39,8 @@ CONFLICTS = ("last", "error")
 
 class ItemAttributes(nn.Module):
     """Item id -> the ids of `features` (one per item each); see the module docstring."""
+
+    table: torch.Tensor  # [num_items, A] int64, -1 where not known
 
     def __init__(self, num_items: int, features: Sequence[str], on_conflict: str = "last") -> None:
         super().__init__()

@@ -121,9 +121,11 @@ features:
     - {{name: price_bucket, num_embeddings: 5, dim: 8}}
 model:
   user_tower: {{type: mlp, input: sparse.user_id, layers: [16, 8]}}
-  item_tower: {{type: mlp, input: [sparse.item_id, sparse.category, sparse.brand, sparse.price_bucket], layers: [16, 8]}}
+  item_tower: {{type: mlp, input: [sparse.item_id, sparse.category, sparse.brand, sparse.price_bucket],
+                layers: [16, 8]}}
 heads:
-  - {{name: match, loss: sampled_softmax, input: user_tower, item: item_tower, negatives: {{in_batch: true, uniform: 12}},
+  - {{name: match, loss: sampled_softmax, input: user_tower, item: item_tower,
+     negatives: {{in_batch: true, uniform: 12}},
      item_attributes: {{features: [category, brand, price_bucket]}}, logq: true, temperature: 0.2, normalize: true}}
 training:
   batch_size: {batch}

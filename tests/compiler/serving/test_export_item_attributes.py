@@ -115,7 +115,8 @@ def test_the_catalogue_holds_the_seen_items_attributes_and_gives_their_vectors(w
                **{name: torch.tensor([attributes(i)[k] for i in range(SEEN)])
                   for k, name in enumerate(("category", "brand", "price_bucket"))}}  # fmt: skip
     batch = KeyedJaggedTensor.from_lengths_sync(
-        keys=names, values=torch.cat([columns[n] for n in names]), lengths=torch.ones(len(names) * SEEN, dtype=torch.long)
+        keys=names, values=torch.cat([columns[n] for n in names]),
+        lengths=torch.ones(len(names) * SEEN, dtype=torch.long),
     )  # fmt: skip
     with torch.no_grad():
         forward = torch.nn.functional.normalize(model({}, batch)["match"].positive, dim=-1)

@@ -30,7 +30,8 @@ def test_the_last_row_of_an_item_wins_and_unseen_items_have_none() -> None:
     ("batches", "message"),
     [
         ([([3, 3], [[1, 5], [1, 6]])], "item 3: its 'brand' is 6 in a training row but 5 in an earlier one"),
-        ([([3], [[1, 5]]), ([0, 3], [[0, 0], [2, 5]])], "item 3: its 'category' is 2 in a training row but 1 in an earlier one"),
+        ([([3], [[1, 5]]), ([0, 3], [[0, 0], [2, 5]])],
+         "item 3: its 'category' is 2 in a training row but 1 in an earlier one"),
     ],
 )  # fmt: skip
 def test_a_contradicting_row_stops_with_on_conflict_error(batches: list, message: str) -> None:
@@ -44,7 +45,8 @@ def test_a_contradicting_row_stops_with_on_conflict_error(batches: list, message
 
 def test_an_item_batch_holds_the_id_and_the_known_attributes_of_each_item() -> None:
     attributes = torch.tensor([[1, -1], [2, 7]])
-    batch = item_batch(torch.tensor([5, 9]), ["user", "item", "brand", "category"], "item", attributes, ["category", "brand"])
+    keys = ["user", "item", "brand", "category"]
+    batch = item_batch(torch.tensor([5, 9]), keys, "item", attributes, ["category", "brand"])
     assert batch.keys() == ["user", "item", "brand", "category"]
     assert batch.lengths().tolist() == [0, 0, 1, 1, 0, 1, 1, 1]
     assert batch.values().tolist() == [5, 9, 7, 1, 2]
