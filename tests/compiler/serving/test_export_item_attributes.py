@@ -8,7 +8,8 @@ the checkpoint loaded: its `item_catalogue` is every item's vector computed
 from the catalogue's attributes, and equals an item tower run on batches that
 carry the attributes themselves; the export's item vectors are exactly it, and
 `retrieve`'s top 5 per request is the brute-force top 5 of the trained model's
-query vector against it.
+query vector against it. A training row that contradicts an earlier one under
+`on_conflict: error` stops training with one line naming the item and both ids.
 """
 
 from __future__ import annotations
@@ -150,3 +151,17 @@ def test_the_export_serves_the_trained_item_vectors_and_retrieve_ranks_as_the_mo
         mine = rows[5 * request : 5 * request + 5]
         assert [int(r[3]) for r in mine] == best.indices[request].tolist()
         assert [float(r[4]) for r in mine] == pytest.approx(best.values[request].tolist(), abs=1e-5)
+
+
+def test_a_row_contradicting_an_earlier_one_stops_training_in_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    lines = ["user_id,item_id,category,brand,price_bucket"]
+    lines += [",".join(str(v) for v in (i % USERS, i % SEEN, *attributes(i % SEEN))) for i in range(40)]
+    lines.append("3,5,2,1,2")  # item 5's category is 1 in the rows above
+    (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
+    code = main(["train", str(tmp_path / "spec.yaml"), "--data", f"csv:{tmp_path / 'train.csv'}", "--steps", "3",
+                 "--data-workers", "0", "-o", str(tmp_path / "build")])  # fmt: skip
+    err = capsys.readouterr().err.splitlines()
+    assert code == 1
+    assert err[-1] == "error: rank 0: item 5: its 'category' is 2 in a training row but 1 in an earlier one " \
+                      "(item_attributes on_conflict: error)"
