@@ -18,6 +18,7 @@ from runtime.sharding.types import ComputeKernel, ShardingType  # named once, fo
 Pooling = Literal["sum", "mean"]
 Keep = Literal["end", "start"]  # which positions a sequence longer than its max_length keeps
 LossType = Literal["bce", "mse", "softmax", "sampled_softmax"]
+AttributeConflict = Literal["last", "error"]  # runtime.retrieval.item_attributes.CONFLICTS
 OptimizerType = Literal["sgd", "adagrad", "rowwise_adagrad", "adam", "adamw"]
 LrScheduleType = Literal["constant", "step", "exponential", "linear", "cosine"]
 Device = Literal["cpu", "cuda"]
@@ -439,8 +440,10 @@ BLOCK_TYPE_NAMES: dict[type, str] = {
 class Retrieval:
     """A sampled-softmax retrieval head: where its query and item vectors come from, and its negatives.
 
-    The item vector is a block (the item tower, reading `item_feature` and
-    nothing else) or the sparse feature itself (its table row); the positives
+    The item vector is a block (the item tower, reading `item_feature` and,
+    with `attributes`, those features: the item catalogue keeps each item's
+    attribute ids, runtime.retrieval.item_attributes) or the sparse feature
+    itself (its table row); the positives
     are the ids of `item_feature`. With `next_item` the query is a sequence and
     position t predicts the item at t + 1 of `item_feature`'s sequence.
     """
@@ -457,6 +460,8 @@ class Retrieval:
     next_item: bool  # the query is a sequence and each position predicts the next item
     per_query: bool = False  # each query draws its own `uniform` negatives (else one draw a step)
     mask_seen: bool = False  # next_item: a held-out row's history items are no candidates in the metrics
+    attributes: tuple[str, ...] = ()  # item_attributes: the sparse features the item tower reads beside the id
+    on_conflict: AttributeConflict = "last"  # item_attributes: a row contradicting an earlier one wins or stops
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,7 @@ from compiler.ir import ModelIR
 from compiler.lowering.calls import (
     dense_optimizer_call,
     head_config_call,
+    item_attributes_call,
     lr_schedule_call,
     model_inputs_call,
     retrieval_loss_call,
@@ -115,6 +116,9 @@ def extra_imports(lowered: SplitModel) -> list[str]:
     if head is not None:
         graphs += [query_graph(lowered, head), item_graph(lowered, head)]
         modules.append(ModuleDecl("retrieval_loss", retrieval_loss_call(lowered.ir, head), head.loc))
+        attributes = item_attributes_call(lowered.ir, head)
+        if attributes is not None:
+            modules.append(ModuleDecl("item_attributes", attributes, head.loc))
     return runtime_imports(modules, graphs, TEMPLATE_IMPORTS) + transform_imports(lowered.ir)
 
 
@@ -211,9 +215,11 @@ def _retrieval_sources(lowered: SplitModel) -> dict[str, str] | None:
     if head is None or head.retrieval is None:
         return None
     retrieval = head.retrieval
+    attributes = item_attributes_call(ir, head)
     return {
         "loc": _short_loc(head.loc),
         "loss": render_call(retrieval_loss_call(ir, head), indent=8),
+        "attributes": "" if attributes is None else render_call(attributes, indent=8),
         "query_vectors": _method_source("query_vectors", query_graph(lowered, head)),
         "item_vectors": _method_source("item_vectors", item_graph(lowered, head)),
         "table": retrieval.item_table,

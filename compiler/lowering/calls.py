@@ -472,6 +472,18 @@ def _config_call(config: Any) -> Call:
     return Call(f"runtime.features.config.{type(config).__name__}", fields)
 
 
+def item_attributes_call(ir: ModelIR, head: Head) -> Call | None:
+    """The item catalogue of a head whose item tower reads attributes (runtime.retrieval.item_attributes), or None."""
+    retrieval = head.retrieval
+    if retrieval is None or not retrieval.attributes:
+        return None
+    return Call("runtime.retrieval.item_attributes.ItemAttributes", (
+        ("num_items", ir.table(retrieval.item_table).num_embeddings),
+        ("features", list(retrieval.attributes)),
+        ("on_conflict", retrieval.on_conflict),
+    ))  # fmt: skip
+
+
 def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
     """The loss of a sampled_softmax head: runtime.retrieval's sampled softmax over its item table."""
     retrieval = head.retrieval

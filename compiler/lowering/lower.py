@@ -373,9 +373,16 @@ class _GraphBuilder:
             "call_function", operator.getitem, (batch, retrieval.item_feature),
             name=f"{head.name}_item_ids", loc=head.loc, stage="input",
         )
+        attributes = tuple(
+            self.node(
+                "call_function", operator.getitem, (batch, name),
+                name=f"{head.name}_attribute_{name}", loc=head.loc, stage="input",
+            )
+            for name in retrieval.attributes
+        )  # fmt: skip
         output = next_item_output if retrieval.next_item else two_tower_output
         return self.node(
-            "call_function", output, (query, item, ids),
+            "call_function", output, (query, item, ids, *attributes),
             name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
         )
 

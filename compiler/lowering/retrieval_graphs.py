@@ -13,7 +13,11 @@ submodules and the same sharded lookups with the same node names:
     item_vectors(ids)             the item side on a batch of ids, one id per
                                   sample (`item_batch`): the item feature's
                                   group alone, then the item tower; a
-                                  collective at world size > 1
+                                  collective at world size > 1. With
+                                  `item_attributes`, the ids' attributes come
+                                  from the model's `item_attributes` catalogue
+                                  and every group holding one of them looks
+                                  them up too
 
     %ids = placeholder[target=ids]
     %item_batch = item_batch(%ids, ['user_id', 'movie_id'], 'movie_id')
@@ -71,16 +75,24 @@ def item_graph(lowered: LoweredModel, head: Head) -> fx.Graph:
     if retrieval.next_item:
         item = item.args[0]  # to_padded's flat rows: one per id here
         assert isinstance(item, fx.Node)
-    group, keys = _item_group(lowered.ir, lowered.plan, retrieval.item_feature)
-    input_dist = next(n for n in graph.nodes if n.op == "call_module" and n.target == f"sparse_arch.{group}.input_dist")
     first = next(iter(graph.nodes))
     with graph.inserting_before(first):
         ids = graph.placeholder("ids")
-    with graph.inserting_before(input_dist):
-        batch = graph.call_function(item_batch, (ids, keys, retrieval.item_feature))
-        batch.name = "item_batch"
-        batch.meta["loc"] = head.loc
-    input_dist.args = (batch, *input_dist.args[1:])
+        attributes = graph.call_module("item_attributes", (ids,)) if retrieval.attributes else None
+    if attributes is not None:
+        attributes.meta["loc"] = head.loc
+    read = (retrieval.item_feature, *retrieval.attributes)
+    groups = _item_groups(lowered.ir, lowered.plan, read)
+    for group, keys in groups:
+        input_dist = next(
+            n for n in graph.nodes if n.op == "call_module" and n.target == f"sparse_arch.{group}.input_dist"
+        )
+        extra = (attributes, list(retrieval.attributes)) if attributes is not None else ()
+        with graph.inserting_before(input_dist):
+            batch = graph.call_function(item_batch, (ids, keys, retrieval.item_feature, *extra))
+            batch.name = "item_batch" if len(groups) == 1 else f"{group}_item_batch"
+            batch.meta["loc"] = head.loc
+        input_dist.args = (batch, *input_dist.args[1:])
     graph.output(_normalized(graph, head, item))
     _prune(graph, keep_placeholders=False, keep=ids)
     return graph
@@ -108,12 +120,13 @@ def _normalized(graph: fx.Graph, head: Head, vectors: fx.Node) -> fx.Node:
     return normalized
 
 
-def _item_group(ir: ModelIR, plan: ShardingPlan, feature: str) -> tuple[str, list[str]]:
-    """The sharding group (name, keys) that looks `feature` up."""
-    for group, keys in [*sparse_groups(ir, plan), *sequence_groups(ir, plan)]:
-        if feature in keys:
-            return group, keys
-    raise KeyError(feature)
+def _item_groups(ir: ModelIR, plan: ShardingPlan, features: tuple[str, ...]) -> list[tuple[str, list[str]]]:
+    """The sharding groups (name, keys) that look one of `features` up."""
+    groups = [(group, keys) for group, keys in [*sparse_groups(ir, plan), *sequence_groups(ir, plan)]
+              if any(feature in keys for feature in features)]  # fmt: skip
+    if not groups:
+        raise KeyError(features[0])
+    return groups
 
 
 def _prune(graph: fx.Graph, *, keep_placeholders: bool, keep: fx.Node | None = None) -> None:

@@ -32,9 +32,13 @@ from runtime.sharding.awaitable import Done
 META_BATCH = 3
 
 
-def _meta_retrieval(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
+def _meta_retrieval(
+    query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor, *attributes: JaggedTensor
+) -> RetrievalOutput:
     """A retrieval head's output on meta tensors (the meta batch has no ids to check or pad)."""
-    return RetrievalOutput(query, item, torch.empty(item.shape[:-1], dtype=torch.long, device="meta"))
+    rows = item.shape[:-1]
+    kept = torch.empty((*rows, len(attributes)), dtype=torch.long, device="meta") if attributes else None
+    return RetrievalOutput(query, item, torch.empty(rows, dtype=torch.long, device="meta"), kept)
 
 
 # The retrieval heads' outputs; their widths are checked by the spec's semantic pass.

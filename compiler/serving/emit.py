@@ -23,8 +23,9 @@ from compiler.codegen.emit import (
     runtime_imports,
     transform_imports,
 )
+from compiler.ir import ModelIR
 from compiler.lowering.types import LoweredModel
-from compiler.serving.retrieval import retrieval_graphs
+from compiler.serving.retrieval import retrieval_graphs, retrieval_head
 
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 # What inference.py.j2 imports for every model; other runtime modules are imported when used.
@@ -76,8 +77,16 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
             "query": _method_source(retrieval.query, "_query_graph"),
             "item": _method_source(retrieval.item, "_item_graph"),
             "weighted": any(feature.weighted for feature in ir.sparse),
+            "attributes": _attribute_keys(ir),
         },
     )
+
+
+def _attribute_keys(ir: ModelIR) -> str | None:
+    """The retrieval head's `item_attributes` as a Python list literal, or None without any."""
+    head = retrieval_head(ir)
+    attributes = () if head is None or head.retrieval is None else head.retrieval.attributes
+    return python_literal(list(attributes)) if attributes else None
 
 
 def _method_source(graph: fx.Graph, name: str) -> str:

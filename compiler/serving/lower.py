@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 
 from compiler.ir import ModelIR, Table
-from compiler.lowering.calls import table_config_call
+from compiler.lowering.calls import item_attributes_call, table_config_call
 from compiler.lowering.lower import lower
 from compiler.lowering.one_position import read_one_position
 from compiler.lowering.shapes import check_shapes
@@ -70,6 +70,10 @@ def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
             modules.append(ModuleDecl("sparse_arch", _collection_call(ir, pooled), decl.loc))
         if sequences:
             modules.append(ModuleDecl("sequence_arch", _sequence_collection_call(sequences), decl.loc))
+    head = next((head for head in ir.heads if head.retrieval is not None), None)
+    attributes = None if head is None else item_attributes_call(ir, head)
+    if head is not None and attributes is not None:  # the item catalogue item_vectors reads
+        modules.append(ModuleDecl("item_attributes", attributes, head.loc))
     graph = _serving_graph(training.graph, DENSE_DTYPES[dense_dtype])
     return LoweredModel(ir=training.ir, plan=training.plan, modules=tuple(modules), graph=graph)
 

@@ -33,6 +33,7 @@ GENERATED = {
     "sparse_arch": "its embedding tables",
     "sequence_arch": "its sequence tables",
     "retrieval_loss": "its retrieval loss",
+    "item_attributes": "its item catalogue of attributes",
     "input_dist": "its first pipeline stage",
     "compute": "its second pipeline stage",
     "loss": "its loss method",

@@ -4,15 +4,17 @@ Used by `compiler.spec.build` once the blocks' widths and kinds are known.
 A retrieval head scores a query against item vectors:
 
     two-tower   query: a vector block [B, D]; item: the item tower (a block
-                reading one id feature and nothing else) or that feature
+                reading one id feature and nothing else, or that feature and
+                the head's `item_attributes`) or that feature
     next item   query: a transformer or hstu block [B, <=L, D] over a sequence
                 feature; item: that feature (`sparse.history`): position t
                 predicts the item at t + 1
 
 The positives are the ids of the item feature, so the head reads no label
-column. The item side must depend on the item id alone: that is what lets
-uniform negatives, full-catalogue metrics and the export compute any item's
-vector from its id.
+column. The item side must depend on the item id alone, or on the id and
+attributes that the item catalogue keeps for it (`item_attributes`): that
+is what lets uniform negatives, full-catalogue metrics and `item_vectors`
+compute any item's vector from its id.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from compiler.spec.load import Node
 from compiler.spec.semantic import INVALID, Checker, Features, known
 from compiler.spec.values import SEQUENCE_OUTPUTS, ParsedBlock, Ref, describe, input_ir, is_sequence, value_width
 
-RETRIEVAL_KEYS = ("item", "negatives", "logq", "temperature", "normalize", "mask_seen")
+RETRIEVAL_KEYS = ("item", "item_attributes", "negatives", "logq", "temperature", "normalize", "mask_seen")
 DEFAULT_METRICS = ("recall@10", "ndcg@10")
 ALLOWED_METRICS = "recall@<k>, ndcg@<k>, hit_rate@<k>, mrr, each also as user_<metric> (averaged per user)"
+HINT = "; list it in the head's `item_attributes` if it is an attribute of the item"
 _METRIC = re.compile(r"(user_)?((recall|ndcg|hit_rate)@([1-9][0-9]*)|mrr)")
 
 
@@ -103,7 +106,10 @@ def retrieval_head(
         message = "`mask_seen` applies to a next-item head (a sequence query): a two-tower query has no history to mask"
         checker.error(checker.child(entry, "mask_seen") or entry, message, at_key=True)
         return None
-    feature = _item_feature(checker, item, blocks, features)
+    attributes = _attributes(checker, entry, next_item, item, features)
+    if attributes is INVALID:
+        return None
+    feature = _item_feature(checker, item, blocks, features, attributes)
     if feature is None:
         return None
     ok = _check_item_feature(checker, item, feature, next_item, query, blocks, features)
@@ -140,6 +146,8 @@ def retrieval_head(
         next_item=next_item,
         per_query=negatives[2],
         mask_seen=mask_seen,
+        attributes=tuple(attributes),
+        on_conflict=checker.value(checker.child(entry, "item_attributes"), "on_conflict", "last"),
     )
     ref = input_ir(query, blocks, features)
     return Head(name, ref, "sampled_softmax", feature, float(weight), 1, tuple(metrics), entry.loc, retrieval)
@@ -178,8 +186,54 @@ def _negatives(checker: Checker, entry: Node) -> Any:
     return (in_batch, uniform, per_query)
 
 
-def _item_feature(checker: Checker, item: Ref, blocks: dict[str, ParsedBlock], features: Features) -> str | None:
-    """The one sparse feature the item side reads; another feature it reads is reported by name."""
+def _attributes(checker: Checker, entry: Node, next_item: bool, item: Ref, features: Features) -> Any:
+    """The names `item_attributes.features` lists, each one id per sample; INVALID after an error."""
+    node = checker.child(entry, "item_attributes")
+    if node is None:
+        return []
+    names = checker.value(node, "features")
+    if names is None or not known(names, checker.value(node, "on_conflict", "last")):
+        return INVALID
+    if next_item:
+        message = "`item_attributes` applies to a two-tower head: a next-item head's items are its sequence's ids"
+        checker.error(node, message, at_key=True)
+        return INVALID
+    if item.kind == "sparse":
+        message = (
+            f"`item_attributes` needs an item tower that reads them: '{item.text()}' is the item's table row alone"
+        )
+        checker.error(node, message, at_key=True)
+        return INVALID
+    ok, seen = True, set()
+    for at in checker.entries(node, "features"):
+        name = at.value
+        spec = next((f for f in features.sparse if f.name == name), None)
+        problem = None
+        if name in seen:
+            problem = f"'{name}' is listed twice"
+        elif spec is None and name not in features.sparse_dims:
+            problem = f"unknown sparse feature '{name}'{checker.suggest(name, list(features.sparse_dims))}"
+        elif spec is None:
+            ok = False  # reported where it is declared
+            continue
+        elif spec.is_sequence:
+            problem = f"'{name}' is a sequence; an item attribute is one id per item"
+        elif not (spec.fixed_ids and spec.ids_per_sample == 1):
+            problem = f"'{name}' has up to {spec.ids_per_sample} ids per sample; an item attribute is one id per item"
+        elif spec.weighted:
+            problem = f"'{name}' has weighted ids; an item attribute is one id per item"
+        seen.add(name)
+        if problem is not None:
+            checker.error(at, problem)
+            ok = False
+    return names if ok else INVALID
+
+
+def _item_feature(
+    checker: Checker, item: Ref, blocks: dict[str, ParsedBlock], features: Features, attributes: list[str]
+) -> str | None:
+    """The one sparse feature the item side reads beside `attributes`; another feature it reads, or an
+    attribute it does not read, is reported by name."""
     if item.kind == "sparse":
         return item.name
     read: dict[str, Ref] = {}
@@ -197,19 +251,34 @@ def _item_feature(checker: Checker, item: Ref, blocks: dict[str, ParsedBlock], f
                 stack.append(ref.name)
             else:
                 read.setdefault(ref.text(), ref)
-    sparse = [text for text, ref in read.items() if ref.kind == "sparse"]
+    listed = {f"sparse.{name}" for name in attributes}
+    unread = [name for name in attributes if f"sparse.{name}" not in read]
+    if unread:
+        message = f"the item tower '{item.text()}' does not read the item attribute '{unread[0]}'"
+        checker.error(item.node, message)
+        return None
+    sparse = [text for text, ref in read.items() if ref.kind == "sparse" and text not in listed]
     if not sparse:
         checker.error(item.node, f"the item tower '{item.text()}' reads no sparse feature: it needs the item id")
         return None
-    others = [text for text in read if text != sparse[0]]
+    others = [text for text in read if text != sparse[0] and text not in listed]
     if others:
         message = (
             f"the item tower '{item.text()}' must read one id feature only ('{sparse[0]}'), but it also reads "
             f"'{others[0]}': an item's vector must follow from its id alone (for negatives, metrics and the export)"
+            + (HINT if _one_id(others[0], features) else "")
         )
         checker.error(item.node, message)
         return None
     return read[sparse[0]].name
+
+
+def _one_id(text: str, features: Features) -> bool:
+    """Whether reference `text` is a sparse feature of one plain id per sample (what an attribute is)."""
+    spec = next((f for f in features.sparse if f"sparse.{f.name}" == text), None)
+    if spec is None or spec.is_sequence or spec.weighted:
+        return False
+    return spec.fixed_ids and spec.ids_per_sample == 1
 
 
 def _check_item_feature(

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from runtime.data.columns import USER_IDS
 from runtime.modules.losses import HeadConfig
-from runtime.retrieval.catalogue import Catalogue
+from runtime.retrieval.catalogue import Catalogue, StepCandidates
 from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 
 MetricValues = dict[str, float | None]
@@ -126,11 +126,12 @@ class MetricSet:
     """The metrics of every head of a spec.
 
     `catalogue` gives the candidates a retrieval head's positives rank against
-    (a collective: the model's item vectors, runtime.retrieval.catalogue); a
-    spec with a sampled_softmax head needs it (and has only one such head).
+    (a collective: the model's item vectors, runtime.retrieval.catalogue; in
+    training each step's own candidates, `StepCandidates`, ranked as each batch
+    is added); a spec with a sampled_softmax head needs it (and has only one such head).
     """
 
-    def __init__(self, heads: Sequence[HeadConfig], catalogue: Catalogue | None = None) -> None:
+    def __init__(self, heads: Sequence[HeadConfig], catalogue: Catalogue | StepCandidates | None = None) -> None:
         self.heads = [HeadMetrics(head) for head in heads if head.loss != "sampled_softmax"]
         self.retrieval = {
             head.name: RetrievalHeadMetrics(head.metrics or DEFAULT_METRICS[head.loss], head.mask_seen)
@@ -152,8 +153,9 @@ class MetricSet:
             if real is not None:
                 output, label = output[:real], label[:real]
             head.update(output, label)
+        step = self.catalogue if isinstance(self.catalogue, StepCandidates) else None
         for name, retrieval in self.retrieval.items():
-            retrieval.update(outputs[name], real, labels.get(USER_IDS))  # type: ignore[arg-type]
+            retrieval.update(outputs[name], real, labels.get(USER_IDS), step)  # type: ignore[arg-type]
 
     def compute(self, process_group: dist.ProcessGroup | None = None) -> dict[str, MetricValues]:
         """head name -> metric -> value over all ranks (None when undefined); a collective."""

@@ -26,7 +26,7 @@ from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.console import Console, format_metrics
 from runtime.reporting.run_log import RunLog
-from runtime.retrieval.catalogue import Catalogue
+from runtime.retrieval.catalogue import Catalogue, StepCandidates
 
 Metrics = dict[str, MetricValues]
 _DIGITS = 6
@@ -55,7 +55,7 @@ class TrainingMonitor:
     """Metrics, evaluation and reporting of one run; `console` and `run_log` on rank 0 only.
 
     `catalogue`: the candidates of a retrieval head's metrics at log steps (see MetricSet; the
-    worker passes runtime.retrieval.catalogue.training_catalogue's: a sample of a large table).
+    worker passes runtime.retrieval.catalogue.StepCandidates: each step's candidates as its forward saw them).
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class TrainingMonitor:
         evaluation: Callable[[], Evaluation] | None = None,
         eval_every: int = 0,
         on_evaluation: Callable[[int, Metrics], None] | None = None,
-        catalogue: Catalogue | None = None,
+        catalogue: Catalogue | StepCandidates | None = None,
     ) -> None:
         self.metrics = MetricSet(heads, catalogue)
         self.steps = steps

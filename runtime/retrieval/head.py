@@ -2,7 +2,10 @@
 
 A generated module's `sampled_softmax` head returns a `RetrievalOutput`
 from forward: the query vectors, the vectors of their positive items (the
-item tower on the batch's item ids, or the ids' rows) and those ids.
+item tower on the batch's item ids, or the ids' rows) and those ids; with
+`item_attributes`, also each positive's attribute ids [b, A], which the
+loss records in the item catalogue (runtime.retrieval.item_attributes)
+before it looks the step's negatives up.
 
     two-tower   query [b, D], positive [b, D], ids [b]
     next item   query [b, L, D] (a sequence block's output), positive
@@ -30,7 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.retrieval.gather import distributed, row_counts
+from runtime.retrieval.gather import distributed, gather_rows, row_counts
+from runtime.retrieval.item_attributes import ItemAttributes
 from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
 
@@ -66,13 +70,14 @@ class RetrievalOutput:
     query: torch.Tensor
     positive: torch.Tensor
     ids: torch.Tensor
+    attributes: torch.Tensor | None = None  # [b, A]: each positive's attribute ids (item_attributes)
 
     @property
     def next_item(self) -> bool:
         return self.query.dim() == 3
 
     def detach(self) -> RetrievalOutput:
-        return RetrievalOutput(self.query.detach(), self.positive.detach(), self.ids)
+        return RetrievalOutput(self.query.detach(), self.positive.detach(), self.ids, self.attributes)
 
     def pairs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(queries [n, D], their positives' vectors [n, D], ids [n]): every training pair."""
@@ -106,15 +111,20 @@ class RetrievalOutput:
         return HeldOut(self.query[rows, last - 1], self.ids[rows, last], self.positive[rows, last], history, rows)
 
 
-def two_tower_output(query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor) -> RetrievalOutput:
-    """The head's output for vector queries; `ids` must hold exactly one item id per sample."""
-    lengths = ids.lengths()
-    if lengths.numel() and bool((lengths != 1).any()):
-        sample = int(torch.nonzero(lengths != 1)[0, 0])
-        raise ValueError(
-            f"retrieval head: sample {sample} has {int(lengths[sample])} item ids; the item feature needs exactly one"
-        )
-    return RetrievalOutput(query, item, ids.values().to(torch.long))
+def two_tower_output(
+    query: torch.Tensor, item: torch.Tensor, ids: JaggedTensor, *attributes: JaggedTensor
+) -> RetrievalOutput:
+    """The head's output for vector queries; `ids` must hold exactly one item id per sample, and so
+    must each of the item's `attributes` (the features of the spec's item_attributes, in order)."""
+    for values, what in ((ids, "item ids"), *((attribute, "ids of an item attribute") for attribute in attributes)):
+        lengths = values.lengths()
+        if lengths.numel() and bool((lengths != 1).any()):
+            sample = int(torch.nonzero(lengths != 1)[0, 0])
+            raise ValueError(
+                f"retrieval head: sample {sample} has {int(lengths[sample])} {what}; the feature needs exactly one"
+            )
+    columns = [attribute.values().to(torch.long) for attribute in attributes]
+    return RetrievalOutput(query, item, ids.values().to(torch.long), torch.stack(columns, dim=1) if columns else None)
 
 
 def padded_ids(ids: JaggedTensor, length: int) -> torch.Tensor:
@@ -137,14 +147,32 @@ def last_positions(sequence: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return sequence[rows, (lengths.to(sequence.device) - 1).clamp(min=0)]
 
 
-def item_batch(ids: torch.Tensor, keys: Sequence[str], feature: str) -> KeyedJaggedTensor:
-    """A batch of `ids.numel()` samples: `feature` holds one id each, every other key of `keys` none."""
+def item_batch(
+    ids: torch.Tensor,
+    keys: Sequence[str],
+    feature: str,
+    attributes: torch.Tensor | None = None,
+    attribute_keys: Sequence[str] = (),
+) -> KeyedJaggedTensor:
+    """A batch of `ids.numel()` samples: `feature` (when among `keys`) holds one id each; each of
+    `attribute_keys` among `keys` holds its column of `attributes` [n, A] (no id where -1: an unknown
+    attribute); every other key of `keys` none."""
     n = ids.numel()
     lengths = torch.zeros(len(keys), n, dtype=torch.long, device=ids.device)
-    lengths[list(keys).index(feature)] = 1
+    values = []
+    for index, key in enumerate(keys):  # values are key-major, as the lengths are
+        if key == feature:
+            lengths[index] = 1
+            values.append(ids.reshape(-1).to(torch.long))
+        elif key in attribute_keys:
+            assert attributes is not None
+            column = attributes[:, list(attribute_keys).index(key)].to(ids.device)
+            lengths[index] = (column >= 0).long()
+            values.append(column[column >= 0])
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=list(keys), values=ids.reshape(-1).to(torch.long), lengths=lengths.reshape(-1), stride=n
-    )
+        keys=list(keys), values=torch.cat(values) if values else ids.new_zeros(0, dtype=torch.long),
+        lengths=lengths.reshape(-1), stride=n,
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -163,7 +191,10 @@ class RetrievalLoss(nn.Module):
     Holds the SampledSoftmaxLoss (its step counter and logQ state are buffers,
     so checkpoints carry them). `forward(output, item_vectors)` draws the
     step's uniform negatives and looks them up with `item_vectors` (a
-    collective at world size > 1: every rank draws the same ids).
+    collective at world size > 1: every rank draws the same ids). Given
+    `attributes` (the model's item catalogue, when its item tower reads
+    attributes), a training forward first records the global batch's items
+    and their attributes there, so the negatives' vectors are computed from them.
     """
 
     def __init__(self, config: SampledSoftmaxConfig, process_group: dist.ProcessGroup | None = None) -> None:
@@ -173,22 +204,41 @@ class RetrievalLoss(nn.Module):
         # Pairs trained on by every rank so far (the counts are exchanged anyway): a run that ends
         # with none learnt nothing (every history too short), and the worker says so.
         self.pairs_trained = 0
+        # (ids [S], detached vectors [S, D]) of the last training forward's shared uniform negatives, or
+        # None: the candidates training's metrics rank against (runtime.retrieval.catalogue.StepCandidates).
+        self.step_negatives: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def forward(self, output: RetrievalOutput, item_vectors: ItemVectors) -> torch.Tensor:
+    def forward(
+        self, output: RetrievalOutput, item_vectors: ItemVectors, attributes: ItemAttributes | None = None
+    ) -> torch.Tensor:
         query, positive, ids = output.pairs()
         # One exchange of the ranks' pair counts serves the normalisation, the softmax's gathers and
         # per-query negatives.
         counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
+        if self.training and attributes is not None and output.attributes is not None:
+            self._record(attributes, ids, output.attributes, counts)
         if self.softmax.config.per_query:
             negatives = self._per_query_negatives(ids, counts, item_vectors)
         else:
             negative_ids = self.softmax.negative_ids(ids.device)
             negatives = None if negative_ids is None else item_vectors(negative_ids)
+            if self.training:
+                drawn = None if negative_ids is None or negatives is None else (negative_ids, negatives.detach())
+                self.step_negatives = drawn
         # A summed loss: in-batch negatives alone then take the blocked path (runtime/retrieval/blocked_softmax.py).
         total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=counts)
         if self.training:
             self.pairs_trained += sum(counts)
         return total * (len(counts) / max(1.0, float(sum(counts))))
+
+    def _record(
+        self, catalogue: ItemAttributes, ids: torch.Tensor, attributes: torch.Tensor, counts: list[int]
+    ) -> None:
+        """Every rank's rows (item id, attribute ids), in rank order, into the item catalogue."""
+        rows = torch.cat([ids.reshape(-1, 1), attributes.to(ids.device)], dim=1)
+        with torch.no_grad():
+            rows, _ = gather_rows(rows, self.process_group, counts)
+        catalogue.record(rows[:, 0], rows[:, 1:])
 
     def _per_query_negatives(self, ids: torch.Tensor, counts: list[int], item_vectors: ItemVectors) -> torch.Tensor:
         """[n, S, D]: the vectors of this rank's queries' own negatives. Every rank looks up as many ids

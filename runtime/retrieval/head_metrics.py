@@ -10,9 +10,10 @@ and reports the head's metrics, summed over every rank's queries: what one
 process would report. Metrics over a sample are named with a `sampled_`
 prefix. A query's norm does not change its ranking, so queries are ranked as
 they come; the catalogue is normalised already when the head normalises.
-A training catalogue (`StepPositives`) scores each positive with the vector
-the step's forward used, kept by `update`, not with the one read after the
-updates that followed it.
+In training (`update` given a `StepCandidates`) each step's queries are
+ranked at once, against the step's candidates and with its positives'
+vectors as the step's forward computed them (runtime.retrieval.catalogue),
+never with vectors read after the updates that followed it.
 
 With `mask_seen` (a next-item head's default, the spec's `mask_seen`) the
 items of each query's history are no candidates: the held-out item ranks
@@ -31,7 +32,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.retrieval.catalogue import Catalogue, StepPositives
+from runtime.retrieval.catalogue import Catalogue, StepCandidates
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.metrics import RetrievalMetrics
 
@@ -67,16 +68,34 @@ class RetrievalHeadMetrics:
         self._positives: list[torch.Tensor] = []
         self._seen: list[torch.Tensor] = []
         self._users: list[torch.Tensor] = []
+        self._ranked = RetrievalMetrics(self._ks, StepCandidates.kind, per_user=self.per_user)
 
-    def update(self, output: RetrievalOutput, real: int | None = None, users: torch.Tensor | None = None) -> None:
+    def update(
+        self,
+        output: RetrievalOutput,
+        real: int | None = None,
+        users: torch.Tensor | None = None,
+        step: StepCandidates | None = None,
+    ) -> None:
         """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding).
-        `users`: each sample's user id, for the per-user metrics."""
+        `users`: each sample's user id, for the per-user metrics. `step`: training's candidates; the
+        queries are then ranked now (a collective with in-batch candidates)."""
         if real is not None:
             output = RetrievalOutput(output.query[:real], output.positive[:real], output.ids[:real])
         held = output.held_out_pairs()
+        known = None
         if self.per_user:  # NaN: data without user ids (the per-user metrics are then None)
             known = users[held.samples.to(users.device)].detach().cpu().double() if users is not None else None
-            self._users.append(torch.full((held.ids.shape[0],), math.nan, dtype=torch.float64) if known is None else known)
+            known = torch.full((held.ids.shape[0],), math.nan, dtype=torch.float64) if known is None else known
+        if step is not None:
+            vectors, ids = step.candidates(held)
+            seen = held.history.detach().cpu() if self.mask_seen and held.history.shape[1] else None
+            positives = step.scored(held.positives.detach().float().cpu())
+            self._ranked.update(held.queries.detach().float().cpu(), held.ids.detach().cpu(), positives, vectors, ids,
+                                seen=seen, users=known)  # fmt: skip
+            return
+        if known is not None:
+            self._users.append(known)
         self._queries.append(held.queries.detach().float().cpu())
         self._ids.append(held.ids.detach().cpu())
         self._positives.append(held.positives.detach().float().cpu())
@@ -84,15 +103,17 @@ class RetrievalHeadMetrics:
             self._seen.append(held.history.detach().cpu())
 
     def compute(
-        self, catalogue: Catalogue, process_group: dist.ProcessGroup | None = None
+        self, catalogue: Catalogue | StepCandidates, process_group: dist.ProcessGroup | None = None
     ) -> dict[str, float | None]:
         """The window's metrics over every rank's queries (a collective), then a new window;
         named `sampled_<metric>` when the catalogue is a sample."""
+        if isinstance(catalogue, StepCandidates):  # ranked by `update`
+            values = self._ranked.compute(process_group)
+            self.reset()
+            return {"sampled_" + name: values.get("sampled_" + name) for name in self.metrics}
         ids = torch.cat(self._ids) if self._ids else torch.zeros(0, dtype=torch.long)
         vectors, candidate_ids, positives = catalogue.candidates(ids, process_group)
         queries = torch.cat(self._queries) if self._queries else torch.zeros(0, vectors.shape[1])
-        if isinstance(catalogue, StepPositives) and self._positives:
-            positives = catalogue.forward_positives(torch.cat(self._positives))
         users = torch.cat(self._users) if self._users else None
         ranker = RetrievalMetrics(self._ks, catalogue.kind, per_user=self.per_user)
         if ids.numel():

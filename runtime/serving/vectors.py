@@ -9,7 +9,9 @@ vector width) and two methods built on the helpers here:
 
 Both are L2-normalised when the head normalises, as in training. The item
 tower reads the item feature only (the spec's checks guarantee it), so
-`item_request` feeds that feature the rows and every other feature nothing.
+`item_request` feeds that feature the rows and every other feature nothing;
+or, with the head's `item_attributes`, also each row's attribute ids, which
+the model's item catalogue (trained with it, runtime.retrieval.item_attributes) gives.
 
 The catalogue is what an index holds: rows of the item table and the item id
 of each. With a MovieLens vocabulary (the export's vocab.json) it is the
@@ -25,21 +27,25 @@ from typing import Any, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from runtime.retrieval.head import item_batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 __all__ = ["catalogue", "finish_vectors", "item_request", "row_ids"]
 
 
-def item_request(rows: torch.Tensor, keys: Sequence[str], item_feature: str, weighted: bool) -> KeyedJaggedTensor:
-    """A KeyedJaggedTensor of `keys`: `item_feature` one row per sample, every other key empty."""
-    rows = rows.reshape(-1).long()
-    count = rows.numel()
-    lengths = torch.cat([
-        torch.ones(count, dtype=torch.long) if key == item_feature else torch.zeros(count, dtype=torch.long)
-        for key in keys
-    ])  # fmt: skip
-    weights = torch.ones(count) if weighted else None
-    return KeyedJaggedTensor(list(keys), rows, weights, lengths=lengths)
+def item_request(
+    rows: torch.Tensor,
+    keys: Sequence[str],
+    item_feature: str,
+    weighted: bool,
+    attributes: torch.Tensor | None = None,
+    attribute_keys: Sequence[str] = (),
+) -> KeyedJaggedTensor:
+    """A KeyedJaggedTensor of `keys`: `item_feature` one row per sample, each of `attribute_keys` its
+    column of `attributes` [n, A] (none where -1, an attribute not known), every other key empty."""
+    batch = item_batch(rows.reshape(-1).long(), keys, item_feature, attributes, attribute_keys)
+    weights = torch.ones(batch.values().numel()) if weighted else None
+    return KeyedJaggedTensor(list(keys), batch.values(), weights, lengths=batch.lengths())
 
 
 def finish_vectors(vectors: torch.Tensor, retrieval: Mapping[str, Any]) -> torch.Tensor:

@@ -6,7 +6,8 @@ nothing real for one of them); padding samples are left out of the metrics.
 A retrieval head's held-out positives are ranked against every item of its
 table, whose vectors the model's `item_catalogue` gives (generated for a
 spec with a sampled_softmax head); the log steps of training rank against
-`training_catalogue(model)`: a sample of a large table (runtime.retrieval.catalogue).
+`training_catalogue(model)`: each step's candidates as its forward computed them
+(runtime.retrieval.catalogue).
 """
 
 from __future__ import annotations
@@ -29,16 +30,13 @@ def item_catalogue(model: torch.nn.Module) -> catalogue.Catalogue | None:
     return None if vectors is None else catalogue.ExactCatalogue(vectors)
 
 
-def training_catalogue(model: torch.nn.Module) -> catalogue.Catalogue | None:
-    """What the log steps of training rank a retrieval head against (the whole table or a
-    sample of it, runtime.retrieval.catalogue), or None without a retrieval head."""
+def training_catalogue(model: torch.nn.Module) -> catalogue.StepCandidates | None:
+    """What the log steps of training rank a retrieval head against (each step's candidates as its
+    forward computed them, runtime.retrieval.catalogue), or None without a retrieval head."""
     inner = _inner(model)
     if getattr(inner, "item_catalogue", None) is None:
         return None
-    config = inner.retrieval_loss.softmax.config
-    return catalogue.training_catalogue(
-        inner.item_vectors, inner.item_catalogue, config.num_items, normalize=config.normalize
-    )
+    return catalogue.StepCandidates(inner.retrieval_loss)
 
 
 def _inner(model: torch.nn.Module) -> torch.nn.Module:

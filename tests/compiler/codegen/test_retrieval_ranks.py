@@ -7,7 +7,9 @@ sequence table (whose ranks hold different numbers of positions, so the
 loss's normalisation by the global count matters). Both negatives are on:
 in-batch ones come from the global batch (all-gathered), uniform ones are
 drawn alike on every rank and looked up through the same sharded table as
-the positives (or, per position, drawn for each global position). The next-item
+the positives (or, per position, drawn for each global position); a two-tower model whose item
+tower reads three attributes looks the negatives' attributes up in the item catalogue both ranks fill
+alike, and every item's vector (item_catalogue) agrees. The next-item
 model with generative-recommenders' options also checks that the keyed dropout
 of hstu and transformer layers draws what one process draws. After STEPS steps on the same global batches (synthetic,
 sliced per rank), the global losses agree to a relative 1e-5 and every table
@@ -107,6 +109,38 @@ sharding:
     history: {{sharding_types: [{sharding}]}}
 """
 
+# DSSM's item tower: the item id and three attributes, each table on another sharding type. The uniform
+# negatives' attributes come from the item catalogue, which both ranks fill from the global batch's rows.
+ATTRIBUTES = """\
+version: 1
+name: {name}
+features:
+  sparse:
+    - {{name: user_id, num_embeddings: 60, dim: 8}}
+    - {{name: item_id, num_embeddings: 40, dim: 8}}
+    - {{name: category, num_embeddings: 7, dim: 8}}
+    - {{name: brand, num_embeddings: 11, dim: 8, pooling: mean}}
+    - {{name: price_bucket, num_embeddings: 5, dim: 8}}
+model:
+  user_tower: {{type: mlp, input: sparse.user_id, layers: [16, 8]}}
+  item_tower: {{type: mlp, input: [sparse.item_id, sparse.category, sparse.brand, sparse.price_bucket],
+                layers: [16, 8]}}
+heads:
+  - {{name: match, loss: sampled_softmax, input: user_tower, item: item_tower,
+     negatives: {{in_batch: true, uniform: 12}},
+     item_attributes: {{features: [category, brand, price_bucket]}}, logq: true, temperature: 0.2, normalize: true}}
+training:
+  batch_size: {batch}
+  dense_optimizer: {{type: sgd, lr: 0.1}}
+  sparse_optimizer: {{type: rowwise_adagrad, lr: 0.1}}
+sharding:
+  constraints:
+    item_id: {{sharding_types: [{sharding}]}}
+    category: {{sharding_types: [data_parallel]}}
+    brand: {{sharding_types: [table_wise]}}
+    price_bucket: {{sharding_types: [row_wise]}}
+"""
+
 # case -> (spec, the item table's sharding type, pipeline depth of the two ranks)
 CASES = {
     "two_tower_data_parallel": (TWO_TOWER, "data_parallel", 1),
@@ -114,6 +148,7 @@ CASES = {
     "two_tower_row_wise_pipelined": (TWO_TOWER, "row_wise", 2),
     "next_item_table_wise": (NEXT_ITEM, "table_wise", 1),
     "next_item_local_row_wise": (NEXT_ITEM_LOCAL, "row_wise", 1),
+    "item_attributes_row_wise_pipelined": (ATTRIBUTES, "row_wise", 2),
 }
 
 
@@ -140,7 +175,10 @@ def run(path: str, rank: int, world_size: int, group: Any, depth: int = 1) -> di
     batches = (module.synthetic_batch(BATCH, step=i, rank=rank, world_size=world_size) for i in range(STEPS))
     options = TrainOptions(module=path, steps=STEPS, batch_size=BATCH, pipeline=True, pipeline_depth=depth)
     summary = train(RunContext(options, module.INPUTS, process_group=group), wrapped, batches, optimizer)
-    return {"losses": summary.losses, "state": model.full_state_dict()}
+    result = {"losses": summary.losses, "state": model.full_state_dict()}
+    if hasattr(model, "item_attributes"):  # every item's vector, through the catalogue and the sharded tables
+        result["catalogue"] = model.item_catalogue()
+    return result
 
 
 def _rank(rank: int, port: int, paths: dict[str, str], out: str) -> None:
@@ -176,3 +214,8 @@ def test_two_ranks_train_a_retrieval_model_like_one_process(
     assert sorted(got["state"]) == sorted(one["state"])
     for key, value in one["state"].items():
         torch.testing.assert_close(got["state"][key], value, rtol=0, atol=1e-5, msg=key)
+    assert got.keys() == one.keys()
+    if "catalogue" in one:
+        torch.testing.assert_close(got["catalogue"], one["catalogue"], rtol=0, atol=1e-5)
+        table = one["state"]["item_attributes.table"]
+        assert (table >= 0).all(dim=1).sum() > 20 and (table < 0).all(dim=1).any()  # items seen, and items not

@@ -1,10 +1,11 @@
-"""The candidates of a retrieval head's metrics: the whole table, or at training's log steps a sample.
+"""The candidates of a retrieval head's metrics: the whole table in evaluation, each step's own in training.
 
-A table over TRAINING_CANDIDATES rows is never looked up whole at a log step:
-the sampled metrics look up the sample and the window's positives only, and
-equal RetrievalMetrics' sampled metrics over the drawn ids (named
-`sampled_...`); two ranks holding halves of the window report what one
-process does.
+Training ranks each step's held-out positives at once, against the step's
+shared uniform negatives and (with in-batch negatives) the global batch's
+held-out positives, all with the vectors the step's forward computed: an
+update after the forward changes nothing, the figures equal RetrievalMetrics
+over those candidates (named `sampled_...`), and two ranks holding halves of
+each batch report what one process does.
 """
 
 from __future__ import annotations
@@ -17,115 +18,117 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.nn.functional as F
 
-from runtime.retrieval.catalogue import (
-    SAMPLE_SEED,
-    TRAINING_CANDIDATES,
-    ExactCatalogue,
-    SampledCatalogue,
-    training_catalogue,
-)
-from runtime.retrieval.head import RetrievalOutput
+from runtime.retrieval.catalogue import ExactCatalogue, StepCandidates
+from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
 from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 from runtime.retrieval.metrics import RetrievalMetrics
-from runtime.retrieval.sampling import uniform_negatives
+from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig
 from runtime.train.process_group import close_process_group, init_process_group
 import rendezvous
 
-ITEMS, DIM, WINDOW, SAMPLE = 5000, 8, 40, 64
+ITEMS, DIM, BATCH, NEGATIVES, STEPS = 1000, 8, 40, 30, 3
 METRICS = ("recall@10", "ndcg@10", "mrr")
 
 
-class Table:
-    """item_vectors over a fixed table, recording how many ids each call looked up."""
-
-    def __init__(self) -> None:
-        self.rows = torch.randn(ITEMS, DIM, generator=torch.Generator().manual_seed(1))
-        self.looked_up: list[int] = []
-
-    def item_vectors(self, ids: torch.Tensor) -> torch.Tensor:
-        self.looked_up.append(ids.numel())
-        return self.rows[ids]
-
-    def item_catalogue(self) -> torch.Tensor:
-        raise AssertionError("the whole catalogue was looked up")
+def _loss(negatives: str, normalize: bool = False, group: dist.ProcessGroup | None = None) -> RetrievalLoss:
+    config = SampledSoftmaxConfig(negatives=negatives, num_negatives=NEGATIVES if negatives != "in_batch" else 0,
+                                  num_items=ITEMS, normalize=normalize)  # fmt: skip
+    return RetrievalLoss(config, group)
 
 
-def _window() -> tuple[torch.Tensor, torch.Tensor]:
+def _steps() -> list[dict[str, torch.Tensor]]:
+    """Each step's queries, positive ids and vectors, and shared negatives as a forward would compute them."""
     generator = torch.Generator().manual_seed(2)
-    return torch.randn(WINDOW, DIM, generator=generator), torch.randint(0, ITEMS, (WINDOW,), generator=generator)
-
-
-def _sampled_metrics(table: Table, rows: slice, group: dist.ProcessGroup | None, calls: int) -> list[dict]:
-    """The head's metrics at `calls` log steps, each over the window's `rows`."""
-    queries, ids = _window()
-    head = RetrievalHeadMetrics(METRICS)
-    catalogue = SampledCatalogue(table.item_vectors, ITEMS, SAMPLE)
     out = []
-    for _ in range(calls):
-        head.update(RetrievalOutput(queries[rows], table.rows[ids[rows]], ids[rows]))
-        out.append(head.compute(catalogue, group))
+    for _ in range(STEPS):
+        ids = torch.randint(0, ITEMS, (BATCH,), generator=generator)
+        ids[1] = ids[0]  # a repeated positive: one candidate
+        negative_ids = torch.randint(0, ITEMS, (NEGATIVES,), generator=generator)
+        negative_ids[:2] = ids[:2]  # accidental hits
+        out.append({
+            "queries": torch.randn(BATCH, DIM, generator=generator), "ids": ids,
+            "positives": torch.randn(ITEMS, DIM, generator=generator)[ids], "negative_ids": negative_ids,
+            "negatives": torch.randn(NEGATIVES, DIM, generator=generator),
+        })  # fmt: skip
+    for step in out:  # one item, one vector within a step
+        step["positives"][1] = step["positives"][0]
     return out
 
 
-def test_a_small_table_is_ranked_whole_and_a_large_one_against_a_sample() -> None:
-    table = Table()
-    whole = training_catalogue(table.item_vectors, table.item_catalogue, TRAINING_CANDIDATES)
-    assert isinstance(whole.inner, ExactCatalogue) and whole.kind == "exact"
-    sampled = training_catalogue(table.item_vectors, table.item_catalogue, TRAINING_CANDIDATES + 1)
-    assert isinstance(sampled.inner, SampledCatalogue) and sampled.inner.size == TRAINING_CANDIDATES
-    assert sampled.kind == "sampled"
+def _train_window(loss: RetrievalLoss, rows: slice, group: dist.ProcessGroup | None) -> dict[str, Any]:
+    head = RetrievalHeadMetrics(METRICS, mask_seen=False)
+    step_candidates = StepCandidates(loss)
+    for step in _steps():
+        if loss.softmax.config.uniform:
+            loss.step_negatives = (step["negative_ids"], step["negatives"])
+        output = RetrievalOutput(step["queries"][rows], step["positives"][rows].clone(), step["ids"][rows])
+        head.update(output, step=step_candidates)
+        output.positive.mul_(0).add_(output.query * 100)  # the update after the forward: ranking must not see it
+    return head.compute(step_candidates, group)
 
 
+def _reference(negatives: str, normalize: bool) -> dict[str, float | None]:
+    """RetrievalMetrics over each step's candidates: the batch's positives and/or its negatives."""
+    scored = (lambda rows: F.normalize(rows, dim=-1)) if normalize else (lambda rows: rows)
+    reference = RetrievalMetrics((10,), candidates="sampled")
+    for step in _steps():
+        vectors, ids = [], []
+        if negatives != "uniform":
+            vectors.append(scored(step["positives"]))
+            ids.append(step["ids"])
+        if negatives != "in_batch":
+            vectors.append(step["negatives"])
+            ids.append(step["negative_ids"])
+        candidate_ids, first = _first(torch.cat(ids))
+        reference.update(step["queries"], step["ids"], scored(step["positives"]), torch.cat(vectors)[first],
+                         candidate_ids)  # fmt: skip
+    return reference.compute()
+
+
+def _first(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct ids and the index of each one's first occurrence, by a plain loop."""
+    seen: dict[int, int] = {}
+    for index, value in enumerate(ids.tolist()):
+        seen.setdefault(value, index)
+    distinct = sorted(seen)
+    return torch.tensor(distinct), torch.tensor([seen[value] for value in distinct])
+
+
+@pytest.mark.parametrize("negatives", ["in_batch", "uniform", "both"])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_training_ranks_positives_with_the_vectors_the_forward_used(normalize: bool) -> None:
-    """An update after the forward pulled every positive onto its query: ranked against the updated
-    vectors recall@1 would be 1.0; ranked as the forward saw them (random vectors) it is at chance."""
-    items = 1000
-    generator = torch.Generator().manual_seed(3)
-    rows = torch.randn(items, DIM, generator=generator)
-    queries = torch.randn(WINDOW, DIM, generator=generator)
-    ids = torch.randperm(items, generator=generator)[:WINDOW]
-    head = RetrievalHeadMetrics(("recall@1", "recall@10"))
-    head.update(RetrievalOutput(queries, rows[ids].clone(), ids))
-    updated = rows.clone()
-    updated[ids] = torch.nn.functional.normalize(queries, dim=-1) * 100.0  # the step's update
-    scored = (lambda r: torch.nn.functional.normalize(r, dim=-1)) if normalize else (lambda r: r)
-    got = head.compute(training_catalogue(lambda i: scored(updated)[i], lambda: scored(updated), items,
-                                          normalize=normalize))
-    reference = RetrievalMetrics((1, 10))
-    reference.update(queries, ids, scored(rows[ids]), scored(updated))
-    expected = reference.compute()
-    assert got == pytest.approx({"recall@1": expected["recall@1"], "recall@10": expected["recall@10"]}, rel=1e-12)
-    assert got["recall@1"] <= 2 / WINDOW and got["recall@10"] <= 0.1  # chance: about 1 / 1000 and 10 / 1000
-    head.update(RetrievalOutput(queries, rows[ids].clone(), ids))
-    assert head.compute(ExactCatalogue(lambda: scored(updated)))["recall@1"] == 1.0  # what it measured before
+def test_training_ranks_each_step_against_its_forward_candidates(negatives: str, normalize: bool) -> None:
+    got = _train_window(_loss(negatives, normalize), slice(None), None)
+    expected = _reference(negatives, normalize)
+    assert list(got) == ["sampled_recall@10", "sampled_ndcg@10", "sampled_mrr"]
+    assert got == pytest.approx({name: expected[name] for name in got}, rel=1e-12)
+    # Random vectors: at chance, about 10 / candidates (the candidates of a step number 40 to 70).
+    assert got["sampled_recall@10"] < 0.4
 
 
-def test_sampled_metrics_rank_against_the_drawn_ids_and_say_so() -> None:
-    table = Table()
-    first, second = _sampled_metrics(table, slice(None), None, calls=2)
-    queries, ids = _window()
-    for call, got in enumerate((first, second)):
-        drawn = torch.unique(uniform_negatives(SAMPLE_SEED, call, SAMPLE, ITEMS))
-        reference = RetrievalMetrics((10,), candidates="sampled")
-        reference.update(queries, ids, table.rows[ids], table.rows[drawn], drawn)
-        expected = reference.compute()
-        assert list(got) == ["sampled_recall@10", "sampled_ndcg@10", "sampled_mrr"]
-        assert got == pytest.approx({name: expected[name] for name in got}, rel=1e-12)
-    assert first != second  # a fresh sample at every log step
-    # Each log step looked up at most the sample and the window's positives, never the table.
-    assert len(table.looked_up) == 2 and all(n <= SAMPLE + WINDOW for n in table.looked_up)
+def test_the_loss_keeps_the_shared_negatives_of_its_last_training_forward() -> None:
+    loss = _loss("both")
+    table = torch.randn(ITEMS, DIM)
+    output = RetrievalOutput(torch.randn(4, DIM), table[:4], torch.arange(4))
+    loss(output, lambda ids: table[ids])
+    ids, vectors = loss.step_negatives  # type: ignore[misc]
+    assert ids.shape == (NEGATIVES,)
+    torch.testing.assert_close(vectors, table[ids], rtol=0, atol=0)
+    loss.eval()
+    loss(output, lambda ids: table[ids] * 2)  # evaluation leaves them alone
+    torch.testing.assert_close(loss.step_negatives[1], table[ids], rtol=0, atol=0)  # type: ignore[index]
 
 
 def test_exact_metrics_keep_their_names_and_rank_every_row() -> None:
-    table = Table()
-    queries, ids = _window()
+    generator = torch.Generator().manual_seed(1)
+    rows, queries = torch.randn(ITEMS, DIM, generator=generator), torch.randn(BATCH, DIM, generator=generator)
+    ids = torch.randint(0, ITEMS, (BATCH,), generator=generator)
     head = RetrievalHeadMetrics(METRICS)
-    head.update(RetrievalOutput(queries, table.rows[ids], ids))
-    got = head.compute(ExactCatalogue(lambda: table.rows))
+    head.update(RetrievalOutput(queries, rows[ids], ids))
+    got = head.compute(ExactCatalogue(lambda: rows))
     reference = RetrievalMetrics((10,))
-    reference.update(queries, ids, table.rows[ids], table.rows)
+    reference.update(queries, ids, rows[ids], rows)
     expected = reference.compute()
     assert got == pytest.approx({name: expected[name] for name in METRICS}, rel=1e-12)
 
@@ -136,8 +139,8 @@ def _rank(rank: int, port: int, out: str) -> None:
         backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
         world_size=2, timeout=datetime.timedelta(seconds=60),
     )  # fmt: skip
-    half = WINDOW // 2
-    got = _sampled_metrics(Table(), slice(rank * half, (rank + 1) * half), dist.group.WORLD, calls=2)
+    half = BATCH // 2
+    got = _train_window(_loss("both", True, dist.group.WORLD), slice(rank * half, (rank + 1) * half), dist.group.WORLD)
     if rank == 0:
         torch.save(got, Path(out) / "metrics.pt")
     close_process_group()
@@ -146,7 +149,6 @@ def _rank(rank: int, port: int, out: str) -> None:
 def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:
     with rendezvous.hosted_store() as port:
         mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
-    got: list[dict[str, Any]] = torch.load(tmp_path / "metrics.pt")
-    expected = _sampled_metrics(Table(), slice(None), None, calls=2)
-    for ranks, one in zip(got, expected):
-        assert ranks == pytest.approx(one, rel=1e-12)
+    got: dict[str, Any] = torch.load(tmp_path / "metrics.pt")
+    expected = _reference("both", True)
+    assert got == pytest.approx({name: expected[name] for name in got}, rel=1e-12)
