@@ -238,7 +238,8 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
     for i, key in enumerate(layout.sparse):
         bags = [row[1][i] for row in rows]
         if key.transform is not None:
-            bags = _transformed(layout, key, bags)
+            sparse[key.key] = Jagged(*_transformed(layout, key, bags), None)
+            continue
         lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
         sparse[key.key] = Jagged(lengths, torch.tensor([v for bag in bags for v in bag], dtype=torch.long), None)
     labels = {label: torch.tensor([row[2][i] for row in rows], dtype=torch.float32)
@@ -341,12 +342,16 @@ def _apply(learned: Any, name: str, raw: Any, *extra: Any) -> Any:
     return transform(entry.kind).apply(entry.config, entry.state, raw, *extra)
 
 
-def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) -> list[list[int]]:
-    """The ids of a transformed key's raw `bags` (one list per row)."""
+def _transformed(
+    layout: TableLayout, key: SparseColumn, bags: list[list[Any]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lengths and ids (int64) of a transformed key's raw `bags` (one list per row)."""
     spec, learned = key.transform, layout.learned
     assert key.rows is not None
+    ones = torch.ones(len(bags), dtype=torch.long)
     if isinstance(spec, Cross):
-        return [[row] for row in transform(Cross.kind).apply(spec, {}, [bag[0] for bag in bags], key.rows)]
+        ids = transform(Cross.kind).apply(spec, {}, [bag[0] for bag in bags], key.rows)
+        return ones, torch.tensor(ids, dtype=torch.long)
     if isinstance(spec, Quantiles):
         assert key.dense is not None
         feature, column = key.dense
@@ -356,23 +361,15 @@ def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) 
             learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill)
         )
         raw = torch.tensor([bag[0] for bag in bags], dtype=torch.float64)
-        return [[bucket] for bucket in _apply(learned, key.key, raw, fill).tolist()]
+        return ones, _apply(learned, key.key, raw, fill).long()
     if isinstance(spec, History):
         assert key.of is not None
         length = key.max_length or key.max_ids or 1
-        values = _apply(learned, key.key, [(bag[0][0], bag[0][1]) for bag in bags], length)
-        return [_ids_of(layout, layout.sparse[key.of], items) for items in values]
-    flat = _apply(learned, key.key, [item for bag in bags for item in bag])
-    out, at = [], 0
-    for bag in bags:
-        out.append(flat[at : at + len(bag)])
-        at += len(bag)
-    return out
-
-
-def _ids_of(layout: TableLayout, key: SparseColumn, items: list[str]) -> list[int]:
-    """`items` (raw text) as key's ids: through its vocabulary, or hashed."""
+        bags = _apply(learned, key.key, [(bag[0][0], bag[0][1]) for bag in bags], length)
+        key = layout.sparse[key.of]  # the history's items map as its `of` feature's
+    lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
+    items = [item for bag in bags for item in bag]
     if isinstance(key.transform, Vocabulary):
-        return _apply(layout.learned, key.key, items)
+        return lengths, torch.from_numpy(_apply(learned, key.key, items))
     assert key.rows is not None
-    return [hash_id(item, key.rows) for item in items]
+    return lengths, torch.tensor([hash_id(item, key.rows) for item in items], dtype=torch.long)
