@@ -17,7 +17,9 @@ from the target:
     cross / history feature     no data.columns entry: a cross reads its `columns`, a history its
                                 `by` and `time` columns and its `of` feature's column
     quantiles feature           the column of its dense feature (`column`), bucketized
-    timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence
+    timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence;
+                                of a history sequence: no column, the times of the history's rows
+                                (each earlier row's `time`, as an integer)
     head label                  one column: a finite number; a bce head's in [0, 1], a softmax head's
                                 a class number (0, 1, ...)
 
@@ -69,11 +71,12 @@ class SparseColumn:
     columns: tuple[str, ...] = ()  # a cross's columns; a history's (by, time, of's column)
     of: int | None = None  # a history: the index in the layout's keys of its `of` feature
     dense: tuple[int, int] | None = None  # quantiles: (dense feature index, column index) of the raw values
+    history_times: bool = False  # timestamps of a history sequence: the times of its rows, read from its state
 
     @property
     def reads(self) -> tuple[str, ...]:
         """The table columns this key reads."""
-        if isinstance(self.transform, (Cross, History)):
+        if isinstance(self.transform, (Cross, History)) or self.history_times:
             return self.columns
         return (self.column,)
 
@@ -117,6 +120,7 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
     fed_labels: dict[str, str] = {}
     unfed_kinds = (Cross.kind, History.kind, Quantiles.kind)  # read their columns by name
     derived = {f.name for f in inputs.sparse if f.transform is not None and f.transform.kind in unfed_kinds}
+    derived |= {t.name for t in inputs.timestamps if isinstance(sparse[t.sequence].transform, History)}
     for column, target in inputs.data.columns:
         if target in dense:
             fed_dense[target].append(column)
@@ -148,6 +152,11 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
         else:
             seq = sparse[stamps[name].sequence]
             timed = order.index(stamps[name].sequence)
+            if isinstance(seq.transform, History):  # the history's own rows' times (its `by` and `time` columns)
+                history = keys[timed]
+                keys.append(SparseColumn(name, history.column, None, False, seq.max_length, seq.keep, timed,
+                                         columns=history.columns, history_times=True))  # fmt: skip
+                continue
             keys.append(SparseColumn(name, fed_sparse[name], None, False, seq.max_length, seq.keep, timed))
     layout = TableLayout(
         tuple((name, tuple(cols)) for name, cols in fed_dense.items()), tuple(keys),
@@ -198,9 +207,10 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     empty = [0.0 if numeric is None else math.nan for numeric in layout.numeric]
     dense = [[_number(column, fields[column], empty[i]) for column in columns]
              for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
-    ids = [_ids(key, fields[key.column]) if key.transform is None else _raw(key, fields) for key in layout.sparse]
+    ids = [_ids(key, fields[key.column]) if key.transform is None and not key.history_times else _raw(key, fields)
+           for key in layout.sparse]  # fmt: skip
     for key in layout.sparse:
-        if key.sequence is not None:  # timestamps: one per id of their sequence, before either is cut
+        if key.sequence is not None and not key.history_times:  # timestamps: one per id of their sequence, before either is cut
             timed = layout.sparse[key.sequence]
             times, items = len(items_of(fields[key.column])), len(items_of(fields[timed.column]))
             if times != items:
@@ -237,7 +247,7 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
     sparse = {}
     for i, key in enumerate(layout.sparse):
         bags = [row[1][i] for row in rows]
-        if key.transform is not None:
+        if key.transform is not None or key.history_times:
             sparse[key.key] = Jagged(*_transformed(layout, key, bags), None)
             continue
         lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
@@ -317,7 +327,7 @@ def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
         return [value]  # the common case, a CSV id, without the general path's lists
     if isinstance(spec, Cross):
         return [cross_text([fields[column] for column in spec.columns])]
-    if isinstance(spec, History):
+    if isinstance(spec, History) or key.history_times:
         by, time, value = (fields[column] for column in key.columns)
         moment = math.inf if time is None or time == "" else _number(key.columns[1], time, None)
         return [("" if by is None else str(by), moment, "" if value is None else str(value))]
@@ -347,6 +357,14 @@ def _transformed(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The lengths and ids (int64) of a transformed key's raw `bags` (one list per row)."""
     spec, learned = key.transform, layout.learned
+    if key.history_times:
+        assert key.sequence is not None
+        history = layout.sparse[key.sequence]
+        length = history.max_length or history.max_ids or 1
+        times = learned.get(history.key).state.times_before([(bag[0][0], bag[0][1]) for bag in bags], length)
+        return torch.tensor([len(row) for row in times], dtype=torch.long), torch.tensor(
+            [int(time) for row in times for time in row], dtype=torch.long
+        )
     assert key.rows is not None
     ones = torch.ones(len(bags), dtype=torch.long)
     if isinstance(spec, Cross):
