@@ -32,7 +32,9 @@ import torch.nn.functional as F
 
 from runtime.sparse.jagged import KeyedJaggedTensor
 
-__all__ = ["catalogue", "finish_vectors", "item_names", "item_request", "item_vocabulary", "learned_catalogue", "row_ids"]
+__all__ = [
+    "catalogue", "finish_vectors", "item_names", "item_request", "item_vocabulary", "learned_catalogue", "row_ids",
+]
 
 
 def item_request(rows: torch.Tensor, keys: Sequence[str], item_feature: str, weighted: bool) -> KeyedJaggedTensor:
