@@ -58,6 +58,7 @@ from runtime.reporting.metrics import auc  # noqa: E402  the AUC training report
 SPEC = REPO / "specs" / "examples" / "movielens_csv.yaml"
 HEADER = ["user", "movie", "genres", "age", "gender", "occupation", "zip", "year", "ts", "label"]
 ATOMIC = "recbole/dataset_example/ml-100k/ml-100k."
+BOUNDARIES = {"age": [20, 25, 30, 35, 40, 45, 50], "year": [1960, 1980, 1990, 1993, 1995, 1996, 1997]}  # `hash`
 
 
 def atomic_files(wheel: Path | None, workdir: Path) -> dict[str, list[list[str]]]:
@@ -119,8 +120,9 @@ def timing_specs(workdir: Path) -> dict[str, Path]:
     example itself (`example`, with the history), for prepare's rows/s."""
     spec = yaml.safe_load(SPEC.read_text())
     spec["features"]["sparse"] = [f for f in spec["features"]["sparse"] if "history" not in f]
-    del spec["model"]["history"]
-    spec["model"]["user_tower"]["input"].remove("history")
+    for block in ("history", "interest"):  # the blocks that read the history
+        del spec["model"][block]
+        spec["model"]["user_tower"]["input"].remove(block)
     learned = json.loads(json.dumps(spec))
     for feature in spec["features"]["dense"]:
         feature.pop("transform", None)
@@ -129,8 +131,8 @@ def timing_specs(workdir: Path) -> dict[str, Path]:
         if vocabulary is not None and feature.get("num_embeddings") == "auto":
             feature["num_embeddings"] = vocabulary["max_size"] + vocabulary.get("oov_buckets", 1)
         if feature.pop("quantiles", None) is not None:
-            feature["boundaries"] = [20, 25, 30, 35, 40, 45, 50]
-            feature["num_embeddings"] = 8
+            feature["boundaries"] = BOUNDARIES[feature["column"]]
+            feature["num_embeddings"] = len(feature["boundaries"]) + 1
     paths = {"example": SPEC}
     for kind, body in (("vocabulary", learned), ("hash", spec)):
         body["name"] = f"movielens_csv_{kind}"
