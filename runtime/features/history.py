@@ -51,7 +51,7 @@ class HistoryState:
     def times_before(self, rows: Sequence[tuple[str, float]], length: int) -> list[list[float]]:
         """Per row (key, time): the times of `before`'s values, position by position (a timestamps feature
         of the history sequence)."""
-        out = []
+        out: list[list[float]] = []
         for key, time in rows:
             found = self.keys.get(key)
             if found is None:

@@ -98,7 +98,7 @@ class CollisionCounter:
         if self.limit is not None:
             table = table.slice(0, self.limit - self.read)
         self.read += table.num_rows
-        for values, key in zip(self.seen, self.keys):
+        for values, key in zip(self.seen, self.keys, strict=True):
             if isinstance(key.transform, Cross):
                 columns = [table.column(column).to_pylist() for column in key.transform.columns]
                 values.update(map(CROSS_SEPARATOR.join, zip(*columns, strict=True)))

@@ -209,8 +209,8 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
              for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
     ids = [_ids(key, fields[key.column]) if key.transform is None and not key.history_times else _raw(key, fields)
            for key in layout.sparse]  # fmt: skip
-    for key in layout.sparse:
-        if key.sequence is not None and not key.history_times:  # timestamps: one per id of their sequence, before either is cut
+    for key in layout.sparse:  # timestamps of a column: one per id of their sequence, before either is cut
+        if key.sequence is not None and not key.history_times:
             timed = layout.sparse[key.sequence]
             times, items = len(items_of(fields[key.column])), len(items_of(fields[timed.column]))
             if times != items:
