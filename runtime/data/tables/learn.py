@@ -28,6 +28,7 @@ from tqdm import tqdm
 from runtime.data.errors import DataError, RowError
 from runtime.data.features import ModelInputs
 from runtime.data.tables.collisions import CollisionCounter
+from runtime.data.tables.csv_files import CsvReader
 from runtime.data.tables.learn_columns import chunk_raws
 from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of, parse_learned
 from runtime.features.config import History, Numeric, Quantiles
@@ -65,7 +66,7 @@ def learn_features(reader: Any, progress: bool = True, collisions: CollisionCoun
     configs = layout.learned_configs()
     partials: dict[str, list[tuple[int, Any]]] = {}  # per feature: merged partials and their merge levels
     bar = tqdm(desc="learning features", unit=" rows", file=sys.stderr, disable=not (progress and sys.stderr.isatty()))
-    columnar = getattr(reader, "name", None) == "csv"  # runtime.data.tables.learn_columns reads CSV lines
+    columnar = isinstance(reader, CsvReader)  # runtime.data.tables.learn_columns reads CSV lines
     lines: list[bytes] = []
     for _, _, line in reader.epoch_lines():
         lines.append(line)
