@@ -8,8 +8,12 @@ specs/examples/movielens_csv.yaml:
 
 each user's earliest 80% of ratings (by time, file order among ties) to
 train.csv (rows shuffled, seeded), the last 20% to test.csv, label rating >= 4.
-Then, with the example spec:
+Then, with the example spec, for each --seeds:
 
+    select     the number of steps, never picked on test: `data split` cuts each user's latest 20% of
+               train.csv into a validation part; train on the rest with --eval-data on it, evaluating
+               every --eval-every steps up to --steps, --best-metric auc --patience 3; the best pass's
+               epochs, scaled to the whole of train.csv, are the steps of the runs below
     direct     train --data csv:train.csv --eval-data csv:test.csv: held-out AUC
     prepared   data prepare of both (test with --training), train on them: held-out AUC
     predict    export + predict test.csv: the AUC of its scores
@@ -21,7 +25,8 @@ Then, with the example spec:
 One JSON line per result, then an `own_data_summary` line. Never writes the
 data anywhere but --workdir.
 
-    python benchmarks/own_data_bench.py [--wheel recbole.whl] [--workdir DIR] [--steps 1000] [--repeats 3]
+    python benchmarks/own_data_bench.py [--wheel recbole.whl] [--workdir DIR] [--steps 1500] [--seeds 0 1]
+                                        [--eval-every 125] [--repeats 3]
     python benchmarks/own_data_bench.py --write-csv data/      # only write train.csv and test.csv
 """
 
@@ -53,6 +58,7 @@ from runtime.reporting.metrics import auc  # noqa: E402  the AUC training report
 SPEC = REPO / "specs" / "examples" / "movielens_csv.yaml"
 HEADER = ["user", "movie", "genres", "age", "gender", "occupation", "zip", "year", "ts", "label"]
 ATOMIC = "recbole/dataset_example/ml-100k/ml-100k."
+BOUNDARIES = {"age": [20, 25, 30, 35, 40, 45, 50], "year": [1960, 1980, 1990, 1993, 1995, 1996, 1997]}  # `hash`
 
 
 def atomic_files(wheel: Path | None, workdir: Path) -> dict[str, list[list[str]]]:
@@ -114,8 +120,9 @@ def timing_specs(workdir: Path) -> dict[str, Path]:
     example itself (`example`, with the history), for prepare's rows/s."""
     spec = yaml.safe_load(SPEC.read_text())
     spec["features"]["sparse"] = [f for f in spec["features"]["sparse"] if "history" not in f]
-    del spec["model"]["history"]
-    spec["model"]["user_tower"]["input"].remove("history")
+    for block in ("history", "interest"):  # the blocks that read the history
+        del spec["model"][block]
+        spec["model"]["user_tower"]["input"].remove(block)
     learned = json.loads(json.dumps(spec))
     for feature in spec["features"]["dense"]:
         feature.pop("transform", None)
@@ -124,8 +131,8 @@ def timing_specs(workdir: Path) -> dict[str, Path]:
         if vocabulary is not None and feature.get("num_embeddings") == "auto":
             feature["num_embeddings"] = vocabulary["max_size"] + vocabulary.get("oov_buckets", 1)
         if feature.pop("quantiles", None) is not None:
-            feature["boundaries"] = [20, 25, 30, 35, 40, 45, 50]
-            feature["num_embeddings"] = 8
+            feature["boundaries"] = BOUNDARIES[feature["column"]]
+            feature["num_embeddings"] = len(feature["boundaries"]) + 1
     paths = {"example": SPEC}
     for kind, body in (("vocabulary", learned), ("hash", spec)):
         body["name"] = f"movielens_csv_{kind}"
@@ -138,8 +145,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheel", type=Path, help="the recbole wheel (default: pip download it into --workdir)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/reccompile_own_data_bench"))
-    parser.add_argument("--steps", type=int, default=1000, help="training steps (batch 256: ~3 epochs of ml-100k)")
-    parser.add_argument("--repeats", type=int, default=3, help="prepare timings per spec, alternating")
+    parser.add_argument("--steps", type=int, default=1500, help="at most this many steps in the selection run")
+    parser.add_argument("--eval-every", type=int, default=125, help="steps between validation passes (selection)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="a whole run per seed")
+    parser.add_argument("--repeats", type=int, default=3, help="prepare timings per spec, alternating (0: none)")
     parser.add_argument("--write-csv", type=Path, metavar="DIR", help="only write DIR/train.csv and DIR/test.csv")
     parser.add_argument("--prepare-only", action="store_true", help="only the prepare rows/s (no training)")
     args = parser.parse_args()
@@ -154,33 +163,59 @@ def main() -> int:
     if args.prepare_only:
         print(json.dumps({"own_data_summary": True, **prepare_rates(work, train, args.repeats)}))
         return 0
-    for name in ("ckpt", "build", "build_prepared", "prep_train", "prep_test", "served"):
+    for name in ("prep_train", "prep_test", "split"):
         shutil.rmtree(work / name, ignore_errors=True)  # a run starts afresh
-    common = ["--steps", str(args.steps), "--data-workers", "0"]
-    direct = result_of(run("train", str(SPEC), "--data", f"csv:{train}", "--eval-data", f"csv:{test}", *common,
-                           "--checkpoint-dir", str(work / "ckpt"), "--checkpoint-every", str(args.steps),
-                           "-o", str(work / "build")))  # fmt: skip
-    print(json.dumps({"path": "direct", "auc": direct["eval_metrics"]["like"]["auc"],
-                      "unseen": direct["eval_unseen_ids"]}))  # fmt: skip
+    run("data", "split", "--data", f"csv:{train}", "-o", str(work / "split"), "--time", "ts", "--key", "user")
     for name, data, extra in (("prep_train", train, []), ("prep_test", test, ["--training", str(train)])):
         run("data", "prepare", str(SPEC), "--data", f"csv:{data}", "-o", str(work / name), *extra)
-    prepared = result_of(run("train", str(SPEC), "--data", f"prepared:{work}/prep_train", "--eval-data",
-                             f"prepared:{work}/prep_test", *common, "-o", str(work / "build_prepared")))  # fmt: skip
-    print(json.dumps({"path": "prepared", "auc": prepared["eval_metrics"]["like"]["auc"]}))
-    run("export", str(SPEC), "--checkpoint", str(work / "ckpt"), "--quantize", "none", "--no-aot", "-o",
-        str(work / "served"))  # fmt: skip
-    run("predict", str(work / "served"), "--data", f"csv:{test}", "-o", str(work / "scores.csv"))
-    with open(work / "scores.csv") as scores, open(test) as rows:
-        scored = [float(r["like"]) for r in csv.DictReader(scores)]
-        predicted = auc(torch.tensor(scored), torch.tensor([float(r["label"]) for r in csv.DictReader(rows)]))
-    print(json.dumps({"path": "predict", "auc": predicted}))
-    rates = prepare_rates(work, train, args.repeats)
-    print(json.dumps({
-        "own_data_summary": True, "auc_direct": direct["eval_metrics"]["like"]["auc"],
-        "auc_prepared": prepared["eval_metrics"]["like"]["auc"], "auc_predict": predicted,
-        **rates, "steps": args.steps,
-    }))  # fmt: skip
+    runs = [one_seed(work, train, test, seed, args) for seed in args.seeds]
+    rates = prepare_rates(work, train, args.repeats) if args.repeats else {}
+    print(json.dumps({"own_data_summary": True, "runs": runs, **rates}))
     return 0
+
+
+def one_seed(work: Path, train: Path, test: Path, seed: int, args: argparse.Namespace) -> dict[str, object]:
+    """select, direct, prepared and predict (the module docstring) with `seed`; their figures."""
+    tag = f"seed{seed}"
+    for name in ("ckpt", "ckpt_select", "build", "build_select", "build_prepared", "served"):
+        shutil.rmtree(work / f"{name}_{tag}", ignore_errors=True)
+    common = ["--data-workers", "0", "--seed", str(seed)]
+    split = work / "split"
+    selected = result_of(run("train", str(SPEC), "--data", f"csv:{split}/train", "--eval-data", f"csv:{split}/test",
+                             "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--best-metric", "auc",
+                             "--patience", "3", "--checkpoint-dir", str(work / f"ckpt_select_{tag}"), *common,
+                             "-o", str(work / f"build_select_{tag}")))  # fmt: skip
+    best = selected["best"]
+    steps = round(best["step"] * _rows(train) / _rows(split / "train" / "train.csv"))  # the same epochs
+    print(json.dumps({"path": "select", "seed": seed, "validation_auc": best["value"], "best_step": best["step"],
+                      "steps": steps}))  # fmt: skip
+    common += ["--steps", str(steps)]
+    direct = result_of(run("train", str(SPEC), "--data", f"csv:{train}", "--eval-data", f"csv:{test}", *common,
+                           "--checkpoint-dir", str(work / f"ckpt_{tag}"), "--checkpoint-every", str(steps),
+                           "-o", str(work / f"build_{tag}")))  # fmt: skip
+    print(json.dumps({"path": "direct", "seed": seed, "auc": direct["eval_metrics"]["like"]["auc"],
+                      "unseen": direct["eval_unseen_ids"]}))  # fmt: skip
+    prepared = result_of(run("train", str(SPEC), "--data", f"prepared:{work}/prep_train", "--eval-data",
+                             f"prepared:{work}/prep_test", *common,
+                             "-o", str(work / f"build_prepared_{tag}")))  # fmt: skip
+    print(json.dumps({"path": "prepared", "seed": seed, "auc": prepared["eval_metrics"]["like"]["auc"]}))
+    served = work / f"served_{tag}"
+    run("export", str(SPEC), "--checkpoint", str(work / f"ckpt_{tag}"), "--quantize", "none", "--no-aot", "-o",
+        str(served))  # fmt: skip
+    run("predict", str(served), "--data", f"csv:{test}", "-o", str(work / f"scores_{tag}.csv"))
+    with open(work / f"scores_{tag}.csv") as scores, open(test) as lines:
+        scored = [float(r["like"]) for r in csv.DictReader(scores)]
+        predicted = auc(torch.tensor(scored), torch.tensor([float(r["label"]) for r in csv.DictReader(lines)]))
+    print(json.dumps({"path": "predict", "seed": seed, "auc": predicted}))
+    return {"seed": seed, "steps": steps, "validation_auc": best["value"],
+            "auc_direct": direct["eval_metrics"]["like"]["auc"],
+            "auc_prepared": prepared["eval_metrics"]["like"]["auc"], "auc_predict": predicted}  # fmt: skip
+
+
+def _rows(path: Path) -> int:
+    """The data rows of a CSV file (its lines but the header)."""
+    with open(path) as stream:
+        return sum(1 for _ in stream) - 1
 
 
 def prepare_rates(work: Path, train: Path, repeats: int) -> dict[str, object]:

@@ -145,6 +145,7 @@ def export(request: ExportRequest) -> ExportResult:
                 model, module, staging, kind=request.index, eval_data=request.eval_data,
                 threshold=request.rating_threshold, history=request.history,
                 vocabulary=read_vocabulary(vocabulary) if vocabulary.is_file() else None,
+                features=staging / FEATURES_FILE if features.is_file() else None,
             )  # fmt: skip
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
         if items is not None:

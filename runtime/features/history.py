@@ -17,7 +17,9 @@ file order among ties), so:
                   empty time means "now": the key's whole training history.
 
 The values are mapped to ids as the `of` feature maps them (its vocabulary,
-or hashing), in the `of` feature's table.
+or hashing), in the `of` feature's table. A timestamps feature of the
+history sequence takes each position's time from the same rows
+(`times_before`), so the two never disagree in length or order.
 """
 
 from __future__ import annotations
@@ -45,6 +47,19 @@ class HistoryState:
             return []
         end = bisect.bisect_left(found[0], time)
         return found[1][max(0, end - length) : end]
+
+    def times_before(self, rows: Sequence[tuple[str, float]], length: int) -> list[list[float]]:
+        """Per row (key, time): the times of `before`'s values, position by position (a timestamps feature
+        of the history sequence)."""
+        out: list[list[float]] = []
+        for key, time in rows:
+            found = self.keys.get(key)
+            if found is None:
+                out.append([])
+                continue
+            end = bisect.bisect_left(found[0], time)
+            out.append(found[0][max(0, end - length) : end])
+        return out
 
 
 class HistoryTransform:

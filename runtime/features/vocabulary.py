@@ -8,12 +8,22 @@ result is the same whatever order files or processes were read in), at most
 kept list takes row `oov_buckets + k`; any other value takes row 0, or with
 `oov_buckets: N` row hash(value) mod N. Values are compared as text: the
 integer 12 of a Parquet column and the CSV field "12" are one value.
+
+Both passes work a column at a time: fit counts an Arrow array with
+`pyarrow.compute.value_counts` (a Python iterable with a Counter), apply
+finds a chunk's values in the kept list with `pyarrow.compute.index_in`
+(in C) and hashes only the values
+it does not find.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from runtime.features.config import Vocabulary
 from runtime.features.hashing import hash_text
@@ -29,6 +39,7 @@ class VocabularyState:
         self.seen = seen
         self.oov_buckets = oov_buckets
         self.rows = {value: oov_buckets + k for k, value in enumerate(self.values)}
+        self.lookup = pc.SetLookupOptions(pa.array(self.values, pa.string()))
 
     def to_json(self) -> dict[str, Any]:
         return {"seen": self.seen, "oov_buckets": self.oov_buckets, "values": self.values}
@@ -41,7 +52,11 @@ class VocabularyState:
 class VocabularyTransform:
     kind, version = Vocabulary.kind, VERSION
 
-    def fit(self, config: Vocabulary, raw: Iterable[str]) -> Counter[str]:
+    def fit(self, config: Vocabulary, raw: Iterable[str] | pa.Array) -> Counter[str]:
+        if isinstance(raw, pa.Array):
+            counts = pc.value_counts(raw)
+            values, numbers = counts.field("values").to_pylist(), counts.field("counts").to_pylist()
+            return Counter(dict(zip(values, numbers, strict=True)))
         return Counter(raw)
 
     def merge(self, config: Vocabulary, partials: Sequence[Counter[str]]) -> Counter[str]:
@@ -67,8 +82,12 @@ class VocabularyTransform:
         kept = f"{len(state.values):,} values (of {state.seen:,} seen, min_count {config.min_count})"
         return f"vocabulary of {kept}, {oov}"
 
-    def apply(self, config: Vocabulary, state: VocabularyState, raw: Sequence[str]) -> list[int]:
-        rows, buckets = state.rows, state.oov_buckets
-        if buckets == 1:
-            return [rows.get(value, 0) for value in raw]
-        return [rows[value] if value in rows else hash_text(value) % buckets for value in raw]
+    def apply(self, config: Vocabulary, state: VocabularyState, raw: Sequence[str]) -> np.ndarray:
+        """The rows of `raw`'s values, int64."""
+        buckets = state.oov_buckets
+        found = pc.index_in(pa.array(raw, pa.string()), options=state.lookup)
+        rows = pc.fill_null(pc.add(found, buckets), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            rows[missing] = 0 if buckets == 1 else [hash_text(raw[i]) % buckets for i in missing.tolist()]
+        return rows

@@ -34,11 +34,12 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.features import ModelInputs
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import Vocabulary
+from runtime.data.tables.learn import with_learned
 from runtime.retrieval.index import build_index
 from runtime.retrieval.index_files import save_index
 from runtime.retrieval.index_quality import IndexQuality, check_index
 from runtime.serving.samples import file_samples, requests_reader
-from runtime.serving.vectors import catalogue, row_ids
+from runtime.serving.vectors import catalogue, item_vocabulary, learned_catalogue, row_ids
 from runtime.storage.manifest import MANIFEST, file_facts
 from runtime.storage.output import save_tensors
 
@@ -80,12 +81,18 @@ def export_items(
     eval_data: str | None,
     threshold: float,
     history: str | None = None,
+    features: Path | None = None,
 ) -> tuple[dict[str, Any], ItemsReport]:
-    """Write the item vectors and index of `model` into `directory`; the manifest's section and the report."""
+    """Write the item vectors and index of `model` into `directory`; the manifest's section and the report.
+    `features`: the export's features.json, whose learned vocabulary of the item feature (if any) is the
+    catalogue (runtime.serving.vectors)."""
     retrieval, inputs = module.RETRIEVAL, module.INPUTS
     table_rows = next(f.num_embeddings for f in inputs.sparse if f.name == retrieval["item_feature"])
     movie_rows = None if vocabulary is None else vocabulary.movies
-    rows, ids = catalogue(table_rows, movie_rows)
+    if features is not None:
+        inputs = with_learned(inputs, features)
+    learned = item_vocabulary(inputs, retrieval["item_feature"])
+    rows, ids = catalogue(table_rows, movie_rows) if learned is None else learned_catalogue(learned)
     vectors = item_vectors(model, rows)
     save_tensors(vectors.clone(), directory / ITEM_VECTORS)
     index = build_index(vectors, ids, kind=kind)
@@ -111,6 +118,7 @@ def export_items(
     section = {
         **retrieval,
         "items": ids.numel(),
+        "item_ids": "table rows" if learned is None else "vocabulary",
         "item_vectors": {"file": ITEM_VECTORS, **file_facts(directory / ITEM_VECTORS)},
         "index": {
             "directory": INDEX_DIR, "kind": index.kind, "params": dict(index.params),

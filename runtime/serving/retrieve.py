@@ -9,7 +9,8 @@ vocabulary). Each request becomes K rows, best first:
 
     file,line,rank,item,score        (synthetic: id,rank,item,score)
 
-`item` is the item's own id (a MovieLens movie id, not a table row) and
+`item` is the item's own id (a MovieLens movie id, not a table row; with a
+learned vocabulary on the item feature, the raw value, e.g. a CSV's `m345`) and
 `score` the inner product of the query and item vectors (their cosine when
 the head normalises), 9 significant digits. A request with fewer than K
 items in the index gets fewer rows. Bad lines stop the run naming file and
@@ -35,8 +36,10 @@ from typing import Any, Iterator, TextIO
 import torch
 from torch import nn
 
+from runtime.data.tables.learn import with_learned
 from runtime.retrieval.index import ItemIndex
 from runtime.serving.samples import Keyed, open_samples
+from runtime.serving.vectors import item_names, item_vocabulary
 from runtime.storage.output import write_file
 
 __all__ = ["RetrieveReport", "retrieve", "retrieve_file"]
@@ -66,10 +69,11 @@ def retrieve(
     out: TextIO,
     id_columns: list[str],
     sequence: str | None = None,
+    names: dict[int, str] | None = None,
 ) -> tuple[int, int, float, float]:
     """Write K rows per request of `samples`; returns (requests, requests without a history,
     query seconds, search seconds). `sequence`: a next-item model's history feature, whose
-    empty requests get no rows."""
+    empty requests get no rows; `names`: index id -> the item written (a learned vocabulary's values)."""
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([*id_columns, "rank", "item", "score"])
     requests, empty, query_seconds, search_seconds = 0, 0, 0.0, 0.0
@@ -90,7 +94,7 @@ def retrieve(
             search_seconds += time.perf_counter() - searched
             for key, row_scores, row_items in zip(keys, scores.tolist(), items.tolist()):
                 writer.writerows(
-                    [*key, rank, item, f"{score:.9g}"]
+                    [*key, rank, item if names is None else names[item], f"{score:.9g}"]
                     for rank, (item, score) in enumerate(zip(row_items, row_scores), start=1)
                     if item >= 0
                 )
@@ -122,8 +126,11 @@ def retrieve_file(
     )  # fmt: skip
     section = module.RETRIEVAL
     sequence = section["item_feature"] if section.get("next_item") and data != "synthetic" else None
+    item = section["item_feature"]
+    learned = None if features is None else item_vocabulary(with_learned(module.INPUTS, features), item)
+    names = None if learned is None else item_names(learned)
     count, empty, query_seconds, search_seconds = write_file(
-        output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns, sequence)
+        output, lambda out: retrieve(model, index, samples.batches, k, out, samples.id_columns, sequence, names)
     )
     return RetrieveReport(
         requests=count,

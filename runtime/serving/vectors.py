@@ -17,7 +17,12 @@ The catalogue is what an index holds: rows of the item table and the item id
 of each. With a MovieLens vocabulary (the export's vocab.json) it is the
 vocabulary's movies, id k of the sorted list at row k + 1 (row 0, the unseen
 movies' row, is no item); without one, every row is an item whose id is the
-row itself (ids were rows in training).
+row itself (ids were rows in training). With a learned `vocabulary` on the
+item feature (the export's features.json, runtime.features.vocabulary), it is
+the vocabulary's kept values, at rows oov_buckets, oov_buckets + 1, ...; each
+item's id in the index is its table row, and `item_names` gives the raw value
+(the CSV's own string id) that `retrieve` writes for it. The OOV rows are no
+items.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ import torch.nn.functional as F
 from runtime.retrieval.head import item_batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 
-__all__ = ["catalogue", "finish_vectors", "item_request", "row_ids"]
+__all__ = [
+    "catalogue", "finish_vectors", "item_names", "item_request", "item_vocabulary", "learned_catalogue", "row_ids",
+]
 
 
 def item_request(
@@ -61,6 +68,25 @@ def catalogue(rows: int, movie_rows: Mapping[int, int] | None) -> tuple[torch.Te
         return every, every.clone()
     ids = sorted(movie_rows)
     return torch.tensor([movie_rows[i] for i in ids], dtype=torch.long), torch.tensor(ids, dtype=torch.long)
+
+
+def item_vocabulary(inputs: Any, item_feature: str) -> Any:
+    """The learned vocabulary state of the item feature of `inputs` (with their learned state), or None."""
+    if inputs.learned is None or item_feature not in inputs.learned.features:
+        return None
+    entry = inputs.learned.get(item_feature)
+    return entry.state if entry.kind == "vocabulary" else None
+
+
+def learned_catalogue(state: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(item table rows, their ids: the rows) of a learned vocabulary's kept values (a VocabularyState)."""
+    rows = torch.arange(len(state.values), dtype=torch.long) + state.oov_buckets
+    return rows, rows.clone()
+
+
+def item_names(state: Any) -> dict[int, str]:
+    """Index id (a table row) -> the raw value it stands for, of a learned vocabulary (a VocabularyState)."""
+    return {state.oov_buckets + k: value for k, value in enumerate(state.values)}
 
 
 def row_ids(rows: torch.Tensor, movie_rows: Mapping[int, int] | None) -> torch.Tensor:

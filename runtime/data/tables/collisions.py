@@ -23,10 +23,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow.compute as pc
+
 from runtime.data.errors import RowError
-from runtime.data.tables.mapping import TableLayout, items_of, layout_of
+from runtime.data.tables.mapping import SEPARATOR, TableLayout, items_of, layout_of
 from runtime.features.config import Cross
-from runtime.features.hashing import cross_text, hash_id
+from runtime.features.hashing import CROSS_SEPARATOR, cross_text, hash_id
 
 WARN_SHARE = 0.01
 PREPARE_ROWS = 100_000
@@ -87,6 +89,23 @@ class CollisionCounter:
                 values.add(cross_text([fields.get(column) for column in key.transform.columns]))
             else:
                 values.update(str(item) for item in items_of(fields.get(key.column)))
+
+    def add_table(self, table: Any) -> None:
+        """`add` of every row of `table` (a pyarrow Table of the keys' columns as text, rows all good), a
+        column at a time."""
+        if self.full:
+            return
+        if self.limit is not None:
+            table = table.slice(0, self.limit - self.read)
+        self.read += table.num_rows
+        for values, key in zip(self.seen, self.keys, strict=True):
+            if isinstance(key.transform, Cross):
+                columns = [table.column(column).to_pylist() for column in key.transform.columns]
+                values.update(map(CROSS_SEPARATOR.join, zip(*columns, strict=True)))
+            else:
+                column = table.column(key.column)
+                present = pc.filter(column, pc.not_equal(column, ""))
+                values.update(pc.unique(pc.list_flatten(pc.split_pattern(present, SEPARATOR))).to_pylist())
 
     def result(self) -> list[Collisions]:
         found = []

@@ -26,8 +26,10 @@ import torch
 from tqdm import tqdm
 
 from runtime.data.errors import DataError, RowError
-from runtime.data.tables.collisions import CollisionCounter
 from runtime.data.features import ModelInputs
+from runtime.data.tables.collisions import CollisionCounter
+from runtime.data.tables.csv_files import CsvReader
+from runtime.data.tables.learn_columns import chunk_raws
 from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of, parse_learned
 from runtime.features.config import History, Numeric, Quantiles
 from runtime.features.registry import transform
@@ -63,24 +65,16 @@ def learn_features(reader: Any, progress: bool = True, collisions: CollisionCoun
         raise DataError(f"the {reader.name} reader does not learn feature transforms; use csv: or parquet: data")
     configs = layout.learned_configs()
     partials: dict[str, list[tuple[int, Any]]] = {}  # per feature: merged partials and their merge levels
-    chunk: list[TableRow] = []
     bar = tqdm(desc="learning features", unit=" rows", file=sys.stderr, disable=not (progress and sys.stderr.isatty()))
-    names = frozenset(configs)
+    columnar = isinstance(reader, CsvReader)  # runtime.data.tables.learn_columns reads CSV lines
+    lines: list[bytes] = []
     for _, _, line in reader.epoch_lines():
-        try:
-            fields = reader.fields(line)
-            chunk.append(parse_learned(layout, fields, names))
-        except RowError:
-            continue
-        if collisions is not None:
-            collisions.add(fields)
-        if len(chunk) == CHUNK_ROWS:
-            _fit(layout, configs, chunk, partials)
-            bar.update(len(chunk))
-            chunk = []
-    if chunk:
-        _fit(layout, configs, chunk, partials)
-        bar.update(len(chunk))
+        lines.append(line)
+        if len(lines) == CHUNK_ROWS:
+            bar.update(_learn_chunk(reader, layout, configs, lines, partials, collisions, columnar))
+            lines = []
+    if lines:
+        bar.update(_learn_chunk(reader, layout, configs, lines, partials, collisions, columnar))
     bar.close()
     rows = {key.key: key.rows for key in layout.sparse}
     learned = {}
@@ -91,8 +85,38 @@ def learn_features(reader: Any, progress: bool = True, collisions: CollisionCoun
     return LearnedFeatures(learned, "the features learned from the training data")
 
 
-def _fit(layout: TableLayout, configs: dict[str, Any], rows: list[TableRow], partials: dict[str, list]) -> None:
-    """Fit every transform on one chunk of parsed rows and merge it into `partials`."""
+def _learn_chunk(
+    reader: Any, layout: TableLayout, configs: dict[str, Any], lines: list[bytes], partials: dict[str, list],
+    collisions: CollisionCounter | None, columnar: bool,
+) -> int:
+    """Fit every transform on one chunk of lines, a column at a time where the chunk allows it
+    (runtime.data.tables.learn_columns), else row by row; the rows learned from."""
+    counting = collisions is not None and not collisions.full
+    extra = tuple(column for key in collisions.keys for column in key.reads) if counting else ()  # type: ignore[union-attr]
+    found = chunk_raws(reader, layout, configs, lines, extra) if columnar else None
+    if found is not None:
+        raws, table = found
+        if counting:
+            collisions.add_table(table)  # type: ignore[union-attr]
+        _fit(configs, raws, partials)
+        return table.num_rows
+    names = frozenset(configs)
+    rows: list[TableRow] = []
+    for line in lines:
+        try:
+            fields = reader.fields(line)
+            rows.append(parse_learned(layout, fields, names))
+        except RowError:
+            continue
+        if collisions is not None:
+            collisions.add(fields)
+    if rows:
+        _fit(configs, _raws(layout, configs, rows), partials)
+    return len(rows)
+
+
+def _raws(layout: TableLayout, configs: dict[str, Any], rows: list[TableRow]) -> dict[str, Any]:
+    """Per learned feature, the raw values of parsed `rows` its `fit` takes."""
     raws: dict[str, Any] = {}
     for i, (name, columns) in enumerate(layout.dense):
         if isinstance(configs.get(name), Numeric):
@@ -105,6 +129,11 @@ def _fit(layout: TableLayout, configs: dict[str, Any], rows: list[TableRow], par
             raws[key.key] = [row[1][i][0] for row in rows]
         elif config is not None:
             raws[key.key] = [item for row in rows for item in row[1][i]]
+    return raws
+
+
+def _fit(configs: dict[str, Any], raws: dict[str, Any], partials: dict[str, list]) -> None:
+    """Fit every transform on one chunk's raw values and merge it into `partials`."""
     for name, raw in raws.items():
         config = configs[name]
         kind = transform(config.kind)

@@ -17,7 +17,9 @@ from the target:
     cross / history feature     no data.columns entry: a cross reads its `columns`, a history its
                                 `by` and `time` columns and its `of` feature's column
     quantiles feature           the column of its dense feature (`column`), bucketized
-    timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence
+    timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence;
+                                of a history sequence: no column, the times of the history's rows
+                                (each earlier row's `time`, as an integer)
     head label                  one column: a finite number; a bce head's in [0, 1], a softmax head's
                                 a class number (0, 1, ...)
 
@@ -69,11 +71,12 @@ class SparseColumn:
     columns: tuple[str, ...] = ()  # a cross's columns; a history's (by, time, of's column)
     of: int | None = None  # a history: the index in the layout's keys of its `of` feature
     dense: tuple[int, int] | None = None  # quantiles: (dense feature index, column index) of the raw values
+    history_times: bool = False  # timestamps of a history sequence: the times of its rows, read from its state
 
     @property
     def reads(self) -> tuple[str, ...]:
         """The table columns this key reads."""
-        if isinstance(self.transform, (Cross, History)):
+        if isinstance(self.transform, (Cross, History)) or self.history_times:
             return self.columns
         return (self.column,)
 
@@ -117,6 +120,7 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
     fed_labels: dict[str, str] = {}
     unfed_kinds = (Cross.kind, History.kind, Quantiles.kind)  # read their columns by name
     derived = {f.name for f in inputs.sparse if f.transform is not None and f.transform.kind in unfed_kinds}
+    derived |= {t.name for t in inputs.timestamps if isinstance(sparse[t.sequence].transform, History)}
     for column, target in inputs.data.columns:
         if target in dense:
             fed_dense[target].append(column)
@@ -148,6 +152,11 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
         else:
             seq = sparse[stamps[name].sequence]
             timed = order.index(stamps[name].sequence)
+            if isinstance(seq.transform, History):  # the history's own rows' times (its `by` and `time` columns)
+                history = keys[timed]
+                keys.append(SparseColumn(name, history.column, None, False, seq.max_length, seq.keep, timed,
+                                         columns=history.columns, history_times=True))  # fmt: skip
+                continue
             keys.append(SparseColumn(name, fed_sparse[name], None, False, seq.max_length, seq.keep, timed))
     layout = TableLayout(
         tuple((name, tuple(cols)) for name, cols in fed_dense.items()), tuple(keys),
@@ -198,9 +207,10 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     empty = [0.0 if numeric is None else math.nan for numeric in layout.numeric]
     dense = [[_number(column, fields[column], empty[i]) for column in columns]
              for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
-    ids = [_ids(key, fields[key.column]) if key.transform is None else _raw(key, fields) for key in layout.sparse]
-    for key in layout.sparse:
-        if key.sequence is not None:  # timestamps: one per id of their sequence, before either is cut
+    ids = [_ids(key, fields[key.column]) if key.transform is None and not key.history_times else _raw(key, fields)
+           for key in layout.sparse]  # fmt: skip
+    for key in layout.sparse:  # timestamps of a column: one per id of their sequence, before either is cut
+        if key.sequence is not None and not key.history_times:
             timed = layout.sparse[key.sequence]
             times, items = len(items_of(fields[key.column])), len(items_of(fields[timed.column]))
             if times != items:
@@ -237,8 +247,9 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
     sparse = {}
     for i, key in enumerate(layout.sparse):
         bags = [row[1][i] for row in rows]
-        if key.transform is not None:
-            bags = _transformed(layout, key, bags)
+        if key.transform is not None or key.history_times:
+            sparse[key.key] = Jagged(*_transformed(layout, key, bags), None)
+            continue
         lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
         sparse[key.key] = Jagged(lengths, torch.tensor([v for bag in bags for v in bag], dtype=torch.long), None)
     labels = {label: torch.tensor([row[2][i] for row in rows], dtype=torch.float32)
@@ -316,7 +327,7 @@ def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
         return [value]  # the common case, a CSV id, without the general path's lists
     if isinstance(spec, Cross):
         return [cross_text([fields[column] for column in spec.columns])]
-    if isinstance(spec, History):
+    if isinstance(spec, History) or key.history_times:
         by, time, value = (fields[column] for column in key.columns)
         moment = math.inf if time is None or time == "" else _number(key.columns[1], time, None)
         return [("" if by is None else str(by), moment, "" if value is None else str(value))]
@@ -341,12 +352,24 @@ def _apply(learned: Any, name: str, raw: Any, *extra: Any) -> Any:
     return transform(entry.kind).apply(entry.config, entry.state, raw, *extra)
 
 
-def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) -> list[list[int]]:
-    """The ids of a transformed key's raw `bags` (one list per row)."""
+def _transformed(
+    layout: TableLayout, key: SparseColumn, bags: list[list[Any]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lengths and ids (int64) of a transformed key's raw `bags` (one list per row)."""
     spec, learned = key.transform, layout.learned
+    if key.history_times:
+        assert key.sequence is not None
+        history = layout.sparse[key.sequence]
+        length = history.max_length or history.max_ids or 1
+        times = learned.get(history.key).state.times_before([(bag[0][0], bag[0][1]) for bag in bags], length)
+        return torch.tensor([len(row) for row in times], dtype=torch.long), torch.tensor(
+            [int(time) for row in times for time in row], dtype=torch.long
+        )
     assert key.rows is not None
+    ones = torch.ones(len(bags), dtype=torch.long)
     if isinstance(spec, Cross):
-        return [[row] for row in transform(Cross.kind).apply(spec, {}, [bag[0] for bag in bags], key.rows)]
+        ids = transform(Cross.kind).apply(spec, {}, [bag[0] for bag in bags], key.rows)
+        return ones, torch.tensor(ids, dtype=torch.long)
     if isinstance(spec, Quantiles):
         assert key.dense is not None
         feature, column = key.dense
@@ -356,23 +379,15 @@ def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) 
             learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill)
         )
         raw = torch.tensor([bag[0] for bag in bags], dtype=torch.float64)
-        return [[bucket] for bucket in _apply(learned, key.key, raw, fill).tolist()]
+        return ones, _apply(learned, key.key, raw, fill).long()
     if isinstance(spec, History):
         assert key.of is not None
         length = key.max_length or key.max_ids or 1
-        values = _apply(learned, key.key, [(bag[0][0], bag[0][1]) for bag in bags], length)
-        return [_ids_of(layout, layout.sparse[key.of], items) for items in values]
-    flat = _apply(learned, key.key, [item for bag in bags for item in bag])
-    out, at = [], 0
-    for bag in bags:
-        out.append(flat[at : at + len(bag)])
-        at += len(bag)
-    return out
-
-
-def _ids_of(layout: TableLayout, key: SparseColumn, items: list[str]) -> list[int]:
-    """`items` (raw text) as key's ids: through its vocabulary, or hashed."""
+        bags = _apply(learned, key.key, [(bag[0][0], bag[0][1]) for bag in bags], length)
+        key = layout.sparse[key.of]  # the history's items map as its `of` feature's
+    lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
+    items = [item for bag in bags for item in bag]
     if isinstance(key.transform, Vocabulary):
-        return _apply(layout.learned, key.key, items)
+        return lengths, torch.from_numpy(_apply(learned, key.key, items))
     assert key.rows is not None
-    return [hash_id(item, key.rows) for item in items]
+    return lengths, torch.tensor([hash_id(item, key.rows) for item in items], dtype=torch.long)

@@ -167,7 +167,8 @@ def test_predict_without_the_learned_state_is_refused(run: dict) -> None:
     with pytest.raises(DataError) as error:
         next(iter(samples.batches))
     assert str(error.value) == (
-        "features 'age', 'year', 'user', 'movie', 'seen', 'genres', 'gender', 'occupation', 'zip', 'age_bucket' "
+        "features 'age', 'year', 'user', 'movie', 'seen', 'genres', 'gender', 'occupation', 'zip', 'age_bucket', "
+        "'year_bucket' "
         "have learned transforms but no learned state: learn them (reccompile data prepare, or train on the raw "
         "files) or read the state saved with them"
     )
