@@ -41,7 +41,7 @@ from compiler.ir import (
     Wukong,
 )
 from compiler.lowering.types import BuildArg, Call
-from runtime.features.config import Quantiles
+from runtime.config.transforms import Quantiles
 
 
 def _vectors(block: Block) -> tuple[int, int]:
@@ -270,7 +270,7 @@ def numeric_embedding_call(feature: DenseFeature) -> Call:
 
 
 def optimizer_call(optimizer: Optimizer) -> Call:
-    return Call("runtime.embeddings.optim.EmbeddingOptimizer", (
+    return Call("runtime.config.embeddings.EmbeddingOptimizer", (
         ("type", optimizer.type),
         ("lr", optimizer.lr),
         ("eps", optimizer.eps),
@@ -281,7 +281,7 @@ def optimizer_call(optimizer: Optimizer) -> Call:
 
 
 def table_config_call(table: Table, training: bool = True) -> Call:
-    """The table's runtime.embeddings.bag_collection.EmbeddingBagConfig; serving needs no init range or optimizer."""
+    """The table's runtime.config.embeddings.EmbeddingBagConfig; serving needs no init range or optimizer."""
     shape = (
         ("name", table.name),
         ("num_embeddings", table.num_embeddings),
@@ -291,8 +291,8 @@ def table_config_call(table: Table, training: bool = True) -> Call:
     )
     where = (("where", str(table.loc)),)
     if not training:
-        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (*shape, *where))
-    return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (
+        return Call("runtime.config.embeddings.EmbeddingBagConfig", (*shape, *where))
+    return Call("runtime.config.embeddings.EmbeddingBagConfig", (
         *shape,
         ("weight_init_min", table.init_min),
         ("weight_init_max", table.init_max),
@@ -302,8 +302,8 @@ def table_config_call(table: Table, training: bool = True) -> Call:
 
 
 def sequence_table_config_call(table: Table) -> Call:
-    """A sequence table's runtime.embeddings.sequence_collection.EmbeddingConfig (all its features read as rows)."""
-    return Call("runtime.embeddings.sequence_collection.EmbeddingConfig", (
+    """A sequence table's runtime.config.embeddings.EmbeddingConfig (all its features read as rows)."""
+    return Call("runtime.config.embeddings.EmbeddingConfig", (
         ("name", table.name),
         ("num_embeddings", table.num_embeddings),
         ("embedding_dim", table.dim),
@@ -352,7 +352,7 @@ def position_weights_call(ir: ModelIR) -> Call:
 
 def head_config_call(head: Head) -> Call:
     """The head as the runtime's loss, metrics and prediction read it."""
-    return Call("runtime.modules.losses.HeadConfig", (
+    return Call("runtime.config.heads.HeadConfig", (
         ("name", head.name),
         ("loss", head.loss),
         ("label", head.label),
@@ -368,7 +368,7 @@ def head_config_call(head: Head) -> Call:
 def dense_optimizer_call(ir: ModelIR) -> Call:
     """The optimizer of the dense parameters (the training section's `dense_optimizer`)."""
     optimizer = ir.training.dense_optimizer
-    return Call("runtime.train.dense_optimizer.DenseOptimizerConfig", (
+    return Call("runtime.config.training.DenseOptimizerConfig", (
         ("type", optimizer.type),
         ("lr", optimizer.lr),
         ("eps", optimizer.eps),
@@ -392,21 +392,21 @@ def lr_schedule_call(ir: ModelIR) -> Call:
         ("final_factor", schedule.final_factor),
     )
     where = () if schedule.loc is None else (("where", str(schedule.loc)),)
-    return Call("runtime.train.lr_schedule.LrSchedule", (*((k, v) for k, v in params if v is not None), *where))
+    return Call("runtime.config.lr_schedule.LrSchedule", (*((k, v) for k, v in params if v is not None), *where))
 
 
 def model_inputs_call(ir: ModelIR) -> Call:
     """The model's features, heads (the module's HEADS), training defaults and data section."""
     rows = {table.name: table.num_embeddings for table in ir.tables}
     dense = [
-        Call("runtime.data.features.DenseFeatureConfig", (
+        Call("runtime.config.data.DenseFeatureConfig", (
             ("name", f.name), ("size", f.size), ("where", str(f.loc)),
             *((("transform", _config_call(f.transform)),) if f.transform is not None else ()),
         ))
         for f in ir.dense
     ]  # fmt: skip
     sparse = [
-        Call("runtime.data.features.SparseFeatureConfig", (
+        Call("runtime.config.data.SparseFeatureConfig", (
             ("name", f.name),
             ("table", f.table),
             ("num_embeddings", rows[f.table]),
@@ -423,13 +423,13 @@ def model_inputs_call(ir: ModelIR) -> Call:
         for f in ir.sparse
     ]  # fmt: skip
     timestamps = [
-        Call("runtime.data.features.TimestampsConfig", (
+        Call("runtime.config.data.TimestampsConfig", (
             ("name", t.name), ("sequence", t.sequence), ("where", str(t.loc)),
         ))
         for t in ir.timestamps
     ]  # fmt: skip
     stopping, plateau = ir.training.early_stopping, ir.training.lr_plateau
-    training = Call("runtime.data.features.TrainingConfig", (
+    training = Call("runtime.config.training.TrainingConfig", (
         ("steps", ir.training.steps),
         ("batch_size", ir.training.batch_size),
         ("seed", ir.training.seed),
@@ -439,7 +439,7 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("patience", stopping.patience),
             ("early_stopping_where", str(stopping.loc)),
         )),
-        *(() if plateau is None else (("lr_plateau", Call("runtime.data.features.PlateauConfig", (
+        *(() if plateau is None else (("lr_plateau", Call("runtime.config.training.PlateauConfig", (
             ("metric", plateau.metric), ("mode", plateau.mode), ("factor", plateau.factor),
             ("patience", plateau.patience), ("min_factor", plateau.min_factor),
             ("threshold", plateau.threshold), ("where", str(plateau.loc)),
@@ -449,13 +449,13 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("precision_where", str(ir.training.precision_loc or ir.training.loc)),
         )),
     ))  # fmt: skip
-    data = None if ir.data is None else Call("runtime.data.features.DataConfig", (
+    data = None if ir.data is None else Call("runtime.config.data.DataConfig", (
         ("reader", ir.data.reader),
         ("path", ir.data.path),
         ("columns", ir.data.columns),
         ("where", str(ir.data.loc)),
     ))
-    return Call("runtime.data.features.ModelInputs", (
+    return Call("runtime.config.data.ModelInputs", (
         ("dense", dense),
         ("sparse", sparse),
         ("heads", BuildArg("HEADS")),
@@ -467,9 +467,9 @@ def model_inputs_call(ir: ModelIR) -> Call:
 
 
 def _config_call(config: Any) -> Call:
-    """A feature transform's config (runtime.features.config) as the call that builds it."""
+    """A feature transform's config (runtime.config.transforms) as the call that builds it."""
     fields = tuple((field.name, getattr(config, field.name)) for field in dataclasses.fields(config))
-    return Call(f"runtime.features.config.{type(config).__name__}", fields)
+    return Call(f"runtime.config.transforms.{type(config).__name__}", fields)
 
 
 def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
@@ -478,7 +478,7 @@ def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
     assert retrieval is not None
     negatives = "both" if retrieval.in_batch and retrieval.uniform else "in_batch" if retrieval.in_batch else "uniform"
     rows = ir.table(retrieval.item_table).num_embeddings
-    config = Call("runtime.retrieval.sampled_softmax.SampledSoftmaxConfig", (
+    config = Call("runtime.config.retrieval.SampledSoftmaxConfig", (
         ("negatives", negatives),
         ("num_negatives", retrieval.uniform),
         ("num_items", rows),

@@ -24,9 +24,9 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from runtime.config.data import ModelInputs, TimestampsConfig
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs, TimestampsConfig
 from runtime.data.spec_columns import (
     check_labels_fed,
     explicit_columns,

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from runtime.config.data import ModelInputs
 from runtime.data.errors import RowError
-from runtime.data.features import ModelInputs
 
 __all__ = ["RATIO", "SAMPLE_ROWS", "length_warnings", "prepared_lengths", "reader_lengths", "sequence_features"]
 

@@ -24,11 +24,11 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from runtime.config.data import TimestampsConfig
 from runtime.data.bad_rows import EXAMPLES, BadRow, BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import TimestampsConfig
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
 from runtime.data.sequence_check import check_timestamps
 from runtime.data.unseen_ids import UnseenIds

@@ -33,9 +33,9 @@ from typing import Iterator, Mapping
 
 import torch
 
+from runtime.config.data import ModelInputs, SparseFeatureConfig
 from runtime.data.columns import USER_IDS, Columns, Jagged
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.data.movielens_history import HistoryIndex
 from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary
 from runtime.data.spec_columns import (

@@ -28,10 +28,10 @@ from typing import Iterator
 
 import torch
 
+from runtime.config.data import ModelInputs
 from runtime.data.bad_rows import BadRow
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
 from runtime.data.movielens import movielens_layout, movies_file, rating_ids, ratings_file
 from runtime.data.movielens_vocab import build_vocabulary, with_genres

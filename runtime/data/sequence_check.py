@@ -1,6 +1,6 @@
 """The check that a batch's timestamps keys line up with their sequences: one time per id.
 
-A timestamps feature (runtime.data.features.TimestampsConfig) is a key of
+A timestamps feature (runtime.config.data.TimestampsConfig) is a key of
 the sparse KeyedJaggedTensor with its sequence's lengths. The readers build
 both from the same rows; this check stands where batches leave the loader
 (runtime.data.loader) and `reccompile check` reads a sample, and any code
@@ -21,8 +21,8 @@ from typing import Sequence
 
 import torch
 
+from runtime.config.data import TimestampsConfig
 from runtime.data.errors import DataError
-from runtime.data.features import TimestampsConfig
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 

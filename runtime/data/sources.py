@@ -21,7 +21,7 @@ from pathlib import Path
 from runtime.data.criteo import CriteoReader
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader, derives, read_inputs
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
 from runtime.data.loader import Reader
 from runtime.data.tables.csv_files import CsvReader
 from runtime.data.movielens import (

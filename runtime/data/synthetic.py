@@ -1,4 +1,4 @@
-"""Synthetic batches made from a model's inputs (runtime.data.features), with a signal a model can learn.
+"""Synthetic batches made from a model's inputs (runtime.config.data), with a signal a model can learn.
 
 Labels come from a fixed hidden model of the same inputs: a linear function
 of the dense features plus, for every sparse feature, the mean of a hashed
@@ -21,9 +21,9 @@ from typing import Mapping
 
 import torch
 
+from runtime.config.data import ModelInputs, SparseFeatureConfig
 from runtime.data.batch import Batch
 from runtime.data.feature_columns import bucketize, derives, read_inputs
-from runtime.data.features import ModelInputs, SparseFeatureConfig
 from runtime.data.synthetic_retrieval import item_features, plant_preferences, plant_successors
 from runtime.data.synthetic_sequences import HISTORY_WEIGHT, DrawnSequence, draw_sequence, history_term
 from runtime.sparse.jagged import KeyedJaggedTensor

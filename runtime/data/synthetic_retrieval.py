@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
 
 PREFERENCE = 0.7  # share of two-tower positives that are the user's preferred item
 FOLLOW = 0.7  # share of sequence positions that follow their predecessor

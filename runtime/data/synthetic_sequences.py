@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.data.features import ModelInputs, SparseFeatureConfig
+from runtime.config.data import ModelInputs, SparseFeatureConfig
 
 PURITY = 0.8  # the share of a history's positions drawn from the sample's taste class
 HISTORY_WEIGHT = 3.0  # the label logit's weight on the history term

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterable, Sequence
 
-from runtime.features.config import Vocabulary
+from runtime.config.transforms import Vocabulary
 from runtime.features.hashing import hash_text
 
 VERSION = 1

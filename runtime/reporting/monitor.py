@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from runtime.data.batch import Batch
 from runtime.data.unseen_ids import UnseenIds
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.console import Console, format_metrics
 from runtime.reporting.run_log import RunLog

@@ -30,8 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from runtime.config.retrieval import SampledSoftmaxConfig
 from runtime.retrieval.gather import distributed, row_counts
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from runtime.config.data import ModelInputs
 from runtime.data.bad_rows import BadRowLog
-from runtime.data.features import ModelInputs
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import Vocabulary
 from runtime.retrieval.index import build_index

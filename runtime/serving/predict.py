@@ -30,10 +30,10 @@ from typing import Any, Iterator, Sequence, TextIO
 import torch
 from torch import nn
 
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
+from runtime.config.heads import HeadConfig
 from runtime.data.movielens import DEFAULT_THRESHOLD
 from runtime.data.unseen_ids import UnseenIds
-from runtime.modules.losses import HeadConfig
 from runtime.serving.samples import Keyed, open_samples
 from runtime.storage.output import write_file
 

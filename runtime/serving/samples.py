@@ -26,7 +26,7 @@ from typing import Any, Iterator
 from runtime.data.bad_rows import BadRow, BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.errors import RowError
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
 from runtime.data.movielens_vocab import Vocabulary, read_vocabulary
 from runtime.data.tables.learn import with_learned
 from runtime.data.synthetic import make_batch

@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.embeddings.bag_collection import EmbeddingBagCollection
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.layout import LocalTable, Slot, TableLayout, local_tables

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import GroupEnv

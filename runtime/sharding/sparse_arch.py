@@ -46,9 +46,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.config.embeddings import EmbeddingBagConfig
+from runtime.config.embeddings import EmbeddingOptimizer
+from runtime.embeddings.sequence_collection import EmbeddingCollection
+from runtime.config.embeddings import EmbeddingConfig
 from runtime.sharding import (
     column_wise,
     data_parallel,

@@ -8,8 +8,7 @@ lazy_exports(
     globals(),
     {
         "loop": ("TrainSummary", "train", "train_step"),
-        "dense_optimizer": ("DenseOptimizerConfig", "make_dense_optimizer"),
-        "lr_schedule": ("LrSchedule",),
+        "dense_optimizer": ("make_dense_optimizer",),
         "lr_scheduler": ("LrScheduler",),
         "train_pipeline": ("PipelineError", "TrainPipeline"),
         "checkpointing": ("Checkpointing",),

@@ -47,7 +47,7 @@ from runtime.data.sources import choose_data
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.reporting import console
 from runtime.train import kernel_choices
-from runtime.train.lr_schedule import spell
+from runtime.config.lr_schedule import spell
 from runtime.train.early_stopping import EarlyStopping
 from runtime.train.feature_state import SUFFIX as FEATURES_SUFFIX
 from runtime.train.lr_scheduler import LrScheduler

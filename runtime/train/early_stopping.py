@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.reporting.metrics import DEFAULT_METRICS
 from runtime.train.options import UsageError
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
 from runtime.data.loader import epoch_batches, training_batches
 from runtime.data.errors import DataError
 from runtime.data.movielens import movielens_layout

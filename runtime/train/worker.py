@@ -28,7 +28,7 @@ from runtime.cpu import choice
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
 from runtime.data.errors import DataError
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.reporting import console
 from runtime.retrieval.head import RetrievalLoss
 from runtime.sharding.dense import distribute_dense

@@ -52,11 +52,11 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
+from runtime.config.data import ModelInputs
 from runtime.data.bad_rows import BadRow, BadRowLog
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader
-from runtime.data.features import ModelInputs
 from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
 from runtime.data.movielens import MovieLensReader
 from runtime.data.movielens_vocab import save_vocabulary

@@ -23,9 +23,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.config.transforms import Cross
 from runtime.data.errors import RowError
 from runtime.data.tables.mapping import TableLayout, items_of, layout_of
-from runtime.features.config import Cross
 from runtime.features.hashing import cross_text, hash_id
 
 WARN_SHARE = 0.01

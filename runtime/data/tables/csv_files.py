@@ -14,13 +14,13 @@ import csv
 from pathlib import Path
 from typing import Iterator
 
+from runtime.config.data import ModelInputs, TimestampsConfig
+from runtime.config.transforms import Vocabulary
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs, TimestampsConfig
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
 from runtime.data.text_lines import data_files, first_line, numbered_lines
-from runtime.features.config import Vocabulary
 
 
 class CsvReader:

@@ -27,9 +27,9 @@ from tqdm import tqdm
 
 from runtime.data.errors import DataError, RowError
 from runtime.data.tables.collisions import CollisionCounter
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
 from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of, parse_learned
-from runtime.features.config import History, Numeric, Quantiles
+from runtime.config.transforms import History, Numeric, Quantiles
 from runtime.features.registry import transform
 from runtime.features.state import FeatureStateError, Learned, LearnedFeatures, read_features
 

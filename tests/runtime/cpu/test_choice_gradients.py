@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
 from runtime.cpu import choice
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.modules import linear as linear_module
 from runtime.modules.blocks import MLP, DotInteraction
 from runtime.modules.one_query_attention import one_query_attention

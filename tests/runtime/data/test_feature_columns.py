@@ -16,7 +16,7 @@ from runtime.data.bad_rows import BadRowLog
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import bucketize, read_inputs, to_features
-from runtime.data.features import SparseFeatureConfig
+from runtime.config.data import SparseFeatureConfig
 from runtime.data.loader import epoch_batches
 from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import RowReader, open_prepared

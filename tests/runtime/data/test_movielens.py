@@ -15,7 +15,7 @@ from runtime.data.loader import epoch_batches
 from runtime.data.movielens import movielens_layout
 from runtime.data.movielens_vocab import read_vocabulary
 from runtime.data.sources import DataChoice, open_reader
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from sample_files import RATINGS, data_config, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
 
 USERS = sorted({r[0] for r in RATINGS})

@@ -10,7 +10,7 @@ import torch
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError
-from runtime.data.features import TimestampsConfig
+from runtime.config.data import TimestampsConfig
 from runtime.data.loader import epoch_batches
 from runtime.data.sample_check import check_sample
 from runtime.data.sequence_check import check_timestamps

@@ -18,8 +18,9 @@ import torch
 
 from runtime.cpu import choice
 from runtime.embeddings.concurrent import run_concurrently
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig, _balanced_runs
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection, _balanced_runs
+from runtime.config.embeddings import EmbeddingBagConfig
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 pytest.importorskip("fbgemm_gpu")

@@ -16,7 +16,7 @@ import torch
 from malformed_batches import IDS, KEYS, MALFORMED, TABLES, make_kjt
 from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.embeddings.ids import IdCheck, IdOutOfRange
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding import table_wise
 from runtime.sharding.group import GroupEnv
 from runtime.sharding.layout import Shard, TableLayout

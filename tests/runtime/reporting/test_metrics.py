@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.reporting.metrics import MetricSet, auc, normalized_entropy
 from runtime.train.process_group import close_process_group, init_process_group
 import rendezvous

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss, sampled_softmax
+from runtime.config.retrieval import SampledSoftmaxConfig
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss, sampled_softmax
 from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
 from softmax_reference import reference_losses
 

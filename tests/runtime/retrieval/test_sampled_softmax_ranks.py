@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.config.retrieval import SampledSoftmaxConfig
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.train.process_group import close_process_group, init_process_group
 import rendezvous
 

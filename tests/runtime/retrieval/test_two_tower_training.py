@@ -19,10 +19,11 @@ import pytest
 import torch
 from torch import nn
 
+from runtime.config.retrieval import SampledSoftmaxConfig
 from runtime.retrieval.index import build_index, faiss_available
 from runtime.retrieval.index_quality import check_index, held_out_recall
 from runtime.retrieval.metrics import RetrievalMetrics
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 
 USERS, ITEMS, GROUPS, DIM, SAMPLES = 200, 300, 10, 16, 20_000
 

@@ -26,9 +26,9 @@ from torch import nn
 
 import sharded_cases as sc
 from runtime.checkpoint.store import load_checkpoint, save_checkpoint
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig
+from runtime.config.embeddings import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingConfig
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from runtime.sparse.sequence import to_padded
 from runtime.sharding import SparseArch, distribute_dense

@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingBagConfig
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.sharding import SparseArch, distribute_dense
 from runtime.train.process_group import close_process_group, init_process_group

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sharded_cases as sc
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding import table_row_wise
 from runtime.sharding.group import GroupEnv
 from runtime.sharding.layout import Shard, TableLayout, local_tables, table_layouts, slots_by_rank

@@ -15,7 +15,7 @@ import pytest
 import torch.multiprocessing as mp
 
 import sharded_cases as sc
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding import SparseArch
 import rendezvous
 

@@ -22,7 +22,7 @@ from runtime.train import worker
 from runtime.train.early_stopping import BestMetric
 from runtime.train.loop import train
 from runtime.train.lr_plateau import LrPlateau
-from runtime.train.lr_schedule import LrSchedule
+from runtime.config.lr_schedule import LrSchedule
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module

@@ -12,7 +12,7 @@ import torch
 
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.errors import DataError
-from runtime.data.features import TimestampsConfig
+from runtime.config.data import TimestampsConfig
 from runtime.data.loader import epoch_batches
 from runtime.data.prepared.batches import prepared_epoch_batches
 from runtime.data.prepared.prepare import PrepareSettings, prepare

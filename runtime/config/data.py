@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.features.config import Numeric, SparseTransform
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import TrainingConfig
+from runtime.config.transforms import Numeric, SparseTransform
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,37 +72,6 @@ class TimestampsConfig:
     name: str
     sequence: str
     where: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PlateauConfig:
-    """The spec's `training.lr_plateau`: runtime.train.lr_plateau.LrPlateau's parameters, `mode`
-    None for the metric's own direction, `where` its spec location."""
-
-    metric: str
-    mode: str | None = None
-    factor: float = 0.1
-    patience: int = 1
-    min_factor: float = 0.0
-    threshold: float = 1e-4
-    where: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TrainingConfig:
-    """The spec's training defaults: steps, global batch size, seed and early stopping
-    (`training.early_stopping`: runtime/train/early_stopping.py); flags override them."""
-
-    steps: int
-    batch_size: int
-    seed: int
-    where: str = ""
-    best_metric: str | None = None
-    patience: int | None = None
-    early_stopping_where: str = ""  # the spec location of `training.early_stopping`
-    lr_plateau: PlateauConfig | None = None  # `training.lr_plateau` (runtime/train/lr_plateau.py)
-    precision: str = "fp32"  # `training.precision` (runtime.train.precision)
-    precision_where: str = ""
 
 
 @dataclass(frozen=True, slots=True)
