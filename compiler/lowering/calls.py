@@ -476,18 +476,20 @@ def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
     """The loss of a sampled_softmax head: runtime.retrieval's sampled softmax over its item table."""
     retrieval = head.retrieval
     assert retrieval is not None
-    negatives = "both" if retrieval.in_batch and retrieval.uniform else "in_batch" if retrieval.in_batch else "uniform"
     rows = ir.table(retrieval.item_table).num_embeddings
+    negatives = Call("runtime.config.retrieval.Negatives", (
+        ("in_batch", retrieval.in_batch),
+        ("uniform", retrieval.uniform),
+        *((("per_query", True),) if retrieval.per_query else ()),
+    ))
     config = Call("runtime.config.retrieval.SampledSoftmaxConfig", (
         ("negatives", negatives),
-        ("num_negatives", retrieval.uniform),
         ("num_items", rows),
         ("temperature", retrieval.temperature),
         ("normalize", retrieval.normalize),
         ("logq", retrieval.logq),
         ("frequency_slots", rows),  # an id per slot: the item table's rows
         ("seed", ir.training.seed),
-        *((("per_query", True),) if retrieval.per_query else ()),
     ))
     return Call("runtime.retrieval.head.RetrievalLoss", (
         ("config", config),

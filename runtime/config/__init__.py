@@ -13,7 +13,7 @@ package to reach one, and `runtime.config` is the runtime's bottom layer
     lr_schedule   LrSchedule (and its formulas, which the compiler checks specs with)
     embeddings    EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer (TorchRec's names;
                   `runtime` and `runtime.embeddings` re-export them, as `torchrec` does)
-    retrieval     SampledSoftmaxConfig
+    retrieval     SampledSoftmaxConfig and its Negatives
     transforms    the learned feature transforms: Vocabulary, Cross, Quantiles, History, Numeric
 
 tests/compiler/test_contract_types.py pins each compiler IR type to its
@@ -32,7 +32,7 @@ lazy_exports(
         "training": ("DenseOptimizerConfig", "PlateauConfig", "TrainingConfig"),
         "lr_schedule": ("LrSchedule",),
         "embeddings": ("EmbeddingBagConfig", "EmbeddingConfig", "EmbeddingOptimizer"),
-        "retrieval": ("SampledSoftmaxConfig",),
+        "retrieval": ("Negatives", "SampledSoftmaxConfig"),
         "transforms": ("Cross", "History", "Numeric", "Quantiles", "Vocabulary"),
     },
 )

@@ -9,24 +9,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-NEGATIVES = ("in_batch", "uniform", "both")
 FREQUENCIES = ("streaming", "counts")
+
+
+@dataclass(frozen=True, slots=True)
+class Negatives:
+    """The candidates each query's positive competes with (the spec's `negatives:`): at least one kind.
+
+    `in_batch`: the other positives of the global batch. `uniform`: this many
+    ids drawn uniformly from the item table each step, shared by every query
+    and every rank (0: none); with `per_query`, this many for each query.
+    """
+
+    in_batch: bool = True
+    uniform: int = 0
+    per_query: bool = False
+
+    def __post_init__(self) -> None:
+        if self.uniform < 0:
+            raise ValueError(f"sampled softmax: uniform negatives must be >= 0 (got {self.uniform})")
+        if not self.in_batch and not self.uniform:
+            raise ValueError("sampled softmax: no negatives (in_batch is off and uniform is 0)")
+        if self.per_query and not self.uniform:
+            raise ValueError("sampled softmax: per_query draws uniform negatives, but uniform is 0")
 
 
 @dataclass(frozen=True, slots=True)
 class SampledSoftmaxConfig:
     """A retrieval head's softmax.
 
-    `negatives`: in_batch, uniform or both. `num_negatives`: uniform samples a
-    step, drawn from ids [first_id, num_items) with generator key (seed,
-    step). `logq`: subtract log Q; `frequency`: its in-batch estimate,
-    `streaming` (over `frequency_slots` hash slots, moving-average weight
-    `frequency_alpha`) or `counts` (item counts handed to the loss).
-    `per_query`: each query draws its own `num_negatives` uniform ids.
+    `negatives`: in-batch, uniform or both (`Negatives`); uniform ids are drawn
+    from [first_id, num_items) with generator key (seed, step). `logq`:
+    subtract log Q; `frequency`: its in-batch estimate, `streaming` (over
+    `frequency_slots` hash slots, moving-average weight `frequency_alpha`)
+    or `counts` (item counts handed to the loss).
     """
 
-    negatives: str = "in_batch"
-    num_negatives: int = 0
+    negatives: Negatives = Negatives()
     num_items: int = 0
     first_id: int = 0
     temperature: float = 1.0
@@ -36,33 +55,14 @@ class SampledSoftmaxConfig:
     frequency_slots: int = 1 << 20
     frequency_alpha: float = 0.05
     seed: int = 0
-    per_query: bool = False
 
     def __post_init__(self) -> None:
-        if self.negatives not in NEGATIVES:
-            raise ValueError(f"sampled softmax: negatives {self.negatives!r} is not one of {', '.join(NEGATIVES)}")
         if self.frequency not in FREQUENCIES:
             raise ValueError(f"sampled softmax: frequency {self.frequency!r} is not one of {', '.join(FREQUENCIES)}")
         if self.temperature <= 0:
             raise ValueError(f"sampled softmax: temperature must be > 0 (got {self.temperature})")
-        if self.uniform:
-            if self.num_negatives < 1:
-                raise ValueError(
-                    f"sampled softmax: negatives {self.negatives!r} needs num_negatives >= 1 (got {self.num_negatives})"
-                )
-            if self.num_items <= self.first_id:
-                raise ValueError(
-                    f"sampled softmax: uniform negatives need num_items > first_id "
-                    f"(got num_items {self.num_items}, first_id {self.first_id})"
-                )
-
-        if self.per_query and not self.uniform:
-            raise ValueError(f"sampled softmax: per_query draws uniform negatives, but negatives is {self.negatives!r}")
-
-    @property
-    def in_batch(self) -> bool:
-        return self.negatives in ("in_batch", "both")
-
-    @property
-    def uniform(self) -> bool:
-        return self.negatives in ("uniform", "both")
+        if self.negatives.uniform and self.num_items <= self.first_id:
+            raise ValueError(
+                f"sampled softmax: uniform negatives need num_items > first_id "
+                f"(got num_items {self.num_items}, first_id {self.first_id})"
+            )

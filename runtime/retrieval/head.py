@@ -180,7 +180,7 @@ class RetrievalLoss(nn.Module):
         # One exchange of the ranks' pair counts serves the normalisation, the softmax's gathers and
         # per-query negatives.
         counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
-        if self.softmax.config.per_query:
+        if self.softmax.config.negatives.per_query:
             negatives = self._per_query_negatives(ids, counts, item_vectors)
         else:
             negative_ids = self.softmax.negative_ids(ids.device)
