@@ -44,17 +44,8 @@ from compiler.spec.early_stopping import resolve_early_stopping
 from compiler.spec.lr_plateau import resolve_lr_plateau
 from compiler.spec.lr_schedule import resolve_lr_schedule
 from compiler.spec.retrieval import check_keys, check_one, item_ref, retrieval_head
-from compiler.spec.semantic import (
-    INVALID,
-    Checker,
-    Features,
-    known,
-    resolve_data,
-    resolve_features,
-    resolve_sharding,
-    resolve_training,
-    where,
-)
+from compiler.spec.checker import INVALID, Checker, known, where
+from compiler.spec.semantic import Features, resolve_data, resolve_features, resolve_sharding, resolve_training
 from compiler.spec.values import (
     SEQUENCE_OUTPUTS,
     STACK_OUTPUTS,

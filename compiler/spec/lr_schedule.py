@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from compiler.ir import LrSchedule
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.load import Node
-from compiler.spec.semantic import INVALID, Checker, known
 from runtime.config.lr_schedule import PARAMETERS, READS, problems
 
 __all__ = ["resolve_lr_schedule"]

@@ -22,7 +22,7 @@ from compiler.spec.load import Node
 from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
 
 if TYPE_CHECKING:
-    from compiler.spec.semantic import Checker, _Sparse, _TableSpec
+    from compiler.spec.checker import Checker, _Sparse, _TableSpec
 
 KEYS = ("vocabulary", "cross", "quantiles", "history")  # a sparse entry's transform keys
 _ONE_ID = {  # keys a cross or bucketized feature must not have, and why

@@ -234,7 +234,7 @@ def _split_parquet(
 ) -> TableSplit:
     import pyarrow.compute as pc
 
-    from runtime.data.prepared.arrow import pa, pq
+    from runtime.data.arrow import pa, pq
 
     tables = []
     for file in files:
@@ -270,7 +270,7 @@ def _split_parquet(
 
 def _parquet_times(table: Any, time: str | None, file: Path) -> torch.Tensor:
     """The time column as float64 (timestamps as their integer value); DataError for another type or a null."""
-    from runtime.data.prepared.arrow import pa
+    from runtime.data.arrow import pa
 
     column = table.column(time)
     kind = column.type

@@ -14,9 +14,9 @@ from typing import Any, Iterator
 
 from runtime.config.data import ModelInputs, TimestampsConfig
 from runtime.config.transforms import Vocabulary
+from runtime.data.arrow import pa, pq
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
-from runtime.data.prepared.arrow import pa, pq
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
 from runtime.data.text_lines import data_files

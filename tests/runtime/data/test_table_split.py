@@ -74,7 +74,7 @@ def test_criteo_holds_out_its_latest_lines_across_day_files(tmp_path: Path) -> N
 
 
 def test_a_parquet_table_splits_per_key_and_keeps_its_schema(tmp_path: Path) -> None:
-    from runtime.data.prepared.arrow import pa, pq
+    from runtime.data.arrow import pa, pq
 
     users = [r.split(",")[0] for r in ROWS]
     times = [int(r.split(",")[2]) for r in ROWS]

@@ -27,7 +27,7 @@ from compiler.spec.validate import validate
 from runtime.data.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-from runtime.data.prepared.arrow import pa, pq
+from runtime.data.arrow import pa, pq
 from runtime.data.prepared.batches import prepared_epoch_batches
 from runtime.data.prepared.reading import open_prepared
 from runtime.data.sources import DataChoice, open_reader

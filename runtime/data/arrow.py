@@ -1,4 +1,7 @@
-"""pyarrow, or a DataError saying how to install it (it is the optional extra `data`)."""
+"""pyarrow, or a DataError saying how to install it (it is the optional extra `data`).
+
+Shared by the prepared data (runtime.data.prepared) and the Parquet tables (runtime.data.tables).
+"""
 
 from __future__ import annotations
 
