@@ -9,7 +9,7 @@ The workload of ../shared/bench/INFERENCE.md, through the real serving path:
 
 1. prepare (cached in --workdir): compile specs/bench/dlrm_bench_criteo.yaml
    at world size 1, train it on synthetic batches with a learnable signal
-   (runtime.data.synthetic) for --train-steps steps, save a checkpoint
+   (runtime.data.synthetic.batches) for --train-steps steps, save a checkpoint
    (runtime.checkpoint.store), and `reccompile export` it in every configuration.
 2. sizes: each export's manifest, bytes on disk per table and in all.
 3. quality: every export scores the same held-out synthetic batches (same
@@ -150,7 +150,7 @@ def sizes(workdir: Path) -> dict[str, dict[str, Any]]:
 
 
 def quality(workdir: Path, eval_batches: int) -> dict[str, dict[str, Any]]:
-    from runtime.data.synthetic import make_batch
+    from runtime.data.synthetic.batches import make_batch
     from runtime.serving.export_dir import load
     from runtime.sparse.jagged import KeyedJaggedTensor
     from runtime.reporting.metrics import auc, normalized_entropy

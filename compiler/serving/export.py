@@ -46,7 +46,7 @@ from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.files import CheckpointError, is_checkpoint
 from runtime.checkpoint.store import load_model_state, newest_intact_checkpoint, read_checkpoint_manifest
-from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
+from runtime.data.movielens.vocab import VOCABULARY_FILE, read_vocabulary
 from runtime.config.transforms import Quantiles
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available

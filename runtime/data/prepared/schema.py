@@ -31,8 +31,8 @@ import torch
 
 from runtime.config.data import ModelInputs, SparseFeatureConfig
 from runtime.config.transforms import config_json
-from runtime.data.arrow import pa
 from runtime.data.columns import Columns, Jagged
+from runtime.data.files.arrow import pa
 from runtime.data.spec_columns import heads_by_label, is_weighted
 
 DENSE, SPARSE, WEIGHT, LABEL = "dense.", "sparse.", "weight.", "label."

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.data.bad_rows import BadRowError, BadRowLog
-from runtime.data.criteo import CriteoReader, criteo_layout
+from runtime.data.checks.bad_rows import BadRowError, BadRowLog
+from runtime.data.criteo.reader import CriteoReader, criteo_layout
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from sample_files import criteo_lines, criteo_spec, write_lines

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.columns import USER_IDS
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, open_reader

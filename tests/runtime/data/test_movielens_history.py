@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.config.data import TimestampsConfig
 from runtime.data.loader import epoch_batches
-from runtime.data.movielens import movielens_layout
+from runtime.data.movielens.reader import movielens_layout
 from runtime.data.sources import DataChoice, open_reader
 from sample_files import criteo_spec, spec, write_lines
 

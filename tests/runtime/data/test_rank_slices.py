@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.data.bad_rows import BadRowLog
-from runtime.data.criteo import CriteoReader
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.criteo.reader import CriteoReader
 from runtime.data.loader import epoch_batches, training_batches
 from sample_files import criteo_lines, criteo_spec, write_lines
 

@@ -8,7 +8,7 @@ import torch
 from runtime.config.data import DenseFeatureConfig, ModelInputs, SparseFeatureConfig
 from runtime.config.heads import HeadConfig
 from runtime.config.training import TrainingConfig
-from runtime.data.synthetic import make_batch
+from runtime.data.synthetic.batches import make_batch
 
 INPUTS = ModelInputs(
     dense=(DenseFeatureConfig("int", 5),),

@@ -9,8 +9,8 @@ import torch
 from runtime.config.data import ModelInputs, SparseFeatureConfig, TimestampsConfig
 from runtime.config.heads import HeadConfig
 from runtime.config.training import TrainingConfig
-from runtime.data.synthetic import make_batch
-from runtime.data.synthetic_sequences import latent_class
+from runtime.data.synthetic.batches import make_batch
+from runtime.data.synthetic.sequences import latent_class
 
 DIN = ModelInputs(
     dense=(),

@@ -24,10 +24,10 @@ from compiler.cli import main
 from compiler.lowering.instantiate import model_inputs
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-from runtime.data.arrow import pa, pq
+from runtime.data.files.arrow import pa, pq
 from runtime.data.prepared.batches import prepared_epoch_batches
 from runtime.data.prepared.reading import open_prepared
 from runtime.data.sources import DataChoice, open_reader

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.batch import Batch
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.movielens.vocab import read_vocabulary
 from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
 from runtime.data.prepared.order import EpochOrder
 from runtime.data.prepared.prepare import PrepareSettings, prepare

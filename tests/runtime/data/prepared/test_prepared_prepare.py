@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 import runtime.data.prepared.prepare as prepare_module

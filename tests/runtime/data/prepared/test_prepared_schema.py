@@ -7,8 +7,8 @@ import torch
 from runtime.config.data import DenseFeatureConfig, ModelInputs, SparseFeatureConfig
 from runtime.config.heads import HeadConfig
 from runtime.config.training import TrainingConfig
-from runtime.data.arrow import pa
 from runtime.data.columns import Columns, Jagged
+from runtime.data.files.arrow import pa
 from runtime.data.prepared.schema import column_specs, from_table, to_table
 
 

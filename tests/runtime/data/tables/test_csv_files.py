@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.config.data import TimestampsConfig
 from runtime.data.loader import epoch_batches

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, choose_data, open_reader

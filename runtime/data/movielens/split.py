@@ -10,7 +10,7 @@ layout and name (its lines verbatim, in file order, the csv header kept),
 with the movies file copied beside each, so the MovieLens reader reads them
 as any other file: the training run builds its vocabulary from the training
 part, and a held-out movie that no training line has goes to row 0 and is
-counted there (runtime.data.unseen_ids), never scored as another movie.
+counted there (runtime.data.checks.unseen_ids), never scored as another movie.
 
     DIR/train/ratings.dat    the earlier positives of every user
     DIR/test/ratings.dat     the later ones: --eval-data, and the export's recall check
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.data.errors import DataError, RowError
-from runtime.data.movielens import DEFAULT_THRESHOLD, movies_file, parse_rating, ratings_file
-from runtime.data.text_lines import numbered_lines
+from runtime.data.files.text_lines import numbered_lines
+from runtime.data.movielens.reader import DEFAULT_THRESHOLD, movies_file, parse_rating, ratings_file
 
 __all__ = ["MovieLensSplit", "refuse_outdir", "split_by_time"]
 

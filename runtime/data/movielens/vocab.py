@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from runtime.data.errors import DataError
-from runtime.data.text_lines import numbered_lines
+from runtime.data.files.text_lines import numbered_lines
 
 VOCAB_FORMAT = 1
 # The vocabulary's name inside a checkpoint and an export directory.

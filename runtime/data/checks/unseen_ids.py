@@ -1,6 +1,6 @@
 """Ids outside the vocabulary: counted per feature and reported, never sent to row 0 silently.
 
-A MovieLens vocabulary (runtime.data.movielens_vocab) gives each user and
+A MovieLens vocabulary (runtime.data.movielens.vocab) gives each user and
 movie id it was built from a row from 1 up; an id it has not seen (a new
 user in an evaluation split, a new movie in the file `predict` scores) is
 looked up in row 0, which is kept for them. Row 0 is trained only by such

@@ -1,6 +1,6 @@
 """Synthetic positives for retrieval heads: item ids a model can predict from the query side.
 
-Part of `runtime.data.synthetic`. A `sampled_softmax` head's positives are the
+Part of `runtime.data.synthetic.batches`. A `sampled_softmax` head's positives are the
 ids of its item feature (the head's label names it), so the signal is
 planted in those ids rather than in a label:
 

@@ -19,7 +19,7 @@ written plain) or, for a directory of files, `rows.csv` / `rows.parquet` /
 CSV header first in each part; Parquet rows keep their schema. Each part is
 written to a hidden temporary file and renamed into place once both are
 complete, so an interrupted split leaves no part behind; as for MovieLens
-(runtime.data.movielens_split.refuse_outdir) nothing is written when
+(runtime.data.movielens.split.refuse_outdir) nothing is written when
 DIR/train or DIR/test exists.
 
 >>> split = split_table("csv", "events.csv", "split", time="ts", key="user", holdout=0.2)  # doctest: +SKIP
@@ -38,8 +38,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from runtime.data.errors import DataError
-from runtime.data.movielens_split import refuse_outdir
-from runtime.data.text_lines import data_files, numbered_lines
+from runtime.data.files.text_lines import data_files, numbered_lines
+from runtime.data.movielens.split import refuse_outdir
 
 __all__ = ["SPLIT_READERS", "TableSplit", "held_out_rows", "split_table"]
 
@@ -234,7 +234,7 @@ def _split_parquet(
 ) -> TableSplit:
     import pyarrow.compute as pc
 
-    from runtime.data.arrow import pa, pq
+    from runtime.data.files.arrow import pa, pq
 
     tables = []
     for file in files:
@@ -270,7 +270,7 @@ def _split_parquet(
 
 def _parquet_times(table: Any, time: str | None, file: Path) -> torch.Tensor:
     """The time column as float64 (timestamps as their integer value); DataError for another type or a null."""
-    from runtime.data.arrow import pa
+    from runtime.data.files.arrow import pa
 
     column = table.column(time)
     kind = column.type

@@ -1,6 +1,6 @@
 """Synthetic sequence features and their timestamps, with a signal in the history.
 
-Part of `runtime.data.synthetic`: it draws the sequence features of a batch
+Part of `runtime.data.synthetic.batches`: it draws the sequence features of a batch
 (0 to `max_length` ids per sample), their timestamps and the term of the
 labels that only the history explains.
 

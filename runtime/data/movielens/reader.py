@@ -16,13 +16,13 @@ default), for an mse head the rating itself. A retrieval head (loss
 `sampled_softmax`) reads no label: its positives are the ids of its item
 feature (`movie_id`, or the `history` sequence of a next-item model), so the
 data is positives only: a rating below the threshold is no row at all, and
-is in no history either (runtime.data.movielens_split splits such data by
+is in no history either (runtime.data.movielens.split splits such data by
 time per user). `history` (the user's movieIds
-rated before this rating, oldest first; runtime.data.movielens_history says
+rated before this rating, oldest first; runtime.data.movielens.history says
 exactly which) feeds the sequence feature `history`, cut to its
 `max_length` as it is read, and every timestamps feature of that sequence
-gets the history's timestamps. `data.columns` overrides any of it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens_vocab`);
-an id outside it goes to row 0 and is counted (`unseen_features`, runtime.data.unseen_ids).
+gets the history's timestamps. `data.columns` overrides any of it. Ids map to table rows through a `Vocabulary` (`runtime.data.movielens.vocab`);
+an id outside it goes to row 0 and is counted (`unseen_features`, runtime.data.checks.unseen_ids).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ import torch
 from runtime.config.data import ModelInputs, SparseFeatureConfig
 from runtime.data.columns import USER_IDS, Columns, Jagged
 from runtime.data.errors import DataError, RowError
-from runtime.data.movielens_history import HistoryIndex
-from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary
+from runtime.data.files.text_lines import first_line, numbered_lines
+from runtime.data.movielens.history import HistoryIndex
+from runtime.data.movielens.vocab import MOVIES_FILES, Vocabulary
 from runtime.data.spec_columns import (
     check_labels_fed,
     explicit_columns,
@@ -45,7 +46,6 @@ from runtime.data.spec_columns import (
     is_weighted,
     table_rows,
 )
-from runtime.data.text_lines import first_line, numbered_lines
 
 COLUMNS = ("userId", "movieId", "rating", "timestamp", "genres", "history")
 RATINGS_FILES = ("u.data", "ratings.dat", "ratings.csv")
@@ -82,7 +82,7 @@ class MovieLensReader:
     """One MovieLens ratings file for one spec; ids map to rows through `vocabulary`.
 
     `earlier`: the training ratings file when this one is read for evaluation;
-    its ratings count as history for this file's (runtime.data.movielens_history).
+    its ratings count as history for this file's (runtime.data.movielens.history).
     `held_out`: the rows are evaluated (not requests to answer): a next-item
     model's sequence is then the row's history followed by the row's own movie
     (the history cut to max_length - 1 to make room), so the model's query at

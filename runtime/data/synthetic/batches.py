@@ -5,10 +5,10 @@ of the dense features plus, for every sparse feature, the mean of a hashed
 per-id score. Ids are skewed towards small row numbers (popular ids recur, as
 in real logs), so embeddings see repeated rows within a few steps.
 Sequence features (a `max_length`) and their timestamps come from
-runtime.data.synthetic_sequences, with a label term that only the history
+runtime.data.synthetic.sequences, with a label term that only the history
 explains; the batch's sparse keys are the sparse features in the spec's
 order, then the timestamps features. A retrieval head's item ids carry a
-signal of their own (runtime.data.synthetic_retrieval) and it has no label.
+signal of their own (runtime.data.synthetic.retrieval) and it has no label.
 
 Batches are generated globally and sliced per rank, so N ranks together see
 exactly the batch one process would: training at any world size is the same
@@ -24,8 +24,8 @@ import torch
 from runtime.config.data import ModelInputs, SparseFeatureConfig
 from runtime.data.batch import Batch
 from runtime.data.feature_columns import bucketize, derives, read_inputs
-from runtime.data.synthetic_retrieval import item_features, plant_preferences, plant_successors
-from runtime.data.synthetic_sequences import HISTORY_WEIGHT, DrawnSequence, draw_sequence, history_term
+from runtime.data.synthetic.retrieval import item_features, plant_preferences, plant_successors
+from runtime.data.synthetic.sequences import HISTORY_WEIGHT, DrawnSequence, draw_sequence, history_term
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 _MASK32 = 0xFFFFFFFF
@@ -163,7 +163,7 @@ def _labels(
 ) -> dict[str, torch.Tensor]:
     """One label tensor per head label, from the hidden model (fixed per seed).
 
-    `history` (the sequences' term, runtime.data.synthetic_sequences) adds to
+    `history` (the sequences' term, runtime.data.synthetic.sequences) adds to
     every head's first logit after the rest is scaled."""
     hidden = torch.Generator().manual_seed(_mix(seed, 0))
     batch_size = next(iter(dense.values())).shape[0] if dense else sparse_scores[0].shape[0]

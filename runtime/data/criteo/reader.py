@@ -27,6 +27,7 @@ import torch
 from runtime.config.data import ModelInputs, TimestampsConfig
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
+from runtime.data.files.text_lines import data_files, numbered_lines
 from runtime.data.spec_columns import (
     check_labels_fed,
     explicit_columns,
@@ -35,7 +36,6 @@ from runtime.data.spec_columns import (
     is_weighted,
     table_rows,
 )
-from runtime.data.text_lines import data_files, numbered_lines
 
 LABEL = "label"
 INT_COLUMNS = tuple(f"I{i}" for i in range(1, 14))
