@@ -96,8 +96,8 @@ TEMPLATE_IMPORTS = (
     "runtime.config.heads",
     "runtime.config.lr_schedule",
     "runtime.config.training",
-    "runtime.modules.blocks",
-    "runtime.modules.losses",
+    "runtime.modules.blocks.pooled",
+    "runtime.modules.heads.losses",
     "runtime.sharding",
 )
 

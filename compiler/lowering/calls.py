@@ -64,7 +64,7 @@ def block_call(block: Block, in_width: int) -> Call:
 def _block_op_call(block: Block, in_width: int) -> Call:
     op = block.op
     if isinstance(op, Mlp):
-        return Call("runtime.modules.blocks.MLP", (
+        return Call("runtime.modules.blocks.pooled.MLP", (
             ("in_features", in_width),
             ("layers", list(op.layers)),
             ("activation", op.activation),
@@ -73,28 +73,28 @@ def _block_op_call(block: Block, in_width: int) -> Call:
         ))
     if isinstance(op, Dot):
         num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
+        return Call("runtime.modules.blocks.pooled.DotInteraction", (("num_vectors", num), ("dim", dim)))
     if isinstance(op, Fm):
         num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.FactorizationMachine", (
+        return Call("runtime.modules.blocks.pooled.FactorizationMachine", (
             ("num_vectors", num), ("dim", dim), *((("vector", True),) if op.output == "vector" else ()),
         ))  # fmt: skip
     if isinstance(op, CrossNet):
-        return Call("runtime.modules.blocks.CrossNet", (
+        return Call("runtime.modules.blocks.pooled.CrossNet", (
             ("in_features", in_width),
             ("num_layers", op.num_layers),
             ("low_rank", op.low_rank),
         ))
     if isinstance(op, DotProduct):
-        return Call("runtime.modules.blocks.DotProduct", ())
+        return Call("runtime.modules.blocks.pooled.DotProduct", ())
     if isinstance(op, Sum):
-        return Call("runtime.modules.blocks.Sum", ())
+        return Call("runtime.modules.blocks.pooled.Sum", ())
     if isinstance(op, Product):
-        return Call("runtime.modules.elementwise.Product", ())
+        return Call("runtime.modules.blocks.elementwise.Product", ())
     if isinstance(op, Activation):
-        return Call("runtime.modules.elementwise.Activation", (("activation", op.fn),))
+        return Call("runtime.modules.blocks.elementwise.Activation", (("activation", op.fn),))
     if isinstance(op, Moe) and op.is_ple:
-        return Call("runtime.modules.ple.ProgressiveLayeredExtraction", (
+        return Call("runtime.modules.blocks.ple.ProgressiveLayeredExtraction", (
             ("in_features", in_width),
             ("shared_experts", op.num_experts),
             ("task_experts", op.task_experts),
@@ -106,7 +106,7 @@ def _block_op_call(block: Block, in_width: int) -> Call:
               if op.per_level else ()),
         ))
     if isinstance(op, Moe):
-        return Call("runtime.modules.blocks.MixtureOfExperts", (
+        return Call("runtime.modules.blocks.pooled.MixtureOfExperts", (
             ("in_features", in_width),
             ("num_experts", op.num_experts),
             ("expert_layers", list(op.expert_layers)),
@@ -174,15 +174,15 @@ def _hstu_options(op: Hstu, block: Block) -> tuple[tuple[str, object], ...]:
 def _sequence_block_call(block: Block) -> Call:
     op, dim = block.op, block.inputs[0].width
     if isinstance(op, SequencePool):
-        return Call("runtime.modules.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
+        return Call("runtime.modules.blocks.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
     if isinstance(op, TargetAttention):
-        return Call("runtime.modules.target_attention.TargetAttention", (
+        return Call("runtime.modules.blocks.target_attention.TargetAttention", (
             ("dim", sum(item.width for item in block.inputs)), ("hidden", list(op.hidden)), ("activation", op.activation),
             *((("normalize", op.normalize),) if op.normalize != "none" else ()),
         ))  # fmt: skip
     if isinstance(op, Transformer):
         assert block.length is not None
-        return Call("runtime.modules.transformer.Transformer", (
+        return Call("runtime.modules.blocks.transformer.Transformer", (
             ("dim", dim),
             ("num_heads", op.num_heads),
             ("ffn_dim", op.ffn_dim),
@@ -194,7 +194,7 @@ def _sequence_block_call(block: Block) -> Call:
             *_transformer_options(op, block),
         ))
     if isinstance(op, Gru):
-        return Call("runtime.modules.gru.GRU", (
+        return Call("runtime.modules.blocks.gru.GRU", (
             ("dim", dim),
             ("hidden_size", op.hidden_size),
             ("num_layers", op.num_layers),
@@ -203,7 +203,7 @@ def _sequence_block_call(block: Block) -> Call:
             ) if op.query is not None else ()),
         ))  # fmt: skip
     assert isinstance(op, Hstu) and block.length is not None
-    return Call("runtime.modules.hstu.hstu_layers", (
+    return Call("runtime.modules.blocks.hstu.hstu_layers", (
         ("num_layers", op.num_layers),
         ("dim", dim),
         ("num_heads", op.num_heads),
@@ -220,9 +220,9 @@ def _stack_block_call(block: Block) -> Call:
     assert stack.fields is not None
     shape = (("num_fields", stack.fields), ("dim", stack.width))
     if isinstance(op, Flatten):
-        return Call("runtime.modules.field_stack.Flatten", shape)
+        return Call("runtime.modules.blocks.field_stack.Flatten", shape)
     if isinstance(op, SelfAttention):
-        return Call("runtime.modules.field_attention.FieldSelfAttention", (
+        return Call("runtime.modules.blocks.field_attention.FieldSelfAttention", (
             *shape,
             ("head_dim", op.attention_dim),
             ("num_heads", op.num_heads),
@@ -231,12 +231,12 @@ def _stack_block_call(block: Block) -> Call:
             *((("residual_projection", False),) if not op.residual_projection else ()),
         ))
     if isinstance(op, Cin):
-        return Call("runtime.modules.cin.CIN", (
+        return Call("runtime.modules.blocks.cin.CIN", (
             *shape, ("layer_sizes", list(op.layer_sizes)), ("split_half", op.split_half),
             *((("bias", True),) if op.bias else ()),
         ))  # fmt: skip
     if isinstance(op, Wukong):
-        return Call("runtime.modules.wukong.Wukong", (
+        return Call("runtime.modules.blocks.wukong.Wukong", (
             *shape,
             ("num_layers", op.num_layers),
             ("num_fmb", op.num_fmb),
@@ -246,7 +246,7 @@ def _stack_block_call(block: Block) -> Call:
             ("activation", op.activation),
         ))
     assert isinstance(op, MaskNet)
-    return Call("runtime.modules.mask_block.MaskNet", (
+    return Call("runtime.modules.blocks.mask_block.MaskNet", (
         *shape,
         ("mode", op.mode),
         ("block_sizes", list(op.block_sizes)),
@@ -261,7 +261,7 @@ def _stack_block_call(block: Block) -> Call:
 def numeric_embedding_call(feature: DenseFeature) -> Call:
     """The module that makes a dense feature with `embed` a field stack [B, size, dim]."""
     assert feature.embed_dim is not None
-    return Call("runtime.modules.field_stack.NumericEmbedding", (
+    return Call("runtime.modules.blocks.field_stack.NumericEmbedding", (
         ("size", feature.size),
         ("dim", feature.embed_dim),
         ("bias", feature.embed_bias),
@@ -336,9 +336,9 @@ POSITION_WEIGHTS = "_position_weights"  # the model's module of position-weighte
 
 def position_weights_call(ir: ModelIR) -> Call:
     """The position-weighted pools of `ir`'s position-weighted features, one per feature."""
-    return Call("runtime.modules.position_weights.PositionWeights", (
+    return Call("runtime.modules.layers.position_weights.PositionWeights", (
         ("pools", [
-            Call("runtime.modules.position_weights.PositionWeightedPool", (
+            Call("runtime.modules.layers.position_weights.PositionWeightedPool", (
                 ("max_ids", f.ids_per_sample),
                 ("mode", ir.table(f.table).pooling),
                 ("feature", f.name),

@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from compiler.ir import Block, Gru, Hstu, Input, Location, ModelIR, SequencePool, Table, TargetAttention, Transformer
-from runtime.modules.target_attention import join_fields
+from runtime.modules.blocks.target_attention import join_fields
 from compiler.lowering.calls import POSITION_WEIGHTS, position_weights_call
 from compiler.lowering.types import ModuleDecl
 from compiler.planner.plan import ShardingPlan

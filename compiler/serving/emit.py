@@ -32,7 +32,7 @@ TEMPLATE_IMPORTS = (
     "runtime.config.data",
     "runtime.config.embeddings",
     "runtime.config.heads",
-    "runtime.modules.blocks",
+    "runtime.modules.blocks.pooled",
     "runtime.serving.export_dir",
     "runtime.serving.quant_embedding",
 )

@@ -1,6 +1,6 @@
 """A model's heads as the runtime reads them: one `HeadConfig` each (a generated module's HEADS).
 
-The loss (runtime.modules.losses), the metrics, evaluation and prediction read
+The loss (runtime.modules.heads.losses), the metrics, evaluation and prediction read
 them; torch-free, so the data readers and reporting import it without a model.
 """
 

@@ -18,8 +18,8 @@ from runtime.config.data import DenseFeatureConfig, SparseFeatureConfig
 from runtime.config.embeddings import EmbeddingBagConfig
 from runtime.config.heads import HeadConfig
 from runtime.config.training import DenseOptimizerConfig, TrainingConfig
-from runtime.modules.blocks import MLP
-from runtime.modules.losses import total_loss
+from runtime.modules.blocks.pooled import MLP
+from runtime.modules.heads.losses import total_loss
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.worker import load_module
 

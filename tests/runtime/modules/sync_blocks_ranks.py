@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from runtime.modules.blocks import MLP
+from runtime.modules.blocks.pooled import MLP
 from runtime.train.process_group import close_process_group, init_process_group
 import rendezvous
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from runtime.config.heads import HeadConfig
-from runtime.modules.losses import total_loss
+from runtime.modules.heads.losses import total_loss
 from runtime.reporting.metrics import MetricSet, auc
 from runtime.serving.export_dir import head_scores
 

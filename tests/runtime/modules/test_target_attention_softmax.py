@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.modules.target_attention import TargetAttention
+from runtime.modules.blocks.target_attention import TargetAttention
 from sequence_inputs import padded_batch
 
 

@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 import sharded_cases as sc
 from runtime.cpu import choice
-from runtime.modules.blocks import DotInteraction
+from runtime.modules.blocks.pooled import DotInteraction
 from runtime.sharding.group import slot_columns
 from runtime.sharding.layout import group_keys, slots_by_rank, table_layouts
 from runtime.sharding.pooled_dist import PooledOutputDist, all_to_all_pooled

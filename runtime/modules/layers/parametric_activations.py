@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.modules.sync_norm import SyncBatchNorm
+from runtime.modules.layers.sync_norm import SyncBatchNorm
 
 __all__ = ["PARAMETRIC_ACTIVATIONS", "Dice", "parametric_activation"]
 

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.modules.arguments import check_size, owner
-from runtime.modules.field_stack import check_stack
-from runtime.modules.linear import Linear, linear
+from runtime.modules.blocks.field_stack import check_stack
+from runtime.modules.layers.arguments import check_size, owner
+from runtime.modules.layers.linear import Linear, linear
 
 __all__ = ["FieldSelfAttention", "InteractingLayer"]
 

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.modules.arguments import check_layers, check_size, owner
-from runtime.modules.blocks import MLP, _activation
-from runtime.modules.field_stack import check_stack
-from runtime.modules.linear import Linear
+from runtime.modules.blocks.field_stack import check_stack
+from runtime.modules.blocks.pooled import MLP, _activation
+from runtime.modules.layers.arguments import check_layers, check_size, owner
+from runtime.modules.layers.linear import Linear
 
 __all__ = ["EMB_NORM_SCOPES", "MASKNET_MODES", "MaskBlock", "MaskNet"]
 

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from runtime.modules.arguments import check_layers, check_size, owner
-from runtime.modules.blocks import MLP, _activation, _check_input
-from runtime.modules.linear import Linear
+from runtime.modules.blocks.pooled import MLP, _activation, _check_input
+from runtime.modules.layers.arguments import check_layers, check_size, owner
+from runtime.modules.layers.linear import Linear
 
 __all__ = ["ExtractionLayer", "ProgressiveLayeredExtraction"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.modules.blocks import _check_size
-from runtime.modules.sequence_checks import check_sequence
+from runtime.modules.blocks.pooled import _check_size
+from runtime.modules.layers.sequence_checks import check_sequence
 from runtime.sparse.sequence import padding_mask
 
 __all__ = ["POOL_MODES", "SequencePool"]

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.modules.arguments import check_size, owner
+from runtime.modules.layers.arguments import check_size, owner
 
 __all__ = ["SyncBatchNorm"]
 

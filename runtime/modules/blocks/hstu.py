@@ -29,7 +29,7 @@ generative-recommenders' input preprocessor on x: `scale_input` multiplies
 it by sqrt(dim), `positions` adds a learned vector per position (initialised
 N(0, 1/dim) truncated at two standard deviations, as theirs), and
 `input_dropout` drops elements of the result. Masks are keyed by global
-sample (runtime/modules/sequence_dropout.py): N ranks train what one process does.
+sample (runtime/modules/layers/sequence_dropout.py): N ranks train what one process does.
 """
 
 from __future__ import annotations
@@ -41,12 +41,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.modules.blocks import _check_size
-from runtime.modules.linear import linear
-from runtime.modules.arguments import check_probability
-from runtime.modules.dropout import derive_seed
-from runtime.modules.sequence_checks import check_sequence
-from runtime.modules.sequence_dropout import SequenceDropout
+from runtime.modules.blocks.pooled import _check_size
+from runtime.modules.layers.linear import linear
+from runtime.modules.layers.arguments import check_probability
+from runtime.modules.layers.dropout import derive_seed
+from runtime.modules.layers.sequence_checks import check_sequence
+from runtime.modules.layers.sequence_dropout import SequenceDropout
 from runtime.sparse.sequence import PaddedLayout
 
 __all__ = ["HSTU", "hstu_layers"]

@@ -1,6 +1,6 @@
 """Attention of one query per sample and head over the first positions of a padded sequence.
 
-The kernel under a transformer read at one position (runtime/modules/transformer.py,
+The kernel under a transformer read at one position (runtime/modules/blocks/transformer.py,
 output "first" or "last"): queries [B, heads, D] already in the input's space,
 keys and values the input rows x [B, L, D] themselves, sample b attending to
 its positions 0 .. counts[b]-1 (counts >= 1):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runtime.modules.arguments import check_size, owner
+from runtime.modules.layers.arguments import check_size, owner
 
 __all__ = ["Flatten", "NumericEmbedding", "check_stack"]
 

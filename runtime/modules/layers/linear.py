@@ -34,7 +34,7 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from runtime.cpu import choice
-from runtime.modules import padded_grad
+from runtime.modules.layers import padded_grad
 
 __all__ = ["MIN_ONEDNN_MACS", "Linear", "linear", "onednn_applies", "onednn_chosen"]
 

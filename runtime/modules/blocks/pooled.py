@@ -27,14 +27,14 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 
 from runtime.cpu import choice, native
-from runtime.modules.arguments import check_layers as _check_layers
-from runtime.modules.arguments import check_probability
-from runtime.modules.arguments import check_size as _check_size
-from runtime.modules.arguments import owner as _owner
-from runtime.modules.dropout import KeyedDropout
-from runtime.modules.linear import Linear, linear
-from runtime.modules.parametric_activations import PARAMETRIC_ACTIVATIONS, parametric_activation
-from runtime.modules.sync_norm import SyncBatchNorm
+from runtime.modules.layers.arguments import check_layers as _check_layers
+from runtime.modules.layers.arguments import check_probability
+from runtime.modules.layers.arguments import check_size as _check_size
+from runtime.modules.layers.arguments import owner as _owner
+from runtime.modules.layers.dropout import KeyedDropout
+from runtime.modules.layers.linear import Linear, linear
+from runtime.modules.layers.parametric_activations import PARAMETRIC_ACTIVATIONS, parametric_activation
+from runtime.modules.layers.sync_norm import SyncBatchNorm
 from runtime.sparse.jagged import ColumnPieces, KeyedTensor
 
 __all__ = [
@@ -101,7 +101,7 @@ class MLP(nn.Module):
     agree, else a bias-free linear projection of it (ResNet's option B).
     Left at their defaults, none of these modules exist and the layers run
     as before. `activation` or `final_activation` "prelu" or "dice" give each
-    such layer a module of its own (runtime/modules/parametric_activations.py;
+    such layer a module of its own (runtime/modules/layers/parametric_activations.py;
     Dice's statistics span `process_group`).
     """
 

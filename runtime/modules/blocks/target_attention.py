@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from runtime.modules.blocks import MLP, _check_layers, _check_size
-from runtime.modules.sequence_checks import check_sequence
+from runtime.modules.blocks.pooled import MLP, _check_layers, _check_size
+from runtime.modules.layers.sequence_checks import check_sequence
 from runtime.sparse.sequence import padding_mask
 
 __all__ = ["NORMALIZE", "TargetAttention", "join_fields"]
@@ -51,7 +51,7 @@ class TargetAttention(nn.Module):
     """(query (B, dim), keys (B, L, dim), lengths (B,)) -> (B, dim).
 
     `hidden` are the attention MLP's hidden widths, each followed by
-    `activation` (a name of `runtime.modules.blocks.ACTIVATIONS`); the last
+    `activation` (a name of `runtime.modules.blocks.pooled.ACTIVATIONS`); the last
     layer is linear with one output. `normalize`: "none" (DIN's raw scores)
     or "softmax" over the real positions.
     """

@@ -29,8 +29,8 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from runtime.modules.arguments import check_size
-from runtime.modules.sequence_checks import check_sequence
+from runtime.modules.layers.arguments import check_size
+from runtime.modules.layers.sequence_checks import check_sequence
 from runtime.sparse.sequence import padding_mask
 
 __all__ = ["ATTENTIONS", "GRU", "AUGRUCell"]

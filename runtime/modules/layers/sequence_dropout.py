@@ -3,7 +3,7 @@
 A transformer layer drops elements of its input rows, its attention weights
 and its feed-forward activations; torch's dropout would draw each mask from
 the process's generator, so N ranks would not train what one process trains
-on the global batch. These masks come from `runtime.modules.dropout.keep_mask`
+on the global batch. These masks come from `runtime.modules.layers.dropout.keep_mask`
 instead: element e of sample i at place `stream` of training step s is kept
 as a function of (seed, stream, s, i, e) alone, i being the sample's index in
 the global batch and e its element's row-major index in the sample's padded
@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.modules.arguments import owner
-from runtime.modules.dropout import first_global_sample, keep_mask
+from runtime.modules.layers.arguments import owner
+from runtime.modules.layers.dropout import first_global_sample, keep_mask
 from runtime.sparse.sequence import PaddedLayout
 
 __all__ = ["Draw", "SequenceDropout"]

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from runtime.modules.arguments import check_layers, check_size, owner
-from runtime.modules.blocks import _activation
-from runtime.modules.field_stack import check_stack
+from runtime.modules.blocks.field_stack import check_stack
+from runtime.modules.blocks.pooled import _activation
+from runtime.modules.layers.arguments import check_layers, check_size, owner
 
 __all__ = ["CIN"]
 

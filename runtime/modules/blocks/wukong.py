@@ -25,10 +25,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.modules.arguments import check_probability, check_size, owner
-from runtime.modules.blocks import MLP, _check_norm
-from runtime.modules.dropout import derive_seed
-from runtime.modules.field_stack import check_stack
+from runtime.modules.blocks.field_stack import check_stack
+from runtime.modules.blocks.pooled import MLP, _check_norm
+from runtime.modules.layers.arguments import check_probability, check_size, owner
+from runtime.modules.layers.dropout import derive_seed
 
 __all__ = ["Wukong", "WukongLayer"]
 
@@ -79,7 +79,7 @@ class Wukong(nn.Module):
     """`num_layers` Wukong layers: [B, num_fields, dim] -> [B, num_fmb + num_lcb, dim].
 
     `mlp_norm` and `mlp_dropout` (with `process_group`) go to the FMB's MLP
-    (see runtime.modules.blocks.MLP), on its hidden layers; layer i's
+    (see runtime.modules.blocks.pooled.MLP), on its hidden layers; layer i's
     dropout seed is derive_seed(seed, i).
     """
 

@@ -18,7 +18,7 @@ multiplies the input by sqrt(dim) before the positions are added, and
 `input_dropout` drops elements of the result. `dropout` is torch's layer's:
 on the attention weights, the attention output (not under `sasrec`, as
 generative-recommenders), the feed-forward's hidden activations and its
-output. Every mask is keyed by global sample (runtime/modules/sequence_dropout.py),
+output. Every mask is keyed by global sample (runtime/modules/layers/sequence_dropout.py),
 so N ranks train what one process trains. `norm_affine` False gives the
 LayerNorms no scale and shift (generative-recommenders' F.layer_norm).
 
@@ -26,7 +26,7 @@ Only the attention needs the padded form: everything else (projections,
 feed-forward, norms, residuals) runs on the rows of the real positions
 [sum(L), dim], converted with fbgemm's jagged ops, which on seq-bench's
 histories (1-50 items, padded to 51) halves the GEMM work that torch's
-layer spends on padding. The GEMMs run on `runtime.modules.linear` (oneDNN
+layer spends on padding. The GEMMs run on `runtime.modules.layers.linear` (oneDNN
 on the CPU), the attention on `F.scaled_dot_product_attention`.
 
 Output positions at or after a sample's length are zero. A sample with no
@@ -54,12 +54,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.modules.blocks import _check_size
-from runtime.modules.linear import Linear, linear
-from runtime.modules.arguments import check_probability
-from runtime.modules.one_query_attention import one_query_attention
-from runtime.modules.sequence_checks import check_sequence
-from runtime.modules.sequence_dropout import Draw, SequenceDropout
+from runtime.modules.blocks.pooled import _check_size
+from runtime.modules.layers.linear import Linear, linear
+from runtime.modules.layers.arguments import check_probability
+from runtime.modules.layers.one_query_attention import one_query_attention
+from runtime.modules.layers.sequence_checks import check_sequence
+from runtime.modules.layers.sequence_dropout import Draw, SequenceDropout
 from runtime.sparse.sequence import PaddedLayout
 
 __all__ = ["OUTPUTS", "Transformer", "TransformerLayer"]
@@ -231,7 +231,7 @@ class Transformer(nn.Module):
     `max_length` > 0 adds learned positions (and bounds L); 0 adds none.
     `output` "first" or "last" returns that position only, (B, dim); see the
     module docstring. `seed` keys the dropout masks and `process_group` gives
-    the rank's first global sample (see runtime/modules/sequence_dropout.py).
+    the rank's first global sample (see runtime/modules/layers/sequence_dropout.py).
     """
 
     def __init__(

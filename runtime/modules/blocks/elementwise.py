@@ -1,6 +1,6 @@
 """Elementwise blocks: `Product` of equal-shaped inputs (gating, ESMM's p(ctr) * p(cvr)) and `Activation`.
 
-Both sit beside `Sum` (runtime/modules/blocks.py) in the graph: they take
+Both sit beside `Sum` (runtime/modules/blocks/pooled.py) in the graph: they take
 pooled vectors [B, W] or field stacks [B, N, D] alike and keep the shape.
 """
 
@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.modules.arguments import owner
-from runtime.modules.blocks import _check_same_shapes
+from runtime.modules.blocks.pooled import _check_same_shapes
+from runtime.modules.layers.arguments import owner
 
 __all__ = ["ACTIVATION_FUNCTIONS", "Activation", "Product"]
 

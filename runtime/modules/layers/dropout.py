@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.modules.arguments import check_probability, owner
+from runtime.modules.layers.arguments import check_probability, owner
 
 __all__ = ["KeyedDropout", "derive_seed", "first_global_sample", "keep_mask"]
 
