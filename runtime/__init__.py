@@ -10,7 +10,8 @@ and each package re-exports its own public names (`runtime.sparse`,
 do not import torch or fbgemm_gpu.
 
 Packages, lowest layer first (each imports only from the layers below it;
-pyproject.toml's import-linter contract checks it): `sparse`, `storage`,
+pyproject.toml's import-linter contract checks it): `config` (the frozen,
+torch-free configs a generated module hands the runtime) < `sparse`, `storage`,
 `cpu`, `process`, `features` < `embeddings`, `modules` < `retrieval` (its
 losses run their products as the linears do) < `sharding` < `data` <
 `reporting` < `checkpoint` < `train`, `serving`.
