@@ -1,9 +1,9 @@
-"""Micro-benchmark of the dense blocks in runtime/modules/blocks.py at DLRM-bench sizes.
+"""Micro-benchmark of the dense blocks in runtime/modules/blocks/pooled.py at DLRM-bench sizes.
 
 Times forward + backward of each variant of the pairwise dot interaction
 (B=2048, N=27, D=64: bmm formulations and the C kernel of runtime/native)
 and of the bottom and top MLPs (aten's linears, which run on MKL, against
-runtime/modules/linear.py's oneDNN ones), interleaving the
+runtime/modules/layers/linear.py's oneDNN ones), interleaving the
 variants round by round (A B C A B C ...) so machine noise hits all of them
 alike. Prints one JSON line per variant:
 
@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from runtime.cpu import native
-from runtime.modules.blocks import MLP, DotInteraction, _PairwiseDot
+from runtime.modules.blocks.pooled import MLP, DotInteraction, _PairwiseDot
 
 NUM_VECTORS = 27
 DIM = 64
@@ -78,11 +78,11 @@ def interaction_steps(batch: int) -> dict[str, Step]:
         "naive_bmm_index": _fwd_bwd(lambda: naive_interaction(x, rows, cols), grad, [x]),
         "bmm_index_select": _fwd_bwd(lambda: flat_select_interaction(x, flat), grad, [x]),
         "bmm_gather": _fwd_bwd(lambda: flat_gather_interaction(x, flat), grad, [x]),
-        "bmm_custom_autograd (runtime.modules.blocks._PairwiseDot)": _fwd_bwd(pairwise, grad, [x]),
+        "bmm_custom_autograd (runtime.modules.blocks.pooled._PairwiseDot)": _fwd_bwd(pairwise, grad, [x]),
     }
     if native.library() is not None:
         # what the compiled DLRM runs: the dense output and the embeddings as two inputs
-        steps["native_c (runtime.modules.blocks, two inputs)"] = _fwd_bwd(
+        steps["native_c (runtime.modules.blocks.pooled, two inputs)"] = _fwd_bwd(
             lambda: block(bottom, embeddings), grad, [bottom, embeddings]
         )
     return steps
@@ -108,7 +108,7 @@ def mlp_steps(batch: int, in_features: int, layers: list[int], final: str | None
     return {
         "aten_linear_relu (MKL)": _fwd_bwd(lambda: out_of_place(x), grad, params),
         "aten_linear_relu_inplace (MKL)": _fwd_bwd(lambda: in_place(x), grad, params),
-        "mlp (runtime.modules.blocks, oneDNN)": _fwd_bwd(lambda: ours(x), grad, params),
+        "mlp (runtime.modules.blocks.pooled, oneDNN)": _fwd_bwd(lambda: ours(x), grad, params),
     }
 
 

@@ -53,12 +53,12 @@ from compiler.lowering.instantiate import model_inputs  # noqa: E402
 from compiler.pipeline import Options, compile_spec  # noqa: E402
 from compiler.spec.load import load  # noqa: E402
 from compiler.spec.validate import validate  # noqa: E402
+from runtime.config.data import ModelInputs  # noqa: E402
+from runtime.cpu.choice import machine  # noqa: E402
 from runtime.data.batch import Batch  # noqa: E402
-from runtime.data.features import ModelInputs  # noqa: E402
 from runtime.data.prepared.batches import PreparedBatches  # noqa: E402
 from runtime.data.prepared.prepare import PrepareSettings, prepare  # noqa: E402
 from runtime.data.prepared.reading import open_prepared  # noqa: E402
-from runtime.cpu.choice import machine  # noqa: E402
 from runtime.data.sources import DataChoice  # noqa: E402
 from runtime.train.dense_optimizer import make_dense_optimizer  # noqa: E402
 from runtime.train.loop import train_step  # noqa: E402

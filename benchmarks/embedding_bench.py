@@ -21,8 +21,8 @@ import time
 
 import torch
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 NUM_TABLES = 26

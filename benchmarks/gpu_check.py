@@ -120,7 +120,7 @@ def score_on_cuda(export: str) -> int:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from runtime.data.synthetic import make_batch
+    from runtime.data.synthetic.batches import make_batch
     from runtime.serving.export_dir import load
 
     module, model = load(export)

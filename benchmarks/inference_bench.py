@@ -9,7 +9,7 @@ The workload of ../shared/bench/INFERENCE.md, through the real serving path:
 
 1. prepare (cached in --workdir): compile specs/bench/dlrm_bench_criteo.yaml
    at world size 1, train it on synthetic batches with a learnable signal
-   (runtime.data.synthetic) for --train-steps steps, save a checkpoint
+   (runtime.data.synthetic.batches) for --train-steps steps, save a checkpoint
    (runtime.checkpoint.store), and `reccompile export` it in every configuration.
 2. sizes: each export's manifest, bytes on disk per table and in all.
 3. quality: every export scores the same held-out synthetic batches (same
@@ -59,14 +59,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import torch
-
-import harness
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = harness.workload_dir()  # $RECCOMPILE_BENCH_WORKLOADS, else ../shared/bench
@@ -150,10 +149,10 @@ def sizes(workdir: Path) -> dict[str, dict[str, Any]]:
 
 
 def quality(workdir: Path, eval_batches: int) -> dict[str, dict[str, Any]]:
-    from runtime.data.synthetic import make_batch
+    from runtime.data.synthetic.batches import make_batch
+    from runtime.reporting.metrics import auc, normalized_entropy
     from runtime.serving.export_dir import load
     from runtime.sparse.jagged import KeyedJaggedTensor
-    from runtime.reporting.metrics import auc, normalized_entropy
 
     W = workload()
     dense, ids, _ = W.make_batch(0, "multihot", batch_size=512)

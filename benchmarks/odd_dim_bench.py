@@ -27,9 +27,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig  # noqa: E402
-from runtime.embeddings.optim import EmbeddingOptimizer  # noqa: E402
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig  # noqa: E402
+from runtime.config.embeddings import (
+    EmbeddingBagConfig,
+    EmbeddingConfig,
+    EmbeddingOptimizer,  # noqa: E402
+)
+from runtime.embeddings.bag_collection import EmbeddingBagCollection  # noqa: E402
+from runtime.embeddings.sequence_collection import EmbeddingCollection  # noqa: E402
 from runtime.sparse.jagged import KeyedJaggedTensor  # noqa: E402
 
 DIM, PADDED = 50, 52

@@ -1,4 +1,4 @@
-"""Micro-benchmark of runtime/modules/transformer.py against torch.nn.TransformerEncoderLayer.
+"""Micro-benchmark of runtime/modules/blocks/transformer.py against torch.nn.TransformerEncoderLayer.
 
 Forward + backward of one encoder layer at seq-bench's shapes
 (../shared/bench/SEQUENCE.md: batch 1,024, 51 positions = target + 1-50
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from runtime.modules.transformer import Transformer
+from runtime.modules.blocks.transformer import Transformer
 
 DIM, HEADS, FFN, POSITIONS, MAX_HISTORY = 64, 2, 256, 51, 50
 

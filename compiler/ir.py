@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from runtime.features.config import Numeric, SparseTransform  # the transforms learned from the data
+from runtime.config.transforms import Numeric, SparseTransform  # the transforms learned from the data
 from runtime.sharding.types import ComputeKernel, ShardingType  # named once, for planner and runtime
 
 Pooling = Literal["sum", "mean"]
@@ -486,7 +486,7 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class LrSchedule:
-    """The learning-rate factor per step, for every optimizer (runtime.train.lr_schedule has the
+    """The learning-rate factor per step, for every optimizer (runtime.config.lr_schedule has the
     formulas); parameters the type does not read are None. `loc` is None for the default."""
 
     type: LrScheduleType = "constant"

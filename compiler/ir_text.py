@@ -146,7 +146,7 @@ def _flow(value: Any) -> str:
     if isinstance(value, Input):
         return _scalar(value.ref())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        kind = getattr(value, "kind", None)  # a feature transform (runtime.features.config): say which
+        kind = getattr(value, "kind", None)  # a feature transform (runtime.config.transforms): say which
         named = {"kind": kind} if isinstance(kind, str) and "kind" not in _fields(value) else {}
         return "{" + ", ".join(f"{key}: {_flow(item)}" for key, item in {**named, **_fields(value)}.items()) + "}"
     if isinstance(value, (tuple, list)):

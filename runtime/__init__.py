@@ -10,7 +10,8 @@ and each package re-exports its own public names (`runtime.sparse`,
 do not import torch or fbgemm_gpu.
 
 Packages, lowest layer first (each imports only from the layers below it;
-pyproject.toml's import-linter contract checks it): `sparse`, `storage`,
+pyproject.toml's import-linter contract checks it): `config` (the frozen,
+torch-free configs a generated module hands the runtime) < `sparse`, `storage`,
 `cpu`, `process`, `features` < `embeddings`, `modules` < `retrieval` (its
 losses run their products as the linears do) < `sharding` < `data` <
 `reporting` < `checkpoint` < `train`, `serving`.
@@ -29,8 +30,9 @@ def lazy_exports(namespace: MutableMapping[str, Any], exports: Mapping[str, Sequ
     """Give a package `__all__`, `__dir__` and a PEP 562 `__getattr__` over `exports`.
 
     `exports` maps a submodule (relative to the package, e.g. "jagged" or
-    "sparse.jagged") to the names it provides; a name is imported from its
-    submodule when first read, then kept in the package's namespace.
+    "sparse.jagged"; or absolute, "runtime.config.embeddings", for a name the
+    package re-exports from elsewhere) to the names it provides; a name is
+    imported from its module when first read, then kept in the package's namespace.
     """
     package = namespace["__name__"]
     home = {name: module for module, names in exports.items() for name in names}
@@ -39,7 +41,8 @@ def lazy_exports(namespace: MutableMapping[str, Any], exports: Mapping[str, Sequ
         module = home.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        home_module = module if module.startswith("runtime.") else f"{package}.{module}"
+        value = getattr(importlib.import_module(home_module), name)
         namespace[name] = value
         return value
 

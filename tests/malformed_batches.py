@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
+from runtime.config.embeddings import EmbeddingBagConfig
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 KEYS = ["a", "b"]

@@ -92,14 +92,14 @@ def emit(lowered: SplitModel) -> GeneratedModule:
 
 # What the template imports for every model; other runtime modules are imported when used.
 TEMPLATE_IMPORTS = (
-    "runtime.data.features",
-    "runtime.modules.blocks",
-    "runtime.embeddings.bag_collection",
-    "runtime.embeddings.optim",
-    "runtime.modules.losses",
+    "runtime.config.data",
+    "runtime.config.embeddings",
+    "runtime.config.heads",
+    "runtime.config.lr_schedule",
+    "runtime.config.training",
+    "runtime.modules.blocks.pooled",
+    "runtime.modules.heads.losses",
     "runtime.sharding",
-    "runtime.train.dense_optimizer",
-    "runtime.train.lr_schedule",
 )
 
 
@@ -123,9 +123,9 @@ def extra_imports(lowered: SplitModel) -> list[str]:
 
 
 def transform_imports(ir: ModelIR) -> list[str]:
-    """The import of the feature transforms' configs, when INPUTS has some (runtime.features.config)."""
+    """The import of the feature transforms' configs, when INPUTS has some (runtime.config.transforms)."""
     features = [*ir.dense, *ir.sparse]
-    return ["import runtime.features.config"] if any(f.transform is not None for f in features) else []
+    return ["import runtime.config.transforms"] if any(f.transform is not None for f in features) else []
 
 
 def runtime_imports(modules: Sequence[ModuleDecl], graphs: Sequence[fx.Graph], known: Sequence[str]) -> list[str]:

@@ -15,10 +15,10 @@ rows only.
 
 `reccompile data split --data movielens:PATH -o DIR [--holdout F]`: the
 positives of a MovieLens file split by time per user into DIR/train and
-DIR/test (runtime.data.movielens_split), for retrieval models.
+DIR/test (runtime.data.movielens.split), for retrieval models.
 `reccompile data split --data csv:PATH|parquet:PATH --time COL [--key COL]`
 and `--data criteo:PATH`: any table's latest rows held out, per key or in
-all (runtime.data.table_split); run on DIR/train it cuts a validation part.
+all (runtime.data.tables.split); run on DIR/train it cuts a validation part.
 
 Prints what was prepared (split) and its throughput; exit status 0 when done,
 1 for a spec or data error, 2 for bad usage.
@@ -154,7 +154,7 @@ def _count(n: int, noun: str) -> str:
 
 
 def _split(args: argparse.Namespace) -> int:
-    from runtime.data.table_split import SPLIT_READERS
+    from runtime.data.tables.split import SPLIT_READERS
 
     reader, colon, path = args.data.partition(":")
     if reader not in SPLIT_READERS or not colon or not path:
@@ -173,8 +173,8 @@ def _split(args: argparse.Namespace) -> int:
         print(f"error: --data {args.data}: name the column the rows are ordered by (--time COLUMN)", file=sys.stderr)
         return 2
     from runtime.data.errors import DataError
-    from runtime.data.movielens_split import split_by_time
-    from runtime.data.table_split import split_table
+    from runtime.data.movielens.split import split_by_time
+    from runtime.data.tables.split import split_table
     from runtime.storage.output import OutputError, removed_on_error
 
     try:  # the split refuses an existing train/ or test/: on failure, what it made goes

@@ -41,7 +41,7 @@ from compiler.ir import (
     Wukong,
 )
 from compiler.lowering.types import BuildArg, Call
-from runtime.features.config import Quantiles
+from runtime.config.transforms import Quantiles
 
 
 def _vectors(block: Block) -> tuple[int, int]:
@@ -64,7 +64,7 @@ def block_call(block: Block, in_width: int) -> Call:
 def _block_op_call(block: Block, in_width: int) -> Call:
     op = block.op
     if isinstance(op, Mlp):
-        return Call("runtime.modules.blocks.MLP", (
+        return Call("runtime.modules.blocks.pooled.MLP", (
             ("in_features", in_width),
             ("layers", list(op.layers)),
             ("activation", op.activation),
@@ -73,28 +73,28 @@ def _block_op_call(block: Block, in_width: int) -> Call:
         ))
     if isinstance(op, Dot):
         num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.DotInteraction", (("num_vectors", num), ("dim", dim)))
+        return Call("runtime.modules.blocks.pooled.DotInteraction", (("num_vectors", num), ("dim", dim)))
     if isinstance(op, Fm):
         num, dim = _vectors(block)
-        return Call("runtime.modules.blocks.FactorizationMachine", (
+        return Call("runtime.modules.blocks.pooled.FactorizationMachine", (
             ("num_vectors", num), ("dim", dim), *((("vector", True),) if op.output == "vector" else ()),
         ))  # fmt: skip
     if isinstance(op, CrossNet):
-        return Call("runtime.modules.blocks.CrossNet", (
+        return Call("runtime.modules.blocks.pooled.CrossNet", (
             ("in_features", in_width),
             ("num_layers", op.num_layers),
             ("low_rank", op.low_rank),
         ))
     if isinstance(op, DotProduct):
-        return Call("runtime.modules.blocks.DotProduct", ())
+        return Call("runtime.modules.blocks.pooled.DotProduct", ())
     if isinstance(op, Sum):
-        return Call("runtime.modules.blocks.Sum", ())
+        return Call("runtime.modules.blocks.pooled.Sum", ())
     if isinstance(op, Product):
-        return Call("runtime.modules.elementwise.Product", ())
+        return Call("runtime.modules.blocks.elementwise.Product", ())
     if isinstance(op, Activation):
-        return Call("runtime.modules.elementwise.Activation", (("activation", op.fn),))
+        return Call("runtime.modules.blocks.elementwise.Activation", (("activation", op.fn),))
     if isinstance(op, Moe) and op.is_ple:
-        return Call("runtime.modules.ple.ProgressiveLayeredExtraction", (
+        return Call("runtime.modules.blocks.ple.ProgressiveLayeredExtraction", (
             ("in_features", in_width),
             ("shared_experts", op.num_experts),
             ("task_experts", op.task_experts),
@@ -106,7 +106,7 @@ def _block_op_call(block: Block, in_width: int) -> Call:
               if op.per_level else ()),
         ))
     if isinstance(op, Moe):
-        return Call("runtime.modules.blocks.MixtureOfExperts", (
+        return Call("runtime.modules.blocks.pooled.MixtureOfExperts", (
             ("in_features", in_width),
             ("num_experts", op.num_experts),
             ("expert_layers", list(op.expert_layers)),
@@ -174,15 +174,15 @@ def _hstu_options(op: Hstu, block: Block) -> tuple[tuple[str, object], ...]:
 def _sequence_block_call(block: Block) -> Call:
     op, dim = block.op, block.inputs[0].width
     if isinstance(op, SequencePool):
-        return Call("runtime.modules.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
+        return Call("runtime.modules.blocks.sequence_pool.SequencePool", (("dim", dim), ("mode", op.mode)))
     if isinstance(op, TargetAttention):
-        return Call("runtime.modules.target_attention.TargetAttention", (
+        return Call("runtime.modules.blocks.target_attention.TargetAttention", (
             ("dim", sum(item.width for item in block.inputs)), ("hidden", list(op.hidden)), ("activation", op.activation),
             *((("normalize", op.normalize),) if op.normalize != "none" else ()),
         ))  # fmt: skip
     if isinstance(op, Transformer):
         assert block.length is not None
-        return Call("runtime.modules.transformer.Transformer", (
+        return Call("runtime.modules.blocks.transformer.Transformer", (
             ("dim", dim),
             ("num_heads", op.num_heads),
             ("ffn_dim", op.ffn_dim),
@@ -194,7 +194,7 @@ def _sequence_block_call(block: Block) -> Call:
             *_transformer_options(op, block),
         ))
     if isinstance(op, Gru):
-        return Call("runtime.modules.gru.GRU", (
+        return Call("runtime.modules.blocks.gru.GRU", (
             ("dim", dim),
             ("hidden_size", op.hidden_size),
             ("num_layers", op.num_layers),
@@ -203,7 +203,7 @@ def _sequence_block_call(block: Block) -> Call:
             ) if op.query is not None else ()),
         ))  # fmt: skip
     assert isinstance(op, Hstu) and block.length is not None
-    return Call("runtime.modules.hstu.hstu_layers", (
+    return Call("runtime.modules.blocks.hstu.hstu_layers", (
         ("num_layers", op.num_layers),
         ("dim", dim),
         ("num_heads", op.num_heads),
@@ -220,9 +220,9 @@ def _stack_block_call(block: Block) -> Call:
     assert stack.fields is not None
     shape = (("num_fields", stack.fields), ("dim", stack.width))
     if isinstance(op, Flatten):
-        return Call("runtime.modules.field_stack.Flatten", shape)
+        return Call("runtime.modules.blocks.field_stack.Flatten", shape)
     if isinstance(op, SelfAttention):
-        return Call("runtime.modules.field_attention.FieldSelfAttention", (
+        return Call("runtime.modules.blocks.field_attention.FieldSelfAttention", (
             *shape,
             ("head_dim", op.attention_dim),
             ("num_heads", op.num_heads),
@@ -231,12 +231,12 @@ def _stack_block_call(block: Block) -> Call:
             *((("residual_projection", False),) if not op.residual_projection else ()),
         ))
     if isinstance(op, Cin):
-        return Call("runtime.modules.cin.CIN", (
+        return Call("runtime.modules.blocks.cin.CIN", (
             *shape, ("layer_sizes", list(op.layer_sizes)), ("split_half", op.split_half),
             *((("bias", True),) if op.bias else ()),
         ))  # fmt: skip
     if isinstance(op, Wukong):
-        return Call("runtime.modules.wukong.Wukong", (
+        return Call("runtime.modules.blocks.wukong.Wukong", (
             *shape,
             ("num_layers", op.num_layers),
             ("num_fmb", op.num_fmb),
@@ -246,7 +246,7 @@ def _stack_block_call(block: Block) -> Call:
             ("activation", op.activation),
         ))
     assert isinstance(op, MaskNet)
-    return Call("runtime.modules.mask_block.MaskNet", (
+    return Call("runtime.modules.blocks.mask_block.MaskNet", (
         *shape,
         ("mode", op.mode),
         ("block_sizes", list(op.block_sizes)),
@@ -261,7 +261,7 @@ def _stack_block_call(block: Block) -> Call:
 def numeric_embedding_call(feature: DenseFeature) -> Call:
     """The module that makes a dense feature with `embed` a field stack [B, size, dim]."""
     assert feature.embed_dim is not None
-    return Call("runtime.modules.field_stack.NumericEmbedding", (
+    return Call("runtime.modules.blocks.field_stack.NumericEmbedding", (
         ("size", feature.size),
         ("dim", feature.embed_dim),
         ("bias", feature.embed_bias),
@@ -270,7 +270,7 @@ def numeric_embedding_call(feature: DenseFeature) -> Call:
 
 
 def optimizer_call(optimizer: Optimizer) -> Call:
-    return Call("runtime.embeddings.optim.EmbeddingOptimizer", (
+    return Call("runtime.config.embeddings.EmbeddingOptimizer", (
         ("type", optimizer.type),
         ("lr", optimizer.lr),
         ("eps", optimizer.eps),
@@ -281,7 +281,7 @@ def optimizer_call(optimizer: Optimizer) -> Call:
 
 
 def table_config_call(table: Table, training: bool = True) -> Call:
-    """The table's runtime.embeddings.bag_collection.EmbeddingBagConfig; serving needs no init range or optimizer."""
+    """The table's runtime.config.embeddings.EmbeddingBagConfig; serving needs no init range or optimizer."""
     shape = (
         ("name", table.name),
         ("num_embeddings", table.num_embeddings),
@@ -291,8 +291,8 @@ def table_config_call(table: Table, training: bool = True) -> Call:
     )
     where = (("where", str(table.loc)),)
     if not training:
-        return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (*shape, *where))
-    return Call("runtime.embeddings.bag_collection.EmbeddingBagConfig", (
+        return Call("runtime.config.embeddings.EmbeddingBagConfig", (*shape, *where))
+    return Call("runtime.config.embeddings.EmbeddingBagConfig", (
         *shape,
         ("weight_init_min", table.init_min),
         ("weight_init_max", table.init_max),
@@ -302,8 +302,8 @@ def table_config_call(table: Table, training: bool = True) -> Call:
 
 
 def sequence_table_config_call(table: Table) -> Call:
-    """A sequence table's runtime.embeddings.sequence_collection.EmbeddingConfig (all its features read as rows)."""
-    return Call("runtime.embeddings.sequence_collection.EmbeddingConfig", (
+    """A sequence table's runtime.config.embeddings.EmbeddingConfig (all its features read as rows)."""
+    return Call("runtime.config.embeddings.EmbeddingConfig", (
         ("name", table.name),
         ("num_embeddings", table.num_embeddings),
         ("embedding_dim", table.dim),
@@ -336,9 +336,9 @@ POSITION_WEIGHTS = "_position_weights"  # the model's module of position-weighte
 
 def position_weights_call(ir: ModelIR) -> Call:
     """The position-weighted pools of `ir`'s position-weighted features, one per feature."""
-    return Call("runtime.modules.position_weights.PositionWeights", (
+    return Call("runtime.modules.layers.position_weights.PositionWeights", (
         ("pools", [
-            Call("runtime.modules.position_weights.PositionWeightedPool", (
+            Call("runtime.modules.layers.position_weights.PositionWeightedPool", (
                 ("max_ids", f.ids_per_sample),
                 ("mode", ir.table(f.table).pooling),
                 ("feature", f.name),
@@ -352,7 +352,7 @@ def position_weights_call(ir: ModelIR) -> Call:
 
 def head_config_call(head: Head) -> Call:
     """The head as the runtime's loss, metrics and prediction read it."""
-    return Call("runtime.modules.losses.HeadConfig", (
+    return Call("runtime.config.heads.HeadConfig", (
         ("name", head.name),
         ("loss", head.loss),
         ("label", head.label),
@@ -368,7 +368,7 @@ def head_config_call(head: Head) -> Call:
 def dense_optimizer_call(ir: ModelIR) -> Call:
     """The optimizer of the dense parameters (the training section's `dense_optimizer`)."""
     optimizer = ir.training.dense_optimizer
-    return Call("runtime.train.dense_optimizer.DenseOptimizerConfig", (
+    return Call("runtime.config.training.DenseOptimizerConfig", (
         ("type", optimizer.type),
         ("lr", optimizer.lr),
         ("eps", optimizer.eps),
@@ -392,21 +392,21 @@ def lr_schedule_call(ir: ModelIR) -> Call:
         ("final_factor", schedule.final_factor),
     )
     where = () if schedule.loc is None else (("where", str(schedule.loc)),)
-    return Call("runtime.train.lr_schedule.LrSchedule", (*((k, v) for k, v in params if v is not None), *where))
+    return Call("runtime.config.lr_schedule.LrSchedule", (*((k, v) for k, v in params if v is not None), *where))
 
 
 def model_inputs_call(ir: ModelIR) -> Call:
     """The model's features, heads (the module's HEADS), training defaults and data section."""
     rows = {table.name: table.num_embeddings for table in ir.tables}
     dense = [
-        Call("runtime.data.features.DenseFeatureConfig", (
+        Call("runtime.config.data.DenseFeatureConfig", (
             ("name", f.name), ("size", f.size), ("where", str(f.loc)),
             *((("transform", _config_call(f.transform)),) if f.transform is not None else ()),
         ))
         for f in ir.dense
     ]  # fmt: skip
     sparse = [
-        Call("runtime.data.features.SparseFeatureConfig", (
+        Call("runtime.config.data.SparseFeatureConfig", (
             ("name", f.name),
             ("table", f.table),
             ("num_embeddings", rows[f.table]),
@@ -423,13 +423,13 @@ def model_inputs_call(ir: ModelIR) -> Call:
         for f in ir.sparse
     ]  # fmt: skip
     timestamps = [
-        Call("runtime.data.features.TimestampsConfig", (
+        Call("runtime.config.data.TimestampsConfig", (
             ("name", t.name), ("sequence", t.sequence), ("where", str(t.loc)),
         ))
         for t in ir.timestamps
     ]  # fmt: skip
     stopping, plateau = ir.training.early_stopping, ir.training.lr_plateau
-    training = Call("runtime.data.features.TrainingConfig", (
+    training = Call("runtime.config.training.TrainingConfig", (
         ("steps", ir.training.steps),
         ("batch_size", ir.training.batch_size),
         ("seed", ir.training.seed),
@@ -439,7 +439,7 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("patience", stopping.patience),
             ("early_stopping_where", str(stopping.loc)),
         )),
-        *(() if plateau is None else (("lr_plateau", Call("runtime.data.features.PlateauConfig", (
+        *(() if plateau is None else (("lr_plateau", Call("runtime.config.training.PlateauConfig", (
             ("metric", plateau.metric), ("mode", plateau.mode), ("factor", plateau.factor),
             ("patience", plateau.patience), ("min_factor", plateau.min_factor),
             ("threshold", plateau.threshold), ("where", str(plateau.loc)),
@@ -449,13 +449,13 @@ def model_inputs_call(ir: ModelIR) -> Call:
             ("precision_where", str(ir.training.precision_loc or ir.training.loc)),
         )),
     ))  # fmt: skip
-    data = None if ir.data is None else Call("runtime.data.features.DataConfig", (
+    data = None if ir.data is None else Call("runtime.config.data.DataConfig", (
         ("reader", ir.data.reader),
         ("path", ir.data.path),
         ("columns", ir.data.columns),
         ("where", str(ir.data.loc)),
     ))
-    return Call("runtime.data.features.ModelInputs", (
+    return Call("runtime.config.data.ModelInputs", (
         ("dense", dense),
         ("sparse", sparse),
         ("heads", BuildArg("HEADS")),
@@ -467,9 +467,9 @@ def model_inputs_call(ir: ModelIR) -> Call:
 
 
 def _config_call(config: Any) -> Call:
-    """A feature transform's config (runtime.features.config) as the call that builds it."""
+    """A feature transform's config (runtime.config.transforms) as the call that builds it."""
     fields = tuple((field.name, getattr(config, field.name)) for field in dataclasses.fields(config))
-    return Call(f"runtime.features.config.{type(config).__name__}", fields)
+    return Call(f"runtime.config.transforms.{type(config).__name__}", fields)
 
 
 def item_attributes_call(ir: ModelIR, head: Head) -> Call | None:
@@ -488,18 +488,20 @@ def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
     """The loss of a sampled_softmax head: runtime.retrieval's sampled softmax over its item table."""
     retrieval = head.retrieval
     assert retrieval is not None
-    negatives = "both" if retrieval.in_batch and retrieval.uniform else "in_batch" if retrieval.in_batch else "uniform"
     rows = ir.table(retrieval.item_table).num_embeddings
-    config = Call("runtime.retrieval.sampled_softmax.SampledSoftmaxConfig", (
+    negatives = Call("runtime.config.retrieval.Negatives", (
+        ("in_batch", retrieval.in_batch),
+        ("uniform", retrieval.uniform),
+        *((("per_query", True),) if retrieval.per_query else ()),
+    ))
+    config = Call("runtime.config.retrieval.SampledSoftmaxConfig", (
         ("negatives", negatives),
-        ("num_negatives", retrieval.uniform),
         ("num_items", rows),
         ("temperature", retrieval.temperature),
         ("normalize", retrieval.normalize),
         ("logq", retrieval.logq),
         ("frequency_slots", rows),  # an id per slot: the item table's rows
         ("seed", ir.training.seed),
-        *((("per_query", True),) if retrieval.per_query else ()),
     ))
     return Call("runtime.retrieval.head.RetrievalLoss", (
         ("config", config),

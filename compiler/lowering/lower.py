@@ -318,7 +318,7 @@ class _GraphBuilder:
             return
         dot_or_fm = isinstance(op, (Dot, Fm))
         # The dot interaction takes a whole group's KeyedTensor: where the pooled all-to-all's
-        # received pieces are whole vectors, it reads them where they lie (runtime/modules/blocks.py).
+        # received pieces are whole vectors, it reads them where they lie (runtime/modules/blocks/pooled.py).
         nodes = (
             self.vector_nodes(block, keyed=isinstance(op, Dot)) if dot_or_fm
             else self.input_nodes(name, block.inputs, loc)

@@ -4,7 +4,7 @@ A BST-style model encodes [target, history] and keeps only the target's
 output (`sequence_pool` mode `first`), or a next-item model only the last
 one (`last`). When that pool is a transformer's only reader, the pool node
 goes and the transformer is built with `output="first"|"last"`
-(runtime/modules/transformer.py), which returns the same [B, D] values (up to
+(runtime/modules/blocks/transformer.py), which returns the same [B, D] values (up to
 float rounding) without computing the positions nobody reads: the last
 layer's attention, feed-forward and norms run at one position, its keys and
 values are never formed. The pool has no parameters, so the state dict is
@@ -28,8 +28,8 @@ from compiler.lowering.types import Call, LoweredModel, ModuleDecl
 
 __all__ = ["read_one_position"]
 
-TRANSFORMER = "runtime.modules.transformer.Transformer"
-SEQUENCE_POOL = "runtime.modules.sequence_pool.SequencePool"
+TRANSFORMER = "runtime.modules.blocks.transformer.Transformer"
+SEQUENCE_POOL = "runtime.modules.blocks.sequence_pool.SequencePool"
 ONE_POSITION_MODES = ("first", "last")
 
 

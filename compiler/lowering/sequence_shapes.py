@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import torch
 
-from runtime.modules.gru import GRU
-from runtime.modules.hstu import HSTU
-from runtime.modules.position_weights import PositionWeightedPool
-from runtime.modules.sequence_pool import SequencePool
-from runtime.modules.target_attention import TargetAttention
-from runtime.modules.transformer import Transformer
+from runtime.modules.blocks.gru import GRU
+from runtime.modules.blocks.hstu import HSTU
+from runtime.modules.blocks.sequence_pool import SequencePool
+from runtime.modules.blocks.target_attention import TargetAttention
+from runtime.modules.blocks.transformer import Transformer
+from runtime.modules.layers.position_weights import PositionWeightedPool
 from runtime.sparse.sequence import pad_times, pool_rows, to_padded
 
 

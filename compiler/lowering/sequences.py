@@ -19,21 +19,48 @@ has lengths of its own.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.fx as fx
 
 from compiler.ir import Block, Gru, Hstu, Input, Location, ModelIR, SequencePool, Table, TargetAttention, Transformer
-from runtime.modules.target_attention import join_fields
 from compiler.lowering.calls import POSITION_WEIGHTS, position_weights_call
 from compiler.lowering.types import ModuleDecl
 from compiler.planner.plan import ShardingPlan
+from runtime.modules.blocks.target_attention import join_fields
 from runtime.sharding.types import SHARDING_TYPES
 from runtime.sparse.sequence import pad_times, pool_rows, to_padded, truncate_keyed
 
-if TYPE_CHECKING:
-    from compiler.lowering.lower import _GraphBuilder
+
+class GraphBuilder(Protocol):
+    """What this module needs of the graph builder that owns the graph (compiler.lowering.lower's),
+    which builds a SequenceLowering over itself: the arrow points from lower to here only."""
+
+    ir: ModelIR
+    plan: ShardingPlan
+    modules: list[ModuleDecl]
+    values: dict[str, fx.Node]  # Input.ref() -> node
+    group_keys: dict[str, list[str]]
+
+    def node(
+        self,
+        op: str,
+        target: Any,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        *,
+        name: str,
+        loc: Location,
+        stage: str,
+        path: str = "",
+    ) -> fx.Node: ...
+
+    def build_group(self, group: str, keys: list[str], sparse: fx.Node, looked_up: str) -> None: ...
+
+    def embeddings(self, group: str, loc: Location) -> fx.Node: ...
+
+    def value(self, item: Input, loc: Location) -> fx.Node: ...
 
 
 def groups_of(tables: list[Table], plan: ShardingPlan, suffix: str) -> list[tuple[str, list[str]]]:
@@ -63,7 +90,7 @@ def sequence_groups(ir: ModelIR, plan: ShardingPlan) -> list[tuple[str, list[str
 class SequenceLowering:
     """Adds the sequence nodes to a graph builder's graph (see the module docstring)."""
 
-    def __init__(self, builder: _GraphBuilder) -> None:
+    def __init__(self, builder: GraphBuilder) -> None:
         self.builder = builder
         self.ir = builder.ir
         self.home: dict[str, str] = {}  # feature of a sequence table -> its group

@@ -33,7 +33,7 @@ class BuildArg:
 class Call:
     """A call of a runtime factory with literal (or `Call`/`BuildArg`) arguments."""
 
-    factory: str  # dotted path, e.g. "runtime.modules.blocks.MLP"
+    factory: str  # dotted path, e.g. "runtime.modules.blocks.pooled.MLP"
     kwargs: tuple[tuple[str, Any], ...]
 
 

@@ -30,10 +30,10 @@ from compiler.serving.retrieval import retrieval_graphs, retrieval_head
 _DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
 # What inference.py.j2 imports for every model; other runtime modules are imported when used.
 TEMPLATE_IMPORTS = (
-    "runtime.data.features",
-    "runtime.modules.blocks",
-    "runtime.embeddings.bag_collection",
-    "runtime.modules.losses",
+    "runtime.config.data",
+    "runtime.config.embeddings",
+    "runtime.config.heads",
+    "runtime.modules.blocks.pooled",
     "runtime.serving.export_dir",
     "runtime.serving.quant_embedding",
 )

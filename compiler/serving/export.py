@@ -39,18 +39,17 @@ from typing import Any, Mapping
 import torch
 
 from compiler import __version__
-from compiler.serving.emit import emit_inference
 from compiler.ir import ModelIR
+from compiler.serving.emit import emit_inference
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
 from runtime.checkpoint.files import CheckpointError, is_checkpoint
 from runtime.checkpoint.store import load_model_state, newest_intact_checkpoint, read_checkpoint_manifest
-from runtime.data.movielens_vocab import VOCABULARY_FILE, read_vocabulary
-from runtime.features.config import Quantiles
+from runtime.config.transforms import Quantiles
+from runtime.data.movielens.vocab import VOCABULARY_FILE, read_vocabulary
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.retrieval.index import FAISS_KINDS, INDEX_KINDS, faiss_available
-from runtime.serving.item_index import ItemsReport, export_items
 from runtime.serving.export_dir import (
     COLLECTIONS,
     DENSE_FILE,
@@ -65,9 +64,10 @@ from runtime.serving.export_dir import (
     table_file,
     table_layout,
 )
+from runtime.serving.item_index import ItemsReport, export_items
+from runtime.serving.quant_embedding import PRECISIONS, UnstorableTable, row_bytes, stored_dim
 from runtime.storage.manifest import write_manifest
 from runtime.storage.output import cannot_write, output_errors, save_tensors, save_to_file
-from runtime.serving.quant_embedding import PRECISIONS, UnstorableTable, row_bytes, stored_dim
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
 TRAINING_ONLY = "retrieval_loss."  # the state-dict prefix of a retrieval head's loss module

@@ -135,7 +135,7 @@ def _sequence_collection_call(tables: list[Table]) -> Call:
 
 def _sequence_table_call(table: Table) -> Call:
     """The table's runtime EmbeddingConfig; serving needs no init range or optimizer."""
-    return Call("runtime.embeddings.sequence_collection.EmbeddingConfig", (
+    return Call("runtime.config.embeddings.EmbeddingConfig", (
         ("name", table.name),
         ("num_embeddings", table.num_embeddings),
         ("embedding_dim", table.dim),

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from compiler.ir import Activation, Mlp
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.load import Node
-from compiler.spec.semantic import INVALID, Checker, known
 from compiler.spec.values import ParsedBlock
 
 MLP_OPTIONS = ("norm", "dropout", "residual")

@@ -21,8 +21,8 @@ from typing import Any
 from compiler.diagnostics import Diagnostic
 from compiler.ir import (
     Activation,
-    BlockOp,
     Block,
+    BlockOp,
     Concat,
     CrossNet,
     Dot,
@@ -37,24 +37,17 @@ from compiler.ir import (
     Sum,
 )
 from compiler.spec.block_options import head_output, mlp_options, ple_options
-from compiler.spec.groups import PREFIX as GROUPS, group_members, resolve_groups
-from compiler.spec.load import Document, Node, Path
-from compiler.spec.module_names import module_name_clash
+from compiler.spec.checker import INVALID, Checker, known, where
 from compiler.spec.early_stopping import resolve_early_stopping
+from compiler.spec.groups import PREFIX as GROUPS
+from compiler.spec.groups import group_members, resolve_groups
+from compiler.spec.load import Document, Node, Path
 from compiler.spec.lr_plateau import resolve_lr_plateau
 from compiler.spec.lr_schedule import resolve_lr_schedule
+from compiler.spec.module_names import module_name_clash
 from compiler.spec.retrieval import check_keys, check_one, item_ref, retrieval_head
-from compiler.spec.semantic import (
-    INVALID,
-    Checker,
-    Features,
-    known,
-    resolve_data,
-    resolve_features,
-    resolve_sharding,
-    resolve_training,
-    where,
-)
+from compiler.spec.semantic import Features, resolve_data, resolve_features, resolve_sharding, resolve_training
+from compiler.spec.stacks import STACK_BLOCKS, infer_stack_block
 from compiler.spec.values import (
     SEQUENCE_OUTPUTS,
     STACK_OUTPUTS,
@@ -70,7 +63,6 @@ from compiler.spec.values import (
     value_fields,
     value_width,
 )
-from compiler.spec.stacks import STACK_BLOCKS, infer_stack_block
 
 METRICS = {"bce": ("ne", "auc", "accuracy"), "mse": ("mse", "rmse"), "softmax": ("accuracy",)}  # the defaults
 ALSO_ALLOWED = {"bce": ("log_loss",)}  # metrics a head may ask for beyond its defaults

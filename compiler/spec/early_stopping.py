@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from compiler.ir import EarlyStopping, Head
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.load import Node
-from compiler.spec.semantic import INVALID, Checker, known
 
 __all__ = ["find_head_metric", "resolve_early_stopping"]
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from compiler.spec.load import Node
 
 if TYPE_CHECKING:
-    from compiler.spec.semantic import Checker, _Sparse, _TableSpec
+    from compiler.spec.checker import Checker, _Sparse, _TableSpec
 
 INHERITED = ("ids_per_sample", "max_ids_per_sample", "weighted", "hash")  # from the column's feature
 _NOT_BUCKETIZED = {  # keys a bucketized feature must not have

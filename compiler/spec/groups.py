@@ -11,8 +11,9 @@ block's input with the names that exist.
 
 from __future__ import annotations
 
+from compiler.spec.checker import Checker, where
 from compiler.spec.load import Node
-from compiler.spec.semantic import Checker, Features, where
+from compiler.spec.semantic import Features
 
 PREFIX = "groups"
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from compiler.ir import Head, LrPlateau
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.early_stopping import find_head_metric
 from compiler.spec.load import Node
-from compiler.spec.semantic import INVALID, Checker, known
 
 __all__ = ["resolve_lr_plateau"]
 

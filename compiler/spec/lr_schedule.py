@@ -3,7 +3,7 @@
 Called by `compiler.spec.build` after `resolve_training` (the schema pass has
 checked types and ranges). The rules that involve several parameters (what
 each type reads and needs, warmup before the end of the decay) are the
-runtime's own (`runtime.train.lr_schedule.problems`), reported here at the
+runtime's own (`runtime.config.lr_schedule.problems`), reported here at the
 line of the parameter they are about.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from compiler.ir import LrSchedule
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.load import Node
-from compiler.spec.semantic import INVALID, Checker, known
-from runtime.train.lr_schedule import PARAMETERS, READS, problems
+from runtime.config.lr_schedule import PARAMETERS, READS, problems
 
 __all__ = ["resolve_lr_schedule"]
 

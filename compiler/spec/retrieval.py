@@ -23,8 +23,9 @@ import re
 from typing import Any
 
 from compiler.ir import Head, Retrieval
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.load import Node
-from compiler.spec.semantic import INVALID, Checker, Features, known
+from compiler.spec.semantic import Features
 from compiler.spec.values import SEQUENCE_OUTPUTS, ParsedBlock, Ref, describe, input_ir, is_sequence, value_width
 
 RETRIEVAL_KEYS = ("item", "item_attributes", "negatives", "logq", "temperature", "normalize", "mask_seen")

@@ -1,6 +1,6 @@
 """Semantic checks of the spec's features, tables and settings, producing their IR parts.
 
-Called by `compiler.spec.build` after the schema pass. The `Checker` reads
+Called by `compiler.spec.build` after the schema pass. The `Checker` (compiler.spec.checker) reads
 only nodes the schema accepted (a rejected node reads as `INVALID` and every
 check that needs it is skipped), so one mistake gives one diagnostic. The
 rules here: `count` expansion, unique feature and table names, each sparse
@@ -12,15 +12,12 @@ the optimizer, and the training / sharding / data cross-checks.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Collection
+from typing import Any
 
-from compiler.diagnostics import Diagnostic
-from compiler.spec import feature_sources, transforms
 from compiler.ir import (
     INT64_MAX,
     Constraint,
@@ -34,23 +31,15 @@ from compiler.ir import (
     TimestampsFeature,
     Training,
 )
-from compiler.spec.load import Node, Path, format_path
+from compiler.spec import feature_sources, transforms
+from compiler.spec.checker import INVALID, Checker, _Sparse, _TableSpec, known, where
+from compiler.spec.load import Node
 from runtime.data.reader_names import READERS
 
 MAX_SPARSE_FEATURES = 100_000
-SUGGESTION_BUDGET = 500_000  # candidate names compared for did-you-means, per spec
 MAX_NAME_LENGTH = 64  # as the schema's `name`
 FLOAT_BYTES = 4
 
-
-class _Invalid:
-    """The value of a node the schema rejected."""
-
-    def __repr__(self) -> str:
-        return "INVALID"
-
-
-INVALID: Any = _Invalid()
 
 DEFAULT_LR = 0.01
 DEFAULT_DENSE_OPTIMIZER = Optimizer(type="adagrad", lr=DEFAULT_LR)
@@ -65,98 +54,6 @@ _OPTIMIZER_PARAMS = {
 }
 _SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _SIZE_UNITS.update({"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40})
-
-
-class Checker:
-    """Reads the node tree around schema errors and collects diagnostics."""
-
-    def __init__(self, tainted: frozenset[Path]) -> None:
-        self.tainted = tainted
-        self.diagnostics: list[Diagnostic] = []
-        self.suggestion_budget = SUGGESTION_BUDGET
-
-    def error(self, node: Node, message: str, *, at_key: bool = False) -> None:
-        """Report at `node` (or at its key, for messages about the key itself)."""
-        loc = node.key_loc if at_key and node.key_loc is not None else node.loc
-        self.diagnostics.append(Diagnostic(loc, format_path(node.path), message))
-
-    def child(self, node: Node | None, key: str) -> Node | None:
-        if node is None or not isinstance(node.value, dict):
-            return None
-        return node.value.get(key)
-
-    def value(self, node: Node | None, key: str, default: Any = None) -> Any:
-        """The plain value of `node[key]`: `default` if absent, `INVALID` if the schema rejected it."""
-        child = self.child(node, key)
-        if child is None:
-            # a misspelled key is a present but unreadable value, not an absent one
-            misspelled = node is not None and node.path + (key,) in self.tainted
-            return INVALID if node is not None and (misspelled or not node.is_mapping) else default
-        return INVALID if child.path in self.tainted else child.plain()
-
-    def name(self, node: Node) -> str | None:
-        """The `name` written in an entry, even one the schema rejected (so references to it resolve)."""
-        child = self.child(node, "name")
-        return child.value if child is not None and isinstance(child.value, str) else None
-
-    def entries(self, node: Node | None, key: str) -> list[Node]:
-        """The items of the list at `node[key]` (none if it is absent or not a list)."""
-        child = self.child(node, key)
-        return list(child.value) if child is not None and child.is_sequence else []
-
-    def pairs(self, node: Node | None, key: str) -> list[tuple[str, Node]]:
-        """The entries of the mapping at `node[key]` (none if it is absent or not a mapping)."""
-        child = self.child(node, key)
-        return list(child.value.items()) if child is not None and child.is_mapping else []
-
-    def closest(self, word: str, candidates: Collection[str]) -> str | None:
-        """The candidate `word` was probably meant to be, if any.
-
-        Within a budget of candidates compared per spec, so that a spec with
-        thousands of mistakes among thousands of names is still checked fast.
-        """
-        self.suggestion_budget -= len(candidates)
-        if self.suggestion_budget < 0:
-            return None
-        near = [candidate for candidate in candidates if abs(len(candidate) - len(word)) <= 3]
-        close = difflib.get_close_matches(word, near, n=1)
-        return close[0] if close else None
-
-    def suggest(self, word: str, candidates: Collection[str]) -> str:
-        """` (did you mean 'x'?)` for the closest candidate, or nothing."""
-        close = self.closest(word, candidates)
-        return f" (did you mean '{close}'?)" if close else ""
-
-
-def known(*values: Any) -> bool:
-    return all(value is not INVALID for value in values)
-
-
-def where(node: Node) -> str:
-    return f"{node.loc.line}:{node.loc.col}"
-
-
-@dataclass(slots=True)
-class _Sparse:
-    """One sparse feature after `count` expansion, before its table is resolved."""
-
-    name: str
-    entry: Node
-    written: str  # the name as written (the prefix of a `count` entry)
-    fields: dict[str, Any]
-
-
-@dataclass(slots=True)
-class _TableSpec:
-    name: str
-    node: Node
-    rows: Any
-    dim: Any
-    pooling: Any
-    init: Node | None
-    optimizer: Node | None
-    features: list[str] = field(default_factory=list)
-    claimed: bool = False  # some feature means this table, rightly or not
 
 
 @dataclass(slots=True)

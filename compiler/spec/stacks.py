@@ -16,7 +16,8 @@ from collections import Counter
 from typing import Any
 
 from compiler.ir import Cin, Flatten, MaskNet, SelfAttention, Stack, Wukong
-from compiler.spec.semantic import Checker, Features, known
+from compiler.spec.checker import Checker, known
+from compiler.spec.semantic import Features
 from compiler.spec.values import (
     ParsedBlock,
     Ref,

@@ -5,7 +5,7 @@ sparse entry as it is expanded (before tables are resolved: `num_embeddings:
 auto` and `quantiles` give the table its rows), `check_dense` on each dense
 entry, and `check_links` once features and tables are known (a history's
 `of` feature and its table, a bucketized column's transform). The result is
-runtime.features.config's frozen configs, which the IR carries as they are.
+runtime.config.transforms's frozen configs, which the IR carries as they are.
 
     vocabulary: {min_count: 2, max_size: 5000, oov_buckets: 1}   learned ids
     cross: [gender, occupation]                                  hashed combination of columns
@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from compiler.spec.load import Node
-from runtime.features.config import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
 
 if TYPE_CHECKING:
-    from compiler.spec.semantic import Checker, _Sparse, _TableSpec
+    from compiler.spec.checker import Checker, _Sparse, _TableSpec
 
 KEYS = ("vocabulary", "cross", "quantiles", "history")  # a sparse entry's transform keys
 _ONE_ID = {  # keys a cross or bucketized feature must not have, and why

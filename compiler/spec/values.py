@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compiler.ir import BlockOp, Gru, Hstu, Input, SequencePool, TargetAttention, Transformer
+from compiler.spec.checker import Checker, known
 from compiler.spec.load import Node
-from compiler.spec.semantic import FLOAT_BYTES, INT64_MAX, Checker, Features, known
+from compiler.spec.semantic import FLOAT_BYTES, INT64_MAX, Features
 
 SEQUENCE_OUTPUTS = ("transformer", "hstu", "gru")  # the blocks whose output is a sequence
 STACK_OUTPUTS = ("stack", "self_attention", "wukong")  # the blocks whose output is a field stack

@@ -5,12 +5,12 @@ thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
     dot         torch (bmm)        | native (runtime/cpu/native/dot_interaction.c)
-    linear      aten (F.linear)    | onednn (runtime/modules/linear.py)
+    linear      aten (F.linear)    | onednn (runtime/modules/layers/linear.py)
     lookup      sequential groups  | concurrent groups (runtime/embeddings/concurrent.py)
     quant_pool  fbgemm             | native (runtime/cpu/native/quant_pool.c)
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's backward | native (runtime/cpu/native/rowwise_adagrad.c)
-    linear_grad_input g W           | g W padded to 8 columns (runtime/modules/padded_grad.py)
+    linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)
 

@@ -1,4 +1,10 @@
-"""Training data: the `Batch` every reader yields, the readers, and the per-rank slices."""
+"""Training data: the `Batch` every reader yields, the readers, and the per-rank slices.
+
+One package per reader (`criteo/`, `movielens/`, `synthetic/`, `tables/` for CSV and
+Parquet, `prepared/` for data prepared once); `checks/` for what the readers count and
+report about their rows, `files/` for opening text and Arrow files; the plumbing they
+share beside them (`batch`, `columns`, `loader`, `rank_slices`, `sources`, ...).
+"""
 
 from __future__ import annotations
 
@@ -9,13 +15,13 @@ lazy_exports(
     {
         "batch": ("Batch",),
         "errors": ("DataError", "RowError"),
-        "bad_rows": ("BadRowLog",),
-        "criteo": ("CriteoReader",),
-        "movielens": ("MovieLensReader",),
-        "movielens_vocab": ("Vocabulary",),
+        "checks.bad_rows": ("BadRowLog",),
+        "criteo.reader": ("CriteoReader",),
+        "movielens.reader": ("MovieLensReader",),
+        "movielens.vocab": ("Vocabulary",),
         "sources": ("choose_data", "open_reader"),
         "loader": ("epoch_batches", "training_batches"),
-        "synthetic": ("make_batch",),
-        "sequence_check": ("check_timestamps",),
+        "synthetic.batches": ("make_batch",),
+        "checks.timestamps": ("check_timestamps",),
     },
 )

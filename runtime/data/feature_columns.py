@@ -1,7 +1,7 @@
 """Data columns to features: one id column fanned out to several tables, numeric columns bucketized.
 
 A sparse feature usually reads the column of its own name. With `column`
-it reads another one (runtime.data.features.SparseFeatureConfig): another
+it reads another one (runtime.config.data.SparseFeatureConfig): another
 sparse feature's ids, so one id column feeds several tables (the wide and
 deep lookups of Wide&Deep and DeepFM), or, with `boundaries`, one column of
 a dense feature, bucketized into one id per sample.
@@ -27,10 +27,10 @@ import dataclasses
 
 import torch
 
+from runtime.config.data import ModelInputs, SparseFeatureConfig
+from runtime.config.transforms import Quantiles
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError
-from runtime.data.features import ModelInputs, SparseFeatureConfig
-from runtime.features.config import Quantiles
 
 __all__ = ["FeatureReader", "bucketize", "derives", "read_inputs", "to_features"]
 

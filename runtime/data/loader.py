@@ -11,7 +11,7 @@ which becomes a `Batch` with a `KeyedJaggedTensor`.
     training_batches(reader, ...)  -> Batch, forever (epoch after epoch)
     epoch_batches(reader, ...)     -> LocalBatch, one epoch (evaluation)
 
-Bad rows are counted in the first epoch only (runtime.data.bad_rows), and
+Bad rows are counted in the first epoch only (runtime.data.checks.bad_rows), and
 training calls `on_wrap(pass, step)` when it reads the data again from its
 beginning: `pass` 2, 3, ..., `step` the step whose batch holds the end of the
 pass before (a batch may straddle two).
@@ -24,14 +24,14 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from runtime.data.bad_rows import EXAMPLES, BadRow, BadRowLog
+from runtime.config.data import TimestampsConfig
 from runtime.data.batch import Batch
+from runtime.data.checks.bad_rows import EXAMPLES, BadRow, BadRowLog
+from runtime.data.checks.timestamps import check_timestamps
+from runtime.data.checks.unseen_ids import UnseenIds
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import TimestampsConfig
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
-from runtime.data.sequence_check import check_timestamps
-from runtime.data.unseen_ids import UnseenIds
 from runtime.process.lifetime import die_with_parent
 
 BLOCK_LINES = 4096
@@ -43,7 +43,7 @@ class Reader(Protocol):
     name: str  # the reader's name: criteo, movielens
     source: str  # the path it reads, for messages
     weighted: bool  # whether batches carry per-id weights
-    unseen_features: tuple[str, ...]  # features whose row 0 takes ids outside a vocabulary (runtime.data.unseen_ids)
+    unseen_features: tuple[str, ...]  # features whose row 0 takes unseen ids (runtime.data.checks.unseen_ids)
     timestamps: tuple[TimestampsConfig, ...]  # the timestamps features its batches carry
 
     def epoch_lines(self) -> Iterable[tuple[str, int, bytes]]:

@@ -28,14 +28,14 @@ from typing import Iterator
 
 import torch
 
-from runtime.data.bad_rows import BadRow
+from runtime.config.data import ModelInputs
+from runtime.data.checks.bad_rows import BadRow
+from runtime.data.checks.timestamps import check_timestamps
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
-from runtime.data.movielens import movielens_layout, movies_file, rating_ids, ratings_file
-from runtime.data.movielens_vocab import build_vocabulary, with_genres
-from runtime.data.sequence_check import check_timestamps
+from runtime.data.movielens.reader import movielens_layout, movies_file, rating_ids, ratings_file
+from runtime.data.movielens.vocab import build_vocabulary, with_genres
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.spec_columns import table_rows
 from runtime.data.tables.collisions import count_collisions

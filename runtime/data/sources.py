@@ -1,8 +1,8 @@
 """Choosing the data: `--data` and the spec's `data:` section, to a reader.
 
     synthetic          batches made from the spec (the generated module's synthetic_batch)
-    criteo:PATH        Criteo TSV files (runtime.data.criteo)
-    movielens:PATH     MovieLens ratings (runtime.data.movielens)
+    criteo:PATH        Criteo TSV files (runtime.data.criteo.reader)
+    movielens:PATH     MovieLens ratings (runtime.data.movielens.reader)
     csv:PATH           CSV files whose columns data.columns maps (runtime.data.tables)
     parquet:PATH       Parquet files whose columns data.columns maps (runtime.data.tables)
     prepared:DIR       rows prepared once into Parquet (runtime.data.prepared), read by rank
@@ -18,13 +18,12 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.data.criteo import CriteoReader
+from runtime.config.data import ModelInputs
+from runtime.data.criteo.reader import CriteoReader
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader, derives, read_inputs
-from runtime.data.features import ModelInputs
 from runtime.data.loader import Reader
-from runtime.data.tables.csv_files import CsvReader
-from runtime.data.movielens import (
+from runtime.data.movielens.reader import (
     DEFAULT_THRESHOLD,
     MovieLensReader,
     movielens_layout,
@@ -32,8 +31,9 @@ from runtime.data.movielens import (
     rating_ids,
     ratings_file,
 )
-from runtime.data.movielens_vocab import MOVIES_FILES, Vocabulary, build_vocabulary, load_or_build, with_genres
+from runtime.data.movielens.vocab import MOVIES_FILES, Vocabulary, build_vocabulary, load_or_build, with_genres
 from runtime.data.reader_names import READERS, data_forms
+from runtime.data.tables.csv_files import CsvReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +110,7 @@ def open_reader(
 
     `training`: the training data's reader when `choice` is evaluation data or requests; a
     MovieLens file then takes its rows' histories from the training file too. `held_out`: the
-    rows are evaluated against their own movie (runtime.data.movielens.MovieLensReader)."""
+    rows are evaluated against their own movie (runtime.data.movielens.reader.MovieLensReader)."""
     if choice.path is None:
         raise DataError(f"the {choice.reader} reader reads no files")
     if choice.reader == "prepared":

@@ -1,6 +1,6 @@
 """What the readers need to know about a spec: features, table sizes, labels, the column map.
 
-Readers take the generated module's `ModelInputs` (runtime.data.features;
+Readers take the generated module's `ModelInputs` (runtime.config.data;
 the runtime never imports the compiler). The spec's `data.columns` maps reader columns to features
 or head labels; it applies when the spec's `data.reader` is the reader in
 use, and columns it does not list keep the reader's default mapping.
@@ -8,9 +8,9 @@ use, and columns it does not list keep the reader's default mapping.
 
 from __future__ import annotations
 
+from runtime.config.data import ModelInputs
+from runtime.config.heads import HeadConfig
 from runtime.data.errors import DataError
-from runtime.data.features import ModelInputs
-from runtime.modules.losses import HeadConfig
 
 
 def explicit_columns(inputs: ModelInputs, reader: str, known: tuple[str, ...]) -> dict[str, str]:

@@ -45,76 +45,25 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
 from runtime.cpu import choice, huge_pages
 from runtime.embeddings import native_update
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.kernels import FUSED_DIM_MULTIPLE, check_compute_kernel
-from runtime.embeddings.optim import EmbeddingOptimizer, apply_update, init_state, state_shapes
-from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
+from runtime.embeddings.optim import apply_update, init_state, state_shapes
 from runtime.embeddings.table_state import TablesOutsideModuleTree
+from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor, KeySelection
 
-__all__ = ["EmbeddingBagConfig", "EmbeddingBagCollection", "EmbeddingOptimizer"]
+__all__ = ["EmbeddingBagCollection"]
 
 logger = logging.getLogger(__name__)
-
-POOLING_TYPES = ("sum", "mean")
-
-
-@dataclass(frozen=True, slots=True)
-class EmbeddingBagConfig:
-    """One embedding table and the features that look it up.
-
-    Rows are initialised U(weight_init_min, weight_init_max), by default
-    U(-sqrt(1/num_embeddings), +sqrt(1/num_embeddings)) as in TorchRec.
-    `optimizer` overrides the collection's optimizer for this table. `where`
-    is the spec location the table was compiled from, named in errors.
-    """
-
-    name: str
-    num_embeddings: int
-    embedding_dim: int
-    feature_names: tuple[str, ...]
-    pooling: str = "sum"
-    weight_init_min: float | None = None
-    weight_init_max: float | None = None
-    optimizer: EmbeddingOptimizer | None = None
-    where: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "feature_names", tuple(self.feature_names))
-        where = self.describe()
-        if self.num_embeddings < 1 or self.embedding_dim < 1:
-            raise ValueError(f"{where}: num_embeddings and embedding_dim must be >= 1")
-        if not self.feature_names:
-            raise ValueError(f"{where}: needs at least one feature name")
-        if self.pooling not in POOLING_TYPES:
-            raise ValueError(f"{where}: unknown pooling {self.pooling!r}; expected 'sum' or 'mean'")
-        low, high = self.init_range()
-        if not low <= high:
-            raise ValueError(
-                f"{where}: weight_init_min {low} is greater than weight_init_max {high}"
-            )
-
-    def describe(self) -> str:
-        """`table 'cat_3'`, with its spec location when known."""
-        return f"table {self.name!r}" + (f" ({self.where})" if self.where else "")
-
-    def init_range(self) -> tuple[float, float]:
-        """The (min, max) of the uniform initialisation."""
-        bound = math.sqrt(1.0 / self.num_embeddings)
-        low = -bound if self.weight_init_min is None else self.weight_init_min
-        high = bound if self.weight_init_max is None else self.weight_init_max
-        return low, high
-
 
 def _fbgemm() -> Any | None:
     """The fbgemm TBE module, or None when fbgemm_gpu is not importable."""

@@ -1,6 +1,6 @@
 """Sparse optimizers for embedding tables, in plain torch.
 
-`EmbeddingOptimizer` is the one config both kernels of
+`EmbeddingOptimizer` (runtime.config.embeddings) is the one config both kernels of
 `runtime.embeddings.bag_collection.EmbeddingBagCollection` read. The fused kernel hands it to
 fbgemm's TBE, which applies the update inside its backward; the dense kernel
 (and the fused kernel where fbgemm has no CPU implementation: Adam) applies
@@ -31,46 +31,10 @@ and `iter` (int64, shape (1,), adam).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-OPTIMIZER_TYPES = ("sgd", "adagrad", "rowwise_adagrad", "adam")
-
-
-@dataclass(frozen=True, slots=True)
-class EmbeddingOptimizer:
-    """A sparse optimizer applied in backward to the rows of a batch.
-
-    `type` is one of `OPTIMIZER_TYPES`. `eps` defaults to fbgemm's 1e-8
-    (torch.optim.Adagrad uses 1e-10). `beta1`, `beta2` and `weight_decay`
-    are Adam's; fbgemm's CPU kernels do not apply weight decay for the other
-    optimizers, so a non-zero `weight_decay` is only accepted for Adam.
-    """
-
-    type: str = "rowwise_adagrad"
-    lr: float = 0.01
-    eps: float = 1e-8
-    beta1: float = 0.9
-    beta2: float = 0.999
-    weight_decay: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.type not in OPTIMIZER_TYPES:
-            raise ValueError(
-                f"unknown embedding optimizer {self.type!r}; expected one of "
-                + ", ".join(repr(t) for t in OPTIMIZER_TYPES)
-            )
-        if self.lr < 0 or self.eps < 0:
-            raise ValueError(f"embedding optimizer {self.type!r}: lr and eps must be >= 0")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError(
-                f"embedding optimizer {self.type!r}: beta1 and beta2 must be in [0, 1)"
-            )
-        if self.weight_decay != 0 and self.type != "adam":
-            raise ValueError(
-                f"embedding optimizer {self.type!r}: weight_decay is only supported for 'adam'"
-            )
+from runtime.config.embeddings import EmbeddingOptimizer
 
 
 def state_shapes(optimizer: EmbeddingOptimizer, rows: int, dim: int) -> dict[str, tuple[int, ...]]:

@@ -33,65 +33,19 @@ from __future__ import annotations
 
 import functools
 import itertools
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig, _build_groups, _check_names, embedding_names
+from runtime.config.embeddings import EmbeddingConfig, EmbeddingOptimizer
+from runtime.embeddings.bag_collection import _build_groups, _check_names, embedding_names
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.kernels import check_compute_kernel
-from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.embeddings.table_state import TablesOutsideModuleTree
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeySelection
 
-__all__ = ["EmbeddingCollection", "EmbeddingConfig"]
-
-
-@dataclass(frozen=True, slots=True)
-class EmbeddingConfig:
-    """One embedding table read as sequences by the features that look it up.
-
-    Initialisation and `optimizer` as for `EmbeddingBagConfig`:
-    U(-sqrt(1/num_embeddings), +sqrt(1/num_embeddings)) unless given.
-    """
-
-    name: str
-    num_embeddings: int
-    embedding_dim: int
-    feature_names: tuple[str, ...]
-    weight_init_min: float | None = None
-    weight_init_max: float | None = None
-    optimizer: EmbeddingOptimizer | None = None
-    where: str = ""  # the spec location it was built from, named in errors
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "feature_names", tuple(self.feature_names))
-        if not self.feature_names:
-            raise ValueError(f"table {self.name!r}: needs at least one feature name")
-        self.lookup_slot()  # validates the rest, with the bag config's messages
-
-    def lookup_slot(self) -> EmbeddingBagConfig:
-        """This table as the bag kernels take it: one slot, named after the table, one id per bag."""
-        return EmbeddingBagConfig(
-            self.name,
-            self.num_embeddings,
-            self.embedding_dim,
-            (self.name,),
-            weight_init_min=self.weight_init_min,
-            weight_init_max=self.weight_init_max,
-            optimizer=self.optimizer,
-            where=self.where,
-        )
-
-    def describe(self) -> str:
-        """`table 'items'`, with its spec location when known."""
-        return self.lookup_slot().describe()
-
-    def init_range(self) -> tuple[float, float]:
-        """The (min, max) of the uniform initialisation."""
-        return self.lookup_slot().init_range()
+__all__ = ["EmbeddingCollection"]
 
 
 class EmbeddingCollection(TablesOutsideModuleTree):

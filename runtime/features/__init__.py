@@ -15,7 +15,7 @@ or `oov_buckets: N` hashed), `hash` (no state: today's behaviour), `cross`
 (several columns hashed together), `quantiles` (learned equal-frequency
 buckets of a dense column), `history` (the earlier items of a key in the same
 event table); dense `numeric` (fill, clip, log, standardize / min_max).
-The configs are runtime.features.config's frozen dataclasses, carried by the
+The configs are runtime.config.transforms's frozen dataclasses, carried by the
 generated module's INPUTS (SparseFeatureConfig.transform,
 DenseFeatureConfig.transform).
 
@@ -50,7 +50,6 @@ from runtime import lazy_exports
 lazy_exports(
     globals(),
     {
-        "config": ("Cross", "History", "Numeric", "Quantiles", "Vocabulary"),
         "registry": ("transform",),
         "state": ("FeatureStateError", "Learned", "LearnedFeatures", "read_features"),
     },

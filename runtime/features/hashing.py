@@ -15,7 +15,7 @@ import hashlib
 import re
 from typing import Any, Iterable, Sequence
 
-from runtime.features.config import Cross
+from runtime.config.transforms import Cross
 
 VERSION = 1
 CROSS_SEPARATOR = "\x1f"

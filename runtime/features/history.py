@@ -27,7 +27,7 @@ from __future__ import annotations
 import bisect
 from typing import Any, Iterable, Sequence
 
-from runtime.features.config import History
+from runtime.config.transforms import History
 
 VERSION = 1
 

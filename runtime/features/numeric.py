@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from runtime.features.config import Numeric
+from runtime.config.transforms import Numeric
 
 VERSION = 1
 _SUMS = ("present", "raw_sum", "missing", "sum", "sumsq", "min", "max")

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from runtime.features.config import Quantiles
+from runtime.config.transforms import Quantiles
 
 VERSION = 1
 MAX_VALUES = 1 << 20

@@ -1,4 +1,4 @@
-"""Every feature transform, keyed by its kind in the spec (runtime.features.config's `kind`).
+"""Every feature transform, keyed by its kind in the spec (runtime.config.transforms's `kind`).
 
 A transform is an object with `kind`, `version` and the methods fit, merge,
 finish, dump, load and apply (runtime.features.__init__ says what each does).

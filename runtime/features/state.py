@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from runtime.features.config import config_json
+from runtime.config.transforms import config_json
 from runtime.features.registry import transform
 
 FILE = "features.json"
@@ -39,7 +39,7 @@ class Learned:
     """One feature's learned state."""
 
     kind: str
-    config: Any  # runtime.features.config
+    config: Any  # runtime.config.transforms
     state: Any  # the transform's own state object
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from runtime.features.config import Vocabulary
+from runtime.config.transforms import Vocabulary
 from runtime.features.hashing import hash_text
 
 VERSION = 1

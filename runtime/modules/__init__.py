@@ -1,4 +1,5 @@
-"""The dense side of a model: the block types of the spec, linears, losses."""
+"""The dense side of a model: the block types of the spec (`blocks/`), the layers they are built
+from (`layers/`: linears, dropout, norms, activations), the heads' losses (`heads/`)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,24 @@ from runtime import lazy_exports
 lazy_exports(
     globals(),
     {
-        "blocks": (
+        "blocks.pooled": (
             "MLP", "Concat", "CrossNet", "DotInteraction", "DotProduct",
             "FactorizationMachine", "MixtureOfExperts", "Sum",
         ),
-        "linear": ("Linear",),
-        "elementwise": ("Activation", "Product"),
-        "field_stack": ("Flatten",),
-        "field_attention": ("FieldSelfAttention",),
-        "cin": ("CIN",),
-        "wukong": ("Wukong", "WukongLayer"),
-        "mask_block": ("MaskBlock", "MaskNet"),
-        "sync_norm": ("SyncBatchNorm",),
-        "dropout": ("KeyedDropout",),
-        "sequence_pool": ("SequencePool",),
-        "target_attention": ("TargetAttention",),
-        "transformer": ("Transformer",),
-        "hstu": ("HSTU",),
-        "gru": ("GRU",),
-        "losses": ("head_loss", "total_loss"),
+        "layers.linear": ("Linear",),
+        "blocks.elementwise": ("Activation", "Product"),
+        "blocks.field_stack": ("Flatten",),
+        "blocks.field_attention": ("FieldSelfAttention",),
+        "blocks.cin": ("CIN",),
+        "blocks.wukong": ("Wukong", "WukongLayer"),
+        "blocks.mask_block": ("MaskBlock", "MaskNet"),
+        "layers.sync_norm": ("SyncBatchNorm",),
+        "layers.dropout": ("KeyedDropout",),
+        "blocks.sequence_pool": ("SequencePool",),
+        "blocks.target_attention": ("TargetAttention",),
+        "blocks.transformer": ("Transformer",),
+        "blocks.hstu": ("HSTU",),
+        "blocks.gru": ("GRU",),
+        "heads.losses": ("head_loss", "total_loss"),
     },
 )  # fmt: skip

@@ -37,8 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from runtime.config.heads import HeadConfig
 from runtime.data.columns import USER_IDS
-from runtime.modules.losses import HeadConfig
+from runtime.modules.heads.losses import HeadConfig
 from runtime.retrieval.catalogue import Catalogue, StepCandidates
 from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 

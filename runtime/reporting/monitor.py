@@ -5,7 +5,7 @@ Every step adds the heads' outputs to the metrics window; every log step
 (`--log-every`) computes the window's metrics over all ranks, which rank 0
 shows (runtime.reporting.console) and writes to `--log-dir`; every `--eval-every` steps and at the end
 the evaluation split is scored (with MovieLens data, each pass also counts
-the ids outside the training vocabulary: runtime.data.unseen_ids), and each
+the ids outside the training vocabulary: runtime.data.checks.unseen_ids), and each
 pass goes to `on_evaluation` (early stopping: runtime.train.early_stopping). Metric
 computation and evaluation are collectives, so every rank calls these hooks;
 only rank 0 prints or writes.
@@ -20,11 +20,11 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
+from runtime.config.heads import HeadConfig
 from runtime.data.batch import Batch
-from runtime.data.unseen_ids import UnseenIds
-from runtime.modules.losses import HeadConfig
-from runtime.reporting.metrics import MetricSet, MetricValues
+from runtime.data.checks.unseen_ids import UnseenIds
 from runtime.reporting.console import Console, format_metrics
+from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.reporting.run_log import RunLog
 from runtime.retrieval.catalogue import Catalogue, StepCandidates
 

@@ -12,7 +12,7 @@ from runtime import lazy_exports
 lazy_exports(
     globals(),
     {
-        "sampled_softmax": ("SampledSoftmaxConfig", "SampledSoftmaxLoss", "sampled_softmax"),
+        "sampled_softmax": ("SampledSoftmaxLoss", "sampled_softmax"),
         "frequency": ("StreamingFrequency", "counts_log_q"),
         "sampling": ("uniform_negatives",),
         "gather": ("gather_rows",),

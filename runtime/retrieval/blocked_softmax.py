@@ -24,7 +24,7 @@ import contextlib
 
 import torch
 
-from runtime.modules.linear import onednn_applies
+from runtime.modules.layers.linear import onednn_applies
 
 __all__ = ["BLOCK_ROWS", "EXP_SAFE", "blocked_softmax_loss"]
 
@@ -35,7 +35,7 @@ BLOCK_ROWS = 512  # 512 x 12,800 logits = 26 MB: in a 32 MB last-level cache; 12
 
 
 def _times_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x @ weight.T, on oneDNN where runtime.modules.linear would take it: MKL's generic path on AMD
+    """x @ weight.T, on oneDNN where runtime.modules.layers.linear would take it: MKL's generic path on AMD
     ran these two products 2.2x (logits, K = 64) and 1.4x (K = 12,800) slower at one thread."""
     if onednn_applies(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")

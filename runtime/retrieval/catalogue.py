@@ -75,7 +75,7 @@ class StepCandidates:
     def __init__(self, loss: RetrievalLoss) -> None:
         self.loss = loss
         self.normalize = loss.softmax.config.normalize
-        self.in_batch = loss.softmax.config.in_batch
+        self.in_batch = loss.softmax.config.negatives.in_batch
 
     def scored(self, vectors: torch.Tensor) -> torch.Tensor:
         """Item vectors of the forward as the softmax scores them (L2-normalised when it normalises)."""

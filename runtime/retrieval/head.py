@@ -33,9 +33,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from runtime.config.retrieval import SampledSoftmaxConfig
 from runtime.retrieval.gather import distributed, gather_rows, row_counts
 from runtime.retrieval.item_attributes import ItemAttributes
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
 
 __all__ = [
@@ -217,7 +218,7 @@ class RetrievalLoss(nn.Module):
         counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
         if self.training and attributes is not None and output.attributes is not None:
             self._record(attributes, ids, output.attributes, counts)
-        if self.softmax.config.per_query:
+        if self.softmax.config.negatives.per_query:
             negatives = self._per_query_negatives(ids, counts, item_vectors)
         else:
             negative_ids = self.softmax.negative_ids(ids.device)

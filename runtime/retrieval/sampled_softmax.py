@@ -28,84 +28,26 @@ The loss is the mean (or sum) over this rank's queries. Over N ranks the
 mean of the ranks' losses is one process's loss on the global batch, and the
 gradients, averaged over ranks as data parallelism does, are its gradients.
 
-    >>> loss_fn = SampledSoftmaxLoss(SampledSoftmaxConfig(negatives="in_batch", temperature=0.05))
+    >>> loss_fn = SampledSoftmaxLoss(SampledSoftmaxConfig(Negatives(in_batch=True), temperature=0.05))
     >>> loss = loss_fn(query, positive, positive_ids)  # query, positive: [B, D]; ids: [B]
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.config.retrieval import SampledSoftmaxConfig
 from runtime.retrieval.blocked_softmax import blocked_softmax_loss
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
 from runtime.retrieval.gather import gather_ids, gather_rows
 from runtime.retrieval.sampling import per_query_negatives, uniform_log_q, uniform_negatives
 
-__all__ = ["NEGATIVES", "SampledSoftmaxConfig", "SampledSoftmaxLoss", "sampled_softmax"]
+__all__ = ["SampledSoftmaxLoss", "sampled_softmax"]
 
-NEGATIVES = ("in_batch", "uniform", "both")
-FREQUENCIES = ("streaming", "counts")
 REDUCTIONS = ("mean", "sum", "none")
-
-
-@dataclass(frozen=True, slots=True)
-class SampledSoftmaxConfig:
-    """A retrieval head's softmax.
-
-    `negatives`: in_batch, uniform or both. `num_negatives`: uniform samples a
-    step, drawn from ids [first_id, num_items) with generator key (seed,
-    step). `logq`: subtract log Q; `frequency`: its in-batch estimate,
-    `streaming` (over `frequency_slots` hash slots, moving-average weight
-    `frequency_alpha`) or `counts` (item counts handed to the loss).
-    `per_query`: each query draws its own `num_negatives` uniform ids.
-    """
-
-    negatives: str = "in_batch"
-    num_negatives: int = 0
-    num_items: int = 0
-    first_id: int = 0
-    temperature: float = 1.0
-    normalize: bool = False
-    logq: bool = False
-    frequency: str = "streaming"
-    frequency_slots: int = 1 << 20
-    frequency_alpha: float = 0.05
-    seed: int = 0
-    per_query: bool = False
-
-    def __post_init__(self) -> None:
-        if self.negatives not in NEGATIVES:
-            raise ValueError(f"sampled softmax: negatives {self.negatives!r} is not one of {', '.join(NEGATIVES)}")
-        if self.frequency not in FREQUENCIES:
-            raise ValueError(f"sampled softmax: frequency {self.frequency!r} is not one of {', '.join(FREQUENCIES)}")
-        if self.temperature <= 0:
-            raise ValueError(f"sampled softmax: temperature must be > 0 (got {self.temperature})")
-        if self.uniform:
-            if self.num_negatives < 1:
-                raise ValueError(
-                    f"sampled softmax: negatives {self.negatives!r} needs num_negatives >= 1 (got {self.num_negatives})"
-                )
-            if self.num_items <= self.first_id:
-                raise ValueError(
-                    f"sampled softmax: uniform negatives need num_items > first_id "
-                    f"(got num_items {self.num_items}, first_id {self.first_id})"
-                )
-
-        if self.per_query and not self.uniform:
-            raise ValueError(f"sampled softmax: per_query draws uniform negatives, but negatives is {self.negatives!r}")
-
-    @property
-    def in_batch(self) -> bool:
-        return self.negatives in ("in_batch", "both")
-
-    @property
-    def uniform(self) -> bool:
-        return self.negatives in ("uniform", "both")
 
 
 def sampled_softmax(
@@ -259,7 +201,7 @@ class SampledSoftmaxLoss(nn.Module):
         super().__init__()
         self.config = config
         self.process_group = process_group
-        counting = config.logq and config.in_batch and config.frequency == "counts"
+        counting = config.logq and config.negatives.in_batch and config.frequency == "counts"
         if counting != (item_counts is not None):
             raise ValueError(
                 "sampled softmax: item_counts are needed exactly when logq is on with in-batch "
@@ -271,7 +213,7 @@ class SampledSoftmaxLoss(nn.Module):
             )
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
         self.register_buffer("item_counts", item_counts, persistent=False)
-        uses_stream = config.logq and config.in_batch and config.frequency == "streaming"
+        uses_stream = config.logq and config.negatives.in_batch and config.frequency == "streaming"
         self.frequency = StreamingFrequency(config.frequency_slots, config.frequency_alpha) if uses_stream else None
 
     def negative_ids(
@@ -281,16 +223,16 @@ class SampledSoftmaxLoss(nn.Module):
 
         `per_query`: [len(queries), S], the rows of global queries `queries` (of `total_queries`).
         """
-        c = self.config
-        if not c.uniform:
+        c, uniform = self.config, self.config.negatives.uniform
+        if not uniform:
             return None
-        if c.per_query:
+        if c.negatives.per_query:
             if queries is None:
                 raise ValueError("sampled softmax: per_query negatives need the queries' global rows")
             return per_query_negatives(
-                c.seed, int(self.step), queries, total_queries, c.num_negatives, c.num_items, c.first_id, device
+                c.seed, int(self.step), queries, total_queries, uniform, c.num_items, c.first_id, device
             )
-        return uniform_negatives(c.seed, int(self.step), c.num_negatives, c.num_items, c.first_id, device)
+        return uniform_negatives(c.seed, int(self.step), uniform, c.num_items, c.first_id, device)
 
     def forward(
         self,
@@ -303,36 +245,34 @@ class SampledSoftmaxLoss(nn.Module):
     ) -> torch.Tensor:
         """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`;
         `row_counts` every rank's number of queries, when the caller has exchanged them."""
-        c = self.config
-        if c.uniform and negatives is None:
-            raise ValueError(f"sampled softmax: negatives {c.negatives!r} needs the embeddings of negative_ids()")
-        if not c.uniform and negatives is not None:
-            raise ValueError("sampled softmax: negatives given but the config draws none (negatives 'in_batch')")
-        if c.per_query:
+        c, uniform = self.config, self.config.negatives.uniform
+        if uniform and negatives is None:
+            raise ValueError("sampled softmax: uniform negatives need the embeddings of negative_ids()")
+        if not uniform and negatives is not None:
+            raise ValueError("sampled softmax: negatives given but the config draws none (in-batch negatives only)")
+        if c.negatives.per_query:
             counts = row_counts or [positive_ids.shape[0]]
             first = sum(counts[: dist.get_rank(self.process_group)]) if len(counts) > 1 else 0
             queries = slice(first, first + positive_ids.shape[0])
             negative_ids = self.negative_ids(positive_ids.device, queries, sum(counts))
-            if negatives is not None and tuple(negatives.shape[:2]) != (positive_ids.shape[0], c.num_negatives):
+            if negatives is not None and tuple(negatives.shape[:2]) != (positive_ids.shape[0], uniform):
                 raise ValueError(
                     f"sampled softmax: negative embeddings of shape {tuple(negatives.shape)} for "
-                    f"{positive_ids.shape[0]} queries of {c.num_negatives} per_query negatives"
+                    f"{positive_ids.shape[0]} queries of {uniform} per_query negatives"
                 )
         else:
             negative_ids = self.negative_ids(positive_ids.device)
-        if not c.per_query and negatives is not None and negatives.shape[0] != c.num_negatives:
-            raise ValueError(
-                f"sampled softmax: {negatives.shape[0]} negative embeddings for {c.num_negatives} negative ids"
-            )
+        if not c.negatives.per_query and negatives is not None and negatives.shape[0] != uniform:
+            raise ValueError(f"sampled softmax: {negatives.shape[0]} negative embeddings for {uniform} negative ids")
         loss = sampled_softmax(
             query,
             positive,
             positive_ids,
-            in_batch=c.in_batch,
+            in_batch=c.negatives.in_batch,
             negatives=negatives,
             negative_ids=negative_ids,
             in_batch_log_q=self._in_batch_log_q(positive_ids, row_counts),
-            negative_log_q=uniform_log_q(c.num_negatives, c.num_items, c.first_id) if c.logq and c.uniform else None,
+            negative_log_q=uniform_log_q(uniform, c.num_items, c.first_id) if c.logq and uniform else None,
             temperature=c.temperature,
             normalize=c.normalize,
             process_group=self.process_group,
@@ -345,7 +285,7 @@ class SampledSoftmaxLoss(nn.Module):
 
     def _in_batch_log_q(self, positive_ids: torch.Tensor, row_counts: list[int] | None) -> torch.Tensor | None:
         c = self.config
-        if not (c.logq and c.in_batch):
+        if not (c.logq and c.negatives.in_batch):
             return None
         global_ids = gather_ids(positive_ids, self.process_group, row_counts)
         if self.frequency is not None:

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 from torch.fx.experimental import _config as fx_config  # backed_size_oblivious: see AotModel
 
-from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.serving.packed_mlp import pack_mlps
+from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.storage.manifest import (
     MANIFEST,
     Artifact,

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.data.bad_rows import BadRowLog
-from runtime.data.features import ModelInputs
-from runtime.data.movielens import MovieLensReader
-from runtime.data.movielens_vocab import Vocabulary
+from runtime.config.data import ModelInputs
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.movielens.reader import MovieLensReader
+from runtime.data.movielens.vocab import Vocabulary
 from runtime.data.tables.learn import with_learned
 from runtime.retrieval.index import build_index
 from runtime.retrieval.index_files import save_index

@@ -1,7 +1,7 @@
 """Serving MLPs whose float32 CPU layers read weights packed once for oneDNN.
 
 An exported model's weights never change, so the per-call work of a
-training linear on oneDNN (runtime/modules/linear.py: reorder the plain
+training linear on oneDNN (runtime/modules/layers/linear.py: reorder the plain
 weight into oneDNN's blocked layout, 20-30 us a layer here) can be done
 once: `torch.ops.mkldnn._reorder_linear_weight` packs each layer's weight
 at its first call, and `torch.ops.mkldnn._linear_pointwise` then computes
@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.cpu import choice
-from runtime.modules.blocks import MLP
-from runtime.modules.linear import linear, onednn_applies, onednn_chosen
+from runtime.modules.blocks.pooled import MLP
+from runtime.modules.layers.linear import linear, onednn_applies, onednn_chosen
 
 __all__ = ["PackedMLP", "pack_mlps"]
 

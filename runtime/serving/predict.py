@@ -4,11 +4,11 @@
 process, without the compiler. Samples come in batches
 (runtime.serving.samples) from
 
-    synthetic          the spec's synthetic batches (runtime.data.synthetic), ids 0, 1, 2, ...
-    criteo:PATH        Criteo TSV lines (runtime.data.criteo)
-    movielens:PATH     MovieLens ratings (runtime.data.movielens), ids mapped with the
+    synthetic          the spec's synthetic batches (runtime.data.synthetic.batches), ids 0, 1, 2, ...
+    criteo:PATH        Criteo TSV lines (runtime.data.criteo.reader)
+    movielens:PATH     MovieLens ratings (runtime.data.movielens.reader), ids mapped with the
                        vocabulary training used (the export's vocab.json); ids outside it
-                       are scored with row 0 and counted (runtime.data.unseen_ids)
+                       are scored with row 0 and counted (runtime.data.checks.unseen_ids)
 
 and each becomes one CSV row: `id` (synthetic) or `file,line` (files), then
 one column per head: the sigmoid of the logit (bce; a probability head's output as is), the value (mse), or one
@@ -16,7 +16,7 @@ probability per class (softmax: `<head>_<k>`). Floats are written with 9
 significant digits, which round-trips float32 exactly. File lines are parsed
 by the reader's own `parse` and `to_columns`, line by line in file order, so
 each prediction keeps its line number; bad rows follow the training rule
-(runtime.data.bad_rows): stop at the first (`fail`) or count, report and skip.
+(runtime.data.checks.bad_rows): stop at the first (`fail`) or count, report and skip.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from typing import Any, Iterator, Sequence, TextIO
 import torch
 from torch import nn
 
-from runtime.data.features import ModelInputs
-from runtime.data.movielens import DEFAULT_THRESHOLD
-from runtime.data.unseen_ids import UnseenIds
-from runtime.modules.losses import HeadConfig
+from runtime.config.data import ModelInputs
+from runtime.config.heads import HeadConfig
+from runtime.data.checks.unseen_ids import UnseenIds
+from runtime.data.movielens.reader import DEFAULT_THRESHOLD
 from runtime.serving.samples import Keyed, open_samples
 from runtime.storage.output import write_file
 

@@ -72,11 +72,12 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_inference import (
 )
 from torch import nn
 
+from runtime.config.embeddings import EmbeddingBagConfig
 from runtime.cpu import choice, huge_pages, native
-from runtime.embeddings.bag_collection import EmbeddingBagConfig, _check_names
+from runtime.embeddings.bag_collection import _check_names
 from runtime.embeddings.ids import IdCheck
-from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection, KeyedTensor
 from runtime.embeddings.state_views import load_views
+from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor, KeySelection
 
 __all__ = [
     "PRECISIONS",

@@ -35,9 +35,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from runtime.config.embeddings import EmbeddingConfig
 from runtime.embeddings.bag_collection import _check_names
 from runtime.embeddings.ids import IdCheck
-from runtime.embeddings.sequence_collection import EmbeddingConfig, _slot_offsets
+from runtime.embeddings.sequence_collection import _slot_offsets
 from runtime.serving.quant_embedding import QuantEmbeddingBagCollection
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeySelection
 

@@ -53,7 +53,7 @@ class RetrieveReport:
     search_seconds: float  # the index
     bad_rows: int
     bad_rows_summary: str | None
-    unseen: Any = None  # MovieLens: request ids outside the training vocabulary (runtime.data.unseen_ids)
+    unseen: Any = None  # MovieLens: request ids outside the training vocabulary (runtime.data.checks.unseen_ids)
     no_history: int = 0  # next-item requests without a history: no rows written for them
 
     @property

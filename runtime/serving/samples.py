@@ -5,15 +5,15 @@
         ...
     samples.bad_rows.summary(), samples.unseen.describe()
 
-`synthetic` is the spec's synthetic batches (runtime.data.synthetic), ids
+`synthetic` is the spec's synthetic batches (runtime.data.synthetic.batches), ids
 counted from 0; any other `data` is a file read by the reader training
 would use (runtime.data.sources), line by line in file order so each row
 keeps its file and line, bad rows under the training rule
-(runtime.data.bad_rows) and MovieLens ids mapped with the vocabulary
+(runtime.data.checks.bad_rows) and MovieLens ids mapped with the vocabulary
 training saved (an export's vocab.json), those outside it counted
-(runtime.data.unseen_ids). `history` (a next-item model's requests): the
+(runtime.data.checks.unseen_ids). `history` (a next-item model's requests): the
 training data each request's history is cut from, as evaluation cuts it
-(runtime.data.movielens_history); without it a request's history is the
+(runtime.data.movielens.history); without it a request's history is the
 earlier lines of its own file.
 """
 
@@ -23,14 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from runtime.data.bad_rows import BadRow, BadRowLog
+from runtime.config.data import ModelInputs
 from runtime.data.batch import Batch
+from runtime.data.checks.bad_rows import BadRow, BadRowLog
+from runtime.data.checks.unseen_ids import UnseenIds, unseen_counter
 from runtime.data.errors import RowError
-from runtime.data.features import ModelInputs
-from runtime.data.movielens_vocab import Vocabulary, read_vocabulary
+from runtime.data.movielens.vocab import Vocabulary, read_vocabulary
+from runtime.data.synthetic.batches import make_batch
 from runtime.data.tables.learn import with_learned
-from runtime.data.synthetic import make_batch
-from runtime.data.unseen_ids import UnseenIds, unseen_counter
 
 __all__ = ["Keyed", "Samples", "file_samples", "open_samples", "requests_reader", "synthetic_samples"]
 

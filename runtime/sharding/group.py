@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.embeddings.bag_collection import EmbeddingBagCollection
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.layout import LocalTable, Slot, TableLayout, local_tables
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 
 @dataclass(frozen=True)

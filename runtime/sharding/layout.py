@@ -20,8 +20,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.embeddings.sequence_collection import EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingConfig
 from runtime.sharding.types import ROW_SHARDED, SHARDING_TYPES
 
 TableConfig = EmbeddingBagConfig | EmbeddingConfig  # a bag table, or a sequence table (rows per id)

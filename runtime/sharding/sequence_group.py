@@ -21,12 +21,12 @@ from typing import Sequence
 
 import torch
 
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.sparse.jagged import KeyedJaggedTensor
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import GroupEnv
 from runtime.sharding.layout import LocalTable, TableLayout, local_tables
 from runtime.sharding.sequence_lookup import SequenceShardLookup
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 
 @dataclass

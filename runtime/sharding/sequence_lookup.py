@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import EmbeddingGroup, GroupEnv, KernelCollections, RoutedIds

@@ -46,9 +46,9 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.sharding import (
     column_wise,
     data_parallel,
@@ -57,9 +57,9 @@ from runtime.sharding import (
     table_row_wise,
     table_wise,
 )
-from runtime.sharding.sequence_lookup import build_local as build_local_sequences
 from runtime.sharding.group import EmbeddingGroup, GroupEnv
 from runtime.sharding.layout import LocalTable, TableLayout, digest, table_layouts
+from runtime.sharding.sequence_lookup import build_local as build_local_sequences
 from runtime.sharding.types import SHARDING_TYPES
 
 INIT_BLOCK_ROWS = 1 << 16

@@ -635,7 +635,7 @@ class ColumnPieces(Protocol):
     column order the pieces make up the values, and together they cover
     every element of the buffer once. What a pooled all-to-all receives is
     such a buffer (runtime/sharding/pooled_dist.py); a consumer that reads
-    the pieces where they lie (runtime/modules/blocks.py's DotInteraction)
+    the pieces where they lie (runtime/modules/blocks/pooled.py's DotInteraction)
     saves the copy into one tensor and the copy of its gradient back.
     """
 

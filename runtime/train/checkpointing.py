@@ -42,7 +42,7 @@ from runtime.checkpoint.store import (
     save_checkpoint,
 )
 from runtime.data.batch import Batch
-from runtime.data.movielens_vocab import VOCABULARY_FILE
+from runtime.data.movielens.vocab import VOCABULARY_FILE
 from runtime.data.sources import choose_data
 from runtime.features.state import FILE as FEATURES_FILE
 from runtime.reporting import console

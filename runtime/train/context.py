@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.data.features import ModelInputs
+from runtime.config.data import ModelInputs
 from runtime.train.options import TrainOptions
 from runtime.train.timing import OtherWork
 

@@ -1,36 +1,17 @@
 """The dense optimizer: the torch optimizer over a model's dense parameters.
 
-A generated module describes it as a `DenseOptimizerConfig` (its
+A generated module describes it as a `DenseOptimizerConfig` (runtime.config.training; its
 DENSE_OPTIMIZER constant); embedding tables have their own optimizers, fused
-into their kernels (runtime.embeddings.optim.EmbeddingOptimizer).
+into their kernels (runtime.config.embeddings.EmbeddingOptimizer).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable
 
 import torch
 
-DENSE_OPTIMIZER_TYPES = ("sgd", "adagrad", "adam", "adamw")
-
-
-@dataclass(frozen=True, slots=True)
-class DenseOptimizerConfig:
-    """An optimizer and its hyper-parameters; `where` is the spec location it was compiled from."""
-
-    type: str
-    lr: float
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    where: str = ""
-
-    def __post_init__(self) -> None:
-        if self.type not in DENSE_OPTIMIZER_TYPES:
-            at = f" ({self.where})" if self.where else ""
-            raise ValueError(f"dense optimizer {self.type!r}{at} is not supported (sgd, adagrad, adam or adamw)")
+from runtime.config.training import DenseOptimizerConfig
 
 
 def make_dense_optimizer(

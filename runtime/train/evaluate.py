@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
+from runtime.config.heads import HeadConfig
 from runtime.data.loader import LocalBatch
-from runtime.modules.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet, MetricValues
 from runtime.retrieval import catalogue
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from runtime.config.data import ModelInputs
 from runtime.data.errors import DataError
-from runtime.data.features import ModelInputs
 from runtime.data.prepared.manifest import read_manifest
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables.learn import learn_features, learned_configs

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runtime.data.features import PlateauConfig
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import PlateauConfig
 from runtime.train.early_stopping import BestMetric, Metrics, missed_evaluation, resolve_best_metric
 from runtime.train.options import UsageError
 

@@ -4,7 +4,7 @@ The training loop (runtime/train/loop.py) calls `LrScheduler.start_step(t)`
 before the step that follows t completed steps, plainly or pipelined: the
 pipeline's stage 1 (backward, where the tables update, and the dense
 optimizer's step) runs inside that step, and its stage 0 reads no learning
-rate. The factor `schedule.factor(t)` (runtime.train.lr_schedule) multiplies
+rate. The factor `schedule.factor(t)` (runtime.config.lr_schedule) multiplies
 
 - each parameter group of the dense optimizer: lr = initial lr x factor, the
   initial lr kept in the group as `initial_lr` (torch's own schedulers' key);
@@ -32,10 +32,10 @@ from typing import Any, Callable, Mapping
 
 import torch
 
+from runtime.config.lr_schedule import LrSchedule, spell
 from runtime.train.callbacks import Callback
 from runtime.train.early_stopping import Metrics
 from runtime.train.lr_plateau import LrPlateau
-from runtime.train.lr_schedule import LrSchedule, spell
 
 __all__ = ["LrScheduler", "ReduceOnPlateau", "ScheduleState"]
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.checkpoint.files import is_checkpoint
-from runtime.data.bad_rows import BAD_ROW_POLICIES
-from runtime.data.features import TrainingConfig
-from runtime.data.movielens import DEFAULT_THRESHOLD
+from runtime.config.training import TrainingConfig
+from runtime.data.checks.bad_rows import BAD_ROW_POLICIES
+from runtime.data.movielens.reader import DEFAULT_THRESHOLD
 from runtime.data.reader_names import data_forms
 from runtime.train.limits import (
     MAX_BATCH_SIZE,
@@ -38,7 +38,6 @@ from runtime.train.limits import (
     MAX_THREADS,
     range_problem,
 )
-
 
 DEFAULT_KEEP = 3  # enough to fall back past a damaged newest checkpoint, not every one of a long run
 

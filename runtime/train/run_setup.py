@@ -4,7 +4,7 @@
 runtime.train.options and runtime.train.context) into the batches to train on and the
 `TrainingMonitor`, whose hooks the training loop calls as a callback (`MonitorHooks`); `RunIO.finish` adds
 the final metrics, the bad-row count and, for MovieLens, the ids outside the
-vocabulary (runtime.data.unseen_ids) to the run's last JSON line.
+vocabulary (runtime.data.checks.unseen_ids) to the run's last JSON line.
 Evaluation passes are timed apart from training (runtime.train.timing).
 """
 
@@ -18,28 +18,28 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.config.data import ModelInputs
 from runtime.data.batch import Batch
-from runtime.data.features import ModelInputs
-from runtime.data.loader import epoch_batches, training_batches
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.checks.history_lengths import length_warnings, prepared_lengths, reader_lengths, sequence_features
+from runtime.data.checks.unseen_ids import UnseenIds, unseen_counter
 from runtime.data.errors import DataError
-from runtime.data.movielens import movielens_layout
-from runtime.data.history_lengths import length_warnings, prepared_lengths, reader_lengths, sequence_features
-from runtime.data.movielens_vocab import Vocabulary, read_vocabulary
+from runtime.data.loader import epoch_batches, training_batches
+from runtime.data.movielens.reader import movielens_layout
+from runtime.data.movielens.vocab import Vocabulary, read_vocabulary
 from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
 from runtime.data.prepared.prepare import VOCABULARY
 from runtime.data.prepared.reading import PreparedData, open_prepared
 from runtime.data.sources import DataChoice, choose_data, open_reader
-from runtime.data.unseen_ids import UnseenIds, unseen_counter
+from runtime.reporting import console
+from runtime.reporting.console import Console
+from runtime.reporting.monitor import Evaluation, StepLog, TrainingMonitor
+from runtime.reporting.run_log import RunLog
 from runtime.train.callbacks import Callback
 from runtime.train.context import RunContext
 from runtime.train.evaluate import evaluate, training_catalogue
 from runtime.train.feature_state import learned_inputs
 from runtime.train.options import TrainOptions
-from runtime.reporting.monitor import Evaluation, StepLog, TrainingMonitor
-from runtime.reporting import console
-from runtime.reporting.console import Console
-from runtime.reporting.run_log import RunLog
 
 
 class MonitorHooks(Callback):
@@ -73,7 +73,7 @@ class RunIO:
 
         `after_evaluation` adds what the final evaluation decides (the best checkpoint).
 
-        Every rank meets the same bad rows (see runtime.data.bad_rows): no reduction needed.
+        Every rank meets the same bad rows (see runtime.data.checks.bad_rows): no reduction needed.
         """
         close = getattr(self.batches, "close", None)
         if callable(close):
@@ -124,7 +124,7 @@ def setup_run(
     vocab_path = Path(options.module).with_suffix(".vocab.json")  # beside the module and its checkpoint
     shape = dict(global_batch=global_batch, rank=rank, world_size=world_size, num_workers=workers)
 
-    unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.unseen_ids), MovieLens only
+    unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.checks.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(options.data, inputs)
     inputs = learned_inputs(inputs, choice, module_file=options.module, resumed=resumed_features, rank=rank,

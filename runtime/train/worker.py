@@ -24,24 +24,24 @@ from typing import Callable, Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from runtime.config.heads import HeadConfig
 from runtime.cpu import choice
 from runtime.cpu.allocator import retain_freed_memory
 from runtime.data.batch import Batch
 from runtime.data.errors import DataError
-from runtime.modules.losses import HeadConfig
+from runtime.process.lifetime import die_with_parent, skip_exit_collection
 from runtime.reporting import console
 from runtime.retrieval.head import RetrievalLoss
 from runtime.sharding.dense import distribute_dense
 from runtime.train import checkpointing, kernel_choices, run_setup
-from runtime.process.lifetime import die_with_parent, skip_exit_collection
 from runtime.train.best_checkpoint import BestCheckpoint, TrackerState, early_stopping
 from runtime.train.callbacks import CallbackList
 from runtime.train.context import RunContext
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
+from runtime.train.loop import train
 from runtime.train.lr_plateau import plateau_from_spec
 from runtime.train.lr_scheduler import LrScheduler, ReduceOnPlateau, ScheduleState
-from runtime.train.loop import train
 from runtime.train.options import TrainOptions
 from runtime.train.precision import check_precision
 from runtime.train.process_group import close_process_group, init_process_group

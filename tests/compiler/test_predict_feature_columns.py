@@ -18,10 +18,10 @@ import torch
 
 from compiler.cli import main
 from runtime.checkpoint.store import load_checkpoint
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, open_reader
-from runtime.data.synthetic import make_batch
+from runtime.data.synthetic.batches import make_batch
 from runtime.serving.export_dir import head_scores, read_export_manifest
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.worker import load_module

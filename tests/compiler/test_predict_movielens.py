@@ -25,7 +25,7 @@ import torch
 
 from compiler.cli import main
 from runtime.checkpoint.store import load_model_state
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.movielens.vocab import read_vocabulary
 from runtime.data.sources import choose_data, open_reader
 from runtime.serving.export_dir import load
 from runtime.serving.predict import predict_file

@@ -143,7 +143,7 @@ def dot_backward(
     Written into `grads` when given (one per part, its shape, each row one run
     of values: views into the buffer the gradient is wanted in), else into new
     contiguous tensors. `grad_out` may have rows further apart than its width
-    (a column slice, as runtime/modules/padded_grad.py returns); other layouts
+    (a column slice, as runtime/modules/layers/padded_grad.py returns); other layouts
     are copied first.
     """
     lib = library()

@@ -1,6 +1,6 @@
 /* Attention of one query per sample and head over a prefix of a padded sequence, forward and backward.
  *
- * The last layer of a transformer read at one position (runtime/modules/transformer.py,
+ * The last layer of a transformer read at one position (runtime/modules/blocks/transformer.py,
  * output "first" or "last") attends from one query per sample and head, with the
  * query already taken into the input's space (q_h W_k,h, scaled), so keys and
  * values are the input rows themselves. Per sample b, head h, with n = counts[b]

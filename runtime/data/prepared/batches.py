@@ -40,12 +40,12 @@ from typing import Any, Callable, Iterator
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from runtime.data.batch import Batch
+from runtime.data.checks.timestamps import check_timestamps
 from runtime.data.errors import DataError
+from runtime.data.files.arrow import pa
 from runtime.data.loader import Failure, LocalBatch
-from runtime.data.prepared.arrow import pa
 from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
 from runtime.data.rank_slices import Share, share_bounds
-from runtime.data.sequence_check import check_timestamps
 from runtime.process.lifetime import die_with_parent
 
 

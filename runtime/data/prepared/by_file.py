@@ -27,12 +27,12 @@ from typing import Any, Iterator
 
 import torch
 
-from runtime.data.bad_rows import EXAMPLES, BadRow
+from runtime.data.checks.bad_rows import EXAMPLES, BadRow
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader
+from runtime.data.files.arrow import pa, pq
 from runtime.data.loader import Reader, parse_block
-from runtime.data.prepared.arrow import pa, pq
 from runtime.data.prepared.manifest import write_json_atomically
 from runtime.data.prepared.schema import arrow_schema, from_table, to_table
 from runtime.process.lifetime import die_with_parent

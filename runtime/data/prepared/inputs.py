@@ -18,9 +18,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from runtime.data.movielens import movies_file, ratings_file
+from runtime.data.files.text_lines import data_files
+from runtime.data.movielens.reader import movies_file, ratings_file
 from runtime.data.sources import DataChoice
-from runtime.data.text_lines import data_files
 
 
 def input_files(choice: DataChoice, training: str | None) -> list[Path]:

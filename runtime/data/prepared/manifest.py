@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.config.data import ModelInputs
 from runtime.data.errors import DataError
-from runtime.data.features import ModelInputs
 from runtime.data.prepared.schema import column_specs
 from runtime.storage.manifest import file_sha256
 

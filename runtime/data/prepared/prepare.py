@@ -52,15 +52,15 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 from torch.utils.data import DataLoader
 
-from runtime.data.bad_rows import BadRow, BadRowLog
+from runtime.config.data import ModelInputs
+from runtime.data.checks.bad_rows import BadRow, BadRowLog
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import FeatureReader
-from runtime.data.features import ModelInputs
+from runtime.data.files.arrow import pq
 from runtime.data.loader import BLOCK_LINES, Block, BlockDataset, Failure, Reader
-from runtime.data.movielens import MovieLensReader
-from runtime.data.movielens_vocab import save_vocabulary
-from runtime.data.prepared.arrow import pq
+from runtime.data.movielens.reader import MovieLensReader
+from runtime.data.movielens.vocab import save_vocabulary
 from runtime.data.prepared.by_file import FileParts, is_finished_file_part, raw_files
 from runtime.data.prepared.inputs import input_change, input_files, input_stamps
 from runtime.data.prepared.manifest import (

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime.config.data import ModelInputs, TimestampsConfig
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
-from runtime.data.features import ModelInputs, TimestampsConfig
-from runtime.data.prepared.arrow import pa, pq
+from runtime.data.files.arrow import pa, pq
 from runtime.data.prepared.manifest import Manifest, check_files, check_inputs, read_manifest
 from runtime.data.prepared.order import EpochOrder
 from runtime.data.prepared.schema import from_table

@@ -1,6 +1,6 @@
 """The columns of prepared data: named per feature, typed per kind, described per spec.
 
-A spec's inputs (runtime.data.features.ModelInputs) become these Parquet columns:
+A spec's inputs (runtime.config.data.ModelInputs) become these Parquet columns:
 
     dense.<feature>    fixed_size_list<float32>[size]   the feature's values, as the reader made them
     sparse.<feature>   list<int64>                       table rows (and timestamps features' times)
@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from runtime.config.data import ModelInputs, SparseFeatureConfig
+from runtime.config.transforms import config_json
 from runtime.data.columns import Columns, Jagged
-from runtime.data.features import ModelInputs, SparseFeatureConfig
-from runtime.data.prepared.arrow import pa
+from runtime.data.files.arrow import pa
 from runtime.data.spec_columns import heads_by_label, is_weighted
-from runtime.features.config import config_json
 
 DENSE, SPARSE, WEIGHT, LABEL = "dense.", "sparse.", "weight.", "label."
 
@@ -63,7 +63,7 @@ def _sparse_spec(feature: SparseFeatureConfig) -> dict[str, Any]:
 
 
 def _transform(config: Any) -> dict[str, Any]:
-    """A learned transform's kind and config (runtime.features.config), so data prepared with another is refused."""
+    """A learned transform's kind and config (runtime.config.transforms), so data prepared with another is refused."""
     return {} if config is None else {"transform": {"kind": config.kind, **config_json(config)}}
 
 

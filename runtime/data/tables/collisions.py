@@ -25,9 +25,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from runtime.config.transforms import Cross
 from runtime.data.errors import RowError
 from runtime.data.tables.mapping import SEPARATOR, TableLayout, items_of, layout_of
-from runtime.features.config import Cross
 from runtime.features.hashing import CROSS_SEPARATOR, cross_text, hash_id
 
 WARN_SHARE = 0.01

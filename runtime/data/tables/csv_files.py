@@ -1,6 +1,6 @@
 """`csv:PATH`: CSV files with a header line, their columns mapped by `data.columns` (runtime.data.tables.mapping).
 
-PATH is a file or a directory of them (runtime.data.text_lines: plain or
+PATH is a file or a directory of them (runtime.data.files.text_lines: plain or
 gzip, natural order); each file starts with the same header line, naming
 its columns, the mapped ones among them. Fields are comma-separated, or
 tab-separated when the header has a tab, with CSV quoting. Lines are UTF-8:
@@ -14,13 +14,13 @@ import csv
 from pathlib import Path
 from typing import Iterator
 
+from runtime.config.data import ModelInputs, TimestampsConfig
+from runtime.config.transforms import Vocabulary
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs, TimestampsConfig
+from runtime.data.files.text_lines import data_files, first_line, numbered_lines
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
-from runtime.data.text_lines import data_files, first_line, numbered_lines
-from runtime.features.config import Vocabulary
 
 
 class CsvReader:
@@ -73,7 +73,7 @@ class CsvReader:
 
     @property
     def unseen_features(self) -> tuple[str, ...]:
-        """The features with a learned vocabulary, whose OOV ids are counted (runtime.data.unseen_ids)."""
+        """The features with a learned vocabulary, whose OOV ids are counted (runtime.data.checks.unseen_ids)."""
         return tuple(key.key for key in self.layout.sparse if isinstance(key.transform, Vocabulary))
 
     @property

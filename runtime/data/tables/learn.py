@@ -25,13 +25,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from runtime.config.data import ModelInputs
+from runtime.config.transforms import History, Numeric, Quantiles
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs
 from runtime.data.tables.collisions import CollisionCounter
 from runtime.data.tables.csv_files import CsvReader
 from runtime.data.tables.learn_columns import chunk_raws
 from runtime.data.tables.mapping import LEARNED_KINDS, TableLayout, TableRow, layout_of, parse_learned
-from runtime.features.config import History, Numeric, Quantiles
 from runtime.features.registry import transform
 from runtime.features.state import FeatureStateError, Learned, LearnedFeatures, read_features
 

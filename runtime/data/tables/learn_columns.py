@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import torch
 
+from runtime.config.transforms import History, Numeric, Quantiles, Vocabulary
 from runtime.data.tables.mapping import SEPARATOR, SparseColumn, TableLayout
-from runtime.features.config import History, Numeric, Quantiles, Vocabulary
 
 _SPECIAL = (b'"', b"\r", b"\0")  # what sends a line through the csv module on the row path
 

@@ -42,11 +42,11 @@ from typing import Any, Sequence
 
 import torch
 
+from runtime.config.data import ModelInputs
+from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
-from runtime.data.features import ModelInputs
 from runtime.data.spec_columns import feature_list, heads_by_label
-from runtime.features.config import Cross, History, Numeric, Quantiles, Vocabulary
 from runtime.features.hashing import cross_text, hash_id
 from runtime.features.registry import transform
 
@@ -67,7 +67,7 @@ class SparseColumn:
     keep: str
     sequence: int | None = None  # timestamps: the index in the layout's keys of the sequence they time
     max_ids: int | None = None  # a variable-length bag's max_ids_per_sample
-    transform: Any = None  # runtime.features.config's sparse transform, or None: hashed
+    transform: Any = None  # runtime.config.transforms's sparse transform, or None: hashed
     columns: tuple[str, ...] = ()  # a cross's columns; a history's (by, time, of's column)
     of: int | None = None  # a history: the index in the layout's keys of its `of` feature
     dense: tuple[int, int] | None = None  # quantiles: (dense feature index, column index) of the raw values

@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
+from runtime.config.data import ModelInputs, TimestampsConfig
+from runtime.config.transforms import Vocabulary
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError
-from runtime.data.features import ModelInputs, TimestampsConfig
-from runtime.data.prepared.arrow import pa, pq
+from runtime.data.files.arrow import pa, pq
+from runtime.data.files.text_lines import data_files
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import TableLayout, TableRow, parse_row, table_layout, to_columns
-from runtime.data.text_lines import data_files
-from runtime.features.config import Vocabulary
 
 _READ_ROWS = 4096
 
@@ -55,7 +55,7 @@ class ParquetReader:
 
     @property
     def unseen_features(self) -> tuple[str, ...]:
-        """The features with a learned vocabulary, whose OOV ids are counted (runtime.data.unseen_ids)."""
+        """The features with a learned vocabulary, whose OOV ids are counted (runtime.data.checks.unseen_ids)."""
         return tuple(key.key for key in self.layout.sparse if isinstance(key.transform, Vocabulary))
 
     @property

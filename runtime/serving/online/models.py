@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from runtime.data.errors import DataError
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.movielens.vocab import read_vocabulary
 from runtime.data.tables.learn import with_learned
 from runtime.retrieval.index_files import load_index
 from runtime.serving.export_dir import data_file, load, read_export_manifest

@@ -28,14 +28,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from runtime.config.data import ModelInputs
 from runtime.data.batch import Batch
 from runtime.data.columns import Columns
-from runtime.data.criteo import CAT_COLUMNS, INT_COLUMNS, CriteoReader, criteo_layout
+from runtime.data.criteo.reader import CAT_COLUMNS, INT_COLUMNS, CriteoReader, criteo_layout
 from runtime.data.errors import DataError, RowError
 from runtime.data.feature_columns import derives, read_inputs, to_features
-from runtime.data.features import ModelInputs
-from runtime.data.movielens import DEFAULT_THRESHOLD, MovieLensReader, check_rows, movielens_layout
-from runtime.data.movielens_vocab import Vocabulary
+from runtime.data.movielens.reader import DEFAULT_THRESHOLD, MovieLensReader, check_rows, movielens_layout
+from runtime.data.movielens.vocab import Vocabulary
 from runtime.data.spec_columns import is_weighted
 from runtime.data.tables.mapping import parse_row, table_layout, to_columns
 

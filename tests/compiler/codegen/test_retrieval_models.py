@@ -3,7 +3,7 @@
 specs/two_tower_retrieval.yaml, specs/sasrec.yaml and specs/hstu.yaml, with
 their tables cut to a few hundred rows and sequences to 12 items (so a few
 hundred steps learn them on a CPU), are compiled, trained on synthetic
-batches (runtime.data.synthetic_retrieval plants a user's preferred item, or
+batches (runtime.data.synthetic.retrieval plants a user's preferred item, or
 an item's successor) and evaluated on batches never trained on. Their exact
 recall@10 (each held-out positive ranked against the whole item table by
 `item_catalogue`) must beat the popularity baseline, the ten most frequent

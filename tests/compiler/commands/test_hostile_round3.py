@@ -23,14 +23,14 @@ import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
 import compiler.serving.export as serving_export
-import runtime.data.movielens_split as movielens_split
+import runtime.data.movielens.split as movielens_split
 import runtime.serving.retrieve as serving_retrieve
 from compiler.cli import main
 from compiler.commands.train_launch import Terminated
 from runtime.checkpoint import dcp
 from runtime.cpu import choice
 from runtime.data.errors import DataError, RowError
-from runtime.data.movielens import parse_rating
+from runtime.data.movielens.reader import parse_rating
 from runtime.data.prepared.manifest import read_manifest
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED

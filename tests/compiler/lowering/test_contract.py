@@ -14,12 +14,13 @@ import torch
 
 from compiler.codegen.emit import emit
 from compiler.pipeline import compile_spec
-from runtime.data.features import DenseFeatureConfig, SparseFeatureConfig, TrainingConfig
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.modules.blocks import MLP
-from runtime.modules.losses import HeadConfig, total_loss
+from runtime.config.data import DenseFeatureConfig, SparseFeatureConfig
+from runtime.config.embeddings import EmbeddingBagConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import DenseOptimizerConfig, TrainingConfig
+from runtime.modules.blocks.pooled import MLP
+from runtime.modules.heads.losses import total_loss
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.train.dense_optimizer import DenseOptimizerConfig
 from runtime.train.worker import load_module
 
 REPO = Path(__file__).resolve().parents[3]

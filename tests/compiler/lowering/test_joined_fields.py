@@ -15,7 +15,7 @@ import torch
 
 from compiler.codegen.emit import emit
 from compiler.pipeline import compile_spec
-from runtime.modules.target_attention import TargetAttention, join_fields
+from runtime.modules.blocks.target_attention import TargetAttention, join_fields
 from runtime.train.worker import load_module
 
 SPEC = """\

@@ -20,7 +20,7 @@ import torch.fx as fx
 import compiler.lowering.shapes as shapes
 from compiler.lowering.instantiate import instantiate, model_inputs
 from compiler.pipeline import Options, compile_spec
-from runtime.data.synthetic import make_batch
+from runtime.data.synthetic.batches import make_batch
 
 SPEC = """\
 version: 1

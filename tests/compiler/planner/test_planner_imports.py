@@ -1,6 +1,6 @@
 """The planner loads no torch: from the runtime it imports only runtime.sharding.types, the
-learning-rate schedule's rules (runtime.train.lr_schedule), the reader names
-(runtime.data.reader_names) and the feature transforms' configs (runtime.features.config),
+learning-rate schedule's rules (runtime.config.lr_schedule), the reader names
+(runtime.data.reader_names) and the feature transforms' configs (runtime.config.transforms),
 all plain Python."""
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ def test_the_planner_imports_only_the_runtimes_sharding_types() -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == [
         "runtime",
+        "runtime.config",
+        "runtime.config.lr_schedule",
+        "runtime.config.transforms",
         "runtime.data",
         "runtime.data.reader_names",
         "runtime.embeddings",
         "runtime.embeddings.kernels",
-        "runtime.features",
-        "runtime.features.config",
         "runtime.sharding",
         "runtime.sharding.types",
-        "runtime.train",
-        "runtime.train.lr_schedule",
     ]

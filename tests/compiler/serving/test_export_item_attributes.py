@@ -23,7 +23,7 @@ import torch
 
 from compiler.cli import main
 from runtime.checkpoint.store import load_checkpoint
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.serving.export_dir import load
 from runtime.serving.samples import file_samples, requests_reader
 from runtime.sparse.jagged import KeyedJaggedTensor

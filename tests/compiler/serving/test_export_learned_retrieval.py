@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from compiler.cli import main
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables.learn import with_learned
 from runtime.serving.export_dir import load

@@ -23,7 +23,7 @@ import torch
 from compiler.cli import main
 from compiler.commands.export import items_warning
 from runtime.checkpoint.store import load_checkpoint
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.movielens.vocab import read_vocabulary
 from runtime.retrieval.index_files import load_index
 from runtime.retrieval.index_quality import IndexQuality
 from runtime.serving.export_dir import load
@@ -193,7 +193,7 @@ def _has_faiss() -> bool:
 
 def _request_batch(module, ratings: Path, vocabulary: Path):
     """The first request of `ratings` as retrieve reads it; its user's row checked against the vocabulary."""
-    from runtime.data.bad_rows import BadRowLog
+    from runtime.data.checks.bad_rows import BadRowLog
     from runtime.serving.samples import file_samples, requests_reader
 
     known = read_vocabulary(vocabulary)

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
 from runtime.cpu import choice
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.modules import linear as linear_module
-from runtime.modules.blocks import MLP, DotInteraction
-from runtime.modules.one_query_attention import one_query_attention
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.modules.blocks.pooled import MLP, DotInteraction
+from runtime.modules.layers import linear as linear_module
+from runtime.modules.layers.one_query_attention import one_query_attention
 from runtime.serving.packed_mlp import PackedMLP
 from runtime.serving.quant_embedding import QuantEmbeddingBagCollection
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor

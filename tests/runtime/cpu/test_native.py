@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from runtime.cpu import choice, native
-from runtime.modules.blocks import DotInteraction
+from runtime.modules.blocks.pooled import DotInteraction
 
 REPO = Path(__file__).resolve().parents[3]
 F32 = {"rtol": 2e-5, "atol": 2e-5}
@@ -103,7 +103,7 @@ def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_war
     script = textwrap.dedent("""
         import warnings, torch
         from runtime.cpu import choice, native
-        from runtime.modules.blocks import DotInteraction
+        from runtime.modules.blocks.pooled import DotInteraction
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert native.library() is None
@@ -129,7 +129,7 @@ def test_backward_reads_a_gradient_whose_rows_are_further_apart_than_its_width()
     parts = [p.detach() for p in _split(33, 64, [1, 26], seed=11)]
     width = 64 + 27 * 26 // 2
     wide = torch.randn(33, width + 1, generator=torch.Generator().manual_seed(12))
-    sliced = wide[:, :width]  # the (B, 415) view runtime/modules/padded_grad.py returns
+    sliced = wide[:, :width]  # the (B, 415) view runtime/modules/layers/padded_grad.py returns
     assert not sliced.is_contiguous()
     for strided, packed in zip(native.dot_backward(parts, 64, sliced), native.dot_backward(parts, 64, sliced.contiguous())):
         assert torch.equal(strided, packed)

@@ -7,14 +7,9 @@ import random
 from pathlib import Path
 from typing import Any
 
-from runtime.data.features import (
-    DataConfig,
-    DenseFeatureConfig,
-    ModelInputs,
-    SparseFeatureConfig,
-    TrainingConfig,
-)
-from runtime.modules.losses import HeadConfig
+from runtime.config.data import DataConfig, DenseFeatureConfig, ModelInputs, SparseFeatureConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import TrainingConfig
 
 # A Criteo row whose click depends on I1 and C1, so a model can learn it.
 SIGNAL_HEX = ("0a1b2c3d", "ffee0011")

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from sample_files import criteo_lines, criteo_spec, write_lines
 
-from runtime.data.bad_rows import BadRowError, BadRowLog
-from runtime.data.criteo import CriteoReader, criteo_layout
+from runtime.data.checks.bad_rows import BadRowError, BadRowLog
+from runtime.data.criteo.reader import CriteoReader, criteo_layout
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-from sample_files import criteo_lines, criteo_spec, write_lines
 
 INTS = "1\t5\t-2\t\t0\t1\t2\t3\t4\t5\t6\t7\t8\t9\t"  # the label, then I1..I13 (I3 empty)
 LINE = INTS + "\t".join(["00000010", "", "ffffffff", "FEDCBA9876543210"] + ["a"] * 22)

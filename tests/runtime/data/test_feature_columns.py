@@ -11,18 +11,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sample_files import criteo_lines, movielens_spec, spec, write_lines, write_ml100k
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.config.data import SparseFeatureConfig
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError
 from runtime.data.feature_columns import bucketize, read_inputs, to_features
-from runtime.data.features import SparseFeatureConfig
 from runtime.data.loader import epoch_batches
 from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import RowReader, open_prepared
 from runtime.data.sources import DataChoice, open_reader
-from runtime.data.synthetic import make_batch
-from sample_files import criteo_lines, movielens_spec, spec, write_lines, write_ml100k
+from runtime.data.synthetic.batches import make_batch
 
 BOUNDARIES = (0.5, 1.0, 2.0, 3.5)
 

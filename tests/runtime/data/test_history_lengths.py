@@ -1,12 +1,13 @@
-"""runtime/data/history_lengths.py: sequence lengths in training and evaluation rows compared, and said."""
+"""runtime/data/checks/history_lengths.py: sequence lengths in training and evaluation rows compared, and said."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.data.history_lengths import length_warnings, prepared_lengths, reader_lengths, sequence_features
-from runtime.data.sources import DataChoice, open_reader
 from sample_files import spec, write_lines
+
+from runtime.data.checks.history_lengths import length_warnings, prepared_lengths, reader_lengths, sequence_features
+from runtime.data.sources import DataChoice, open_reader
 
 
 def history_spec():

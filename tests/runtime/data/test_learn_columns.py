@@ -10,10 +10,10 @@ import pytest
 from compiler.lowering.instantiate import model_inputs
 from compiler.spec.load import load
 from compiler.spec.validate import validate
+from runtime.config.transforms import Vocabulary
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables import learn
 from runtime.data.tables.collisions import CollisionCounter
-from runtime.features.config import Vocabulary
 from runtime.features.hashing import hash_text
 from runtime.features.registry import transform
 

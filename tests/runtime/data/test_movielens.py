@@ -8,15 +8,15 @@ import re
 from pathlib import Path
 
 import pytest
+from sample_files import RATINGS, data_config, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
 
-from runtime.data.bad_rows import BadRowError, BadRowLog
+from runtime.config.heads import HeadConfig
+from runtime.data.checks.bad_rows import BadRowError, BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-from runtime.data.movielens import movielens_layout
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.movielens.reader import movielens_layout
+from runtime.data.movielens.vocab import read_vocabulary
 from runtime.data.sources import DataChoice, open_reader
-from runtime.modules.losses import HeadConfig
-from sample_files import RATINGS, data_config, movielens_spec, write_lines, write_ml1m, write_ml100k, write_ml_latest
 
 USERS = sorted({r[0] for r in RATINGS})
 MOVIES = sorted({r[1] for r in RATINGS})

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from sample_files import spec, write_lines
 from torch import nn
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.columns import USER_IDS
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, open_reader
 from runtime.retrieval.head import next_item_output
 from runtime.train.evaluate import evaluate
-from sample_files import spec, write_lines
 
 # Users 1 and 2 rate movies 10..14 in training; the held-out movies (13 for user 1, 14 for user 2)
 # are in neither user's history. Movie rows of the sorted vocabulary: 10 -> 1, ..., 14 -> 5.

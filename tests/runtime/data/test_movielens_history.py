@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from runtime.data.bad_rows import BadRowLog
-from runtime.data.errors import DataError
-from runtime.data.features import TimestampsConfig
-from runtime.data.loader import epoch_batches
-from runtime.data.movielens import movielens_layout
-from runtime.data.sources import DataChoice, open_reader
 from sample_files import criteo_spec, spec, write_lines
+
+from runtime.config.data import TimestampsConfig
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.errors import DataError
+from runtime.data.loader import epoch_batches
+from runtime.data.movielens.reader import movielens_layout
+from runtime.data.sources import DataChoice, open_reader
 
 # ratings.dat lines in file order (user, movie, rating, timestamp); users' times out of order,
 # two ties (user 1 at 200, user 2 at 50) and a bad line that belongs to no history.

@@ -1,4 +1,4 @@
-"""MovieLens positives split by time per user (runtime.data.movielens_split, `reccompile data split`)."""
+"""MovieLens positives split by time per user (runtime.data.movielens.split, `reccompile data split`)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from sample_files import write_lines
 
 from compiler.cli import main
 from runtime.data.errors import DataError
-from runtime.data.movielens_split import split_by_time
-from sample_files import write_lines
+from runtime.data.movielens.split import split_by_time
 
 # user 1: five positives (one 3-star rating dropped), two of them share a timestamp;
 # user 2: one positive (never held out); user 3: two positives.

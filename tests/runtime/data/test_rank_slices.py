@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from runtime.data.bad_rows import BadRowLog
-from runtime.data.criteo import CriteoReader
-from runtime.data.loader import epoch_batches, training_batches
 from sample_files import criteo_lines, criteo_spec, write_lines
+
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.criteo.reader import CriteoReader
+from runtime.data.loader import epoch_batches, training_batches
 
 ROWS = 103
 BAD_LINES = {7, 50, 51, 99}  # 1-based line numbers of malformed lines

@@ -6,18 +6,18 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from runtime.data.bad_rows import BadRowLog
-from runtime.data.columns import Columns, Jagged
-from runtime.data.errors import DataError
-from runtime.data.features import TimestampsConfig
-from runtime.data.loader import epoch_batches
-from runtime.data.sample_check import check_sample
-from runtime.data.sequence_check import check_timestamps
-from runtime.data.sources import DataChoice
-from runtime.sparse.jagged import KeyedJaggedTensor
 from sample_files import write_lines
 from test_movielens_history import TRAIN, history_spec
+
+from runtime.config.data import TimestampsConfig
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.checks.timestamps import check_timestamps
+from runtime.data.columns import Columns, Jagged
+from runtime.data.errors import DataError
+from runtime.data.loader import epoch_batches
+from runtime.data.sample_check import check_sample
+from runtime.data.sources import DataChoice
+from runtime.sparse.jagged import KeyedJaggedTensor
 
 STAMPS = (TimestampsConfig("history_time", "history"),)
 

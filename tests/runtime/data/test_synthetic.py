@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.data.features import DenseFeatureConfig, ModelInputs, SparseFeatureConfig, TrainingConfig
-from runtime.data.synthetic import make_batch
-from runtime.modules.losses import HeadConfig
+from runtime.config.data import DenseFeatureConfig, ModelInputs, SparseFeatureConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import TrainingConfig
+from runtime.data.synthetic.batches import make_batch
 
 INPUTS = ModelInputs(
     dense=(DenseFeatureConfig("int", 5),),

@@ -6,10 +6,11 @@ import math
 
 import torch
 
-from runtime.data.features import ModelInputs, SparseFeatureConfig, TimestampsConfig, TrainingConfig
-from runtime.data.synthetic import make_batch
-from runtime.data.synthetic_sequences import latent_class
-from runtime.modules.losses import HeadConfig
+from runtime.config.data import ModelInputs, SparseFeatureConfig, TimestampsConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import TrainingConfig
+from runtime.data.synthetic.batches import make_batch
+from runtime.data.synthetic.sequences import latent_class
 
 DIN = ModelInputs(
     dense=(),

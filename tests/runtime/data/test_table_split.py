@@ -1,4 +1,4 @@
-"""runtime/data/table_split.py: any table's latest rows held out, per key or in all, written atomically."""
+"""runtime/data/tables/split.py: any table's latest rows held out, per key or in all, written atomically."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from sample_files import write_lines
 
 from compiler.cli import main
 from runtime.data.errors import DataError
-from runtime.data.table_split import held_out_rows, split_table
-from sample_files import write_lines
+from runtime.data.tables.split import held_out_rows, split_table
 
 # user, item, ts, label: user a has 5 rows (times out of file order, a tie at 30), b has 2, c has 1.
 HEADER = "user,item,ts,label"
@@ -74,7 +74,7 @@ def test_criteo_holds_out_its_latest_lines_across_day_files(tmp_path: Path) -> N
 
 
 def test_a_parquet_table_splits_per_key_and_keeps_its_schema(tmp_path: Path) -> None:
-    from runtime.data.prepared.arrow import pa, pq
+    from runtime.data.files.arrow import pa, pq
 
     users = [r.split(",")[0] for r in ROWS]
     times = [int(r.split(",")[2]) for r in ROWS]

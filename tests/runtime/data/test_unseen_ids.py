@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from runtime.data.bad_rows import BadRowLog
-from runtime.data.criteo import CriteoReader
-from runtime.data.loader import epoch_batches, training_batches
-from runtime.data.movielens_vocab import Vocabulary, build_vocabulary
-from runtime.data.sources import DataChoice, open_reader
-from runtime.data.unseen_ids import UnseenIds, unseen_counter
 from sample_files import RATINGS, criteo_lines, criteo_spec, movielens_spec, write_lines, write_ml100k
+
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.checks.unseen_ids import UnseenIds, unseen_counter
+from runtime.data.criteo.reader import CriteoReader
+from runtime.data.loader import epoch_batches, training_batches
+from runtime.data.movielens.vocab import Vocabulary, build_vocabulary
+from runtime.data.sources import DataChoice, open_reader
 
 # The vocabulary of another file: the users of the first 6 ratings, the movies of the first 8.
 OTHER = Vocabulary(

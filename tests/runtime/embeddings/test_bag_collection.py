@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 ATOL = 1e-5

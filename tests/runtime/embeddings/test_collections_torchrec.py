@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.sparse.jagged import KeyedJaggedTensor
 from tests import torchrec_anchor
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
 from runtime.cpu import choice
+from runtime.embeddings.bag_collection import EmbeddingBagCollection, _balanced_runs
 from runtime.embeddings.concurrent import run_concurrently
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig, _balanced_runs
-from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 pytest.importorskip("fbgemm_gpu")

@@ -12,11 +12,11 @@ import re
 
 import pytest
 import torch
-
 from malformed_batches import IDS, KEYS, MALFORMED, TABLES, make_kjt
+
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.embeddings.ids import IdCheck, IdOutOfRange
-from runtime.embeddings.optim import EmbeddingOptimizer
 from runtime.sharding import table_wise
 from runtime.sharding.group import GroupEnv
 from runtime.sharding.layout import Shard, TableLayout

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 ATOL = 1e-6

@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
 from runtime.cpu import choice
 from runtime.embeddings import native_update
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 pytest.importorskip("fbgemm_gpu")

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
+from runtime.config.embeddings import EmbeddingConfig, EmbeddingOptimizer
+from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 ATOL = 1e-6

@@ -19,23 +19,22 @@ from pathlib import Path
 
 import pytest
 import torch
+from own_data import HEADER, rating_rows, split_by_user, write_csv
 
 from compiler.cli import main
 from compiler.lowering.instantiate import model_inputs
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
+from runtime.data.files.arrow import pa, pq
 from runtime.data.loader import epoch_batches
-from runtime.data.prepared.arrow import pa, pq
 from runtime.data.prepared.batches import prepared_epoch_batches
 from runtime.data.prepared.reading import open_prepared
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables.learn import with_learned
 from runtime.features.hashing import hash_text
 from runtime.serving.samples import open_samples
-
-from own_data import HEADER, rating_rows, split_by_user, write_csv
 
 SPEC = Path(__file__).resolve().parents[3] / "specs" / "examples" / "movielens_csv.yaml"
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from runtime.features.config import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
 from runtime.features.hashing import hash_id, hash_text
 from runtime.features.registry import transform
 from runtime.features.state import Learned, LearnedFeatures, read_features

@@ -11,14 +11,14 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+import rendezvous
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from runtime.modules.blocks import MLP
+from runtime.modules.blocks.pooled import MLP
 from runtime.train.process_group import close_process_group, init_process_group
-import rendezvous
 
 WORLD_SIZE = 2
 GLOBAL_BATCH = 8

@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/blocks.py: every block against its formula written out here.
+"""Tests for runtime/modules/blocks/pooled.py: every block against its formula written out here.
 
 References use explicit loops or einsum in float64, so a disagreement points
 at the block, not at a shared helper. Tolerances: 1e-10 in float64, 1e-5
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from runtime.modules.blocks import (
+from runtime.modules.blocks.pooled import (
     BLOCK_TYPES,
     MLP,
     Concat,
@@ -27,7 +27,7 @@ from runtime.modules.blocks import (
     MixtureOfExperts,
     Sum,
 )
-from runtime.modules.dropout import keep_mask
+from runtime.modules.layers.dropout import keep_mask
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 F32 = {"rtol": 1e-5, "atol": 1e-5}

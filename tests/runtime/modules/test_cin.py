@@ -1,11 +1,11 @@
-"""Tests for runtime/modules/cin.py: xDeepFM's CIN against its formula, with loops, in float64 to 1e-10."""
+"""Tests for runtime/modules/blocks/cin.py: xDeepFM's CIN against its formula, with loops, in float64 to 1e-10."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.modules.cin import CIN
+from runtime.modules.blocks.cin import CIN
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 

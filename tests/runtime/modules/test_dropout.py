@@ -1,11 +1,11 @@
-"""Tests for runtime/modules/dropout.py at world size 1; the two-rank checks are in test_sync_blocks.py."""
+"""Tests for runtime/modules/layers/dropout.py at world size 1; the two-rank checks are in test_sync_blocks.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.modules.dropout import KeyedDropout, derive_seed, keep_mask
+from runtime.modules.layers.dropout import KeyedDropout, derive_seed, keep_mask
 
 
 def test_keep_rate_and_independence_over_a_large_mask() -> None:

@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/elementwise.py and field_stack.py: Product, Activation, Flatten."""
+"""Tests for runtime/modules/blocks/elementwise.py and field_stack.py: Product, Activation, Flatten."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from runtime.modules.elementwise import Activation, Product
-from runtime.modules.field_stack import Flatten
+from runtime.modules.blocks.elementwise import Activation, Product
+from runtime.modules.blocks.field_stack import Flatten
 
 
 def _randn(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/field_attention.py: AutoInt's interacting layers.
+"""Tests for runtime/modules/blocks/field_attention.py: AutoInt's interacting layers.
 
 The attention core is checked against torch's nn.MultiheadAttention (with the
 same projections, no biases and an identity output projection), the whole
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.modules.field_attention import FieldSelfAttention
+from runtime.modules.blocks.field_attention import FieldSelfAttention
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 

@@ -1,11 +1,11 @@
-"""Tests for runtime/modules/field_stack.py: NumericEmbedding against its formula, Flatten's order, their errors."""
+"""runtime/modules/blocks/field_stack.py: NumericEmbedding against its formula, Flatten's order, their errors."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.modules.field_stack import Flatten, NumericEmbedding
+from runtime.modules.blocks.field_stack import Flatten, NumericEmbedding
 
 
 def test_numeric_embedding_is_each_column_times_its_own_vector_plus_its_offset() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from compiler.pipeline import compile_spec
-from runtime.modules.blocks import FactorizationMachine
+from runtime.modules.blocks.pooled import FactorizationMachine
 
 
 def torcheasyrec_fm(feature: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,11 @@
-"""runtime/modules/gru.py: the `gru` block against torch.nn.GRU per sample, and DIEN's AUGRU against its formula."""
+"""runtime/modules/blocks/gru.py: the `gru` block against torch.nn.GRU per sample, DIEN's AUGRU against its formula."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.modules.gru import GRU
+from runtime.modules.blocks.gru import GRU
 
 LENGTHS = [3, 0, 5, 1]
 

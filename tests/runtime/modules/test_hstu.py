@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/hstu.py, against a per-sample loop written from the formula."""
+"""Tests for runtime/modules/blocks/hstu.py, against a per-sample loop written from the formula."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-
-from runtime.modules.dropout import keep_mask
-from runtime.modules.hstu import HSTU, hstu_layers, time_buckets
 from sequence_inputs import padded_batch
+
+from runtime.modules.blocks.hstu import HSTU, hstu_layers, time_buckets
+from runtime.modules.layers.dropout import keep_mask
 
 DIM, HEADS, ATTN, LIN, MAX_LEN, BUCKETS = 8, 2, 3, 4, 7, 16
 

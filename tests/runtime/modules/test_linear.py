@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/linear.py: the oneDNN path against F.linear in float64.
+"""Tests for runtime/modules/layers/linear.py: the oneDNN path against F.linear in float64.
 
 The reference runs in float64 on the same float32 inputs, so the tolerance
 only has to cover float32 rounding of the oneDNN GEMMs.
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from runtime.cpu import choice
-from runtime.modules import linear as linear_module
-from runtime.modules.linear import Linear, linear, onednn_applies
+from runtime.modules.layers import linear as linear_module
+from runtime.modules.layers.linear import Linear, linear, onednn_applies
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 

@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/mask_block.py: MaskBlock and MaskNet against the paper's formulas, in float64."""
+"""Tests for runtime/modules/blocks/mask_block.py: MaskBlock and MaskNet against the paper's formulas, in float64."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.modules.mask_block import MaskBlock, MaskNet
+from runtime.modules.blocks.mask_block import MaskBlock, MaskNet
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 

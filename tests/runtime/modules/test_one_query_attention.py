@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/one_query_attention.py: both paths against the formula in float64.
+"""Tests for runtime/modules/layers/one_query_attention.py: both paths against the formula in float64.
 
 The reference attends sample by sample over x[b, :counts[b]] in float64;
 the padding after counts[b] holds noise, so a path that read it would
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from runtime.cpu import choice
-from runtime.modules.one_query_attention import one_query_attention
+from runtime.modules.layers.one_query_attention import one_query_attention
 
 TOL = {"rtol": 2e-5, "atol": 2e-5}
 

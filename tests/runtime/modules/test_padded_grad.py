@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/padded_grad.py: the layer against torch's nn.Linear + ReLU.
+"""Tests for runtime/modules/layers/padded_grad.py: the layer against torch's nn.Linear + ReLU.
 
 Both paths of the input gradient (forced through RECCOMPILE_KERNELS) are
 compared with autograd over nn.Linear on the same float32 inputs: values and
@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from runtime.cpu import choice
-from runtime.modules import padded_grad
-from runtime.modules.linear import linear
+from runtime.modules.layers import padded_grad
+from runtime.modules.layers.linear import linear
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 

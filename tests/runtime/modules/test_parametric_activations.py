@@ -1,11 +1,11 @@
-"""runtime/modules/parametric_activations.py: Dice against DIN's formula, PReLU against torch.nn.PReLU."""
+"""runtime/modules/layers/parametric_activations.py: Dice against DIN's formula, PReLU against torch.nn.PReLU."""
 
 from __future__ import annotations
 
 import torch
 
-from runtime.modules.blocks import MLP
-from runtime.modules.parametric_activations import Dice
+from runtime.modules.blocks.pooled import MLP
+from runtime.modules.layers.parametric_activations import Dice
 
 
 def test_dice_is_dins_formula_with_the_batch_statistics_in_training_and_the_running_ones_in_eval() -> None:

@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from runtime.modules.ple import ProgressiveLayeredExtraction
+from runtime.modules.blocks.ple import ProgressiveLayeredExtraction
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 

@@ -1,11 +1,11 @@
-"""runtime/modules/position_weights.py against its formula: out[b] = sum_j w[j] * rows[b][j] (mean: / L_b)."""
+"""runtime/modules/layers/position_weights.py against its formula: out[b] = sum_j w[j] * rows[b][j] (mean: / L_b)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from runtime.modules.position_weights import PositionWeightedPool, PositionWeights, positions
+from runtime.modules.layers.position_weights import PositionWeightedPool, PositionWeights, positions
 from runtime.sparse.jagged import JaggedTensor
 from runtime.sparse.sequence import pool_rows
 

@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from runtime.modules.losses import HeadConfig, total_loss
+from runtime.config.heads import HeadConfig
+from runtime.modules.heads.losses import total_loss
 from runtime.reporting.metrics import MetricSet, auc
 from runtime.serving.export_dir import head_scores
 

@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/sequence_pool.py, against per-sample reductions."""
+"""Tests for runtime/modules/blocks/sequence_pool.py, against per-sample reductions."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import re
 
 import pytest
 import torch
-
-from runtime.modules.sequence_pool import SequencePool
 from sequence_inputs import padded_batch
+
+from runtime.modules.blocks.sequence_pool import SequencePool
 
 REDUCE = {
     "sum": lambda s: s.sum(0),

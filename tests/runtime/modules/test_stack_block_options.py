@@ -18,8 +18,8 @@ from torch import nn
 
 from compiler.codegen.emit import emit
 from compiler.pipeline import compile_spec
-from runtime.modules.field_attention import FieldSelfAttention
-from runtime.modules.mask_block import MaskNet
+from runtime.modules.blocks.field_attention import FieldSelfAttention
+from runtime.modules.blocks.mask_block import MaskNet
 from runtime.train.worker import load_module
 
 B, N, D = 4, 5, 6

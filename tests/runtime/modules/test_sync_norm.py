@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/sync_norm.py at world size 1: SyncBatchNorm against torch's nn.BatchNorm1d.
+"""Tests for runtime/modules/layers/sync_norm.py at world size 1: SyncBatchNorm against torch's nn.BatchNorm1d.
 
 Outputs, input and parameter gradients and running statistics over three
 training steps and in eval mode, in float32 to 1e-5. The two-rank checks
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.modules.sync_norm import SyncBatchNorm
+from runtime.modules.layers.sync_norm import SyncBatchNorm
 
 F32 = {"rtol": 1e-5, "atol": 1e-5}
 

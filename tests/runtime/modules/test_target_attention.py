@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/target_attention.py, against a loop over samples and positions."""
+"""Tests for runtime/modules/blocks/target_attention.py, against a loop over samples and positions."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import re
 
 import pytest
 import torch
-
-from runtime.modules.target_attention import TargetAttention
 from sequence_inputs import padded_batch
+
+from runtime.modules.blocks.target_attention import TargetAttention
 
 ACT = {"sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
 

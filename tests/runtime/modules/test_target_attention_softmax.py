@@ -13,9 +13,9 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
-
-from runtime.modules.target_attention import TargetAttention
 from sequence_inputs import padded_batch
+
+from runtime.modules.blocks.target_attention import TargetAttention
 
 
 def din_encoder(block: TargetAttention, query: torch.Tensor, sequence: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

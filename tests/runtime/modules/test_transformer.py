@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/transformer.py, against torch.nn.TransformerEncoderLayer.
+"""Tests for runtime/modules/blocks/transformer.py, against torch.nn.TransformerEncoderLayer.
 
 The same weights are loaded into a stack of torch's layers (dropout 0), which
 run on the same padded input with `src_key_padding_mask` (and a causal
@@ -12,10 +12,10 @@ import re
 
 import pytest
 import torch
+from sequence_inputs import padded_batch
 from torch import nn
 
-from runtime.modules.transformer import Transformer
-from sequence_inputs import padded_batch
+from runtime.modules.blocks.transformer import Transformer
 
 DIM, HEADS, FFN, LAYERS = 8, 2, 16, 2
 TOL = dict(atol=1e-5, rtol=0)

@@ -1,4 +1,4 @@
-"""Tests for the options of runtime/modules/transformer.py that generative-recommenders' SASRec uses.
+"""Tests for the options of runtime/modules/blocks/transformer.py that generative-recommenders' SASRec uses.
 
 References: torch.nn.TransformerEncoderLayer (leaky ReLU, norms without
 affine parameters, sqrt(dim) input scaling), generative-recommenders'
@@ -14,12 +14,12 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from sequence_inputs import padded_batch
 from torch import nn
 
-import runtime.modules.sequence_dropout as sequence_dropout
-from runtime.modules.dropout import keep_mask
-from runtime.modules.transformer import Transformer
-from sequence_inputs import padded_batch
+import runtime.modules.layers.sequence_dropout as sequence_dropout
+from runtime.modules.blocks.transformer import Transformer
+from runtime.modules.layers.dropout import keep_mask
 
 DIM, HEADS, FFN, LAYERS, LENGTH = 8, 2, 16, 2, 6
 TOL = dict(atol=1e-5, rtol=0)

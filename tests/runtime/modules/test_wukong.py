@@ -1,4 +1,4 @@
-"""Tests for runtime/modules/wukong.py: each layer against the paper's formula, per sample, in float64."""
+"""Tests for runtime/modules/blocks/wukong.py: each layer against the paper's formula, per sample, in float64."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.modules.wukong import Wukong
+from runtime.modules.blocks.wukong import Wukong
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 

@@ -8,14 +8,14 @@ import math
 from pathlib import Path
 
 import pytest
+import rendezvous
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.reporting.metrics import MetricSet, auc, normalized_entropy
 from runtime.train.process_group import close_process_group, init_process_group
-import rendezvous
 
 HEADS = [
     HeadConfig("click", "bce", "click", metrics=("ne", "auc", "accuracy")),

@@ -72,7 +72,7 @@ def test_blocked_softmax_without_gradients_returns_the_loss_only() -> None:
 
 @pytest.mark.parametrize("bounded", [False, True])
 def test_blocked_softmax_in_float32_at_onednn_sizes(bounded: bool) -> None:
-    """Products big enough for oneDNN (runtime.modules.linear.onednn_applies), against float64."""
+    """Products big enough for oneDNN (runtime.modules.layers.linear.onednn_applies), against float64."""
     gen = torch.Generator().manual_seed(7)
     query = F.normalize(torch.randn(700, 64, generator=gen), dim=-1).requires_grad_(True)
     candidates = F.normalize(torch.randn(650, 64, generator=gen), dim=-1).requires_grad_(True)

@@ -15,26 +15,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rendezvous
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
 from runtime.retrieval.catalogue import ExactCatalogue, StepCandidates
 from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
 from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 from runtime.retrieval.metrics import RetrievalMetrics
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig
 from runtime.train.process_group import close_process_group, init_process_group
-import rendezvous
 
 ITEMS, DIM, BATCH, NEGATIVES, STEPS = 1000, 8, 40, 30, 3
 METRICS = ("recall@10", "ndcg@10", "mrr")
 
 
 def _loss(negatives: str, normalize: bool = False, group: dist.ProcessGroup | None = None) -> RetrievalLoss:
-    config = SampledSoftmaxConfig(negatives=negatives, num_negatives=NEGATIVES if negatives != "in_batch" else 0,
-                                  num_items=ITEMS, normalize=normalize)  # fmt: skip
+    kinds = Negatives(in_batch=negatives != "uniform", uniform=NEGATIVES if negatives != "in_batch" else 0)
+    config = SampledSoftmaxConfig(kinds, num_items=ITEMS, normalize=normalize)
     return RetrievalLoss(config, group)
 
 
@@ -61,7 +61,7 @@ def _train_window(loss: RetrievalLoss, rows: slice, group: dist.ProcessGroup | N
     head = RetrievalHeadMetrics(METRICS, mask_seen=False)
     step_candidates = StepCandidates(loss)
     for step in _steps():
-        if loss.softmax.config.uniform:
+        if loss.softmax.config.negatives.uniform:
             loss.step_negatives = (step["negative_ids"], step["negatives"])
         output = RetrievalOutput(step["queries"][rows], step["positives"][rows].clone(), step["ids"][rows])
         head.update(output, step=step_candidates)

@@ -6,11 +6,12 @@ import math
 
 import pytest
 import torch
-
-from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss, sampled_softmax
-from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
 from softmax_reference import reference_losses
+
+from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
+from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss, sampled_softmax
+from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
 
 B, D, S = 7, 5, 6
 # Ids 3 and 1 appear twice: each is an accidental hit for the other's query.
@@ -152,7 +153,7 @@ def test_counts_give_the_expected_count_in_a_batch() -> None:
 
 
 def test_the_module_draws_per_step_and_counts_steps_in_training_only() -> None:
-    config = SampledSoftmaxConfig(negatives="both", num_negatives=S, num_items=30, first_id=1, seed=9, logq=True)
+    config = SampledSoftmaxConfig(Negatives(uniform=S), num_items=30, first_id=1, seed=9, logq=True)
     loss_fn = SampledSoftmaxLoss(config)
     query, positive, _ = _inputs()
     first = loss_fn.negative_ids()
@@ -171,7 +172,7 @@ def test_the_module_draws_per_step_and_counts_steps_in_training_only() -> None:
 def test_the_module_is_the_function_with_its_corrections() -> None:
     counts = torch.arange(1.0, 31.0)
     config = SampledSoftmaxConfig(
-        negatives="both", num_negatives=S, num_items=30, logq=True, frequency="counts", temperature=0.3
+        Negatives(uniform=S), num_items=30, logq=True, frequency="counts", temperature=0.3
     )
     loss_fn = SampledSoftmaxLoss(config, item_counts=counts)
     query, positive, negatives = _inputs()
@@ -188,11 +189,9 @@ def test_the_module_is_the_function_with_its_corrections() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(negatives="random"), "sampled softmax: negatives 'random' is not one of in_batch, uniform, both"),
         (dict(temperature=0.0), "sampled softmax: temperature must be > 0 (got 0.0)"),
-        (dict(negatives="uniform", num_items=10), "sampled softmax: negatives 'uniform' needs num_negatives >= 1 (got 0)"),
         (
-            dict(negatives="both", num_negatives=4, num_items=1, first_id=1),
+            dict(negatives=Negatives(uniform=4), num_items=1, first_id=1),
             "sampled softmax: uniform negatives need num_items > first_id (got num_items 1, first_id 1)",
         ),
         (dict(frequency="exact"), "sampled softmax: frequency 'exact' is not one of streaming, counts"),
@@ -204,18 +203,32 @@ def test_a_bad_config_is_named(kwargs: dict, message: str) -> None:
     assert str(error.value) == message
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(in_batch=False), "sampled softmax: no negatives (in_batch is off and uniform is 0)"),
+        (dict(uniform=-1), "sampled softmax: uniform negatives must be >= 0 (got -1)"),
+        (dict(per_query=True), "sampled softmax: per_query draws uniform negatives, but uniform is 0"),
+    ],
+)
+def test_bad_negatives_are_named(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        Negatives(**kwargs)
+    assert str(error.value) == message
+
+
 def test_missing_or_unwanted_negatives_are_named() -> None:
     query, positive, negatives = _inputs()
-    uniform = SampledSoftmaxLoss(SampledSoftmaxConfig(negatives="uniform", num_negatives=S, num_items=30))
+    uniform = SampledSoftmaxLoss(SampledSoftmaxConfig(Negatives(in_batch=False, uniform=S), num_items=30))
     with pytest.raises(ValueError) as error:
         uniform(query, positive, IDS)
-    assert str(error.value) == "sampled softmax: negatives 'uniform' needs the embeddings of negative_ids()"
+    assert str(error.value) == "sampled softmax: uniform negatives need the embeddings of negative_ids()"
     with pytest.raises(ValueError) as error:
         uniform(query, positive, IDS, negatives[:4])
     assert str(error.value) == "sampled softmax: 4 negative embeddings for 6 negative ids"
     with pytest.raises(ValueError) as error:
         SampledSoftmaxLoss(SampledSoftmaxConfig())(query, positive, IDS, negatives)
-    assert str(error.value) == "sampled softmax: negatives given but the config draws none (negatives 'in_batch')"
+    assert str(error.value) == "sampled softmax: negatives given but the config draws none (in-batch negatives only)"
 
 
 @pytest.mark.parametrize("distinct", [True, False])
@@ -251,7 +264,7 @@ def test_per_query_negatives_are_each_querys_own_softmax(in_batch: bool) -> None
     """generative-recommenders' "local" sampling: query i's candidates are its positive and its own S ids."""
     query, positive, _ = _inputs()
     config = SampledSoftmaxConfig(
-        negatives="both" if in_batch else "uniform", num_negatives=S, num_items=10, per_query=True,
+        Negatives(in_batch=in_batch, uniform=S, per_query=True), num_items=10,
         temperature=0.5, normalize=True, logq=True, frequency="counts",
     )
     counts = torch.ones(10, dtype=torch.float64) if in_batch else None
@@ -273,11 +286,8 @@ def test_per_query_negatives_are_each_querys_own_softmax(in_batch: bool) -> None
 
 
 def test_per_query_negatives_of_a_query_do_not_depend_on_the_rank_it_lands_on() -> None:
-    loss = SampledSoftmaxLoss(SampledSoftmaxConfig(negatives="uniform", num_negatives=S, num_items=50, per_query=True))
+    loss = SampledSoftmaxLoss(SampledSoftmaxConfig(Negatives(False, uniform=S, per_query=True), num_items=50))
     whole = loss.negative_ids(queries=slice(0, 10), total_queries=10)
     assert torch.equal(torch.cat([loss.negative_ids(queries=slice(0, 4), total_queries=10),
                                   loss.negative_ids(queries=slice(4, 10), total_queries=10)]), whole)
     assert len({tuple(row) for row in whole.tolist()}) == 10  # every query its own draw
-    with pytest.raises(ValueError) as error:
-        SampledSoftmaxConfig(negatives="in_batch", per_query=True)
-    assert str(error.value) == "sampled softmax: per_query draws uniform negatives, but negatives is 'in_batch'"

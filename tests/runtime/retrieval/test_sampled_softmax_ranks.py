@@ -15,26 +15,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rendezvous
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.train.process_group import close_process_group, init_process_group
-import rendezvous
 
 WORLD = 2
 GLOBAL_BATCH, DIM, ITEMS, STEPS = 8, 4, 12, 3
 CASES: dict[str, dict[str, Any]] = {
     "both_streaming_mean": dict(
         config=SampledSoftmaxConfig(
-            negatives="both", num_negatives=5, num_items=ITEMS, first_id=1, temperature=0.2,
+            Negatives(in_batch=True, uniform=5), num_items=ITEMS, first_id=1, temperature=0.2,
             normalize=True, logq=True, frequency_slots=8, frequency_alpha=0.3, seed=4,
         ),
         slices=(4, 4), reduction="mean",
     ),
     "in_batch_counts_sum": dict(
-        config=SampledSoftmaxConfig(negatives="in_batch", num_items=ITEMS, logq=True, frequency="counts"),
+        config=SampledSoftmaxConfig(Negatives(in_batch=True), num_items=ITEMS, logq=True, frequency="counts"),
         slices=(5, 3), reduction="sum",
     ),
 }  # fmt: skip
@@ -63,8 +64,8 @@ def _train(case: dict[str, Any], rows: slice, group: dist.ProcessGroup | None) -
         query = query[rows].clone().requires_grad_()
         positive = positive[rows].clone().requires_grad_()
         negatives = None
-        if config.uniform:
-            negatives = _negatives(step, config.num_negatives).requires_grad_()
+        if config.negatives.uniform:
+            negatives = _negatives(step, config.negatives.uniform).requires_grad_()
         loss = loss_fn(query, positive, ids[rows], negatives, reduction=case["reduction"])
         loss.backward()
         steps.append({

@@ -19,10 +19,11 @@ import pytest
 import torch
 from torch import nn
 
+from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
 from runtime.retrieval.index import build_index, faiss_available
 from runtime.retrieval.index_quality import check_index, held_out_recall
 from runtime.retrieval.metrics import RetrievalMetrics
-from runtime.retrieval.sampled_softmax import SampledSoftmaxConfig, SampledSoftmaxLoss
+from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 
 USERS, ITEMS, GROUPS, DIM, SAMPLES = 200, 300, 10, 16, 20_000
 
@@ -63,7 +64,7 @@ def test_a_two_tower_model_beats_popularity(one_thread: None) -> None:
 
     user_tower, item_tower = Tower(USERS), Tower(ITEMS)
     config = SampledSoftmaxConfig(
-        negatives="both", num_negatives=64, num_items=ITEMS, temperature=0.1, normalize=True, logq=True,
+        Negatives(in_batch=True, uniform=64), num_items=ITEMS, temperature=0.1, normalize=True, logq=True,
         frequency_slots=1024, frequency_alpha=0.05,
     )  # fmt: skip
     loss_fn = SampledSoftmaxLoss(config)

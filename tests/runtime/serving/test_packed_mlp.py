@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from runtime.cpu import choice
-from runtime.modules.blocks import MLP
+from runtime.modules.blocks.pooled import MLP
 from runtime.serving.packed_mlp import PackedMLP, pack_mlps
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

@@ -17,9 +17,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.embeddings.bag_collection import EmbeddingBagCollection, EmbeddingBagConfig
+from runtime.config.embeddings import EmbeddingBagConfig
+from runtime.embeddings.bag_collection import EmbeddingBagCollection
+from runtime.serving.quant_embedding import (
+    PRECISIONS,
+    QuantEmbeddingBagCollection,
+    UnstorableTable,
+    row_bytes,
+    stored_dim,
+)
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.serving.quant_embedding import PRECISIONS, QuantEmbeddingBagCollection, UnstorableTable, row_bytes, stored_dim
 
 BATCH = 16
 

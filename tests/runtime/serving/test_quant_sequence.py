@@ -14,7 +14,8 @@ import re
 import pytest
 import torch
 
-from runtime.embeddings.sequence_collection import EmbeddingCollection, EmbeddingConfig
+from runtime.config.embeddings import EmbeddingConfig
+from runtime.embeddings.sequence_collection import EmbeddingCollection
 from runtime.serving.quant_embedding import PRECISIONS
 from runtime.serving.quant_sequence import QuantEmbeddingCollection
 from runtime.sparse.jagged import KeyedJaggedTensor

@@ -19,19 +19,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import sharded_cases as sc
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-import sharded_cases as sc
 from runtime.checkpoint.store import load_checkpoint, save_checkpoint
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer
+from runtime.sharding import SparseArch, distribute_dense
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from runtime.sparse.sequence import to_padded
-from runtime.sharding import SparseArch, distribute_dense
 from runtime.train.process_group import close_process_group
 
 WORLD_SIZE = sc.WORLD_SIZE

@@ -15,17 +15,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
+import rendezvous
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
 from runtime.sharding import SparseArch, distribute_dense
+from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 from runtime.train.process_group import close_process_group, init_process_group
-import rendezvous
 
 WORLD_SIZE = 2
 GLOBAL_BATCH = 8

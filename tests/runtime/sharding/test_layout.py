@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
+import sharded_cases as sc
 import torch
 
-import sharded_cases as sc
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding import table_row_wise
 from runtime.sharding.group import GroupEnv
-from runtime.sharding.layout import Shard, TableLayout, local_tables, table_layouts, slots_by_rank
+from runtime.sharding.layout import Shard, TableLayout, local_tables, slots_by_rank, table_layouts
 
 
 def plan_error(edit: Callable[[dict[str, dict[str, Any]]], None]) -> str:

@@ -16,18 +16,18 @@ import weakref
 from pathlib import Path
 
 import pytest
+import rendezvous
+import sharded_cases as sc
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import sharded_cases as sc
 from runtime.cpu import choice
-from runtime.modules.blocks import DotInteraction
+from runtime.modules.blocks.pooled import DotInteraction
 from runtime.sharding.group import slot_columns
 from runtime.sharding.layout import group_keys, slots_by_rank, table_layouts
 from runtime.sharding.pooled_dist import PooledOutputDist, all_to_all_pooled
 from runtime.train.process_group import close_process_group, init_process_group
-import rendezvous
 
 
 def _run(rank: int, port: int, out: str) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.embeddings.bag_collection import EmbeddingBagConfig
-from runtime.embeddings.optim import EmbeddingOptimizer
-from runtime.embeddings.sequence_collection import EmbeddingConfig
+from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer
 from runtime.sharding import SparseArch
 from runtime.sparse.jagged import KeyedJaggedTensor
 

@@ -12,12 +12,12 @@ import re
 from pathlib import Path
 
 import pytest
+import rendezvous
+import sharded_cases as sc
 import torch.multiprocessing as mp
 
-import sharded_cases as sc
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding import SparseArch
-import rendezvous
 
 
 def test_a_bad_rank_ends_the_job_with_its_error(tmp_path: Path) -> None:

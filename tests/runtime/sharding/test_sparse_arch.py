@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import sharded_cases as sc
 import torch
 
-import sharded_cases as sc
-from runtime.embeddings.optim import EmbeddingOptimizer
+from runtime.config.embeddings import EmbeddingOptimizer
 from runtime.sharding import SparseArch
 
 OPTIMIZER = EmbeddingOptimizer("rowwise_adagrad")

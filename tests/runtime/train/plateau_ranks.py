@@ -10,7 +10,7 @@ import rendezvous
 import torch
 import torch.distributed as dist
 
-from runtime.modules.losses import HeadConfig
+from runtime.modules.heads.losses import HeadConfig
 from runtime.reporting.metrics import MetricSet
 from runtime.train.early_stopping import BestMetric
 from runtime.train.lr_plateau import LrPlateau

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from runtime.train.dense_optimizer import DenseOptimizerConfig, make_dense_optimizer
+from runtime.config.training import DenseOptimizerConfig
+from runtime.train.dense_optimizer import make_dense_optimizer
 
 
 def steps(config: DenseOptimizerConfig, reference: type[torch.optim.Optimizer]) -> tuple[torch.Tensor, torch.Tensor]:

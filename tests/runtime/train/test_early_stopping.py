@@ -6,7 +6,7 @@ import doctest
 
 import pytest
 
-from runtime.modules.losses import HeadConfig
+from runtime.config.heads import HeadConfig
 from runtime.train import early_stopping
 from runtime.train.early_stopping import BestMetric, EarlyStopping, resolve_best_metric
 from runtime.train.options import UsageError

@@ -1,4 +1,4 @@
-"""runtime/train/lr_schedule.py: each schedule's factors against its formula, and bad schedules' errors.
+"""runtime/config/lr_schedule.py: each schedule's factors against its formula, and bad schedules' errors.
 
 The expected factors are written out from the formulas by hand (warmup
 W, decay to final_factor f at total_steps T, t the steps completed).
@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from runtime.train.lr_schedule import LrSchedule, problems
+from runtime.config.lr_schedule import LrSchedule, problems
 
 
 def test_constant_is_one_at_every_step() -> None:

@@ -13,17 +13,17 @@ import json
 import re
 from pathlib import Path
 
+import checkpoint_cases as cc
 import pytest
 import torch
 
-import checkpoint_cases as cc
 from runtime.checkpoint.store import load_model_state, read_checkpoint_manifest
+from runtime.config.lr_schedule import LrSchedule
 from runtime.train import worker
 from runtime.train.context import RunContext
 from runtime.train.early_stopping import BestMetric
 from runtime.train.loop import train
 from runtime.train.lr_plateau import LrPlateau
-from runtime.train.lr_schedule import LrSchedule
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from compiler.cli import main
-from runtime.data.features import TrainingConfig
+from runtime.config.training import TrainingConfig
 from runtime.train import options as train_options
 from runtime.train.options import TrainOptions
 

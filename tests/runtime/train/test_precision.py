@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from compiler import cli
 from runtime.cpu import features
 from runtime.data.batch import Batch
-from runtime.modules.linear import Linear, linear
+from runtime.modules.layers.linear import Linear, linear
 from runtime.sparse.jagged import KeyedJaggedTensor
 from runtime.train.loop import train_step
 from runtime.train.precision import PrecisionError, autocast, bf16_supported, check_precision

@@ -7,19 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from sample_files import criteo_lines, criteo_spec, write_lines
+from test_movielens_history import TRAIN, history_spec
 
-from runtime.data.bad_rows import BadRowLog
 from runtime.data.batch import Batch
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-from runtime.data.movielens_vocab import read_vocabulary
+from runtime.data.movielens.vocab import read_vocabulary
 from runtime.data.prepared.batches import PreparedBatches, prepared_epoch_batches
 from runtime.data.prepared.order import EpochOrder
 from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import PreparedData, open_prepared
 from runtime.data.sources import DataChoice, open_reader
-from sample_files import criteo_lines, criteo_spec, write_lines
-from test_movielens_history import TRAIN, history_spec
 
 ROWS = 400  # 25 row groups of 16
 

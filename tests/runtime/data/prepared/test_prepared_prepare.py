@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from sample_files import criteo_lines, criteo_spec, write_lines
 
-from runtime.data.bad_rows import BadRowLog
+import runtime.data.prepared.prepare as prepare_module
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
-import runtime.data.prepared.prepare as prepare_module
 from runtime.data.prepared.manifest import file_sha256, read_manifest, write_json_atomically
 from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import RowReader, open_prepared
 from runtime.data.sources import DataChoice, open_reader
-from sample_files import criteo_lines, criteo_spec, write_lines
 
 SETTINGS = PrepareSettings(row_group_rows=16, part_row_groups=3, workers=0, block_lines=50)
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from runtime.config.data import DenseFeatureConfig, ModelInputs, SparseFeatureConfig
+from runtime.config.heads import HeadConfig
+from runtime.config.training import TrainingConfig
 from runtime.data.columns import Columns, Jagged
-from runtime.data.features import DenseFeatureConfig, HeadConfig, ModelInputs, SparseFeatureConfig, TrainingConfig
-from runtime.data.prepared.arrow import pa
+from runtime.data.files.arrow import pa
 from runtime.data.prepared.schema import column_specs, from_table, to_table
 
 

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from sample_files import spec, write_lines
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.config.data import TimestampsConfig
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
-from runtime.data.features import TimestampsConfig
 from runtime.data.loader import epoch_batches
 from runtime.data.prepared.batches import prepared_epoch_batches
 from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import open_prepared
 from runtime.data.sources import DataChoice, choose_data, open_reader
-from sample_files import spec, write_lines
 
 COLUMNS = {"price": "num", "age": "num", "user": "user", "item": "item", "seen": "history",
            "seen_at": "history_time", "clicked": "click"}  # fmt: skip

@@ -12,7 +12,7 @@ import pytest
 from compiler.lowering.instantiate import model_inputs
 from compiler.spec.load import load
 from compiler.spec.validate import validate
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.loader import epoch_batches
 from runtime.data.prepared.batches import prepared_epoch_batches
 from runtime.data.prepared.prepare import PrepareSettings, prepare

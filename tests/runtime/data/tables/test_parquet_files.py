@@ -8,13 +8,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from sample_files import spec
+from test_csv_files import COLUMNS, _hashed, _inputs
 
-from runtime.data.bad_rows import BadRowLog
+from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.errors import DataError
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, choose_data, open_reader
-from sample_files import spec
-from test_csv_files import COLUMNS, _hashed, _inputs
 
 
 def _write(path: Path) -> Path:

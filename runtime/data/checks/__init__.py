@@ -1,0 +1,1 @@
+"""What the readers check and report about their rows: bad rows, unseen ids, timestamps, history lengths."""

@@ -1,0 +1,1 @@
+"""Criteo click logs (the Kaggle and Terabyte day-file layout)."""

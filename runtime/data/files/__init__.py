@@ -1,0 +1,1 @@
+"""How data files are opened: text lines (plain or gzip, day-file directories) and pyarrow."""

@@ -1,0 +1,1 @@
+"""MovieLens: the ratings reader, its users' histories, vocabularies and the split by time."""

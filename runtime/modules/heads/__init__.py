@@ -1,0 +1,1 @@
+"""The heads' losses, combined with their weights."""
