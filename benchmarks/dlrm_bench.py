@@ -19,8 +19,9 @@ both see the same noise of a shared machine.
 Each line also carries the step's GEMM floor (benchmarks/gemm_floor.py): its
 dense products timed alone with torch.mm at the run's threads, `gemm_floor_ms`,
 with `dense_gflop` per step, this CPU's `sgemm_gflops` on them and
-`step_over_floor`, the median step over that floor. Each line also carries `cpu` (lscpu's model name), `cpu_flags` (its vector
-features) and `kernels` (the kernel choices in force, runtime/cpu/choice.py),
+`step_over_floor`, the median step over that floor. And `cpu` (lscpu's model
+name), `cpu_flags` (its vector features) and `kernels` (the kernel choices in
+force, runtime/cpu/choice.py),
 measured and kept under `$RECCOMPILE_CACHE_DIR/bench` apart from other runs'.
 `RECCOMPILE_KERNELS=dot=torch,...` forces them for an A/B comparison.
 """

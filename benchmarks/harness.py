@@ -29,11 +29,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import gemm_floor
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import gemm_floor
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS_ENV = "RECCOMPILE_BENCH_WORKLOADS"
@@ -169,7 +168,8 @@ def run_rank(
     kernels = choice.used()  # this rank's, taken here: dist2 ranks are processes of their own
     floor = None
     if workload.gemm_floor and args.device == "cpu":
-        floor = gemm_floor.floor(gemm_floor.gemm_shapes(lambda: train_step(model, optimizer, batches[0], args.precision)))
+        shapes = gemm_floor.gemm_shapes(lambda: train_step(model, optimizer, batches[0], args.precision))
+        floor = gemm_floor.floor(shapes)
     cpu_s = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
     busy = total = None
     if machine_before and machine_after:
