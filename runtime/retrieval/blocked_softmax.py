@@ -17,12 +17,15 @@ scales these by its incoming gradient. The function is the plain one,
 up to float rounding; tests/runtime/retrieval/test_blocked_softmax.py holds
 it to F.cross_entropy on the whole matrix.
 
-A row's loss is -log of its own softmax entry, read from the softmax the
-gradient needs anyway: torch's softmax (row maxima, its own vectorised exp)
-took 0.3 ms on a 512 x 1,024 block where log-softmax then exp took 0.77 and
-exp then a sum 0.5 (AMD EPYC Zen 4, one thread). Where that entry is below
-float's smallest normal (a loss past 87 in float32) it has lost its
-precision, and those rows take logsumexp minus their own logit instead.
+Two ways to the softmax. With a bound on the logits known beforehand (1 / T
+for L2-normalised sides) at most EXP_SAFE, exp needs no row maxima: exp in
+place, the row sums, and the division folded into the [b, D] sides of the
+GEMMs, two passes over the block. Otherwise torch's softmax (row maxima, its
+own vectorised exp), and a row's loss is -log of its own entry: 0.3 ms on a
+512 x 1,024 block where log-softmax then exp took 0.77 (AMD EPYC Zen 4, one
+thread). Where that entry is below float's smallest normal (a loss past 87
+in float32) it has lost its precision, and those rows take logsumexp minus
+their own logit instead.
 """
 
 from __future__ import annotations
@@ -33,8 +36,11 @@ import torch
 
 from runtime.modules.linear import onednn_applies
 
-__all__ = ["BLOCK_ROWS", "blocked_softmax_loss"]
+__all__ = ["BLOCK_ROWS", "EXP_SAFE", "blocked_softmax_loss"]
 
+# exp(60) * 2**31 candidates < float32's max, exp(-60) > its smallest normal: logits bounded by
+# this need no row maxima
+EXP_SAFE = 60.0
 BLOCK_ROWS = 512  # 512 x 12,800 logits = 26 MB: in a 32 MB last-level cache; 128 rows took 2.4x the CPU time
 
 
@@ -68,15 +74,18 @@ class _BlockedSoftmax(torch.autograd.Function):
         hit_rows: torch.Tensor | None,
         hit_columns: torch.Tensor | None,
         temperature: float,
+        bound: float | None,
         block: int,
     ) -> torch.Tensor:
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         n = query.shape[0]
+        bounded = bound is not None and bound <= EXP_SAFE
         scaled = query if temperature == 1.0 else query * (1.0 / temperature)
         grad_query_blocks: list[torch.Tensor] = []
         # d/dcandidates accumulates transposed, [D, C]: (query-side rows)^T @ softmax ran 1.3x faster than
         # softmax^T @ rows into [C, D] (K = D = 64, oneDNN and MKL alike; AMD EPYC Zen 4, one thread)
         grad_candidates_t = candidates.new_zeros(candidates.shape[::-1]) if grads else None
+        own_part = torch.zeros_like(candidates) if grads and bounded else None  # the one-hot's share, [C, D]
         losses = torch.empty(n, dtype=query.dtype, device=query.device)
         starts = None
         if hit_rows is not None:
@@ -88,6 +97,18 @@ class _BlockedSoftmax(torch.autograd.Function):
             if starts is not None and starts[index + 1] > starts[index]:
                 lo, hi = starts[index], starts[index + 1]
                 logits[hit_rows[lo:hi] - first, hit_columns[lo:hi]] = float("-inf")
+            if bounded:
+                own_logits = logits.gather(1, columns.unsqueeze(1)).squeeze(1)
+                p = logits.exp_()  # unnormalised: the row sums divide the [b, D] sides below
+                sums = p.sum(dim=1)
+                losses[first:last] = sums.log() - own_logits
+                if grads:
+                    inverse = sums.reciprocal_().unsqueeze(1)
+                    block_grad = _times_transposed(p, candidates.T).mul_(inverse)
+                    grad_query_blocks.append(block_grad.sub_(candidates[columns]))
+                    grad_candidates_t.addmm_((scaled[first:last] * inverse).T, p)
+                    own_part.index_add_(0, columns, scaled[first:last])
+                continue
             p = torch.softmax(logits, dim=1)
             losses[first:last] = _row_losses(logits, p, columns)
             if grads:
@@ -99,13 +120,16 @@ class _BlockedSoftmax(torch.autograd.Function):
             grad_query = grad_query_blocks[0] if len(grad_query_blocks) == 1 else torch.cat(grad_query_blocks)
             if temperature != 1.0:
                 grad_query.mul_(1.0 / temperature)
-            ctx.save_for_backward(grad_query, grad_candidates_t.T.contiguous())
+            grad_candidates = grad_candidates_t.T.contiguous()
+            if own_part is not None:
+                grad_candidates.sub_(own_part)
+            ctx.save_for_backward(grad_query, grad_candidates)
         return losses.sum()
 
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor):  # type: ignore[override]
         grad_query, grad_candidates = ctx.saved_tensors  # type: ignore[attr-defined]
-        return grad_query * grad, grad_candidates * grad, None, None, None, None, None
+        return grad_query * grad, grad_candidates * grad, None, None, None, None, None, None
 
 
 def blocked_softmax_loss(
@@ -116,11 +140,13 @@ def blocked_softmax_loss(
     temperature: float,
     reduction: str = "sum",
     block: int = BLOCK_ROWS,
+    bound: float | None = None,
 ) -> torch.Tensor:
     """sum (or mean) over rows i of -log softmax((query / T) @ candidates^T)[i, own[i]].
 
     `query` [n, D], `candidates` [C, D], `own` [n] each row's own column; `hits` (rows, columns)
-    of the cells masked to -inf, rows ascending (None: none).
+    of the cells masked to -inf, rows ascending (None: none). `bound`: a bound on |query_i . c_j| / T
+    known beforehand (1 / T for L2-normalised sides): at most EXP_SAFE, softmax needs no row maxima.
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"blocked softmax: reduction {reduction!r} is not sum or mean")
@@ -131,6 +157,6 @@ def blocked_softmax_loss(
             fp32.enter_context(torch.autocast(query.device.type, enabled=False))
         dtype = torch.promote_types(torch.promote_types(query.dtype, candidates.dtype), torch.float32)
         total = _BlockedSoftmax.apply(
-            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), int(block)
+            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound, int(block)
         )
     return total / max(1, query.shape[0]) if reduction == "mean" else total

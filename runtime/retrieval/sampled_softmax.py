@@ -150,7 +150,8 @@ def sampled_softmax(
         candidate_ids = gather_ids(positive_ids, process_group, row_counts)
         own = rows + offset
         hits = _accidental_hits([candidate_ids], [candidates.T], positive_ids, own, True)
-        return blocked_softmax_loss(query, candidates, own, hits, temperature, reduction)
+        bound = 1.0 / temperature if normalize else None  # |cosine| <= 1
+        return blocked_softmax_loss(query, candidates, own, hits, temperature, reduction, bound=bound)
     if in_batch:
         candidates, offset = gather_rows(positive, process_group, row_counts)
         blocks.append(query @ candidates.T)

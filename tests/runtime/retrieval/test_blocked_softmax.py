@@ -17,17 +17,28 @@ def _reference(query, candidates, own, hits, temperature, reduction):
     return F.cross_entropy(logits, own, reduction=reduction)
 
 
-@pytest.mark.parametrize("scale", [1.0, 40.0])  # 40: logits in the hundreds, past exp's range without row maxima
+# "bounded": unit rows, |logit| <= 1 / T, the bound the loss is told (exp without row maxima); "plain" and
+# "large" (logits in the hundreds, past exp's range without row maxima): torch's softmax
+CASES = ("bounded", "plain", "large")
+
+
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("block", [1, 4, 7, 64])
-def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str, scale: float) -> None:
+def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str, case: str) -> None:
     gen = torch.Generator().manual_seed(3)
-    query = (torch.randn(13, 8, generator=gen, dtype=torch.float64) * scale).requires_grad_(True)
-    candidates = torch.randn(17, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    query = torch.randn(13, 8, generator=gen, dtype=torch.float64)
+    candidates = torch.randn(17, 8, generator=gen, dtype=torch.float64)
+    if case == "bounded":
+        query, candidates = F.normalize(query, dim=-1), F.normalize(candidates, dim=-1)
+    query = (query * (40.0 if case == "large" else 1.0)).requires_grad_(True)
+    candidates.requires_grad_(True)
     own = torch.randint(0, 17, (13,), generator=gen)
     hits = (torch.tensor([0, 0, 5, 12]), torch.tensor([3, 9, 1, 16]))
     weight = 0.7  # an incoming gradient other than 1
-    got = blocked_softmax_loss(query, candidates, own, hits, 0.3, reduction, block=block)
+    got = blocked_softmax_loss(
+        query, candidates, own, hits, 0.3, reduction, block=block, bound=1 / 0.3 if case == "bounded" else None
+    )
     (got * weight).backward()
     grads = query.grad.clone(), candidates.grad.clone()
     query.grad = candidates.grad = None
@@ -79,13 +90,14 @@ def test_blocked_softmax_without_gradients_returns_the_loss_only() -> None:
     torch.testing.assert_close(got, F.cross_entropy(query @ candidates.T, own))
 
 
-def test_blocked_softmax_in_float32_at_onednn_sizes() -> None:
+@pytest.mark.parametrize("bounded", [False, True])
+def test_blocked_softmax_in_float32_at_onednn_sizes(bounded: bool) -> None:
     """Products big enough for oneDNN (runtime.modules.linear.onednn_applies), against float64."""
     gen = torch.Generator().manual_seed(7)
     query = F.normalize(torch.randn(700, 64, generator=gen), dim=-1).requires_grad_(True)
     candidates = F.normalize(torch.randn(650, 64, generator=gen), dim=-1).requires_grad_(True)
     own = torch.randint(0, 650, (700,), generator=gen)
-    got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", block=256)
+    got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", block=256, bound=20.0 if bounded else None)
     got.backward()
     q64, c64 = query.detach().double().requires_grad_(True), candidates.detach().double().requires_grad_(True)
     want = _reference(q64, c64, own, None, 0.05, "mean")
@@ -101,6 +113,6 @@ def test_blocked_softmax_stays_fp32_under_bf16_autocast() -> None:
     candidates = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
     own = torch.arange(300)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean")
+        got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, _reference(query, candidates, own, None, 0.05, "mean"))
