@@ -103,6 +103,7 @@ class _BlockedSoftmax(torch.autograd.Function):
                 sums = p.sum(dim=1)
                 losses[first:last] = sums.log() - own_logits
                 if grads:
+                    assert grad_candidates_t is not None and own_part is not None
                     inverse = sums.reciprocal_().unsqueeze(1)
                     block_grad = _times_transposed(p, candidates.T).mul_(inverse)
                     grad_query_blocks.append(block_grad.sub_(candidates[columns]))
@@ -112,11 +113,12 @@ class _BlockedSoftmax(torch.autograd.Function):
             p = torch.softmax(logits, dim=1)
             losses[first:last] = _row_losses(logits, p, columns)
             if grads:
+                assert grad_candidates_t is not None
                 # d(loss)/d(logits) = softmax - one-hot, into the two GEMMs
                 p.scatter_add_(1, columns.unsqueeze(1), p.new_full((last - first, 1), -1.0))
                 grad_query_blocks.append(_times_transposed(p, candidates.T))
                 grad_candidates_t.addmm_(scaled[first:last].T, p)
-        if grads:
+        if grad_candidates_t is not None:
             grad_query = grad_query_blocks[0] if len(grad_query_blocks) == 1 else torch.cat(grad_query_blocks)
             if temperature != 1.0:
                 grad_query.mul_(1.0 / temperature)
