@@ -16,8 +16,12 @@ all-to-all is in flight while batch i trains. `--pipeline ab` alternates
 blocks of plain and pipelined steps in one run (a JSON line for each), so
 both see the same noise of a shared machine.
 
-Each line also carries `cpu` (lscpu's model name), `cpu_flags` (its vector
-features) and `kernels` (the kernel choices in force, runtime/cpu/choice.py),
+Each line also carries the step's GEMM floor (benchmarks/gemm_floor.py): its
+dense products timed alone with torch.mm at the run's threads, `gemm_floor_ms`,
+with `dense_gflop` per step, this CPU's `sgemm_gflops` on them and
+`step_over_floor`, the median step over that floor. And `cpu` (lscpu's model
+name), `cpu_flags` (its vector features) and `kernels` (the kernel choices in
+force, runtime/cpu/choice.py),
 measured and kept under `$RECCOMPILE_CACHE_DIR/bench` apart from other runs'.
 `RECCOMPILE_KERNELS=dot=torch,...` forces them for an A/B comparison.
 """
@@ -83,6 +87,7 @@ def dlrm_workload(variant: str) -> harness.Workload:
         model_seed=workload.MODEL_SEED,
         compile=functools.partial(compile_module, variant),
         batches=functools.partial(make_batches, variant),
+        gemm_floor=True,
     )
 
 

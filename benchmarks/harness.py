@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import gemm_floor
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -64,6 +65,7 @@ class Workload:
     model_seed: int
     compile: Callable[[int, str], Path]  # (world size, output folder) -> the generated module
     batches: Callable[[ModuleType, int], list[Any]]  # (generated module, rank) -> its Batches
+    gemm_floor: bool = False  # after the timed steps, one more step's products timed alone (gemm_floor.py)
 
 
 # The device `run` compiles for (`--device`); compiling happens in the parent process, before the ranks start.
@@ -163,6 +165,11 @@ def run_rank(
         step += count
     usage_after, machine_after = resource.getrusage(resource.RUSAGE_SELF), cpu_counters()
     profile = stop_profiler(profiler, args, workload, rank)
+    kernels = choice.used()  # this rank's, taken here: dist2 ranks are processes of their own
+    floor = None
+    if workload.gemm_floor and args.device == "cpu":
+        shapes = gemm_floor.gemm_shapes(lambda: train_step(model, optimizer, batches[0], args.precision))
+        floor = gemm_floor.floor(shapes)
     cpu_s = (usage_after.ru_utime - usage_before.ru_utime) + (usage_after.ru_stime - usage_before.ru_stime)
     busy = total = None
     if machine_before and machine_after:
@@ -179,7 +186,8 @@ def run_rank(
         "machine_total_s": total,
         "threads": torch.get_num_threads(),
         "profile": profile,
-        "kernels": choice.used(),  # this rank's, taken here: dist2 ranks are processes of their own
+        "kernels": kernels,
+        "gemm_floor": floor,
     }
 
 
@@ -258,8 +266,16 @@ def summarize(
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
         "other_cpu_pct": other,
         **({"profile": [r["profile"] for r in results]} if results[0]["profile"] else {}),
+        **floor_fields(first["gemm_floor"], median),
         "kernels": merged_kernels([r["kernels"] for r in results]),
     }
+
+
+def floor_fields(floor: dict[str, float] | None, step_s: float) -> dict[str, float]:
+    """The GEMM floor's fields (gemm_floor.py, rank 0's) and the median step over it."""
+    if not floor or not floor["gemm_floor_ms"]:
+        return {}
+    return {**floor, "step_over_floor": round(step_s * 1e3 / floor["gemm_floor_ms"], 2)}
 
 
 def merged_kernels(each: list[dict[str, dict[str, str]]]) -> dict[str, dict[str, str]]:

@@ -31,6 +31,13 @@ def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> No
     assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "criteo", mode, 2)
     assert line["samples_per_s"] > 0 and abs(line["loss_first"] - 0.6931) < 0.01
     assert {"cpu", "cpu_flags", "kernels"} <= line.keys()
+    # criteo's dense products: 13-512-256-64 and 415-512-256-1 over 2,048 samples (forward, both gradients but
+    # the first layer's input's) and the 27 x 27 Gram matrix of the dot interaction (forward, and its
+    # gradient in one product: (g + g^T) z, runtime/modules/blocks.py)
+    mlp = 2 * 2048 * (3 * (13 * 512 + 512 * 256 + 256 * 64 + 415 * 512 + 512 * 256 + 256) - 13 * 512)
+    assert line["dense_gflop"] == round((mlp + 2 * 2 * 2048 * 27 * 64 * 27) / 1e9, 4)
+    assert line["gemm_floor_ms"] > 0 and line["sgemm_gflops"] > 0
+    assert line["step_over_floor"] == round(line["step_ms_median"] / line["gemm_floor_ms"], 2)
     # The kernels the ranks ran (every one recorded in the cache, less the stale choice it already held).
     recorded: dict[str, dict[str, str]] = {}
     for made in choice.directory(tmp_path).glob("*/*.json"):

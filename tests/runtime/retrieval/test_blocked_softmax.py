@@ -17,22 +17,27 @@ def _reference(query, candidates, own, hits, temperature, reduction):
     return F.cross_entropy(logits, own, reduction=reduction)
 
 
-@pytest.mark.parametrize("bounded", [False, True])
+# "bounded": unit rows, |logit| <= 1 / T, the bound the loss is told (exp without row maxima); "plain" and
+# "large" (logits in the hundreds, past exp's range without row maxima): torch's softmax
+CASES = ("bounded", "plain", "large")
+
+
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("reduction", ["sum", "mean"])
 @pytest.mark.parametrize("block", [1, 4, 7, 64])
-def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str, bounded: bool) -> None:
+def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, reduction: str, case: str) -> None:
     gen = torch.Generator().manual_seed(3)
     query = torch.randn(13, 8, generator=gen, dtype=torch.float64)
     candidates = torch.randn(17, 8, generator=gen, dtype=torch.float64)
-    if bounded:  # unit rows: |logit| <= 1 / T, the bound the loss is told
+    if case == "bounded":
         query, candidates = F.normalize(query, dim=-1), F.normalize(candidates, dim=-1)
-    query.requires_grad_(True)
+    query = (query * (40.0 if case == "large" else 1.0)).requires_grad_(True)
     candidates.requires_grad_(True)
     own = torch.randint(0, 17, (13,), generator=gen)
     hits = (torch.tensor([0, 0, 5, 12]), torch.tensor([3, 9, 1, 16]))
     weight = 0.7  # an incoming gradient other than 1
     got = blocked_softmax_loss(
-        query, candidates, own, hits, 0.3, reduction, block=block, bound=1 / 0.3 if bounded else None
+        query, candidates, own, hits, 0.3, reduction, block=block, bound=1 / 0.3 if case == "bounded" else None
     )
     (got * weight).backward()
     grads = query.grad.clone(), candidates.grad.clone()
@@ -41,6 +46,21 @@ def test_blocked_softmax_matches_cross_entropy_on_the_whole_matrix(block: int, r
     (want * weight).backward()
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grads, (query.grad, candidates.grad))
+
+
+def test_rows_whose_own_probability_underflows_keep_their_loss() -> None:
+    """float32 losses past 87: the own softmax entry underflows, and the row's loss is taken from its logits."""
+    query = torch.tensor([[30.0, 0.0], [0.0, 1.0], [-20.0, 0.5]], requires_grad=True)
+    candidates = torch.tensor([[5.0, 0.0], [-5.0, 0.0], [0.0, 1.0]], requires_grad=True)
+    own = torch.tensor([1, 2, 0])  # rows 0 and 2: own logits 300 and 200 below the row's largest
+    got = blocked_softmax_loss(query, candidates, own, None, 1.0, "sum", block=2)
+    got.backward()
+    q64, c64 = query.detach().double().requires_grad_(True), candidates.detach().double().requires_grad_(True)
+    want = _reference(q64, c64, own, None, 1.0, "sum")
+    want.backward()
+    assert float(want.detach()) > 450  # the two faint rows dominate
+    torch.testing.assert_close(got.double(), want)
+    torch.testing.assert_close((query.grad.double(), candidates.grad.double()), (q64.grad, c64.grad))
 
 
 def test_in_batch_sampled_softmax_takes_the_blocked_path_with_the_same_result() -> None:
