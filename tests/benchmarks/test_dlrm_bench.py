@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from bench_env import WORKLOADS, bench_env
+
 from runtime.cpu import choice
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> No
     assert {"cpu", "cpu_flags", "kernels"} <= line.keys()
     # criteo's dense products: 13-512-256-64 and 415-512-256-1 over 2,048 samples (forward, both gradients but
     # the first layer's input's) and the 27 x 27 Gram matrix of the dot interaction (forward, and its
-    # gradient in one product: (g + g^T) z, runtime/modules/blocks.py)
+    # gradient in one product: (g + g^T) z, runtime/modules/blocks/pooled.py)
     mlp = 2 * 2048 * (3 * (13 * 512 + 512 * 256 + 256 * 64 + 415 * 512 + 512 * 256 + 256) - 13 * 512)
     assert line["dense_gflop"] == round((mlp + 2 * 2 * 2048 * 27 * 64 * 27) / 1e9, 4)
     assert line["gemm_floor_ms"] > 0 and line["sgemm_gflops"] > 0

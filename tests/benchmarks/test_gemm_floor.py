@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.modules.linear import MIN_ONEDNN_MACS, Linear
+from runtime.modules.layers.linear import MIN_ONEDNN_MACS, Linear
 
 REPO = Path(__file__).resolve().parents[2]
 
