@@ -39,7 +39,6 @@ import torch.nn.functional as F
 
 from runtime.config.heads import HeadConfig
 from runtime.data.columns import USER_IDS
-from runtime.modules.heads.losses import HeadConfig
 from runtime.retrieval.catalogue import Catalogue, StepCandidates
 from runtime.retrieval.head_metrics import RetrievalHeadMetrics
 

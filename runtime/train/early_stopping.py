@@ -16,7 +16,7 @@ N ranks decide alike without a message of their own: evaluation metrics are
 all-reduced and gathered (runtime.reporting.metrics), so every rank observes
 the same numbers, in the same order of passes.
 
-    >>> from runtime.modules.heads.losses import HeadConfig
+    >>> from runtime.config.heads import HeadConfig
     >>> tracker = EarlyStopping(resolve_best_metric("auc", [HeadConfig("click", "bce", "click")]), patience=2)
     >>> [tracker.observe(step, {"click": {"auc": auc}}) for step, auc in ((10, 0.7), (20, 0.8), (30, 0.79), (40, 0.8))]
     [True, True, False, False]

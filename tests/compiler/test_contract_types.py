@@ -103,6 +103,7 @@ TWINS = (
             "item": "the graph's wiring", "item_feature": "the graph's wiring", "item_table": "the graph's wiring",
             "logq": "SampledSoftmaxConfig", "temperature": "SampledSoftmaxConfig", "normalize": "SampledSoftmaxConfig",
             "ks": "the heads' metrics", "next_item": "the graph's wiring", "mask_seen": "HeadConfig",
+            "attributes": "the model's ItemAttributes catalogue", "on_conflict": "the model's ItemAttributes catalogue",
         },
     ),
     Twin(
@@ -111,6 +112,7 @@ TWINS = (
             "item": "the graph's wiring", "item_feature": "the graph's wiring", "item_table": "the graph's wiring",
             "in_batch": "Negatives", "uniform": "Negatives", "per_query": "Negatives",
             "ks": "the heads' metrics", "next_item": "the graph's wiring", "mask_seen": "HeadConfig",
+            "attributes": "the model's ItemAttributes catalogue", "on_conflict": "the model's ItemAttributes catalogue",
         },
         runtime_only={
             "negatives": "Negatives, from the IR's in_batch, uniform and per_query",

@@ -31,11 +31,12 @@ def test_runtime_holds_only_packages() -> None:
 
 
 # A package's names are its own but for these: TorchRec's table configs, which TorchRec's users
-# import from `runtime.embeddings` (as from torchrec), live in the contract room.
+# import from `runtime.embeddings` (as from torchrec), live in the contract room; the checkpoint
+# store's `Stateful` is torch.distributed.checkpoint's own protocol.
 RE_EXPORTS = {
     ("runtime.embeddings", name): "runtime.config.embeddings"
     for name in ("EmbeddingBagConfig", "EmbeddingConfig", "EmbeddingOptimizer")
-}
+} | {("runtime.checkpoint", "Stateful"): "torch.distributed.checkpoint.stateful"}  # the protocol its states follow
 
 
 @pytest.mark.parametrize("package", ["", *PACKAGES])
