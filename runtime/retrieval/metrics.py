@@ -161,8 +161,8 @@ class RetrievalMetrics:
         keep = (positive_ids >= 0).any(dim=1)  # a query without positives counts for nothing
         positive_ids, positives, queries = positive_ids[keep], positives[keep], queries[keep]
         seen = None if seen is None else seen[keep]
-        columns = min(candidates.shape[0], max(1, self.chunk_size // max(1, positive_ids.shape[1])))
-        rows = max(1, self.max_scores // max(1, columns))
+        per_chunk = min(candidates.shape[0], max(1, self.chunk_size // max(1, positive_ids.shape[1])))
+        rows = max(1, self.max_scores // max(1, per_chunk))
         blocks = [
             positive_positions(
                 queries[start : start + rows], positive_ids[start : start + rows], positives[start : start + rows],
