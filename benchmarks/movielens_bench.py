@@ -9,14 +9,19 @@ holds out each user's latest one by time (leave-one-out). Every model ranks
 the held-out movie against the whole catalogue:
 
     popularity   training counts, nothing masked
-    two_tower    specs/two_tower_retrieval.yaml, tables sized for ml-100k
+    two_tower    specs/two_tower_retrieval.yaml, tables sized for ml-100k,
+                 nothing masked (a two-tower head has no mask_seen)
     sasrec       specs/sasrec.yaml, tables sized for ml-100k; the held-out
                  movie ranked among the movies the user's history has not seen
                  (the head's mask_seen default, as RecBole's full-sort metrics)
+    hstu         specs/hstu.yaml, likewise
 
-One JSON line per result: {"model", "recall@10", "ndcg@10", "users", "epochs", "seconds"}.
+One JSON line per result and seed: {"model", "seed", "recall@10", "ndcg@10",
+"users", "epochs", "seconds"}, then one per trained model with the mean over
+the seeds ("seed": "mean"). Training runs on one rank with `--threads` torch
+threads (1 by default: the machine may be shared).
 
-    python benchmarks/movielens_bench.py [--wheel recbole-1.2.1-py3-none-any.whl] [--epochs 10]
+    python benchmarks/movielens_bench.py [--wheel recbole-1.2.1-py3-none-any.whl] [--epochs 10] [--seeds 0,1]
 """
 
 from __future__ import annotations
@@ -87,14 +92,14 @@ def sized_spec(spec: Path, out: Path, users: int, movies: int) -> Path:
     return out
 
 
-def trained(spec: Path, split: Path, work: Path, epochs: int, rows: int) -> dict[str, float]:
+def trained(spec: Path, split: Path, work: Path, epochs: int, rows: int, seed: int, threads: int) -> dict[str, float]:
     """Train `spec` on the split's training part for `epochs`, evaluated on its test part: the last eval metrics."""
     batch = int(re.search(r"batch_size: (\d+)", spec.read_text()).group(1))
     steps = max(1, epochs * rows // batch)
     out = reccompile(
         "train", str(spec), "--data", f"movielens:{split / 'train' / 'u.data'}", "--rating-threshold", "0",
         "--eval-data", f"movielens:{split / 'test' / 'u.data'}", "--steps", str(steps),
-        "--log-every", str(steps), "-o", str(work / spec.stem),
+        "--log-every", str(steps), "--seed", str(seed), "--threads", str(threads), "-o", str(work / spec.stem),
     )  # fmt: skip
     result = json.loads(out.strip().splitlines()[-1])
     (metrics,) = result["eval_metrics"].values()
@@ -105,7 +110,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheel", type=Path, help="the recbole wheel (default: pip download it)")
     parser.add_argument("--epochs", type=int, default=10, help="passes over the training part (10)")
-    parser.add_argument("--models", default="popularity,two_tower,sasrec")
+    parser.add_argument("--models", default="popularity,two_tower,sasrec,hstu")
+    parser.add_argument("--seeds", default="0", help="comma-separated training seeds (0)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of the training run (1)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="movielens-bench-") as folder:
         work = Path(folder)
@@ -117,17 +124,30 @@ def main() -> None:
                    "-o", str(split))  # fmt: skip
         train, test = read(split / "train" / "u.data"), read(split / "test" / "u.data")
         users, movies = len({u for u, _, _ in train}), len({m for _, m, _ in train})
+        seeds = [int(seed) for seed in args.seeds.split(",")]
         for model in args.models.split(","):
-            started = time.perf_counter()
             if model == "popularity":
-                figures = popularity(train, test)
-            else:
-                shipped = {"two_tower": "two_tower_retrieval.yaml", "sasrec": "sasrec.yaml"}[model]
-                spec = sized_spec(REPO / "specs" / shipped, work / f"{model}.yaml", users, movies)
-                figures = trained(spec, split, work, args.epochs, len(train))
-            print(json.dumps({"model": model, **{k: round(v, 4) for k, v in figures.items()}, "users": len(test),
-                              "epochs": None if model == "popularity" else args.epochs,
-                              "seconds": round(time.perf_counter() - started, 1)}), flush=True)  # fmt: skip
+                started = time.perf_counter()
+                report(model, None, popularity(train, test), len(test), None, started)
+                continue
+            shipped = {"two_tower": "two_tower_retrieval.yaml", "sasrec": "sasrec.yaml", "hstu": "hstu.yaml"}[model]
+            spec = sized_spec(REPO / "specs" / shipped, work / f"{model}.yaml", users, movies)
+            runs = []
+            for seed in seeds:
+                started = time.perf_counter()
+                runs.append(trained(spec, split, work, args.epochs, len(train), seed, args.threads))
+                report(model, seed, runs[-1], len(test), args.epochs, started)
+            if len(runs) > 1:
+                mean = {name: sum(run[name] for run in runs) / len(runs) for name in runs[0]}
+                report(model, "mean", mean, len(test), args.epochs, None)
+
+
+def report(model: str, seed: int | str | None, figures: dict[str, float], users: int, epochs: int | None,
+           started: float | None) -> None:
+    """One JSON line: the model's figures, the seed (None for popularity, "mean" over seeds) and the time taken."""
+    seconds = None if started is None else round(time.perf_counter() - started, 1)
+    print(json.dumps({"model": model, "seed": seed, **{k: round(v, 4) for k, v in figures.items()}, "users": users,
+                      "epochs": epochs, "seconds": seconds}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

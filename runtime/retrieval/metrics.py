@@ -19,8 +19,10 @@ item that is also a positive still counts as a positive).
 The candidates are either the whole item table (`exact`) or a sampled set
 (`sampled`); sampled metrics are named with a `sampled_` prefix
 (`sampled_recall@10`), so the progress line, the JSON result and the run log
-say which they are. Candidates are scored in chunks of `chunk_size` rows, so
-a table of a million items never needs a [B, 1M] score matrix at once.
+say which they are. Candidates are scored in chunks of `chunk_size` rows, and
+`RetrievalMetrics` ranks its queries in blocks of at most `max_scores` scores,
+so neither a table of a million items nor a window of a million queries (a
+long logging window) ever needs the whole score matrix at once.
 
 `RetrievalMetrics` accumulates per-query sums over a window and `compute` (a
 collective) all-reduces the sums and the query count in float64, so N ranks
@@ -47,6 +49,7 @@ __all__ = ["CANDIDATES", "RetrievalMetrics", "metric_names", "positive_positions
 
 CANDIDATES = ("exact", "sampled")
 DEFAULT_CHUNK = 1 << 16
+DEFAULT_MAX_SCORES = 1 << 24  # scores of one block of queries: 64 MiB of float32
 
 
 def positive_positions(
@@ -122,7 +125,7 @@ class RetrievalMetrics:
 
     def __init__(
         self, ks: Sequence[int] = (10,), candidates: str = "exact", chunk_size: int = DEFAULT_CHUNK,
-        per_user: bool = False,
+        per_user: bool = False, max_scores: int = DEFAULT_MAX_SCORES,
     ) -> None:  # fmt: skip
         if candidates not in CANDIDATES:
             raise ValueError(f"retrieval metrics: candidates {candidates!r} is not one of {', '.join(CANDIDATES)}")
@@ -132,6 +135,7 @@ class RetrievalMetrics:
         self.candidates = candidates
         self.chunk_size = chunk_size
         self.per_user = per_user
+        self.max_scores = max_scores
         self.names = metric_names(self.ks, candidates)
         self.user_names = metric_names(self.ks, candidates, per_user)[len(self.names) :]
         self.reset()
@@ -157,9 +161,16 @@ class RetrievalMetrics:
         keep = (positive_ids >= 0).any(dim=1)  # a query without positives counts for nothing
         positive_ids, positives, queries = positive_ids[keep], positives[keep], queries[keep]
         seen = None if seen is None else seen[keep]
-        positions = positive_positions(
-            queries, positive_ids, positives, candidates, candidate_ids, self.chunk_size, seen=seen
-        )
+        per_chunk = min(candidates.shape[0], max(1, self.chunk_size // max(1, positive_ids.shape[1])))
+        rows = max(1, self.max_scores // max(1, per_chunk))
+        blocks = [
+            positive_positions(
+                queries[start : start + rows], positive_ids[start : start + rows], positives[start : start + rows],
+                candidates, candidate_ids, self.chunk_size, seen=None if seen is None else seen[start : start + rows],
+            )
+            for start in range(0, queries.shape[0], rows)
+        ]  # fmt: skip
+        positions = torch.cat(blocks) if blocks else torch.zeros(0, positive_ids.shape[1], dtype=torch.float64)
         values = query_metrics(positions, positive_ids, self.ks)
         unprefixed = [name.removeprefix("sampled_") for name in self.names]
         sums = [float(values[name].sum()) for name in unprefixed]

@@ -101,6 +101,21 @@ def test_several_positives_per_query_with_padding() -> None:
     assert got["recall@5"] != got["hit_rate@5"]
 
 
+def test_queries_ranked_in_blocks_of_bounded_scores_give_the_whole_batch_figures() -> None:
+    """A long window (a million queries) must not build its whole score matrix: blocks of rows agree."""
+    table = _table(120, 5, seed=3)
+    queries = _queries(30, table, 4)
+    positive_ids = torch.randint(0, 120, (30, 2), generator=torch.Generator().manual_seed(5))
+    positive_ids[::4, 1] = -1
+    seen = torch.randint(0, 120, (30, 3), generator=torch.Generator().manual_seed(6))
+    positives = table[positive_ids.clamp(min=0)]
+    whole = RetrievalMetrics(KS, chunk_size=50)
+    blocked = RetrievalMetrics(KS, chunk_size=50, max_scores=7 * 25)  # 7 queries a block
+    for metrics in (whole, blocked):
+        metrics.update(queries, positive_ids, positives, table, seen=seen)
+    assert blocked.compute() == whole.compute()
+
+
 def test_sampled_candidates_are_named_and_skip_the_positives_ids() -> None:
     table = _table(200, 4, seed=6)
     queries = _queries(25, table, 7)
