@@ -26,12 +26,22 @@ import torch
 
 from runtime.modules.linear import onednn_applies
 
-__all__ = ["BLOCK_ROWS", "EXP_SAFE", "blocked_softmax_loss"]
+__all__ = ["BLOCK_LOGITS", "BLOCK_ROWS", "EXP_SAFE", "block_rows", "blocked_softmax_loss"]
 
 # exp(60) * 2**31 candidates < float32's max, exp(-60) > its smallest normal: logits bounded by
 # this need no row maxima
 EXP_SAFE = 60.0
-BLOCK_ROWS = 512  # 512 x 12,800 logits = 26 MB: in a 32 MB last-level cache; 128 rows took 2.4x the CPU time
+# A block's logits: 512 x 12,800 = 26 MB, in a 32 MB last-level cache. Against 12,800 candidates
+# (gen-bench local) 128 rows took 2.4x the CPU time of 512; against 25,600 (dist2's global batch)
+# 512 rows took 1.1-1.3x the time of 256, which keep the same 26 MB.
+BLOCK_LOGITS = 512 * 12_800
+BLOCK_ROWS = 512  # the most rows a block takes (fewer candidates: no gain from longer blocks)
+MIN_BLOCK_ROWS = 64  # the GEMMs' efficiency falls below this
+
+
+def block_rows(candidates: int) -> int:
+    """Rows per block against `candidates` columns: the block's logits about BLOCK_LOGITS."""
+    return max(MIN_BLOCK_ROWS, min(BLOCK_ROWS, BLOCK_LOGITS // max(1, candidates)))
 
 
 def _times_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -40,6 +50,15 @@ def _times_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if onednn_applies(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
     return x @ weight.T
+
+
+def _accumulate_transposed(total: torch.Tensor, weighted: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """total + weighted^T @ p ([D, C]: d/dcandidates transposed), the sum fused into oneDNN's GEMM
+    where it applies: 1.3x MKL's addmm_ of p^T @ weighted into [C, D] on this product (AMD, one thread)."""
+    left = weighted.T.contiguous()
+    if onednn_applies(left, p.T):
+        return torch.ops.mkldnn._linear_pointwise.binary(left, total, p.T, None, "add")
+    return total.addmm_(left, p)
 
 
 class _BlockedSoftmax(torch.autograd.Function):
@@ -59,7 +78,8 @@ class _BlockedSoftmax(torch.autograd.Function):
         n = query.shape[0]
         scaled = query * (1.0 / temperature)
         grad_query = torch.empty_like(query) if grads else None
-        grad_candidates = torch.zeros_like(candidates) if grads else None
+        # d/dcandidates transposed, [D, C]: the accumulating GEMM is oneDNN's (see _accumulate_transposed)
+        grad_candidates = candidates.new_zeros(candidates.shape[::-1]) if grads else None
         losses = torch.empty(n, dtype=query.dtype, device=query.device)
         starts = None
         if hit_rows is not None:
@@ -91,11 +111,11 @@ class _BlockedSoftmax(torch.autograd.Function):
                     block_grad.mul_(inverse)
                 grad_query[first:last] = block_grad.sub_(candidates[columns])
                 weighted = scaled[first:last] if inverse is None else scaled[first:last] * inverse
-                grad_candidates.addmm_(p.T, weighted)
-                grad_candidates.index_add_(0, columns, scaled[first:last], alpha=-1.0)
+                grad_candidates = _accumulate_transposed(grad_candidates, weighted, p)
+                grad_candidates.index_add_(1, columns, scaled[first:last].T, alpha=-1.0)
         if grads:
             grad_query.mul_(1.0 / temperature)
-            ctx.save_for_backward(grad_query, grad_candidates)
+            ctx.save_for_backward(grad_query, grad_candidates.T)
         return losses.sum()
 
     @staticmethod
@@ -111,7 +131,7 @@ def blocked_softmax_loss(
     hits: tuple[torch.Tensor, torch.Tensor] | None,
     temperature: float,
     reduction: str = "sum",
-    block: int = BLOCK_ROWS,
+    block: int | None = None,
     bound: float | None = None,
 ) -> torch.Tensor:
     """sum (or mean) over rows i of -log softmax((query / T) @ candidates^T)[i, own[i]].
@@ -119,6 +139,7 @@ def blocked_softmax_loss(
     `query` [n, D], `candidates` [C, D], `own` [n] each row's own column; `hits` (rows, columns)
     of the cells masked to -inf, rows ascending (None: none). `bound`: a bound on |query_i . c_j| / T
     known beforehand (1 / T for L2-normalised sides): at most EXP_SAFE, softmax needs no row maxima.
+    `block`: rows per block (None: `block_rows` of the candidates).
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"blocked softmax: reduction {reduction!r} is not sum or mean")
@@ -129,6 +150,7 @@ def blocked_softmax_loss(
             fp32.enter_context(torch.autocast(query.device.type, enabled=False))
         dtype = torch.promote_types(torch.promote_types(query.dtype, candidates.dtype), torch.float32)
         total = _BlockedSoftmax.apply(
-            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound, int(block)
+            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound,
+            block_rows(candidates.shape[0]) if block is None else int(block),
         )
     return total / max(1, query.shape[0]) if reduction == "mean" else total
