@@ -59,7 +59,7 @@ def train_and_score(module_path: str, precision: str, steps: int, eval_batches: 
     seconds = time.perf_counter() - started
     model.eval()
     logits, labels = [], []
-    with torch.inference_mode():
+    with torch.no_grad():  # the training lookup has no inference-mode path
         for k in range(eval_batches):
             batch = make_batch(inputs, inputs.training.batch_size, HELD_OUT_STEP + k, inputs.training.seed)
             logits.append(model(batch.dense, batch.sparse)["click"])

@@ -37,6 +37,12 @@ CASES: dict[str, dict[str, Any]] = {
         config=SampledSoftmaxConfig(negatives="in_batch", num_items=ITEMS, logq=True, frequency="counts"),
         slices=(5, 3), reduction="sum",
     ),
+    # next-item training's case: the blocked path (runtime/retrieval/blocked_softmax.py), each rank's
+    # queries against the gathered global candidates
+    "in_batch_blocked_sum": dict(
+        config=SampledSoftmaxConfig(negatives="in_batch", temperature=0.05, normalize=True),
+        slices=(5, 3), reduction="sum",
+    ),
 }  # fmt: skip
 COUNTS = torch.arange(ITEMS, dtype=torch.float64) * 3
 
