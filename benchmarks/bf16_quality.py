@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's runtime and compiler
-from runtime.cpu import openmp  # noqa: E402
+from runtime.cpu import openmp
 
 openmp.training_environment(os.environ)  # as `reccompile train` does, before torch loads
 
-import torch  # noqa: E402
-
 import harness  # noqa: E402
+import torch  # noqa: E402
 from inference_bench import HELD_OUT_STEP, SPEC  # noqa: E402
 
 PRECISIONS = ("fp32", "bf16")
