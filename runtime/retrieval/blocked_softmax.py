@@ -36,12 +36,22 @@ import torch
 
 from runtime.modules.layers.linear import onednn_applies
 
-__all__ = ["BLOCK_ROWS", "EXP_SAFE", "blocked_softmax_loss"]
+__all__ = ["BLOCK_LOGITS", "BLOCK_ROWS", "EXP_SAFE", "block_rows", "blocked_softmax_loss"]
 
 # exp(60) * 2**31 candidates < float32's max, exp(-60) > its smallest normal: logits bounded by
 # this need no row maxima
 EXP_SAFE = 60.0
-BLOCK_ROWS = 512  # 512 x 12,800 logits = 26 MB: in a 32 MB last-level cache; 128 rows took 2.4x the CPU time
+# A block's logits: 512 x 12,800 = 26 MB, in a 32 MB last-level cache. Against 12,800 candidates
+# (gen-bench local) 128 rows took 2.4x the CPU time of 512; against 25,600 (dist2's global batch)
+# 512 rows took 1.1-1.3x the time of 256, which keep the same 26 MB.
+BLOCK_LOGITS = 512 * 12_800
+BLOCK_ROWS = 512  # the most rows a block takes (fewer candidates: no gain from longer blocks)
+MIN_BLOCK_ROWS = 64  # the GEMMs' efficiency falls below this
+
+
+def block_rows(candidates: int) -> int:
+    """Rows per block against `candidates` columns: the block's logits about BLOCK_LOGITS."""
+    return max(MIN_BLOCK_ROWS, min(BLOCK_ROWS, BLOCK_LOGITS // max(1, candidates)))
 
 
 def _times_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -141,7 +151,7 @@ def blocked_softmax_loss(
     hits: tuple[torch.Tensor, torch.Tensor] | None,
     temperature: float,
     reduction: str = "sum",
-    block: int = BLOCK_ROWS,
+    block: int | None = None,
     bound: float | None = None,
 ) -> torch.Tensor:
     """sum (or mean) over rows i of -log softmax((query / T) @ candidates^T)[i, own[i]].
@@ -149,6 +159,7 @@ def blocked_softmax_loss(
     `query` [n, D], `candidates` [C, D], `own` [n] each row's own column; `hits` (rows, columns)
     of the cells masked to -inf, rows ascending (None: none). `bound`: a bound on |query_i . c_j| / T
     known beforehand (1 / T for L2-normalised sides): at most EXP_SAFE, softmax needs no row maxima.
+    `block`: rows per block (None: `block_rows` of the candidates).
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"blocked softmax: reduction {reduction!r} is not sum or mean")
@@ -159,6 +170,7 @@ def blocked_softmax_loss(
             fp32.enter_context(torch.autocast(query.device.type, enabled=False))
         dtype = torch.promote_types(torch.promote_types(query.dtype, candidates.dtype), torch.float32)
         total = _BlockedSoftmax.apply(
-            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound, int(block)
+            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound,
+            block_rows(candidates.shape[0]) if block is None else int(block),
         )
     return total / max(1, query.shape[0]) if reduction == "mean" else total

@@ -38,6 +38,12 @@ CASES: dict[str, dict[str, Any]] = {
         config=SampledSoftmaxConfig(Negatives(in_batch=True), num_items=ITEMS, logq=True, frequency="counts"),
         slices=(5, 3), reduction="sum",
     ),
+    # next-item training's case: the blocked path (runtime/retrieval/blocked_softmax.py), each rank's
+    # queries against the gathered global candidates
+    "in_batch_blocked_sum": dict(
+        config=SampledSoftmaxConfig(Negatives(in_batch=True), temperature=0.05, normalize=True),
+        slices=(5, 3), reduction="sum",
+    ),
 }  # fmt: skip
 COUNTS = torch.arange(ITEMS, dtype=torch.float64) * 3
 
