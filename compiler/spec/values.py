@@ -262,8 +262,8 @@ def _target_attention(
     activation = checker.value(block.node, "activation", "sigmoid")
     normalize = checker.value(block.node, "normalize", "none")
     queries = block.side.get("query", [])
-    if not sequences or not queries or not block.side_complete:
-        return None
+    if not sequences or None in sequences or not queries or not block.side_complete:
+        return None  # an input that did not resolve is reported where it is named
     if len(queries) != len(sequences):
         at = checker.child(block.node, "query") or block.node
         message = (
