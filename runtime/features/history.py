@@ -74,9 +74,8 @@ class HistoryTransform:
     def fit(self, config: History, raw: Iterable[Event]) -> dict[str, list[tuple[float, str]]]:
         partial: dict[str, list[tuple[float, str]]] = {}
         for key, time, value, *kept in raw:  # with `where`, a fourth value: whether the row enters
-            if kept and not kept[0]:
-                continue
-            partial.setdefault(key, []).append((time, value))
+            if config.where is None or kept[0]:
+                partial.setdefault(key, []).append((time, value))
         return partial
 
     def merge(self, config: History, partials: Sequence[dict[str, list[tuple[float, str]]]]) -> dict[str, Any]:
