@@ -174,9 +174,9 @@ def check_links(
                                 f"give it table: {table_of.get(of.name)}")  # fmt: skip
 
 
-def check_where(checker: Checker, root: Node, sparse: list[_Sparse], dense: set[str]) -> None:
-    """A history's `where` column is one the data maps to a number (a label or a dense feature): learning
-    reads it beside the history's own columns, and compares it as a number."""
+def check_where(checker: Checker, root: Node, sparse: list[_Sparse]) -> None:
+    """A history's `where` column is one the data maps to a number (a label or a dense feature, not a sparse
+    one): learning reads it beside the history's own columns, and compares it as a number."""
     mapped = checker.value(checker.child(root, "data"), "columns")
     mapped = mapped if isinstance(mapped, dict) else {}
     sparse_names = {feature.name for feature in sparse}
@@ -191,14 +191,9 @@ def check_where(checker: Checker, root: Node, sparse: list[_Sparse], dense: set[
         if target is None:
             checker.error(node, f"column '{column}' is not in data.columns; `where` compares a column the data maps "
                                 "to a label or a dense feature")  # fmt: skip
-        elif target in sparse_names or target not in dense and not _is_head(checker, root, target):
+        elif target in sparse_names:
             checker.error(node, f"column '{column}' feeds sparse feature '{target}', not a number; `where` compares "
                                 "a column the data maps to a label or a dense feature")  # fmt: skip
-
-
-def _is_head(checker: Checker, root: Node, name: str) -> bool:
-    heads = checker.value(root, "heads")
-    return isinstance(heads, list) and any(isinstance(h, dict) and h.get("name") == name for h in heads)
 
 
 def check_reader(checker: Checker, root: Node, sparse: list[_Sparse], transformed_dense: set[str]) -> None:

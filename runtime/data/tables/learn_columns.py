@@ -128,7 +128,8 @@ def chunk_raws(
             compared = _numbers(table.column(config.where[0]), math.nan)
             if compared is None:
                 return None
-            raws[key.key] = [(*event, kept) for event, kept in zip(events, (compared == config.where[1]).tolist())]
+            kept = (compared == config.where[1]).tolist()
+            raws[key.key] = [(*event, keep) for event, keep in zip(events, kept, strict=True)]
         elif isinstance(config, Vocabulary):
             items = _items(key, table.column(key.column))
             if items is None:

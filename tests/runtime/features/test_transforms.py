@@ -123,7 +123,8 @@ def test_a_history_filtered_by_where_and_an_older_file_without_where_still_loads
     assert HIST.apply(config, state, [("u1", 30.0), ("u1", 31.0)], 5) == [["a"], ["a", "c"]]
     plain = History(of="movie", by="user", time="ts")
     path = tmp_path / "features.json"
-    LearnedFeatures({"seen": Learned("history", plain, _learn("history", plain, [[e[:3] for e in events[:2]]]))}).write(path)
+    plain_state = _learn("history", plain, [[event[:3] for event in events[:2]]])
+    LearnedFeatures({"seen": Learned("history", plain, plain_state)}).write(path)
     document = json.loads(path.read_text())
     del document["features"]["seen"]["config"]["where"]  # as written before `where` existed
     path.write_text(json.dumps(document))
