@@ -86,6 +86,7 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     transformed = {feature.name for feature in dense if feature.transform is not None}
     transforms.check_links(checker, sparse, transformed, tables)
     transforms.check_reader(checker, root, sparse, transformed)
+    transforms.check_where(checker, root, sparse)
     by_feature = {name: spec for spec in tables.values() for name in spec.features}
     sparse_ir = [ir for ir in (_sparse_ir(s, by_feature.get(s.name), sources.get(s.name)) for s in sparse) if ir]
     position = {s.name: i for i, s in enumerate(sparse)}

@@ -11,6 +11,7 @@ runtime.config.transforms's frozen configs, which the IR carries as they are.
     cross: [gender, occupation]                                  hashed combination of columns
     quantiles: 8 (with column: <dense feature>)                  learned equal-frequency buckets
     history: {of: movie, by: user, time: ts}                     earlier rows of the same key
+    history: {..., where: {column: label, equals: 1}}            only those whose label is 1
     transform: {fill: mean, clip: [0, 100], log: true, scale: standardize}   (dense)
 """
 
@@ -119,7 +120,8 @@ def _history(checker: Checker, entry: Node, fields: dict[str, Any]) -> History:
     if checker.child(entry, "column") is not None:
         checker.error(checker.child(entry, "column") or entry, "a history reads its `of` feature's column; "
                                                                "remove column", at_key=True)  # fmt: skip
-    return History(spec["of"], spec["by"], spec["time"])
+    where = spec.get("where")
+    return History(spec["of"], spec["by"], spec["time"], None if where is None else (where["column"], where["equals"]))
 
 
 def check_dense(checker: Checker, entry: Node) -> Numeric | None:
@@ -170,6 +172,28 @@ def check_links(
             checker.error(node, f"the history looks its ids up in the table of '{config.of}' "
                                 f"('{table_of.get(of.name)}'), not in '{table_of.get(feature.name)}': "
                                 f"give it table: {table_of.get(of.name)}")  # fmt: skip
+
+
+def check_where(checker: Checker, root: Node, sparse: list[_Sparse]) -> None:
+    """A history's `where` column is one the data maps to a number (a label or a dense feature, not a sparse
+    one): learning reads it beside the history's own columns, and compares it as a number."""
+    mapped = checker.value(checker.child(root, "data"), "columns")
+    mapped = mapped if isinstance(mapped, dict) else {}
+    sparse_names = {feature.name for feature in sparse}
+    for feature in sparse:
+        config = feature.fields.get("transform")
+        if not isinstance(config, History) or config.where is None:
+            continue
+        history = checker.child(feature.entry, "history")
+        node = checker.child(checker.child(history, "where"), "column") or history or feature.entry
+        column = config.where[0]
+        target = mapped.get(column)
+        if target is None:
+            checker.error(node, f"column '{column}' is not in data.columns; `where` compares a column the data maps "
+                                "to a label or a dense feature")  # fmt: skip
+        elif target in sparse_names:
+            checker.error(node, f"column '{column}' feeds sparse feature '{target}', not a number; `where` compares "
+                                "a column the data maps to a label or a dense feature")  # fmt: skip
 
 
 def check_reader(checker: Checker, root: Node, sparse: list[_Sparse], transformed_dense: set[str]) -> None:

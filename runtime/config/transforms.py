@@ -51,12 +51,18 @@ class Quantiles:
 
 @dataclass(frozen=True, slots=True)
 class History:
-    """The items of feature `of` in the training rows with the same `by` value and an earlier `time`."""
+    """The items of feature `of` in the training rows with the same `by` value and an earlier `time`; with
+    `where` (column, value), only the training rows whose column equals the value (e.g. the liked ones)."""
 
     kind: ClassVar[str] = "history"
     of: str = ""
     by: str = ""
     time: str = ""
+    where: tuple[str, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.where is not None:
+            object.__setattr__(self, "where", (str(self.where[0]), float(self.where[1])))
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,12 @@ file order among ties), so:
   server request  is the state's (the training rows), never the request's. An
                   empty time means "now": the key's whole training history.
 
+`where: {column: label, equals: 1}` keeps only the training rows whose
+column equals the value (the liked items); the column is read while learning,
+from the training rows only, so an evaluation row's or a request's label is
+never part of any history (the state is the same kind of rows, filtered: its
+format and version do not change).
+
 The values are mapped to ids as the `of` feature maps them (its vocabulary,
 or hashing), in the `of` feature's table. A timestamps feature of the
 history sequence takes each position's time from the same rows
@@ -31,7 +37,7 @@ from runtime.config.transforms import History
 
 VERSION = 1
 
-Event = tuple[str, float, str]  # (key, time, value)
+Event = tuple  # (key, time, value), or with `where` (key, time, value, whether the row enters the history)
 
 
 class HistoryState:
@@ -67,8 +73,9 @@ class HistoryTransform:
 
     def fit(self, config: History, raw: Iterable[Event]) -> dict[str, list[tuple[float, str]]]:
         partial: dict[str, list[tuple[float, str]]] = {}
-        for key, time, value in raw:
-            partial.setdefault(key, []).append((time, value))
+        for key, time, value, *kept in raw:  # with `where`, a fourth value: whether the row enters
+            if config.where is None or kept[0]:
+                partial.setdefault(key, []).append((time, value))
         return partial
 
     def merge(self, config: History, partials: Sequence[dict[str, list[tuple[float, str]]]]) -> dict[str, Any]:

@@ -89,6 +89,15 @@ def read_features(path: str | Path, configs: Mapping[str, Any], expected_sha256:
     return parse_features(data, configs, str(file))
 
 
+def _same_config(stored: Any, config: Any) -> bool:
+    """Whether a stored config is `config`'s; an option added later with a None default (a history's
+    `where`) is absent from the files written before it, and such a file still loads."""
+    if not isinstance(stored, dict):
+        return False
+    plain = config_json(config)
+    return {k: v for k, v in stored.items() if v is not None} == {k: v for k, v in plain.items() if v is not None}
+
+
 def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> LearnedFeatures:
     """`read_features` of a file's bytes; `file` names it in errors."""
     try:
@@ -101,7 +110,7 @@ def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> Learne
     features = {}
     for name, config in configs.items():
         entry = stored.get(name)
-        if entry is None or entry.get("kind") != config.kind or entry.get("config") != config_json(config):
+        if entry is None or entry.get("kind") != config.kind or not _same_config(entry.get("config"), config):
             learned_as = "is not learned there" if entry is None else (
                 f"was learned as {entry.get('kind')} {entry.get('config')}, the spec says {config.kind} "
                 f"{config_json(config)}"

@@ -87,6 +87,10 @@ def _items(key: SparseColumn, column: pa.ChunkedArray) -> pa.Array | None:
     return pc.list_flatten(bags).combine_chunks()
 
 
+def _where(config: Any) -> bool:
+    return isinstance(config, History) and config.where is not None
+
+
 def chunk_raws(
     reader: Any, layout: TableLayout, configs: dict[str, Any], lines: list[bytes], extra: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], pa.Table] | None:
@@ -94,6 +98,7 @@ def chunk_raws(
     the chunk's table (the learned columns and `extra`); None when the chunk must go the row path."""
     needed = [c for name, cols in layout.dense if name in configs for c in cols]
     needed += [c for key in layout.sparse if key.key in configs for c in key.reads]
+    needed += [configs[key.key].where[0] for key in layout.sparse if _where(configs.get(key.key))]
     table = chunk_table(reader, list(dict.fromkeys([*needed, *extra])), lines)
     if table is None:
         return None
@@ -116,7 +121,15 @@ def chunk_raws(
             moment = _numbers(time, math.inf)
             if moment is None:
                 return None
-            raws[key.key] = list(zip(by.to_pylist(), moment.tolist(), value.to_pylist(), strict=True))
+            events = zip(by.to_pylist(), moment.tolist(), value.to_pylist(), strict=True)
+            if config.where is None:
+                raws[key.key] = list(events)
+                continue
+            compared = _numbers(table.column(config.where[0]), math.nan)
+            if compared is None:
+                return None
+            kept = (compared == config.where[1]).tolist()
+            raws[key.key] = [(*event, keep) for event, keep in zip(events, kept, strict=True)]
         elif isinstance(config, Vocabulary):
             items = _items(key, table.column(key.column))
             if items is None:

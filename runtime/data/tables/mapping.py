@@ -226,8 +226,18 @@ def parse_learned(layout: TableLayout, fields: dict[str, Any], names: frozenset[
     learning reads no other column (runtime.data.tables.learn)."""
     dense = [[_number(column, fields[column], math.nan) for column in columns] if name in names else None
              for name, columns in layout.dense]  # fmt: skip
-    ids = [_raw(key, fields) if key.key in names else None for key in layout.sparse]
+    ids = [_learned_raw(key, fields) if key.key in names else None for key in layout.sparse]
     return dense, ids, []  # type: ignore[return-value]
+
+
+def _learned_raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
+    """`_raw`, and for a history with `where` whether the training row enters it (its event's fourth
+    value): only learning reads the `where` column, so no evaluation or request row's label is ever read."""
+    raw = _raw(key, fields)
+    where = key.transform.where if isinstance(key.transform, History) else None
+    if where is None:
+        return raw
+    return [(*raw[0], _number(where[0], fields[where[0]], math.nan) == where[1])]
 
 
 def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:

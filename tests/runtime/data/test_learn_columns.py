@@ -29,6 +29,8 @@ features:
     - {name: item, table: items, vocabulary: {max_size: 25}}
     - {name: tags, num_embeddings: auto, dim: 4, max_ids_per_sample: 4, pooling: mean, vocabulary: {max_size: 6}}
     - {name: seen, table: items, pooling: none, max_length: 5, history: {of: item, by: user, time: ts}}
+    - {name: liked, table: items, pooling: none, max_length: 5,
+       history: {of: item, by: user, time: ts, where: {column: label, equals: 1}}}
     - {name: age_bucket, column: age, quantiles: 4, dim: 4}
     - {name: city, num_embeddings: 16, dim: 4}
     - {name: user_city, cross: [user, city], num_embeddings: 64, dim: 4}

@@ -122,6 +122,12 @@ def test_the_same_rows_give_the_same_ids_and_numbers_on_every_path(run: dict) ->
                if row[0] == first[0] and int(row[8]) < int(first[8])][-50:]  # fmt: skip
     seen = direct.sparse["seen"]
     assert seen.values()[: seen.lengths()[0]].tolist() == [movie_rows.get(m, 0) for m in earlier]
+    # its liked history: of those training rows, the ones labelled 1 (the test row's own label is never read)
+    liked_earlier = [row[1] for row in sorted(run["train"], key=lambda row: int(row[8]))
+                     if row[0] == first[0] and int(row[8]) < int(first[8]) and row[9] == "1"][-50:]  # fmt: skip
+    liked = direct.sparse["liked"]
+    assert liked.values()[: liked.lengths()[0]].tolist() == [movie_rows.get(m, 0) for m in liked_earlier]
+    assert 0 < liked.lengths()[0] < seen.lengths()[0]
     cross = direct.sparse["gender_occupation"].values()[0]
     assert int(cross) == hash_text(f"{first[4]}\x1f{first[5]}") % 256
 
@@ -166,8 +172,8 @@ def test_predict_without_the_learned_state_is_refused(run: dict) -> None:
     with pytest.raises(DataError) as error:
         next(iter(samples.batches))
     assert str(error.value) == (
-        "features 'age', 'year', 'user', 'movie', 'seen', 'genres', 'gender', 'occupation', 'zip', 'age_bucket', "
-        "'year_bucket' "
+        "features 'age', 'year', 'user', 'movie', 'seen', 'liked', 'disliked', 'genres', 'gender', 'occupation', "
+        "'zip', 'age_bucket', 'year_bucket' "
         "have learned transforms but no learned state: learn them (reccompile data prepare, or train on the raw "
         "files) or read the state saved with them"
     )

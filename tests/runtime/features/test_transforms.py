@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections import Counter
 
 import pytest
@@ -112,3 +114,20 @@ def test_a_state_round_trips_through_its_file_and_is_held_to_the_spec(tmp_path) 
 
 def test_counter_partials_are_plain_counts() -> None:
     assert VOCAB.fit(Vocabulary(), ["a", "a"]) == Counter({"a": 2})
+
+
+def test_a_history_filtered_by_where_and_an_older_file_without_where_still_loads(tmp_path) -> None:
+    config = History(of="movie", by="user", time="ts", where=("label", 1))
+    events = [("u1", 10.0, "a", True), ("u1", 20.0, "b", False), ("u1", 30.0, "c", True)]
+    state = _learn("history", config, [events[:1], events[1:]])
+    assert HIST.apply(config, state, [("u1", 30.0), ("u1", 31.0)], 5) == [["a"], ["a", "c"]]
+    plain = History(of="movie", by="user", time="ts")
+    path = tmp_path / "features.json"
+    plain_state = _learn("history", plain, [[event[:3] for event in events[:2]]])
+    LearnedFeatures({"seen": Learned("history", plain, plain_state)}).write(path)
+    document = json.loads(path.read_text())
+    del document["features"]["seen"]["config"]["where"]  # as written before `where` existed
+    path.write_text(json.dumps(document))
+    assert read_features(path, {"seen": plain}).get("seen").state.keys == {"u1": ([10.0, 20.0], ["a", "b"])}
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path}: feature 'seen' was learned as history")):
+        read_features(path, {"seen": config})
