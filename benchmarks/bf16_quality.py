@@ -53,8 +53,9 @@ def train_and_score(module_path: str, precision: str, steps: int, eval_batches: 
     inputs = module.INPUTS
     started = time.perf_counter()
     for step in range(steps):
-        loss = train_step(model, optimizer, make_batch(inputs, inputs.training.batch_size, step, inputs.training.seed),
-                          precision)
+        loss = train_step(
+            model, optimizer, make_batch(inputs, inputs.training.batch_size, step, inputs.training.seed), precision
+        )
     seconds = time.perf_counter() - started
     model.eval()
     logits, labels = [], []

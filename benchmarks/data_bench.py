@@ -107,8 +107,15 @@ def read_share(directory: str, rank: int, world_size: int, batch: int, results: 
     seconds = time.perf_counter() - started
     batches.close()
     rows = steps * batch // world_size
-    results.put({"rank": rank, "rows_trained": rows, "rows_decoded": batches.decoded.rows,
-                 "row_groups_decoded": len(batches.decoded.groups), "rows_per_s": round(rows / seconds)})  # fmt: skip
+    results.put(
+        {
+            "rank": rank,
+            "rows_trained": rows,
+            "rows_decoded": batches.decoded.rows,
+            "row_groups_decoded": len(batches.decoded.groups),
+            "rows_per_s": round(rows / seconds),
+        }
+    )
 
 
 def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
@@ -118,14 +125,17 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
     settings = PrepareSettings(row_group_rows=args.step_row_group_rows)
     prepare(model_inputs(validate(load(str(BENCH_SPEC)))), DataChoice("criteo", str(raw)), out, settings)
     torch.set_num_threads(args.threads)
-    module = load_module(str(emit(compile_spec(str(BENCH_SPEC), Options(world_size=1))).write(args.workdir / "build")[0]))
+    module = load_module(
+        str(emit(compile_spec(str(BENCH_SPEC), Options(world_size=1))).write(args.workdir / "build")[0])
+    )
     torch.manual_seed(0)
     model = module.build()
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     batch = args.batch_size
     synthetic = [module.synthetic_batch(batch, step=i, seed=0, rank=0, world_size=1) for i in range(SYNTHETIC_BATCHES)]
-    prepared = PreparedBatches(open_prepared(module.INPUTS, out), global_batch=batch, rank=0, world_size=1,
-                               num_workers=args.data_workers)  # fmt: skip
+    prepared = PreparedBatches(
+        open_prepared(module.INPUTS, out), global_batch=batch, rank=0, world_size=1, num_workers=args.data_workers
+    )
     taking = [0.0]  # CPU seconds of the training thread in next(prepared)
 
     def take(step: int) -> Batch:
@@ -148,18 +158,28 @@ def training_step(raw: Path, args: argparse.Namespace) -> dict[str, object]:
                 times[name].append(time.perf_counter() - started)
     prepared.close()
     median = {name: statistics.median(values) for name, values in times.items()}
-    return {"bench": "dlrm_step", "spec": BENCH_SPEC.name, "batch_size": batch,
-            "measured": f"one process, {args.threads} torch threads for both sources; blocks of {args.ab_block} "
-                        f"steps alternating synthetic/prepared after a block of each as warm-up; prepared data "
-                        f"read by {args.data_workers} DataLoader worker process(es) (0: in the training thread)",
-            "data_workers": args.data_workers, "threads": args.threads, "cores": len(os.sched_getaffinity(0)),
-            "row_group_rows": args.step_row_group_rows, "steps_each": len(times["prepared"]),
-            "load_average_before": load_before, "load_average_after": list(os.getloadavg()),
-            "median_ms": {name: round(1000 * value, 2) for name, value in median.items()},
-            "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4),
-            "data_cpu_ms_per_batch": {"training_thread": round(1000 * taking[0] / len(times["prepared"]), 2),
-                                      "reading_in_process": data_cpu_ms(module.INPUTS, out, batch)},
-            **machine()}  # fmt: skip
+    return {
+        "bench": "dlrm_step",
+        "spec": BENCH_SPEC.name,
+        "batch_size": batch,
+        "measured": f"one process, {args.threads} torch threads for both sources; blocks of {args.ab_block} "
+        f"steps alternating synthetic/prepared after a block of each as warm-up; prepared data "
+        f"read by {args.data_workers} DataLoader worker process(es) (0: in the training thread)",
+        "data_workers": args.data_workers,
+        "threads": args.threads,
+        "cores": len(os.sched_getaffinity(0)),
+        "row_group_rows": args.step_row_group_rows,
+        "steps_each": len(times["prepared"]),
+        "load_average_before": load_before,
+        "load_average_after": list(os.getloadavg()),
+        "median_ms": {name: round(1000 * value, 2) for name, value in median.items()},
+        "slowdown": round(median["prepared"] / median["synthetic"] - 1, 4),
+        "data_cpu_ms_per_batch": {
+            "training_thread": round(1000 * taking[0] / len(times["prepared"]), 2),
+            "reading_in_process": data_cpu_ms(module.INPUTS, out, batch),
+        },
+        **machine(),
+    }
 
 
 def data_cpu_ms(inputs: ModelInputs, directory: Path, batch: int, batches: int = 64) -> float:
@@ -184,25 +204,39 @@ def prepare_once(raw: Path, out: Path, args: argparse.Namespace, workers: int | 
     manifest = prepare(inputs, DataChoice("criteo", str(raw)), out, settings, report=said.append)
     seconds = time.perf_counter() - started
     parsing = next(line.removeprefix("parsing ") for line in said if line.startswith("parsing "))
-    return {"bench": "prepare", "rows": manifest.rows, "files": args.files,
-            "workers": "default" if workers is None else workers, "parsing": parsing,
-            "cores": len(os.sched_getaffinity(0)), "load_average_before": load_before,
-            "seconds": round(seconds, 1), "rows_per_s": round(manifest.rows / seconds)}  # fmt: skip
+    return {
+        "bench": "prepare",
+        "rows": manifest.rows,
+        "files": args.files,
+        "workers": "default" if workers is None else workers,
+        "parsing": parsing,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_average_before": load_before,
+        "seconds": round(seconds, 1),
+        "rows_per_s": round(manifest.rows / seconds),
+    }
 
 
 def read_shares(out: Path, world_size: int, args: argparse.Namespace) -> dict[str, object]:
     """`world_size` processes at once, each reading its share of every batch of one epoch."""
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    ranks = [context.Process(target=read_share, args=(str(out), r, world_size, args.batch_size, results))
-             for r in range(world_size)]  # fmt: skip
+    ranks = [
+        context.Process(target=read_share, args=(str(out), r, world_size, args.batch_size, results))
+        for r in range(world_size)
+    ]
     for process in ranks:
         process.start()
     shares = sorted((results.get() for _ in ranks), key=lambda r: r["rank"])
     for process in ranks:
         process.join()
-    return {"bench": "prepared_read", "ranks": world_size, "batch_size": args.batch_size,
-            "row_group_rows": args.row_group_rows, "per_rank": shares}  # fmt: skip
+    return {
+        "bench": "prepared_read",
+        "ranks": world_size,
+        "batch_size": args.batch_size,
+        "row_group_rows": args.row_group_rows,
+        "per_rank": shares,
+    }
 
 
 def summary(prepares: list[dict], reads: list[dict], step: dict | None) -> dict[str, object]:
@@ -229,8 +263,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--files", type=int, default=2, help="raw files the rows are split over")
-    parser.add_argument("--prepare-workers", type=workers_value, nargs="+", default=[0, None], metavar="W",
-                        help="prepare once per value: parse processes (0: line by line) or `default` (chosen)")
+    parser.add_argument(
+        "--prepare-workers",
+        type=workers_value,
+        nargs="+",
+        default=[0, None],
+        metavar="W",
+        help="prepare once per value: parse processes (0: line by line) or `default` (chosen)",
+    )
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--row-group-rows", type=int, default=512)
@@ -238,8 +278,12 @@ def main() -> int:
     parser.add_argument("--train-steps", type=int, default=200, help="timed dlrm-bench steps, both sources together")
     parser.add_argument("--ab-block", type=int, default=10, help="steps per block of one source")
     parser.add_argument("--data-workers", type=int, default=1, help="DataLoader workers reading prepared data")
-    parser.add_argument("--step-row-group-rows", type=int, default=PrepareSettings().row_group_rows,
-                        help="row group rows of the data the training step reads (default: prepare's)")
+    parser.add_argument(
+        "--step-row-group-rows",
+        type=int,
+        default=PrepareSettings().row_group_rows,
+        help="row group rows of the data the training step reads (default: prepare's)",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads of the step")
     parser.add_argument("--skip-read", action="store_true", help="only the training step (no prepare or read bench)")
     args = parser.parse_args()

@@ -73,8 +73,7 @@ def make_batches(variant: str, module: ModuleType, rank: int) -> list[Any]:
             lengths=torch.full((ids.shape[0] * ids.shape[1],), per_sample, dtype=torch.long),
         )
         batches.append(
-            Batch(dense={dense_name: torch.from_numpy(dense)}, sparse=sparse,
-                  labels={label: torch.from_numpy(labels)})
+            Batch(dense={dense_name: torch.from_numpy(dense)}, sparse=sparse, labels={label: torch.from_numpy(labels)})
         )
     return batches
 

@@ -57,9 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    tables = [
-        EmbeddingBagConfig(f"t{i}", NUM_EMBEDDINGS, DIM, [f"f{i}"]) for i in range(NUM_TABLES)
-    ]
+    tables = [EmbeddingBagConfig(f"t{i}", NUM_EMBEDDINGS, DIM, [f"f{i}"]) for i in range(NUM_TABLES)]
     optimizer = EmbeddingOptimizer("rowwise_adagrad", lr=0.01, eps=1e-8)
     models = {
         kernel: EmbeddingBagCollection(

@@ -111,8 +111,12 @@ def mean_positions(world_size: int) -> float:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_run_arguments(parser)
-    parser.add_argument("--block", choices=sorted(SPECS), default="transformer",
-                        help="the sequence block: the workload's transformer, or hstu (its own cost)")
+    parser.add_argument(
+        "--block",
+        choices=sorted(SPECS),
+        default="transformer",
+        help="the sequence block: the workload's transformer, or hstu (its own cost)",
+    )
     parser.set_defaults(warmup=None)
     return parser.parse_args(argv)
 

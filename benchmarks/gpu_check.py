@@ -96,8 +96,15 @@ def reccompile(*args: str) -> list[str]:
 def check_train(case: str, work: Path, pipeline: bool) -> tuple[bool, str]:
     spec = work / f"{case}.yaml"
     spec.write_text(spec_text(case))
-    command = reccompile("train", str(spec), "--steps", str(STEPS), "-o", str(work / f"build_{case}"),
-                         "--pipeline" if pipeline else "--no-pipeline")  # fmt: skip
+    command = reccompile(
+        "train",
+        str(spec),
+        "--steps",
+        str(STEPS),
+        "-o",
+        str(work / f"build_{case}"),
+        "--pipeline" if pipeline else "--no-pipeline",
+    )
     if pipeline:
         command += ["--checkpoint-dir", str(work / "checkpoints"), "--checkpoint-every", str(STEPS)]
     return run_child(command, REPO)
@@ -136,8 +143,19 @@ def score_on_cuda(export: str) -> int:
 
 
 def check_dlrm_bench(work: Path) -> tuple[bool, str]:
-    ok, out = run_child([sys.executable, str(REPO / "benchmarks" / "dlrm_bench.py"), "--mode", "local",
-                         "--device", "cuda", "--steps", str(STEPS)], REPO)  # fmt: skip
+    ok, out = run_child(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "dlrm_bench.py"),
+            "--mode",
+            "local",
+            "--device",
+            "cuda",
+            "--steps",
+            str(STEPS),
+        ],
+        REPO,
+    )
     if ok:
         line = json.loads(out.splitlines()[-1])
         out = f"criteo local on CUDA: {line['samples_per_s']} samples/s, step {line['step_ms_median']} ms"
@@ -184,20 +202,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = gpu_name()
     if device is None:
-        print(json.dumps({"check": "gpu", "ok": True, "skipped": True,
-                          "detail": "no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check"}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "check": "gpu",
+                    "ok": True,
+                    "skipped": True,
+                    "detail": "no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check",
+                }
+            )
+        )
         return 0
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for name in selected:
             started = time.perf_counter()
             ok, detail = run_check(name, Path(tmp))
-            results.append({"check": name, "ok": ok, "seconds": round(time.perf_counter() - started, 1),
-                            "detail": detail})  # fmt: skip
+            results.append(
+                {"check": name, "ok": ok, "seconds": round(time.perf_counter() - started, 1), "detail": detail}
+            )
             print(json.dumps(results[-1]), flush=True)
     failed = [r["check"] for r in results if not r["ok"]]
-    print(json.dumps({"summary": "gpu-check", "gpu": device, "passed": len(results) - len(failed),
-                      "failed": failed, "seconds": round(sum(r["seconds"] for r in results), 1)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "summary": "gpu-check",
+                "gpu": device,
+                "passed": len(results) - len(failed),
+                "failed": failed,
+                "seconds": round(sum(r["seconds"] for r in results), 1),
+            }
+        )
+    )
     return 1 if failed else 0
 
 

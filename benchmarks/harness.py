@@ -323,8 +323,10 @@ def run(args: argparse.Namespace, workload: Workload) -> list[dict[str, Any]]:
             context = mp.get_context("spawn")
             queue = context.SimpleQueue()
             mp.start_processes(
-                _dist_rank, args=(world_size, free_port(), args, workload, module_path, queue),
-                nprocs=world_size, start_method="spawn",
+                _dist_rank,
+                args=(world_size, free_port(), args, workload, module_path, queue),
+                nprocs=world_size,
+                start_method="spawn",
             )
             results = queue.get()
         return [summarize(args, workload, world_size, results, mode) for mode in modes(args)]
@@ -334,25 +336,38 @@ def add_run_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...] = 
     """The options every training benchmark takes (mode, steps, threads, pipeline, profile)."""
     parser.add_argument("--mode", choices=modes, default="local")
     parser.add_argument("--steps", type=int, help="timed steps (default: the workload's)")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                        help="bf16: the dense layers under autocast, fp32 weights and tables (runtime.train.precision)")
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="cuda: the spec compiled for CUDA, rank r on GPU r, NCCL between ranks")
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="bf16: the dense layers under autocast, fp32 weights and tables (runtime.train.precision)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: the spec compiled for CUDA, rank r on GPU r, NCCL between ranks",
+    )
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument(
-        "--threads", type=int,
+        "--threads",
+        type=int,
         help="intra-op threads per process (local default: the cores free, as reccompile train; dist2: 1)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="runs per variant")
     parser.add_argument(
-        "--pipeline", choices=["on", "off", "ab"],
+        "--pipeline",
+        choices=["on", "off", "ab"],
         help="train through runtime.train.train_pipeline.TrainPipeline (default: on for dist2, off for local); "
         "ab: alternate blocks of plain and pipelined steps in one run, a line for each",
     )
     parser.add_argument("--ab-block", type=int, default=5, help="steps per block with --pipeline ab")
     parser.add_argument("--pipeline-depth", type=int, default=2, help="with --pipeline on (default 2)")
-    parser.add_argument("--profile", metavar="DIR", help="profile the timed steps (torch.profiler): "
-                        "chrome traces in DIR, per-step ms in the JSON line")
+    parser.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="profile the timed steps (torch.profiler): chrome traces in DIR, per-step ms in the JSON line",
+    )
     parser.add_argument("--profile-top", type=int, default=15, help="ops listed by self time")
 
 

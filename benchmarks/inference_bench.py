@@ -125,8 +125,21 @@ def prepare(workdir: Path, train_steps: int) -> None:
         out, (precision, dense) = export_dir(workdir, config), parts(config)
         if not (out / "manifest.json").is_file():
             with contextlib.redirect_stdout(sys.stderr):  # stdout carries the JSON lines only
-                code = reccompile(["export", SPEC, "--checkpoint", str(checkpoints), "--quantize",
-                                   QUANTIZE[precision], "--dense", dense, "--no-aot", "-o", str(out)])
+                code = reccompile(
+                    [
+                        "export",
+                        SPEC,
+                        "--checkpoint",
+                        str(checkpoints),
+                        "--quantize",
+                        QUANTIZE[precision],
+                        "--dense",
+                        dense,
+                        "--no-aot",
+                        "-o",
+                        str(out),
+                    ]
+                )
             if code != 0:
                 raise SystemExit(f"error: reccompile export failed for {config}")
 
@@ -156,8 +169,10 @@ def quality(workdir: Path, eval_batches: int) -> dict[str, dict[str, Any]]:
 
     W = workload()
     dense, ids, _ = W.make_batch(0, "multihot", batch_size=512)
-    reference = ({"int": torch.from_numpy(dense)}, KeyedJaggedTensor(
-        W.FEATURE_NAMES, torch.from_numpy(ids.reshape(-1)), lengths=torch.full((26 * 512,), 20)))
+    reference = (
+        {"int": torch.from_numpy(dense)},
+        KeyedJaggedTensor(W.FEATURE_NAMES, torch.from_numpy(ids.reshape(-1)), lengths=torch.full((26 * 512,), 20)),
+    )
     results: dict[str, dict[str, Any]] = {}
     base_logits = None
     for config in CONFIGS:
@@ -241,11 +256,18 @@ def measure(workdir: Path, configs: list[str]) -> None:
                     forward(items[n % len(items)], batch)
                     times.append(time.perf_counter_ns() - started)
             ms = np.array(times, dtype=np.float64) / 1e6
-            emit({
-                "config": config, "precision": parts(config)[0], "variant": variant, "batch": batch, "calls": calls,
-                "p50_ms": round(float(np.percentile(ms, 50)), 4), "p99_ms": round(float(np.percentile(ms, 99)), 4),
-                "samples_per_s": round(batch * calls / (ms.sum() / 1e3), 1),
-            })
+            emit(
+                {
+                    "config": config,
+                    "precision": parts(config)[0],
+                    "variant": variant,
+                    "batch": batch,
+                    "calls": calls,
+                    "p50_ms": round(float(np.percentile(ms, 50)), 4),
+                    "p99_ms": round(float(np.percentile(ms, 99)), 4),
+                    "samples_per_s": round(batch * calls / (ms.sum() / 1e3), 1),
+                }
+            )
         del forward
         gc.collect()  # the previous export's tables go now, not in a later timed call (TorchRec's side does this too)
 
@@ -311,23 +333,55 @@ def run_side(command: list[str], impl: str, round_: int, pair: str | None = None
         record = json.loads(line)
         if "variant" in record and "error" not in record:
             # Our lines carry the measuring process's kernels; TorchRec's side runs none of ours.
-            rows.append({"impl": impl, "round": round_, "pair": pair, "host_gemm_gflops": host,
-                         "other_cpu_pct": other, "kernels": {}, **record})
+            rows.append(
+                {
+                    "impl": impl,
+                    "round": round_,
+                    "pair": pair,
+                    "host_gemm_gflops": host,
+                    "other_cpu_pct": other,
+                    "kernels": {},
+                    **record,
+                }
+            )
             emit(rows[-1])
     return rows
 
 
 def interleave_case(args: argparse.Namespace, config: str, variant: str, batch: int, calls: int) -> dict[str, Any]:
     """One case of --blocks: ours (serve) against TorchRec's (torchrec_infer_server.py) at its precision."""
-    ours = [sys.executable, str(Path(__file__).resolve()), "--serve", "--workdir", str(args.workdir), "--threads",
-            str(args.threads), "--configs", config, "--variant", variant, "--batch", str(batch)]
-    theirs = [args.torchrec_python, str(REPO / "benchmarks" / "torchrec_infer_server.py"), "--precision",
-              parts(config)[0], "--variant", variant, "--batch", str(batch), "--threads", str(args.threads),
-              "--bench-dir", str(BENCH)]
+    ours = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--serve",
+        "--workdir",
+        str(args.workdir),
+        "--threads",
+        str(args.threads),
+        "--configs",
+        config,
+        "--variant",
+        variant,
+        "--batch",
+        str(batch),
+    ]
+    theirs = [
+        args.torchrec_python,
+        str(REPO / "benchmarks" / "torchrec_infer_server.py"),
+        "--precision",
+        parts(config)[0],
+        "--variant",
+        variant,
+        "--batch",
+        str(batch),
+        "--threads",
+        str(args.threads),
+        "--bench-dir",
+        str(BENCH),
+    ]
     host = host_gemm_gflops()
     line = interleave({"reccompile": ours, "torchrec": theirs}, batch, max(calls // 5, 1), args.blocks)
-    return {"interleaved": True, "config": config, "variant": variant, "batch": batch, "host_gemm_gflops": host,
-            **line}
+    return {"interleaved": True, "config": config, "variant": variant, "batch": batch, "host_gemm_gflops": host, **line}
 
 
 def interleave(commands: dict[str, list[str]], batch: int, block: int, blocks: int) -> dict[str, Any]:
@@ -347,8 +401,11 @@ def interleave(commands: dict[str, list[str]], batch: int, block: int, blocks: i
         sides, ready = {}, {}
         for impl, command in commands.items():  # one after the other: our kernel choices measure on a quiet machine
             errors = stack.enter_context(tempfile.TemporaryFile("w+"))
-            process = stack.enter_context(subprocess.Popen(
-                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=REPO))
+            process = stack.enter_context(
+                subprocess.Popen(
+                    command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True, cwd=REPO
+                )
+            )
             sides[impl] = (process, errors)
             ready[impl] = _answer(impl, process, errors)
         times: dict[str, list[list[int]]] = {impl: [] for impl in sides}
@@ -383,13 +440,18 @@ def _answer(impl: str, process: subprocess.Popen, errors: Any) -> Any:
     if not answer:
         process.wait()
         errors.seek(0)
-        raise SystemExit(f"error: {impl}'s serving process ended (status {process.returncode}):\n{errors.read()[-3000:]}")
+        raise SystemExit(
+            f"error: {impl}'s serving process ended (status {process.returncode}):\n{errors.read()[-3000:]}"
+        )
     return json.loads(answer)
 
 
 def interleaved_markdown(lines: list[dict[str, Any]]) -> str:
-    table = ["| config | variant | batch | ours p50 ms | ours samples/s | TorchRec p50 ms | TorchRec samples/s "
-             "| ratio | median block ratio (quartiles) |", "|---|---|---|---|---|---|---|---|---|"]
+    table = [
+        "| config | variant | batch | ours p50 ms | ours samples/s | TorchRec p50 ms | TorchRec samples/s "
+        "| ratio | median block ratio (quartiles) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in lines:
         q1, q3 = r.get("block_ratio_quartiles", [None, None])
         table.append(
@@ -407,9 +469,7 @@ def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: flo
     of the machine are left out, unless every run of that side was so.
     """
     quiet = [r for r in rows if r["other_cpu_pct"] is not None and r["other_cpu_pct"] <= max_other_cpu]
-    used = {
-        impl: quiet if any(r["impl"] == impl for r in quiet) else rows for impl in ("reccompile", "torchrec")
-    }
+    used = {impl: quiet if any(r["impl"] == impl for r in quiet) else rows for impl in ("reccompile", "torchrec")}
 
     def median(impl: str, name: str, variant: str, batch: int, key: str) -> float | None:
         field = "config" if impl == "reccompile" else "precision"
@@ -436,9 +496,17 @@ def summarise(rows: list[dict[str, Any]], configs: list[str], max_other_cpu: flo
 
 def paired_ratios(rows: list[dict[str, Any]], config: str, variant: str, batch: int) -> list[float]:
     """Ours over TorchRec's samples/s in each round's pair of runs for `config`, round by round."""
+
     def run(impl: str, round_: int) -> dict[str, Any] | None:
-        return next((r for r in rows if (r["impl"], r["round"], r["pair"], r["variant"], r["batch"])
-                     == (impl, round_, config, variant, batch)), None)
+        return next(
+            (
+                r
+                for r in rows
+                if (r["impl"], r["round"], r["pair"], r["variant"], r["batch"])
+                == (impl, round_, config, variant, batch)
+            ),
+            None,
+        )
 
     ratios = []
     for round_ in sorted({r["round"] for r in rows}):
@@ -459,9 +527,11 @@ def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_row
     def number(value: Any, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    lines = ["| config | variant | batch | ours p50 ms | ours p99 ms | ours samples/s | TorchRec p50 ms "
-             "| TorchRec p99 ms | TorchRec samples/s | ratio | paired ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| config | variant | batch | ours p50 ms | ours p99 ms | ours samples/s | TorchRec p50 ms "
+        "| TorchRec p99 ms | TorchRec samples/s | ratio | paired ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in table:
         lines.append(
             f"| {row['config']} | {row['variant']} | {row['batch']} | {number(row['reccompile_p50_ms'], '.3f')} "
@@ -474,7 +544,11 @@ def markdown(table: list[dict[str, Any]], size_rows: dict[str, Any], quality_row
     for precision in PRECISIONS:
         s = size_rows[precision]
         lines.append(f"| {precision} | {s['table_bytes']:,} | {s['tables_bytes']:,} | {s['vs_fp32']:.2f}x |")
-    lines += ["", "| config | AUC | NE | AUC change | NE change | max logit diff vs fp32 |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| config | AUC | NE | AUC change | NE change | max logit diff vs fp32 |",
+        "|---|---|---|---|---|---|",
+    ]
     for config, q in quality_rows.items():
         lines.append(
             f"| {config} | {number(q['auc'], '.5f')} | {number(q['ne'], '.5f')} | {number(q['auc_change'], '+.1e')} "
@@ -502,11 +576,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-batches", type=int, default=10, help="held-out batches of 2048 samples")
     parser.add_argument("--torchrec-python", default=TORCHREC_PYTHON)
     parser.add_argument("--skip-torchrec", action="store_true")
-    parser.add_argument("--max-other-cpu", type=float, default=10.0,
-                        help="leave out runs during which others used more than this %% of the machine")
-    parser.add_argument("--blocks", type=int, default=0,
-                        help="instead of rounds of fresh processes, time each case in this many blocks that "
-                             "alternate between two live processes, ours and TorchRec's (see interleave)")
+    parser.add_argument(
+        "--max-other-cpu",
+        type=float,
+        default=10.0,
+        help="leave out runs during which others used more than this %% of the machine",
+    )
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=0,
+        help="instead of rounds of fresh processes, time each case in this many blocks that "
+        "alternate between two live processes, ours and TorchRec's (see interleave)",
+    )
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # one side of one round
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # one side of --blocks
     parser.add_argument("--variant", help=argparse.SUPPRESS)
@@ -544,25 +626,57 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(interleave_case(args, config, variant, batch, calls))
                 emit(lines[-1])
         print(interleaved_markdown(lines), flush=True)
-        emit({"summary": lines, "sizes": size_rows, "quality": quality_rows, "blocks": args.blocks,
-              "threads": args.threads})
+        emit(
+            {
+                "summary": lines,
+                "sizes": size_rows,
+                "quality": quality_rows,
+                "blocks": args.blocks,
+                "threads": args.threads,
+            }
+        )
         return 0
 
     rows: list[dict[str, Any]] = []
     for round_ in range(args.rounds):
         for index, config in enumerate(configs):
-            ours = [sys.executable, str(Path(__file__).resolve()), "--measure", "--workdir", str(args.workdir),
-                    "--threads", str(args.threads), "--configs", config]
-            theirs = [args.torchrec_python, str(BENCH / "torchrec_infer_bench.py"), "--threads",
-                      str(args.threads), "--precisions", parts(config)[0]]
+            ours = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--measure",
+                "--workdir",
+                str(args.workdir),
+                "--threads",
+                str(args.threads),
+                "--configs",
+                config,
+            ]
+            theirs = [
+                args.torchrec_python,
+                str(BENCH / "torchrec_infer_bench.py"),
+                "--threads",
+                str(args.threads),
+                "--precisions",
+                parts(config)[0],
+            ]
             sides = [("reccompile", ours)] + ([] if args.skip_torchrec else [("torchrec", theirs)])
             for impl, command in sides if (round_ + index) % 2 == 0 else reversed(sides):
                 rows += run_side(command, impl, round_, pair=config)
     table = summarise(rows, configs, args.max_other_cpu)
     print(markdown(table, size_rows, quality_rows), flush=True)
-    kernels = harness.merged_kernels([r["kernels"] for r in rows if r["impl"] == "reccompile"])  # the measuring children's
-    emit({"summary": table, "sizes": size_rows, "quality": quality_rows, "rounds": args.rounds,
-          "threads": args.threads, "kernels": kernels})
+    kernels = harness.merged_kernels(
+        [r["kernels"] for r in rows if r["impl"] == "reccompile"]
+    )  # the measuring children's
+    emit(
+        {
+            "summary": table,
+            "sizes": size_rows,
+            "quality": quality_rows,
+            "rounds": args.rounds,
+            "threads": args.threads,
+            "kernels": kernels,
+        }
+    )
     return 0
 
 

@@ -61,7 +61,9 @@ def write_ratings(wheel: Path, path: Path) -> int:
 def reccompile(*args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "compiler.cli", *args], cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"reccompile {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}")
+        raise SystemExit(
+            f"reccompile {' '.join(args)} failed (exit {done.returncode}):\n{done.stdout[-2000:]}{done.stderr}"
+        )
     return done.stdout
 
 
@@ -97,10 +99,25 @@ def trained(spec: Path, split: Path, work: Path, epochs: int, rows: int, seed: i
     batch = int(re.search(r"batch_size: (\d+)", spec.read_text()).group(1))
     steps = max(1, epochs * rows // batch)
     out = reccompile(
-        "train", str(spec), "--data", f"movielens:{split / 'train' / 'u.data'}", "--rating-threshold", "0",
-        "--eval-data", f"movielens:{split / 'test' / 'u.data'}", "--steps", str(steps),
-        "--log-every", str(steps), "--seed", str(seed), "--threads", str(threads), "-o", str(work / spec.stem),
-    )  # fmt: skip
+        "train",
+        str(spec),
+        "--data",
+        f"movielens:{split / 'train' / 'u.data'}",
+        "--rating-threshold",
+        "0",
+        "--eval-data",
+        f"movielens:{split / 'test' / 'u.data'}",
+        "--steps",
+        str(steps),
+        "--log-every",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--threads",
+        str(threads),
+        "-o",
+        str(work / spec.stem),
+    )
     result = json.loads(out.strip().splitlines()[-1])
     (metrics,) = result["eval_metrics"].values()
     return {"recall@10": metrics["recall@10"], "ndcg@10": metrics["ndcg@10"]}
@@ -120,8 +137,18 @@ def main() -> None:
         ratings = work / "ml-100k" / "u.data"
         write_ratings(wheel, ratings)
         split = work / "split"
-        reccompile("data", "split", "--data", f"movielens:{ratings}", "--holdout", "1e-9", "--rating-threshold", "0",
-                   "-o", str(split))  # fmt: skip
+        reccompile(
+            "data",
+            "split",
+            "--data",
+            f"movielens:{ratings}",
+            "--holdout",
+            "1e-9",
+            "--rating-threshold",
+            "0",
+            "-o",
+            str(split),
+        )
         train, test = read(split / "train" / "u.data"), read(split / "test" / "u.data")
         users, movies = len({u for u, _, _ in train}), len({m for _, m, _ in train})
         seeds = [int(seed) for seed in args.seeds.split(",")]
@@ -142,12 +169,24 @@ def main() -> None:
                 report(model, "mean", mean, len(test), args.epochs, None)
 
 
-def report(model: str, seed: int | str | None, figures: dict[str, float], users: int, epochs: int | None,
-           started: float | None) -> None:
+def report(
+    model: str, seed: int | str | None, figures: dict[str, float], users: int, epochs: int | None, started: float | None
+) -> None:
     """One JSON line: the model's figures, the seed (None for popularity, "mean" over seeds) and the time taken."""
     seconds = None if started is None else round(time.perf_counter() - started, 1)
-    print(json.dumps({"model": model, "seed": seed, **{k: round(v, 4) for k, v in figures.items()}, "users": users,
-                      "epochs": epochs, "seconds": seconds}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "model": model,
+                "seed": seed,
+                **{k: round(v, 4) for k, v in figures.items()},
+                "users": users,
+                "epochs": epochs,
+                "seconds": seconds,
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

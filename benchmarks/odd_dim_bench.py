@@ -48,8 +48,9 @@ BATCHES = 10
 
 def collection(lookup: str, rows: int, dim: int, kernel: str, optimizer: EmbeddingOptimizer) -> torch.nn.Module:
     if lookup == "pooled":
-        return EmbeddingBagCollection([EmbeddingBagConfig("t", rows, dim, ["f"])], compute_kernel=kernel,
-                                      optimizer=optimizer)  # fmt: skip
+        return EmbeddingBagCollection(
+            [EmbeddingBagConfig("t", rows, dim, ["f"])], compute_kernel=kernel, optimizer=optimizer
+        )
     return EmbeddingCollection([EmbeddingConfig("t", rows, dim, ["f"])], compute_kernel=kernel, optimizer=optimizer)
 
 
@@ -84,10 +85,16 @@ def case(lookup: str, rows: int, batch: int, ids: int, args: argparse.Namespace)
         for name in models:
             times[name].extend(step(name) for _ in range(args.steps_per_round))
     return {
-        "bench": "odd_dim", "lookup": lookup, "rows": rows, "dim": DIM, "batch": batch, "ids": ids,
-        "optimizer": args.optimizer, "threads": args.threads,
+        "bench": "odd_dim",
+        "lookup": lookup,
+        "rows": rows,
+        "dim": DIM,
+        "batch": batch,
+        "ids": ids,
+        "optimizer": args.optimizer,
+        "threads": args.threads,
         **{f"{name}_ms": round(statistics.median(samples) * 1e3, 3) for name, samples in times.items()},
-    }  # fmt: skip
+    }
 
 
 def main() -> None:

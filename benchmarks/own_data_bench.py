@@ -64,12 +64,17 @@ BOUNDARIES = {"age": [20, 25, 30, 35, 40, 45, 50], "year": [1960, 1980, 1990, 19
 def atomic_files(wheel: Path | None, workdir: Path) -> dict[str, list[list[str]]]:
     """The inter, user and item atomic files of ml-100k (rows of tab-separated fields, header dropped)."""
     if wheel is None:
-        subprocess.run([sys.executable, "-m", "pip", "download", "recbole", "--no-deps", "-d", str(workdir)],
-                       check=True, capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "recbole", "--no-deps", "-d", str(workdir)],
+            check=True,
+            capture_output=True,
+        )
         wheel = next(workdir.glob("recbole-*.whl"))
     with zipfile.ZipFile(wheel) as archive:
-        return {kind: [line.split("\t") for line in archive.read(ATOMIC + kind).decode().splitlines()[1:]]
-                for kind in ("inter", "user", "item")}  # fmt: skip
+        return {
+            kind: [line.split("\t") for line in archive.read(ATOMIC + kind).decode().splitlines()[1:]]
+            for kind in ("inter", "user", "item")
+        }
 
 
 def write_csvs(files: dict[str, list[list[str]]], directory: Path, held_out: float = 0.2) -> tuple[Path, Path]:
@@ -80,8 +85,18 @@ def write_csvs(files: dict[str, list[list[str]]], directory: Path, held_out: flo
     for order, (user, item, rating, ts) in enumerate(files["inter"]):
         age, gender, occupation, zip_code = users[user]
         year, genres = items[item]
-        row = [f"u{user}", f"m{item}", genres, age, gender, occupation, zip_code, year, str(int(float(ts))),
-               str(int(float(rating) >= 4))]  # fmt: skip
+        row = [
+            f"u{user}",
+            f"m{item}",
+            genres,
+            age,
+            gender,
+            occupation,
+            zip_code,
+            year,
+            str(int(float(ts))),
+            str(int(float(rating) >= 4)),
+        ]
         by_user.setdefault(user, []).append((int(float(ts)), order, row))
     train, test = [], []
     for rows in by_user.values():
@@ -181,35 +196,103 @@ def one_seed(work: Path, train: Path, test: Path, seed: int, args: argparse.Name
         shutil.rmtree(work / f"{name}_{tag}", ignore_errors=True)
     common = ["--data-workers", "0", "--seed", str(seed)]
     split = work / "split"
-    selected = result_of(run("train", str(SPEC), "--data", f"csv:{split}/train", "--eval-data", f"csv:{split}/test",
-                             "--steps", str(args.steps), "--eval-every", str(args.eval_every), "--best-metric", "auc",
-                             "--patience", "3", "--checkpoint-dir", str(work / f"ckpt_select_{tag}"), *common,
-                             "-o", str(work / f"build_select_{tag}")))  # fmt: skip
+    selected = result_of(
+        run(
+            "train",
+            str(SPEC),
+            "--data",
+            f"csv:{split}/train",
+            "--eval-data",
+            f"csv:{split}/test",
+            "--steps",
+            str(args.steps),
+            "--eval-every",
+            str(args.eval_every),
+            "--best-metric",
+            "auc",
+            "--patience",
+            "3",
+            "--checkpoint-dir",
+            str(work / f"ckpt_select_{tag}"),
+            *common,
+            "-o",
+            str(work / f"build_select_{tag}"),
+        )
+    )
     best = selected["best"]
     steps = round(best["step"] * _rows(train) / _rows(split / "train" / "train.csv"))  # the same epochs
-    print(json.dumps({"path": "select", "seed": seed, "validation_auc": best["value"], "best_step": best["step"],
-                      "steps": steps}))  # fmt: skip
+    print(
+        json.dumps(
+            {"path": "select", "seed": seed, "validation_auc": best["value"], "best_step": best["step"], "steps": steps}
+        )
+    )
     common += ["--steps", str(steps)]
-    direct = result_of(run("train", str(SPEC), "--data", f"csv:{train}", "--eval-data", f"csv:{test}", *common,
-                           "--checkpoint-dir", str(work / f"ckpt_{tag}"), "--checkpoint-every", str(steps),
-                           "-o", str(work / f"build_{tag}")))  # fmt: skip
-    print(json.dumps({"path": "direct", "seed": seed, "auc": direct["eval_metrics"]["like"]["auc"],
-                      "unseen": direct["eval_unseen_ids"]}))  # fmt: skip
-    prepared = result_of(run("train", str(SPEC), "--data", f"prepared:{work}/prep_train", "--eval-data",
-                             f"prepared:{work}/prep_test", *common,
-                             "-o", str(work / f"build_prepared_{tag}")))  # fmt: skip
+    direct = result_of(
+        run(
+            "train",
+            str(SPEC),
+            "--data",
+            f"csv:{train}",
+            "--eval-data",
+            f"csv:{test}",
+            *common,
+            "--checkpoint-dir",
+            str(work / f"ckpt_{tag}"),
+            "--checkpoint-every",
+            str(steps),
+            "-o",
+            str(work / f"build_{tag}"),
+        )
+    )
+    print(
+        json.dumps(
+            {
+                "path": "direct",
+                "seed": seed,
+                "auc": direct["eval_metrics"]["like"]["auc"],
+                "unseen": direct["eval_unseen_ids"],
+            }
+        )
+    )
+    prepared = result_of(
+        run(
+            "train",
+            str(SPEC),
+            "--data",
+            f"prepared:{work}/prep_train",
+            "--eval-data",
+            f"prepared:{work}/prep_test",
+            *common,
+            "-o",
+            str(work / f"build_prepared_{tag}"),
+        )
+    )
     print(json.dumps({"path": "prepared", "seed": seed, "auc": prepared["eval_metrics"]["like"]["auc"]}))
     served = work / f"served_{tag}"
-    run("export", str(SPEC), "--checkpoint", str(work / f"ckpt_{tag}"), "--quantize", "none", "--no-aot", "-o",
-        str(served))  # fmt: skip
+    run(
+        "export",
+        str(SPEC),
+        "--checkpoint",
+        str(work / f"ckpt_{tag}"),
+        "--quantize",
+        "none",
+        "--no-aot",
+        "-o",
+        str(served),
+    )
     run("predict", str(served), "--data", f"csv:{test}", "-o", str(work / f"scores_{tag}.csv"))
     with open(work / f"scores_{tag}.csv") as scores, open(test) as lines:
         scored = [float(r["like"]) for r in csv.DictReader(scores)]
         predicted = auc(torch.tensor(scored), torch.tensor([float(r["label"]) for r in csv.DictReader(lines)]))
     print(json.dumps({"path": "predict", "seed": seed, "auc": predicted}))
-    return {"seed": seed, "steps": steps, "validation_auc": best["value"],
-            "auc_direct": direct["eval_metrics"]["like"]["auc"],
-            "auc_prepared": prepared["eval_metrics"]["like"]["auc"], "auc_predict": predicted}  # fmt: skip
+    return {
+        "seed": seed,
+        "steps": steps,
+        "validation_auc": best["value"],
+        "auc_direct": direct["eval_metrics"]["like"]["auc"],
+        "auc_prepared": prepared["eval_metrics"]["like"]["auc"],
+        "auc_predict": predicted,
+    }
 
 
 def _rows(path: Path) -> int:
@@ -234,10 +317,13 @@ def prepare_rates(work: Path, train: Path, repeats: int) -> dict[str, object]:
     for kind, rates in timings.items():
         print(json.dumps({"path": f"prepare_{kind}", "rows_per_s": median[kind], "all": rates}))
     return {
-        "prepare_rows_per_s_vocabulary": median["vocabulary"], "prepare_rows_per_s_hash": median["hash"],
-        "prepare_rows_per_s_example": median["example"], "vocabulary_over_hash": median["vocabulary"] / median["hash"],
-        "train_rows": rows, "cpu": _cpu(),
-    }  # fmt: skip
+        "prepare_rows_per_s_vocabulary": median["vocabulary"],
+        "prepare_rows_per_s_hash": median["hash"],
+        "prepare_rows_per_s_example": median["example"],
+        "vocabulary_over_hash": median["vocabulary"] / median["hash"],
+        "train_rows": rows,
+        "cpu": _cpu(),
+    }
 
 
 def _cpu() -> str:

@@ -91,8 +91,11 @@ def retrieval_workload(world_size: int) -> harness.Workload:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     harness.add_run_arguments(parser, modes=("local", "dist2", "retrieve"))
-    parser.add_argument("--index", default="exact,flat,ivf,hnsw",
-                        help="retrieve: index kinds, comma-separated (faiss kinds skipped without faiss)")
+    parser.add_argument(
+        "--index",
+        default="exact,flat,ivf,hnsw",
+        help="retrieve: index kinds, comma-separated (faiss kinds skipped without faiss)",
+    )
     parser.add_argument("--items", type=int, default=1 << 17, help="retrieve: items in the index (131,072)")
     parser.add_argument("--k", type=int, default=100, help="retrieve: results per request (100)")
     parser.add_argument("--repeats", type=int, default=50, help="retrieve: timed request batches per size (50)")
@@ -154,16 +157,25 @@ def retrieve_lines(args: argparse.Namespace) -> list[dict[str, Any]]:
                     found = index.search(model.query_vectors(batch.dense, batch.sparse), args.k)[1]
                     if repeat >= 3:
                         times.append(time.perf_counter() - started)
-                lines.append({
-                    "impl": "reccompile", "variant": "retrieve", "index": kind, "params": dict(index.params),
-                    "batch": size, "items": args.items, "k": args.k, "repeats": args.repeats,
-                    "p50_ms": round(percentile(times, 0.5) * 1e3, 3),
-                    "p99_ms": round(percentile(times, 0.99) * 1e3, 3),
-                    "queries_per_s": round(size / statistics.median(times), 1),
-                    "build_s": round(build_s, 3), "threads": torch.get_num_threads(),
-                    "top_k_overlap": round(top_k_overlap(found, truth[:size]), 4),
-                    "load_avg_1m": round(os.getloadavg()[0], 2),
-                })  # fmt: skip
+                lines.append(
+                    {
+                        "impl": "reccompile",
+                        "variant": "retrieve",
+                        "index": kind,
+                        "params": dict(index.params),
+                        "batch": size,
+                        "items": args.items,
+                        "k": args.k,
+                        "repeats": args.repeats,
+                        "p50_ms": round(percentile(times, 0.5) * 1e3, 3),
+                        "p99_ms": round(percentile(times, 0.99) * 1e3, 3),
+                        "queries_per_s": round(size / statistics.median(times), 1),
+                        "build_s": round(build_s, 3),
+                        "threads": torch.get_num_threads(),
+                        "top_k_overlap": round(top_k_overlap(found, truth[:size]), 4),
+                        "load_avg_1m": round(os.getloadavg()[0], 2),
+                    }
+                )
     return lines
 
 

@@ -77,15 +77,40 @@ def run(workdir: Path, users: int, movies: int, epochs: int, spec: Path = SPEC) 
     batch = _batch_size(spec)
     per_epoch = max(1, len(train.read_text().splitlines()) // batch)
     cli(
-        "train", str(spec), "--data", f"movielens:{train}", "--eval-data", f"movielens:{test}",
-        "--eval-every", str(per_epoch), "--steps", str(epochs * per_epoch), "--log-every", str(per_epoch),
-        "--log-dir", str(log), "--checkpoint-dir", str(workdir / "ckpt"), "-o", str(workdir / "build"),
-    )  # fmt: skip
+        "train",
+        str(spec),
+        "--data",
+        f"movielens:{train}",
+        "--eval-data",
+        f"movielens:{test}",
+        "--eval-every",
+        str(per_epoch),
+        "--steps",
+        str(epochs * per_epoch),
+        "--log-every",
+        str(per_epoch),
+        "--log-dir",
+        str(log),
+        "--checkpoint-dir",
+        str(workdir / "ckpt"),
+        "-o",
+        str(workdir / "build"),
+    )
     indexes = {}
     for kind in INDEX_KINDS:
         out = workdir / f"export-{kind}"
-        cli("export", str(spec), "--checkpoint", str(workdir / "ckpt"), "--index", kind,
-            "--eval-data", f"movielens:{test}", "-o", str(out))  # fmt: skip
+        cli(
+            "export",
+            str(spec),
+            "--checkpoint",
+            str(workdir / "ckpt"),
+            "--index",
+            kind,
+            "--eval-data",
+            f"movielens:{test}",
+            "-o",
+            str(out),
+        )
         quality = json.loads((out / "manifest.json").read_text())["retrieval"]["quality"]
         indexes[kind] = {key: quality[key] for key in ("k", "queries", "recall", "exact_recall", "ratio")}
     return Figures(_epochs(log / "metrics.jsonl"), indexes, popularity_recall(train, test), commands)
@@ -131,7 +156,9 @@ def main() -> None:
     for command in figures.commands:
         print(command)
     for number, epoch in enumerate(figures.epochs, start=1):
-        print(f"epoch {number} (step {epoch['step']}): recall@10 {epoch['recall@10']:.4f}  ndcg@10 {epoch['ndcg@10']:.4f}")
+        print(
+            f"epoch {number} (step {epoch['step']}): recall@10 {epoch['recall@10']:.4f}  ndcg@10 {epoch['ndcg@10']:.4f}"
+        )
     print(f"popularity baseline: recall@10 {figures.popularity:.4f}")
     for kind, quality in figures.indexes.items():
         print(

@@ -73,9 +73,14 @@ SERVER_PIN, LOAD_PIN, PINNING = _pinning()
 
 
 def _cli(*args: str, cwd: Path, pin: bool = False) -> str:
-    done = subprocess.run([*(SERVER_PIN if pin else []), PYTHON, "-m", "compiler.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          timeout=1800)  # fmt: skip
+    done = subprocess.run(
+        [*(SERVER_PIN if pin else []), PYTHON, "-m", "compiler.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=1800,
+    )
     if done.returncode != 0:
         raise SystemExit(f"reccompile {args[0]} failed:\n{done.stderr}")
     return done.stdout
@@ -85,14 +90,31 @@ def build_export(work: Path) -> Path:
     """A two_tower_movielens export trained 2 steps on generated ratings (users 1..6040, movies 1..3952)."""
     rng = random.Random(0)
     genres = ["Action", "Comedy", "Drama", "Romance", "Thriller", "Animation"]
-    (work / "movies.dat").write_text("".join(
-        f"{m}::Movie {m} (2000)::{'|'.join(rng.sample(genres, rng.randint(1, 3)))}\n" for m in range(1, MOVIES + 1)
-    ))  # fmt: skip
-    lines = [f"{u}::{rng.randint(1, MOVIES)}::{rng.randint(1, 5)}::{978300000 + i}" for i, u in
-             enumerate(list(range(1, USERS + 1)) * 2)]  # fmt: skip
+    (work / "movies.dat").write_text(
+        "".join(
+            f"{m}::Movie {m} (2000)::{'|'.join(rng.sample(genres, rng.randint(1, 3)))}\n" for m in range(1, MOVIES + 1)
+        )
+    )
+    lines = [
+        f"{u}::{rng.randint(1, MOVIES)}::{rng.randint(1, 5)}::{978300000 + i}"
+        for i, u in enumerate(list(range(1, USERS + 1)) * 2)
+    ]
     (work / "ratings.dat").write_text("\n".join(lines) + "\n")
-    _cli("train", str(SPEC), "--data", "movielens:ratings.dat", "--steps", "2", "--data-workers", "0",
-         "--checkpoint-dir", "ckpt", "-o", "build", cwd=work)  # fmt: skip
+    _cli(
+        "train",
+        str(SPEC),
+        "--data",
+        "movielens:ratings.dat",
+        "--steps",
+        "2",
+        "--data-workers",
+        "0",
+        "--checkpoint-dir",
+        "ckpt",
+        "-o",
+        "build",
+        cwd=work,
+    )
     _cli("export", str(SPEC), "--checkpoint", "ckpt", "--no-aot", "-o", "out", cwd=work)
     return work / "out"
 
@@ -100,16 +122,34 @@ def build_export(work: Path) -> Path:
 def offline_predict(work: Path, threads: int, batch: int = 512) -> dict[str, Any]:
     """`reccompile predict` of 50,000 generated rows at `batch`, on the server's core."""
     rng = random.Random(1)
-    (work / "requests.dat").write_text("".join(
-        f"{rng.randint(1, USERS)}::{rng.randint(1, MOVIES)}::5::0\n" for _ in range(50_000)
-    ))  # fmt: skip
-    out = _cli("predict", "out", "--data", "movielens:requests.dat", "--batch-size", str(batch), "--threads",
-               str(threads), "-o", "predicted.csv", cwd=work, pin=True)  # fmt: skip
+    (work / "requests.dat").write_text(
+        "".join(f"{rng.randint(1, USERS)}::{rng.randint(1, MOVIES)}::5::0\n" for _ in range(50_000))
+    )
+    out = _cli(
+        "predict",
+        "out",
+        "--data",
+        "movielens:requests.dat",
+        "--batch-size",
+        str(batch),
+        "--threads",
+        str(threads),
+        "-o",
+        "predicted.csv",
+        cwd=work,
+        pin=True,
+    )
     found = re.search(r"in ([\d.]+) s: ([\d,]+) rows/s \(([\d,]+) rows/s in the model\)", out)
     assert found, out
     rows_per_s, model_rows_per_s = (int(found.group(g).replace(",", "")) for g in (2, 3))
-    return {"server": "predict", "rows": 50_000, "batch": batch, "seconds": float(found.group(1)),
-            "rows_per_s": rows_per_s, "model_rows_per_s": model_rows_per_s}  # fmt: skip
+    return {
+        "server": "predict",
+        "rows": 50_000,
+        "batch": batch,
+        "seconds": float(found.group(1)),
+        "rows_per_s": rows_per_s,
+        "model_rows_per_s": model_rows_per_s,
+    }
 
 
 def _free_port() -> int:
@@ -135,17 +175,43 @@ def start(server: str, export: Path, threads: int, port: int, max_wait_ms: float
     """`server` (reccompile, litserve or trivial) on 127.0.0.1:port, pinned to the server's core, once ready."""
     here = Path(__file__).parent
     command, ready = {
-        "reccompile": ([PYTHON, "-m", "compiler.cli", "serve", str(export), "--threads", str(threads),
-                        "--max-batch", "64", "--max-wait-ms", f"{max_wait_ms:g}"], "/v2/health/ready"),
-        "litserve": ([PYTHON, str(here / "serve_litserve.py"), str(export), "--threads", str(threads),
-                      "--max-wait-ms", f"{max_wait_ms:g}"], "/health"),
+        "reccompile": (
+            [
+                PYTHON,
+                "-m",
+                "compiler.cli",
+                "serve",
+                str(export),
+                "--threads",
+                str(threads),
+                "--max-batch",
+                "64",
+                "--max-wait-ms",
+                f"{max_wait_ms:g}",
+            ],
+            "/v2/health/ready",
+        ),
+        "litserve": (
+            [
+                PYTHON,
+                str(here / "serve_litserve.py"),
+                str(export),
+                "--threads",
+                str(threads),
+                "--max-wait-ms",
+                f"{max_wait_ms:g}",
+            ],
+            "/health",
+        ),
         "trivial": ([PYTHON, str(here / "serve_trivial.py")], "/v2/health/ready"),
-    }[server]  # fmt: skip
+    }[server]
     process = subprocess.Popen(
-        [*SERVER_PIN, *command, "--port", str(port)], env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [*SERVER_PIN, *command, "--port", str(port)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,  # LitServe starts worker processes: stop the whole group
-    )  # fmt: skip
+    )
     _wait_ready(f"http://127.0.0.1:{port}{ready}", process)
     return process
 
@@ -180,25 +246,61 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
     """One locust run on the load's cores: `clients` closed-loop users sending `rows`-row requests for `seconds`."""
     path = "/predict" if server == "litserve" else MODEL_PATH
     prefix = work / f"locust_{clients}_{rows}"
-    env = {**os.environ, "SERVE_PATH": path, "SERVE_ROWS": str(rows),
-           "SERVE_USERS": ",".join(map(str, range(1, USERS + 1, 7))),
-           "SERVE_MOVIES": ",".join(map(str, range(1, MOVIES + 1, 5)))}  # fmt: skip
+    env = {
+        **os.environ,
+        "SERVE_PATH": path,
+        "SERVE_ROWS": str(rows),
+        "SERVE_USERS": ",".join(map(str, range(1, USERS + 1, 7))),
+        "SERVE_MOVIES": ",".join(map(str, range(1, MOVIES + 1, 5))),
+    }
     batched = _batches(url) if server == "reccompile" else None
     cpu = _cpu_seconds(pid)
     subprocess.run(
-        [*LOAD_PIN, sys.executable, "-m", "locust", "-f", str(Path(__file__).with_name("serve_locust.py")),
-         "--headless", "-u", str(clients), "-r", str(clients), "-t", f"{seconds:g}s", "--host", url,
-         "--csv", str(prefix), "--only-summary", "--loglevel", "ERROR", "--stop-timeout", "5"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=seconds + 120,
-    )  # fmt: skip
+        [
+            *LOAD_PIN,
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(Path(__file__).with_name("serve_locust.py")),
+            "--headless",
+            "-u",
+            str(clients),
+            "-r",
+            str(clients),
+            "-t",
+            f"{seconds:g}s",
+            "--host",
+            url,
+            "--csv",
+            str(prefix),
+            "--only-summary",
+            "--loglevel",
+            "ERROR",
+            "--stop-timeout",
+            "5",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=seconds + 120,
+    )
     cpu = _cpu_seconds(pid) - cpu
     with open(f"{prefix}_stats.csv", newline="") as stream:
         total = next(row for row in csv.DictReader(stream) if row["Name"] == "Aggregated")
     per_s, requests = float(total["Requests/s"]), int(total["Request Count"])
-    result = {"clients": clients, "rows": rows, "seconds": seconds, "requests": requests,
-              "failures": int(total["Failure Count"]), "p50_ms": float(total["50%"]), "p99_ms": float(total["99%"]),
-              "requests_per_s": round(per_s, 1), "rows_per_s": round(per_s * rows, 1),
-              "server_cpu_us_per_request": round(1e6 * cpu / max(requests, 1), 1)}  # fmt: skip
+    result = {
+        "clients": clients,
+        "rows": rows,
+        "seconds": seconds,
+        "requests": requests,
+        "failures": int(total["Failure Count"]),
+        "p50_ms": float(total["50%"]),
+        "p99_ms": float(total["99%"]),
+        "requests_per_s": round(per_s, 1),
+        "rows_per_s": round(per_s * rows, 1),
+        "server_cpu_us_per_request": round(1e6 * cpu / max(requests, 1), 1),
+    }
     if batched is not None:
         count, total_rows = (after - before for after, before in zip(_batches(url), batched, strict=True))
         result["mean_batch_rows"] = round(total_rows / max(count, 1), 1)

@@ -20,10 +20,14 @@ MOVIES = [int(v) for v in os.environ.get("SERVE_MOVIES", "1").split(",")]
 
 
 def body(rng: random.Random) -> bytes:
-    return json.dumps({"inputs": [
-        {"name": "userId", "datatype": "INT64", "shape": [ROWS], "data": rng.choices(USERS, k=ROWS)},
-        {"name": "movieId", "datatype": "INT64", "shape": [ROWS], "data": rng.choices(MOVIES, k=ROWS)},
-    ]}).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "inputs": [
+                {"name": "userId", "datatype": "INT64", "shape": [ROWS], "data": rng.choices(USERS, k=ROWS)},
+                {"name": "movieId", "datatype": "INT64", "shape": [ROWS], "data": rng.choices(MOVIES, k=ROWS)},
+            ]
+        }
+    ).encode()
 
 
 class Client(FastHttpUser):
@@ -34,8 +38,9 @@ class Client(FastHttpUser):
     @task
     def infer(self) -> None:
         self.next = (self.next + 1) % len(self.bodies)
-        with self.client.post(PATH, data=self.bodies[self.next], headers={"Content-Type": "application/json"},
-                              catch_response=True) as response:  # fmt: skip
+        with self.client.post(
+            PATH, data=self.bodies[self.next], headers={"Content-Type": "application/json"}, catch_response=True
+        ) as response:
             if response.status_code != 200:
                 response.failure(f"status {response.status_code}: {response.text[:200]}")
             elif len(json.loads(response.text)["outputs"][0]["data"]) != ROWS:

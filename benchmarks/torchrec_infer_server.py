@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", required=True, choices=["criteo", "multihot"])
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--bench-dir", default=os.environ.get("RECCOMPILE_BENCH_WORKLOADS"),
-                        help="the shared bench folder (default: ../shared/bench beside the checkout)")
+    parser.add_argument(
+        "--bench-dir",
+        default=os.environ.get("RECCOMPILE_BENCH_WORKLOADS"),
+        help="the shared bench folder (default: ../shared/bench beside the checkout)",
+    )
     args = parser.parse_args(argv)
     folder = args.bench_dir or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "bench")
     sys.path.insert(0, os.path.abspath(folder))

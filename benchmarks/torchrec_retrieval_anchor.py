@@ -60,12 +60,14 @@ def make_batches(rank, world_size):
     for index in range(W.NUM_BATCHES):
         user, item = W.make_batch(index, rank, world_size)
         size = user.shape[0]
-        batches.append(KeyedJaggedTensor(
-            keys=["user_id", "item_id"],
-            values=torch.from_numpy(__import__("numpy").concatenate([user, item])),
-            lengths=torch.ones(2 * size, dtype=torch.int64),
-            stride=size,
-        ))  # fmt: skip
+        batches.append(
+            KeyedJaggedTensor(
+                keys=["user_id", "item_id"],
+                values=torch.from_numpy(__import__("numpy").concatenate([user, item])),
+                lengths=torch.ones(2 * size, dtype=torch.int64),
+                stride=size,
+            )
+        )
     return batches
 
 
@@ -81,11 +83,21 @@ def build_model(world_size):
         def __init__(self):
             super().__init__()
             tables = [
-                EmbeddingBagConfig(name="user", embedding_dim=W.EMBEDDING_DIM, num_embeddings=W.USER_ROWS,
-                                   feature_names=["user_id"], pooling=PoolingType.SUM),
-                EmbeddingBagConfig(name="item", embedding_dim=W.EMBEDDING_DIM, num_embeddings=W.ITEM_ROWS,
-                                   feature_names=["item_id"], pooling=PoolingType.SUM),
-            ]  # fmt: skip
+                EmbeddingBagConfig(
+                    name="user",
+                    embedding_dim=W.EMBEDDING_DIM,
+                    num_embeddings=W.USER_ROWS,
+                    feature_names=["user_id"],
+                    pooling=PoolingType.SUM,
+                ),
+                EmbeddingBagConfig(
+                    name="item",
+                    embedding_dim=W.EMBEDDING_DIM,
+                    num_embeddings=W.ITEM_ROWS,
+                    feature_names=["item_id"],
+                    pooling=PoolingType.SUM,
+                ),
+            ]
             self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
             self.query_proj = MLP(in_size=W.EMBEDDING_DIM, layer_sizes=W.TOWER)
             self.candidate_proj = MLP(in_size=W.EMBEDDING_DIM, layer_sizes=W.TOWER)
@@ -117,8 +129,9 @@ def build_dmp(world_size, group):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     model = build_model(world_size)
-    apply_optimizer_in_backward(trec_optim.RowWiseAdagrad, list(model.ebc.parameters()),
-                                {"lr": W.EMB_LR, "eps": W.EMB_EPS})  # fmt: skip
+    apply_optimizer_in_backward(
+        trec_optim.RowWiseAdagrad, list(model.ebc.parameters()), {"lr": W.EMB_LR, "eps": W.EMB_EPS}
+    )
     sharders = get_default_sharders()
     planner = EmbeddingShardingPlanner(
         topology=Topology(world_size=world_size, local_world_size=world_size, compute_device="cpu"),
@@ -126,8 +139,10 @@ def build_dmp(world_size, group):
     )
     plan = planner.collective_plan(model, sharders, group)
     model = DistributedModelParallel(module=model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                  lambda params: torch.optim.Adagrad(params, lr=W.DENSE_LR, eps=W.DENSE_EPS))  # fmt: skip
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=W.DENSE_LR, eps=W.DENSE_EPS),
+    )
     return model, CombinedOptimizer([model.fused_optimizer, dense]), plan
 
 
@@ -140,8 +155,11 @@ def run_training(args, rank, world_size, group):
     batches = make_batches(rank, world_size)
     model, optimizer, plan = build_dmp(world_size, group)
     model.train()
-    placement = {table: f"{shard.sharding_type}/{shard.compute_kernel}@{','.join(map(str, shard.ranks or []))}"
-                 for _, module_plan in plan.plan.items() for table, shard in module_plan.items()}  # fmt: skip
+    placement = {
+        table: f"{shard.sharding_type}/{shard.compute_kernel}@{','.join(map(str, shard.ranks or []))}"
+        for _, module_plan in plan.plan.items()
+        for table, shard in module_plan.items()
+    }
 
     def step(index):
         optimizer.zero_grad()
@@ -164,9 +182,17 @@ def run_training(args, rank, world_size, group):
     if machine_before and machine_after:
         hz = os.sysconf("SC_CLK_TCK")
         busy, total = (machine_after[0] - machine_before[0]) / hz, (machine_after[1] - machine_before[1]) / hz
-    return {"times": times, "loss_first": losses[0], "loss_last": losses[-1],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, "plan": placement,
-            "threads": torch.get_num_threads(), "cpu_s": cpu_s, "busy_s": busy, "total_s": total}  # fmt: skip
+    return {
+        "times": times,
+        "loss_first": losses[0],
+        "loss_last": losses[-1],
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "plan": placement,
+        "threads": torch.get_num_threads(),
+        "cpu_s": cpu_s,
+        "busy_s": busy,
+        "total_s": total,
+    }
 
 
 def init_group(rank, world_size, port):
@@ -215,13 +241,20 @@ def summarize(args, world_size, results):
         used = sum(r["cpu_s"] for r in results)
         other = round(max(0.0, 100.0 * (first["busy_s"] - used) / first["total_s"]), 1)
     return {
-        "impl": "torchrec", "variant": "retrieval", "mode": args.mode,
-        "samples_per_s": round(W.GLOBAL_BATCH / median, 1), "step_ms_median": round(median * 1e3, 3),
+        "impl": "torchrec",
+        "variant": "retrieval",
+        "mode": args.mode,
+        "samples_per_s": round(W.GLOBAL_BATCH / median, 1),
+        "step_ms_median": round(median * 1e3, 3),
         "peak_rss_mb": round(sum(r["peak_rss_mb"] for r in results), 1),
-        "loss_first": float(f"{first['loss_first']:.6g}"), "loss_last": float(f"{first['loss_last']:.6g}"),
-        "world_size": world_size, "steps": len(step_s), "threads_per_proc": first["threads"],
-        "other_cpu_pct": other, "plan": first["plan"],
-    }  # fmt: skip
+        "loss_first": float(f"{first['loss_first']:.6g}"),
+        "loss_last": float(f"{first['loss_last']:.6g}"),
+        "world_size": world_size,
+        "steps": len(step_s),
+        "threads_per_proc": first["threads"],
+        "other_cpu_pct": other,
+        "plan": first["plan"],
+    }
 
 
 def main(argv=None):

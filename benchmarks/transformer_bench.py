@@ -59,7 +59,11 @@ def main() -> None:
     def first_step() -> None:
         first(x, lengths).backward(grad[:, 0])
 
-    variants: dict[str, Callable[[], None]] = {"runtime": runtime_step, "runtime_first": first_step, "torch": torch_step}
+    variants: dict[str, Callable[[], None]] = {
+        "runtime": runtime_step,
+        "runtime_first": first_step,
+        "torch": torch_step,
+    }
     times: dict[str, list[float]] = {name: [] for name in variants}
     for round_index in range(args.rounds + 2):
         for name, step in variants.items():
@@ -68,11 +72,19 @@ def main() -> None:
             if round_index >= 2:  # two warm-up rounds
                 times[name].append((time.perf_counter() - start) * 1e3)
     for name, samples in times.items():
-        print(json.dumps({
-            "bench": "transformer", "variant": name, "batch": args.batch, "threads": args.threads,
-            "fwd_bwd_ms_median": round(statistics.median(samples), 2),
-            "fwd_bwd_ms_min": round(min(samples), 2), "rounds": args.rounds,
-        }))
+        print(
+            json.dumps(
+                {
+                    "bench": "transformer",
+                    "variant": name,
+                    "batch": args.batch,
+                    "threads": args.threads,
+                    "fwd_bwd_ms_median": round(statistics.median(samples), 2),
+                    "fwd_bwd_ms_min": round(min(samples), 2),
+                    "rounds": args.rounds,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

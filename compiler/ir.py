@@ -382,9 +382,28 @@ class MaskNet:
 
 
 BlockOp = Union[
-    Mlp, Dot, Concat, CrossNet, Fm, DotProduct, Sum, Moe, SequencePool, TargetAttention, Transformer, Hstu,
-    Stack, Flatten, SelfAttention, Cin, Wukong, MaskNet, Product, Activation, Gru,
-]  # fmt: skip
+    Mlp,
+    Dot,
+    Concat,
+    CrossNet,
+    Fm,
+    DotProduct,
+    Sum,
+    Moe,
+    SequencePool,
+    TargetAttention,
+    Transformer,
+    Hstu,
+    Stack,
+    Flatten,
+    SelfAttention,
+    Cin,
+    Wukong,
+    MaskNet,
+    Product,
+    Activation,
+    Gru,
+]
 SEQUENCE_OPS = (SequencePool, TargetAttention, Transformer, Hstu, Gru)  # the blocks that read a sequence
 STACK_OPS = (Flatten, SelfAttention, Cin, Wukong, MaskNet)  # the blocks that read one field stack
 

@@ -47,9 +47,7 @@ def compile_spec(path: str, options: Options = Options()) -> SplitModel:
     document = load(path)  # YAML -> a tree that keeps file:line:col for every node
     ir = validate(document, options.world_size)  # JSON Schema + semantic checks -> frozen, resolved ModelIR
     ir = apply_options(ir, options)  # the command line's world size, batch size and host size win
-    topology = topology_from_ir(
-        ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank
-    )
+    topology = topology_from_ir(ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank)
     if options.plan_file is not None:
         sharding_plan = read_plan(options.plan_file, ir, topology)  # a given plan, checked
     else:
@@ -75,10 +73,13 @@ def apply_options(ir: ModelIR, options: Options) -> ModelIR:
     if sharding.ranks_per_host is None and options.launched_ranks_per_host is not None:
         sharding = dataclasses.replace(sharding, ranks_per_host=options.launched_ranks_per_host)
     if training.batch_size % sharding.world_size:
-        raise CompileError([Diagnostic(
-            training.loc,
-            "training.batch_size",
-            f"global batch size {training.batch_size} does not divide evenly over "
-            f"{sharding.world_size} ranks",
-        )])
+        raise CompileError(
+            [
+                Diagnostic(
+                    training.loc,
+                    "training.batch_size",
+                    f"global batch size {training.batch_size} does not divide evenly over {sharding.world_size} ranks",
+                )
+            ]
+        )
     return dataclasses.replace(ir, sharding=sharding, training=training)

@@ -26,6 +26,7 @@ from typing import Any, Mapping, MutableMapping, Sequence
 # checks this mark at import, so a foreign `runtime` earlier on sys.path is named, not half-used.
 DISTRIBUTION = "reccompile"
 
+
 def lazy_exports(namespace: MutableMapping[str, Any], exports: Mapping[str, Sequence[str]]) -> None:
     """Give a package `__all__`, `__dir__` and a PEP 562 `__getattr__` over `exports`.
 
@@ -59,13 +60,22 @@ lazy_exports(
     {
         "sparse": ("JaggedTensor", "KeyedJaggedTensor", "KeyedTensor"),
         "embeddings": (
-            "EmbeddingBagCollection", "EmbeddingBagConfig", "EmbeddingCollection", "EmbeddingConfig",
+            "EmbeddingBagCollection",
+            "EmbeddingBagConfig",
+            "EmbeddingCollection",
+            "EmbeddingConfig",
             "EmbeddingOptimizer",
-        ),  # fmt: skip
+        ),
         "modules": (
-            "MLP", "Concat", "CrossNet", "DotInteraction", "DotProduct",
-            "FactorizationMachine", "MixtureOfExperts", "Sum",
-        ),  # fmt: skip
+            "MLP",
+            "Concat",
+            "CrossNet",
+            "DotInteraction",
+            "DotProduct",
+            "FactorizationMachine",
+            "MixtureOfExperts",
+            "Sum",
+        ),
         "sharding": ("SparseArch", "distribute_dense"),
         "data": ("Batch",),
         "reporting": ("MetricSet",),

@@ -88,8 +88,11 @@ def _ranks_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         return
 
     def refuse(*args: object, **kwargs: object) -> None:
-        pytest.fail(f"{request.node.nodeid} starts ranks but its file is not marked `ranks`; "
-                    "see _STARTS_RANKS in tests/conftest.py", pytrace=False)
+        pytest.fail(
+            f"{request.node.nodeid} starts ranks but its file is not marked `ranks`; "
+            "see _STARTS_RANKS in tests/conftest.py",
+            pytrace=False,
+        )
 
     monkeypatch.setattr(rendezvous, "hosted_store", refuse)
     monkeypatch.setattr(rendezvous, "launcher_port", refuse)

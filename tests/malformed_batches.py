@@ -48,15 +48,11 @@ MALFORMED: dict[str, tuple[Callable[[], KeyedJaggedTensor], str]] = {
         "KeyedJaggedTensor: sum(lengths)=9 but values has 7 entries",
     ),
     "wrong number of lengths": (
-        lambda: KeyedJaggedTensor(
-            KEYS, torch.tensor(IDS), lengths=torch.tensor([1, 2, 0, 1, 2, 1, 0]), stride=3
-        ),
+        lambda: KeyedJaggedTensor(KEYS, torch.tensor(IDS), lengths=torch.tensor([1, 2, 0, 1, 2, 1, 0]), stride=3),
         "KeyedJaggedTensor: lengths has 7 entries but 2 keys x stride 3 need 6",
     ),
     "wrong number of offsets": (
-        lambda: KeyedJaggedTensor(
-            KEYS, torch.tensor(IDS), offsets=torch.tensor([0, 1, 3, 3, 4, 7]), stride=3
-        ),
+        lambda: KeyedJaggedTensor(KEYS, torch.tensor(IDS), offsets=torch.tensor([0, 1, 3, 3, 4, 7]), stride=3),
         "KeyedJaggedTensor: offsets has 6 entries but 2 keys x stride 3 need 7",
     ),
     "float values": (

@@ -8,8 +8,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 SPECS = sorted(
     p.relative_to(REPO).as_posix()
-    for p in [*(REPO / "specs").glob("*.yaml"), *(REPO / "specs" / "zoo").glob("*.yaml"),
-              *(REPO / "specs" / "examples").glob("*.yaml")]  # fmt: skip
+    for p in [
+        *(REPO / "specs").glob("*.yaml"),
+        *(REPO / "specs" / "zoo").glob("*.yaml"),
+        *(REPO / "specs" / "examples").glob("*.yaml"),
+    ]
 )
 
 

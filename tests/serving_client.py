@@ -37,8 +37,9 @@ class Server:
         host, port = self.url.removeprefix("http://").rsplit(":", 1)
         return host, int(port)
 
-    def call(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None,
-             timeout: float = 30) -> tuple[int, dict[str, str], Any]:  # fmt: skip
+    def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None, timeout: float = 30
+    ) -> tuple[int, dict[str, str], Any]:
         """(status, headers, JSON or text body); a dict or list body is sent as JSON, bytes as they are."""
         data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers or {})
@@ -68,8 +69,7 @@ class Server:
 def started_server(args: list[str | Path], cwd: Path = REPO_ROOT) -> Iterator[Server]:
     command = [sys.executable, "-m", "compiler.cli", "serve", *map(str, args), "--port", "0", "--threads", "1"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                               cwd=cwd)  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd)
     lines: list[str] = []
     try:
         assert process.stdout is not None

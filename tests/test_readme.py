@@ -85,7 +85,10 @@ def test_the_module_snippet_runs_after_make_run(tmp_path: Path, monkeypatch: pyt
     assert main(args) == 0
     done = subprocess.run(
         [sys.executable, "-c", snippet + "\nprint(float(loss))\n"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr
@@ -95,12 +98,21 @@ def test_the_module_snippet_runs_after_make_run(tmp_path: Path, monkeypatch: pyt
 def _ml_1m(root: Path) -> Path:
     """A tiny ml-1m: ratings.dat of 20 users (the README's movies 1193 and 661 among theirs) and movies.dat."""
     movies = [1193, 661, 914, 3408, 2355, 1197, 1287, 2804]
-    genres = ["Drama", "Animation|Children's|Musical", "Musical|Romance", "Drama", "Animation|Comedy",
-              "Action|Adventure|Romance", "Action|Drama", "Comedy|Drama"]  # fmt: skip
+    genres = [
+        "Drama",
+        "Animation|Children's|Musical",
+        "Musical|Romance",
+        "Drama",
+        "Animation|Comedy",
+        "Action|Adventure|Romance",
+        "Action|Drama",
+        "Comedy|Drama",
+    ]
     named = zip(movies, genres, strict=True)
     (root / "movies.dat").write_text("".join(f"{m}::Movie {m} (2000)::{g}\n" for m, g in named))
-    lines = [f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + 10 * u + i}"
-             for u in range(1, 21) for i, m in enumerate(movies)]  # fmt: skip
+    lines = [
+        f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + 10 * u + i}" for u in range(1, 21) for i, m in enumerate(movies)
+    ]
     (root / "ratings.dat").write_text("\n".join(lines) + "\n")
     return root / "ratings.dat"
 
@@ -116,8 +128,25 @@ def test_the_serving_examples_answer_what_predict_scores(tmp_path: Path, monkeyp
     ratings = _ml_1m(tmp_path)
     monkeypatch.chdir(tmp_path)
     spec = str(REPO / "specs" / "two_tower_movielens.yaml")
-    assert main(["train", spec, "--data", f"movielens:{ratings}", "--steps", "2", "--data-workers", "0",
-                 "--checkpoint-dir", "ckpt", "-o", "build"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                spec,
+                "--data",
+                f"movielens:{ratings}",
+                "--steps",
+                "2",
+                "--data-workers",
+                "0",
+                "--checkpoint-dir",
+                "ckpt",
+                "-o",
+                "build",
+            ]
+        )
+        == 0
+    )
     assert main(["export", spec, "--checkpoint", "ckpt", "--no-aot", "-o", "out"]) == 0
     (tmp_path / "asked.dat").write_text("1::1193::5::0\n2::661::5::0\n")
     assert main(["predict", "out", "--data", "movielens:asked.dat", "-o", "predicted.csv"]) == 0
@@ -132,8 +161,11 @@ def test_the_serving_examples_answer_what_predict_scores(tmp_path: Path, monkeyp
         done = subprocess.run(["bash", "-c", curled], capture_output=True, text=True, timeout=60)
         answer = json.loads(done.stdout)
         ran = subprocess.run(
-            [sys.executable, "-c", snippet.replace("localhost:8000", here)], capture_output=True, text=True,
-            timeout=120, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+            [sys.executable, "-c", snippet.replace("localhost:8000", here)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         )
     assert (answer["model_name"], answer["model_version"]) == ("two_tower_movielens", "1")
     (like,) = answer["outputs"]
@@ -163,4 +195,6 @@ def test_your_own_data_runs_as_written(tmp_path: Path, monkeypatch: pytest.Monke
     out = capsys.readouterr().out
     assert "  feature user: vocabulary of 40 values (of 40 seen, min_count 1), 1 OOV row" in out
     assert "wrote 160 predictions to scores.csv" in out
-    assert (tmp_path / "served" / "features.json").read_bytes() == (tmp_path / "build" / "movielens_csv.features.json").read_bytes()
+    assert (tmp_path / "served" / "features.json").read_bytes() == (
+        tmp_path / "build" / "movielens_csv.features.json"
+    ).read_bytes()

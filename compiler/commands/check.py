@@ -46,15 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--memory-per-rank", type=memory_size, help="memory of each rank, e.g. 16GiB (default: the device's)"
     )
     parser.add_argument(
-        "--sample", type=_rows, default=1000, metavar="N",
+        "--sample",
+        type=_rows,
+        default=1000,
+        metavar="N",
         help="rows of --data to parse (1000); MovieLens ids are read from every row",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     status = 0
-    options = Options(world_size=args.world_size, ranks_per_host=args.ranks_per_host,
-                      memory_per_rank=args.memory_per_rank)  # fmt: skip
+    options = Options(
+        world_size=args.world_size, ranks_per_host=args.ranks_per_host, memory_per_rank=args.memory_per_rank
+    )
     for spec in args.specs:
         try:
             ir = compile_spec(spec, options).ir  # every pass but code generation
@@ -78,9 +82,11 @@ def _warn_precision(ir: ModelIR) -> None:
     if training.precision == "bf16" and ir.sharding.device == "cpu" and not bf16_supported():
         from runtime.cpu.features import model
 
-        print(f"{training.precision_loc or training.loc}: warning: training precision bf16: this machine's CPU "
-              f"({model()}) has no bf16 arithmetic ({', '.join(BF16_FLAGS)}); training would refuse it here",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{training.precision_loc or training.loc}: warning: training precision bf16: this machine's CPU "
+            f"({model()}) has no bf16 arithmetic ({', '.join(BF16_FLAGS)}); training would refuse it here",
+            file=sys.stderr,
+        )
 
 
 def _check_data(ir: ModelIR, data: str | None, rows: int) -> bool:
@@ -135,7 +141,9 @@ def _check_prepared(inputs: Any, path: str | None) -> bool:
         print(f"error: {error}", file=sys.stderr)
         return False
     manifest = prepared.manifest
-    print(f"{path}: {manifest.rows:,} prepared rows in {len(manifest.files)} files fit the spec; every file matches its sha256")
+    print(
+        f"{path}: {manifest.rows:,} prepared rows in {len(manifest.files)} files fit the spec; every file matches its sha256"
+    )
     return True
 
 

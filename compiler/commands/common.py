@@ -17,10 +17,14 @@ from runtime.storage.output import OutputError
 
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", help="the model spec (YAML)")
-    parser.add_argument("--world-size", type=whole_number_in(1, MAX_WORLD_SIZE),
-                        help=f"ranks to plan for, at most {MAX_WORLD_SIZE:,} (default: the spec's)")
-    parser.add_argument("--ranks-per-host", type=whole_number_in(1, MAX_WORLD_SIZE),
-                        help="ranks on each host (default: all on one)")
+    parser.add_argument(
+        "--world-size",
+        type=whole_number_in(1, MAX_WORLD_SIZE),
+        help=f"ranks to plan for, at most {MAX_WORLD_SIZE:,} (default: the spec's)",
+    )
+    parser.add_argument(
+        "--ranks-per-host", type=whole_number_in(1, MAX_WORLD_SIZE), help="ranks on each host (default: all on one)"
+    )
     parser.add_argument(
         "--memory-per-rank", type=memory_size, help="memory of each rank, e.g. 16GiB (default: the device's)"
     )

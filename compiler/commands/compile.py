@@ -43,8 +43,7 @@ def summary(lowered: LoweredModel, written: list[str]) -> str:
     dense_params = sum(_block_params(lowered, d.target) for d in lowered.modules if d.target != "sparse_arch")
     lines = [
         f"{ir.name}: {len(ir.dense)} dense and {len(ir.sparse)} sparse features, "
-        f"{len(ir.tables)} tables, {len(ir.blocks)} blocks, {len(ir.heads)} head"
-        + ("s" if len(ir.heads) != 1 else ""),
+        f"{len(ir.tables)} tables, {len(ir.blocks)} blocks, {len(ir.heads)} head" + ("s" if len(ir.heads) != 1 else ""),
         f"parameters: {embedding_params:,} in embeddings, {dense_params:,} dense",
         f"plan: world size {plan.world_size} on {plan.device}; "
         + ", ".join(f"{n} {t}" for t, n in _count_types(plan).items()),

@@ -41,48 +41,85 @@ from runtime.train.limits import MAX_PROCESSES, range_problem
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    prepare = actions.add_parser("prepare", help="parse training data once into Parquet row groups and a manifest",
-                                 description="Parse training data once into Parquet row groups and a manifest.")
+    prepare = actions.add_parser(
+        "prepare",
+        help="parse training data once into Parquet row groups and a manifest",
+        description="Parse training data once into Parquet row groups and a manifest.",
+    )
     prepare.add_argument("spec", help="the model spec (YAML)")
-    prepare.add_argument("--data", required=True, metavar="READER:PATH",
-                         help=f"the raw data: {data_forms(FILE_READERS)}")
+    prepare.add_argument(
+        "--data", required=True, metavar="READER:PATH", help=f"the raw data: {data_forms(FILE_READERS)}"
+    )
     prepare.add_argument("-o", "--outdir", type=Path, required=True, help="the prepared directory to write")
-    prepare.add_argument("--row-group-rows", type=positive_int, default=512,
-                         help="rows per row group (512): a rank reads rows / N when this divides "
-                              "its share of a batch (batch size / ranks)")
-    prepare.add_argument("--part-row-groups", type=positive_int, default=256,
-                         help="row groups per Parquet file (256); a stopped prepare resumes after the last whole file")
-    prepare.add_argument("--bad-rows", choices=("skip", "fail"), default="skip",
-                         help="drop bad rows and report them (skip, default) or stop at the first (fail)")
-    prepare.add_argument("--workers", type=int, default=None,
-                         help="processes parsing: with several input files, one per file, at most this many at "
-                              "once; with one, workers sharing its lines; 0: none, line by line in this process. "
-                              "Default: one per file when there are several files and 3 or more usable cores "
-                              "(as many as files and cores but one: the prepare's own process stitches the "
-                              "files' rows into parts), else line by line; the prepare prints which and why")
-    prepare.add_argument("--rating-threshold", type=float, default=4.0,
-                         help="MovieLens: rating >= T is a positive (4)")  # fmt: skip
-    prepare.add_argument("--training", metavar="READER:PATH",
-                         help="MovieLens evaluation data: map ids with the vocabulary of these training ratings and "
-                              "start histories in them, as --eval-data movielens: does; train --eval-data prepared: "
-                              "refuses evaluation data prepared without the training vocabulary. csv or parquet "
-                              "evaluation data: apply the features learned from these training files")  # fmt: skip
-    split = actions.add_parser("split", help="data split by time into train/ and test/ (the latest rows held out)",
-                               description="Rows split by time: the latest --holdout of each --key's rows (or of "
-                                           "all rows) go to DIR/test, the rest to DIR/train, in the input's format. "
-                                           "MovieLens: the positives (rating >= threshold) of each user by timestamp. "
-                                           "CSV and Parquet: ordered by --time. Criteo: the latest lines (its "
-                                           "files are in time order).")
-    split.add_argument("--data", required=True, metavar="READER:PATH",
-                       help="movielens:PATH, csv:PATH, parquet:PATH or criteo:PATH (a file or a directory of them)")
+    prepare.add_argument(
+        "--row-group-rows",
+        type=positive_int,
+        default=512,
+        help="rows per row group (512): a rank reads rows / N when this divides "
+        "its share of a batch (batch size / ranks)",
+    )
+    prepare.add_argument(
+        "--part-row-groups",
+        type=positive_int,
+        default=256,
+        help="row groups per Parquet file (256); a stopped prepare resumes after the last whole file",
+    )
+    prepare.add_argument(
+        "--bad-rows",
+        choices=("skip", "fail"),
+        default="skip",
+        help="drop bad rows and report them (skip, default) or stop at the first (fail)",
+    )
+    prepare.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="processes parsing: with several input files, one per file, at most this many at "
+        "once; with one, workers sharing its lines; 0: none, line by line in this process. "
+        "Default: one per file when there are several files and 3 or more usable cores "
+        "(as many as files and cores but one: the prepare's own process stitches the "
+        "files' rows into parts), else line by line; the prepare prints which and why",
+    )
+    prepare.add_argument("--rating-threshold", type=float, default=4.0, help="MovieLens: rating >= T is a positive (4)")
+    prepare.add_argument(
+        "--training",
+        metavar="READER:PATH",
+        help="MovieLens evaluation data: map ids with the vocabulary of these training ratings and "
+        "start histories in them, as --eval-data movielens: does; train --eval-data prepared: "
+        "refuses evaluation data prepared without the training vocabulary. csv or parquet "
+        "evaluation data: apply the features learned from these training files",
+    )
+    split = actions.add_parser(
+        "split",
+        help="data split by time into train/ and test/ (the latest rows held out)",
+        description="Rows split by time: the latest --holdout of each --key's rows (or of "
+        "all rows) go to DIR/test, the rest to DIR/train, in the input's format. "
+        "MovieLens: the positives (rating >= threshold) of each user by timestamp. "
+        "CSV and Parquet: ordered by --time. Criteo: the latest lines (its "
+        "files are in time order).",
+    )
+    split.add_argument(
+        "--data",
+        required=True,
+        metavar="READER:PATH",
+        help="movielens:PATH, csv:PATH, parquet:PATH or criteo:PATH (a file or a directory of them)",
+    )
     split.add_argument("-o", "--outdir", type=Path, required=True, help="the directory to write train/ and test/ in")
-    split.add_argument("--holdout", type=float, default=0.2,
-                       help="the share of each key's latest rows held out (0.2; at most all but one)")
+    split.add_argument(
+        "--holdout",
+        type=float,
+        default=0.2,
+        help="the share of each key's latest rows held out (0.2; at most all but one)",
+    )
     split.add_argument("--time", metavar="COLUMN", help="csv, parquet: the column the rows are ordered by (numbers)")
-    split.add_argument("--key", metavar="COLUMN",
-                       help="csv, parquet: hold out the latest rows of each value of this column (e.g. the user), "
-                            "not the latest rows of the whole table")
+    split.add_argument(
+        "--key",
+        metavar="COLUMN",
+        help="csv, parquet: hold out the latest rows of each value of this column (e.g. the user), "
+        "not the latest rows of the whole table",
+    )
     split.add_argument("--rating-threshold", type=float, default=4.0, help="movielens: rating >= T is a positive (4)")
+
 
 def run(args: argparse.Namespace) -> int:
     if args.action == "split":
@@ -116,14 +153,19 @@ def run(args: argparse.Namespace) -> int:
 
         training = None if args.training is None else choose_data(args.training, inputs)
         if training is not None and (training.reader != choice.reader or choice.reader == "criteo"):
-            print(f"error: --training {args.training}: applies to movielens, csv or parquet data, read as --data is",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"error: --training {args.training}: applies to movielens, csv or parquet data, read as --data is",
+                file=sys.stderr,
+            )
             return 2
         settings = PrepareSettings(
-            row_group_rows=args.row_group_rows, part_row_groups=args.part_row_groups, bad_rows=args.bad_rows,
-            workers=args.workers, rating_threshold=args.rating_threshold,
+            row_group_rows=args.row_group_rows,
+            part_row_groups=args.part_row_groups,
+            bad_rows=args.bad_rows,
+            workers=args.workers,
+            rating_threshold=args.rating_threshold,
             training=None if training is None else training.path,
-        )  # fmt: skip
+        )
         finished = (args.outdir / MANIFEST).is_file()
         started = time.perf_counter()
         manifest = prepare(inputs, choice, args.outdir, settings, report=_say)
@@ -158,8 +200,9 @@ def _split(args: argparse.Namespace) -> int:
 
     reader, colon, path = args.data.partition(":")
     if reader not in SPLIT_READERS or not colon or not path:
-        print(f"error: --data {args.data}: split reads {', '.join(f'{r}:PATH' for r in SPLIT_READERS)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: --data {args.data}: split reads {', '.join(f'{r}:PATH' for r in SPLIT_READERS)}", file=sys.stderr
+        )
         return 2
     if not 0.0 < args.holdout < 1.0:
         print(f"error: --holdout must be between 0 and 1 (exclusive), got {args.holdout:g}", file=sys.stderr)
@@ -188,6 +231,7 @@ def _split(args: argparse.Namespace) -> int:
         return 1
     print(f"split {split.describe()}")
     return 0
+
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr if message.startswith("warning:") else sys.stdout, flush=True)

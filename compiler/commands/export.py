@@ -34,29 +34,56 @@ from runtime.storage.output import OutputError
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("spec", metavar="SPEC", help="the model spec (YAML) the checkpoint was trained from")
-    parser.add_argument("--checkpoint", type=Path, required=True, metavar="DIR",
-                        help="a checkpoint, or a directory of them (the latest is used)")
-    parser.add_argument("--quantize", choices=QUANTIZE_CHOICES, default="none",
-                        help="precision of every table (default none: fp32)")
-    parser.add_argument("--per-table", type=_per_table, default={}, metavar="T=P,...",
-                        help="precision of single tables, e.g. t0=int4,t3=fp32 (wins over --quantize)")
-    parser.add_argument("--dense", choices=DENSE_CHOICES, default="fp32",
-                        help="dtype of the dense blocks (default fp32, exact; bf16 is not exact, and faster only where bf16 GEMMs beat oneDNN fp32 ones)")
-    parser.add_argument("--no-aot", dest="aot", action="store_false",
-                        help="skip the torch.export program (<name>.pt2)")
-    parser.add_argument("--allow-spec-change", action="store_true",
-                        help="export a checkpoint of another version of the spec (shapes still checked)")
-    parser.add_argument("--index", choices=INDEX_KINDS, default="auto",
-                        help="retrieval models: the item index (auto: faiss flat up to 65,536 items, ivf above; "
-                             "exact without faiss)")
-    parser.add_argument("--eval-data", metavar="READER:PATH",
-                        help="retrieval models: held-out requests (e.g. `reccompile data split`'s test part) "
-                             "to measure the index's recall@100 against exact search")
-    parser.add_argument("--history", metavar="movielens:TRAIN",
-                        help="next-item models: the training ratings --eval-data was split from, where each "
-                             "held-out request's history is cut from")
-    parser.add_argument("--rating-threshold", type=float, default=4.0,
-                        help="MovieLens --eval-data: rating >= T is a positive (4)")
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="a checkpoint, or a directory of them (the latest is used)",
+    )
+    parser.add_argument(
+        "--quantize", choices=QUANTIZE_CHOICES, default="none", help="precision of every table (default none: fp32)"
+    )
+    parser.add_argument(
+        "--per-table",
+        type=_per_table,
+        default={},
+        metavar="T=P,...",
+        help="precision of single tables, e.g. t0=int4,t3=fp32 (wins over --quantize)",
+    )
+    parser.add_argument(
+        "--dense",
+        choices=DENSE_CHOICES,
+        default="fp32",
+        help="dtype of the dense blocks (default fp32, exact; bf16 is not exact, and faster only where bf16 GEMMs beat oneDNN fp32 ones)",
+    )
+    parser.add_argument("--no-aot", dest="aot", action="store_false", help="skip the torch.export program (<name>.pt2)")
+    parser.add_argument(
+        "--allow-spec-change",
+        action="store_true",
+        help="export a checkpoint of another version of the spec (shapes still checked)",
+    )
+    parser.add_argument(
+        "--index",
+        choices=INDEX_KINDS,
+        default="auto",
+        help="retrieval models: the item index (auto: faiss flat up to 65,536 items, ivf above; exact without faiss)",
+    )
+    parser.add_argument(
+        "--eval-data",
+        metavar="READER:PATH",
+        help="retrieval models: held-out requests (e.g. `reccompile data split`'s test part) "
+        "to measure the index's recall@100 against exact search",
+    )
+    parser.add_argument(
+        "--history",
+        metavar="movielens:TRAIN",
+        help="next-item models: the training ratings --eval-data was split from, where each "
+        "held-out request's history is cut from",
+    )
+    parser.add_argument(
+        "--rating-threshold", type=float, default=4.0, help="MovieLens --eval-data: rating >= T is a positive (4)"
+    )
     parser.add_argument("-o", "--outdir", type=Path, required=True, metavar="OUT", help="the export directory")
 
 
@@ -104,9 +131,7 @@ def summary(manifest: dict, outdir: Path) -> str:
             f"{table['name']:<16} {table['rows']:>10,} {table['dim']:>5} {table['precision']:>9} "
             f"{table['bytes']:>15,} {table['fp32_bytes'] / table['bytes']:>7.2f}x"
         )
-    lines.append(
-        f"{'all tables':<44} {manifest['tables_bytes']:>15,} {manifest['tables_compression'] or 0:>7.2f}x"
-    )
+    lines.append(f"{'all tables':<44} {manifest['tables_bytes']:>15,} {manifest['tables_compression'] or 0:>7.2f}x")
     files = [manifest["module"], manifest["layout"], manifest["dense"]]
     files += [manifest["aot"]] if manifest["aot"] else []
     if manifest["aot"] is None and any(table["lookup"] == "rows" for table in manifest["tables"]):

@@ -19,9 +19,7 @@ from compiler.golden import GoldenMismatch, check_graph, current_graph
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_spec_arguments(parser)
-    parser.add_argument(
-        "--stages", action="store_true", help="show the two pipeline stages the graph is cut into"
-    )
+    parser.add_argument("--stages", action="store_true", help="show the two pipeline stages the graph is cut into")
     parser.add_argument("--golden", metavar="FILE", help="compare with FILE: exit 1 with a diff when it differs")
     parser.add_argument("--update", action="store_true", help="with --golden: rewrite FILE with the current text")
 

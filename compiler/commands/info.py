@@ -51,7 +51,9 @@ def report() -> list[str]:
         for kernel, name in sorted(forced.items()):
             missing = choice.unavailable(name)
             if missing is not None:
-                lines.append(f"  {kernel}={name} is unavailable here ({missing}): {kernel} runs {choice.KERNELS[kernel][0]}")
+                lines.append(
+                    f"  {kernel}={name} is unavailable here ({missing}): {kernel} runs {choice.KERNELS[kernel][0]}"
+                )
     return lines
 
 

@@ -30,9 +30,7 @@ def run(args: argparse.Namespace) -> int:
     def action() -> int:
         options = options_from_args(args)
         ir = apply_options(validate(load(args.spec), options.world_size), options)
-        topology = topology_from_ir(
-            ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank
-        )
+        topology = topology_from_ir(ir, ranks_per_host=options.ranks_per_host, memory_per_rank=options.memory_per_rank)
         if options.plan_file is not None:
             result = read_plan(options.plan_file, ir, topology)
         else:

@@ -31,20 +31,31 @@ from runtime.serving.predict import predict_file
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="an export directory (reccompile export)")
-    parser.add_argument("--data", default="synthetic",
-                        help=f"the samples: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
-    parser.add_argument("--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512,
-                        help="samples per forward (default 512)")
+    parser.add_argument(
+        "--data",
+        default="synthetic",
+        help=f"the samples: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)",
+    )
+    parser.add_argument(
+        "--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512, help="samples per forward (default 512)"
+    )
     parser.add_argument("--rows", type=positive_int, default=4096, help="synthetic samples (default 4096)")
-    parser.add_argument("--seed", type=whole_number_in(0, MAX_SEED),
-                        help="synthetic data seed (default: the spec's training.seed)")
-    parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
-                        help="stop at the first bad row (default) or count, report and skip them")
+    parser.add_argument(
+        "--seed", type=whole_number_in(0, MAX_SEED), help="synthetic data seed (default: the spec's training.seed)"
+    )
+    parser.add_argument(
+        "--bad-rows",
+        choices=("fail", "skip"),
+        default="fail",
+        help="stop at the first bad row (default) or count, report and skip them",
+    )
     parser.add_argument("--rating-threshold", type=float, help="MovieLens positives: rating >= T (default 4)")
-    parser.add_argument("--threads", type=whole_number_in(1, MAX_THREADS),
-                        help="torch intra-op threads (default: the free cores)")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="check file sizes only, not their sha256")
+    parser.add_argument(
+        "--threads", type=whole_number_in(1, MAX_THREADS), help="torch intra-op threads (default: the free cores)"
+    )
+    parser.add_argument(
+        "--no-verify", dest="verify", action="store_false", help="check file sizes only, not their sha256"
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
 
 
@@ -63,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     retain_freed_memory()
     try:
         if "retrieval" in read_export_manifest(args.export):
-            print(f"error: {args.export}: a retrieval model scores no samples; use reccompile retrieve", file=sys.stderr)
+            print(
+                f"error: {args.export}: a retrieval model scores no samples; use reccompile retrieve", file=sys.stderr
+            )
             return 1
         module, model = load(args.export, verify=args.verify)
         vocabulary = data_file(args.export, "vocabulary", verify=args.verify)

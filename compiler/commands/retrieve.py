@@ -35,24 +35,42 @@ from runtime.train.limits import MAX_BATCH_SIZE, MAX_SEED, MAX_THREADS
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("export", metavar="OUT", type=Path, help="the export directory of a retrieval model")
-    parser.add_argument("--data", default="synthetic",
-                        help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)")
-    parser.add_argument("--history", metavar="movielens:TRAIN",
-                        help="next-item models: the training ratings the requests were split from, where each "
-                             "request's history (the user's earlier positives) is cut from")
-    parser.add_argument("--k", type=positive_int, default=10,
-                        help="items per request (default 10; more than the index holds: all of them, with a note)")
-    parser.add_argument("--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512,
-                        help="requests per batch (default 512)")
+    parser.add_argument(
+        "--data",
+        default="synthetic",
+        help=f"the requests: {data_forms(('synthetic', *FILE_READERS), bare='PATH')} (default synthetic)",
+    )
+    parser.add_argument(
+        "--history",
+        metavar="movielens:TRAIN",
+        help="next-item models: the training ratings the requests were split from, where each "
+        "request's history (the user's earlier positives) is cut from",
+    )
+    parser.add_argument(
+        "--k",
+        type=positive_int,
+        default=10,
+        help="items per request (default 10; more than the index holds: all of them, with a note)",
+    )
+    parser.add_argument(
+        "--batch-size", type=whole_number_in(1, MAX_BATCH_SIZE), default=512, help="requests per batch (default 512)"
+    )
     parser.add_argument("--rows", type=positive_int, default=16, help="synthetic requests (default 16)")
-    parser.add_argument("--seed", type=whole_number_in(0, MAX_SEED),
-                        help="synthetic data seed (default: the spec's training.seed)")
-    parser.add_argument("--bad-rows", choices=("fail", "skip"), default="fail",
-                        help="stop at the first bad line (default) or count, report and skip them")
-    parser.add_argument("--threads", type=whole_number_in(1, MAX_THREADS),
-                        help="torch intra-op threads (default: the free cores)")
-    parser.add_argument("--no-verify", dest="verify", action="store_false",
-                        help="check file sizes only, not their sha256")
+    parser.add_argument(
+        "--seed", type=whole_number_in(0, MAX_SEED), help="synthetic data seed (default: the spec's training.seed)"
+    )
+    parser.add_argument(
+        "--bad-rows",
+        choices=("fail", "skip"),
+        default="fail",
+        help="stop at the first bad line (default) or count, report and skip them",
+    )
+    parser.add_argument(
+        "--threads", type=whole_number_in(1, MAX_THREADS), help="torch intra-op threads (default: the free cores)"
+    )
+    parser.add_argument(
+        "--no-verify", dest="verify", action="store_false", help="check file sizes only, not their sha256"
+    )
     parser.add_argument("-o", "--output", type=Path, required=True, help="the CSV file to write")
 
 
@@ -78,26 +96,36 @@ def run(args: argparse.Namespace) -> int:
     try:
         section = read_export_manifest(args.export).get("retrieval")
         if section is None:
-            print(f"error: {args.export}: not a retrieval model (no sampled_softmax head, no index); "
-                  "score it with reccompile predict", file=sys.stderr)  # fmt: skip
+            print(
+                f"error: {args.export}: not a retrieval model (no sampled_softmax head, no index); "
+                "score it with reccompile predict",
+                file=sys.stderr,
+            )
             return 1
         module, model = load(args.export, verify=args.verify)
         index = load_index(args.export / section["index"]["directory"], verify=args.verify)
         k = min(args.k, len(index.ids))
         if k < args.k:
-            print(f"note: --k {args.k:,} is more than the {k:,} items of the index: retrieving all {k:,}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"note: --k {args.k:,} is more than the {k:,} items of the index: retrieving all {k:,}", file=sys.stderr
+            )
         with frozen_objects():  # the loaded model and index are no garbage: full collections skip them
             report = retrieve_file(
-                model, module, index, args.output,
-                data=args.data, k=k, batch_size=args.batch_size, rows=args.rows,
+                model,
+                module,
+                index,
+                args.output,
+                data=args.data,
+                k=k,
+                batch_size=args.batch_size,
+                rows=args.rows,
                 seed=module.INPUTS.training.seed if args.seed is None else args.seed,
                 bad_rows_policy=args.bad_rows,
                 vocabulary=data_file(args.export, "vocabulary", verify=args.verify),
                 features=data_file(args.export, "features", verify=args.verify),
                 warn=lambda message: print(f"warning: {message}", file=sys.stderr),
                 history=args.history,
-            )  # fmt: skip
+            )
     except (ExportError, IndexFileError, DataError, OutputError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -105,8 +133,11 @@ def run(args: argparse.Namespace) -> int:
         print(report.bad_rows_summary, file=sys.stderr)
     if report.no_history:
         source = "--history and the requests file" if args.history else "the requests file (no --history)"
-        print(f"warning: {report.no_history:,} of {report.requests:,} requests have no history in {source}: "
-              "no items written for them", file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: {report.no_history:,} of {report.requests:,} requests have no history in {source}: "
+            "no items written for them",
+            file=sys.stderr,
+        )
     print(
         f"wrote the top {k} of {section['items']:,} items ({section['index']['kind']} index) for "
         f"{report.requests:,} requests to {args.output} in {report.seconds:.2f} s: "

@@ -150,8 +150,9 @@ def run(args: argparse.Namespace) -> int:
     ]
     if args.pipeline is not None:
         retrieval, ranking = args.pipeline
-        load_both = partial(load_pipeline, retrieval, ranking, k=args.k, n=args.n, verify=args.verify,
-                            reader=args.reader)  # fmt: skip
+        load_both = partial(
+            load_pipeline, retrieval, ranking, k=args.k, n=args.n, verify=args.verify, reader=args.reader
+        )
         loaders.append((load_both, (retrieval, ranking)))
     slots: dict[str, Slot] = {}
     try:
@@ -159,8 +160,10 @@ def run(args: argparse.Namespace) -> int:
             for load, directories in loaders:
                 slot = Slot(load, options, metrics, directories)
                 if slot.model.name in slots:
-                    print(f"error: two exports are both model {slot.model.name!r}: serve them from two servers",
-                          file=sys.stderr)  # fmt: skip
+                    print(
+                        f"error: two exports are both model {slot.model.name!r}: serve them from two servers",
+                        file=sys.stderr,
+                    )
                     return 1
                 slots[slot.model.name] = slot
     except (ExportError, IndexFileError, DataError) as error:
@@ -173,19 +176,35 @@ def run(args: argparse.Namespace) -> int:
     def announce(url: str, grpc_address: str | None) -> None:
         if grpc_address is not None:
             print(f"gRPC on {grpc_address}", flush=True)
-        print(f"listening on {url} (batches of up to {args.max_batch} rows, {args.max_wait_ms:g} ms wait; "
-              f"{threads.describe()})", flush=True)  # fmt: skip
+        print(
+            f"listening on {url} (batches of up to {args.max_batch} rows, {args.max_wait_ms:g} ms wait; "
+            f"{threads.describe()})",
+            flush=True,
+        )
 
     def reloaded(name: str, error: BaseException | None) -> None:
         if error is None:
             print(f"reloaded {name!r}", flush=True)
         else:
-            print(f"error: reload of {name!r} failed: {error}; the previous export keeps serving",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"error: reload of {name!r} failed: {error}; the previous export keeps serving",
+                file=sys.stderr,
+                flush=True,
+            )
 
     app = make_app(slots, metrics, args.max_body)
-    run_server(app, slots, host=args.host, port=args.port, drain_seconds=args.drain_seconds,
-               announce=announce, on_reload=reloaded, watch_every=args.watch_every if args.watch else None,
-               grpc_port=args.grpc_port, metrics=metrics, max_body=args.max_body)  # fmt: skip
+    run_server(
+        app,
+        slots,
+        host=args.host,
+        port=args.port,
+        drain_seconds=args.drain_seconds,
+        announce=announce,
+        on_reload=reloaded,
+        watch_every=args.watch_every if args.watch else None,
+        grpc_port=args.grpc_port,
+        metrics=metrics,
+        max_body=args.max_body,
+    )
     print("stopped: every request answered", flush=True)
     return 0

@@ -163,4 +163,3 @@ def _torchrun_command(args: argparse.Namespace, options: TrainOptions, logs: Pat
 
 def _dest(option: str) -> str:
     return "torchrun_" + option.lstrip("-").replace("-", "_")
-

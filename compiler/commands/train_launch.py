@@ -1,20 +1,20 @@
 """Running torchrun for `reccompile train`, so that the job always ends with a message.
 
-    a rank's error      every failing rank prints `error: rank R: MESSAGE`; each distinct
-                        message is shown once when the job ends, torchrun's failure report
-                        not at all
-    a rank's death      a rank killed by a signal (torchrun's "exitcode: -9") becomes one
-                        line naming the rank, the signal and the checkpoint to resume from
-    a peer's death      on the other nodes, gloo's "Connection reset by peer" in a rank's
-                        error becomes one line saying a rank elsewhere stopped, with the
-                        checkpoint to resume from
-    Ctrl-C              torchrun (in its own session, so a terminal's Ctrl-C reaches only
-                        this process) gets SIGTERM and stops the ranks; exit status 130
-    SIGTERM             (a scheduler's stop) as Ctrl-C, said so; exit status 143
-    this process dies   torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG), even
-                        after a SIGKILL, and stops the ranks (which die with it in turn)
-    torchrun dies       its ranks die with it (and their DataLoader workers with them); one
-                        line names the signal and the checkpoint to resume from
+a rank's error      every failing rank prints `error: rank R: MESSAGE`; each distinct
+                    message is shown once when the job ends, torchrun's failure report
+                    not at all
+a rank's death      a rank killed by a signal (torchrun's "exitcode: -9") becomes one
+                    line naming the rank, the signal and the checkpoint to resume from
+a peer's death      on the other nodes, gloo's "Connection reset by peer" in a rank's
+                    error becomes one line saying a rank elsewhere stopped, with the
+                    checkpoint to resume from
+Ctrl-C              torchrun (in its own session, so a terminal's Ctrl-C reaches only
+                    this process) gets SIGTERM and stops the ranks; exit status 130
+SIGTERM             (a scheduler's stop) as Ctrl-C, said so; exit status 143
+this process dies   torchrun gets SIGTERM from the kernel (PR_SET_PDEATHSIG), even
+                    after a SIGKILL, and stops the ranks (which die with it in turn)
+torchrun dies       its ranks die with it (and their DataLoader workers with them); one
+                    line names the signal and the checkpoint to resume from
 """
 
 from __future__ import annotations
@@ -48,9 +48,13 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
     # by --max-restarts may connect to their dead predecessors (pytorch/pytorch#135712).
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     process = subprocess.Popen(
-        command, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+        command,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
         preexec_fn=lambda: set_parent_death_signal(signal.SIGTERM),
-    )  # fmt: skip
+    )
     assert process.stderr is not None
     try:
         report = _pass_through(process.stderr)
@@ -65,13 +69,16 @@ def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads
         print(interrupted_message(checkpoint_dir, stop), file=sys.stderr)
         return interrupted_status(stop)
     if status < 0:  # torchrun itself killed: its ranks died with it (PR_SET_PDEATHSIG), whatever they printed
-        print(f"error: torchrun was killed by {_signal_name(-status)}, and the ranks with it; {_where(checkpoint_dir)}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: torchrun was killed by {_signal_name(-status)}, and the ranks with it; {_where(checkpoint_dir)}",
+            file=sys.stderr,
+        )
         return 1
     if status == 0:  # torchrun restarted the ranks (--max-restarts) after any failure, and they finished
         if report.failures or report.errors:
-            print(f"note: torchrun restarted the ranks {_restarts(report)}; the restarted ranks finished",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"note: torchrun restarted the ranks {_restarts(report)}; the restarted ranks finished", file=sys.stderr
+            )
     elif report.killed is not None:  # the other ranks' errors follow from it
         rank, number = report.killed
         print(f"error: rank {rank} was killed by {_signal_name(number)}; {_where(checkpoint_dir)}", file=sys.stderr)

@@ -124,11 +124,17 @@ class _GraphBuilder:
         self.sparse = sparse
         for feature in ir.dense:
             self.values[f"dense.{feature.name}"] = self.node(
-                "call_function", operator.getitem, (dense, feature.name),
-                name=f"dense_{feature.name}", loc=feature.loc, stage="input",
+                "call_function",
+                operator.getitem,
+                (dense, feature.name),
+                name=f"dense_{feature.name}",
+                loc=feature.loc,
+                stage="input",
             )
             if feature.is_stack:
-                self.modules.append(ModuleDecl(_embedding_target(feature), numeric_embedding_call(feature), feature.loc))
+                self.modules.append(
+                    ModuleDecl(_embedding_target(feature), numeric_embedding_call(feature), feature.loc)
+                )
                 self.unembedded[f"dense.{feature.name}"] = feature
         self.build_sparse(sparse)
         for block in ir.blocks:
@@ -153,16 +159,28 @@ class _GraphBuilder:
         """The group's three stages; its output is waited for where it is first used."""
         loc = self.ir.table(_table_of(self.ir, keys[0])).loc
         ids = self.node(
-            "call_module", f"sparse_arch.{group}.input_dist", (sparse,),
-            name=f"{group}_ids", loc=loc, stage="input_dist",
+            "call_module",
+            f"sparse_arch.{group}.input_dist",
+            (sparse,),
+            name=f"{group}_ids",
+            loc=loc,
+            stage="input_dist",
         )
         result = self.node(
-            "call_module", f"sparse_arch.{group}.lookup", (ids,),
-            name=f"{group}_{looked_up}", loc=loc, stage="lookup",
+            "call_module",
+            f"sparse_arch.{group}.lookup",
+            (ids,),
+            name=f"{group}_{looked_up}",
+            loc=loc,
+            stage="lookup",
         )
         self.group_pending[group] = self.node(
-            "call_module", f"sparse_arch.{group}.output_dist", (result,),
-            name=f"{group}_embeddings_pending", loc=loc, stage="output_dist",
+            "call_module",
+            f"sparse_arch.{group}.output_dist",
+            (result,),
+            name=f"{group}_embeddings_pending",
+            loc=loc,
+            stage="output_dist",
         )
 
     def embeddings(self, group: str, loc: Location) -> fx.Node:
@@ -173,8 +191,12 @@ class _GraphBuilder:
         """
         if group not in self.group_ready:
             self.group_ready[group] = self.node(
-                "call_method", "wait", (self.group_pending[group],),
-                name=f"{group}_embeddings", loc=loc, stage="output_dist",
+                "call_method",
+                "wait",
+                (self.group_pending[group],),
+                name=f"{group}_embeddings",
+                loc=loc,
+                stage="output_dist",
             )
         return self.group_ready[group]
 
@@ -186,24 +208,28 @@ class _GraphBuilder:
         keys = self.group_keys[group]
         if len(features) == 1:
             return self.node(
-                "call_function", operator.getitem, (embeddings, features[0]),
-                name=f"sparse_{features[0]}", loc=loc, stage="dense",
+                "call_function",
+                operator.getitem,
+                (embeddings, features[0]),
+                name=f"sparse_{features[0]}",
+                loc=loc,
+                stage="dense",
             )
         if len(features) == len(keys) and keyed:
             return embeddings
         if len(features) == len(keys):
-            return self.node(
-                "call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense"
-            )
+            return self.node("call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense")
         widths = [self.ir.table(_table_of(self.ir, key)).dim for key in keys]
         start = sum(widths[:first])
         stop = start + sum(widths[first : first + len(features)])
-        values = self.node(
-            "call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense"
-        )
+        values = self.node("call_method", "values", (embeddings,), name=f"{group}_values", loc=loc, stage="dense")
         return self.node(
-            "call_function", operator.getitem, (values, (slice(None), slice(start, stop))),
-            name=name, loc=loc, stage="dense",
+            "call_function",
+            operator.getitem,
+            (values, (slice(None), slice(start, stop))),
+            name=name,
+            loc=loc,
+            stage="dense",
         )
 
     # -- blocks ------------------------------------------------------------
@@ -256,15 +282,25 @@ class _GraphBuilder:
         for node, items in self.input_runs(block.name, block.inputs, block.loc):
             if not items[0].is_stack:
                 node = self.node(
-                    "call_method", "unflatten", (node, 1, (len(items), block.width)),
-                    name=f"{block.name}_fields", loc=block.loc, stage="dense",
+                    "call_method",
+                    "unflatten",
+                    (node, 1, (len(items), block.width)),
+                    name=f"{block.name}_fields",
+                    loc=block.loc,
+                    stage="dense",
                 )
             parts.append(node)
         if len(parts) == 1:
             return parts[0]
         return self.node(
-            "call_function", torch.cat, (parts,), {"dim": 1},
-            name=block.name, loc=block.loc, stage="dense", path=f"model.{block.name}",
+            "call_function",
+            torch.cat,
+            (parts,),
+            {"dim": 1},
+            name=block.name,
+            loc=block.loc,
+            stage="dense",
+            path=f"model.{block.name}",
         )
 
     def value(self, item: Input, loc: Location) -> fx.Node:
@@ -280,16 +316,19 @@ class _GraphBuilder:
         """The feature's field stack, made where it is first read: after the sparse stages have started."""
         ref, target = f"dense.{feature.name}", _embedding_target(feature)
         self.values[ref] = self.node(
-            "call_module", target, (self.values[ref],),
-            name=target, loc=feature.loc, stage="dense", path=f"features.dense.{feature.name}",
+            "call_module",
+            target,
+            (self.values[ref],),
+            name=target,
+            loc=feature.loc,
+            stage="dense",
+            path=f"features.dense.{feature.name}",
         )
 
     def concat(self, name: str, nodes: list[fx.Node], loc: Location) -> fx.Node:
         if len(nodes) == 1:
             return nodes[0]
-        return self.node(
-            "call_function", torch.cat, (nodes,), {"dim": 1}, name=name, loc=loc, stage="dense"
-        )
+        return self.node("call_function", torch.cat, (nodes,), {"dim": 1}, name=name, loc=loc, stage="dense")
 
     def build_block(self, block: Block) -> None:
         op, loc, name = block.op, block.loc, block.name
@@ -320,13 +359,20 @@ class _GraphBuilder:
         # The dot interaction takes a whole group's KeyedTensor: where the pooled all-to-all's
         # received pieces are whole vectors, it reads them where they lie (runtime/modules/blocks/pooled.py).
         nodes = (
-            self.vector_nodes(block, keyed=isinstance(op, Dot)) if dot_or_fm
+            self.vector_nodes(block, keyed=isinstance(op, Dot))
+            if dot_or_fm
             else self.input_nodes(name, block.inputs, loc)
         )
         if isinstance(op, Concat):
             self.values[name] = self.node(
-                "call_function", torch.cat, (nodes,), {"dim": 1},
-                name=name, loc=loc, stage="dense", path=path,
+                "call_function",
+                torch.cat,
+                (nodes,),
+                {"dim": 1},
+                name=name,
+                loc=loc,
+                stage="dense",
+                path=path,
             )
             return
         if isinstance(op, Dot):
@@ -337,14 +383,16 @@ class _GraphBuilder:
             return
         x = self.concat(f"{name}_input", nodes, loc)
         self.declare(block, block_call(block, in_width))
-        result = self.node(
-            "call_module", name, (x,), name=name, loc=loc, stage="dense", path=path
-        )
+        result = self.node("call_module", name, (x,), name=name, loc=loc, stage="dense", path=path)
         if isinstance(op, Moe):
             for index, task in enumerate(op.tasks):
                 self.values[f"{name}.{task}"] = self.node(
-                    "call_function", operator.getitem, (result, index),
-                    name=f"{name}_{task}", loc=loc, stage="dense",
+                    "call_function",
+                    operator.getitem,
+                    (result, index),
+                    name=f"{name}_{task}",
+                    loc=loc,
+                    stage="dense",
                 )
         else:
             self.values[name] = result
@@ -359,8 +407,13 @@ class _GraphBuilder:
         if head.loss == "softmax":
             return x
         return self.node(
-            "call_method", "squeeze", (x, -1),
-            name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
+            "call_method",
+            "squeeze",
+            (x, -1),
+            name=f"{head.name}_output",
+            loc=head.loc,
+            stage="head",
+            path=f"heads[{index}]",
         )
 
     def build_retrieval_head(self, index: int, head: Head, query: fx.Node) -> fx.Node:
@@ -370,20 +423,33 @@ class _GraphBuilder:
         item = self.value(retrieval.item, head.loc)
         batch = self.sequences.cut if retrieval.next_item else self.sparse
         ids = self.node(
-            "call_function", operator.getitem, (batch, retrieval.item_feature),
-            name=f"{head.name}_item_ids", loc=head.loc, stage="input",
+            "call_function",
+            operator.getitem,
+            (batch, retrieval.item_feature),
+            name=f"{head.name}_item_ids",
+            loc=head.loc,
+            stage="input",
         )
         attributes = tuple(
             self.node(
-                "call_function", operator.getitem, (batch, name),
-                name=f"{head.name}_attribute_{name}", loc=head.loc, stage="input",
+                "call_function",
+                operator.getitem,
+                (batch, name),
+                name=f"{head.name}_attribute_{name}",
+                loc=head.loc,
+                stage="input",
             )
             for name in retrieval.attributes
-        )  # fmt: skip
+        )
         output = next_item_output if retrieval.next_item else two_tower_output
         return self.node(
-            "call_function", output, (query, item, ids, *attributes),
-            name=f"{head.name}_output", loc=head.loc, stage="head", path=f"heads[{index}]",
+            "call_function",
+            output,
+            (query, item, ids, *attributes),
+            name=f"{head.name}_output",
+            loc=head.loc,
+            stage="head",
+            path=f"heads[{index}]",
         )
 
 

@@ -122,8 +122,11 @@ def _normalized(graph: fx.Graph, head: Head, vectors: fx.Node) -> fx.Node:
 
 def _item_groups(ir: ModelIR, plan: ShardingPlan, features: tuple[str, ...]) -> list[tuple[str, list[str]]]:
     """The sharding groups (name, keys) that look one of `features` up."""
-    groups = [(group, keys) for group, keys in [*sparse_groups(ir, plan), *sequence_groups(ir, plan)]
-              if any(feature in keys for feature in features)]  # fmt: skip
+    groups = [
+        (group, keys)
+        for group, keys in [*sparse_groups(ir, plan), *sequence_groups(ir, plan)]
+        if any(feature in keys for feature in features)
+    ]
     if not groups:
         raise KeyError(features[0])
     return groups

@@ -136,7 +136,11 @@ class SequenceLowering:
             lengths = self.node("call_method", "lengths", (rows,), f"{name}_lengths", loc, stage="dense")
             flat = self.node("call_method", "values", (rows,), f"{name}_values", loc, stage="dense")
             values[ref] = self.node(
-                "call_function", to_padded, (flat, lengths, feature.max_length), f"sequence_{name}", loc,
+                "call_function",
+                to_padded,
+                (flat, lengths, feature.max_length),
+                f"sequence_{name}",
+                loc,
                 stage="dense",
             )
             self.lengths[ref] = lengths
@@ -176,8 +180,12 @@ class SequenceLowering:
                 )
                 fields = [self.sequence(item, loc) for item in block.inputs]
                 x = self.node(
-                    "call_function", join_fields, ([f[0] for f in fields], [f[1] for f in fields]),
-                    f"{name}_fields", loc, stage="dense",
+                    "call_function",
+                    join_fields,
+                    ([f[0] for f in fields], [f[1] for f in fields]),
+                    f"{name}_fields",
+                    loc,
+                    stage="dense",
                 )
             values[name] = self.node("call_module", name, (query, x, lengths), name, loc, stage="dense", path=path)
         elif isinstance(op, Transformer):
@@ -204,8 +212,13 @@ class SequenceLowering:
             for layer in range(op.num_layers):
                 last = layer == op.num_layers - 1
                 x = self.node(
-                    "call_module", f"{name}.{layer}", (x, lengths, times), name if last else f"{name}_{layer}", loc,
-                    stage="dense", path=path,
+                    "call_module",
+                    f"{name}.{layer}",
+                    (x, lengths, times),
+                    name if last else f"{name}_{layer}",
+                    loc,
+                    stage="dense",
+                    path=path,
                 )
             values[name] = x
             self.lengths[name] = lengths
@@ -220,7 +233,11 @@ class SequenceLowering:
                 "call_function", operator.getitem, (self.cut, item.name), f"{item.name}_ids", loc, stage="dense"
             )
             values[ref] = self.node(
-                "call_function", pad_times, (times, item.length, lengths), f"timestamps_{item.name}", loc,
+                "call_function",
+                pad_times,
+                (times, item.length, lengths),
+                f"timestamps_{item.name}",
+                loc,
                 stage="dense",
             )
         return values[ref]

@@ -132,8 +132,7 @@ def _check_heads(lowered: LoweredModel) -> None:
                 Diagnostic(
                     head.loc,
                     f"heads.{head.name}",
-                    f"a {head.loss} head needs {_text(want)} per batch, "
-                    f"but its input gives {_text(shape)}",
+                    f"a {head.loss} head needs {_text(want)} per batch, but its input gives {_text(shape)}",
                 )
             )
     if problems:

@@ -54,9 +54,7 @@ def split_stages(lowered: LoweredModel) -> SplitModel:
         forward=_forward_graph(placeholders, cut),
         cut=tuple(node.name for node in cut),
     )
-    return SplitModel(
-        ir=lowered.ir, plan=lowered.plan, modules=lowered.modules, graph=graph, stages=stages
-    )
+    return SplitModel(ir=lowered.ir, plan=lowered.plan, modules=lowered.modules, graph=graph, stages=stages)
 
 
 def _check_no_backward_edge(nodes: list[fx.Node]) -> None:
@@ -101,9 +99,7 @@ def _forward_graph(placeholders: list[fx.Node], cut: list[fx.Node]) -> fx.Graph:
     staged.meta = {"pipeline_stage": INPUT_DIST, "stage": "input_dist"}
     values = []
     for index, node in enumerate(cut):
-        value = forward.create_node(
-            "call_function", operator.getitem, (staged, index), name=node.name
-        )
+        value = forward.create_node("call_function", operator.getitem, (staged, index), name=node.name)
         value.meta = _crossing_meta(node)
         values.append(value)
     outputs = forward.create_node("call_module", "compute", tuple(values), name="outputs")

@@ -95,23 +95,25 @@ def _check_table(
     kind, kernel = given.sharding_type, given.compute_kernel
     only = f"for '{table.name}'"
     if not kernel_fits(kernel, table.dim):  # column shards: _check_columns wants multiples of 4
-        problems.append((
-            f"{path}.compute_kernel",
-            f"the {kernel} kernel needs a dim that is a multiple of {FUSED_DIM_MULTIPLE}, "
-            f"'{table.name}' has {table.dim}; use the dense kernel",
-        ))
+        problems.append(
+            (
+                f"{path}.compute_kernel",
+                f"the {kernel} kernel needs a dim that is a multiple of {FUSED_DIM_MULTIPLE}, "
+                f"'{table.name}' has {table.dim}; use the dense kernel",
+            )
+        )
     asked = constraint is not None and "column_wise" in constraint.sharding_types
     if kind == "column_wise" and table.optimizer == "rowwise_adagrad" and len(given.shards) > 1 and not asked:
-        problems.append((
-            f"{path}.sharding_type",
-            f"column_wise shards of '{table.name}' would each keep their own rowwise_adagrad accumulator, so "
-            "the ranks would not train what one process trains; the spec's constraints must ask for column_wise "
-            "(sharding_types) to allow it",
-        ))
-    if kind == "table_row_wise" and table.is_sequence:
         problems.append(
-            (f"{path}.sharding_type", sequence_row_wise_message(table.name, table.sequence_features))
+            (
+                f"{path}.sharding_type",
+                f"column_wise shards of '{table.name}' would each keep their own rowwise_adagrad accumulator, so "
+                "the ranks would not train what one process trains; the spec's constraints must ask for column_wise "
+                "(sharding_types) to allow it",
+            )
         )
+    if kind == "table_row_wise" and table.is_sequence:
+        problems.append((f"{path}.sharding_type", sequence_row_wise_message(table.name, table.sequence_features)))
     if constraint is not None and constraint.sharding_types and kind not in constraint.sharding_types:
         allowed = ", ".join(constraint.sharding_types)
         problems.append((f"{path}.sharding_type", f"the spec's constraints allow only {allowed} {only}"))

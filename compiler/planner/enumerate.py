@@ -164,9 +164,7 @@ class ShardingEnumerator:
             raise CompileError(problems)
         return tuple(result)
 
-    def _candidates(
-        self, table: TableSpec, constraint: Constraint | None, topology: Topology
-    ) -> tuple[Candidate, ...]:
+    def _candidates(self, table: TableSpec, constraint: Constraint | None, topology: Topology) -> tuple[Candidate, ...]:
         world = topology.world_size
         types = constraint.sharding_types if constraint and constraint.sharding_types else None
         if constraint and constraint.compute_kernels:

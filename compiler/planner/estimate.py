@@ -47,17 +47,13 @@ class ShardEstimate:
 
 
 class Estimator(Protocol):
-    def estimate(
-        self, table: TableSpec, candidate: Candidate, topology: Topology
-    ) -> tuple[ShardEstimate, ...]: ...
+    def estimate(self, table: TableSpec, candidate: Candidate, topology: Topology) -> tuple[ShardEstimate, ...]: ...
 
 
 class BandwidthEstimator:
     """The default estimator: every formula of docs/planner.md, one shard shape at a time."""
 
-    def estimate(
-        self, table: TableSpec, candidate: Candidate, topology: Topology
-    ) -> tuple[ShardEstimate, ...]:
+    def estimate(self, table: TableSpec, candidate: Candidate, topology: Topology) -> tuple[ShardEstimate, ...]:
         known: dict[tuple[int, int], ShardEstimate] = {}
         out = []
         for shard in candidate.shards:
@@ -77,9 +73,7 @@ def state_bytes_per_row(optimizer: OptimizerType, cols: int) -> int:
     return (per_element * cols + per_row) * WEIGHT_BYTES
 
 
-def shard_traffic(
-    table: TableSpec, sharding_type: ShardingType, rows: int, topology: Topology
-) -> tuple[float, float]:
+def shard_traffic(table: TableSpec, sharding_type: ShardingType, rows: int, topology: Topology) -> tuple[float, float]:
     """(ids looked up, vectors written) by one shard per step.
 
     Every shard serves the global batch, a data_parallel replica included.

@@ -61,9 +61,7 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
-def fitting_hint(
-    fits: Callable[[int], bool], world_size: int, batch_size: int, step: int, least: int = 1
-) -> str:
+def fitting_hint(fits: Callable[[int], bool], world_size: int, batch_size: int, step: int, least: int = 1) -> str:
     """The world size that would fit, or that none would, as the end of a diagnostic."""
     found = fitting_world_size(fits, world_size, batch_size, step, least)
     if found is None:

@@ -299,6 +299,7 @@ class _Layout:
     def _least_loaded_twin(self, t: int) -> int:
         """Among the options that differ from the chosen one only in their ranks (table_row_wise
         on each host), the one whose ranks fit and end least loaded; the chosen one if none fits."""
+
         def layout(c: Candidate) -> tuple:
             return c.sharding_type, c.compute_kernel, c.shards
 
@@ -404,10 +405,7 @@ class _Layout:
     def _index_free_shards(self) -> None:
         """Arrays over every shard the partitioner placed freely, for vectorised moves and swaps."""
         entries = [
-            (t, j)
-            for t in range(len(self.tables))
-            if not self.option(t).fixed
-            for j in range(len(self.option(t).cost))
+            (t, j) for t in range(len(self.tables)) if not self.option(t).fixed for j in range(len(self.option(t).cost))
         ]
         self.free_shards = entries
         self.f_cost = np.array([self.option(t).cost[j] for t, j in entries])
@@ -517,9 +515,7 @@ class _Layout:
         if best is None:
             return False
         _, t, o, placed, load, used = best
-        self.why[t] = (
-            f"balances ranks: as {describe(self.option(t))} it left rank {r} the slowest ({top:.3f} ms)"
-        )
+        self.why[t] = f"balances ranks: as {describe(self.option(t))} it left rank {r} the slowest ({top:.3f} ms)"
         self.load, self.used = load, used
         self.choice[t], self.ranks[t] = o, placed
         self._index_free_shards()

@@ -77,8 +77,7 @@ class ShardingPlan:
         (the plan-file checker turns those into diagnostics)."""
         if data.get("format_version") != FORMAT_VERSION:
             raise ValueError(
-                f"unsupported plan format_version {data.get('format_version')!r} "
-                f"(this compiler reads {FORMAT_VERSION})"
+                f"unsupported plan format_version {data.get('format_version')!r} (this compiler reads {FORMAT_VERSION})"
             )
         tables = tuple(
             TablePlan(

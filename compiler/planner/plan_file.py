@@ -55,7 +55,9 @@ def read_plan_file(path: Path | str) -> tuple[ShardingPlan, PlanFile]:
         raise CompileError([Diagnostic(Location(name, 1, 1), "", f"cannot read the plan: {error.strerror}")])
     except UnicodeDecodeError as error:
         where = _position(Path(path).read_bytes(), error.start, name)
-        raise CompileError([Diagnostic(where, "", f"not a plan: byte 0x{error.object[error.start]:02x} is not UTF-8 text")])
+        raise CompileError(
+            [Diagnostic(where, "", f"not a plan: byte 0x{error.object[error.start]:02x} is not UTF-8 text")]
+        )
     starts = (0, *(m.end() for m in re.finditer("\n", text)))
     try:
         data = json.loads(text, parse_constant=_not_a_number)

@@ -69,9 +69,7 @@ class Planner:
                 placements = self._place(tables, topology)
             except CompileError as error:
                 raise self._with_fitting_world_size(error, ir, topology) from None
-            chosen = [
-                (t.table, t.options[p.option], p.ranks, p.reason) for t, p in zip(tables, placements)
-            ]
+            chosen = [(t.table, t.options[p.option], p.ranks, p.reason) for t, p in zip(tables, placements)]
         else:
             chosen = [self._given(t.table, given.table(t.table.name), topology) for t in tables]
         return _assemble(ir, topology, chosen, lower_bound_ms(tables, topology))
@@ -99,9 +97,7 @@ class Planner:
 
     def _options(self, candidates: TableCandidates, topology: Topology) -> TableOptions:
         table = candidates.table
-        options = tuple(
-            Option.of(c, self.estimator.estimate(table, c, topology)) for c in candidates.candidates
-        )
+        options = tuple(Option.of(c, self.estimator.estimate(table, c, topology)) for c in candidates.candidates)
         c = candidates.constraint
         constrained = bool(c and (c.sharding_types or c.compute_kernels or c.ranks))
         return TableOptions(table, options, candidates.allowed_ranks, constrained)
@@ -149,9 +145,7 @@ def _assemble(
                 reason=reason,
             )
         )
-    ranks = tuple(
-        RankPlan(r, used[r], topology.memory_per_rank, round(load[r], COST_DECIMALS)) for r in range(world)
-    )
+    ranks = tuple(RankPlan(r, used[r], topology.memory_per_rank, round(load[r], COST_DECIMALS)) for r in range(world))
     return ShardingPlan(
         world_size=world,
         device=topology.device,
@@ -171,9 +165,7 @@ def inputs_text(ir: ModelIR, topology: Topology) -> str:
         f"batch_size {ir.training.batch_size}",
     ]
     for table in ir.tables:
-        lines.append(
-            f"table {table.name} {table.num_embeddings} {table.dim} {table.pooling} {table.optimizer.type}"
-        )
+        lines.append(f"table {table.name} {table.num_embeddings} {table.dim} {table.pooling} {table.optimizer.type}")
     for feature in ir.sparse:
         sequence = f" max_length {feature.max_length}" if feature.is_sequence else ""
         lines.append(

@@ -128,12 +128,21 @@ def topology_from_ir(
 
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": KiB, "kib": KiB, "kb": 10**3,
-    "m": MiB, "mib": MiB, "mb": 10**6,
-    "g": GiB, "gib": GiB, "gb": 10**9,
-    "t": TiB, "tib": TiB, "tb": 10**12,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "k": KiB,
+    "kib": KiB,
+    "kb": 10**3,
+    "m": MiB,
+    "mib": MiB,
+    "mb": 10**6,
+    "g": GiB,
+    "gib": GiB,
+    "gb": 10**9,
+    "t": TiB,
+    "tib": TiB,
+    "tb": 10**12,
+}
 _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*")
 
 

@@ -57,13 +57,19 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         precisions=python_literal({t.name: precisions[t.name] for t in ir.tables if t.name not in sequences}),
         sequence_precisions=(
             python_literal({t.name: precisions[t.name] for t in ir.tables if t.name in sequences})
-            if sequences else None
+            if sequences
+            else None
         ),
         dense_dtype=_DTYPES[dense_dtype],
         sparse_keys=python_literal([f for t in ir.tables for f in t.features]),
         tables=[
-            {"name": t.name, "rows": t.num_embeddings, "dim": t.dim,
-             "pooling": "sequences" if t.name in sequences else t.pooling, "precision": precisions[t.name]}
+            {
+                "name": t.name,
+                "rows": t.num_embeddings,
+                "dim": t.dim,
+                "pooling": "sequences" if t.name in sequences else t.pooling,
+                "precision": precisions[t.name],
+            }
             for t in ir.tables
         ],
         modules=[
@@ -72,7 +78,9 @@ def emit_inference(lowered: LoweredModel, precisions: dict[str, str], dense_dtyp
         ],
         extra_imports=runtime_imports(lowered.modules, graphs, TEMPLATE_IMPORTS) + transform_imports(ir),
         forward=_method_source(lowered.graph, "forward"),
-        retrieval=None if retrieval is None else {
+        retrieval=None
+        if retrieval is None
+        else {
             "constant": python_literal(retrieval.constant),
             "query": _method_source(retrieval.query, "_query_graph"),
             "item": _method_source(retrieval.item, "_item_graph"),

@@ -142,11 +142,16 @@ def export(request: ExportRequest) -> ExportResult:
         items = None
         if hasattr(module, "RETRIEVAL"):
             section, items = export_items(
-                model, module, staging, kind=request.index, eval_data=request.eval_data,
-                threshold=request.rating_threshold, history=request.history,
+                model,
+                module,
+                staging,
+                kind=request.index,
+                eval_data=request.eval_data,
+                threshold=request.rating_threshold,
+                history=request.history,
                 vocabulary=read_vocabulary(vocabulary) if vocabulary.is_file() else None,
                 features=staging / FEATURES_FILE if features.is_file() else None,
-            )  # fmt: skip
+            )
         manifest = _manifest(ir, precisions, checkpoint, request, staging, dense, aot)
         if items is not None:
             manifest["retrieval"] = section
@@ -169,9 +174,7 @@ def _check_index_request(ir: ModelIR, request: ExportRequest) -> None:
     """--index and --eval-data belong to retrieval models; a faiss kind needs faiss."""
     retrieval = any(head.retrieval is not None for head in ir.heads)
     if not retrieval and (request.index != "auto" or request.eval_data is not None):
-        raise UsageError(
-            f"--index and --eval-data are for retrieval models: {ir.source} has no sampled_softmax head"
-        )
+        raise UsageError(f"--index and --eval-data are for retrieval models: {ir.source} has no sampled_softmax head")
     if request.history is not None and request.eval_data is None:
         raise UsageError("--history is where --eval-data's histories come from: give --eval-data too")
     if request.index not in INDEX_KINDS:
@@ -260,9 +263,7 @@ def table_weights(ir: ModelIR, state: Mapping[str, torch.Tensor], where: Path) -
     return tables
 
 
-def _dense_state(
-    model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: Path
-) -> dict[str, torch.Tensor]:
+def _dense_state(model: torch.nn.Module, state: Mapping[str, torch.Tensor], where: Path) -> dict[str, torch.Tensor]:
     """The checkpoint's dense entries, exactly the keys and shapes of the serving model's."""
     expected = {k: v for k, v in model.state_dict().items() if not _is_table_key(k)}
     # The retrieval loss's state (its sampling step, its logQ counts) serves nothing.
@@ -277,8 +278,7 @@ def _dense_state(
     for key, tensor in expected.items():
         if given[key].shape != tensor.shape:
             raise ExportError(
-                f"{where}: {key} is {tuple(given[key].shape)} in the checkpoint, "
-                f"{tuple(tensor.shape)} in the spec"
+                f"{where}: {key} is {tuple(given[key].shape)} in the checkpoint, {tuple(tensor.shape)} in the spec"
             )
     return {k: given[k] for k in expected}
 
@@ -346,18 +346,20 @@ def _manifest(
     sequences = {table.name for table in ir.sequence_tables()}
     for table in ir.tables:
         precision = precisions[table.name]
-        tables.append({
-            "name": table.name,
-            "rows": table.num_embeddings,
-            "dim": table.dim,
-            "pooling": table.pooling,
-            "lookup": "rows" if table.name in sequences else "pooled",  # rows: sequence_arch
-            "features": list(table.features),
-            "precision": precision,
-            "row_bytes": row_bytes(stored_dim(table.dim), precision),  # padded to a multiple of 4 values
-            "fp32_bytes": table.num_embeddings * table.dim * 4,
-            **facts(table_file(table.name)),
-        })
+        tables.append(
+            {
+                "name": table.name,
+                "rows": table.num_embeddings,
+                "dim": table.dim,
+                "pooling": table.pooling,
+                "lookup": "rows" if table.name in sequences else "pooled",  # rows: sequence_arch
+                "features": list(table.features),
+                "precision": precision,
+                "row_bytes": row_bytes(stored_dim(table.dim), precision),  # padded to a multiple of 4 values
+                "fp32_bytes": table.num_embeddings * table.dim * 4,
+                **facts(table_file(table.name)),
+            }
+        )
     on_disk = sum(t["bytes"] for t in tables)
     fp32 = sum(t["fp32_bytes"] for t in tables)
     return {
@@ -386,9 +388,7 @@ def _manifest(
         "aot": None if aot is None else {**aot, **file_facts(staging / aot["file"])},
         "vocabulary": facts(VOCABULARY_FILE) if (staging / VOCABULARY_FILE).is_file() else None,
         **({"features": facts(FEATURES_FILE)} if (staging / FEATURES_FILE).is_file() else {}),
-        "heads": [
-            {"name": h.name, "loss": h.loss, "label": h.label, "num_classes": h.num_classes} for h in ir.heads
-        ],
+        "heads": [{"name": h.name, "loss": h.loss, "label": h.label, "num_classes": h.num_classes} for h in ir.heads],
     }
 
 

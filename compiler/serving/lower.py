@@ -117,31 +117,40 @@ def _split_tables(ir: ModelIR) -> tuple[list[Table], list[Table]]:
 
 
 def _collection_call(ir: ModelIR, tables: list[Table]) -> Call:
-    return Call("runtime.serving.quant_embedding.QuantEmbeddingBagCollection", (
-        ("tables", [table_config_call(table, training=False) for table in tables]),
-        ("precisions", BuildArg("PRECISIONS")),  # the module's constant: pooled table -> precision
-        ("is_weighted", any(feature.weighted for feature in ir.sparse)),
-        ("output_dtype", BuildArg("DENSE_DTYPE")),  # the dense blocks' dtype
-    ))
+    return Call(
+        "runtime.serving.quant_embedding.QuantEmbeddingBagCollection",
+        (
+            ("tables", [table_config_call(table, training=False) for table in tables]),
+            ("precisions", BuildArg("PRECISIONS")),  # the module's constant: pooled table -> precision
+            ("is_weighted", any(feature.weighted for feature in ir.sparse)),
+            ("output_dtype", BuildArg("DENSE_DTYPE")),  # the dense blocks' dtype
+        ),
+    )
 
 
 def _sequence_collection_call(tables: list[Table]) -> Call:
-    return Call("runtime.serving.quant_sequence.QuantEmbeddingCollection", (
-        ("tables", [_sequence_table_call(table) for table in tables]),
-        ("precisions", BuildArg("SEQUENCE_PRECISIONS")),  # sequence table -> precision
-        ("output_dtype", BuildArg("DENSE_DTYPE")),
-    ))
+    return Call(
+        "runtime.serving.quant_sequence.QuantEmbeddingCollection",
+        (
+            ("tables", [_sequence_table_call(table) for table in tables]),
+            ("precisions", BuildArg("SEQUENCE_PRECISIONS")),  # sequence table -> precision
+            ("output_dtype", BuildArg("DENSE_DTYPE")),
+        ),
+    )
 
 
 def _sequence_table_call(table: Table) -> Call:
     """The table's runtime EmbeddingConfig; serving needs no init range or optimizer."""
-    return Call("runtime.config.embeddings.EmbeddingConfig", (
-        ("name", table.name),
-        ("num_embeddings", table.num_embeddings),
-        ("embedding_dim", table.dim),
-        ("feature_names", list(table.features)),
-        ("where", str(table.loc)),
-    ))
+    return Call(
+        "runtime.config.embeddings.EmbeddingConfig",
+        (
+            ("name", table.name),
+            ("num_embeddings", table.num_embeddings),
+            ("embedding_dim", table.dim),
+            ("feature_names", list(table.features)),
+            ("where", str(table.loc)),
+        ),
+    )
 
 
 def _serving_graph(graph: fx.Graph, dtype: torch.dtype) -> fx.Graph:
@@ -171,9 +180,7 @@ def _serving_graph(graph: fx.Graph, dtype: torch.dtype) -> fx.Graph:
         else:
             args = fx.map_arg(node.args, lambda n: copied[n])
             kwargs = fx.map_arg(node.kwargs, lambda n: copied[n])
-            new = serving.create_node(
-                node.op, node.target, args, kwargs, name=_rename(node.name), type_expr=node.type
-            )
+            new = serving.create_node(node.op, node.target, args, kwargs, name=_rename(node.name), type_expr=node.type)
         new.meta.update({key: node.meta[key] for key in ("loc", "path", "stage") if key in node.meta})
         if cast and _is_dense_input(node):
             new = serving.create_node("call_method", "to", (new, dtype), name=f"{new.name}_{_short(dtype)}")
@@ -212,5 +219,5 @@ def _rename(name: str) -> str:
     for group in (SEQUENCE_GROUP, GROUP):
         module, output = _COLLECTIONS[group]
         if name.startswith(f"{group}_"):
-            return f"{output}_{name[len(group) + 1:]}"
+            return f"{output}_{name[len(group) + 1 :]}"
     return name

@@ -58,8 +58,11 @@ def ple_options(checker: Checker, block: ParsedBlock, experts: Any, layers: list
         return INVALID
     per_level = []
     for entry in entries:
-        values = (checker.value(entry, "num_experts", experts), checker.value(entry, "task_experts", task_experts),
-                  checker.value(entry, "expert_layers", layers))
+        values = (
+            checker.value(entry, "num_experts", experts),
+            checker.value(entry, "task_experts", task_experts),
+            checker.value(entry, "expert_layers", layers),
+        )
         if not known(*values):
             return INVALID
         per_level.append((values[0], values[1], tuple(values[2])))
@@ -136,7 +139,7 @@ def head_output(checker: Checker, head: Node, loss: Any, source: Any, readers: d
 
 
 def _logit_source(checker: Checker, head: Node, loss: str, source: ParsedBlock) -> Any:
-    """"logit", or INVALID (reported) when the block a logit head reads ends with a sigmoid."""
+    """ "logit", or INVALID (reported) when the block a logit head reads ends with a sigmoid."""
     if isinstance(source.op, Mlp) and source.op.final_activation == "sigmoid":
         ends, linear = f"mlp '{source.name}' ends with final_activation sigmoid", "set final_activation: none"
     elif isinstance(source.op, Activation) and source.op.fn == "sigmoid":

@@ -131,8 +131,7 @@ def build_ir(
             sparse=tuple(features.sparse),
             # Each table's optimizer resolved here, once: its own, else the training section's.
             tables=tuple(
-                dataclasses.replace(t, optimizer=t.optimizer or training.sparse_optimizer)
-                for t in features.tables
+                dataclasses.replace(t, optimizer=t.optimizer or training.sparse_optimizer) for t in features.tables
             ),
             blocks=ir_blocks,
             heads=tuple(h for h in heads_ir if h is not None),
@@ -520,12 +519,12 @@ def _moe(checker: Checker, block: ParsedBlock, total: int | None) -> tuple[Block
     if not (known(experts, tasks, activation, ple) and experts and tasks):
         return None, layers[-1]
     per_level = ple[2]
-    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), per_level[-1][2][-1] if per_level else layers[-1]
+    return Moe(experts, tuple(layers), tuple(tasks), activation, *ple), per_level[-1][2][-1] if per_level else layers[
+        -1
+    ]
 
 
-def _vectorvalue_width(
-    checker: Checker, block: ParsedBlock, widths: list[int | None], count: int | None
-) -> int | None:
+def _vectorvalue_width(checker: Checker, block: ParsedBlock, widths: list[int | None], count: int | None) -> int | None:
     """The common width of the input vectors of dot / fm / dot_product / sum, or None.
 
     Unequal widths among the inputs that resolved are reported even when others

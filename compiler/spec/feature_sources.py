@@ -114,9 +114,7 @@ def _check_boundaries(checker: Checker, entry: Node, boundaries: list[Any], fiel
         checker.error(node, message)
 
 
-def resolve_columns(
-    checker: Checker, sparse: list[_Sparse], dense_sizes: dict[str, int | None]
-) -> dict[str, Source]:
+def resolve_columns(checker: Checker, sparse: list[_Sparse], dense_sizes: dict[str, int | None]) -> dict[str, Source]:
     """Each feature's source; a feature reading another's column takes that feature's ids keys."""
     by_name = {feature.name: feature for feature in sparse}
     sources: dict[str, Source] = {}

@@ -47,8 +47,11 @@ def _member(checker: Checker, item: Node, features: Features) -> tuple[str, str]
         return None
     kind, _, name = item.value.partition(".")
     if kind not in ("dense", "sparse") or not name or "." in name:
-        kinds = [kind for kind, names in (("dense", features.dense_sizes), ("sparse", features.sparse_dims))
-                 if item.value in names]  # fmt: skip
+        kinds = [
+            kind
+            for kind, names in (("dense", features.dense_sizes), ("sparse", features.sparse_dims))
+            if item.value in names
+        ]
         hint = f" (did you mean '{kinds[0]}.{item.value}'?)" if kinds else ""
         expected = "a group lists dense.<feature> or sparse.<feature>"
         checker.error(item, f"'{item.value}' is not a feature reference{hint}: {expected}")

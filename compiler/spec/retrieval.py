@@ -48,7 +48,9 @@ def check_keys(checker: Checker, entry: Node, loss: Any) -> None:
     for key in RETRIEVAL_KEYS:
         node = checker.child(entry, key)
         if node is not None:
-            checker.error(node, f"`{key}` applies only to a sampled_softmax head (this head's loss is {loss})", at_key=True)
+            checker.error(
+                node, f"`{key}` applies only to a sampled_softmax head (this head's loss is {loss})", at_key=True
+            )
 
 
 def item_ref(checker: Checker, entry: Node, refs: list[Ref] | None) -> Ref | None:
@@ -162,7 +164,9 @@ def _metrics(checker: Checker, entry: Node) -> Any:
         return list(DEFAULT_METRICS)
     misfits = [item for item in checker.entries(entry, "metrics") if not _METRIC.fullmatch(str(item.value))]
     for item in misfits:
-        checker.error(item, f"metric '{item.value}' does not apply to a sampled_softmax head (allowed: {ALLOWED_METRICS})")
+        checker.error(
+            item, f"metric '{item.value}' does not apply to a sampled_softmax head (allowed: {ALLOWED_METRICS})"
+        )
     return INVALID if misfits else metrics
 
 
@@ -322,7 +326,11 @@ def _check_item_feature(
         return False
     problem = None
     if not (spec.fixed_ids and spec.ids_per_sample == 1):
-        problem = f"up to {spec.ids_per_sample} ids per sample" if not spec.fixed_ids else f"{spec.ids_per_sample} ids per sample"
+        problem = (
+            f"up to {spec.ids_per_sample} ids per sample"
+            if not spec.fixed_ids
+            else f"{spec.ids_per_sample} ids per sample"
+        )
     elif spec.weighted:
         problem = "weighted ids"
     elif spec.hashed:

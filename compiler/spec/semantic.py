@@ -101,8 +101,17 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     sequences = {name: length if isinstance(length, int) else None for name, length in sequences.items()}
     timestamps, timestamps_names = _timestamps(checker, features, names, sequences, set(sparse_dims))
     return Features(
-        dense, sparse_ir, tables_ir, dense_sizes, sparse_dims, set(tables), counted,
-        sequences, timestamps, timestamps_names, _embed_dims(checker, features),
+        dense,
+        sparse_ir,
+        tables_ir,
+        dense_sizes,
+        sparse_dims,
+        set(tables),
+        counted,
+        sequences,
+        timestamps,
+        timestamps_names,
+        _embed_dims(checker, features),
     )
 
 
@@ -166,8 +175,9 @@ def _dense(
         if isinstance(size, int) and embed is None:
             dense.append(DenseFeature(name=name, size=size, loc=entry.loc, transform=transform))
         elif isinstance(size, int) and isinstance(dim, int) and known(bias):
-            dense.append(DenseFeature(name=name, size=size, loc=entry.loc, embed_dim=dim, embed_bias=bias,
-                                      transform=transform))  # fmt: skip
+            dense.append(
+                DenseFeature(name=name, size=size, loc=entry.loc, embed_dim=dim, embed_bias=bias, transform=transform)
+            )
     return dense, sizes
 
 
@@ -183,9 +193,21 @@ def _embed_dims(checker: Checker, features: Node | None) -> dict[str, int | None
 
 
 _SPARSE_FIELDS = (
-    "num_embeddings", "dim", "pooling", "table", "ids_per_sample", "max_ids_per_sample", "weighted", "hash",
-    "max_length", "keep", "column", "boundaries", "position_weights", *transforms.KEYS,
-)  # fmt: skip
+    "num_embeddings",
+    "dim",
+    "pooling",
+    "table",
+    "ids_per_sample",
+    "max_ids_per_sample",
+    "weighted",
+    "hash",
+    "max_length",
+    "keep",
+    "column",
+    "boundaries",
+    "position_weights",
+    *transforms.KEYS,
+)
 _POOLED_ONLY = {  # keys a sequence feature must not have, and why
     "ids_per_sample": "a sequence's length is bounded by max_length",
     "max_ids_per_sample": "a sequence's length is bounded by max_length",
@@ -534,8 +556,7 @@ def resolve_sharding(checker: Checker, root: Node, table_names: set[str], world_
         checker.error(at, f"world_size {ranks} does not divide into hosts of {per_host} ranks")
     memory = _memory(checker, node)
     constraints = [
-        _constraint(checker, name, entry, table_names, ranks)
-        for name, entry in checker.pairs(node, "constraints")
+        _constraint(checker, name, entry, table_names, ranks) for name, entry in checker.pairs(node, "constraints")
     ]
     if not known(world, device, per_host, memory, *constraints):
         return INVALID
@@ -593,9 +614,15 @@ def resolve_training(checker: Checker, root: Node, world_size: Any) -> Any:
         return INVALID
     at = checker.child(node, "precision")
     return Training(
-        batch, seed, steps, dense, sparse, _section_loc(root, node),
-        precision=precision, precision_loc=None if at is None else (at.key_loc or at.loc),
-    )  # fmt: skip
+        batch,
+        seed,
+        steps,
+        dense,
+        sparse,
+        _section_loc(root, node),
+        precision=precision,
+        precision_loc=None if at is None else (at.key_loc or at.loc),
+    )
 
 
 def resolve_data(checker: Checker, root: Node, targets: set[str]) -> Any:

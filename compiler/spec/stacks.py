@@ -32,12 +32,22 @@ from compiler.spec.values import (
 
 STACK_BLOCKS = ("stack", "flatten", "self_attention", "cin", "wukong", "mask_block")
 _DEFAULTS: dict[str, dict[str, Any]] = {
-    "self_attention": {"num_layers": 3, "num_heads": 2, "attention_dim": 32, "residual": True,
-                       "residual_projection": True},
+    "self_attention": {
+        "num_layers": 3,
+        "num_heads": 2,
+        "attention_dim": 32,
+        "residual": True,
+        "residual_projection": True,
+    },
     "cin": {"split_half": True, "bias": False},
     "wukong": {"num_layers": 1, "fmb_layers": [], "activation": "relu"},
-    "mask_block": {"reduction_ratio": 1.0, "layer_norm": True, "emb_layer_norm": True, "layers": [],
-                   "emb_norm_scope": "field"},
+    "mask_block": {
+        "reduction_ratio": 1.0,
+        "layer_norm": True,
+        "emb_layer_norm": True,
+        "layers": [],
+        "emb_norm_scope": "field",
+    },
 }
 
 
@@ -101,7 +111,9 @@ def _stack(checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock],
     block.op, block.width, block.fields = Stack(), dim, sum(f for f in fields if f is not None)
 
 
-def _stack_input(checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features) -> Ref | None:
+def _stack_input(
+    checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features
+) -> Ref | None:
     """The one field stack the block reads, or None (reported, unless its inputs did not resolve)."""
     at = checker.child(block.node, "input") or block.node
     if not block.complete or not block.refs:
@@ -114,7 +126,9 @@ def _stack_input(checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedB
     if not is_stack(ref, blocks, features):
         kind, shape = kind_name(ref, blocks, features), describe(ref, blocks, features)
         hint = "stack it first (stack)" if kind == "a vector" else "pool it and stack it first"
-        checker.error(ref.node, f"{block.kind} needs a field stack [B, N, D], but '{ref.text()}' is {kind} {shape}: {hint}")
+        checker.error(
+            ref.node, f"{block.kind} needs a field stack [B, N, D], but '{ref.text()}' is {kind} {shape}: {hint}"
+        )
         return None
     return ref if value_width(ref, blocks, features) is not None else None
 
@@ -152,9 +166,7 @@ def _cin(checker: Checker, block: ParsedBlock, values: dict[str, Any]) -> None:
     block.op, block.width = Cin(tuple(sizes), split_half, values["bias"]), width
 
 
-def _wukong(
-    checker: Checker, block: ParsedBlock, values: dict[str, Any], fields: int | None, dim: int | None
-) -> None:
+def _wukong(checker: Checker, block: ParsedBlock, values: dict[str, Any], fields: int | None, dim: int | None) -> None:
     """Wukong keeps the field width D; its output has num_fmb + num_lcb fields."""
     keys = ("num_fmb", "num_lcb", "rank")
     given = {key: checker.value(block.node, key) for key in keys}
@@ -189,7 +201,12 @@ def _mask_block(checker: Checker, block: ParsedBlock, values: dict[str, Any], fl
         checker.error(at, "emb_norm_scope chooses what emb_layer_norm normalises, but emb_layer_norm is false")
         return
     block.op = MaskNet(
-        mode, tuple(sizes), float(ratio), values["layer_norm"], values["emb_layer_norm"], tuple(layers),
+        mode,
+        tuple(sizes),
+        float(ratio),
+        values["layer_norm"],
+        values["emb_layer_norm"],
+        tuple(layers),
         values["emb_norm_scope"],
     )
     block.width = layers[-1] if layers else blocks_out

@@ -47,8 +47,10 @@ def check_sparse(checker: Checker, entry: Node, fields: dict[str, Any], invalid:
         return
     rows, rows_node = fields["num_embeddings"], checker.child(entry, "num_embeddings")
     if rows == "auto" and fields["vocabulary"] is None:
-        checker.error(rows_node or entry, "num_embeddings: auto sizes the table from a vocabulary: give the feature "
-                                          "`vocabulary` with its max_size")  # fmt: skip
+        checker.error(
+            rows_node or entry,
+            "num_embeddings: auto sizes the table from a vocabulary: give the feature `vocabulary` with its max_size",
+        )
         fields["num_embeddings"] = invalid
     if isinstance(fields["vocabulary"], dict):
         fields["transform"] = _vocabulary(checker, entry, fields, invalid)
@@ -66,21 +68,28 @@ def _vocabulary(checker: Checker, entry: Node, fields: dict[str, Any], invalid: 
     spec = fields["vocabulary"]
     config = Vocabulary(spec.get("min_count", 1), spec.get("max_size"), spec.get("oov_buckets", 1))
     node = checker.child(entry, "vocabulary") or entry
-    for key, why in (("hash", "a vocabulary maps values to rows, hashing does not"),
-                     ("column", "the feature whose column this one reads maps the values")):  # fmt: skip
+    for key, why in (
+        ("hash", "a vocabulary maps values to rows, hashing does not"),
+        ("column", "the feature whose column this one reads maps the values"),
+    ):
         if checker.child(entry, key) is not None:
             checker.error(checker.child(entry, key) or entry, f"{key} does not go with vocabulary: {why}", at_key=True)
     rows, rows_node = fields["num_embeddings"], checker.child(entry, "num_embeddings")
     if rows == "auto":
         if config.max_size is None:
-            checker.error(rows_node or node, "num_embeddings: auto needs the vocabulary's max_size (the table's rows "
-                                             "are max_size + oov_buckets)")  # fmt: skip
+            checker.error(
+                rows_node or node,
+                "num_embeddings: auto needs the vocabulary's max_size (the table's rows are max_size + oov_buckets)",
+            )
             fields["num_embeddings"] = invalid
         else:
             fields["num_embeddings"] = config.max_size + config.oov_buckets
     elif isinstance(rows, int) and rows <= config.oov_buckets and rows_node is not None:
-        checker.error(rows_node, f"num_embeddings {rows} leaves no row for the vocabulary beside its "
-                                 f"{config.oov_buckets} OOV row{'s' if config.oov_buckets > 1 else ''}")  # fmt: skip
+        checker.error(
+            rows_node,
+            f"num_embeddings {rows} leaves no row for the vocabulary beside its "
+            f"{config.oov_buckets} OOV row{'s' if config.oov_buckets > 1 else ''}",
+        )
     return config
 
 
@@ -90,11 +99,13 @@ def _one_id(checker: Checker, entry: Node, fields: dict[str, Any], key: str, con
         if node is not None:
             checker.error(node, f"{other} does not apply to a {key} feature: {why}", at_key=True)
     if fields["pooling"] == "none":
-        checker.error(checker.child(entry, "pooling") or entry, f"a {key} feature is pooled (one id per sample), "
-                                                                "not a sequence")  # fmt: skip
+        checker.error(
+            checker.child(entry, "pooling") or entry, f"a {key} feature is pooled (one id per sample), not a sequence"
+        )
     if key == "cross" and checker.child(entry, "column") is not None:
-        checker.error(checker.child(entry, "column") or entry, "a cross reads its `cross` columns; remove column",
-                      at_key=True)  # fmt: skip
+        checker.error(
+            checker.child(entry, "column") or entry, "a cross reads its `cross` columns; remove column", at_key=True
+        )
     return config
 
 
@@ -107,8 +118,11 @@ def _quantiles(checker: Checker, entry: Node, fields: dict[str, Any]) -> Quantil
     if rows is None and checker.child(entry, "table") is None:
         fields["num_embeddings"] = config.buckets
     elif node is not None and isinstance(rows, int) and rows != config.buckets:
-        checker.error(node, f"quantiles: {config.buckets} makes {config.buckets} buckets, so num_embeddings must be "
-                            f"{config.buckets} (got {rows}); or leave it out")  # fmt: skip
+        checker.error(
+            node,
+            f"quantiles: {config.buckets} makes {config.buckets} buckets, so num_embeddings must be "
+            f"{config.buckets} (got {rows}); or leave it out",
+        )
     return config
 
 
@@ -118,8 +132,11 @@ def _history(checker: Checker, entry: Node, fields: dict[str, Any]) -> History:
     if fields["pooling"] != "none":
         checker.error(node, "a history is a sequence: give the feature pooling: none and max_length", at_key=True)
     if checker.child(entry, "column") is not None:
-        checker.error(checker.child(entry, "column") or entry, "a history reads its `of` feature's column; "
-                                                               "remove column", at_key=True)  # fmt: skip
+        checker.error(
+            checker.child(entry, "column") or entry,
+            "a history reads its `of` feature's column; remove column",
+            at_key=True,
+        )
     where = spec.get("where")
     return History(spec["of"], spec["by"], spec["time"], None if where is None else (where["column"], where["equals"]))
 
@@ -132,10 +149,15 @@ def check_dense(checker: Checker, entry: Node) -> Numeric | None:
         return None
     clip = spec.get("clip")
     if isinstance(clip, list) and len(clip) == 2 and not clip[0] < clip[1]:
-        checker.error(checker.child(node, "clip") or node, f"the low end {clip[0]} must be below the high "
-                                                           f"end {clip[1]}")  # fmt: skip
-    return Numeric(spec.get("fill"), tuple(clip) if isinstance(clip, list) else None, bool(spec.get("log", False)),
-                   spec.get("scale"))  # fmt: skip
+        checker.error(
+            checker.child(node, "clip") or node, f"the low end {clip[0]} must be below the high end {clip[1]}"
+        )
+    return Numeric(
+        spec.get("fill"),
+        tuple(clip) if isinstance(clip, list) else None,
+        bool(spec.get("log", False)),
+        spec.get("scale"),
+    )
 
 
 def check_links(
@@ -149,9 +171,13 @@ def check_links(
         config = feature.fields.get("transform")
         if isinstance(feature.fields["boundaries"], list) and feature.fields["column"] in transformed_dense:
             node = checker.child(feature.entry, "boundaries") or feature.entry
-            checker.error(node, f"boundaries cut the raw values of a dense feature without a transform; "
-                                f"'{feature.fields['column']}' has one: use quantiles, or bucketize another "
-                                "dense feature", at_key=True)  # fmt: skip
+            checker.error(
+                node,
+                f"boundaries cut the raw values of a dense feature without a transform; "
+                f"'{feature.fields['column']}' has one: use quantiles, or bucketize another "
+                "dense feature",
+                at_key=True,
+            )
         if not isinstance(config, History):
             continue
         node = checker.child(checker.child(feature.entry, "history") or feature.entry, "of") or feature.entry
@@ -160,18 +186,25 @@ def check_links(
             checker.error(node, f"unknown sparse feature '{config.of}'{checker.suggest(config.of, by_name)}")
             continue
         single = (
-            of.fields["pooling"] != "none" and of.fields["max_ids_per_sample"] is None
-            and of.fields["ids_per_sample"] in (None, 1) and not isinstance(of.fields["transform"], (History, Cross))
-        )  # fmt: skip
+            of.fields["pooling"] != "none"
+            and of.fields["max_ids_per_sample"] is None
+            and of.fields["ids_per_sample"] in (None, 1)
+            and not isinstance(of.fields["transform"], (History, Cross))
+        )
         if not single or of.fields["column"] is not None:
-            checker.error(node, f"'{config.of}' is not a single-id feature of its own column; a history is made of "
-                                "one value per row")  # fmt: skip
+            checker.error(
+                node,
+                f"'{config.of}' is not a single-id feature of its own column; a history is made of one value per row",
+            )
         elif None not in (table_of.get(of.name), table_of.get(feature.name)) and (
             table_of.get(of.name) != table_of.get(feature.name)
         ):
-            checker.error(node, f"the history looks its ids up in the table of '{config.of}' "
-                                f"('{table_of.get(of.name)}'), not in '{table_of.get(feature.name)}': "
-                                f"give it table: {table_of.get(of.name)}")  # fmt: skip
+            checker.error(
+                node,
+                f"the history looks its ids up in the table of '{config.of}' "
+                f"('{table_of.get(of.name)}'), not in '{table_of.get(feature.name)}': "
+                f"give it table: {table_of.get(of.name)}",
+            )
 
 
 def check_where(checker: Checker, root: Node, sparse: list[_Sparse]) -> None:
@@ -189,11 +222,17 @@ def check_where(checker: Checker, root: Node, sparse: list[_Sparse]) -> None:
         column = config.where[0]
         target = mapped.get(column)
         if target is None:
-            checker.error(node, f"column '{column}' is not in data.columns; `where` compares a column the data maps "
-                                "to a label or a dense feature")  # fmt: skip
+            checker.error(
+                node,
+                f"column '{column}' is not in data.columns; `where` compares a column the data maps "
+                "to a label or a dense feature",
+            )
         elif target in sparse_names:
-            checker.error(node, f"column '{column}' feeds sparse feature '{target}', not a number; `where` compares "
-                                "a column the data maps to a label or a dense feature")  # fmt: skip
+            checker.error(
+                node,
+                f"column '{column}' feeds sparse feature '{target}', not a number; `where` compares "
+                "a column the data maps to a label or a dense feature",
+            )
 
 
 def check_reader(checker: Checker, root: Node, sparse: list[_Sparse], transformed_dense: set[str]) -> None:
@@ -203,5 +242,8 @@ def check_reader(checker: Checker, root: Node, sparse: list[_Sparse], transforme
     learned = [f.name for f in sparse if f.fields.get("transform") is not None] + sorted(transformed_dense)
     if learned and reader in ("criteo", "movielens"):
         node = checker.child(data, "reader") or data
-        checker.error(node, f"feature '{learned[0]}' has a transform learned from csv or parquet columns; "
-                            f"the {reader} reader has its own columns: use reader csv or parquet")  # fmt: skip
+        checker.error(
+            node,
+            f"feature '{learned[0]}' has a transform learned from csv or parquet columns; "
+            f"the {reader} reader has its own columns: use reader csv or parquet",
+        )

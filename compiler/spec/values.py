@@ -214,7 +214,9 @@ def _joined_sequences(
     lengths = [value_length(ref, blocks, features) for ref in block.refs]
     if len(set(lengths)) > 1:
         listed = ", ".join(f"'{ref.text()}' {length}" for ref, length in zip(block.refs, lengths))
-        message = f"target_attention joins its sequences position by position, so they need one max_length (got {listed})"
+        message = (
+            f"target_attention joins its sequences position by position, so they need one max_length (got {listed})"
+        )
         checker.error(checker.child(block.node, "input") or block.node, message)
         return None
     return list(block.refs) if None not in [value_width(ref, blocks, features) for ref in block.refs] else None
@@ -273,7 +275,9 @@ def _target_attention(
         checker.error(at, message)
         return None
     role = "the query" if len(queries) == 1 else "a query field"
-    fields = [_vector_of_width(checker, ref, role, sequence, blocks, features) for ref, sequence in zip(queries, sequences)]
+    fields = [
+        _vector_of_width(checker, ref, role, sequence, blocks, features) for ref, sequence in zip(queries, sequences)
+    ]
     if None in fields or hidden is None or not known(activation, normalize):
         return None
     return TargetAttention(fields[0], tuple(hidden), activation, normalize, tuple(fields[1:]))  # type: ignore[arg-type]
@@ -282,16 +286,38 @@ def _target_attention(
 def _transformer(
     checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
 ) -> BlockOp | None:
-    keys = ("num_layers", "num_heads", "ffn_dim", "norm", "causal", "positions", "activation", "norm_affine",
-            "scale_input", "dropout", "input_dropout")
-    defaults = {"num_layers": 1, "norm": "post", "causal": False, "positions": "learned", "activation": "relu",
-                "norm_affine": True, "scale_input": False, "dropout": 0.0, "input_dropout": 0.0}
+    keys = (
+        "num_layers",
+        "num_heads",
+        "ffn_dim",
+        "norm",
+        "causal",
+        "positions",
+        "activation",
+        "norm_affine",
+        "scale_input",
+        "dropout",
+        "input_dropout",
+    )
+    defaults = {
+        "num_layers": 1,
+        "norm": "post",
+        "causal": False,
+        "positions": "learned",
+        "activation": "relu",
+        "norm_affine": True,
+        "scale_input": False,
+        "dropout": 0.0,
+        "input_dropout": 0.0,
+    }
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
     position_dim = _position_dim(checker, block, values["positions"])
     if sequence is None or position_dim is None:
         return None
     width = value_width(sequence, blocks, features)
-    prepend = [_vector_of_width(checker, ref, "prepend", sequence, blocks, features) for ref in block.side.get("prepend", [])]
+    prepend = [
+        _vector_of_width(checker, ref, "prepend", sequence, blocks, features) for ref in block.side.get("prepend", [])
+    ]
     heads = values["num_heads"]
     if isinstance(heads, int) and width is not None and (width + position_dim) % heads:
         at = checker.child(block.node, "num_heads") or block.node
@@ -320,7 +346,9 @@ def _position_dim(checker: Checker, block: ParsedBlock, positions: Any) -> int |
     if positions != "concat" and position_dim:
         at = checker.child(block.node, "position_dim")
         assert at is not None
-        checker.error(at, f"position_dim is the width of concatenated positions, but positions is {positions}", at_key=True)
+        checker.error(
+            at, f"position_dim is the width of concatenated positions, but positions is {positions}", at_key=True
+        )
         return None
     return position_dim
 
@@ -328,10 +356,25 @@ def _position_dim(checker: Checker, block: ParsedBlock, positions: Any) -> int |
 def _hstu(
     checker: Checker, block: ParsedBlock, blocks: dict[str, ParsedBlock], features: Features, sequence: Ref | None
 ) -> BlockOp | None:
-    keys = ("num_layers", "num_heads", "attention_dim", "linear_dim", "num_buckets", "dropout", "scale_input",
-            "positions", "input_dropout")
-    defaults = {"num_layers": 1, "num_buckets": 128, "dropout": 0.0, "scale_input": False, "positions": "none",
-                "input_dropout": 0.0}
+    keys = (
+        "num_layers",
+        "num_heads",
+        "attention_dim",
+        "linear_dim",
+        "num_buckets",
+        "dropout",
+        "scale_input",
+        "positions",
+        "input_dropout",
+    )
+    defaults = {
+        "num_layers": 1,
+        "num_buckets": 128,
+        "dropout": 0.0,
+        "scale_input": False,
+        "positions": "none",
+        "input_dropout": 0.0,
+    }
     values = {key: checker.value(block.node, key, defaults.get(key)) for key in keys}
     stamps = block.side.get("timestamps", [])
     if sequence is None or len(stamps) != 1:
@@ -357,8 +400,11 @@ def _hstu(
         return None
     if not known(*values.values()) or None in values.values():
         return None
-    preprocessed = [key for key, off in (("scale_input", False), ("positions", "none"), ("input_dropout", 0.0))
-                    if values[key] != off]
+    preprocessed = [
+        key
+        for key, off in (("scale_input", False), ("positions", "none"), ("input_dropout", 0.0))
+        if values[key] != off
+    ]
     if sequence.kind == "block" and preprocessed:
         message = (
             f"{preprocessed[0]} prepares the input of an hstu stack, but this hstu reads block '{sequence.text()}'; "

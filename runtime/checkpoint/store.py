@@ -283,9 +283,7 @@ def _save_state(
                 blocks_of(state, fqn, (rows,)).add((info["row_offset"],), tensor)
             else:
                 repeated = tensor.unsqueeze(1).expand(-1, info["cols"]).contiguous()
-                blocks_of(state, fqn + COLUMNS, (rows, dim)).add(
-                    (info["row_offset"], info["col_offset"]), repeated
-                )
+                blocks_of(state, fqn + COLUMNS, (rows, dim)).add((info["row_offset"], info["col_offset"]), repeated)
     for name, param_state in _optimizer_state(model, optimizer):
         for key, value in param_state.items():
             state[f"optim.{name}.{key}"] = value
@@ -443,8 +441,7 @@ class _LoadTargets:
         if not isinstance(entry, TensorStorageMetadata) or tuple(entry.size) != tuple(shape):
             saved = tuple(entry.size) if isinstance(entry, TensorStorageMetadata) else "an object"
             raise CheckpointError(
-                f"{self.path}: entry {fqn!r} has shape {saved} in the checkpoint "
-                f"but {tuple(shape)} in this model"
+                f"{self.path}: entry {fqn!r} has shape {saved} in the checkpoint but {tuple(shape)} in this model"
             )
         return True
 
@@ -481,9 +478,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
 def _sparse_archs(model: nn.Module) -> list[tuple[str, SparseArch]]:
     """(state-dict prefix, module) of every SparseArch in `model`."""
     return [
-        (f"{name}." if name else "", module)
-        for name, module in model.named_modules()
-        if isinstance(module, SparseArch)
+        (f"{name}." if name else "", module) for name, module in model.named_modules() if isinstance(module, SparseArch)
     ]
 
 
@@ -516,9 +511,7 @@ def _parameter_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list
     return names
 
 
-def _optimizer_state(
-    model: nn.Module, optimizer: torch.optim.Optimizer
-) -> Iterator[tuple[str, dict[str, Any]]]:
+def _optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, dict[str, Any]]]:
     states = optimizer.state_dict()["state"]
     for index, name in enumerate(_parameter_names(model, optimizer)):
         if index in states:
@@ -571,9 +564,7 @@ def newest_intact_checkpoint(directory: str | Path) -> Path | None:
         return None
 
 
-def _newest_intact(
-    directory: str | Path, fall_back: bool
-) -> tuple[Path, dict[str, Any], tuple[tuple[Path, str], ...]]:
+def _newest_intact(directory: str | Path, fall_back: bool) -> tuple[Path, dict[str, Any], tuple[tuple[Path, str], ...]]:
     """The checkpoint `_checked` picks; with `fall_back`, the newest that passes its checks, and the
     newer ones passed over, each with why."""
     if not fall_back or (Path(directory) / MANIFEST).exists():
@@ -588,5 +579,3 @@ def _newest_intact(
     if not candidates:
         return (*_checked(directory), ())  # its error: no checkpoint at all
     raise CheckpointError(f"no intact checkpoint in {directory}: " + "; ".join(reason for _, reason in passed_over))
-
-

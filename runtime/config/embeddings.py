@@ -41,13 +41,9 @@ class EmbeddingOptimizer:
         if self.lr < 0 or self.eps < 0:
             raise ValueError(f"embedding optimizer {self.type!r}: lr and eps must be >= 0")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError(
-                f"embedding optimizer {self.type!r}: beta1 and beta2 must be in [0, 1)"
-            )
+            raise ValueError(f"embedding optimizer {self.type!r}: beta1 and beta2 must be in [0, 1)")
         if self.weight_decay != 0 and self.type != "adam":
-            raise ValueError(
-                f"embedding optimizer {self.type!r}: weight_decay is only supported for 'adam'"
-            )
+            raise ValueError(f"embedding optimizer {self.type!r}: weight_decay is only supported for 'adam'")
 
 
 POOLING_TYPES = ("sum", "mean")
@@ -84,9 +80,7 @@ class EmbeddingBagConfig:
             raise ValueError(f"{where}: unknown pooling {self.pooling!r}; expected 'sum' or 'mean'")
         low, high = self.init_range()
         if not low <= high:
-            raise ValueError(
-                f"{where}: weight_init_min {low} is greater than weight_init_max {high}"
-            )
+            raise ValueError(f"{where}: weight_init_min {low} is greater than weight_init_max {high}")
 
     def describe(self) -> str:
         """`table 'cat_3'`, with its spec location when known."""

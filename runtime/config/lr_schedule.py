@@ -137,9 +137,7 @@ def problems(
     if start_factor != 0.0 and warmup_steps == 0:
         found.append(("start_factor", "start_factor is the warmup's first factor, but warmup_steps is 0"))
     if total_steps is not None and warmup_steps >= total_steps >= 1:
-        found.append(
-            ("total_steps", f"total_steps {total_steps} must be greater than warmup_steps {warmup_steps}")
-        )
+        found.append(("total_steps", f"total_steps {total_steps} must be greater than warmup_steps {warmup_steps}"))
     return found
 
 

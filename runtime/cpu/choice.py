@@ -76,8 +76,28 @@ from runtime.cpu import features
 from runtime.cpu.native.build import SOURCES, cache_root, cache_settings
 
 __all__ = [
-    "ENV", "KERNELS", "MARGIN", "MARGINS", "NUMERIC", "WINDOWS", "Choice", "active", "bucket", "choose", "directory",
-    "forced", "forget_used", "know", "machine", "pin", "pinned", "recorded", "run", "sites", "unavailable", "used",
+    "ENV",
+    "KERNELS",
+    "MARGIN",
+    "MARGINS",
+    "NUMERIC",
+    "WINDOWS",
+    "Choice",
+    "active",
+    "bucket",
+    "choose",
+    "directory",
+    "forced",
+    "forget_used",
+    "know",
+    "machine",
+    "pin",
+    "pinned",
+    "recorded",
+    "run",
+    "sites",
+    "unavailable",
+    "used",
 ]
 
 log = logging.getLogger(__name__)
@@ -188,8 +208,16 @@ def _write_once(root: Path, choice: Choice) -> None:
     folder = root / choice.kernel
     folder.mkdir(parents=True, exist_ok=True)
     site = {} if choice.site is None else {"site": choice.site}
-    text = json.dumps({"kernel": choice.kernel, "shape": choice.shape, **site, "winner": choice.winner,
-                       "times_ms": dict(choice.times_ms), "cpu": features.model()})
+    text = json.dumps(
+        {
+            "kernel": choice.kernel,
+            "shape": choice.shape,
+            **site,
+            "winner": choice.winner,
+            "times_ms": dict(choice.times_ms),
+            "cpu": features.model(),
+        }
+    )
     path = folder / f"{choice.shape}.json"
     handle, scratch = tempfile.mkstemp(dir=folder, suffix=".json.tmp")
     try:
@@ -303,7 +331,9 @@ def know(decisions: Mapping[str, Mapping[str, str]]) -> None:
     if _run is None:
         raise RuntimeError("kernel choices can only be shared inside choice.run()")
     _run.known.update(
-        ((kernel, site), winner) for kernel, by_site in decisions.items() for site, winner in by_site.items()
+        ((kernel, site), winner)
+        for kernel, by_site in decisions.items()
+        for site, winner in by_site.items()
         if kernel in KERNELS and winner in KERNELS[kernel]
     )
 
@@ -419,13 +449,24 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
     try:
         _write_once(folder, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
     except OSError as exc:  # a full disk, a file where a folder should be: this process keeps its measurement
-        log.warning("reccompile: kernel choice %s at %s cannot be recorded in %s (%s); this process uses %s",
-                    kernel, key, folder, exc, winner)
+        log.warning(
+            "reccompile: kernel choice %s at %s cannot be recorded in %s (%s); this process uses %s",
+            kernel,
+            key,
+            folder,
+            exc,
+            winner,
+        )
         return winner
     _read.cache_clear()
     known = _read(folder, kernel, key)
-    log.info("kernel %s at %s: %s (%s)", kernel, key, known.winner if known else winner,
-             ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items())))
+    log.info(
+        "kernel %s at %s: %s (%s)",
+        kernel,
+        key,
+        known.winner if known else winner,
+        ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items())),
+    )
     return known.winner if known is not None else winner
 
 

@@ -18,12 +18,28 @@ __all__ = ["identity", "model", "vector_features"]
 
 # /proc/cpuinfo flag -> the name printed (x86 "flags", aarch64 "Features").
 _VECTOR_FLAGS = {
-    "sse4_2": "sse4.2", "avx": "avx", "avx2": "avx2", "fma": "fma", "f16c": "f16c",
-    "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vl": "avx512vl",
-    "avx512_vnni": "avx512vnni", "avx512_bf16": "avx512bf16", "avx512_fp16": "avx512fp16",
-    "avx_vnni": "avxvnni", "amx_tile": "amx", "amx_bf16": "amx-bf16", "amx_int8": "amx-int8",
-    "asimd": "neon", "asimdhp": "neon-fp16", "asimddp": "neon-dotprod", "sve": "sve", "sve2": "sve2",
-    "bf16": "bf16", "i8mm": "i8mm",
+    "sse4_2": "sse4.2",
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512_vnni": "avx512vnni",
+    "avx512_bf16": "avx512bf16",
+    "avx512_fp16": "avx512fp16",
+    "avx_vnni": "avxvnni",
+    "amx_tile": "amx",
+    "amx_bf16": "amx-bf16",
+    "amx_int8": "amx-int8",
+    "asimd": "neon",
+    "asimdhp": "neon-fp16",
+    "asimddp": "neon-dotprod",
+    "sve": "sve",
+    "sve2": "sve2",
+    "bf16": "bf16",
+    "i8mm": "i8mm",
 }
 
 

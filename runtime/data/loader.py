@@ -137,8 +137,7 @@ def training_batches(
 ) -> Iterator[Batch]:
     """Rank's share of every global batch, epoch after epoch, forever; `unseen` counts each batch taken,
     `on_wrap(pass, step)` hears of every new pass (see the module)."""
-    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, None, unseen,
-                     on_wrap)  # fmt: skip
+    shares = _shares(reader, global_batch, rank, world_size, bad_rows, num_workers, block_lines, None, unseen, on_wrap)
     for share in shares:
         yield _batch(reader, share)
 
@@ -202,9 +201,14 @@ def _shares(
             yield block.columns, block.ends_epoch
 
     yield from rank_shares(
-        blocks(), global_batch, rank, world_size, last_partial=epochs is not None, source=reader.source,
+        blocks(),
+        global_batch,
+        rank,
+        world_size,
+        last_partial=epochs is not None,
+        source=reader.source,
         on_batch=None if unseen is None else unseen.add,
-    )  # fmt: skip
+    )
 
 
 def _die_with_rank(worker: int) -> None:

@@ -13,8 +13,8 @@ FILE_READERS = ("criteo", "movielens", "csv", "parquet")
 def data_forms(readers: Sequence[str] = READERS, *, bare: str | None = None) -> str:
     """How `--data` names `readers`, for help and messages, with `bare` (a form without a reader) last:
 
-        >>> data_forms(bare="PATH")
-        'synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH, prepared:DIR or PATH'
+    >>> data_forms(bare="PATH")
+    'synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH, prepared:DIR or PATH'
     """
     forms = [name if name == "synthetic" else f"{name}:{'DIR' if name == 'prepared' else 'PATH'}" for name in readers]
     forms += [] if bare is None else [bare]

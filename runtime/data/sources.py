@@ -67,9 +67,7 @@ def choose_data(text: str | None, inputs: ModelInputs) -> DataChoice:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DataError(f"--data {text}: unknown reader {named!r}{hint}; the readers: {data_forms()}")
     if section is None or section.reader == "synthetic":
-        raise DataError(
-            f"--data {text}: name the reader ({data_forms(READERS[1:])}); the spec's data section does not"
-        )
+        raise DataError(f"--data {text}: name the reader ({data_forms(READERS[1:])}); the spec's data section does not")
     return DataChoice(section.reader, text)
 
 

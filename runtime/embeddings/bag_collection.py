@@ -65,6 +65,7 @@ __all__ = ["EmbeddingBagCollection"]
 
 logger = logging.getLogger(__name__)
 
+
 def _fbgemm() -> Any | None:
     """The fbgemm TBE module, or None when fbgemm_gpu is not importable."""
     try:
@@ -166,9 +167,7 @@ class _FusedGroup(nn.Module):
 class _DenseTable(nn.EmbeddingBag):
     """One table on torch.nn.EmbeddingBag whose optimizer runs when its gradient lands."""
 
-    def __init__(
-        self, config: EmbeddingBagConfig, optimizer: EmbeddingOptimizer, device: torch.device
-    ) -> None:
+    def __init__(self, config: EmbeddingBagConfig, optimizer: EmbeddingOptimizer, device: torch.device) -> None:
         rows, dim = config.num_embeddings, config.embedding_dim
         super().__init__(
             rows,
@@ -197,13 +196,15 @@ class _DenseTable(nn.EmbeddingBag):
         grad = grad.coalesce()
         apply_update(self.optimizer, weight, self.tensors(), grad.indices()[0], grad.values(), self.lr)
 
-    def lookup(
-        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
-    ) -> torch.Tensor:
+    def lookup(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """Pools one feature; `offsets` holds the B + 1 bag boundaries into `values`."""
         if self.mode == "mean" and weights is not None:
             pooled = F.embedding_bag(
-                values, self.weight, offsets[:-1], mode="sum", sparse=True,
+                values,
+                self.weight,
+                offsets[:-1],
+                mode="sum",
+                sparse=True,
                 per_sample_weights=weights,
             )
             return pooled / (offsets[1:] - offsets[:-1]).clamp(min=1).unsqueeze(1)
@@ -305,9 +306,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         self.lookup_threads = threads if device.type == "cpu" and compute_kernel == "fused" else 1
 
         # Kept in a plain list, out of the module tree: see the module docstring.
-        self._groups, order = _build_groups(
-            tables, default_optimizer, compute_kernel, device, self.lookup_threads
-        )
+        self._groups, order = _build_groups(tables, default_optimizer, compute_kernel, device, self.lookup_threads)
 
         names = embedding_names(tables)
         self._feature_names = [name for table_names in names for name in table_names]
@@ -319,9 +318,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         lookup_outputs = [name for i in order for name in names[i]]
         columns = _feature_columns(lookup_outputs, self._feature_names, self._feature_dims)
         self._output_columns = None if columns is None else torch.tensor(columns, device=device)
-        self._needs_value_offsets = len(self._groups) > 1 or isinstance(
-            self._groups[0], _DenseGroup
-        )
+        self._needs_value_offsets = len(self._groups) > 1 or isinstance(self._groups[0], _DenseGroup)
         self._select = KeySelection(self._lookup_names)
         self._check = IdCheck(
             self._lookup_names,
@@ -346,9 +343,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         kjt = self._select(features)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
-            raise ValueError(
-                "EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights"
-            )
+            raise ValueError("EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights")
         values, offsets = kjt.values(), kjt.offsets()
         value_offsets = kjt.offset_per_key() if self._needs_value_offsets else None
         if len(self._groups) == 1:
@@ -380,13 +375,21 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
             group_weights.append(None if weights is None else weights[start:end])
             first = last
         threads = min(self.lookup_threads, torch.get_num_threads())
-        if threads > 1 and len(lookups) > 1 and self._choose_concurrency(lookups, group_weights, values, batch, threads) == "sequential":
+        if (
+            threads > 1
+            and len(lookups) > 1
+            and self._choose_concurrency(lookups, group_weights, values, batch, threads) == "sequential"
+        ):
             threads = 1
         return run_concurrently(lookups, threads, group_weights)
 
     def _choose_concurrency(
-        self, lookups: list[Callable[..., torch.Tensor]], group_weights: list[torch.Tensor | None],
-        values: torch.Tensor, batch: int, threads: int,
+        self,
+        lookups: list[Callable[..., torch.Tensor]],
+        group_weights: list[torch.Tensor | None],
+        values: torch.Tensor,
+        batch: int,
+        threads: int,
     ) -> str:
         """'concurrent' or 'sequential' groups at these shapes, timed on the forward alone: a timed
         backward would step the fused optimizer."""
@@ -401,6 +404,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
             def run() -> object:
                 with torch.no_grad():
                     return run_concurrently(lookups, count, group_weights)
+
             return run
 
         return choice.choose("lookup", shape, {"sequential": timed(1), "concurrent": timed(threads)})
@@ -411,14 +415,15 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
-        tables = ", ".join(
-            f"{t.name}({t.num_embeddings}x{t.embedding_dim}, {t.pooling})" for t in self._tables
-        )
+        tables = ", ".join(f"{t.name}({t.num_embeddings}x{t.embedding_dim}, {t.pooling})" for t in self._tables)
         return f"compute_kernel={self.compute_kernel!r}, tables=[{tables}]"
 
 
 def _group_lookup(
-    group: _FusedGroup | _DenseGroup, values: torch.Tensor, offsets: torch.Tensor, value_offsets: list[int],
+    group: _FusedGroup | _DenseGroup,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    value_offsets: list[int],
     weights: torch.Tensor | None,
 ) -> torch.Tensor:
     """One group's pooled block; the per-id weights come last, from run_concurrently."""
@@ -496,9 +501,7 @@ def _check_names(tables: list[Any], shared_features: bool = False) -> None:
             raise ValueError(f"table {t.name!r} names feature {repeated!r} twice")
         for f in t.feature_names:
             if f in feature_table and not shared_features:
-                raise ValueError(
-                    f"feature {f!r} is looked up by tables {feature_table[f]!r} and {t.name!r}"
-                )
+                raise ValueError(f"feature {f!r} is looked up by tables {feature_table[f]!r} and {t.name!r}")
             feature_table.setdefault(f, t.name)
 
 

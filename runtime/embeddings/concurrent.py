@@ -77,7 +77,10 @@ class _Concurrent(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, pool: ThreadPoolExecutor, lookups: Sequence[Lookup], token: torch.Tensor,
+        ctx: Any,
+        pool: ThreadPoolExecutor,
+        lookups: Sequence[Lookup],
+        token: torch.Tensor,
         *inputs: torch.Tensor | None,
     ) -> tuple[torch.Tensor, ...]:
         leaves = [None if x is None else x.detach().requires_grad_(x.requires_grad) for x in inputs]

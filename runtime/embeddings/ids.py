@@ -188,9 +188,7 @@ def _check_shapes(kjt: KeyedJaggedTensor) -> None:
         raise ValueError(f"{_OWNER}: values must be 1-D, got shape {tuple(values.shape)}")
     if values.dtype not in _ID_DTYPES:
         named = ", ".join(repr(k) for k in keys)
-        raise ValueError(
-            f"{_OWNER}: the ids of keys {named} are {values.dtype}; ids must be int32 or int64"
-        )
+        raise ValueError(f"{_OWNER}: the ids of keys {named} are {values.dtype}; ids must be int32 or int64")
     entries = len(keys) * stride
     given = (("lengths", kjt.lengths_or_none(), entries), ("offsets", kjt.offsets_or_none(), entries + 1))
     for name, tensor, need in given:
@@ -200,14 +198,11 @@ def _check_shapes(kjt: KeyedJaggedTensor) -> None:
             raise ValueError(f"{_OWNER}: {name} must be int32 or int64, got {tensor.dtype}")
         if tensor.dim() != 1 or tensor.numel() != need:
             raise ValueError(
-                f"{_OWNER}: {name} has {tensor.numel()} entries "
-                f"but {len(keys)} keys x stride {stride} need {need}"
+                f"{_OWNER}: {name} has {tensor.numel()} entries but {len(keys)} keys x stride {stride} need {need}"
             )
     weights = kjt.weights_or_none()
     if weights is not None and weights.numel() != values.numel():
-        raise ValueError(
-            f"{_OWNER}: weights has {weights.numel()} entries but values has {values.numel()}"
-        )
+        raise ValueError(f"{_OWNER}: weights has {weights.numel()} entries but values has {values.numel()}")
 
 
 def _with_counts(kjt: KeyedJaggedTensor, length_per_key: list[int]) -> KeyedJaggedTensor:
@@ -217,8 +212,7 @@ def _with_counts(kjt: KeyedJaggedTensor, length_per_key: list[int]) -> KeyedJagg
         for key, said, got in zip(kjt.keys(), claimed, length_per_key):
             if said != got:
                 raise ValueError(
-                    f"{_OWNER}: length_per_key says key {key!r} has {said} values "
-                    f"but its lengths sum to {got}"
+                    f"{_OWNER}: length_per_key says key {key!r} has {said} values but its lengths sum to {got}"
                 )
     starts = list(itertools.accumulate(length_per_key, initial=0))
     claimed_starts = kjt.offset_per_key_or_none()

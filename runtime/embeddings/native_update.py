@@ -58,8 +58,10 @@ def layout(tbe: Any) -> native.TableLayout:
     return native.TableLayout(
         weight_offsets=as64([int(tbe.weights_offsets[f]) for f in first]),
         momentum_offsets=as64([int(tbe.momentum1_offsets[f]) for f in first]),
-        rows=as64([int(tbe.rows_per_table[f]) for f in first]), dims=as64([dims[f] for f in first]),
-        feature_tables=as64(table_of), grad_columns=as64(tbe.D_offsets[:-1]),
+        rows=as64([int(tbe.rows_per_table[f]) for f in first]),
+        dims=as64([dims[f] for f in first]),
+        feature_tables=as64(table_of),
+        grad_columns=as64(tbe.D_offsets[:-1]),
     )
 
 
@@ -68,8 +70,13 @@ class _NativeUpdate(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, tbe: Any, table_layout: native.TableLayout, values: torch.Tensor, offsets: torch.Tensor,
-        weights: torch.Tensor | None, parameter: torch.Tensor,
+        ctx: Any,
+        tbe: Any,
+        table_layout: native.TableLayout,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        parameter: torch.Tensor,
     ) -> torch.Tensor:
         with torch.no_grad():
             pooled = tbe(values, offsets, weights)
@@ -82,8 +89,15 @@ class _NativeUpdate(torch.autograd.Function):
         # The weights' gradient reads the rows as the forward did: before the update below moves them.
         weights_grad = _weights_grad(tbe, ctx.layout, values, offsets, grad) if ctx.needs_input_grad[4] else None
         status = native.rowwise_adagrad_backward(
-            tbe.weights_host.detach(), tbe.momentum1_host.detach(), ctx.layout, values, offsets, weights, grad,
-            float(tbe.learning_rate_tensor), float(tbe.optimizer_args.eps),
+            tbe.weights_host.detach(),
+            tbe.momentum1_host.detach(),
+            ctx.layout,
+            values,
+            offsets,
+            weights,
+            grad,
+            float(tbe.learning_rate_tensor),
+            float(tbe.optimizer_args.eps),
         )
         if status & 1:
             raise ValueError("embedding update: an id is outside its table's rows (the batch was not checked)")
@@ -93,7 +107,11 @@ class _NativeUpdate(torch.autograd.Function):
 
 
 def _weights_grad(
-    tbe: Any, table_layout: native.TableLayout, values: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+    tbe: Any,
+    table_layout: native.TableLayout,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    grad: torch.Tensor,
 ) -> torch.Tensor:
     """d loss / d w_i = <grad of id i's bag in its feature's columns, id i's row>, for every id i."""
     features = table_layout.feature_tables.numel()
@@ -116,7 +134,10 @@ def _weights_grad(
 
 
 def _choose(
-    tbe: Any, table_layout: native.TableLayout, values: torch.Tensor, offsets: torch.Tensor,
+    tbe: Any,
+    table_layout: native.TableLayout,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
     weights: torch.Tensor | None,
 ) -> str:
     features = len(tbe.feature_table_map)
@@ -137,6 +158,7 @@ def _choose(
             else:
                 pooled = tbe(values, offsets, timed_weights)
             pooled.backward(torch.zeros_like(pooled))  # a zero gradient leaves weights and state as they are
+
         return step
 
     site = shape[shape.index("_tables") + 1 : shape.rindex("_t")]  # the table group: not the batch's id count
@@ -144,7 +166,10 @@ def _choose(
 
 
 def lookup(
-    tbe: Any, table_layout: native.TableLayout | None, values: torch.Tensor, offsets: torch.Tensor,
+    tbe: Any,
+    table_layout: native.TableLayout | None,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
     weights: torch.Tensor | None,
 ) -> torch.Tensor:
     """The TBE's pooled lookup; in training, given the layout of a TBE the kernel `supports`,

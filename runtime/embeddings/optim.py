@@ -53,9 +53,7 @@ def init_state(
 ) -> dict[str, torch.Tensor]:
     """Zero-initialised state of one table (float32; `iter` int64)."""
     return {
-        name: torch.zeros(
-            shape, device=device, dtype=torch.int64 if name == "iter" else torch.float32
-        )
+        name: torch.zeros(shape, device=device, dtype=torch.int64 if name == "iter" else torch.float32)
         for name, shape in state_shapes(optimizer, rows, dim).items()
     }
 

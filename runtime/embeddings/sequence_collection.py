@@ -138,9 +138,7 @@ class EmbeddingCollection(TablesOutsideModuleTree):
                 rows.append(sum(length_per_key[key : key + features_in_table]))
                 key += features_in_table
             slot_rows.append(rows)
-        outputs = run_concurrently(
-            self._lookups(values, slot_rows), min(self.lookup_threads, torch.get_num_threads())
-        )
+        outputs = run_concurrently(self._lookups(values, slot_rows), min(self.lookup_threads, torch.get_num_threads()))
         # Each table's rows are its columns' first rows; cut them per feature. One split by columns,
         # not a slice per table: each slice's backward would write a zero gradient the size of the
         # whole output, so a group of F tables would cost F outputs' worth of zeros per step.
@@ -159,9 +157,7 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         }
         return {name: by_name[name] for name in self._feature_names}
 
-    def _lookups(
-        self, values: torch.Tensor, slot_rows: list[list[int]]
-    ) -> list[Callable[[], torch.Tensor]]:
+    def _lookups(self, values: torch.Tensor, slot_rows: list[list[int]]) -> list[Callable[[], torch.Tensor]]:
         """One call per group: its ids, one per bag, each slot padded to the group's longest."""
         lookups: list[Callable[[], torch.Tensor]] = []
         start = 0

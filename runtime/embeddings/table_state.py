@@ -39,11 +39,7 @@ class TablesOutsideModuleTree(nn.Module):
 
     def _table_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
         """Each table's live weight and optimizer state, in table order."""
-        by_name = {
-            t.name: tensors
-            for group in self._groups
-            for t, tensors in zip(group.tables, group.table_tensors())
-        }
+        by_name = {t.name: tensors for group in self._groups for t, tensors in zip(group.tables, group.table_tensors())}
         return {t.name: by_name[t.name] for t in self._tables}
 
     def embedding_parameters(self) -> dict[str, torch.Tensor]:
@@ -59,9 +55,7 @@ class TablesOutsideModuleTree(nn.Module):
         for group in self._groups:
             group.set_lr_scale(scale)
 
-    def _save_to_state_dict(
-        self, destination: dict[str, Any], prefix: str, keep_vars: bool
-    ) -> None:
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for table, tensors in self._table_tensors().items():
             for name, tensor in tensors.items():
@@ -82,9 +76,7 @@ class TablesOutsideModuleTree(nn.Module):
             for table, tensors in self._table_tensors().items()
             for name, tensor in tensors.items()
         }
-        load_views(
-            views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, shape_mismatch
-        )
+        load_views(views, state_dict, prefix, strict, missing_keys, unexpected_keys, error_msgs, shape_mismatch)
         for group in self._groups:
             group.after_load()
 

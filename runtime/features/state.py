@@ -55,15 +55,21 @@ class LearnedFeatures:
 
     def describe(self) -> list[str]:
         """One line per feature: what was learned (sizes, not values)."""
-        return [f"feature {name}: {transform(learned.kind).describe(learned.config, learned.state)}"
-                for name, learned in self.features.items()]  # fmt: skip
+        return [
+            f"feature {name}: {transform(learned.kind).describe(learned.config, learned.state)}"
+            for name, learned in self.features.items()
+        ]
 
     def to_bytes(self) -> bytes:
         body = {
-            name: {"kind": learned.kind, "version": transform(learned.kind).version,
-                   "config": config_json(learned.config), "state": transform(learned.kind).dump(learned.state)}
+            name: {
+                "kind": learned.kind,
+                "version": transform(learned.kind).version,
+                "config": config_json(learned.config),
+                "state": transform(learned.kind).dump(learned.state),
+            }
             for name, learned in self.features.items()
-        }  # fmt: skip
+        }
         document = {"format": FORMAT, "version": VERSION, "features": body}
         return (json.dumps(document, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
@@ -111,16 +117,24 @@ def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> Learne
     for name, config in configs.items():
         entry = stored.get(name)
         if entry is None or entry.get("kind") != config.kind or not _same_config(entry.get("config"), config):
-            learned_as = "is not learned there" if entry is None else (
-                f"was learned as {entry.get('kind')} {entry.get('config')}, the spec says {config.kind} "
-                f"{config_json(config)}"
+            learned_as = (
+                "is not learned there"
+                if entry is None
+                else (
+                    f"was learned as {entry.get('kind')} {entry.get('config')}, the spec says {config.kind} "
+                    f"{config_json(config)}"
+                )
             )
-            raise FeatureStateError(f"{file}: feature {name!r} {learned_as}; learn the features again "
-                                    "(reccompile data prepare, or train on the raw files without --resume)")  # fmt: skip
+            raise FeatureStateError(
+                f"{file}: feature {name!r} {learned_as}; learn the features again "
+                "(reccompile data prepare, or train on the raw files without --resume)"
+            )
         version = transform(config.kind).version
         if entry.get("version") != version:
-            raise FeatureStateError(f"{file}: feature {name!r} was learned by {config.kind} version "
-                                    f"{entry.get('version')}, this runtime applies version {version}; "
-                                    "learn the features again")  # fmt: skip
+            raise FeatureStateError(
+                f"{file}: feature {name!r} was learned by {config.kind} version "
+                f"{entry.get('version')}, this runtime applies version {version}; "
+                "learn the features again"
+            )
         features[name] = Learned(config.kind, config, transform(config.kind).load(entry["state"]))
     return LearnedFeatures(features, str(file))

@@ -66,8 +66,10 @@ class VocabularyTransform:
         return total
 
     def finish(self, config: Vocabulary, partial: Counter[str], rows: int | None) -> VocabularyState:
-        kept = sorted((value for value, count in partial.items() if count >= config.min_count),
-                      key=lambda value: (-partial[value], value))  # fmt: skip
+        kept = sorted(
+            (value for value, count in partial.items() if count >= config.min_count),
+            key=lambda value: (-partial[value], value),
+        )
         limits = [n for n in (config.max_size, None if rows is None else rows - config.oov_buckets) if n is not None]
         return VocabularyState(kept[: min(limits)] if limits else kept, len(partial), config.oov_buckets)
 

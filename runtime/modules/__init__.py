@@ -9,8 +9,14 @@ lazy_exports(
     globals(),
     {
         "blocks.pooled": (
-            "MLP", "Concat", "CrossNet", "DotInteraction", "DotProduct",
-            "FactorizationMachine", "MixtureOfExperts", "Sum",
+            "MLP",
+            "Concat",
+            "CrossNet",
+            "DotInteraction",
+            "DotProduct",
+            "FactorizationMachine",
+            "MixtureOfExperts",
+            "Sum",
         ),
         "layers.linear": ("Linear",),
         "blocks.elementwise": ("Activation", "Product"),
@@ -28,4 +34,4 @@ lazy_exports(
         "blocks.gru": ("GRU",),
         "heads.losses": ("head_loss", "total_loss"),
     },
-)  # fmt: skip
+)

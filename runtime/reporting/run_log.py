@@ -71,9 +71,16 @@ class RunLog:
         rates = {key: value for key, value in (("lr", lr), ("lr_scale", lr_scale)) if value is not None}
         steps = {"metrics_steps": list(window)} if window is not None else {}
         self._write(
-            {"kind": "train", "step": step, "loss": loss, **rates, "samples_per_s": round(samples_per_s, 1),
-             "metrics": metrics, **steps}
-        )  # fmt: skip
+            {
+                "kind": "train",
+                "step": step,
+                "loss": loss,
+                **rates,
+                "samples_per_s": round(samples_per_s, 1),
+                "metrics": metrics,
+                **steps,
+            }
+        )
         if self._writer is not None:
             self._writer.add_scalar("train/loss", loss, step)
             self._writer.add_scalar("train/samples_per_s", samples_per_s, step)
@@ -122,7 +129,9 @@ def panels(records: list[Record]) -> dict[str, dict[str, list[tuple[float, float
     """{title: {series: [(step, value)]}}: the loss, the learning rate (when logged), then one panel per
     head and metric (train, eval)."""
     train = [r for r in records if r["kind"] == "train"]
-    found: dict[str, dict[str, list[tuple[float, float]]]] = {"loss": {"train": [(r["step"], r["loss"]) for r in train]}}
+    found: dict[str, dict[str, list[tuple[float, float]]]] = {
+        "loss": {"train": [(r["step"], r["loss"]) for r in train]}
+    }
     if any("lr" in r for r in train):
         found["lr"] = {"train": [(r["step"], r["lr"]) for r in train if "lr" in r]}
     for record in records:
@@ -139,8 +148,11 @@ def plot(records: list[Record], path: Path) -> bool:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        _say_once("matplotlib", f"--log-dir: matplotlib is not installed, so no {path.name} "
-                  "(pip install 'reccompile[plots]'); metrics.jsonl has every record")  # fmt: skip
+        _say_once(
+            "matplotlib",
+            f"--log-dir: matplotlib is not installed, so no {path.name} "
+            "(pip install 'reccompile[plots]'); metrics.jsonl has every record",
+        )
         return False
     shown = panels(records)
     columns = min(3, len(shown))
@@ -163,8 +175,11 @@ def _summary_writer(directory: Path, purge_step: int | None) -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
-        _say_once("tensorboard", "--log-dir: tensorboard is not installed, so no TensorBoard events "
-                  "(pip install 'reccompile[logs]'); writing metrics.jsonl")  # fmt: skip
+        _say_once(
+            "tensorboard",
+            "--log-dir: tensorboard is not installed, so no TensorBoard events "
+            "(pip install 'reccompile[logs]'); writing metrics.jsonl",
+        )
         return None
     return SummaryWriter(log_dir=str(directory), purge_step=purge_step)
 

@@ -21,4 +21,4 @@ lazy_exports(
         "index_files": ("IndexFileError", "load_index", "save_index"),
         "index_quality": ("IndexQuality", "check_index"),
     },
-)  # fmt: skip
+)

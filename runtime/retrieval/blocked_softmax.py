@@ -170,7 +170,13 @@ def blocked_softmax_loss(
             fp32.enter_context(torch.autocast(query.device.type, enabled=False))
         dtype = torch.promote_types(torch.promote_types(query.dtype, candidates.dtype), torch.float32)
         total = _BlockedSoftmax.apply(
-            query.to(dtype), candidates.to(dtype), own, hit_rows, hit_columns, float(temperature), bound,
+            query.to(dtype),
+            candidates.to(dtype),
+            own,
+            hit_rows,
+            hit_columns,
+            float(temperature),
+            bound,
             block_rows(candidates.shape[0]) if block is None else int(block),
         )
     return total / max(1, query.shape[0]) if reduction == "mean" else total

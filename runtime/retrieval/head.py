@@ -171,9 +171,11 @@ def item_batch(
             lengths[index] = (column >= 0).long()
             values.append(column[column >= 0])
     return KeyedJaggedTensor.from_lengths_sync(
-        keys=list(keys), values=torch.cat(values) if values else ids.new_zeros(0, dtype=torch.long),
-        lengths=lengths.reshape(-1), stride=n,
-    )  # fmt: skip
+        keys=list(keys),
+        values=torch.cat(values) if values else ids.new_zeros(0, dtype=torch.long),
+        lengths=lengths.reshape(-1),
+        stride=n,
+    )
 
 
 @torch.no_grad()
@@ -247,7 +249,9 @@ class RetrievalLoss(nn.Module):
         first = sum(counts[: dist.get_rank(self.process_group)]) if len(counts) > 1 else 0
         own = self.softmax.negative_ids(ids.device, slice(first, first + ids.numel()), sum(counts))
         assert own is not None
-        padded = torch.full((max(counts), own.shape[1]), self.softmax.config.first_id, dtype=own.dtype, device=own.device)
+        padded = torch.full(
+            (max(counts), own.shape[1]), self.softmax.config.first_id, dtype=own.dtype, device=own.device
+        )
         padded[: own.shape[0]] = own
         vectors = item_vectors(padded.reshape(-1))
         return vectors.view(*padded.shape, -1)[: own.shape[0]]

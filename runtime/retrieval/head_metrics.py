@@ -43,6 +43,7 @@ def wants_users(metrics: Sequence[str]) -> bool:
     """Whether metrics averaged per user are among `metrics`."""
     return any(name.startswith("user_") for name in metrics)
 
+
 _AT_K = re.compile(r"(?:user_)?(recall|ndcg|hit_rate)@([0-9]+)")
 
 
@@ -91,8 +92,15 @@ class RetrievalHeadMetrics:
             vectors, ids = step.candidates(held)
             seen = held.history.detach().cpu() if self.mask_seen and held.history.shape[1] else None
             positives = step.scored(held.positives.detach().float().cpu())
-            self._ranked.update(held.queries.detach().float().cpu(), held.ids.detach().cpu(), positives, vectors, ids,
-                                seen=seen, users=known)  # fmt: skip
+            self._ranked.update(
+                held.queries.detach().float().cpu(),
+                held.ids.detach().cpu(),
+                positives,
+                vectors,
+                ids,
+                seen=seen,
+                users=known,
+            )
             return
         if known is not None:
             self._users.append(known)

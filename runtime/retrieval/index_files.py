@@ -49,7 +49,9 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "IndexFileError", "load_index", "save_ind
 
 FORMAT = "reccompile-index"
 FORMAT_VERSION = 1
-INDEX = Artifact("index", "an", "build one with save_index or reccompile export", "build the index again", FORMAT_VERSION)
+INDEX = Artifact(
+    "index", "an", "build one with save_index or reccompile export", "build the index again", FORMAT_VERSION
+)
 IDS_FILE = "ids.pt"
 EMBEDDINGS_FILE = "embeddings.pt"
 FAISS_FILE = "index.faiss"
@@ -144,4 +146,3 @@ def _load_tensor(root: Path, manifest: Mapping[str, Any], name: str, verify: boo
     if not isinstance(value, torch.Tensor):
         raise IndexFileError(f"{path}: holds a {type(value).__name__}, not a tensor; build the index again")
     return value
-

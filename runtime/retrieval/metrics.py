@@ -102,8 +102,7 @@ def query_metrics(positions: torch.Tensor, positive_ids: torch.Tensor, ks: Seque
     values: dict[str, torch.Tensor] = {}
     for k in ks:
         inside = positions < k
-        ideal = torch.tensor([sum(1.0 / math.log2(p + 2) for p in range(n)) for n in range(k + 1)],
-                             dtype=torch.float64)  # fmt: skip
+        ideal = torch.tensor([sum(1.0 / math.log2(p + 2) for p in range(n)) for n in range(k + 1)], dtype=torch.float64)
         values[f"recall@{k}"] = inside.sum(dim=1) / relevant.clamp(min=1)
         values[f"ndcg@{k}"] = (gains * inside).sum(dim=1) / ideal[relevant.long().clamp(max=k)].clamp(min=1e-300)
         values[f"hit_rate@{k}"] = inside.any(dim=1).to(torch.float64)
@@ -124,9 +123,13 @@ class RetrievalMetrics:
     """Sums of the per-query metrics over a window, combined over ranks by `compute`."""
 
     def __init__(
-        self, ks: Sequence[int] = (10,), candidates: str = "exact", chunk_size: int = DEFAULT_CHUNK,
-        per_user: bool = False, max_scores: int = DEFAULT_MAX_SCORES,
-    ) -> None:  # fmt: skip
+        self,
+        ks: Sequence[int] = (10,),
+        candidates: str = "exact",
+        chunk_size: int = DEFAULT_CHUNK,
+        per_user: bool = False,
+        max_scores: int = DEFAULT_MAX_SCORES,
+    ) -> None:
         if candidates not in CANDIDATES:
             raise ValueError(f"retrieval metrics: candidates {candidates!r} is not one of {', '.join(CANDIDATES)}")
         if not ks or any(k < 1 for k in ks):
@@ -165,11 +168,16 @@ class RetrievalMetrics:
         rows = max(1, self.max_scores // max(1, per_chunk))
         blocks = [
             positive_positions(
-                queries[start : start + rows], positive_ids[start : start + rows], positives[start : start + rows],
-                candidates, candidate_ids, self.chunk_size, seen=None if seen is None else seen[start : start + rows],
+                queries[start : start + rows],
+                positive_ids[start : start + rows],
+                positives[start : start + rows],
+                candidates,
+                candidate_ids,
+                self.chunk_size,
+                seen=None if seen is None else seen[start : start + rows],
             )
             for start in range(0, queries.shape[0], rows)
-        ]  # fmt: skip
+        ]
         positions = torch.cat(blocks) if blocks else torch.zeros(0, positive_ids.shape[1], dtype=torch.float64)
         values = query_metrics(positions, positive_ids, self.ks)
         unprefixed = [name.removeprefix("sampled_") for name in self.names]

@@ -131,9 +131,7 @@ def sampled_softmax(
     return F.cross_entropy(logits, own, reduction=reduction)
 
 
-def _columns(
-    corrections: list[torch.Tensor | None], blocks: list[torch.Tensor], logits: torch.Tensor
-) -> torch.Tensor:
+def _columns(corrections: list[torch.Tensor | None], blocks: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
     """One row [1, C] of every column's log Q (0 where a block has none)."""
     parts = [
         torch.zeros(block.shape[1], dtype=torch.float64) if c is None else c.to(torch.float64).reshape(-1)

@@ -179,9 +179,7 @@ def _check_layout(root: Path, manifest: Mapping[str, Any], model: nn.Module, ver
         raise ExportError(f"{path}: not valid JSON ({error}); export again") from None
     expected = json.loads(json.dumps(table_layout(model)))
     if saved != expected:
-        raise ExportError(
-            f"{path}: describes other tables than the module's; the files come from different exports"
-        )
+        raise ExportError(f"{path}: describes other tables than the module's; the files come from different exports")
 
 
 def import_module(path: str | Path) -> ModuleType:
@@ -210,9 +208,7 @@ def load(directory: str | Path, verify: bool = True) -> tuple[ModuleType, nn.Mod
     return module, module.build(root, verify=verify)
 
 
-def head_scores(
-    outputs: Mapping[str, torch.Tensor], heads: Sequence[HeadConfig]
-) -> dict[str, torch.Tensor]:
+def head_scores(outputs: Mapping[str, torch.Tensor], heads: Sequence[HeadConfig]) -> dict[str, torch.Tensor]:
     """Per head: sigmoid of the logit (bce), the probability as it is (bce with output probability),
     softmax over classes (softmax), the value (mse)."""
     scores = {}

@@ -121,15 +121,23 @@ def export_items(
         "item_ids": "table rows" if learned is None else "vocabulary",
         "item_vectors": {"file": ITEM_VECTORS, **file_facts(directory / ITEM_VECTORS)},
         "index": {
-            "directory": INDEX_DIR, "kind": index.kind, "params": dict(index.params),
+            "directory": INDEX_DIR,
+            "kind": index.kind,
+            "params": dict(index.params),
             "manifest": {"file": f"{INDEX_DIR}/{MANIFEST}", **file_facts(directory / INDEX_DIR / MANIFEST)},
         },
         "quality": {
-            "k": k, "queries": queries.shape[0], "source": source, "overlap": quality.overlap,
-            "recall": quality.recall, "exact_recall": quality.exact_recall, "ratio": quality.ratio,
-            "threshold": RATIO, "ok": quality.ok,
+            "k": k,
+            "queries": queries.shape[0],
+            "source": source,
+            "overlap": quality.overlap,
+            "recall": quality.recall,
+            "exact_recall": quality.exact_recall,
+            "ratio": quality.ratio,
+            "threshold": RATIO,
+            "ok": quality.ok,
         },
-    }  # fmt: skip
+    }
     return section, report
 
 
@@ -159,7 +167,6 @@ def _held_out(
     if not queries:
         raise DataError(f"{data}: no held-out requests to measure the index with")
     return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES]
-
 
 
 def _held_out_next(
@@ -194,7 +201,12 @@ def _held_out_next(
             if count >= MAX_QUERIES:
                 break
     if not sum(q.shape[0] for q in queries):
-        hint = "" if history else (": pass --history movielens:TRAIN, the training ratings they were split from, "
-                                   "where their histories are")  # fmt: skip
+        hint = (
+            ""
+            if history
+            else (
+                ": pass --history movielens:TRAIN, the training ratings they were split from, where their histories are"
+            )
+        )
         raise DataError(f"{data}: no held-out requests with a history to measure the index with{hint}")
     return torch.cat(queries)[:MAX_QUERIES], torch.cat(positives)[:MAX_QUERIES], empty

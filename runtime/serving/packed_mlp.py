@@ -109,10 +109,18 @@ class PackedMLP(MLP):
         if self.exact:
             return self._run(x, lambda k, x, weight, bias, relu: onednn_chosen(x, weight, bias, relu))
         question = self._question(x)
-        packed = question is not None and choice.choose("packed_mlp", question, {
-            "aten": lambda: self._run(x, _never),
-            "packed": lambda: self._run(x, _where_onednn_applies),
-        }) == "packed"
+        packed = (
+            question is not None
+            and choice.choose(
+                "packed_mlp",
+                question,
+                {
+                    "aten": lambda: self._run(x, _never),
+                    "packed": lambda: self._run(x, _where_onednn_applies),
+                },
+            )
+            == "packed"
+        )
         return self._run(x, _where_onednn_applies if packed else _never)
 
     def _run(self, x: torch.Tensor, packs: _Packs) -> torch.Tensor:
@@ -143,10 +151,14 @@ class PackedMLP(MLP):
                 onednn_applies(x.new_empty(1, 1).expand(x.shape[0], layer.in_features), layer.weight)
                 for layer in self.linears
             )
-            self._questions[(batch, threads)] = f"b{batch}_in{self.in_features}_{layers}_t{threads}" if applies else None
+            self._questions[(batch, threads)] = (
+                f"b{batch}_in{self.in_features}_{layers}_t{threads}" if applies else None
+            )
         return self._questions[(batch, threads)]
 
-    def _packed(self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
+    def _packed(
+        self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool
+    ) -> torch.Tensor:
         # Packed again if the weight was replaced or written to (load_state_dict copies in place).
         key = (weight.data_ptr(), weight._version)
         known = self._packs.get(k)

@@ -112,10 +112,17 @@ def predict_file(
     """
     started = time.perf_counter()
     samples = open_samples(
-        inputs, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy, warn=warn,
-        vocabulary=vocabulary, threshold=DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold,
+        inputs,
+        data,
+        batch_size=batch_size,
+        rows=rows,
+        seed=seed,
+        bad_rows_policy=bad_rows_policy,
+        warn=warn,
+        vocabulary=vocabulary,
+        threshold=DEFAULT_THRESHOLD if rating_threshold is None else rating_threshold,
         features=features,
-    )  # fmt: skip
+    )
     count, model_seconds = write_file(
         output, lambda out: predict(model, inputs.heads, samples.batches, out, samples.id_columns)
     )

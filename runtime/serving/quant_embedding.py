@@ -263,7 +263,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         # The state dict holds per-table entries instead (see `_save_to_state_dict`).
         buffers = {
             # Rows are read at random: on the CPU, huge pages spare a TLB miss per row.
-            "weights": huge_pages.zeros(self._layout.buffer_bytes) if device.type == "cpu"
+            "weights": huge_pages.zeros(self._layout.buffer_bytes)
+            if device.type == "cpu"
             else torch.zeros(self._layout.buffer_bytes, dtype=torch.uint8, device=device),
             "weights_offsets": tbe.weights_offsets.clone(),
             "weights_placements": tbe.weights_placements.clone(),
@@ -275,10 +276,12 @@ class QuantEmbeddingBagCollection(nn.Module):
             "no_locations": torch.zeros(0, dtype=torch.int32, device=device),
             "mean_features": torch.tensor([t.pooling == "mean" for t in self._feature_tables], device=device),
             # The kernel's output columns that are the tables' own (padded tables' end in copies).
-            "output_columns": torch.cat([
-                torch.arange(start, start + dim, device=device)
-                for start, dim in zip(tbe.D_offsets[:-1].tolist(), self._feature_dims)
-            ]),
+            "output_columns": torch.cat(
+                [
+                    torch.arange(start, start + dim, device=device)
+                    for start, dim in zip(tbe.D_offsets[:-1].tolist(), self._feature_dims)
+                ]
+            ),
         }
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor, persistent=False)
@@ -297,8 +300,13 @@ class QuantEmbeddingBagCollection(nn.Module):
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
         return IntNBitTableBatchedEmbeddingBagsCodegen(
             [
-                (t.name, t.num_embeddings, stored_dim(t.embedding_dim), _SPARSE_TYPES[self._precisions[t.name]],
-                 location)
+                (
+                    t.name,
+                    t.num_embeddings,
+                    stored_dim(t.embedding_dim),
+                    _SPARSE_TYPES[self._precisions[t.name]],
+                    location,
+                )
                 for t in self._tables
             ],
             feature_table_map=[i for i, t in enumerate(self._tables) for _ in t.feature_names],
@@ -350,9 +358,7 @@ class QuantEmbeddingBagCollection(nn.Module):
 
     def quantization_steps(self) -> dict[str, torch.Tensor | None]:
         """Per table, the step of each int8/int4 row (rows x 1); None for fp32 and fp16."""
-        return {
-            name: quantization_step(rows, self._precisions[name]) for name, rows in self.table_rows().items()
-        }
+        return {name: quantization_step(rows, self._precisions[name]) for name, rows in self.table_rows().items()}
 
     def layout(self) -> dict[str, Any]:
         """The single-process layout as plain data: tables, byte offsets, features, output columns."""
@@ -361,22 +367,24 @@ class QuantEmbeddingBagCollection(nn.Module):
         tables = []
         for table, offset in zip(self._tables, self._layout.table_offsets):
             precision = self._precisions[table.name]
-            tables.append({
-                "name": table.name,
-                "rows": table.num_embeddings,
-                "dim": table.embedding_dim,
-                "pooling": table.pooling,
-                "precision": precision,
-                "fbgemm_type": _SPARSE_TYPES[precision].name,
-                **({"stored_dim": stored_dim(table.embedding_dim)} if table.embedding_dim % _DIM_MULTIPLE else {}),
-                "row_bytes": row_bytes(stored_dim(table.embedding_dim), precision),
-                "padded_row_bytes": self._padded_row_bytes(table),
-                "byte_offset": offset,
-                "features": [
-                    {"name": name, "columns": [start, stop]}
-                    for name, start, stop in itertools.islice(features, len(table.feature_names))
-                ],
-            })
+            tables.append(
+                {
+                    "name": table.name,
+                    "rows": table.num_embeddings,
+                    "dim": table.embedding_dim,
+                    "pooling": table.pooling,
+                    "precision": precision,
+                    "fbgemm_type": _SPARSE_TYPES[precision].name,
+                    **({"stored_dim": stored_dim(table.embedding_dim)} if table.embedding_dim % _DIM_MULTIPLE else {}),
+                    "row_bytes": row_bytes(stored_dim(table.embedding_dim), precision),
+                    "padded_row_bytes": self._padded_row_bytes(table),
+                    "byte_offset": offset,
+                    "features": [
+                        {"name": name, "columns": [start, stop]}
+                        for name, start, stop in itertools.islice(features, len(table.feature_names))
+                    ],
+                }
+            )
         return {
             "kernel": "fbgemm int_nbit_split_embedding_codegen_lookup_function",
             "pooling_mode": "sum (mean tables: per-id weights 1/L)",
@@ -400,9 +408,7 @@ class QuantEmbeddingBagCollection(nn.Module):
             weight = weights[table.name]
             expected = (table.num_embeddings, table.embedding_dim)
             if tuple(weight.shape) != expected:
-                raise ValueError(
-                    f"table {table.name!r}: weights of shape {tuple(weight.shape)}, expected {expected}"
-                )
+                raise ValueError(f"table {table.name!r}: weights of shape {tuple(weight.shape)}, expected {expected}")
             stored = pad_columns(weight, stored_dim(table.embedding_dim))
             targets[table.name].copy_(quantize_rows(stored, self._precisions[table.name], table.name))
         return self
@@ -426,9 +432,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         kjt = self._select(features)
         weights = kjt.weights_or_none() if self._is_weighted else None
         if self._is_weighted and weights is None:
-            raise ValueError(
-                "QuantEmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights"
-            )
+            raise ValueError("QuantEmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights")
         pooled = self.lookup(kjt.values(), kjt.offsets(), weights, kjt)
         return KeyedTensor(self._feature_names, self._feature_dims, pooled)
 
@@ -480,12 +484,18 @@ class QuantEmbeddingBagCollection(nn.Module):
             f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
             f"_t{torch.get_num_threads()}"
         )
-        return choice.choose("quant_pool", shape, {
-            "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
-            "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
-        })
+        return choice.choose(
+            "quant_pool",
+            shape,
+            {
+                "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
+                "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
+            },
+        )
 
-    def _bag_weights(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor | None:
+    def _bag_weights(
+        self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
+    ) -> torch.Tensor | None:
         """The per-id weights, times 1 / bag length for the features pooled by mean."""
         if not self._has_mean:
             return weights
@@ -549,9 +559,7 @@ class QuantEmbeddingBagCollection(nn.Module):
             fp8_exponent_bias=-1,
         )
 
-    def _check_bounds(
-        self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None
-    ) -> None:
+    def _check_bounds(self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None) -> None:
         try:
             torch.ops.fbgemm.bounds_check_indices(
                 self.rows_per_feature, values, offsets, BoundsCheckMode.FATAL.value, self.bounds_warning, None
@@ -561,9 +569,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         except RuntimeError as error:
             raise self._bad_id_error(values, offsets, kjt) from error
 
-    def _bad_id_error(
-        self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None
-    ) -> ValueError:
+    def _bad_id_error(self, values: torch.Tensor, offsets: torch.Tensor, kjt: KeyedJaggedTensor | None) -> ValueError:
         """What is wrong with a batch the kernel refused, named by feature and sample."""
         if kjt is None:
             batch = (offsets.numel() - 1) // len(self._feature_names)
@@ -605,4 +611,3 @@ class QuantEmbeddingBagCollection(nn.Module):
             for t in self._tables
         )
         return f"tables=[{tables}]"
-

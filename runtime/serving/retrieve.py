@@ -121,9 +121,18 @@ def retrieve_file(
     """Retrieve the top `k` items of every request of `data` (see the module docstring) into `output`."""
     started = time.perf_counter()
     samples = open_samples(
-        module.INPUTS, data, batch_size=batch_size, rows=rows, seed=seed, bad_rows_policy=bad_rows_policy,
-        warn=warn, vocabulary=vocabulary, positives=False, features=features, history=history,
-    )  # fmt: skip
+        module.INPUTS,
+        data,
+        batch_size=batch_size,
+        rows=rows,
+        seed=seed,
+        bad_rows_policy=bad_rows_policy,
+        warn=warn,
+        vocabulary=vocabulary,
+        positives=False,
+        features=features,
+        history=history,
+    )
     section = module.RETRIEVAL
     sequence = section["item_feature"] if section.get("next_item") and data != "synthetic" else None
     item = section["item_feature"]

@@ -106,11 +106,14 @@ def requests_reader(
     if history is not None:
         choice = choose_data(history, inputs)
         if choice.reader != "movielens":
-            raise DataError(f"--history {history}: the histories of requests come from MovieLens ratings "
-                            "(movielens:FILE), the training data the requests were split from")  # fmt: skip
+            raise DataError(
+                f"--history {history}: the histories of requests come from MovieLens ratings "
+                "(movielens:FILE), the training data the requests were split from"
+            )
         training = open_reader(inputs, choice, threshold=threshold, vocabulary=vocabulary)
-    reader = open_reader(inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary,
-                         training=training)  # fmt: skip
+    reader = open_reader(
+        inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary, training=training
+    )
     if training is not None and getattr(getattr(reader, "inner", reader), "histories", None) is None:
         raise DataError(f"--history {history}: the requests of {data} have no history feature to cut from it")
     if not positives and hasattr(reader, "positives_only"):

@@ -36,7 +36,13 @@ from runtime.retrieval.head import item_batch
 from runtime.sparse.jagged import KeyedJaggedTensor
 
 __all__ = [
-    "catalogue", "finish_vectors", "item_names", "item_request", "item_vocabulary", "learned_catalogue", "row_ids",
+    "catalogue",
+    "finish_vectors",
+    "item_names",
+    "item_request",
+    "item_vocabulary",
+    "learned_catalogue",
+    "row_ids",
 ]
 
 

@@ -58,9 +58,7 @@ class RowBuckets:
         )
         return bucketised[0], bucketised[1], bucketised[4]
 
-    def _as_tensors(
-        self, dtype: torch.dtype, device: torch.device
-    ) -> _Tensors:
+    def _as_tensors(self, dtype: torch.dtype, device: torch.device) -> _Tensors:
         # fbgemm reads block sizes and boundaries with the ids' integer type.
         key = (dtype, device)
         if key not in self._tensors:

@@ -51,9 +51,7 @@ class _LocalRows(torch.autograd.Function):
     """This rank's rows of the global batch; backward all-gathers every rank's gradients."""
 
     @staticmethod
-    def forward(
-        ctx: Any, pooled: torch.Tensor, rank: int, world_size: int, group: dist.ProcessGroup
-    ) -> torch.Tensor:
+    def forward(ctx: Any, pooled: torch.Tensor, rank: int, world_size: int, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.world_size, ctx.group = world_size, group
         batch = pooled.size(0) // world_size
         return pooled[rank * batch : (rank + 1) * batch].clone()
@@ -69,9 +67,7 @@ class _LocalRows(torch.autograd.Function):
 class ReplicatedOutputDist(nn.Module):
     """Keeps this rank's samples' rows, columns in table order (see the module docstring)."""
 
-    def __init__(
-        self, keys: Sequence[str], dims: Sequence[int], slots: Sequence[Slot], env: GroupEnv
-    ) -> None:
+    def __init__(self, keys: Sequence[str], dims: Sequence[int], slots: Sequence[Slot], env: GroupEnv) -> None:
         super().__init__()
         self.keys, self.dims = list(keys), list(dims)
         self._rank, self._world_size, self._group = env.rank, env.world_size, env.process_group
@@ -92,9 +88,7 @@ class _LocalBlock(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any, values: torch.Tensor, sizes: list[int], rank: int, group: dist.ProcessGroup
-    ) -> torch.Tensor:
+    def forward(ctx: Any, values: torch.Tensor, sizes: list[int], rank: int, group: dist.ProcessGroup) -> torch.Tensor:
         ctx.sizes, ctx.rank, ctx.group = sizes, rank, group
         start = sum(sizes[:rank])
         return values[start : start + sizes[rank]].clone()

@@ -80,9 +80,7 @@ class KernelCollections(nn.Module):
     rest: the weights by local table, and moving the collections with the module.
     """
 
-    def __init__(
-        self, tables: Sequence[LocalTable], make_collection: Callable[[list[Any], str], Any]
-    ) -> None:
+    def __init__(self, tables: Sequence[LocalTable], make_collection: Callable[[list[Any], str], Any]) -> None:
         super().__init__()
         self.tables = list(tables)
         by_kernel: dict[str, list[LocalTable]] = {}
@@ -90,8 +88,7 @@ class KernelCollections(nn.Module):
             by_kernel.setdefault(table.layout.kernel, []).append(table)
         self._collection_tables = list(by_kernel.values())
         self._collections = [
-            make_collection([t.config for t in kernel_tables], kernel)
-            for kernel, kernel_tables in by_kernel.items()
+            make_collection([t.config for t in kernel_tables], kernel) for kernel, kernel_tables in by_kernel.items()
         ]
 
     def collections(self) -> list[Any]:
@@ -149,19 +146,13 @@ class ShardLookup(KernelCollections):
         if len(self._collections) == 1:
             return self._collections[0](features).values()
         # Routed ids come in slot order and split for free; others are selected per collection.
-        parts = (
-            features.split(self._splits)
-            if features.keys() == self._keys
-            else [features] * len(self._collections)
-        )
+        parts = features.split(self._splits) if features.keys() == self._keys else [features] * len(self._collections)
         return torch.cat([c(p).values() for c, p in zip(self._collections, parts)], dim=1)
 
 
 def sharded_lookup(tables: Sequence[TableLayout], env: GroupEnv) -> ShardLookup:
     """The lookup of `env.rank`'s shards; ids were range-checked where they were read."""
-    return ShardLookup(
-        local_tables(tables, env.rank), env.optimizer, env.device, env.is_weighted, False
-    )
+    return ShardLookup(local_tables(tables, env.rank), env.optimizer, env.device, env.is_weighted, False)
 
 
 def slot_offsets(slots: Sequence[Slot], dims: Sequence[int]) -> list[int]:
@@ -174,11 +165,7 @@ def slot_offsets(slots: Sequence[Slot], dims: Sequence[int]) -> list[int]:
 
 def slot_columns(slots: Sequence[Slot], dims: Sequence[int]) -> list[int]:
     """For each pooled column of `slots` (in slot order), its column in the group's output."""
-    return [
-        offset + c
-        for slot, offset in zip(slots, slot_offsets(slots, dims))
-        for c in range(slot.shard.cols)
-    ]
+    return [offset + c for slot, offset in zip(slots, slot_offsets(slots, dims)) for c in range(slot.shard.cols)]
 
 
 def inverse_order(columns: Sequence[int]) -> torch.Tensor | None:

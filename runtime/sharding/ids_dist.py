@@ -34,9 +34,7 @@ from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
 from runtime.sharding.awaitable import Awaitable
 
 
-def count_message(
-    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int]
-) -> list[int]:
+def count_message(batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int]) -> list[int]:
     """[batch size, ids of each of its slots] for every destination, concatenated."""
     message, first = [], 0
     for slots in slots_per_rank:
@@ -75,15 +73,11 @@ class FeatureSelection:
 
     def __call__(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         if self._is_weighted and features.weights_or_none() is None:
-            raise ValueError(
-                "the embeddings are weighted (is_weighted=True) but the batch has no weights"
-            )
+            raise ValueError("the embeddings are weighted (is_weighted=True) but the batch has no weights")
         return self._select(features)
 
 
-def id_check(
-    features: Sequence[str], tables: Sequence[str], rows: Sequence[int], rank: int
-) -> IdCheck:
+def id_check(features: Sequence[str], tables: Sequence[str], rows: Sequence[int], rank: int) -> IdCheck:
     """The check of a batch on the rank that reads it, before any id leaves it.
 
     A bad layout or id would otherwise be bucketised, sent and looked up on
@@ -117,18 +111,14 @@ class IdsAllToAll:
     def start(self, routed: KeyedJaggedTensor) -> Awaitable[KeyedJaggedTensor]:
         return self.start_counted(routed)[0]
 
-    def start_counted(
-        self, routed: KeyedJaggedTensor
-    ) -> tuple[Awaitable[KeyedJaggedTensor], list[list[int]]]:
+    def start_counted(self, routed: KeyedJaggedTensor) -> tuple[Awaitable[KeyedJaggedTensor], list[list[int]]]:
         """`start`, and the ids of each local slot from each source rank ([source][slot]).
 
         The sequence output_dist sends rows back with these counts as its splits.
         """
         batch, length_per_key = routed.stride(), routed.length_per_key()
         message = count_message(batch, length_per_key, self._slots_per_rank)
-        batch_sizes, received_ids = read_counts(
-            self._exchange_counts(message, routed), len(self._local_keys)
-        )
+        batch_sizes, received_ids = read_counts(self._exchange_counts(message, routed), len(self._local_keys))
         if any(b != batch for b in batch_sizes):
             raise ValueError(
                 f"the ranks feed local batches of sizes {batch_sizes}: sharded embeddings need "
@@ -141,8 +131,12 @@ class IdsAllToAll:
         data = values.new_empty(sum(data_received))
         handles = [
             dist.all_to_all_single(
-                data, pack_ids(routed, self._slots_per_rank), data_received, data_sent,
-                group=self._group, async_op=True,
+                data,
+                pack_ids(routed, self._slots_per_rank),
+                data_received,
+                data_sent,
+                group=self._group,
+                async_op=True,
             )
         ]
         weights = None
@@ -150,9 +144,7 @@ class IdsAllToAll:
             sent = routed.weights()
             weights = sent.new_empty(sum(ids_received))
             handles.append(
-                dist.all_to_all_single(
-                    weights, sent, ids_received, ids_sent, group=self._group, async_op=True
-                )
+                dist.all_to_all_single(weights, sent, ids_received, ids_sent, group=self._group, async_op=True)
             )
 
         def finish() -> KeyedJaggedTensor:

@@ -85,9 +85,7 @@ class Slot:
     name: str
 
 
-def table_layouts(
-    tables: Sequence[TableConfig], plan: Mapping[str, Any], world_size: int
-) -> list[TableLayout]:
+def table_layouts(tables: Sequence[TableConfig], plan: Mapping[str, Any], world_size: int) -> list[TableLayout]:
     """The layout of every table, in table order; ValueError naming the table if the plan is bad."""
     entries = {entry["table"]: entry for entry in plan["tables"]}
     missing = [t.name for t in tables if t.name not in entries]
@@ -114,9 +112,7 @@ def _check_layout(layout: TableLayout, world_size: int) -> None:
     rows, dim = layout.config.num_embeddings, layout.config.embedding_dim
     where = f"plan for table {layout.config.name!r} ({kind})"
     if kind not in SHARDING_TYPES:
-        raise ValueError(
-            f"{where}: unknown sharding type; expected one of {', '.join(SHARDING_TYPES)}"
-        )
+        raise ValueError(f"{where}: unknown sharding type; expected one of {', '.join(SHARDING_TYPES)}")
     shards = layout.shards
     if not shards:
         raise ValueError(f"{where}: no shards")

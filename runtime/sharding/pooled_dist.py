@@ -54,13 +54,15 @@ class _Start(torch.autograd.Function):
     """Starts the all-to-all; in backward, waits for the gradients' one and scales them."""
 
     @staticmethod
-    def forward(
-        ctx: Any, exchange: _Exchange, token: torch.Tensor, values: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(ctx: Any, exchange: _Exchange, token: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         exchange.output = values.new_empty(sum(exchange.received))
         exchange.handle = dist.all_to_all_single(
-            exchange.output, values, exchange.received, exchange.sent,
-            group=exchange.group, async_op=True,
+            exchange.output,
+            values,
+            exchange.received,
+            exchange.sent,
+            group=exchange.group,
+            async_op=True,
         )
         ctx.exchange = exchange
         return token.new_empty(0)
@@ -91,8 +93,12 @@ class _Wait(torch.autograd.Function):
         exchange = ctx.exchange
         exchange.grad = grad.new_empty(sum(exchange.sent))
         exchange.grad_handle = dist.all_to_all_single(
-            exchange.grad, grad.contiguous(), exchange.sent, exchange.received,
-            group=exchange.group, async_op=True,
+            exchange.grad,
+            grad.contiguous(),
+            exchange.sent,
+            exchange.received,
+            group=exchange.group,
+            async_op=True,
         )
         return None, grad.new_empty(0)
 

@@ -44,9 +44,7 @@ from runtime.sharding.sequence_group import RoutedSequences, sequence_lookup
 class RowWiseInputDist(nn.Module):
     """Sends each id to the rank holding its row (see the module docstring)."""
 
-    def __init__(
-        self, tables: Sequence[TableLayout], slots: Sequence[Sequence[Slot]], env: GroupEnv
-    ) -> None:
+    def __init__(self, tables: Sequence[TableLayout], slots: Sequence[Sequence[Slot]], env: GroupEnv) -> None:
         super().__init__()
         self._keys, dims = group_keys(tables)
         key_tables = [t for t in tables for _ in t.config.feature_names]
@@ -58,9 +56,7 @@ class RowWiseInputDist(nn.Module):
             [t.config.num_embeddings for t in key_tables],
             env.rank,
         )
-        self._buckets = RowBuckets(
-            [[s.row_offset for s in t.shards] + [t.config.num_embeddings] for t in key_tables]
-        )
+        self._buckets = RowBuckets([[s.row_offset for s in t.shards] + [t.config.num_embeddings] for t in key_tables])
         # Row (bucket, key) of the bucketised lengths that each destination slot takes.
         bucket = {(t.config.name, s): b for t in tables for b, s in enumerate(t.shards)}
         route = [
@@ -90,9 +86,7 @@ class RowWiseInputDist(nn.Module):
         lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
             self.route, lengths.view(-1, batch), values, weights, values.numel()
         )
-        routed = KeyedJaggedTensor(
-            self._route_names, values, weights, lengths.view(-1), stride=batch
-        )
+        routed = KeyedJaggedTensor(self._route_names, values, weights, lengths.view(-1), stride=batch)
         divisor = self._divisor(grouped)
         pending = self._ids.start(routed)
         return Awaitable(lambda: RoutedIds(pending.wait(), batch, divisor))
@@ -116,9 +110,7 @@ class RowWiseSequenceInputDist(nn.Module):
     sequence_dist.KeyRows).
     """
 
-    def __init__(
-        self, tables: Sequence[TableLayout], slots: Sequence[Sequence[Slot]], env: GroupEnv
-    ) -> None:
+    def __init__(self, tables: Sequence[TableLayout], slots: Sequence[Sequence[Slot]], env: GroupEnv) -> None:
         super().__init__()
         keys, _ = group_keys(tables)
         key_tables = [t for t in tables for _ in t.config.feature_names]
@@ -129,9 +121,7 @@ class RowWiseSequenceInputDist(nn.Module):
             [t.config.num_embeddings for t in key_tables],
             env.rank,
         )
-        self._buckets = RowBuckets(
-            [[s.row_offset for s in t.shards] + [t.config.num_embeddings] for t in key_tables]
-        )
+        self._buckets = RowBuckets([[s.row_offset for s in t.shards] + [t.config.num_embeddings] for t in key_tables])
         bucket = {(t.config.name, s): b for t in tables for b, s in enumerate(t.shards)}
         routed = [slot for rank_slots in slots for slot in rank_slots]
         route = [bucket[s.layout.config.name, s.shard] * len(keys) + s.key_index for s in routed]
@@ -152,21 +142,13 @@ class RowWiseSequenceInputDist(nn.Module):
         lengths, values, places = self._buckets.with_positions(grouped.lengths(), grouped.values())
         lengths = lengths.view(-1, batch)
         order = torch.arange(values.numel(), device=values.device)
-        _, order, _ = torch.ops.fbgemm.permute_2D_sparse_data(
-            self.route, lengths, order, None, values.numel()
-        )
-        lengths, values, _ = torch.ops.fbgemm.permute_2D_sparse_data(
-            self.route, lengths, values, None, values.numel()
-        )
+        _, order, _ = torch.ops.fbgemm.permute_2D_sparse_data(self.route, lengths, order, None, values.numel())
+        lengths, values, _ = torch.ops.fbgemm.permute_2D_sparse_data(self.route, lengths, values, None, values.numel())
         routed = KeyedJaggedTensor(self._route_names, values, None, lengths.view(-1), stride=batch)
         pending, received = self._ids.start_counted(routed)
         sent = routed.length_per_key()
         positions = self._positions(order, places.long(), sent)
-        return Awaitable(
-            lambda: RoutedSequences(
-                pending.wait(), batch, received, sent, grouped.lengths(), positions
-            )
-        )
+        return Awaitable(lambda: RoutedSequences(pending.wait(), batch, received, sent, grouped.lengths(), positions))
 
     def _positions(self, order: torch.Tensor, places: torch.Tensor, sent: list[int]) -> torch.Tensor:
         """Each id's row among its key's returned rows (its key's slots' blocks in send order).

@@ -59,12 +59,9 @@ class KeyRows:
         """Values in each slot's block, given each slot's ids."""
         return [n * cols for n, cols in zip(counts, self._cols)]
 
-    def __call__(
-        self, flat: torch.Tensor, counts: Sequence[int], routed: RoutedSequences
-    ) -> dict[str, JaggedTensor]:
+    def __call__(self, flat: torch.Tensor, counts: Sequence[int], routed: RoutedSequences) -> dict[str, JaggedTensor]:
         blocks = [
-            block.view(n, cols)
-            for block, n, cols in zip(flat.split(self.block_sizes(counts)), counts, self._cols)
+            block.view(n, cols) for block, n, cols in zip(flat.split(self.block_sizes(counts)), counts, self._cols)
         ]
         lengths = routed.lengths.view(len(self.keys), routed.batch_size)
         out, first = {}, 0

@@ -60,9 +60,7 @@ class SequenceShards:
 class SequenceLookup(SequenceShardLookup):
     """The sequence lookup over several ranks: rows in send order (see the module docstring)."""
 
-    def __init__(
-        self, tables: Sequence[LocalTable], optimizer: EmbeddingOptimizer, device: torch.device
-    ) -> None:
+    def __init__(self, tables: Sequence[LocalTable], optimizer: EmbeddingOptimizer, device: torch.device) -> None:
         super().__init__(tables, optimizer, device, bounds_check=False)
         self._slots = [f for t in self.tables for f in t.config.feature_names]
 
@@ -73,13 +71,10 @@ class SequenceLookup(SequenceShardLookup):
         rows = self.rows(routed.features)
         # Rows come per slot over all sources ([slot][source]); send order is [source][slot].
         per_slot = [
-            rows[slot].values().split([counts[j] for counts in routed.received])
-            for j, slot in enumerate(self._slots)
+            rows[slot].values().split([counts[j] for counts in routed.received]) for j, slot in enumerate(self._slots)
         ]
         pieces = [
-            per_slot[j][source].reshape(-1)
-            for source in range(len(routed.received))
-            for j in range(len(self._slots))
+            per_slot[j][source].reshape(-1) for source in range(len(routed.received)) for j in range(len(self._slots))
         ]
         return SequenceShards(torch.cat(pieces), routed)
 

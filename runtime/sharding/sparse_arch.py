@@ -212,9 +212,7 @@ class SparseArch(torch.nn.Module):
 
     # The state dict: the collections' entries, which carry shard names, without group prefixes.
 
-    def _save_to_state_dict(
-        self, destination: dict[str, Any], prefix: str, keep_vars: bool
-    ) -> None:
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for collection in self._collections():
             for name, tensor in collection.state_dict(keep_vars=keep_vars).items():
@@ -237,9 +235,7 @@ class SparseArch(torch.nn.Module):
         expected = set()
         for collection in self._collections():
             expected.update(prefix + name for name in collection.state_dict())
-            collection._load_from_state_dict(
-                state_dict, prefix, local_metadata, False, missing_keys, [], error_msgs
-            )
+            collection._load_from_state_dict(state_dict, prefix, local_metadata, False, missing_keys, [], error_msgs)
         if strict:
             children = tuple(f"{prefix}{name}." for name, _ in self.named_children())
             unexpected_keys.extend(
@@ -249,15 +245,11 @@ class SparseArch(torch.nn.Module):
             )
 
 
-def _check_distinct(
-    tables: Sequence[EmbeddingBagConfig], sequence_tables: Sequence[EmbeddingConfig]
-) -> None:
+def _check_distinct(tables: Sequence[EmbeddingBagConfig], sequence_tables: Sequence[EmbeddingConfig]) -> None:
     pooled = {t.name for t in tables}
     for table in sequence_tables:
         if table.name in pooled:
-            raise ValueError(
-                f"table {table.name!r} is given twice: as a pooled table and as a sequence table"
-            )
+            raise ValueError(f"table {table.name!r} is given twice: as a pooled table and as a sequence table")
     reader: dict[str, str] = {}
     for table in [*tables, *sequence_tables]:
         for feature in table.feature_names:
@@ -304,9 +296,7 @@ def _hex(words: Sequence[int]) -> str:
     return b"".join(w.to_bytes(8, "little", signed=True) for w in words).hex()[:12]
 
 
-def _agree(
-    seed: int, plan: Any, tables: Any, group: dist.ProcessGroup, device: torch.device
-) -> int:
+def _agree(seed: int, plan: Any, tables: Any, group: dist.ProcessGroup, device: torch.device) -> int:
     """Rank 0's seed, after checking that every rank has the same plan and tables."""
     mine = torch.tensor([seed, *_words(digest(plan)), *_words(digest(tables))], device=device)
     everyone = mine.new_empty(dist.get_world_size(group) * mine.numel())

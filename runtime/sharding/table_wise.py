@@ -42,9 +42,7 @@ class CopyInputDist(nn.Module):
     `weighted` (default: the group's) says whether per-id weights travel too.
     """
 
-    def __init__(
-        self, slots: Sequence[Sequence[Slot]], env: GroupEnv, weighted: bool | None = None
-    ) -> None:
+    def __init__(self, slots: Sequence[Sequence[Slot]], env: GroupEnv, weighted: bool | None = None) -> None:
         super().__init__()
         weighted = env.is_weighted if weighted is None else weighted
         routed = [slot for rank_slots in slots for slot in rank_slots]

@@ -94,16 +94,12 @@ class JaggedTensor(metaclass=_Traceable):
             self.validate()
 
     @staticmethod
-    def from_dense(
-        values: list[torch.Tensor], weights: list[torch.Tensor] | None = None
-    ) -> JaggedTensor:
+    def from_dense(values: list[torch.Tensor], weights: list[torch.Tensor] | None = None) -> JaggedTensor:
         """Builds a JaggedTensor from one tensor per sample."""
         if not values:
             raise ValueError("JaggedTensor.from_dense: needs at least one sample to know the dtype")
         if weights is not None and len(weights) != len(values):
-            raise ValueError(
-                f"JaggedTensor.from_dense: {len(weights)} weight tensors for {len(values)} samples"
-            )
+            raise ValueError(f"JaggedTensor.from_dense: {len(weights)} weight tensors for {len(values)} samples")
         flat = torch.cat(values)
         lengths = torch.tensor([v.size(0) for v in values], dtype=torch.int32, device=flat.device)
         return JaggedTensor(flat, None if weights is None else torch.cat(weights), lengths)
@@ -186,9 +182,7 @@ class JaggedTensor(metaclass=_Traceable):
         """One tensor of weights per sample (views), or None without weights."""
         return _map_optional(self._weights, self._per_sample)
 
-    def to_padded_dense(
-        self, desired_length: int | None = None, padding_value: float = 0.0
-    ) -> torch.Tensor:
+    def to_padded_dense(self, desired_length: int | None = None, padding_value: float = 0.0) -> torch.Tensor:
         """B x N tensor, N = desired_length or the longest sample; longer samples are cut."""
         return self._padded(self._values, desired_length, padding_value)
 
@@ -283,9 +277,7 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         validate: bool = False,
     ) -> KeyedJaggedTensor:
         """Builds from lengths and computes length/offset_per_key now (one sync)."""
-        return KeyedJaggedTensor(
-            keys, values, weights, lengths=lengths, stride=stride, validate=validate
-        ).sync()
+        return KeyedJaggedTensor(keys, values, weights, lengths=lengths, stride=stride, validate=validate).sync()
 
     @staticmethod
     def from_offsets_sync(
@@ -297,9 +289,7 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         validate: bool = False,
     ) -> KeyedJaggedTensor:
         """Builds from offsets and computes length/offset_per_key now (one sync)."""
-        return KeyedJaggedTensor(
-            keys, values, weights, offsets=offsets, stride=stride, validate=validate
-        ).sync()
+        return KeyedJaggedTensor(keys, values, weights, offsets=offsets, stride=stride, validate=validate).sync()
 
     @staticmethod
     def empty(
@@ -368,8 +358,7 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         for i, kjt in enumerate(kjts):
             if kjt.stride() != stride:
                 raise ValueError(
-                    f"KeyedJaggedTensor.concat: input {i} has stride {kjt.stride()} "
-                    f"but input 0 has stride {stride}"
+                    f"KeyedJaggedTensor.concat: input {i} has stride {kjt.stride()} but input 0 has stride {stride}"
                 )
             if (kjt.weights_or_none() is not None) != weighted:
                 has = "has" if weighted else "has no"
@@ -499,17 +488,13 @@ class KeyedJaggedTensor(metaclass=_Traceable):
         if self._weights is not None:
             weights = torch.split(self._weights, length_per_key)
         lengths = self.lengths().view(len(self._keys), self._stride)
-        return {
-            key: JaggedTensor(v, w, lengths[i])
-            for i, (key, v, w) in enumerate(zip(self._keys, values, weights))
-        }
+        return {key: JaggedTensor(v, w, lengths[i]) for i, (key, v, w) in enumerate(zip(self._keys, values, weights))}
 
     def split(self, segments: list[int]) -> list[KeyedJaggedTensor]:
         """Splits the keys into consecutive groups of the given sizes (views, no copy)."""
         if any(n < 0 for n in segments) or sum(segments) != len(self._keys):
             raise ValueError(
-                f"KeyedJaggedTensor.split: segments {list(segments)} do not add up "
-                f"to the {len(self._keys)} keys"
+                f"KeyedJaggedTensor.split: segments {list(segments)} do not add up to the {len(self._keys)} keys"
             )
         offset_per_key = self.offset_per_key()
         lengths, stride = self.lengths(), self._stride
@@ -529,18 +514,14 @@ class KeyedJaggedTensor(metaclass=_Traceable):
             )
         return parts
 
-    def permute(
-        self, indices: list[int], indices_tensor: torch.Tensor | None = None
-    ) -> KeyedJaggedTensor:
+    def permute(self, indices: list[int], indices_tensor: torch.Tensor | None = None) -> KeyedJaggedTensor:
         """Key i of the result is key indices[i] of this batch; keys may repeat or drop out.
 
         `indices_tensor` is `indices` already on the device, to save a copy per step.
         """
         for i in indices:
             if not 0 <= i < len(self._keys):
-                raise ValueError(
-                    f"KeyedJaggedTensor.permute: index {i} out of range for {len(self._keys)} keys"
-                )
+                raise ValueError(f"KeyedJaggedTensor.permute: index {i} out of range for {len(self._keys)} keys")
         length_per_key = self.length_per_key()
         permuted_lpk = [length_per_key[i] for i in indices]
         if indices_tensor is None:
@@ -717,9 +698,7 @@ class KeyedTensor(metaclass=_Traceable):
     ) -> dict[str, torch.Tensor]:
         """`regroup`'s tensors by name: keys[i] names the tensor of groups[i]."""
         if len(groups) != len(keys):
-            raise ValueError(
-                f"KeyedTensor.regroup_as_dict: {len(groups)} groups but {len(keys)} keys to name them"
-            )
+            raise ValueError(f"KeyedTensor.regroup_as_dict: {len(groups)} groups but {len(keys)} keys to name them")
         return dict(zip(keys, KeyedTensor.regroup(keyed_tensors, groups)))
 
     @staticmethod
@@ -844,12 +823,8 @@ def _register(
     )
 
 
-_register(
-    JaggedTensor, _jt_flatten_with_keys, lambda leaves, _: JaggedTensor(*leaves), lambda _: None
-)
-_register(
-    KeyedJaggedTensor, _kjt_flatten_with_keys, _kjt_unflatten, lambda c: (tuple(c[0]), c[1])
-)
+_register(JaggedTensor, _jt_flatten_with_keys, lambda leaves, _: JaggedTensor(*leaves), lambda _: None)
+_register(KeyedJaggedTensor, _kjt_flatten_with_keys, _kjt_unflatten, lambda c: (tuple(c[0]), c[1]))
 _register(
     KeyedTensor,
     _kt_flatten_with_keys,

@@ -85,14 +85,12 @@ def to_padded(values: torch.Tensor, lengths: torch.Tensor, max_length: int) -> t
     _check_max_length("to_padded", max_length)
     if values.dim() != 2 or values.shape[0] != int(lengths.sum()):
         raise ValueError(
-            f"to_padded: expected values of shape (sum(lengths) = {int(lengths.sum())}, D), "
-            f"got {tuple(values.shape)}"
+            f"to_padded: expected values of shape (sum(lengths) = {int(lengths.sum())}, D), got {tuple(values.shape)}"
         )
     longest = int(lengths.max()) if lengths.numel() else 0
     if longest > max_length:
         raise ValueError(
-            f"to_padded: a sequence of length {longest} is longer than max_length {max_length}; "
-            "truncate it first"
+            f"to_padded: a sequence of length {longest} is longer than max_length {max_length}; truncate it first"
         )
     return torch.ops.fbgemm.jagged_to_padded_dense(values, [_offsets(lengths)], [max_length], 0.0)
 
@@ -101,14 +99,11 @@ def to_jagged(padded: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """[B, L, D] with lengths [B] -> the [sum(lengths), D] rows of the real positions."""
     if padded.dim() != 3 or padded.shape[0] != lengths.numel():
         raise ValueError(
-            f"to_jagged: expected a padded tensor of shape (B = {lengths.numel()}, L, D), "
-            f"got {tuple(padded.shape)}"
+            f"to_jagged: expected a padded tensor of shape (B = {lengths.numel()}, L, D), got {tuple(padded.shape)}"
         )
     longest = int(lengths.max()) if lengths.numel() else 0
     if longest > padded.shape[1]:
-        raise ValueError(
-            f"to_jagged: a sequence of length {longest} does not fit in {padded.shape[1]} positions"
-        )
+        raise ValueError(f"to_jagged: a sequence of length {longest} does not fit in {padded.shape[1]} positions")
     total = int(lengths.sum())
     return torch.ops.fbgemm.dense_to_jagged(padded, [_offsets(lengths)], total)[0]
 
@@ -128,9 +123,7 @@ def truncate(sequence: JaggedTensor, max_length: int, keep: str = "end") -> Jagg
     total = int(kept.sum())
     new_offsets = _offsets(kept)
     starts = first - new_offsets[:-1]
-    index = torch.arange(total, device=lengths.device) + starts.repeat_interleave(
-        kept, output_size=total
-    )
+    index = torch.arange(total, device=lengths.device) + starts.repeat_interleave(kept, output_size=total)
     weights = sequence.weights_or_none()
     return JaggedTensor(
         sequence.values().index_select(0, index),
@@ -140,9 +133,7 @@ def truncate(sequence: JaggedTensor, max_length: int, keep: str = "end") -> Jagg
     )
 
 
-def truncate_keyed(
-    features: KeyedJaggedTensor, limits: Mapping[str, tuple[int, str]]
-) -> KeyedJaggedTensor:
+def truncate_keyed(features: KeyedJaggedTensor, limits: Mapping[str, tuple[int, str]]) -> KeyedJaggedTensor:
     """Cuts the bags of the keys in `limits` ({key: (max_length, keep)}) as `truncate` does.
 
     Other keys pass unchanged, and so does the whole batch, uncopied, when no
@@ -216,8 +207,7 @@ def pad_times(times: JaggedTensor, max_length: int, sequence_lengths: torch.Tens
     longest = int(lengths.max()) if lengths.numel() else 0
     if longest > max_length:
         raise ValueError(
-            f"pad_times: a sequence of length {longest} is longer than max_length {max_length}; "
-            "truncate it first"
+            f"pad_times: a sequence of length {longest} is longer than max_length {max_length}; truncate it first"
         )
     padded = torch.zeros(lengths.numel(), max_length, dtype=torch.int64, device=lengths.device)
     padded[padding_mask(lengths, max_length)] = times.values().to(torch.int64)

@@ -68,9 +68,7 @@ def check_layout(
         if name in ("lengths", "offsets") and tensor.dtype not in _INDEX_DTYPES:
             raise ValueError(f"{owner}: {name} must be int32 or int64, got {tensor.dtype}")
     if lengths is not None and lengths.numel() != where.entries:
-        raise ValueError(
-            f"{owner}: lengths has {lengths.numel()} entries but {where.text} need {where.entries}"
-        )
+        raise ValueError(f"{owner}: lengths has {lengths.numel()} entries but {where.text} need {where.entries}")
     if offsets is not None:
         total = _check_offsets(owner, where, offsets, lengths)
     else:
@@ -82,20 +80,13 @@ def check_layout(
     if total != values.size(0):
         raise ValueError(f"{owner}: sum(lengths)={total} but values has {values.size(0)} entries")
     if weights is not None and weights.numel() != values.size(0):
-        raise ValueError(
-            f"{owner}: weights has {weights.numel()} entries but values has {values.size(0)}"
-        )
+        raise ValueError(f"{owner}: weights has {weights.numel()} entries but values has {values.size(0)}")
 
 
-def _check_offsets(
-    owner: str, where: _Where, offsets: torch.Tensor, lengths: torch.Tensor | None
-) -> int:
+def _check_offsets(owner: str, where: _Where, offsets: torch.Tensor, lengths: torch.Tensor | None) -> int:
     """Offsets start at 0, never decrease and agree with lengths; returns their total."""
     if offsets.numel() != where.entries + 1:
-        raise ValueError(
-            f"{owner}: offsets has {offsets.numel()} entries "
-            f"but {where.text} need {where.entries + 1}"
-        )
+        raise ValueError(f"{owner}: offsets has {offsets.numel()} entries but {where.text} need {where.entries + 1}")
     if int(offsets[0]) != 0:
         raise ValueError(f"{owner}: offsets must start at 0, got {int(offsets[0])}")
     steps = offsets[1:] - offsets[:-1]
@@ -103,16 +94,12 @@ def _check_offsets(
     if i is not None:
         subject, suffix = where(i)
         raise ValueError(
-            f"{owner}: {subject} has offsets decreasing from "
-            f"{int(offsets[i])} to {int(offsets[i + 1])}{suffix}"
+            f"{owner}: {subject} has offsets decreasing from {int(offsets[i])} to {int(offsets[i + 1])}{suffix}"
         )
     i = None if lengths is None else _first_true(steps != lengths)
     if i is not None:
         subject, suffix = where(i)
-        raise ValueError(
-            f"{owner}: {subject} has length {int(lengths[i])} "
-            f"but offsets give {int(steps[i])}{suffix}"
-        )
+        raise ValueError(f"{owner}: {subject} has length {int(lengths[i])} but offsets give {int(steps[i])}{suffix}")
     return int(offsets[-1])
 
 
@@ -127,19 +114,14 @@ def check_per_key_caches(
     owner = "KeyedJaggedTensor"
     if claimed_lengths is not None:
         if len(claimed_lengths) != len(keys):
-            raise ValueError(
-                f"{owner}: length_per_key has {len(claimed_lengths)} entries for {len(keys)} keys"
-            )
+            raise ValueError(f"{owner}: length_per_key has {len(claimed_lengths)} entries for {len(keys)} keys")
         for key, said, got in zip(keys, claimed_lengths, length_per_key):
             if said != got:
                 raise ValueError(
-                    f"{owner}: length_per_key says key {key!r} has {said} values "
-                    f"but its lengths sum to {got}"
+                    f"{owner}: length_per_key says key {key!r} has {said} values but its lengths sum to {got}"
                 )
     if claimed_offsets is not None and list(claimed_offsets) != offset_per_key:
-        raise ValueError(
-            f"{owner}: offset_per_key={list(claimed_offsets)} but lengths give {offset_per_key}"
-        )
+        raise ValueError(f"{owner}: offset_per_key={list(claimed_offsets)} but lengths give {offset_per_key}")
 
 
 def check_keyed_tensor(keys: list[str], length_per_key: list[int], values: torch.Tensor) -> None:
@@ -147,16 +129,11 @@ def check_keyed_tensor(keys: list[str], length_per_key: list[int], values: torch
     owner = "KeyedTensor"
     check_keys(owner, keys)
     if len(length_per_key) != len(keys):
-        raise ValueError(
-            f"{owner}: length_per_key has {len(length_per_key)} entries for {len(keys)} keys"
-        )
+        raise ValueError(f"{owner}: length_per_key has {len(length_per_key)} entries for {len(keys)} keys")
     for key, n in zip(keys, length_per_key):
         if n < 0:
             raise ValueError(f"{owner}: key {key!r} has a negative length {n}")
     if values.dim() != 2:
         raise ValueError(f"{owner}: values must be 2-D, got shape {tuple(values.shape)}")
     if sum(length_per_key) != values.size(1):
-        raise ValueError(
-            f"{owner}: sum(length_per_key)={sum(length_per_key)} "
-            f"but values has {values.size(1)} columns"
-        )
+        raise ValueError(f"{owner}: sum(length_per_key)={sum(length_per_key)} but values has {values.size(1)} columns")

@@ -8,8 +8,15 @@ lazy_exports(
     globals(),
     {
         "manifest": (
-            "MANIFEST", "FileProblem", "ManifestProblem", "check_file", "describe_files",
-            "file_facts", "file_sha256", "read_manifest", "write_manifest",
+            "MANIFEST",
+            "FileProblem",
+            "ManifestProblem",
+            "check_file",
+            "describe_files",
+            "file_facts",
+            "file_sha256",
+            "read_manifest",
+            "write_manifest",
         ),
     },
-)  # fmt: skip
+)

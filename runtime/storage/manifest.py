@@ -152,9 +152,7 @@ def check_file(path: Path, expected: Mapping[str, Any], verify: bool = True) -> 
             raise FileProblem("sha256", path, expected, size, actual)
 
 
-def read_manifest(
-    path: Path, format_name: str, version: int, required: Sequence[str] = ()
-) -> dict[str, Any]:
+def read_manifest(path: Path, format_name: str, version: int, required: Sequence[str] = ()) -> dict[str, Any]:
     """The manifest at `path` after checking that it is a JSON object of this format and version.
 
     The keys in `required` must be present (checked before the format). The

@@ -44,10 +44,14 @@ class TrackerState:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         self.resumed = self.tracker.load_state_dict(state_dict)
-        self.load_notes = [] if self.resumed else [
-            f" tracked --best-metric {state_dict.get('metric')}; this run tracks {self.tracker.metric.name} "
-            "from scratch"
-        ]
+        self.load_notes = (
+            []
+            if self.resumed
+            else [
+                f" tracked --best-metric {state_dict.get('metric')}; this run tracks {self.tracker.metric.name} "
+                "from scratch"
+            ]
+        )
 
 
 class BestCheckpoint(Callback):

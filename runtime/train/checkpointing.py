@@ -151,8 +151,11 @@ class Checkpointing(Callback):
         for reason in self._resumed.passed_over:
             self._say(f"warning: passed over a damaged checkpoint: {reason}", sys.stderr)
         if self._resumed.skipped:
-            self._say(f"warning: {self._resumed.path} lacks {_some(self._resumed.skipped)}: those keep their "
-                      "fresh values (--allow-spec-change)", sys.stderr)  # fmt: skip
+            self._say(
+                f"warning: {self._resumed.path} lacks {_some(self._resumed.skipped)}: those keep their "
+                "fresh values (--allow-spec-change)",
+                sys.stderr,
+            )
         saved_batch = self._resumed.manifest.get("global_batch_size")
         if saved_batch is not None and saved_batch != self.context.global_batch:
             raise CheckpointError(

@@ -14,9 +14,7 @@ import torch
 from runtime.config.training import DenseOptimizerConfig
 
 
-def make_dense_optimizer(
-    config: DenseOptimizerConfig, params: Iterable[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
+def make_dense_optimizer(config: DenseOptimizerConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The torch optimizer of `config` over `params`."""
     params = list(params)
     # The fused kernels update all parameters in one pass: on CPU, Adagrad's
@@ -26,9 +24,7 @@ def make_dense_optimizer(
         return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     if config.type == "adagrad":
         fast = {"fused": True} if on_cpu else {"foreach": True}  # fused Adagrad is CPU-only
-        return torch.optim.Adagrad(
-            params, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay, **fast
-        )
+        return torch.optim.Adagrad(params, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay, **fast)
     # adamw: decoupled weight decay (Loshchilov and Hutter), as generative-recommenders trains.
     adam = torch.optim.AdamW if config.type == "adamw" else torch.optim.Adam
     return adam(

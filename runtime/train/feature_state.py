@@ -63,8 +63,10 @@ def learned_inputs(
         elif choice.reader == "synthetic":
             return inputs
         else:
-            raise DataError(f"features {', '.join(map(repr, configs))} are learned from csv or parquet columns; "
-                            f"{choice} has columns of its own")  # fmt: skip
+            raise DataError(
+                f"features {', '.join(map(repr, configs))} are learned from csv or parquet columns; "
+                f"{choice} has columns of its own"
+            )
     except FeatureStateError as error:
         raise DataError(str(error)) from None
     if rank == 0:
@@ -79,8 +81,9 @@ def prepared_features(directory: Path, configs: dict) -> object:
     manifest = read_manifest(directory)
     entry = manifest.source.get("features")
     if entry is None:
-        raise DataError(f"prepared data {directory}: prepared without learned features (no {FILE}); prepare it "
-                        "again for this spec")  # fmt: skip
+        raise DataError(
+            f"prepared data {directory}: prepared without learned features (no {FILE}); prepare it again for this spec"
+        )
     return read_features(directory / entry["name"], configs, entry["sha256"])
 
 

@@ -127,10 +127,14 @@ class ScheduleState:
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         same = self.scheduler.load_state_dict(state_dict)
-        self.load_notes = [] if same else [
-            f" was trained with lr_schedule {spell(state_dict['schedule'])}; this run goes on from step "
-            f"{int(state_dict['completed'])} with {spell(self.scheduler.schedule.describe())}"
-        ]
+        self.load_notes = (
+            []
+            if same
+            else [
+                f" was trained with lr_schedule {spell(state_dict['schedule'])}; this run goes on from step "
+                f"{int(state_dict['completed'])} with {spell(self.scheduler.schedule.describe())}"
+            ]
+        )
 
 
 class ReduceOnPlateau(Callback):

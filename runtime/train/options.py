@@ -128,33 +128,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--data", help=f"{data_forms(bare='PATH')} (default: the spec's)")
     data.add_argument("--eval-data", help="an evaluation split, same forms as --data")
     data.add_argument("--eval-every", type=int, default=0, help="steps between evaluations (0: at the end)")
-    data.add_argument("--bad-rows", choices=BAD_ROW_POLICIES, default="fail",
-                      help="stop at the first bad row (fail, default) or skip")  # fmt: skip
+    data.add_argument(
+        "--bad-rows", choices=BAD_ROW_POLICIES, default="fail", help="stop at the first bad row (fail, default) or skip"
+    )
     data.add_argument("--log-dir", type=Path, help="write metrics.jsonl and metrics.png here")
     data.add_argument("--data-workers", type=int, default=1, help="DataLoader processes per rank (default 1)")
-    data.add_argument("--rating-threshold", type=float, default=DEFAULT_THRESHOLD,
-                      help=f"MovieLens: rating >= T is a positive ({DEFAULT_THRESHOLD:g})")  # fmt: skip
-    data.add_argument("--shuffle-window", type=int, default=0,
-                      help="prepared data: shuffle each epoch (seeded), rows within windows of K row groups "
-                           "(0, default: the prepared order)")  # fmt: skip
+    data.add_argument(
+        "--rating-threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help=f"MovieLens: rating >= T is a positive ({DEFAULT_THRESHOLD:g})",
+    )
+    data.add_argument(
+        "--shuffle-window",
+        type=int,
+        default=0,
+        help="prepared data: shuffle each epoch (seeded), rows within windows of K row groups "
+        "(0, default: the prepared order)",
+    )
     checkpoints = parser.add_argument_group("checkpoints")
     checkpoints.add_argument("--checkpoint-dir", type=Path, help="save to DIR/step_<N> (after the last step)")
     checkpoints.add_argument("--checkpoint-every", type=int, help="also save every K steps")
-    checkpoints.add_argument(
-        "--keep", type=int, help=f"keep only the newest K checkpoints (default: {DEFAULT_KEEP})"
-    )
+    checkpoints.add_argument("--keep", type=int, help=f"keep only the newest K checkpoints (default: {DEFAULT_KEEP})")
     checkpoints.add_argument("--resume", action="store_true", help="start from the latest checkpoint in DIR")
-    checkpoints.add_argument("--allow-spec-change", action="store_true",
-                             help="resume from another spec's checkpoint")  # fmt: skip
+    checkpoints.add_argument("--allow-spec-change", action="store_true", help="resume from another spec's checkpoint")
     best = parser.add_argument_group("early stopping")
-    best.add_argument("--best-metric", metavar="NAME",
-                      help="the eval metric (auc, ne, head.metric ...) whose best pass is kept in "
-                           "CHECKPOINT_DIR/best; lower is better for ne, log_loss, mse, rmse, loss")  # fmt: skip
+    best.add_argument(
+        "--best-metric",
+        metavar="NAME",
+        help="the eval metric (auc, ne, head.metric ...) whose best pass is kept in "
+        "CHECKPOINT_DIR/best; lower is better for ne, log_loss, mse, rmse, loss",
+    )
     best.add_argument("--patience", type=int, help="stop after P evaluations without a gain of --best-metric")
     pipelining = parser.add_argument_group("training pipeline")
-    pipelining.add_argument("--pipeline", action=argparse.BooleanOptionalAction, default=None,
-                            help="overlap the next batch's input_dist with this batch's step "
-                                 "(default: on when there are several ranks)")  # fmt: skip
+    pipelining.add_argument(
+        "--pipeline",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="overlap the next batch's input_dist with this batch's step (default: on when there are several ranks)",
+    )
     pipelining.add_argument("--pipeline-depth", type=int, default=2, help="batches in flight (default 2)")
 
 
@@ -164,18 +176,29 @@ def from_args(args: argparse.Namespace, module: str | Path, world_size: int = 1)
     (The spec's own batch size is checked against the world size by the compiler.)
     """
     for flag, least in (
-        ("--steps", 1), ("--batch-size", 1), ("--log-every", 1), ("--threads", 1), ("--eval-every", 0),
-        ("--data-workers", 0), ("--shuffle-window", 0), ("--checkpoint-every", 1), ("--keep", 1), ("--pipeline-depth", 1),
+        ("--steps", 1),
+        ("--batch-size", 1),
+        ("--log-every", 1),
+        ("--threads", 1),
+        ("--eval-every", 0),
+        ("--data-workers", 0),
+        ("--shuffle-window", 0),
+        ("--checkpoint-every", 1),
+        ("--keep", 1),
+        ("--pipeline-depth", 1),
         ("--patience", 1),
-    ):  # fmt: skip
+    ):
         value = getattr(args, _dest(flag))
         if value is not None and value < least:
             bound = "at least 1" if least == 1 else "0 or more"
             raise UsageError(f"{flag} must be {bound}, got {value}")
     for flag, least, most in (
-        ("--batch-size", 1, MAX_BATCH_SIZE), ("--seed", 0, MAX_SEED), ("--threads", 1, MAX_THREADS),
-        ("--data-workers", 0, MAX_PROCESSES), ("--pipeline-depth", 1, MAX_PIPELINE_DEPTH),
-    ):  # fmt: skip
+        ("--batch-size", 1, MAX_BATCH_SIZE),
+        ("--seed", 0, MAX_SEED),
+        ("--threads", 1, MAX_THREADS),
+        ("--data-workers", 0, MAX_PROCESSES),
+        ("--pipeline-depth", 1, MAX_PIPELINE_DEPTH),
+    ):
         value = getattr(args, _dest(flag))
         problem = None if value is None else range_problem(flag, value, least, most)
         if problem is not None:
@@ -226,8 +249,10 @@ def check_shuffle_window(options: TrainOptions, data: str) -> None:
     """--shuffle-window shuffles prepared data (runtime.data.prepared.batches) only: raw files and
     synthetic batches are read in their order, so the flag on them is a UsageError, not ignored."""
     if options.shuffle_window and data == "synthetic":
-        raise UsageError(f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and synthetic "
-                         "batches are made, not read")  # fmt: skip
+        raise UsageError(
+            f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and synthetic "
+            "batches are made, not read"
+        )
     if options.shuffle_window and not data.startswith("prepared:"):
         raise UsageError(
             f"--shuffle-window {options.shuffle_window}: shuffles prepared data only, and {data} is read in "

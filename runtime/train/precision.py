@@ -36,9 +36,7 @@ def bf16_supported(flags: Sequence[str] | None = None) -> bool:
     return any(flag in flags for flag in BF16_FLAGS)
 
 
-def check_precision(
-    precision: str, device: str = "cpu", flags: Sequence[str] | None = None, where: str = ""
-) -> None:
+def check_precision(precision: str, device: str = "cpu", flags: Sequence[str] | None = None, where: str = "") -> None:
     """Raises PrecisionError when `precision` is unknown, or bf16 on a CPU without bf16 arithmetic;
     `where` (the spec location) starts the message."""
     at = f"{where}: " if where else ""

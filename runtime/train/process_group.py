@@ -60,6 +60,7 @@ def close_process_group() -> bool:
     if others:
         log.warning(
             "reccompile: %d reference(s) still hold the process group after destroy_process_group; "
-            "its threads outlive it and may abort the interpreter's exit", others,
+            "its threads outlive it and may abort the interpreter's exit",
+            others,
         )
     return others == 0

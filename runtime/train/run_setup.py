@@ -127,8 +127,9 @@ def setup_run(
     unseen: UnseenIds | None = None  # ids outside the vocabulary (runtime.data.checks.unseen_ids), MovieLens only
     bad_rows: dict[str, BadRowLog] = {}
     choice = choose_data(options.data, inputs)
-    inputs = learned_inputs(inputs, choice, module_file=options.module, resumed=resumed_features, rank=rank,
-                            process_group=process_group)  # fmt: skip
+    inputs = learned_inputs(
+        inputs, choice, module_file=options.module, resumed=resumed_features, rank=rank, process_group=process_group
+    )
     reader = None
     trained: Vocabulary | None = None  # the MovieLens vocabulary the tables' rows mean
     batches: Iterator[Batch]
@@ -165,8 +166,9 @@ def setup_run(
     evaluation: Callable[[], Evaluation] | None = None
     eval_choice = None if options.eval_data is None else choose_data(options.eval_data, inputs)
     if eval_choice is not None and eval_choice.reader == "prepared":
-        eval_prepared = _open_prepared(inputs, eval_choice, dataclasses.replace(options, shuffle_window=0), 
-                                       global_batch, world_size, warn)  # fmt: skip
+        eval_prepared = _open_prepared(
+            inputs, eval_choice, dataclasses.replace(options, shuffle_window=0), global_batch, world_size, warn
+        )
         _check_eval_vocabulary(eval_prepared, trained, eval_choice)
         if compare_lengths:
             eval_lengths = prepared_lengths(eval_prepared.manifest.columns, sequence_features(inputs))
@@ -185,9 +187,15 @@ def setup_run(
                 f"{eval_choice} --training movielens:<the training ratings>` and pass --eval-data prepared:DIR"
             )
         eval_reader = open_reader(
-            inputs, eval_choice, threshold=threshold, vocab_path=vocab_path,
-            save_vocab=False, vocabulary=trained, training=reader, held_out=True,
-        )  # fmt: skip
+            inputs,
+            eval_choice,
+            threshold=threshold,
+            vocab_path=vocab_path,
+            save_vocab=False,
+            vocabulary=trained,
+            training=reader,
+            held_out=True,
+        )
         bad_rows["eval_bad_rows"] = BadRowLog(policy, warn)  # counts add up over evaluations
         if compare_lengths:
             eval_lengths = reader_lengths(eval_reader, sequence_features(inputs))
@@ -220,7 +228,11 @@ def setup_run(
 
 
 def _open_prepared(
-    inputs: ModelInputs, choice: DataChoice, options: TrainOptions, global_batch: int, world_size: int,
+    inputs: ModelInputs,
+    choice: DataChoice,
+    options: TrainOptions,
+    global_batch: int,
+    world_size: int,
     warn: Callable[[str], None] | None,
 ) -> PreparedData:
     """The prepared data of `choice`, checked against the spec; a warning when ranks would share row groups."""
@@ -272,8 +284,11 @@ def _wrapped(choice: DataChoice) -> Callable[[int, int], None]:
     bad-row summary: stdout keeps the step lines and the result)."""
 
     def say(passes: int, step: int) -> None:
-        console.say(f"training data {choice}: read to its end at step {step:,}; starting again from its "
-                    f"beginning (pass {passes})", sys.stderr)  # fmt: skip
+        console.say(
+            f"training data {choice}: read to its end at step {step:,}; starting again from its "
+            f"beginning (pass {passes})",
+            sys.stderr,
+        )
 
     return say
 

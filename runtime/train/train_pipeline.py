@@ -63,9 +63,7 @@ class PipelineError(RuntimeError):
     optimizer) and `batch` (0-based, in fetch order) say where."""
 
     def __init__(self, stage: str, batch: int, error: BaseException) -> None:
-        super().__init__(
-            f"pipeline stage {stage!r} failed on batch {batch}: {type(error).__name__}: {error}"
-        )
+        super().__init__(f"pipeline stage {stage!r} failed on batch {batch}: {type(error).__name__}: {error}")
         self.stage, self.batch = stage, batch
 
 

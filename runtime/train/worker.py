@@ -122,12 +122,13 @@ def _train(options: TrainOptions) -> int:
         run_io = run_setup.setup_run(
             context,
             model,
-            lambda: synthetic_batches(module, context.global_batch, context.seed, context.rank,
-                                      context.world_size, start_step),
+            lambda: synthetic_batches(
+                module, context.global_batch, context.seed, context.rank, context.world_size, start_step
+            ),
             resumed_vocabulary=checkpoints.resumed_vocabulary(),
             resumed_features=checkpoints.resumed_features(),
             on_evaluation=callbacks.on_eval,
-        )  # fmt: skip
+        )
         # In the order they run at every hook (runtime.train.callbacks).
         callbacks.append(run_setup.MonitorHooks(run_io.monitor))
         callbacks.append(None if plateau is None else ReduceOnPlateau(lr_scheduler, options.eval_every))

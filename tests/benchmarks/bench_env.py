@@ -12,5 +12,9 @@ WORKLOADS = Path(os.environ.get("RECCOMPILE_BENCH_WORKLOADS") or REPO.parent / "
 
 def bench_env(home: Path) -> dict[str, str]:
     """A bare environment: its own kernel-choice cache and home, and the shared folder named."""
-    return {"PATH": "/usr/bin:/bin", "RECCOMPILE_CACHE_DIR": str(home), "HOME": str(home),
-            "RECCOMPILE_BENCH_WORKLOADS": str(WORKLOADS)}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "RECCOMPILE_CACHE_DIR": str(home),
+        "HOME": str(home),
+        "RECCOMPILE_BENCH_WORKLOADS": str(WORKLOADS),
+    }

@@ -22,10 +22,26 @@ def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> No
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps({"kernel": "lookup", "shape": stale.stem, "winner": "concurrent", "times_ms": {}}))
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "dlrm_bench.py"), "--variant", "criteo", "--mode", mode,
-         "--steps", "2", "--warmup", "1", "--threads", "1"],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env=bench_env(tmp_path),
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "dlrm_bench.py"),
+            "--variant",
+            "criteo",
+            "--mode",
+            mode,
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=bench_env(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "criteo", mode, 2)

@@ -16,18 +16,30 @@ import gpu_check  # noqa: E402
 
 @pytest.mark.skipif(gpu_check.gpu_name() is not None, reason="a CUDA GPU is present: the no-GPU path does not run")
 def test_without_a_gpu_it_says_so_and_exits_0() -> None:
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py")],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == {
-        "check": "gpu", "ok": True, "skipped": True,
+        "check": "gpu",
+        "ok": True,
+        "skipped": True,
         "detail": "no CUDA GPU on this machine (torch.cuda.is_available() is False): nothing to check",
-    }  # fmt: skip
+    }
 
 
 def test_an_unknown_check_is_refused_in_one_line() -> None:
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--only", "train:nope"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--only", "train:nope"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
     assert done.returncode == 2
     assert done.stderr == (
         "error: --only: unknown check 'train:nope' (known: train:data_parallel, train:table_wise, "

@@ -40,8 +40,13 @@ def test_each_sides_lines_carry_the_measuring_processs_kernels_not_the_parents(
     monkeypatch.delenv(choice.ENV, raising=False)
     monkeypatch.setattr(choice, "_used", {"dot": {"b1": "torch"}})  # what this (parent) process ran itself
     monkeypatch.setattr(choice, "_forced_used", {})
-    ours = {"config": "int8", "variant": "criteo", "batch": 1, "p50_ms": 1.0,
-            "kernels": {"quant_pool": {"b1_x": "native"}}}  # fmt: skip
+    ours = {
+        "config": "int8",
+        "variant": "criteo",
+        "batch": 1,
+        "p50_ms": 1.0,
+        "kernels": {"quant_pool": {"b1_x": "native"}},
+    }
     theirs = {"precision": "int8", "variant": "criteo", "batch": 1, "p50_ms": 2.0}
     rows = bench.run_side(_printing(ours), "reccompile", 0) + bench.run_side(_printing(theirs), "torchrec", 0)
     assert [row["kernels"] for row in rows] == [{"quant_pool": {"b1_x": "native"}}, {}]
@@ -56,13 +61,27 @@ def test_the_summary_pairs_each_rounds_runs_of_a_configuration() -> None:
 
     def row(impl: str, round_: int, pair: str, samples: float, **key: object) -> dict:
         name = {"config": pair} if impl == "reccompile" else {"precision": bench.parts(pair)[0]}
-        return {"impl": impl, "round": round_, "pair": pair, "variant": "criteo", "batch": 512, "p50_ms": 1.0,
-                "p99_ms": 1.0, "samples_per_s": samples, "other_cpu_pct": 0.0, **name, **key}
+        return {
+            "impl": impl,
+            "round": round_,
+            "pair": pair,
+            "variant": "criteo",
+            "batch": 512,
+            "p50_ms": 1.0,
+            "p99_ms": 1.0,
+            "samples_per_s": samples,
+            "other_cpu_pct": 0.0,
+            **name,
+            **key,
+        }
 
     rows = [
-        row("reccompile", 0, "int8", 120.0), row("torchrec", 0, "int8", 60.0),  # 2.0
-        row("reccompile", 1, "int8", 80.0), row("torchrec", 1, "int8", 50.0),  # 1.6: a slow minute for both
-        row("reccompile", 2, "int8", 110.0), row("torchrec", 2, "int8", 70.0),  # 1.57
+        row("reccompile", 0, "int8", 120.0),
+        row("torchrec", 0, "int8", 60.0),  # 2.0
+        row("reccompile", 1, "int8", 80.0),
+        row("torchrec", 1, "int8", 50.0),  # 1.6: a slow minute for both
+        row("reccompile", 2, "int8", 110.0),
+        row("torchrec", 2, "int8", 70.0),  # 1.57
         row("torchrec", 2, "int8/bf16", 40.0),  # TorchRec's int8 again, beside another configuration
     ]
     line = next(r for r in bench.summarise(rows, ["int8"], 10.0) if (r["variant"], r["batch"]) == ("criteo", 512))
@@ -95,11 +114,15 @@ for block, line in enumerate(sys.stdin):
 def test_blocks_alternate_between_two_live_processes_and_pair_each_block_with_its_neighbour(tmp_path: Path) -> None:
     bench = _script()
     log = tmp_path / "log"
-    commands = {side: [sys.executable, "-c", FAKE_SERVER, side, ms, str(log)]
-                for side, ms in (("reccompile", "1.0"), ("torchrec", "2.0"))}  # fmt: skip
+    commands = {
+        side: [sys.executable, "-c", FAKE_SERVER, side, ms, str(log)]
+        for side, ms in (("reccompile", "1.0"), ("torchrec", "2.0"))
+    }
     line = bench.interleave(commands, batch=512, block=10, blocks=6)
     assert log.read_text().split("\n")[:-1] == [
-        f"{side} 10 {bench.UNTIMED}" for pair in range(3) for side in ("reccompile", "torchrec", "torchrec", "reccompile")
+        f"{side} 10 {bench.UNTIMED}"
+        for pair in range(3)
+        for side in ("reccompile", "torchrec", "torchrec", "reccompile")
     ]
     assert line["block_ratio_median"] == 2.0 and line["block_ratio_quartiles"] == [2.0, 2.0]
     assert line["reccompile_p50_ms"] == 1.0 and line["torchrec_p50_ms"] == 2.0
@@ -113,5 +136,7 @@ def test_a_serving_process_that_dies_ends_the_benchmark_with_its_error(tmp_path:
     bench = _script()
     dying = [sys.executable, "-c", "import sys; sys.exit('no export in /nowhere')"]
     alive = [sys.executable, "-c", FAKE_SERVER, "torchrec", "1.0", str(tmp_path / "log")]
-    with pytest.raises(SystemExit, match=r"^error: reccompile's serving process ended \(status 1\):\nno export in /nowhere"):
+    with pytest.raises(
+        SystemExit, match=r"^error: reccompile's serving process ended \(status 1\):\nno export in /nowhere"
+    ):
         bench.interleave({"reccompile": dying, "torchrec": alive}, batch=1, block=4, blocks=2)

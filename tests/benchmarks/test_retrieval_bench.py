@@ -16,8 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 def _run(tmp_path: Path, *args: str) -> list[dict]:
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "retrieval_bench.py"), *args, "--threads", "1"],
-        capture_output=True, text=True, timeout=600, cwd=REPO, env=bench_env(tmp_path),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=bench_env(tmp_path),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return [json.loads(line) for line in done.stdout.strip().splitlines()]
 

@@ -62,7 +62,9 @@ def test_a_small_run_reports_recall_per_epoch_and_each_index_against_exact_searc
     figures = script.run(tmp_path, users=300, movies=200, epochs=2)
     assert ["reccompile " + " ".join(args) for args in ran] == figures.commands
     assert [c.split()[1] for c in figures.commands] == ["data", "train", "export", "export", "export"]
-    assert "--eval-every 1 --steps 2 " in figures.commands[1]  # 300 users x 5 positives, 4 each in training: one step of 1,024 an epoch
+    assert (
+        "--eval-every 1 --steps 2 " in figures.commands[1]
+    )  # 300 users x 5 positives, 4 each in training: one step of 1,024 an epoch
     assert [e["step"] for e in figures.epochs] == [1, 2]
     log = [json.loads(line) for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
     evals = [r["metrics"]["match"] for r in log if r["kind"] == "eval"]

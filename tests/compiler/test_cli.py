@@ -17,7 +17,10 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize(
     ("argv", "error"),
     [
-        (["trian", "specs/x.yaml", "--steps", "1"], "error: 'trian' is neither a command (did you mean 'train'?) nor a spec file\n"),
+        (
+            ["trian", "specs/x.yaml", "--steps", "1"],
+            "error: 'trian' is neither a command (did you mean 'train'?) nor a spec file\n",
+        ),
         (["schem"], "error: 'schem' is neither a command (did you mean 'schema'?) nor a spec file\n"),
         (["specs/no_such.yaml"], "error: 'specs/no_such.yaml' is neither a command nor a spec file\n"),
     ],
@@ -36,14 +39,26 @@ def test_an_existing_file_as_the_first_word_compiles_it(tmp_path: Path, capsys) 
 @pytest.mark.parametrize(
     ("argv", "listed"),
     [
-        (["train"], "--data DATA synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH, prepared:DIR or PATH "
-                    "(default: the spec's)"),
-        (["predict"], "--data DATA the samples: synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or PATH "
-                      "(default synthetic)"),
-        (["retrieve"], "--data DATA the requests: synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or "
-                       "PATH (default synthetic)"),
-        (["check"], "--data PATH check the first rows of this data against each spec: criteo:PATH, movielens:PATH, "
-                    "csv:PATH, parquet:PATH, prepared:DIR or PATH (the reader the spec names)"),
+        (
+            ["train"],
+            "--data DATA synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH, prepared:DIR or PATH "
+            "(default: the spec's)",
+        ),
+        (
+            ["predict"],
+            "--data DATA the samples: synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or PATH "
+            "(default synthetic)",
+        ),
+        (
+            ["retrieve"],
+            "--data DATA the requests: synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or "
+            "PATH (default synthetic)",
+        ),
+        (
+            ["check"],
+            "--data PATH check the first rows of this data against each spec: criteo:PATH, movielens:PATH, "
+            "csv:PATH, parquet:PATH, prepared:DIR or PATH (the reader the spec names)",
+        ),
         (["data", "prepare"], "--data READER:PATH the raw data: criteo:PATH, movielens:PATH, csv:PATH or parquet:PATH"),
     ],
 )
@@ -56,9 +71,12 @@ def test_every_help_listing_the_readers_lists_all_of_them(argv: list[str], liste
 def test_a_closed_stdout_stops_the_command_quietly_with_sigpipes_status(argv: list[str]) -> None:
     """`reccompile schema | head`: the reader is gone before the first write here."""
     command = subprocess.Popen(
-        [sys.executable, "-m", "compiler.cli", *argv], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "compiler.cli", *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     command.stdout.close()
     stderr = command.stderr.read()
     assert (command.wait(timeout=120), stderr) == (141, b"")

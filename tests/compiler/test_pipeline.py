@@ -23,7 +23,11 @@ def table_row_wise_ranks(spec: Path, options: Options) -> list[int]:
         ("", Options(world_size=2), [0, 1]),  # no host size anywhere: all ranks on one host
         ("", Options(world_size=2, launched_ranks_per_host=1), [0]),  # torchrun's 2 nodes x 1 rank
         ("", Options(world_size=2, ranks_per_host=2, launched_ranks_per_host=1), [0, 1]),  # the command line
-        ("  world_size: 2\n  ranks_per_host: 2\n", Options(world_size=2, launched_ranks_per_host=1), [0, 1]),  # the spec
+        (
+            "  world_size: 2\n  ranks_per_host: 2\n",
+            Options(world_size=2, launched_ranks_per_host=1),
+            [0, 1],
+        ),  # the spec
     ],
 )
 def test_the_launchers_ranks_per_host_is_the_default(

@@ -54,13 +54,47 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list
     data = write_lines(root / "day_0.txt", lines)
     spec = root / "tiny.yaml"
     spec.write_text(SPEC)
-    assert main([
-        "train", str(spec), "--data", f"criteo:{data}", "--bad-rows", "skip", "--data-workers", "0",
-        "--steps", "2", "--log-every", "2", "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "2",
-        "-o", str(root / "build"),
-    ]) == 0
-    assert main(["export", str(spec), "--checkpoint", str(root / "ckpt"), "--quantize", "int8", "--no-aot",
-                 "-o", str(root / "out")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(spec),
+                "--data",
+                f"criteo:{data}",
+                "--bad-rows",
+                "skip",
+                "--data-workers",
+                "0",
+                "--steps",
+                "2",
+                "--log-every",
+                "2",
+                "--checkpoint-dir",
+                str(root / "ckpt"),
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(root / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "export",
+                str(spec),
+                "--checkpoint",
+                str(root / "ckpt"),
+                "--quantize",
+                "int8",
+                "--no-aot",
+                "-o",
+                str(root / "out"),
+            ]
+        )
+        == 0
+    )
     return root, data, lines
 
 
@@ -68,8 +102,20 @@ def test_predict_writes_file_and_line_of_every_good_row_and_skips_bad_ones(expor
     root, data, lines = exported
     capsys.readouterr()
     output = root / "predictions.csv"
-    code = main(["predict", str(root / "out"), "--data", f"criteo:{data}", "--bad-rows", "skip",
-                 "--batch-size", "32", "-o", str(output)])
+    code = main(
+        [
+            "predict",
+            str(root / "out"),
+            "--data",
+            f"criteo:{data}",
+            "--bad-rows",
+            "skip",
+            "--batch-size",
+            "32",
+            "-o",
+            str(output),
+        ]
+    )
     assert code == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"wrote {LINES - 2} predictions to {output} in ")
@@ -112,7 +158,21 @@ def test_predict_takes_the_free_cores_unless_told_and_says_so(
     two_cores(idle)
     capsys.readouterr()
     output = root / "threads.csv"
-    assert main(["predict", str(root / "out"), "--data", f"criteo:{data}", "--bad-rows", "skip",
-                 *options, "-o", str(output)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "predict",
+                str(root / "out"),
+                "--data",
+                f"criteo:{data}",
+                "--bad-rows",
+                "skip",
+                *options,
+                "-o",
+                str(output),
+            ]
+        )
+        == 0
+    )
     assert torch.get_num_threads() == used
     assert capsys.readouterr().out.split(" rows/s in the model) ", 1)[1] == f"on {said}; 2 bad rows skipped\n"

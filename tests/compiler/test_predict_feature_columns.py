@@ -72,12 +72,44 @@ training:
 def _train_and_export(root: Path, text: str, data: list[str]) -> Path:
     spec = root / "spec.yaml"
     spec.write_text(text)
-    assert main([
-        "train", str(spec), *data, "--data-workers", "0", "--steps", "2", "--log-every", "2",
-        "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "2", "-o", str(root / "build"),
-    ]) == 0  # fmt: skip
-    assert main(["export", str(spec), "--checkpoint", str(root / "ckpt"), "--quantize", "none", "--no-aot",
-                 "-o", str(root / "out")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(spec),
+                *data,
+                "--data-workers",
+                "0",
+                "--steps",
+                "2",
+                "--log-every",
+                "2",
+                "--checkpoint-dir",
+                str(root / "ckpt"),
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(root / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "export",
+                str(spec),
+                "--checkpoint",
+                str(root / "ckpt"),
+                "--quantize",
+                "none",
+                "--no-aot",
+                "-o",
+                str(root / "out"),
+            ]
+        )
+        == 0
+    )
     return spec
 
 

@@ -56,9 +56,7 @@ training:
 def _ratings(path: Path, movies: range, count: int, seed: int) -> Path:
     rng = random.Random(seed)
     path.parent.mkdir(parents=True)
-    lines = [
-        f"{rng.randint(1, 30)}\t{rng.choice(movies)}\t{rng.randint(1, 5)}\t{880000000 + i}" for i in range(count)
-    ]
+    lines = [f"{rng.randint(1, 30)}\t{rng.choice(movies)}\t{rng.randint(1, 5)}\t{880000000 + i}" for i in range(count)]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -71,15 +69,40 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _ratings(root / "test" / "u.data", range(20, 56), 120, seed=2)  # movies 51..55: never trained
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-        assert main([
-            "train", str(root / "tiny.yaml"), "--data", f"movielens:{root / 'train'}",
-            "--eval-data", f"movielens:{root / 'test'}", "--eval-every", "3", "--data-workers", "0",
-            "--steps", "6", "--log-every", "6", "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "6",
-            "-o", str(root / "build"),
-        ]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    str(root / "tiny.yaml"),
+                    "--data",
+                    f"movielens:{root / 'train'}",
+                    "--eval-data",
+                    f"movielens:{root / 'test'}",
+                    "--eval-every",
+                    "3",
+                    "--data-workers",
+                    "0",
+                    "--steps",
+                    "6",
+                    "--log-every",
+                    "6",
+                    "--checkpoint-dir",
+                    str(root / "ckpt"),
+                    "--checkpoint-every",
+                    "6",
+                    "-o",
+                    str(root / "build"),
+                ]
+            )
+            == 0
+        )
     (root / "train.out").write_text(output.getvalue())
-    assert main(["export", str(root / "tiny.yaml"), "--checkpoint", str(root / "ckpt"), "--no-aot",
-                 "-o", str(root / "out")]) == 0
+    assert (
+        main(
+            ["export", str(root / "tiny.yaml"), "--checkpoint", str(root / "ckpt"), "--no-aot", "-o", str(root / "out")]
+        )
+        == 0
+    )
     return root
 
 
@@ -114,7 +137,9 @@ def _predicted(path: Path) -> list[float]:
 def test_the_export_carries_the_training_vocabulary(trained: Path) -> None:
     manifest = json.loads((trained / "out" / "manifest.json").read_text())
     assert manifest["vocabulary"]["file"] == "vocab.json"
-    assert (trained / "out" / "vocab.json").read_bytes() == (trained / "ckpt" / "step_00000006" / "vocab.json").read_bytes()
+    assert (trained / "out" / "vocab.json").read_bytes() == (
+        trained / "ckpt" / "step_00000006" / "vocab.json"
+    ).read_bytes()
     assert read_vocabulary(trained / "out" / "vocab.json") == read_vocabulary(
         trained / "build" / "tiny_movielens.vocab.json"
     )
@@ -162,11 +187,28 @@ def test_a_resumed_run_maps_ids_with_the_checkpoints_vocabulary(trained: Path, t
     shutil.copytree(trained / "ckpt", tmp_path / "ckpt")
     output = io.StringIO()
     with contextlib.redirect_stdout(output):
-        assert main([
-            "train", str(trained / "tiny.yaml"), "--data", f"movielens:{trained / 'test'}", "--data-workers", "0",
-            "--steps", "9", "--log-every", "9", "--checkpoint-dir", str(tmp_path / "ckpt"), "--resume",
-            "-o", str(tmp_path / "build"),
-        ]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    str(trained / "tiny.yaml"),
+                    "--data",
+                    f"movielens:{trained / 'test'}",
+                    "--data-workers",
+                    "0",
+                    "--steps",
+                    "9",
+                    "--log-every",
+                    "9",
+                    "--checkpoint-dir",
+                    str(tmp_path / "ckpt"),
+                    "--resume",
+                    "-o",
+                    str(tmp_path / "build"),
+                ]
+            )
+            == 0
+        )
     first = read_vocabulary(trained / "build" / "tiny_movielens.vocab.json")
     assert read_vocabulary(tmp_path / "build" / "tiny_movielens.vocab.json") == first
     assert read_vocabulary(tmp_path / "ckpt" / "step_00000009" / "vocab.json") == first

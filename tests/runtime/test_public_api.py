@@ -25,9 +25,22 @@ def test_runtime_holds_only_packages() -> None:
     loose = sorted(p.name for p in (ROOT / "runtime").glob("*.py") if p.name != "__init__.py")
     assert loose == []
     assert PACKAGES == [
-        "checkpoint", "config", "cpu", "data", "embeddings", "features", "modules", "process", "reporting",
-        "retrieval", "serving", "sharding", "sparse", "storage", "train",
-    ]  # fmt: skip
+        "checkpoint",
+        "config",
+        "cpu",
+        "data",
+        "embeddings",
+        "features",
+        "modules",
+        "process",
+        "reporting",
+        "retrieval",
+        "serving",
+        "sharding",
+        "sparse",
+        "storage",
+        "train",
+    ]
 
 
 # A package's names are its own but for these: TorchRec's table configs, which TorchRec's users
@@ -61,8 +74,10 @@ def test_the_top_level_names_are_the_packages_own() -> None:
     from runtime.train.train_pipeline import TrainPipeline
 
     assert (runtime.KeyedJaggedTensor, runtime.JaggedTensor, runtime.KeyedTensor) == (
-        KeyedJaggedTensor, JaggedTensor, KeyedTensor,
-    )  # fmt: skip
+        KeyedJaggedTensor,
+        JaggedTensor,
+        KeyedTensor,
+    )
     assert (runtime.EmbeddingBagConfig, runtime.EmbeddingBagCollection) == (EmbeddingBagConfig, EmbeddingBagCollection)
     assert runtime.QuantEmbeddingBagCollection is QuantEmbeddingBagCollection
     assert runtime.TrainPipeline is TrainPipeline

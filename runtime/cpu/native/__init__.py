@@ -32,8 +32,17 @@ import torch
 from runtime.cpu.native import build
 
 __all__ = [
-    "QuantLayout", "TableLayout", "applies", "cache_dir", "dot_backward", "dot_forward", "library",
-    "one_query_attention_backward", "one_query_attention_forward", "quant_pool", "rowwise_adagrad_backward",
+    "QuantLayout",
+    "TableLayout",
+    "applies",
+    "cache_dir",
+    "dot_backward",
+    "dot_forward",
+    "library",
+    "one_query_attention_backward",
+    "one_query_attention_forward",
+    "quant_pool",
+    "rowwise_adagrad_backward",
     "source_tag",
 ]
 
@@ -57,7 +66,9 @@ def library() -> ctypes.CDLL | None:
     """The built kernel library, or None (with one warning naming the cause) if it cannot be had here."""
     outcome = build.status()
     if outcome.library is None:
-        warnings.warn(f"reccompile: native kernels unavailable, using torch ops instead: {outcome.problem}", stacklevel=2)
+        warnings.warn(
+            f"reccompile: native kernels unavailable, using torch ops instead: {outcome.problem}", stacklevel=2
+        )
         return None
     if outcome.note is not None:
         warnings.warn(f"reccompile: native kernels: {outcome.note}", stacklevel=2)
@@ -70,7 +81,15 @@ def library() -> ctypes.CDLL | None:
     lib.reccompile_one_query_attention_forward.argtypes = [*[_I64] * 4, *[_PTR] * 5, _I64]
     lib.reccompile_one_query_attention_backward.argtypes = [*[_I64] * 4, *[_PTR] * 8, _I64]
     lib.reccompile_rowwise_adagrad_backward.argtypes = [
-        _I64, _I64, _I64, *[_PTR] * 8, _I64, *[_PTR] * 4, ctypes.c_float, ctypes.c_float, _I64,
+        _I64,
+        _I64,
+        _I64,
+        *[_PTR] * 8,
+        _I64,
+        *[_PTR] * 4,
+        ctypes.c_float,
+        ctypes.c_float,
+        _I64,
     ]
     lib.reccompile_rowwise_adagrad_backward.restype = ctypes.c_int
     lib.reccompile_one_query_attention_forward.restype = None
@@ -128,7 +147,13 @@ def dot_forward(parts: Sequence[torch.Tensor], dim: int) -> torch.Tensor:
     n = sum(p.shape[1] for p in parts) // dim
     out = torch.empty(batch, dim + n * (n - 1) // 2)
     status = lib.reccompile_dot_forward(
-        batch, len(parts), _pointers(parts), _counts(parts, dim), strides, dim, out.data_ptr(),
+        batch,
+        len(parts),
+        _pointers(parts),
+        _counts(parts, dim),
+        strides,
+        dim,
+        out.data_ptr(),
         torch.get_num_threads(),
     )
     _check(status, "forward")
@@ -155,8 +180,17 @@ def dot_backward(
     written, grad_strides = _rows(grads)
     assert all(w is g and g.shape == p.shape for w, g, p in zip(written, grads, parts)), "grads must match the parts"
     status = lib.reccompile_dot_backward(
-        parts[0].shape[0], len(parts), _pointers(parts), _counts(parts, dim), strides, dim,
-        grad_out.data_ptr(), grad_out.stride(0), _pointers(grads), grad_strides, torch.get_num_threads(),
+        parts[0].shape[0],
+        len(parts),
+        _pointers(parts),
+        _counts(parts, dim),
+        strides,
+        dim,
+        grad_out.data_ptr(),
+        grad_out.stride(0),
+        _pointers(grads),
+        grad_strides,
+        torch.get_num_threads(),
     )
     _check(status, "backward")
     return grads
@@ -172,8 +206,16 @@ def one_query_attention_forward(
     (batch, length, dim), heads = x.shape, query.shape[1]
     weighted, probs = torch.empty(batch, heads, dim), torch.empty(batch, heads, length)
     lib.reccompile_one_query_attention_forward(
-        batch, length, heads, dim, x.data_ptr(), query.data_ptr(), counts.data_ptr(),
-        weighted.data_ptr(), probs.data_ptr(), torch.get_num_threads(),
+        batch,
+        length,
+        heads,
+        dim,
+        x.data_ptr(),
+        query.data_ptr(),
+        counts.data_ptr(),
+        weighted.data_ptr(),
+        probs.data_ptr(),
+        torch.get_num_threads(),
     )
     return weighted, probs
 
@@ -190,8 +232,19 @@ def one_query_attention_backward(
     threads = torch.get_num_threads()
     scratch = torch.empty(threads, max(length, 1))  # a thread's row of score gradients
     lib.reccompile_one_query_attention_backward(
-        batch, length, heads, dim, x.data_ptr(), query.data_ptr(), counts.data_ptr(), probs.data_ptr(),
-        grad.data_ptr(), grad_x.data_ptr(), grad_query.data_ptr(), scratch.data_ptr(), threads,
+        batch,
+        length,
+        heads,
+        dim,
+        x.data_ptr(),
+        query.data_ptr(),
+        counts.data_ptr(),
+        probs.data_ptr(),
+        grad.data_ptr(),
+        grad_x.data_ptr(),
+        grad_query.data_ptr(),
+        scratch.data_ptr(),
+        threads,
     )
     return grad_x, grad_query
 
@@ -229,10 +282,22 @@ def quant_pool(
         rows = rows.to(torch.int64).contiguous()
     out = torch.empty(batch, layout.total_dim)
     status = lib.reccompile_quant_pool(
-        features, batch, buffer.data_ptr(), layout.table_offsets.data_ptr(), layout.strides.data_ptr(),
-        layout.types.data_ptr(), layout.dims.data_ptr(), layout.out_offsets.data_ptr(), layout.total_dim,
-        ids.data_ptr(), ids.numel(), offsets.data_ptr(), None if weights is None else weights.data_ptr(),
-        None if rows is None else rows.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        features,
+        batch,
+        buffer.data_ptr(),
+        layout.table_offsets.data_ptr(),
+        layout.strides.data_ptr(),
+        layout.types.data_ptr(),
+        layout.dims.data_ptr(),
+        layout.out_offsets.data_ptr(),
+        layout.total_dim,
+        ids.data_ptr(),
+        ids.numel(),
+        offsets.data_ptr(),
+        None if weights is None else weights.data_ptr(),
+        None if rows is None else rows.data_ptr(),
+        out.data_ptr(),
+        torch.get_num_threads(),
     )
     return None if status else out
 
@@ -275,9 +340,23 @@ def rowwise_adagrad_backward(
     if sample_weights is not None:
         sample_weights = sample_weights.to(torch.float32).contiguous()
     return lib.reccompile_rowwise_adagrad_backward(
-        layout.rows.numel(), features, batch, weights.data_ptr(), layout.weight_offsets.data_ptr(),
-        momentum.data_ptr(), layout.momentum_offsets.data_ptr(), layout.rows.data_ptr(), layout.dims.data_ptr(),
-        layout.feature_tables.data_ptr(), layout.grad_columns.data_ptr(), grad.stride(0), ids.data_ptr(),
-        offsets.data_ptr(), None if sample_weights is None else sample_weights.data_ptr(), grad.data_ptr(),
-        lr, eps, torch.get_num_threads(),
+        layout.rows.numel(),
+        features,
+        batch,
+        weights.data_ptr(),
+        layout.weight_offsets.data_ptr(),
+        momentum.data_ptr(),
+        layout.momentum_offsets.data_ptr(),
+        layout.rows.data_ptr(),
+        layout.dims.data_ptr(),
+        layout.feature_tables.data_ptr(),
+        layout.grad_columns.data_ptr(),
+        grad.stride(0),
+        ids.data_ptr(),
+        offsets.data_ptr(),
+        None if sample_weights is None else sample_weights.data_ptr(),
+        grad.data_ptr(),
+        lr,
+        eps,
+        torch.get_num_threads(),
     )

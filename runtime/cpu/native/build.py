@@ -32,9 +32,15 @@ __all__ = ["FLAGS", "SOURCES", "BuildStatus", "cache_root", "compiler_name", "cp
 
 SOURCES = tuple(sorted(Path(__file__).parent.glob("*.c")))
 FLAGS = (
-    "-O3", "-march=native", "-fPIC", "-shared",
+    "-O3",
+    "-march=native",
+    "-fPIC",
+    "-shared",
     # Reassociating sums lets the compiler vectorise the reductions, as a GEMM would.
-    "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-fassociative-math",
+    "-fno-signed-zeros",
     # A call to an undeclared intrinsic would build and then fail to load (undefined symbol).
     "-Werror=implicit-function-declaration",
 )
@@ -112,8 +118,12 @@ def _build(command: list[str], target: Path) -> str | None:
     os.close(handle)
     try:
         for extra in (OPENMP_FLAGS, ()):
-            done = subprocess.run([*command, *FLAGS, *extra, *map(str, SOURCES), "-o", scratch],
-                                  capture_output=True, text=True, check=False)  # fmt: skip
+            done = subprocess.run(
+                [*command, *FLAGS, *extra, *map(str, SOURCES), "-o", scratch],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if done.returncode == 0:
                 os.chmod(scratch, 0o755)  # mkstemp's 0600 would keep it from others sharing the cache
                 os.replace(scratch, target)
@@ -130,7 +140,10 @@ def _target(command: list[str]) -> Path:
             part.encode() if isinstance(part, str) else part
             for part in (
                 *(source.read_bytes() for source in SOURCES),
-                " ".join(FLAGS + OPENMP_FLAGS), *command, platform.machine(), cpu_identity(),
+                " ".join(FLAGS + OPENMP_FLAGS),
+                *command,
+                platform.machine(),
+                cpu_identity(),
             )
         )
     ).hexdigest()[:16]

@@ -105,8 +105,10 @@ class BadRowLog:
         """The end-of-run report of skipped rows, or None when there were none."""
         if self.bad == 0:
             return None
-        of = f"the data's {self.rows:,}, counted once though it was read more than once" if self.again else (
-            f"{self.rows:,} read"
+        of = (
+            f"the data's {self.rows:,}, counted once though it was read more than once"
+            if self.again
+            else (f"{self.rows:,} read")
         )
         lines = [f"skipped {self.bad:,} bad row{'s' if self.bad != 1 else ''} of {of}; the first:"]
         lines += [f"  {row}" for row in self.examples]

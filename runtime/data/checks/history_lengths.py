@@ -62,8 +62,9 @@ def prepared_lengths(columns: Mapping[str, Mapping[str, Any]], features: tuple[s
     return means
 
 
-def length_warnings(training: Mapping[str, float], evaluation: Mapping[str, float], train_source: str,
-                    eval_source: str) -> list[str]:  # fmt: skip
+def length_warnings(
+    training: Mapping[str, float], evaluation: Mapping[str, float], train_source: str, eval_source: str
+) -> list[str]:
     """One warning per feature whose mean lengths differ by more than RATIO (one of them 0 and the other not, too)."""
     warnings = []
     for name in training.keys() & evaluation.keys():

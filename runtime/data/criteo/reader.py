@@ -143,14 +143,15 @@ def _dense_layout(explicit: dict[str, str], sizes: dict[str, int]) -> tuple[tupl
         if len(columns) != size:
             names = ", ".join(INT_COLUMNS[i] for i in columns)
             raise DataError(
-                f"dense feature {name!r} has size {size} "
-                f"but {len(columns)} criteo integer columns feed it ({names})"
+                f"dense feature {name!r} has size {size} but {len(columns)} criteo integer columns feed it ({names})"
             )
         layout.append((name, columns))
     return tuple(layout)
 
 
-def _sparse_layout(inputs: ModelInputs, explicit: dict[str, str], rows: dict[str, int]) -> tuple[tuple[str, int, int], ...]:
+def _sparse_layout(
+    inputs: ModelInputs, explicit: dict[str, str], rows: dict[str, int]
+) -> tuple[tuple[str, int, int], ...]:
     features = [f.name for f in inputs.sparse]
     mapped = {c: t for c, t in explicit.items() if c in CAT_COLUMNS}
     if not mapped and len(features) != len(CAT_COLUMNS):
@@ -162,9 +163,7 @@ def _sparse_layout(inputs: ModelInputs, explicit: dict[str, str], rows: dict[str
     source: dict[str, str] = {}
     for column, target in mapped.items():
         if target in source:
-            raise DataError(
-                f"data.columns: sparse feature {target!r} is fed by both {source[target]} and {column}"
-            )
+            raise DataError(f"data.columns: sparse feature {target!r} is fed by both {source[target]} and {column}")
         source[target] = column
     for column, feature in zip(CAT_COLUMNS, features):
         if column not in mapped and feature not in taken:

@@ -11,9 +11,7 @@ try:
     import pyarrow
     import pyarrow.parquet
 except ImportError as error:  # pragma: no cover - the test environment installs it
-    raise DataError(
-        f"prepared data needs pyarrow ({error}): pip install 'reccompile[data]'"
-    ) from None
+    raise DataError(f"prepared data needs pyarrow ({error}): pip install 'reccompile[data]'") from None
 
 pa = pyarrow
 pq = pyarrow.parquet

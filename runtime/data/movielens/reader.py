@@ -142,8 +142,10 @@ class MovieLensReader:
         limit, genres = self.layout.max_genres, self.vocabulary.movie_genres.get(row[1], ())
         if limit is not None and len(genres) > limit:
             names = "|".join(self.vocabulary.genres[g] for g in genres)
-            reason = (f"movie {row[1]} has {len(genres)} genres, but feature {self.layout.genres!r} takes at most "
-                      f"{limit} (max_ids_per_sample)")  # fmt: skip
+            reason = (
+                f"movie {row[1]} has {len(genres)} genres, but feature {self.layout.genres!r} takes at most "
+                f"{limit} (max_ids_per_sample)"
+            )
             raise RowError("genres", names, reason)
         return row
 
@@ -160,9 +162,7 @@ class MovieLensReader:
             lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
             sparse[layout.genres] = Jagged(lengths, torch.tensor(ids, dtype=torch.long), None)
         stars = torch.tensor([r[2] for r in rows], dtype=torch.float32)
-        labels = {
-            label: (stars >= self.threshold).float() if loss == "bce" else stars for label, loss in layout.labels
-        }
+        labels = {label: (stars >= self.threshold).float() if loss == "bce" else stars for label, loss in layout.labels}
         if layout.user_ids:
             labels[USER_IDS] = torch.tensor([r[0] for r in rows], dtype=torch.long)
         if layout.history is not None and self.histories is not None:
@@ -307,8 +307,16 @@ def movielens_layout(inputs: ModelInputs) -> MovieLensLayout:
         _check_retrieval_heads(inputs, explicit, feeds)
         next_item = any(head.label == feeds["history"] for head in inputs.heads if feeds["history"] is not None)
         user_ids = any(name.startswith("user_") for head in inputs.heads for name in head.metrics)
-        return MovieLensLayout(feeds["userId"], feeds["movieId"], feeds["genres"], (), positives_only=True,
-                               next_item=next_item, user_ids=user_ids, **common)  # fmt: skip
+        return MovieLensLayout(
+            feeds["userId"],
+            feeds["movieId"],
+            feeds["genres"],
+            (),
+            positives_only=True,
+            next_item=next_item,
+            user_ids=user_ids,
+            **common,
+        )
     label = explicit.get("rating", inputs.heads[0].label)
     heads = [head for head in inputs.heads if head.label == label]
     if not heads:
@@ -372,6 +380,4 @@ def check_rows(inputs: ModelInputs, layout: MovieLensLayout, vocabulary: Vocabul
     }
     for feature, (needed, what) in needs.items():
         if feature is not None and needed > rows[feature]:
-            raise DataError(
-                f"feature {feature!r}: {needed} rows needed ({what}) but its table has {rows[feature]}"
-            )
+            raise DataError(f"feature {feature!r}: {needed} rows needed ({what}) but its table has {rows[feature]}")

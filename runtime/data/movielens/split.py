@@ -89,9 +89,16 @@ def split_by_time(
             shutil.copyfile(movies, part.with_name(movies.name))
     test_users = sum(1 for events in positives.values() if any(e[1] in held for e in events))
     return MovieLensSplit(
-        train, test, len(positives), len(rows), dropped, len(rows) - len(held), len(held), test_users,
+        train,
+        test,
+        len(positives),
+        len(rows),
+        dropped,
+        len(rows) - len(held),
+        len(held),
+        test_users,
         sum(1 for number, movie, _ in rows if number in held and movie not in train_movies),
-    )  # fmt: skip
+    )
 
 
 def refuse_outdir(root: Path, inputs: list[Path]) -> None:
@@ -104,8 +111,9 @@ def refuse_outdir(root: Path, inputs: list[Path]) -> None:
             continue
         inside = [file for file in inputs if file.exists() and file.resolve().is_relative_to(folder.resolve())]
         if inside:
-            raise DataError(f"{inside[0]}: an input of this split, in {folder}, which the split writes; "
-                            "choose another -o")  # fmt: skip
+            raise DataError(
+                f"{inside[0]}: an input of this split, in {folder}, which the split writes; choose another -o"
+            )
         raise DataError(f"{folder}: already exists (an earlier split?); choose another -o, or remove it to split again")
 
 

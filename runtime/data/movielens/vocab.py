@@ -34,9 +34,26 @@ VOCAB_FORMAT = 1
 VOCABULARY_FILE = "vocab.json"
 # ml-100k's u.item flags, in file order (from its README / u.genre).
 ML100K_GENRES = (
-    "unknown", "Action", "Adventure", "Animation", "Children's", "Comedy", "Crime", "Documentary", "Drama",
-    "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western",
-)  # fmt: skip
+    "unknown",
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children's",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+)
 MOVIES_FILES = {"tab": "u.item", "dat": "movies.dat", "csv": "movies.csv"}
 
 

@@ -106,7 +106,13 @@ class PreparedBatches:
     """The rank's batches of prepared data, forever; resumable at a row (see the module docstring)."""
 
     def __init__(
-        self, data: PreparedData, *, global_batch: int, rank: int, world_size: int, num_workers: int = 1,
+        self,
+        data: PreparedData,
+        *,
+        global_batch: int,
+        rank: int,
+        world_size: int,
+        num_workers: int = 1,
         on_wrap: Callable[[int, int], None] | None = None,
     ) -> None:
         self.data, self.global_batch, self.rank, self.world_size = data, global_batch, rank, world_size
@@ -120,14 +126,21 @@ class PreparedBatches:
 
     def state_after(self, step: int) -> dict[str, Any]:
         """The data position after `step` global batches: what a checkpoint keeps."""
-        return {"reader": "prepared", "row": step * self.global_batch, "seed": self.data.seed, "window": self.data.window}
+        return {
+            "reader": "prepared",
+            "row": step * self.global_batch,
+            "seed": self.data.seed,
+            "window": self.data.window,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Start at a position `state_after` gave (before the first batch is taken)."""
         if self._chunks is not None:
             raise RuntimeError("the data position is set before the first batch is taken")
         if state.get("reader") != "prepared":
-            raise DataError(f"the checkpoint's data position is for the {state.get('reader')} reader, not prepared data")
+            raise DataError(
+                f"the checkpoint's data position is for the {state.get('reader')} reader, not prepared data"
+            )
         saved, window = state.get("window") or 0, self.data.window or 0
         if saved != window:
             raise DataError(
@@ -150,8 +163,9 @@ class PreparedBatches:
     def __next__(self) -> Batch:
         if not self._batches:
             if self._chunks is None:
-                self._chunks = _chunks(self.data, self.global_batch, self.rank, self.world_size, self.first,
-                                       False, self.num_workers)  # fmt: skip
+                self._chunks = _chunks(
+                    self.data, self.global_batch, self.rank, self.world_size, self.first, False, self.num_workers
+                )
             chunk = next(self._chunks)
             self.decoded.groups += chunk.decoded.groups
             self.decoded.rows += chunk.decoded.rows

@@ -95,10 +95,19 @@ class FileParts:
         pool = get_context("spawn").Pool(max(1, min(self.workers, len(todo))), initializer=_worker_start)
         try:
             results: dict[int, AsyncResult[str | None]] = {
-                i: pool.apply_async(_parse_file, (_one_file(self.reader, self.files[i]), i, self.root, self.specs,
-                                                  self.block_lines, self.stop_at_bad))
+                i: pool.apply_async(
+                    _parse_file,
+                    (
+                        _one_file(self.reader, self.files[i]),
+                        i,
+                        self.root,
+                        self.specs,
+                        self.block_lines,
+                        self.stop_at_bad,
+                    ),
+                )
                 for i in todo
-            }  # fmt: skip
+            }
             pool.close()
             for index in range(first, len(self.files)):
                 if index in results:

@@ -45,8 +45,13 @@ class PartFile:
     sha256: str
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "rows": self.rows, "row_groups": list(self.row_groups),
-                "bytes": self.bytes, "sha256": self.sha256}  # fmt: skip
+        return {
+            "name": self.name,
+            "rows": self.rows,
+            "row_groups": list(self.row_groups),
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+        }
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> PartFile:
@@ -71,10 +76,15 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT, "format_version": FORMAT_VERSION, "rows": self.rows,
-            "row_group_rows": self.row_group_rows, "spec_sha256": self.spec_sha256, "columns": self.columns,
-            "files": [part.to_json() for part in self.files], "source": self.source,
-        }  # fmt: skip
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "rows": self.rows,
+            "row_group_rows": self.row_group_rows,
+            "spec_sha256": self.spec_sha256,
+            "columns": self.columns,
+            "files": [part.to_json() for part in self.files],
+            "source": self.source,
+        }
 
 
 def write_manifest(manifest: Manifest) -> Path:
@@ -115,9 +125,14 @@ def read_manifest(directory: str | Path) -> Manifest:
                 f"expected {FORMAT!r} version {FORMAT_VERSION}"
             )
         manifest = Manifest(
-            root, int(data["rows"]), int(data["row_group_rows"]), str(data["spec_sha256"]), dict(data["columns"]),
-            tuple(PartFile.from_json(part) for part in data["files"]), dict(data["source"]),
-        )  # fmt: skip
+            root,
+            int(data["rows"]),
+            int(data["row_group_rows"]),
+            str(data["spec_sha256"]),
+            dict(data["columns"]),
+            tuple(PartFile.from_json(part) for part in data["files"]),
+            dict(data["source"]),
+        )
         _check_counts(manifest)
         return manifest
     except (ValueError, KeyError, TypeError, RecursionError) as error:

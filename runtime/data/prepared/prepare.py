@@ -142,10 +142,17 @@ class _Journal:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "identity": self.identity, "inputs": self.inputs, "parts": [p.to_json() for p in self.parts],
-            "lines": self.lines, "drop": self.drop, "by_file": self.by_file, "file": self.file, "bad": self.bad,
-            "bad_examples": self.bad_examples, "stats": self.stats,
-        }  # fmt: skip
+            "identity": self.identity,
+            "inputs": self.inputs,
+            "parts": [p.to_json() for p in self.parts],
+            "lines": self.lines,
+            "drop": self.drop,
+            "by_file": self.by_file,
+            "file": self.file,
+            "bad": self.bad,
+            "bad_examples": self.bad_examples,
+            "stats": self.stats,
+        }
 
 
 @dataclass
@@ -196,18 +203,25 @@ def _one_torch_thread() -> Iterator[None]:
 
 
 def _prepare(
-    inputs: ModelInputs, choice: DataChoice, root: Path, settings: PrepareSettings,
-    report: Callable[[str], None] | None, held: ExitStack,
+    inputs: ModelInputs,
+    choice: DataChoice,
+    root: Path,
+    settings: PrepareSettings,
+    report: Callable[[str], None] | None,
+    held: ExitStack,
 ) -> Manifest:
     if root.exists() and not root.is_dir():
         raise DataError(f"{root}: exists and is not a directory")
     specs = column_specs(inputs)
     identity = {
-        "spec_sha256": spec_digest(specs), "reader": choice.reader, "path": str(choice.path),
+        "spec_sha256": spec_digest(specs),
+        "reader": choice.reader,
+        "path": str(choice.path),
         "rating_threshold": settings.rating_threshold if choice.reader == "movielens" else None,
         "training": settings.training,
-        "row_group_rows": settings.row_group_rows, "part_row_groups": settings.part_row_groups,
-    }  # fmt: skip
+        "row_group_rows": settings.row_group_rows,
+        "part_row_groups": settings.part_row_groups,
+    }
     stamps = input_stamps(input_files(choice, settings.training))
     if (root / MANIFEST).is_file():
         return _finished(root, identity, stamps, report)
@@ -230,8 +244,10 @@ def _prepare(
         report(f"parsing {parsing.describe()}")
     by_file = parsing.by_file
     if journal.parts and journal.by_file != by_file:
-        raise DataError(f"{root}: holds a stopped prepare {_mode(journal.by_file)}; run it again with --workers "
-                        f"{'1 or more' if journal.by_file else 0} to continue it, or remove the directory")  # fmt: skip
+        raise DataError(
+            f"{root}: holds a stopped prepare {_mode(journal.by_file)}; run it again with --workers "
+            f"{'1 or more' if journal.by_file else 0} to continue it, or remove the directory"
+        )
     journal.by_file = by_file
     _remove_strays(root, journal)
     writer = _PartWriter(root, specs, settings, journal)
@@ -239,8 +255,11 @@ def _prepare(
     bad_rows.bad = journal.bad
     bad_rows.examples = [BadRow(**row) for row in journal.bad_examples]
     if by_file:
-        _write_by_file(FileParts(reader, root, specs, settings.block_lines, settings.bad_rows == "fail",
-                                 parsing.processes), writer, bad_rows)  # fmt: skip
+        _write_by_file(
+            FileParts(reader, root, specs, settings.block_lines, settings.bad_rows == "fail", parsing.processes),
+            writer,
+            bad_rows,
+        )
     else:
         rest = _ResumedReader(reader, journal.lines)
         if journal.lines and next(iter(rest.epoch_lines()), None) is None:
@@ -343,8 +362,10 @@ def _finished(
         raise DataError(f"{root}: already holds prepared data {_difference(made, identity)}; choose another -o")
     change = input_change(manifest.source.get("inputs"), inputs)
     if change is not None:
-        raise DataError(f"{root}: already holds prepared data, but {change}; choose another -o, or remove "
-                        f"{root} to prepare it again")  # fmt: skip
+        raise DataError(
+            f"{root}: already holds prepared data, but {change}; choose another -o, or remove "
+            f"{root} to prepare it again"
+        )
     if report is not None:
         report(f"{root}: already prepared ({manifest.rows:,} rows); nothing to do")
     return manifest
@@ -376,9 +397,17 @@ def _load_journal(
     data = _read_journal(path)
     try:
         journal = _Journal(
-            data["identity"], inputs, [PartFile.from_json(p) for p in data["parts"]], data["lines"], data["drop"],
-            data["by_file"], data["file"], data["bad"], data["bad_examples"], data["stats"],
-        )  # fmt: skip
+            data["identity"],
+            inputs,
+            [PartFile.from_json(p) for p in data["parts"]],
+            data["lines"],
+            data["drop"],
+            data["by_file"],
+            data["file"],
+            data["bad"],
+            data["bad_examples"],
+            data["stats"],
+        )
         recorded_inputs = data.get("inputs")
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise _damaged(path, f"{type(error).__name__}: {error}") from None
@@ -393,12 +422,16 @@ def _load_journal(
     for part in journal.parts:
         path = root / part.name
         if not path.is_file() or path.stat().st_size != part.bytes:
-            raise DataError(f"{root}: part {part.name} of the stopped prepare is missing or changed; remove the directory")
+            raise DataError(
+                f"{root}: part {part.name} of the stopped prepare is missing or changed; remove the directory"
+            )
     if report is not None:
         rows = sum(p.rows for p in journal.parts)
         where = f"file {journal.file + 1}" if journal.by_file else f"line {journal.lines + 1:,}"
-        report(f"resuming a stopped prepare: {len(journal.parts)} parts ({rows:,} rows) kept, "
-               f"reading on from {where} of the data")  # fmt: skip
+        report(
+            f"resuming a stopped prepare: {len(journal.parts)} parts ({rows:,} rows) kept, "
+            f"reading on from {where} of the data"
+        )
     return journal
 
 
@@ -475,7 +508,12 @@ class _PartWriter:
         self.flush(bad_rows)
 
     def add(
-        self, chunks: Iterable[Columns], lines: int, examples: list[BadRow], bad_count: int, bad_rows: BadRowLog,
+        self,
+        chunks: Iterable[Columns],
+        lines: int,
+        examples: list[BadRow],
+        bad_count: int,
+        bad_rows: BadRowLog,
         drop: int,
     ) -> None:
         """One block's rows (its first `drop` in a part already), its lines and its bad rows."""
@@ -507,10 +545,14 @@ class _PartWriter:
     def manifest(self, choice: DataChoice, bad_rows: BadRowLog, vocab: Path | None, features: Path | None) -> Manifest:
         journal = self.journal
         source: dict[str, Any] = {
-            "reader": choice.reader, "path": str(choice.path), "identity": journal.identity, "inputs": journal.inputs,
-            "lines": self.lines, "bad_rows": bad_rows.bad,
+            "reader": choice.reader,
+            "path": str(choice.path),
+            "identity": journal.identity,
+            "inputs": journal.inputs,
+            "lines": self.lines,
+            "bad_rows": bad_rows.bad,
             "bad_examples": [str(row) for row in bad_rows.examples],
-        }  # fmt: skip
+        }
         if vocab is not None:
             source["vocabulary"] = {"name": vocab.name, "sha256": file_sha256(vocab)}
         if features is not None:
@@ -520,9 +562,14 @@ class _PartWriter:
             raise DataError(f"{choice}: no good rows to prepare")
         columns = {name: {"spec": spec, "stats": journal.stats.get(name, {})} for name, spec in self.specs.items()}
         return Manifest(
-            self.root, rows, self.settings.row_group_rows, journal.identity["spec_sha256"], columns,
-            tuple(journal.parts), source,
-        )  # fmt: skip
+            self.root,
+            rows,
+            self.settings.row_group_rows,
+            journal.identity["spec_sha256"],
+            columns,
+            tuple(journal.parts),
+            source,
+        )
 
     def _take(self, rows: int) -> Columns:
         parts = []
@@ -553,8 +600,11 @@ class _PartWriter:
         if self.pending:
             front = self.pending[0]
             journal.lines, journal.file, journal.drop, journal.bad = (
-                front.start_line, front.file, front.taken, front.bad_before
-            )  # fmt: skip
+                front.start_line,
+                front.file,
+                front.taken,
+                front.bad_before,
+            )
         else:
             journal.lines, journal.file, journal.drop, journal.bad = self.next
         journal.bad_examples = [

@@ -27,16 +27,22 @@ def part_stats(columns: Columns, specs: dict[str, dict[str, Any]]) -> dict[str, 
         if kind in ("sparse", "timestamps"):
             jagged = columns.sparse[key]
             stats[name] = {
-                "rows": rows, "values": int(jagged.values.numel()), "empty_rows": int((jagged.lengths == 0).sum()),
-                **_range(jagged.values), "nulls": 0,
-            }  # fmt: skip
+                "rows": rows,
+                "values": int(jagged.values.numel()),
+                "empty_rows": int((jagged.lengths == 0).sum()),
+                **_range(jagged.values),
+                "nulls": 0,
+            }
         elif kind in ("dense", "weights"):
             values = columns.dense[key] if kind == "dense" else columns.sparse[spec["of"]].weights_or_ones()
             finite = values[~torch.isnan(values)]
             stats[name] = {
-                "rows": rows, "values": int(values.numel()), **_range(finite),
-                "nan": int(values.numel() - finite.numel()), "nulls": 0,
-            }  # fmt: skip
+                "rows": rows,
+                "values": int(values.numel()),
+                **_range(finite),
+                "nan": int(values.numel() - finite.numel()),
+                "nulls": 0,
+            }
         else:
             labels = columns.labels[key]
             stats[name] = {"rows": rows, **_range(labels), "sum": float(labels.double().sum()), "nulls": 0}

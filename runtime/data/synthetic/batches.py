@@ -42,9 +42,7 @@ def make_batch(
 ) -> Batch:
     """Rank `rank`'s slice of the global batch number `step` (global size `batch_size`)."""
     if batch_size % world_size != 0:
-        raise ValueError(
-            f"global batch size {batch_size} does not divide evenly over {world_size} ranks"
-        )
+        raise ValueError(f"global batch size {batch_size} does not divide evenly over {world_size} ranks")
     gen = torch.Generator().manual_seed(_mix(seed, step + 1))
     lo = rank * (batch_size // world_size)
     hi = lo + batch_size // world_size
@@ -134,9 +132,10 @@ def _plant_preferences(
 ) -> torch.Tensor:
     """A two-tower item feature's ids, preferred by the first one-id feature drawn before it (the user)."""
     users = [
-        f.name for f in inputs.sparse
+        f.name
+        for f in inputs.sparse
         if f.name in pooled_ids and f.max_length is None and f.fixed_ids and f.ids_per_sample == 1
-    ]  # fmt: skip
+    ]
     if not users or not (feature.fixed_ids and feature.ids_per_sample == 1):
         return ids
     return plant_preferences(ids, pooled_ids[users[0]], feature.num_embeddings, gen)

@@ -44,9 +44,7 @@ def successor(ids: torch.Tensor, rows: int) -> torch.Tensor:
     return (ids * step + 3) % rows
 
 
-def plant_preferences(
-    item_ids: torch.Tensor, user_ids: torch.Tensor, rows: int, gen: torch.Generator
-) -> torch.Tensor:
+def plant_preferences(item_ids: torch.Tensor, user_ids: torch.Tensor, rows: int, gen: torch.Generator) -> torch.Tensor:
     """`item_ids` (one per sample) replaced by the user's preferred item with probability PREFERENCE."""
     keep = torch.rand(item_ids.numel(), generator=gen) >= PREFERENCE
     return torch.where(keep, item_ids, preferred_item(user_ids, rows))

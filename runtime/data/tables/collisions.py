@@ -49,21 +49,28 @@ class Collisions:
         return self.shared / self.distinct if self.distinct else 0.0
 
     def describe(self) -> str:
-        return (f"feature {self.feature}: {self.distinct:,} distinct values in {self.rows_read:,} rows; "
-                f"{self.shared:,} ({self.share:.1%}) share a row of its {self.table_rows:,}")  # fmt: skip
+        return (
+            f"feature {self.feature}: {self.distinct:,} distinct values in {self.rows_read:,} rows; "
+            f"{self.shared:,} ({self.share:.1%}) share a row of its {self.table_rows:,}"
+        )
 
     def warning(self) -> str | None:
         """The warning when too many values share a row, naming the fix; None below WARN_SHARE."""
         if self.share <= WARN_SHARE:
             return None
-        return (f"feature {self.feature}: {self.share:.1%} of its distinct values share a row (above "
-                f"{WARN_SHARE:.0%}): give it a `vocabulary` (learned ids) or more num_embeddings")  # fmt: skip
+        return (
+            f"feature {self.feature}: {self.share:.1%} of its distinct values share a row (above "
+            f"{WARN_SHARE:.0%}): give it a `vocabulary` (learned ids) or more num_embeddings"
+        )
 
 
 def hashed_keys(layout: TableLayout) -> list[Any]:
     """The keys of `layout` whose values are hashed into their table: no learned transform, or a cross."""
-    return [key for key in layout.sparse
-            if key.rows is not None and (key.transform is None or isinstance(key.transform, Cross))]  # fmt: skip
+    return [
+        key
+        for key in layout.sparse
+        if key.rows is not None and (key.transform is None or isinstance(key.transform, Cross))
+    ]
 
 
 class CollisionCounter:

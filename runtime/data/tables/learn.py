@@ -41,8 +41,9 @@ CHUNK_ROWS = 8192
 def learned_configs(inputs: ModelInputs) -> dict[str, Any]:
     """Feature name -> config of every transform of `inputs` with a state to learn."""
     configs: dict[str, Any] = {f.name: f.transform for f in inputs.dense if f.transform is not None}
-    configs.update({f.name: f.transform for f in inputs.sparse
-                    if f.transform is not None and f.transform.kind in LEARNED_KINDS})  # fmt: skip
+    configs.update(
+        {f.name: f.transform for f in inputs.sparse if f.transform is not None and f.transform.kind in LEARNED_KINDS}
+    )
     return configs
 
 
@@ -86,8 +87,13 @@ def learn_features(reader: Any, progress: bool = True, collisions: CollisionCoun
 
 
 def _learn_chunk(
-    reader: Any, layout: TableLayout, configs: dict[str, Any], lines: list[bytes], partials: dict[str, list],
-    collisions: CollisionCounter | None, columnar: bool,
+    reader: Any,
+    layout: TableLayout,
+    configs: dict[str, Any],
+    lines: list[bytes],
+    partials: dict[str, list],
+    collisions: CollisionCounter | None,
+    columnar: bool,
 ) -> int:
     """Fit every transform on one chunk of lines, a column at a time where the chunk allows it
     (runtime.data.tables.learn_columns), else row by row; the rows learned from."""

@@ -102,8 +102,13 @@ class TableLayout:
     def learned_configs(self) -> dict[str, Any]:
         """Feature name -> config of every transform with a learned state."""
         configs = {name: numeric for (name, _), numeric in zip(self.dense, self.numeric) if numeric is not None}
-        configs.update({key.key: key.transform for key in self.sparse
-                        if key.transform is not None and key.transform.kind in LEARNED_KINDS})  # fmt: skip
+        configs.update(
+            {
+                key.key: key.transform
+                for key in self.sparse
+                if key.transform is not None and key.transform.kind in LEARNED_KINDS
+            }
+        )
         return configs
 
 
@@ -154,16 +159,29 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
             timed = order.index(stamps[name].sequence)
             if isinstance(seq.transform, History):  # the history's own rows' times (its `by` and `time` columns)
                 history = keys[timed]
-                keys.append(SparseColumn(name, history.column, None, False, seq.max_length, seq.keep, timed,
-                                         columns=history.columns, history_times=True))  # fmt: skip
+                keys.append(
+                    SparseColumn(
+                        name,
+                        history.column,
+                        None,
+                        False,
+                        seq.max_length,
+                        seq.keep,
+                        timed,
+                        columns=history.columns,
+                        history_times=True,
+                    )
+                )
                 continue
             keys.append(SparseColumn(name, fed_sparse[name], None, False, seq.max_length, seq.keep, timed))
     layout = TableLayout(
-        tuple((name, tuple(cols)) for name, cols in fed_dense.items()), tuple(keys),
+        tuple((name, tuple(cols)) for name, cols in fed_dense.items()),
+        tuple(keys),
         tuple((label, fed_labels[label]) for label in labels),
         tuple((head.loss, head.num_classes) for head in labels.values()),
-        tuple(f.transform for f in dense.values()), inputs.learned,
-    )  # fmt: skip
+        tuple(f.transform for f in dense.values()),
+        inputs.learned,
+    )
     if inputs.learned is not None:  # the state must be the one learned for these transforms
         missing = [name for name in layout.learned_configs() if name not in inputs.learned.features]
         if missing:
@@ -188,8 +206,19 @@ def _sparse_column(
     elif isinstance(spec, Quantiles):
         names = list(fed_dense)
         column, dense = fed_dense[f.column][f.column_index], (names.index(f.column), f.column_index)
-    return SparseColumn(f.name, column, f.num_embeddings, single, f.max_length, f.keep, max_ids=max_ids,
-                        transform=spec, columns=columns, of=of, dense=dense)  # fmt: skip
+    return SparseColumn(
+        f.name,
+        column,
+        f.num_embeddings,
+        single,
+        f.max_length,
+        f.keep,
+        max_ids=max_ids,
+        transform=spec,
+        columns=columns,
+        of=of,
+        dense=dense,
+    )
 
 
 def layout_of(reader: Any) -> TableLayout | None:
@@ -205,10 +234,13 @@ TableRow = tuple[list[list[float]], list[list[int]], list[float]]
 def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     """A row's fields (column -> text, or a list / number from Parquet) as values; RowError names the column."""
     empty = [0.0 if numeric is None else math.nan for numeric in layout.numeric]
-    dense = [[_number(column, fields[column], empty[i]) for column in columns]
-             for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
-    ids = [_ids(key, fields[key.column]) if key.transform is None and not key.history_times else _raw(key, fields)
-           for key in layout.sparse]  # fmt: skip
+    dense = [
+        [_number(column, fields[column], empty[i]) for column in columns] for i, (_, columns) in enumerate(layout.dense)
+    ]
+    ids = [
+        _ids(key, fields[key.column]) if key.transform is None and not key.history_times else _raw(key, fields)
+        for key in layout.sparse
+    ]
     for key in layout.sparse:  # timestamps of a column: one per id of their sequence, before either is cut
         if key.sequence is not None and not key.history_times:
             timed = layout.sparse[key.sequence]
@@ -224,8 +256,10 @@ def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
 def parse_learned(layout: TableLayout, fields: dict[str, Any], names: frozenset[str]) -> TableRow:
     """`parse_row`'s values of the features `names` only (those a learning pass fits), None for the others:
     learning reads no other column (runtime.data.tables.learn)."""
-    dense = [[_number(column, fields[column], math.nan) for column in columns] if name in names else None
-             for name, columns in layout.dense]  # fmt: skip
+    dense = [
+        [_number(column, fields[column], math.nan) for column in columns] if name in names else None
+        for name, columns in layout.dense
+    ]
     ids = [_learned_raw(key, fields) if key.key in names else None for key in layout.sparse]
     return dense, ids, []  # type: ignore[return-value]
 
@@ -245,10 +279,14 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
     learned = layout.learned
     if learned is None and layout.learned_configs():
         names = ", ".join(repr(name) for name in layout.learned_configs())
-        raise DataError(f"features {names} have learned transforms but no learned state: learn them "
-                        "(reccompile data prepare, or train on the raw files) or read the state saved with them")  # fmt: skip
-    raw_dense = [torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
-                 for i, (_, columns) in enumerate(layout.dense)]  # fmt: skip
+        raise DataError(
+            f"features {names} have learned transforms but no learned state: learn them "
+            "(reccompile data prepare, or train on the raw files) or read the state saved with them"
+        )
+    raw_dense = [
+        torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
+        for i, (_, columns) in enumerate(layout.dense)
+    ]
     dense = {}
     for i, (name, _) in enumerate(layout.dense):
         numeric = layout.numeric[i] if layout.numeric else None
@@ -262,8 +300,10 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
             continue
         lengths = torch.tensor([len(bag) for bag in bags], dtype=torch.long)
         sparse[key.key] = Jagged(lengths, torch.tensor([v for bag in bags for v in bag], dtype=torch.long), None)
-    labels = {label: torch.tensor([row[2][i] for row in rows], dtype=torch.float32)
-              for i, (label, _) in enumerate(layout.labels)}  # fmt: skip
+    labels = {
+        label: torch.tensor([row[2][i] for row in rows], dtype=torch.float32)
+        for i, (label, _) in enumerate(layout.labels)
+    }
     return Columns(dense, sparse, labels)
 
 
@@ -362,9 +402,7 @@ def _apply(learned: Any, name: str, raw: Any, *extra: Any) -> Any:
     return transform(entry.kind).apply(entry.config, entry.state, raw, *extra)
 
 
-def _transformed(
-    layout: TableLayout, key: SparseColumn, bags: list[list[Any]]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) -> tuple[torch.Tensor, torch.Tensor]:
     """The lengths and ids (int64) of a transformed key's raw `bags` (one list per row)."""
     spec, learned = key.transform, layout.learned
     if key.history_times:
@@ -385,8 +423,10 @@ def _transformed(
         feature, column = key.dense
         name = layout.dense[feature][0]
         numeric = layout.numeric[feature]
-        fill = 0.0 if numeric is None or numeric.fill is None else (
-            learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill)
+        fill = (
+            0.0
+            if numeric is None or numeric.fill is None
+            else (learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill))
         )
         raw = torch.tensor([bag[0] for bag in bags], dtype=torch.float64)
         return ones, _apply(learned, key.key, raw, fill).long()

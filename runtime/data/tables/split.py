@@ -120,10 +120,15 @@ def split_table(
     train, test = root / "train" / name, root / "test" / name
     _write_parts(train, test, header, _lines(files, header is not None), held)
     return TableSplit(
-        train, test, len(where), len(where) - int(held.sum()), int(held.sum()),
+        train,
+        test,
+        len(where),
+        len(where) - int(held.sum()),
+        int(held.sum()),
         time if time is not None else "line order (criteo lines are in time order)",
-        distinct if key is not None else None, key,
-    )  # fmt: skip
+        distinct if key is not None else None,
+        key,
+    )
 
 
 def _codes(keys: list[Any] | None, n: int) -> tuple[torch.Tensor, int]:
@@ -264,8 +269,16 @@ def _split_parquet(
 
     _atomically((train, test), write)
     count = int(held.sum())
-    return TableSplit(train, test, table.num_rows, table.num_rows - count, count, str(time),
-                      distinct if key is not None else None, key)  # fmt: skip
+    return TableSplit(
+        train,
+        test,
+        table.num_rows,
+        table.num_rows - count,
+        count,
+        str(time),
+        distinct if key is not None else None,
+        key,
+    )
 
 
 def _parquet_times(table: Any, time: str | None, file: Path) -> torch.Tensor:

@@ -110,7 +110,12 @@ class FieldSelfAttention(nn.Module):
             )
         self.interacting = nn.ModuleList(
             InteractingLayer(
-                self.dim if i == 0 else self.out_dim, head_dim, num_heads, residual, scale, layer_norm,
+                self.dim if i == 0 else self.out_dim,
+                head_dim,
+                num_heads,
+                residual,
+                scale,
+                layer_norm,
                 self.residual_projection,
             )
             for i in range(num_layers)

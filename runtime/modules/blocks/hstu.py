@@ -110,7 +110,9 @@ class HSTU(nn.Module):
         self.positions = None
         if positions:
             std = dim**-0.5
-            self.positions = nn.Parameter(nn.init.trunc_normal_(torch.empty(max_length, dim), 0.0, std, -2 * std, 2 * std))
+            self.positions = nn.Parameter(
+                nn.init.trunc_normal_(torch.empty(max_length, dim), 0.0, std, -2 * std, 2 * std)
+            )
         self.drop = SequenceDropout(seed, process_group, where="HSTU")
 
     def relative_bias(self, timestamps: torch.Tensor) -> torch.Tensor:
@@ -120,17 +122,13 @@ class HSTU(nn.Module):
         position = self.position_bias[self.max_length - 1 + steps.unsqueeze(0) - steps.unsqueeze(1)]
         return position + self.time_bias[time_buckets(timestamps, self.num_buckets)]
 
-    def forward(
-        self, x: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor, timestamps: torch.Tensor) -> torch.Tensor:
         check_sequence("HSTU", x, lengths, self.dim)
         batch, length, dim = x.shape
         if length > self.max_length:
             raise ValueError(f"HSTU: a padded length of {length} exceeds max_length {self.max_length}")
         if timestamps.shape != (batch, length):
-            raise ValueError(
-                f"HSTU: expected timestamps of shape ({batch}, {length}), got {tuple(timestamps.shape)}"
-            )
+            raise ValueError(f"HSTU: expected timestamps of shape ({batch}, {length}), got {tuple(timestamps.shape)}")
         heads, a, u_dim = self.num_heads, self.attention_dim, self.linear_dim
         if self.scale_input:
             x = x * dim**0.5

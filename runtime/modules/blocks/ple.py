@@ -101,10 +101,13 @@ class ProgressiveLayeredExtraction(nn.Module):
         if per_level and len(per_level) != levels:
             raise ValueError(f"{name}: per_level has {len(per_level)} entries for {levels} levels")
         sizes = [
-            (check_size(name, f"per_level[{j}] shared experts", shared), check_size(name, f"per_level[{j}] task experts", task),
-             check_layers(name, f"per_level[{j}] expert_layers", layers))
+            (
+                check_size(name, f"per_level[{j}] shared experts", shared),
+                check_size(name, f"per_level[{j}] task experts", task),
+                check_layers(name, f"per_level[{j}] expert_layers", layers),
+            )
             for j, (shared, task, layers) in enumerate(per_level)
-        ] or [(self.shared_experts, self.task_experts, self.expert_layers)] * levels  # fmt: skip
+        ] or [(self.shared_experts, self.task_experts, self.expert_layers)] * levels
         self.per_level = [(shared, task, list(layers)) for shared, task, layers in per_level]
         self.out_features = sizes[-1][2][-1]
         widths = [self.in_features] + [layers[-1] for _, _, layers in sizes[:-1]]

@@ -127,11 +127,13 @@ class MLP(nn.Module):
         self.activation = activation
         self.final_activation = "none" if final_activation is None else final_activation
         hidden = (
-            None if activation in PARAMETRIC_ACTIVATIONS
+            None
+            if activation in PARAMETRIC_ACTIVATIONS
             else _activation(owner, "activation", activation, PARAMETRIC_ACTIVATIONS)
         )
         final = (
-            None if final_activation in PARAMETRIC_ACTIVATIONS
+            None
+            if final_activation in PARAMETRIC_ACTIVATIONS
             else _activation(owner, "final_activation", final_activation, PARAMETRIC_ACTIVATIONS)
         )
         self.out_features = self.layers[-1]
@@ -140,10 +142,9 @@ class MLP(nn.Module):
         names = [activation] * (len(self.layers) - 1) + [self.final_activation]
         if parametric := [k for k, name in enumerate(names) if name in PARAMETRIC_ACTIVATIONS]:
             # PReLU and Dice hold parameters (Dice also batch statistics): one module per layer.
-            self.parametric = nn.ModuleDict({
-                str(k): parametric_activation(names[k], self.layers[k], process_group, where)
-                for k in parametric
-            })  # fmt: skip
+            self.parametric = nn.ModuleDict(
+                {str(k): parametric_activation(names[k], self.layers[k], process_group, where) for k in parametric}
+            )
             for k in parametric:
                 self._activations[k] = self.parametric[str(k)]
         self.norm = _check_norm(owner, norm)
@@ -161,9 +162,7 @@ class MLP(nn.Module):
         if self._decorated:
             self._decorate(owner, widths, seed, process_group)
 
-    def _decorate(
-        self, owner: str, widths: list[int], seed: int, process_group: dist.ProcessGroup | None
-    ) -> None:
+    def _decorate(self, owner: str, widths: list[int], seed: int, process_group: dist.ProcessGroup | None) -> None:
         """Build the norms, dropouts and shortcuts of the layers followed by an activation."""
         count = len(self.layers) - (self.final_activation == "none")
         if count == 0:
@@ -175,9 +174,7 @@ class MLP(nn.Module):
         if self.norm == "layer":
             self.norms = nn.ModuleList(nn.LayerNorm(w) for w in outs)
         elif self.norm == "batch":
-            self.norms = nn.ModuleList(
-                SyncBatchNorm(w, process_group=process_group, where=self.where) for w in outs
-            )
+            self.norms = nn.ModuleList(SyncBatchNorm(w, process_group=process_group, where=self.where) for w in outs)
         if self.dropout > 0:
             self.dropouts = nn.ModuleList(
                 KeyedDropout(self.dropout, seed, k, process_group, where=self.where) for k in range(count)
@@ -408,6 +405,7 @@ class DotInteraction(nn.Module):
                 with torch.enable_grad() if grad else torch.no_grad():
                     out = path(copies(), grad)
                     return torch.autograd.grad(out, copies(), torch.ones_like(out)) if grad else out
+
             return run
 
         runs = {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)}

@@ -26,9 +26,7 @@ class SequencePool(nn.Module):
         super().__init__()
         self.dim = _check_size("SequencePool", "dim", dim)
         if mode not in POOL_MODES:
-            raise ValueError(
-                f"SequencePool: unknown mode {mode!r} (expected one of: {', '.join(POOL_MODES)})"
-            )
+            raise ValueError(f"SequencePool: unknown mode {mode!r} (expected one of: {', '.join(POOL_MODES)})")
         self.mode = mode
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:

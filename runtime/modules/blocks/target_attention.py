@@ -76,8 +76,7 @@ class TargetAttention(nn.Module):
         check_sequence("TargetAttention", keys, lengths, self.dim)
         if query.shape != (keys.shape[0], self.dim):
             raise ValueError(
-                f"TargetAttention: expected a query of shape ({keys.shape[0]}, {self.dim}), "
-                f"got {tuple(query.shape)}"
+                f"TargetAttention: expected a query of shape ({keys.shape[0]}, {self.dim}), got {tuple(query.shape)}"
             )
         batch, length, dim = keys.shape
         q = query.unsqueeze(1).expand(-1, length, -1)

@@ -275,9 +275,7 @@ class Transformer(nn.Module):
                 f"Transformer: unknown activation {activation!r} (expected one of: {', '.join(FFN_ACTIVATIONS)})"
             )
         if output not in OUTPUTS:
-            raise ValueError(
-                f"Transformer: unknown output {output!r} (expected one of: {', '.join(OUTPUTS)})"
-            )
+            raise ValueError(f"Transformer: unknown output {output!r} (expected one of: {', '.join(OUTPUTS)})")
         if sasrec and norm_first:
             raise ValueError("Transformer: sasrec is its own arrangement of the norms; norm_first must be False")
         self.norm_first, self.causal, self.activation = bool(norm_first), bool(causal), activation
@@ -286,7 +284,14 @@ class Transformer(nn.Module):
         self.positions = nn.Parameter(torch.randn(max_length, position_dim or dim)) if max_length else None
         self.layers = nn.ModuleList(
             TransformerLayer(
-                width, num_heads, ffn_dim, self.norm_first, activation, self.sasrec, self.norm_affine, self.dropout,
+                width,
+                num_heads,
+                ffn_dim,
+                self.norm_first,
+                activation,
+                self.sasrec,
+                self.norm_affine,
+                self.dropout,
                 stream=1 + STREAMS_PER_LAYER * i,
             )
             for i in range(num_layers)
@@ -300,9 +305,7 @@ class Transformer(nn.Module):
             x = x * self.dim**0.5
         if self.positions is not None:
             if length > self.max_length:
-                raise ValueError(
-                    f"Transformer: a padded length of {length} exceeds max_length {self.max_length}"
-                )
+                raise ValueError(f"Transformer: a padded length of {length} exceeds max_length {self.max_length}")
             if self.position_dim:
                 x = torch.cat([x, self.positions[:length].expand(x.shape[0], -1, -1)], dim=2)
             else:

@@ -59,9 +59,7 @@ class WukongLayer(nn.Module):
         self.out_fields = num_fmb + num_lcb
         self.fmb_projection = _xavier(num_fields, rank)
         self.fmb_norm = nn.LayerNorm(num_fields * rank)
-        self.fmb_mlp = MLP(
-            num_fields * rank, [*fmb_layers, num_fmb * dim], activation, None, where, **mlp_options
-        )
+        self.fmb_mlp = MLP(num_fields * rank, [*fmb_layers, num_fmb * dim], activation, None, where, **mlp_options)
         self.lcb_weight = _xavier(num_lcb, num_fields)
         self.residual_projection = _xavier(self.out_fields, num_fields) if self.out_fields != num_fields else None
         self.norm = nn.LayerNorm(dim)
@@ -121,12 +119,18 @@ class Wukong(nn.Module):
             mlp_options = {"norm": mlp_norm, "dropout": mlp_dropout, "process_group": process_group}
         self.layers = nn.ModuleList(
             WukongLayer(
-                self.num_fields if i == 0 else self.out_fields, self.dim, self.num_fmb, self.num_lcb,
-                self.rank, self.fmb_layers, activation,
-                {**mlp_options, "seed": derive_seed(seed, i)} if mlp_options else {}, where,
+                self.num_fields if i == 0 else self.out_fields,
+                self.dim,
+                self.num_fmb,
+                self.num_lcb,
+                self.rank,
+                self.fmb_layers,
+                activation,
+                {**mlp_options, "seed": derive_seed(seed, i)} if mlp_options else {},
+                where,
             )
             for i in range(num_layers)
-        )  # fmt: skip
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_stack(owner("Wukong", self.where), x, self.num_fields, self.dim)

@@ -61,8 +61,7 @@ def total_loss(
             continue
         if head.label not in labels:
             raise KeyError(
-                f"{head.describe()}: label column {head.label!r} is not in the batch "
-                f"(labels present: {sorted(labels)})"
+                f"{head.describe()}: label column {head.label!r} is not in the batch (labels present: {sorted(labels)})"
             )
         output = outputs[head.name]
         if head.probability:

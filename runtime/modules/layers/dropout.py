@@ -64,9 +64,7 @@ def derive_seed(seed: int, *keys: int) -> int:
     return h
 
 
-def keep_mask(
-    p: float, seed: int, stream: int, step: int, samples: torch.Tensor, width: int
-) -> torch.Tensor:
+def keep_mask(p: float, seed: int, stream: int, step: int, samples: torch.Tensor, width: int) -> torch.Tensor:
     """[len(samples), width] bool: which elements of these global samples are kept at this step."""
     base = _combine(_combine(_combine(_mix_int(0), seed), stream), step)
     columns = torch.arange(width, dtype=torch.int64, device=samples.device)

@@ -124,6 +124,7 @@ def _choose(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, re
                 inputs = copies()
                 out = path(inputs[0], inputs[1], inputs[2] if bias is not None else None, relu, grad)
                 return torch.autograd.grad(out, inputs, torch.ones_like(out)) if grad else out
+
         return run
 
     site = shape[shape.index("_") + 1 : shape.rindex("_t")]  # the layer: no batch, no thread count

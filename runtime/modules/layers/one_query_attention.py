@@ -60,8 +60,7 @@ def _choose(x: torch.Tensor, query: torch.Tensor, counts: torch.Tensor, grad: bo
     """'native' or 'torch' for these shapes, timed on copies (with backward if `grad`)."""
     (batch, length, dim), heads = x.shape, query.shape[1]
     shape = (
-        f"b{choice.bucket(batch)}_l{length}_h{heads}_d{dim}_{'fwdbwd' if grad else 'fwd'}"
-        f"_t{torch.get_num_threads()}"
+        f"b{choice.bucket(batch)}_l{length}_h{heads}_d{dim}_{'fwdbwd' if grad else 'fwd'}_t{torch.get_num_threads()}"
     )
 
     @functools.cache  # copied only if a measurement runs
@@ -73,6 +72,7 @@ def _choose(x: torch.Tensor, query: torch.Tensor, counts: torch.Tensor, grad: bo
             with torch.enable_grad() if grad else torch.no_grad():
                 out = path(*copies(), counts)
                 return torch.autograd.grad(out, copies(), torch.ones_like(out)) if grad else out
+
         return run
 
     site = f"h{heads}_d{dim}_{'fwdbwd' if grad else 'fwd'}"  # the layer: not the batch's size or length

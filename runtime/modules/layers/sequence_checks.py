@@ -17,11 +17,8 @@ def check_sequence(owner: str, x: torch.Tensor, lengths: torch.Tensor, dim: int)
     if x.dim() != 3 or x.shape[2] != dim:
         raise ValueError(f"{owner}: expected a sequence of shape (B, L, {dim}), got {tuple(x.shape)}")
     if lengths.dim() != 1 or lengths.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"{owner}: expected lengths of shape ({x.shape[0]},), got {tuple(lengths.shape)}"
-        )
+        raise ValueError(f"{owner}: expected lengths of shape ({x.shape[0]},), got {tuple(lengths.shape)}")
     if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > x.shape[1]):
         raise ValueError(
-            f"{owner}: lengths must be in [0, {x.shape[1]}] (got {int(lengths.min())} to "
-            f"{int(lengths.max())})"
+            f"{owner}: lengths must be in [0, {x.shape[1]}] (got {int(lengths.min())} to {int(lengths.max())})"
         )

@@ -116,9 +116,7 @@ class SyncBatchNorm(nn.Module):
         count, total, squares = self._global_sums(x.reshape(-1, self.num_features))
         n = int(count[0])
         if n < 2:
-            raise ValueError(
-                f"{name}: training needs more than 1 value per channel, got {n} in the global batch"
-            )
+            raise ValueError(f"{name}: training needs more than 1 value per channel, got {n} in the global batch")
         mean = total / n
         var = (squares / n - mean.square()).clamp_min(0.0)
         with torch.no_grad():

@@ -62,11 +62,15 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
 
     async def metadata(request: web.Request) -> web.Response:
         model = slot_of(request).model
-        return web.json_response({
-            "name": model.name, "versions": ["1"], "platform": "reccompile",
-            "inputs": [{"name": i.name, "datatype": i.datatype, "shape": [-1]} for i in model.inputs],
-            "outputs": [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in model.outputs],
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "name": model.name,
+                "versions": ["1"],
+                "platform": "reccompile",
+                "inputs": [{"name": i.name, "datatype": i.datatype, "shape": [-1]} for i in model.inputs],
+                "outputs": [{"name": n, "datatype": d, "shape": list(s)} for n, d, s in model.outputs],
+            }
+        )
 
     async def ready(request: web.Request) -> web.Response:
         slot_of(request)
@@ -121,12 +125,21 @@ def make_app(slots: Mapping[str, Slot], metrics: Metrics, max_body: int) -> web.
         return web.json_response({"name": model.name, "source": model.source, "reloaded": True})
 
     async def prometheus(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.text(), content_type="text/plain", charset="utf-8",
-                            headers={"X-Content-Format": "version=0.0.4"})  # fmt: skip
+        return web.Response(
+            text=metrics.text(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Format": "version=0.0.4"},
+        )
 
     model_paths = ("/v2/models/{name}", "/v2/models/{name}/versions/{version}")
-    routes = [web.get("/v2", server_metadata), web.get("/v2/health/live", live), web.get("/v2/health/ready", live),
-              web.get("/metrics", prometheus), web.post("/v2/repository/models/{name}/load", load)]  # fmt: skip
+    routes = [
+        web.get("/v2", server_metadata),
+        web.get("/v2/health/live", live),
+        web.get("/v2/health/ready", live),
+        web.get("/metrics", prometheus),
+        web.post("/v2/repository/models/{name}/load", load),
+    ]
     for path in model_paths:
         routes += [web.get(path, metadata), web.get(f"{path}/ready", ready), web.post(f"{path}/infer", infer)]
     app.add_routes(routes)

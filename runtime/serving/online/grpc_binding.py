@@ -34,8 +34,13 @@ from runtime.serving.online.registry import Slot
 __all__ = ["start_grpc"]
 
 # The typed contents field of each datatype a request may send.
-_CONTENTS = {"INT64": "int64_contents", "INT32": "int_contents", "FP32": "fp32_contents",
-             "FP64": "fp64_contents", "BYTES": "bytes_contents"}  # fmt: skip
+_CONTENTS = {
+    "INT64": "int64_contents",
+    "INT32": "int_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 
 
 class _Service(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -65,10 +70,12 @@ class _Service(service_pb2_grpc.GRPCInferenceServiceServicer):
         model = (await self._slot(request.name, request.version, context)).model
         tensor = service_pb2.ModelMetadataResponse.TensorMetadata
         return service_pb2.ModelMetadataResponse(
-            name=model.name, versions=["1"], platform="reccompile",
+            name=model.name,
+            versions=["1"],
+            platform="reccompile",
             inputs=[tensor(name=i.name, datatype=i.datatype, shape=[-1]) for i in model.inputs],
             outputs=[tensor(name=n, datatype=d, shape=list(s)) for n, d, s in model.outputs],
-        )  # fmt: skip
+        )
 
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         started, name, code = time.perf_counter(), request.model_name, 500
@@ -88,11 +95,15 @@ class _Service(service_pb2_grpc.GRPCInferenceServiceServicer):
             code = 200
             wanted = [o for o in outputs if decoded.outputs is None or o.name in decoded.outputs]
             response = service_pb2.ModelInferResponse(
-                model_name=model.name, model_version="1", id=decoded.id or "",
-                outputs=[service_pb2.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype,
-                                                                          shape=o.shape) for o in wanted],
+                model_name=model.name,
+                model_version="1",
+                id=decoded.id or "",
+                outputs=[
+                    service_pb2.ModelInferResponse.InferOutputTensor(name=o.name, datatype=o.datatype, shape=o.shape)
+                    for o in wanted
+                ],
                 raw_output_contents=[tensor_bytes(o) for o in wanted],
-            )  # fmt: skip
+            )
             for key, value in parameters.items():
                 response.parameters[key].double_param = value
             return response

@@ -91,8 +91,11 @@ class Metrics:
                 for (m, c), n in sorted(self._requests.items())
             ]
             out += _header("request_errors", "counter", "Infer requests answered with a 4xx or 5xx status.")
-            out += [f'reccompile_request_errors_total{{model="{m}",code="{c}"}} {n}'
-                    for (m, c), n in sorted(self._requests.items()) if c >= 400]  # fmt: skip
+            out += [
+                f'reccompile_request_errors_total{{model="{m}",code="{c}"}} {n}'
+                for (m, c), n in sorted(self._requests.items())
+                if c >= 400
+            ]
             out += _header("request_seconds", "histogram", "Infer request latency, from the body read to the answer.")
             for model, histogram in sorted(self._latency.items()):
                 out += histogram.lines("reccompile_request_seconds", f'model="{model}"')
@@ -106,8 +109,9 @@ class Metrics:
             out += _header("reloads", "counter", "Exports swapped in without a restart.")
             out += [f'reccompile_reloads_total{{model="{m}"}} {n}' for m, n in sorted(self._reloads.items())]
             out += _header("reload_failures", "counter", "Reloads refused: a broken export; the old one serves on.")
-            out += [f'reccompile_reload_failures_total{{model="{m}"}} {n}'
-                    for m, n in sorted(self._reload_failures.items())]  # fmt: skip
+            out += [
+                f'reccompile_reload_failures_total{{model="{m}"}} {n}' for m, n in sorted(self._reload_failures.items())
+            ]
         return "\n".join(out) + "\n"
 
 

@@ -153,8 +153,11 @@ def load_pipeline(
             request = requests[index]
             candidates = items[start : start + len(part)]
             start += len(part)
-            fields = {raw.name: [v for v in request.fields[raw.name] for _ in range(candidates.shape[1])]
-                      for raw in rank_rows.inputs if raw.name != item}  # fmt: skip
+            fields = {
+                raw.name: [v for v in request.fields[raw.name] for _ in range(candidates.shape[1])]
+                for raw in rank_rows.inputs
+                if raw.name != item
+            }
             fields[item] = candidates.reshape(-1).tolist()
             try:
                 pairs.append((index, candidates, rank_rows.parse(fields, candidates.numel())))
@@ -174,8 +177,10 @@ def load_pipeline(
             part = scores[start : start + candidates.numel()].reshape(candidates.shape)
             start += candidates.numel()
             order = torch.sort(part, dim=1, descending=True, stable=True).indices[:, :n]
-            answers[index] = ([_output("items", candidates.gather(1, order)), _output("scores", part.gather(1, order))],
-                              timing)  # fmt: skip
+            answers[index] = (
+                [_output("items", candidates.gather(1, order)), _output("scores", part.gather(1, order))],
+                timing,
+            )
         return answers
 
     outputs = (("items", "INT64", (-1, n)), ("scores", "FP32", (-1, n)))

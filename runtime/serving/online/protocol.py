@@ -187,8 +187,13 @@ _CHECKS = {
     "FP32": lambda v: v is None or _is_number(v),
     "FP64": lambda v: v is None or _is_number(v),
 }
-_WHAT = {"BYTES": "string", "INT64": "64-bit integer", "INT32": "32-bit integer",
-         "FP32": "finite number", "FP64": "finite number"}  # fmt: skip
+_WHAT = {
+    "BYTES": "string",
+    "INT64": "64-bit integer",
+    "INT32": "32-bit integer",
+    "FP32": "finite number",
+    "FP64": "finite number",
+}
 
 
 def _id(value: Any) -> str | None:

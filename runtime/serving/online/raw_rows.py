@@ -211,8 +211,9 @@ class _MovieLensRows(_Rows):
         self.model_inputs, self.weighted = inputs, is_weighted(inputs)
         self.reader = _MovieLensLines(own, vocabulary)
         layout = self.reader.layout
-        self.feature_columns = {name: column for column, name in
-                                (("userId", layout.user), ("movieId", layout.movie)) if name is not None}  # fmt: skip
+        self.feature_columns = {
+            name: column for column, name in (("userId", layout.user), ("movieId", layout.movie)) if name is not None
+        }
         movie = (layout.movie is not None and layout.movie not in unused) or (
             layout.genres is not None and layout.genres not in unused
         )

@@ -56,9 +56,15 @@ class Slot:
         self.model = load()
         self.metrics = metrics
         self._reloading = threading.Lock()
-        self.batcher = Batcher(self._run, max_batch=options.max_batch, max_wait=options.max_wait,
-                               max_queue=options.max_queue, metrics=metrics, model=self.model.name,
-                               inline_rows=options.inline_rows)  # fmt: skip
+        self.batcher = Batcher(
+            self._run,
+            max_batch=options.max_batch,
+            max_wait=options.max_wait,
+            max_queue=options.max_queue,
+            metrics=metrics,
+            model=self.model.name,
+            inline_rows=options.inline_rows,
+        )
 
     def reload(self) -> ServedModel:
         """Load the export again and swap it in; ReloadError (the old model still serving) if its name changed."""

@@ -42,13 +42,19 @@ EVAL_STEPS = range(10_000, 10_004)  # batches the training never sees
 # spec -> (text replaced: smaller tables and negatives, max_length, steps, batch size, margin over popularity)
 CASES = {
     "two_tower_retrieval": (
-        {"num_embeddings: 6041": "num_embeddings: 300", "num_embeddings: 3953": "num_embeddings: 200",
-         "uniform: 1024": "uniform: 64"},
-        None, 150, 256, 0.35,
+        {
+            "num_embeddings: 6041": "num_embeddings: 300",
+            "num_embeddings: 3953": "num_embeddings: 200",
+            "uniform: 1024": "uniform: 64",
+        },
+        None,
+        150,
+        256,
+        0.35,
     ),
     "sasrec": ({"num_embeddings: 3953": "num_embeddings: 150", "uniform: 128": "uniform: 32"}, "12", 300, 128, 0.25),
     "hstu": ({"num_embeddings: 3953": "num_embeddings: 150", "uniform: 128": "uniform: 32"}, "12", 150, 128, 0.3),
-}  # fmt: skip
+}
 
 
 @pytest.fixture

@@ -184,9 +184,12 @@ def run(path: str, rank: int, world_size: int, group: Any, depth: int = 1) -> di
 def _rank(rank: int, port: int, paths: dict[str, str], out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, WORLD, datetime.timedelta(seconds=120)), rank=rank,
-        world_size=WORLD, timeout=datetime.timedelta(seconds=120),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, WORLD, datetime.timedelta(seconds=120)),
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=120),
+    )
     group = torch.distributed.group.WORLD
     results = {name: run(path, rank, WORLD, group, CASES[name][2]) for name, path in paths.items()}
     if rank == 0:

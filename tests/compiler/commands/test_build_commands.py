@@ -40,7 +40,9 @@ def test_graph_prints_the_golden_text(capsys) -> None:
 
 def test_a_bad_spec_exits_1_with_diagnostics(tmp_path: Path, capsys) -> None:
     spec = tmp_path / "bad.yaml"
-    spec.write_text((REPO / "specs" / "dlrm_criteo.yaml").read_text().replace("input: interaction", "input: interactoin"))
+    spec.write_text(
+        (REPO / "specs" / "dlrm_criteo.yaml").read_text().replace("input: interaction", "input: interactoin")
+    )
     assert main([str(spec), "-o", str(tmp_path)]) == 1
     err = capsys.readouterr().err.replace(str(tmp_path), "TMP")
     assert "error: model.top.input: unknown block 'interactoin' (did you mean 'interaction'?)" in err
@@ -48,22 +50,42 @@ def test_a_bad_spec_exits_1_with_diagnostics(tmp_path: Path, capsys) -> None:
 
 
 def _train(tmp_path: Path, capsys, seed: int) -> list[str]:
-    code = main([
-        "train", "specs/two_tower_movielens.yaml", "--steps", "6", "--batch-size", "64",
-        "--seed", str(seed), "--log-every", "3", "-o", str(tmp_path),
-    ])
+    code = main(
+        [
+            "train",
+            "specs/two_tower_movielens.yaml",
+            "--steps",
+            "6",
+            "--batch-size",
+            "64",
+            "--seed",
+            str(seed),
+            "--log-every",
+            "3",
+            "-o",
+            str(tmp_path),
+        ]
+    )
     assert code == 0
     return capsys.readouterr().out.splitlines()
 
 
 def test_train_prints_progress_then_one_json_line(tmp_path: Path, capsys) -> None:
     lines = _train(tmp_path, capsys, seed=3)
-    assert re.fullmatch(r"training two_tower_movielens on 1 rank: \d+ threads? per rank \(\d+ of \d+ cores free\)", lines[0])
+    assert re.fullmatch(
+        r"training two_tower_movielens on 1 rank: \d+ threads? per rank \(\d+ of \d+ cores free\)", lines[0]
+    )
     assert [line.split()[:2] for line in lines[1:-1]] == [["step", "3/6"], ["step", "6/6"]]
     summary = json.loads(lines[-1])
     assert set(summary) == {
-        "steps", "samples_per_s", "loss_first", "loss_last", "eval_seconds", "checkpoint_seconds", "metrics"
-    }  # fmt: skip
+        "steps",
+        "samples_per_s",
+        "loss_first",
+        "loss_last",
+        "eval_seconds",
+        "checkpoint_seconds",
+        "metrics",
+    }
     assert set(summary["metrics"]["like"]) == {"ne", "auc", "accuracy"}
     assert summary["steps"] == 6 and summary["samples_per_s"] > 0
 

@@ -38,11 +38,28 @@ LAYOUT_SPEC = SPEC + (
 
 def _arguments(work: Path, out: Path, steps: int, *extra: str) -> list[str]:
     return [
-        "train", str(work / "spec.yaml"), "--steps", str(steps), "--data", f"movielens:{work / 'train' / 'u.data'}",
-        "--eval-data", f"movielens:{work / 'eval' / 'u.data'}", "--eval-every", str(EVERY), "--log-every", "10",
-        "--best-metric", "auc", "--checkpoint-dir", str(out / "ck"), "--checkpoint-every", str(EVERY),
-        "-o", str(out / "build"), *extra,
-    ]  # fmt: skip
+        "train",
+        str(work / "spec.yaml"),
+        "--steps",
+        str(steps),
+        "--data",
+        f"movielens:{work / 'train' / 'u.data'}",
+        "--eval-data",
+        f"movielens:{work / 'eval' / 'u.data'}",
+        "--eval-every",
+        str(EVERY),
+        "--log-every",
+        "10",
+        "--best-metric",
+        "auc",
+        "--checkpoint-dir",
+        str(out / "ck"),
+        "--checkpoint-every",
+        str(EVERY),
+        "-o",
+        str(out / "build"),
+        *extra,
+    ]
 
 
 def _today(arguments: list[str]) -> str:
@@ -67,8 +84,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     environment = {**os.environ, "PYTHONPATH": str(work / "code")}
     ran = subprocess.run(
         [sys.executable, "-m", "compiler.cli", *_arguments(work, work / "before", STEPS)],
-        cwd=work, env=environment, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        cwd=work,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ran.returncode == 0, ran.stderr
     _today(_arguments(work, work / "today", STEPS))
     return work

@@ -72,4 +72,3 @@ def test_an_output_inside_a_data_directory_or_on_a_movies_file_is_refused(work: 
     assert refused("retrieve", "movielens:data/day_0.tsv", "data/movies.dat", capsys) == (
         "error: -o data/movies.dat: is the --data file data/movies.dat; writing it would destroy the input\n"
     )
-

@@ -59,13 +59,29 @@ def test_training_on_a_criteo_file_lowers_the_loss(criteo, capsys) -> None:
     spec, train, held_out = criteo
     logs = spec.parent / "logs"
     code, lines, err = _train(
-        capsys, spec, "--data", f"criteo:{train}", "--steps", "60", "--log-every", "20",
-        "--eval-data", f"criteo:{held_out}", "--eval-every", "30", "--log-dir", str(logs),
-    )  # fmt: skip
+        capsys,
+        spec,
+        "--data",
+        f"criteo:{train}",
+        "--steps",
+        "60",
+        "--log-every",
+        "20",
+        "--eval-data",
+        f"criteo:{held_out}",
+        "--eval-every",
+        "30",
+        "--log-dir",
+        str(logs),
+    )
     assert code == 0, err
     assert lines[0].startswith("training tiny_criteo on 1 rank: ")
     assert [line.split()[:2] for line in lines[1:-1]] == [
-        ["step", "20/60"], ["eval", "30/60"], ["step", "40/60"], ["step", "60/60"], ["eval", "60/60"]
+        ["step", "20/60"],
+        ["eval", "30/60"],
+        ["step", "40/60"],
+        ["step", "60/60"],
+        ["eval", "60/60"],
     ]
     final = json.loads(lines[-1])
     keys = {"steps", "samples_per_s", "loss_first", "loss_last", "metrics", "eval_metrics", "bad_rows"}
@@ -127,11 +143,31 @@ def test_bad_rows_are_counted_once_and_each_new_pass_over_the_data_is_said(tmp_p
 def test_two_ranks_say_a_new_pass_once(tmp_path: Path) -> None:
     spec, data = _three_bad_rows(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-m", "compiler.cli", "train", str(spec), "-o", str(tmp_path / "build"), "--nproc", "2",
-         "--data", f"criteo:{data}", "--steps", "3", "--bad-rows", "skip", "--data-workers", "0"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "compiler.cli",
+            "train",
+            str(spec),
+            "-o",
+            str(tmp_path / "build"),
+            "--nproc",
+            "2",
+            "--data",
+            f"criteo:{data}",
+            "--steps",
+            "3",
+            "--bad-rows",
+            "skip",
+            "--data-workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["bad_rows"] == 3
     said = f"training data criteo:{data}: read to its end at step 3; starting again from its beginning (pass 2)"
@@ -199,8 +235,20 @@ def test_a_truncated_gzip_file_is_one_clean_line_with_or_without_dataloader_work
     cut.write_bytes(whole[: len(whole) // 2])
     reason = "Compressed file ended before the end-of-stream marker was reached"
     for workers in ("0", "1", "2"):
-        code = main(["train", str(spec), "-o", str(spec.parent / "build"), "--data", f"criteo:{cut}",
-                     "--steps", "40", "--data-workers", workers])  # fmt: skip
+        code = main(
+            [
+                "train",
+                str(spec),
+                "-o",
+                str(spec.parent / "build"),
+                "--data",
+                f"criteo:{cut}",
+                "--steps",
+                "40",
+                "--data-workers",
+                workers,
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 1
         assert re.fullmatch(rf"error: rank 0: {re.escape(str(cut))}: cannot read past line \d+: {reason}\n", err), err
@@ -239,9 +287,7 @@ def users_943(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("sample", [[], ["--sample", "10"]])
-def test_check_builds_the_movielens_vocabulary_from_the_whole_file(
-    users_943: Path, capsys, sample: list[str]
-) -> None:
+def test_check_builds_the_movielens_vocabulary_from_the_whole_file(users_943: Path, capsys, sample: list[str]) -> None:
     spec = users_943.parent.parent / "users.yaml"
     spec.write_text(MOVIELENS_SPEC.replace("USERS", "943"))
     assert main(["check", str(spec), "--data", f"movielens:{users_943}", *sample]) == 1
@@ -301,8 +347,11 @@ def test_a_bag_longer_than_max_ids_per_sample_is_a_bad_row_everywhere(tmp_path: 
     assert main(["check", str(spec), "--data", f"csv:{data}"]) == 1
     out, err = capsys.readouterr()
     assert out.splitlines()[1] == f"{data}: csv data, all 40 lines checked: 39 good, 1 bad"
-    assert err.splitlines() == [f"{data}:5: error: column tags: 6 ids, but feature 'tags' takes at most 3 "
-                                "(max_ids_per_sample) (value '1|2|3|4|5|6')", "1 error"]  # fmt: skip
+    assert err.splitlines() == [
+        f"{data}:5: error: column tags: 6 ids, but feature 'tags' takes at most 3 "
+        "(max_ids_per_sample) (value '1|2|3|4|5|6')",
+        "1 error",
+    ]
     code, _, err = _train(capsys, spec, "--steps", "2")
     assert (code, err) == (1, f"error: rank 0: {why}; pass --bad-rows skip to count and skip bad rows instead\n")
     code, out, err = _train(capsys, spec, "--steps", "2", "--bad-rows", "skip")

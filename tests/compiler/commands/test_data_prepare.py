@@ -30,9 +30,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 def _reccompile(*args: str, **popen: object) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "compiler.cli", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}, **popen,
-    )  # fmt: skip
+        [sys.executable, "-m", "compiler.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        **popen,
+    )
 
 
 def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
@@ -73,8 +78,19 @@ def test_a_killed_prepare_is_not_data_and_continues_to_the_same_files(tmp_path: 
     block = [criteo_line(random.Random(1)) for _ in range(3000)]
     raw = write_lines(tmp_path / "big.tsv", block * 12)  # 36,000 lines
     out = tmp_path / "out"
-    args = ("data", "prepare", str(spec), "--data", f"criteo:{raw}", "--row-group-rows", "500",
-            "--part-row-groups", "2", "--workers", "0")  # fmt: skip
+    args = (
+        "data",
+        "prepare",
+        str(spec),
+        "--data",
+        f"criteo:{raw}",
+        "--row-group-rows",
+        "500",
+        "--part-row-groups",
+        "2",
+        "--workers",
+        "0",
+    )
     process = _reccompile(*args, "-o", str(out))
     _kill_after_its_first_part(process, out)
     assert not (out / "manifest.json").exists()
@@ -102,8 +118,17 @@ def test_a_prepare_killed_while_parsing_one_process_per_file_continues_to_the_by
     for day in range(4):
         write_lines(days / f"day_{day}", block * 4)  # 12,000 lines each
     out = tmp_path / "out"
-    args = ("data", "prepare", str(spec), "--data", f"criteo:{days}", "--row-group-rows", "500",
-            "--part-row-groups", "2")  # fmt: skip
+    args = (
+        "data",
+        "prepare",
+        str(spec),
+        "--data",
+        f"criteo:{days}",
+        "--row-group-rows",
+        "500",
+        "--part-row-groups",
+        "2",
+    )
     process = _reccompile(*args, "--workers", "2", "-o", str(out))
     _kill_after_its_first_part(process, out)
     assert not (out / "manifest.json").exists()
@@ -129,10 +154,9 @@ def test_prepare_says_how_many_processes_parse_and_why(tmp_path: Path, files, mo
     for day in range(3):
         write_lines(tmp_path / "days" / f"day_{day}", [criteo_line(rng) for _ in range(40)])
     for cores, said in [
-        (2, "line by line in this process (3 files on 2 usable cores: one process per file "
-            "needs 3 or more)"),
+        (2, "line by line in this process (3 files on 2 usable cores: one process per file needs 3 or more)"),
         (4, "with 3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)"),
-    ]:  # fmt: skip
+    ]:
         monkeypatch.setattr(parsing, "usable_cores", lambda: cores)
         out = tmp_path / f"out_{cores}"
         assert main(["data", "prepare", str(spec), "--data", f"criteo:{tmp_path / 'days'}", "-o", str(out)]) == 0
@@ -146,8 +170,24 @@ def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_t
 ) -> None:
     spec, raw = files
     prepared = tmp_path / "prepared"
-    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared),
-                 "--row-group-rows", "32", "--workers", "0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                str(spec),
+                "--data",
+                f"criteo:{raw}",
+                "-o",
+                str(prepared),
+                "--row-group-rows",
+                "32",
+                "--workers",
+                "0",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert out.splitlines()[-1].startswith(f"prepared 1,499 rows of 1,500 lines (1 bad row dropped) into {prepared}")
     assert f"{raw}:41: 2 tab-separated fields" in err
@@ -158,14 +198,35 @@ def test_prepared_training_equals_the_file_at_one_and_two_ranks_and_resumes_at_t
         return _step_losses(capsys.readouterr().out)
 
     from_file = train("--data", f"criteo:{raw}", "--bad-rows", "skip", "-o", str(tmp_path / "a"))
-    one = train("--data", f"prepared:{prepared}", "--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "3",
-                "-o", str(tmp_path / "b"))  # fmt: skip
+    one = train(
+        "--data",
+        f"prepared:{prepared}",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--checkpoint-every",
+        "3",
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert one == from_file and len(one) == 6
     shutil.rmtree(tmp_path / "ck" / "step_00000006")
-    two = _reccompile("train", str(spec), *common, "--data", f"prepared:{prepared}", "--nproc", "2",
-                      "-o", str(tmp_path / "c"))  # fmt: skip
-    resumed = _reccompile("train", str(spec), *common, "--data", f"prepared:{prepared}", "--nproc", "2",
-                          "--checkpoint-dir", str(tmp_path / "ck"), "--resume", "-o", str(tmp_path / "d"))  # fmt: skip
+    two = _reccompile(
+        "train", str(spec), *common, "--data", f"prepared:{prepared}", "--nproc", "2", "-o", str(tmp_path / "c")
+    )
+    resumed = _reccompile(
+        "train",
+        str(spec),
+        *common,
+        "--data",
+        f"prepared:{prepared}",
+        "--nproc",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "ck"),
+        "--resume",
+        "-o",
+        str(tmp_path / "d"),
+    )
     for process, expected_steps in ((two, range(1, 7)), (resumed, range(4, 7))):
         code, stdout, stderr = _finish(process)
         assert code == 0, stderr
@@ -199,8 +260,20 @@ def test_the_spec_data_section_names_prepared_data_and_evaluation_reads_it_too(t
     section = tmp_path / "section.yaml"
     section.write_text(SPEC + f"data: {{reader: prepared, path: {prepared}}}\n")
     capsys.readouterr()
-    code = main(["train", str(section), "--steps", "2", "--data-workers", "0", "--eval-data", f"prepared:{prepared}",
-                 "-o", str(tmp_path / "b")])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(section),
+            "--steps",
+            "2",
+            "--data-workers",
+            "0",
+            "--eval-data",
+            f"prepared:{prepared}",
+            "-o",
+            str(tmp_path / "b"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     summary = json.loads(out.splitlines()[-1])
@@ -214,15 +287,57 @@ def test_a_killed_torchrun_agent_resumes_from_the_checkpoint_to_the_uninterrupte
     is in the losses: a batch off would change them)."""
     spec, raw = files
     prepared = tmp_path / "prepared"
-    assert main(["data", "prepare", str(spec), "--data", f"criteo:{raw}", "-o", str(prepared),
-                 "--row-group-rows", "32", "--workers", "0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                str(spec),
+                "--data",
+                f"criteo:{raw}",
+                "-o",
+                str(prepared),
+                "--row-group-rows",
+                "32",
+                "--workers",
+                "0",
+            ]
+        )
+        == 0
+    )
     steps, kill_after = 60, 12  # 11.7 batches an epoch: the run goes on into later epochs after the resume
-    common = ("train", str(spec), "--steps", str(steps), "--batch-size", "128", "--log-every", "1", "--nproc", "2",
-              "--data", f"prepared:{prepared}", "--shuffle-window", "2", "--seed", "7", "--checkpoint-every", "5")  # fmt: skip
+    common = (
+        "train",
+        str(spec),
+        "--steps",
+        str(steps),
+        "--batch-size",
+        "128",
+        "--log-every",
+        "1",
+        "--nproc",
+        "2",
+        "--data",
+        f"prepared:{prepared}",
+        "--shuffle-window",
+        "2",
+        "--seed",
+        "7",
+        "--checkpoint-every",
+        "5",
+    )
 
     def run(name: str, *args: str) -> subprocess.Popen:
-        return _reccompile(*common, "--checkpoint-dir", str(tmp_path / name), "--log-dir", str(tmp_path / f"{name}_log"),
-                           "-o", str(tmp_path / f"{name}_build"), *args)  # fmt: skip
+        return _reccompile(
+            *common,
+            "--checkpoint-dir",
+            str(tmp_path / name),
+            "--log-dir",
+            str(tmp_path / f"{name}_log"),
+            "-o",
+            str(tmp_path / f"{name}_build"),
+            *args,
+        )
 
     killed = run("killed")
     assert killed.stdout is not None
@@ -291,23 +406,60 @@ def test_movielens_evaluation_data_maps_ids_and_histories_as_training_does_or_is
     train = write_lines(tmp_path / "train" / "ratings.dat", lines[:300])
     test = write_lines(tmp_path / "test" / "ratings.dat", lines[300:])  # its own vocabulary would number otherwise
     flat = tmp_path / "flat.yaml"  # no history
-    flat.write_text(MOVIELENS.replace("    - {name: history, table: movie, pooling: none, max_length: 5}\n", "")
-                    .replace("interest: {type: target_attention, input: sparse.history, query: sparse.movie_id, "
-                             "hidden: [8]}", "movies: {type: mlp, input: sparse.movie_id, layers: [8]}")
-                    .replace(", interest]", ", movies]"))  # fmt: skip
+    flat.write_text(
+        MOVIELENS.replace("    - {name: history, table: movie, pooling: none, max_length: 5}\n", "")
+        .replace(
+            "interest: {type: target_attention, input: sparse.history, query: sparse.movie_id, hidden: [8]}",
+            "movies: {type: mlp, input: sparse.movie_id, layers: [8]}",
+        )
+        .replace(", interest]", ", movies]")
+    )
     history = tmp_path / "history.yaml"
     history.write_text(MOVIELENS)
 
     def evaluated(spec: Path, data: str, eval_data: str) -> tuple[int, str, dict]:
-        code = main(["train", str(spec), "-o", str(tmp_path / spec.stem), "--steps", "4", "--data", data,
-                     "--eval-data", eval_data, "--data-workers", "0", "--threads", "1"])  # fmt: skip
+        code = main(
+            [
+                "train",
+                str(spec),
+                "-o",
+                str(tmp_path / spec.stem),
+                "--steps",
+                "4",
+                "--data",
+                data,
+                "--eval-data",
+                eval_data,
+                "--data-workers",
+                "0",
+                "--threads",
+                "1",
+            ]
+        )
         out, err = capsys.readouterr()
         return code, err, json.loads(out.splitlines()[-1]) if code == 0 else {}
 
     def prepared(spec: Path, data: Path, name: str, *options: str) -> str:
         out = tmp_path / name
-        assert main(["data", "prepare", str(spec), "--data", f"movielens:{data}", "-o", str(out), "--workers", "0",
-                     "--row-group-rows", "8", *options]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "data",
+                    "prepare",
+                    str(spec),
+                    "--data",
+                    f"movielens:{data}",
+                    "-o",
+                    str(out),
+                    "--workers",
+                    "0",
+                    "--row-group-rows",
+                    "8",
+                    *options,
+                ]
+            )
+            == 0
+        )
         capsys.readouterr()
         return f"prepared:{out}"
 
@@ -322,17 +474,22 @@ def test_movielens_evaluation_data_maps_ids_and_histories_as_training_does_or_is
         if spec is flat:  # the prepared data's vocabulary maps the raw evaluation file
             assert got["eval_metrics"] == reference["eval_metrics"]
         else:
-            assert (code, err) == (1, (
-                f"error: rank 0: --eval-data movielens:{test}: the spec's history starts in the training ratings, "
-                f"which {train_prepared} does not keep; prepare the evaluation data with `reccompile data prepare "
-                f"SPEC --data movielens:{test} --training movielens:<the training ratings>` and pass --eval-data "
-                "prepared:DIR\n"
-            ))
+            assert (code, err) == (
+                1,
+                (
+                    f"error: rank 0: --eval-data movielens:{test}: the spec's history starts in the training ratings, "
+                    f"which {train_prepared} does not keep; prepare the evaluation data with `reccompile data prepare "
+                    f"SPEC --data movielens:{test} --training movielens:<the training ratings>` and pass --eval-data "
+                    "prepared:DIR\n"
+                ),
+            )
     own = prepared(flat, test, "own_vocabulary")
     code, err, _ = evaluated(flat, f"movielens:{train}", own)
     assert code == 1
-    assert err.startswith(f"error: rank 0: --eval-data {own}: its MovieLens ids were mapped with another vocabulary "
-                          "than the training data's (")  # fmt: skip
+    assert err.startswith(
+        f"error: rank 0: --eval-data {own}: its MovieLens ids were mapped with another vocabulary "
+        "than the training data's ("
+    )
     assert err.endswith(" movies on other rows); prepare it again with --training movielens:<the training ratings>\n")
 
 
@@ -347,8 +504,9 @@ def test_a_prepare_run_again_on_a_changed_input_is_refused_naming_the_file(tmp_p
     assert main(args) == 0
     said = capsys.readouterr().out.splitlines()
     assert said[0] == "parsing line by line in this process (--workers 0)"
-    assert said[1].startswith(f"prepared 299 rows of 300 lines (1 bad row dropped) into {out}: 1 file, "
-                              "1 row group of up to 512 rows; ")  # fmt: skip
+    assert said[1].startswith(
+        f"prepared 299 rows of 300 lines (1 bad row dropped) into {out}: 1 file, 1 row group of up to 512 rows; "
+    )
     assert main(args) == 0
     assert capsys.readouterr().out == f"{out}: already prepared (299 rows); nothing to do\n"
     manifest = (out / "manifest.json").read_bytes()
@@ -356,11 +514,14 @@ def test_a_prepare_run_again_on_a_changed_input_is_refused_naming_the_file(tmp_p
     os.utime(raw, ns=(1_700_000_100_000_000_000, 1_700_000_100_000_000_000))
     assert main(args) == 1
     out_text, err = capsys.readouterr()
-    assert (out_text, err) == ("", (
-        f"error: {out}: already holds prepared data, but {raw} has changed since (then {raw_bytes(lines):,} bytes, "
-        f"modified 2023-11-14 22:13:20 UTC; now {raw_bytes(lines[:200]):,} bytes, modified 2023-11-14 22:15:00 "
-        f"UTC); choose another -o, or remove {out} to prepare it again\n"
-    ))  # fmt: skip
+    assert (out_text, err) == (
+        "",
+        (
+            f"error: {out}: already holds prepared data, but {raw} has changed since (then {raw_bytes(lines):,} bytes, "
+            f"modified 2023-11-14 22:13:20 UTC; now {raw_bytes(lines[:200]):,} bytes, modified 2023-11-14 22:15:00 "
+            f"UTC); choose another -o, or remove {out} to prepare it again\n"
+        ),
+    )
     assert (out / "manifest.json").read_bytes() == manifest
 
 

@@ -40,13 +40,16 @@ def test_info_names_the_cpu_the_kernels_and_each_choice_with_its_times(
     assert main(["info"]) == 0
     built = build.status().path
     assert capsys.readouterr().out.splitlines() == [
-        *_head(tmp_path, f"built ({built})"), "  none yet: each is measured at its first use",
+        *_head(tmp_path, f"built ({built})"),
+        "  none yet: each is measured at its first use",
     ]
     folder = choice.directory(tmp_path) / "dot"
     (folder).mkdir(parents=True)
-    (folder / "b2048_n27_d64.json").write_text(json.dumps(
-        {"kernel": "dot", "shape": "b2048_n27_d64", "winner": "native", "times_ms": {"native": 2.5, "torch": 7.25}}
-    ))
+    (folder / "b2048_n27_d64.json").write_text(
+        json.dumps(
+            {"kernel": "dot", "shape": "b2048_n27_d64", "winner": "native", "times_ms": {"native": 2.5, "torch": 7.25}}
+        )
+    )
     monkeypatch.setenv("RECCOMPILE_KERNELS", "linear=aten")
     assert main(["info"]) == 0
     assert capsys.readouterr().out.splitlines() == [

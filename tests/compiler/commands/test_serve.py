@@ -68,11 +68,16 @@ def _rows() -> list[list[str]]:
     rng = random.Random(0)
     cities = ["paris", "lyon", "nice", "lille", "brest", "7"]
     return [
-        [str(rng.randint(18, 80)), "" if i % 9 == 4 else f"{rng.uniform(0, 5):.3f}", rng.choice(cities),
-         "|".join(str(rng.randint(0, 30)) for _ in range(rng.randint(0, 3))), str(rng.randint(0, 1)),
-         str(rng.randint(1, 5))]
+        [
+            str(rng.randint(18, 80)),
+            "" if i % 9 == 4 else f"{rng.uniform(0, 5):.3f}",
+            rng.choice(cities),
+            "|".join(str(rng.randint(0, 30)) for _ in range(rng.randint(0, 3))),
+            str(rng.randint(0, 1)),
+            str(rng.randint(1, 5)),
+        ]
         for i in range(ROWS)
-    ]  # fmt: skip
+    ]
 
 
 def _predicted(work: Path, export: str) -> list[list[float]]:
@@ -89,14 +94,46 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with open(root / "rows.csv", "w", newline="") as stream:
         csv.writer(stream, lineterminator="\n").writerows([HEADER, *rows])
     (root / "spec.yaml").write_text(SPEC)
-    assert main([
-        "train", str(root / "spec.yaml"), "--data", f"csv:{root / 'rows.csv'}", "--data-workers", "0",
-        "--steps", "2", "--log-every", "2",
-        "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "2", "-o", str(root / "build"),
-    ]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(root / "spec.yaml"),
+                "--data",
+                f"csv:{root / 'rows.csv'}",
+                "--data-workers",
+                "0",
+                "--steps",
+                "2",
+                "--log-every",
+                "2",
+                "--checkpoint-dir",
+                str(root / "ckpt"),
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(root / "build"),
+            ]
+        )
+        == 0
+    )
     for name, precision in (("fp32", "none"), ("int8", "int8")):
-        assert main(["export", str(root / "spec.yaml"), "--checkpoint", str(root / "ckpt"), "--quantize", precision,
-                     "--no-aot", "-o", str(root / name)]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "export",
+                    str(root / "spec.yaml"),
+                    "--checkpoint",
+                    str(root / "ckpt"),
+                    "--quantize",
+                    precision,
+                    "--no-aot",
+                    "-o",
+                    str(root / name),
+                ]
+            )
+            == 0
+        )
     shutil.copytree(root / "fp32", root / "live")
     return root
 
@@ -134,11 +171,15 @@ def test_metadata_health_and_readiness(server: Server) -> None:
     assert server.call("GET", "/v2/models/tiny_ctr/ready")[:1] == (200,)
     status, _, body = server.call("GET", "/v2/models/tiny_ctr")
     assert status == 200 and body == {
-        "name": "tiny_ctr", "versions": ["1"], "platform": "reccompile",
+        "name": "tiny_ctr",
+        "versions": ["1"],
+        "platform": "reccompile",
         "inputs": [{"name": n, "datatype": d, "shape": [-1]} for n, d in INPUTS.items()],
-        "outputs": [{"name": "click", "datatype": "FP32", "shape": [-1]},
-                    {"name": "stars", "datatype": "FP32", "shape": [-1]}],
-    }  # fmt: skip
+        "outputs": [
+            {"name": "click", "datatype": "FP32", "shape": [-1]},
+            {"name": "stars", "datatype": "FP32", "shape": [-1]},
+        ],
+    }
     assert server.call("GET", "/v2/models/other")[::2] == (404, {"error": "unknown model 'other' (served: tiny_ctr)"})
     assert server.call("GET", "/v2")[::2] == (
         200,
@@ -180,26 +221,48 @@ def test_served_scores_equal_predicts_from_concurrent_requests_of_every_size(
 BAD = [
     (b"{", "malformed JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
     ({"inputs": 3}, "the body must be a JSON object with a list 'inputs'"),
-    ({"inputs": _request([["30", "1.5", "paris", "1|2", "0", "1"]])["inputs"][:3]},
-     "input 'tags' is missing (the model's inputs: age, income, city, tags)"),
-    ({"inputs": [{"name": "city", "datatype": "FP32", "shape": [1], "data": [1.0]}]},
-     "input 'city': datatype 'FP32', expected BYTES or INT64 or INT32"),
-    ({"inputs": [{"name": "age", "datatype": "FP32", "shape": [2], "data": [1.0]}]},
-     "input 'age': shape [2] but 1 values in 'data'"),
-    ({"inputs": [{"name": "age", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]},
-     "input 'age': shape [1, 2], expected [N] (one value per row)"),
-    ({"inputs": [{"name": "age", "datatype": "FP32", "shape": [1], "data": [1.0]},
-                 {"name": "income", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}]},
-     "input 'income': shape [2], but input 'age' has shape [1]"),
-    ({"inputs": [{"name": "agee", "datatype": "FP32", "shape": [1], "data": [1.0]}]},
-     "input 'agee': the model has no such input (its inputs: age, income, city, tags)"),
-    ({"inputs": [{"name": "age", "datatype": "FP32", "shape": [1], "data": ["x"]}]},
-     "input 'age', row 0: \"x\" is not a finite number"),
-    (_request([["30", "1.5", "paris", "1|2", "0", "1"], ["30", "1.5", "paris", "1|2|3|4", "0", "1"]]),
-     "input 'tags', row 1: 4 ids, but feature 'tags' takes at most 3 (max_ids_per_sample) (got '1|2|3|4')"),
-    (_request([["30", "1.5", "paris", "1", "0", "1"]], outputs=[{"name": "clicks"}]),
-     "output 'clicks': the model has no such output (its outputs: click, stars)"),
-]  # fmt: skip
+    (
+        {"inputs": _request([["30", "1.5", "paris", "1|2", "0", "1"]])["inputs"][:3]},
+        "input 'tags' is missing (the model's inputs: age, income, city, tags)",
+    ),
+    (
+        {"inputs": [{"name": "city", "datatype": "FP32", "shape": [1], "data": [1.0]}]},
+        "input 'city': datatype 'FP32', expected BYTES or INT64 or INT32",
+    ),
+    (
+        {"inputs": [{"name": "age", "datatype": "FP32", "shape": [2], "data": [1.0]}]},
+        "input 'age': shape [2] but 1 values in 'data'",
+    ),
+    (
+        {"inputs": [{"name": "age", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]},
+        "input 'age': shape [1, 2], expected [N] (one value per row)",
+    ),
+    (
+        {
+            "inputs": [
+                {"name": "age", "datatype": "FP32", "shape": [1], "data": [1.0]},
+                {"name": "income", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]},
+            ]
+        },
+        "input 'income': shape [2], but input 'age' has shape [1]",
+    ),
+    (
+        {"inputs": [{"name": "agee", "datatype": "FP32", "shape": [1], "data": [1.0]}]},
+        "input 'agee': the model has no such input (its inputs: age, income, city, tags)",
+    ),
+    (
+        {"inputs": [{"name": "age", "datatype": "FP32", "shape": [1], "data": ["x"]}]},
+        "input 'age', row 0: \"x\" is not a finite number",
+    ),
+    (
+        _request([["30", "1.5", "paris", "1|2", "0", "1"], ["30", "1.5", "paris", "1|2|3|4", "0", "1"]]),
+        "input 'tags', row 1: 4 ids, but feature 'tags' takes at most 3 (max_ids_per_sample) (got '1|2|3|4')",
+    ),
+    (
+        _request([["30", "1.5", "paris", "1", "0", "1"]], outputs=[{"name": "clicks"}]),
+        "output 'clicks': the model has no such output (its outputs: click, stars)",
+    ),
+]
 
 
 @pytest.mark.parametrize("body, message", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
@@ -211,6 +274,7 @@ def test_a_bad_request_does_not_fail_the_good_ones_batched_with_it(server: Serve
     rows = _rows()
     bad = _request([["30", "1.5", "paris", "1|2|3|4", "0", "1"]])
     answers: dict[str, tuple] = {}
+
     def send(key: str, body: dict[str, Any]) -> None:
         answers[key] = server.call("POST", "/v2/models/tiny_ctr/infer", body)
 
@@ -276,8 +340,11 @@ def test_grpc_binding_answers_tritonclient_and_typed_contents_with_predicts_scor
         for name, datatype in INPUTS.items():
             column = [row[HEADER.index(name)] for row in rows]
             tensor = triton.InferInput(name, [len(rows)], datatype)
-            tensor.set_data_from_numpy(np.array(column, dtype=np.float32) if datatype == "FP32"
-                                       else np.array([v.encode() for v in column], dtype=np.object_))  # fmt: skip
+            tensor.set_data_from_numpy(
+                np.array(column, dtype=np.float32)
+                if datatype == "FP32"
+                else np.array([v.encode() for v in column], dtype=np.object_)
+            )
             inputs.append(tensor)
         result = client.infer("tiny_ctr", inputs)
         served = np.stack([result.as_numpy("click"), result.as_numpy("stars")], axis=1)
@@ -285,12 +352,14 @@ def test_grpc_binding_answers_tritonclient_and_typed_contents_with_predicts_scor
         with pytest.raises(InferenceServerException) as missing:
             client.infer("tiny_ctr", inputs[:3])
         assert (missing.value.status(), missing.value.message()) == (
-            "StatusCode.INVALID_ARGUMENT", "input 'tags' is missing (the model's inputs: age, income, city, tags)"
+            "StatusCode.INVALID_ARGUMENT",
+            "input 'tags' is missing (the model's inputs: age, income, city, tags)",
         )
         with pytest.raises(InferenceServerException) as unknown:
             client.infer("other", inputs)
         assert (unknown.value.status(), unknown.value.message()) == (
-            "StatusCode.NOT_FOUND", "unknown model 'other' (served: tiny_ctr)"
+            "StatusCode.NOT_FOUND",
+            "unknown model 'other' (served: tiny_ctr)",
         )
         # Typed contents rather than raw bytes, the stubs called directly, one output asked for.
         request = service_pb2.ModelInferRequest(model_name="tiny_ctr", id="typed")
@@ -405,9 +474,11 @@ def test_watch_swaps_in_a_complete_export_and_refuses_an_incomplete_or_corrupt_o
     refused = [line for line in lines if line.startswith("error: reload of 'tiny_ctr' failed: ")]
 
     def mismatch(name: str, found: bytes, listed: bytes) -> str:
-        return (f"error: reload of 'tiny_ctr' failed: {watched / name}: sha256 {_sha(found)[:12]}… does not match "
-                f"manifest.json ({_sha(listed)[:12]}…); the file was changed or corrupted, export again; "
-                "the previous export keeps serving")  # fmt: skip
+        return (
+            f"error: reload of 'tiny_ctr' failed: {watched / name}: sha256 {_sha(found)[:12]}… does not match "
+            f"manifest.json ({_sha(listed)[:12]}…); the file was changed or corrupted, export again; "
+            "the previous export keeps serving"
+        )
 
     module = (work / "fp32" / "tiny_ctr.py").read_bytes(), (work / "int8" / "tiny_ctr.py").read_bytes()
     assert refused[0] == mismatch("tiny_ctr.py", *module)
@@ -418,9 +489,13 @@ def test_watch_swaps_in_a_complete_export_and_refuses_an_incomplete_or_corrupt_o
 def test_metrics_are_prometheus_text(server: Server) -> None:
     status, headers, text = server.call("GET", "/metrics")
     assert status == 200 and headers["Content-Type"].startswith("text/plain")
-    for family, kind in (("reccompile_requests_total", "counter"), ("reccompile_request_errors_total", "counter"),
-                         ("reccompile_request_seconds", "histogram"), ("reccompile_batch_rows", "histogram"),
-                         ("reccompile_queue_rows", "gauge")):  # fmt: skip
+    for family, kind in (
+        ("reccompile_requests_total", "counter"),
+        ("reccompile_request_errors_total", "counter"),
+        ("reccompile_request_seconds", "histogram"),
+        ("reccompile_batch_rows", "histogram"),
+        ("reccompile_queue_rows", "gauge"),
+    ):
         assert f"# TYPE {family} {kind}\n" in text
     count = server.metric('reccompile_request_seconds_count{model="tiny_ctr"}')
     inf = server.metric('reccompile_request_seconds_bucket{model="tiny_ctr",le="+Inf"}')
@@ -467,8 +542,10 @@ def test_a_client_that_disconnects_costs_no_model_time(slow: Server) -> None:
     body = json.dumps(_request(_rows()[:1])).encode()
     batches = slow.metric('reccompile_batch_rows_count{model="tiny_ctr"}')
     with socket.create_connection(slow.address) as sock:
-        sock.sendall(b"POST /v2/models/tiny_ctr/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+        sock.sendall(
+            b"POST /v2/models/tiny_ctr/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         time.sleep(0.1)
     time.sleep(0.8)  # its batch was due 500 ms after it arrived
     assert slow.metric('reccompile_cancelled_total{model="tiny_ctr"}') == 1

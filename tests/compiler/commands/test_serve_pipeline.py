@@ -68,20 +68,54 @@ ASKED = [3, 7, 11, 20]  # the users asked for
 
 def _write_ratings(path: Path) -> Path:
     rng = random.Random(1)
-    lines = [f"{user}::{1000 + 7 * movie}::{rng.randint(1, 5)}::{100 * user + movie}"
-             for user in range(1, USERS + 1) for movie in rng.sample(range(MOVIES), 8)]  # fmt: skip
+    lines = [
+        f"{user}::{1000 + 7 * movie}::{rng.randint(1, 5)}::{100 * user + movie}"
+        for user in range(1, USERS + 1)
+        for movie in rng.sample(range(MOVIES), 8)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def _train_and_export(root: Path, name: str, text: str, ratings: Path, *export: str) -> Path:
     (root / f"{name}.yaml").write_text(text)
-    assert main(["train", str(root / f"{name}.yaml"), "--data", f"movielens:{ratings}", "--data-workers", "0",
-                 "--steps", "5", "--log-every", "5", "--checkpoint-dir", str(root / f"{name}_ckpt"),
-                 "-o", str(root / f"{name}_build")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(root / f"{name}.yaml"),
+                "--data",
+                f"movielens:{ratings}",
+                "--data-workers",
+                "0",
+                "--steps",
+                "5",
+                "--log-every",
+                "5",
+                "--checkpoint-dir",
+                str(root / f"{name}_ckpt"),
+                "-o",
+                str(root / f"{name}_build"),
+            ]
+        )
+        == 0
+    )
     out = root / f"{name}_out"
-    assert main(["export", str(root / f"{name}.yaml"), "--checkpoint", str(root / f"{name}_ckpt"), "--no-aot",
-                 *export, "-o", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(root / f"{name}.yaml"),
+                "--checkpoint",
+                str(root / f"{name}_ckpt"),
+                "--no-aot",
+                *export,
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -104,15 +138,39 @@ def offline(work: Path) -> dict[str, Any]:
     """retrieve's top K per asked user, then predict's score of each (user, candidate), best N kept."""
     requests = work / "requests.dat"
     requests.write_text("".join(f"{user}::1000::5::0\n" for user in ASKED))
-    assert main(["retrieve", str(work / "retrieval_out"), "--data", f"movielens:{requests}", "--k", str(K),
-                 "-o", str(work / "retrieved.csv")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "retrieve",
+                str(work / "retrieval_out"),
+                "--data",
+                f"movielens:{requests}",
+                "--k",
+                str(K),
+                "-o",
+                str(work / "retrieved.csv"),
+            ]
+        )
+        == 0
+    )
     retrieved: dict[int, list[tuple[int, float]]] = defaultdict(list)
     for _, line, _, item, score in _csv(work / "retrieved.csv"):
         retrieved[ASKED[int(line) - 1]].append((int(item), float(score)))
     pairs = [(user, item) for user in ASKED for item, _ in retrieved[user]]
     (work / "pairs.dat").write_text("".join(f"{user}::{item}::5::0\n" for user, item in pairs))
-    assert main(["predict", str(work / "ranking_out"), "--data", f"movielens:{work / 'pairs.dat'}",
-                 "-o", str(work / "ranked.csv")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "predict",
+                str(work / "ranking_out"),
+                "--data",
+                f"movielens:{work / 'pairs.dat'}",
+                "-o",
+                str(work / "ranked.csv"),
+            ]
+        )
+        == 0
+    )
     scores = [float(row[2]) for row in _csv(work / "ranked.csv")]
     ranked = {}
     scored = list(enumerate(zip(pairs, scores, strict=True)))
@@ -146,8 +204,10 @@ def _users(users: list[int]) -> dict[str, Any]:
 def test_the_pipeline_answers_the_offline_retrieve_then_predict_top_n(server: Server, offline) -> None:
     status, _, body = server.call("GET", "/v2/models/tiny_retrieval_then_tiny_ranking")
     assert status == 200 and body["inputs"] == [{"name": "userId", "datatype": "INT64", "shape": [-1]}]
-    assert body["outputs"] == [{"name": "items", "datatype": "INT64", "shape": [-1, N]},
-                               {"name": "scores", "datatype": "FP32", "shape": [-1, N]}]  # fmt: skip
+    assert body["outputs"] == [
+        {"name": "items", "datatype": "INT64", "shape": [-1, N]},
+        {"name": "scores", "datatype": "FP32", "shape": [-1, N]},
+    ]
     status, _, body = server.call("POST", "/v2/models/tiny_retrieval_then_tiny_ranking/infer", _users(ASKED))
     assert status == 200, body
     outputs = {o["name"]: o for o in body["outputs"]}

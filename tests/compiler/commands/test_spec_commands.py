@@ -84,13 +84,21 @@ TOO_BIG = "tests/specs/infeasible/too_big.yaml"
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ([], "1 rank has 16 GiB; largest: 'user' 95.4 GiB, 'item' 23.8 GiB, 'small' 261 KiB; "
-             "8 ranks would fit (--world-size 8)"),
-        (["--world-size", "4", "--ranks-per-host", "2"],
-         "the 4 ranks have 64 GiB (16 GiB each); largest: 'user' 95.4 GiB, 'item' 23.8 GiB, 'small' 261 KiB; "
-         "8 ranks would fit (--world-size 8)"),
-        (["--memory-per-rank", "64GiB"], "1 rank has 64 GiB; largest: 'user' 95.4 GiB, 'item' 23.8 GiB, "
-                                         "'small' 261 KiB; 2 ranks would fit (--world-size 2)"),
+        (
+            [],
+            "1 rank has 16 GiB; largest: 'user' 95.4 GiB, 'item' 23.8 GiB, 'small' 261 KiB; "
+            "8 ranks would fit (--world-size 8)",
+        ),
+        (
+            ["--world-size", "4", "--ranks-per-host", "2"],
+            "the 4 ranks have 64 GiB (16 GiB each); largest: 'user' 95.4 GiB, 'item' 23.8 GiB, 'small' 261 KiB; "
+            "8 ranks would fit (--world-size 8)",
+        ),
+        (
+            ["--memory-per-rank", "64GiB"],
+            "1 rank has 64 GiB; largest: 'user' 95.4 GiB, 'item' 23.8 GiB, "
+            "'small' 261 KiB; 2 ranks would fit (--world-size 2)",
+        ),
     ],
 )
 def test_check_plans_and_names_the_tables_bytes_and_world_size_that_would_fit(

@@ -16,7 +16,10 @@ def _reccompile(*args: str, cwd: Path = REPO, tmpdir: Path | None = None) -> sub
     temporary = {} if tmpdir is None else {"TMPDIR": str(tmpdir)}
     return subprocess.run(
         [sys.executable, "-m", "compiler.cli", *args],
-        capture_output=True, text=True, timeout=600, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), **temporary},
     )
 
@@ -24,9 +27,19 @@ def _reccompile(*args: str, cwd: Path = REPO, tmpdir: Path | None = None) -> sub
 def _launch(fake_torchrun: str) -> subprocess.CompletedProcess:
     """`run_torchrun` on a stand-in for torchrun: Python code that prints what torchrun would."""
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
-         "sys.exit(run_torchrun(sys.argv[1:]))", sys.executable, "-c", fake_torchrun],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        [
+            sys.executable,
+            "-c",
+            "import sys; from compiler.commands.train import run_torchrun; sys.exit(run_torchrun(sys.argv[1:]))",
+            sys.executable,
+            "-c",
+            fake_torchrun,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
 
 
@@ -37,8 +50,19 @@ def _step_losses(stdout: str) -> list[float]:
 def test_dlrm_trains_on_two_ranks_and_leaves_no_torchrun_folders(tmp_path: Path) -> None:
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    done = _reccompile("train", "specs/dlrm_criteo.yaml", "--nproc", "2", "--steps", "20",
-                       "--batch-size", "256", "-o", str(tmp_path / "out"), tmpdir=temporary)
+    done = _reccompile(
+        "train",
+        "specs/dlrm_criteo.yaml",
+        "--nproc",
+        "2",
+        "--steps",
+        "20",
+        "--batch-size",
+        "256",
+        "-o",
+        str(tmp_path / "out"),
+        tmpdir=temporary,
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["steps"] == 20
@@ -49,8 +73,20 @@ def test_dlrm_trains_on_two_ranks_and_leaves_no_torchrun_folders(tmp_path: Path)
 def test_one_and_two_ranks_print_the_same_losses(tmp_path: Path) -> None:
     runs = {}
     for nproc in ("1", "2"):
-        done = _reccompile("train", "specs/two_tower_movielens.yaml", "--nproc", nproc, "--steps", "8",
-                           "--batch-size", "128", "--log-every", "1", "-o", str(tmp_path / nproc))
+        done = _reccompile(
+            "train",
+            "specs/two_tower_movielens.yaml",
+            "--nproc",
+            nproc,
+            "--steps",
+            "8",
+            "--batch-size",
+            "128",
+            "--log-every",
+            "1",
+            "-o",
+            str(tmp_path / nproc),
+        )
         assert done.returncode == 0, done.stderr
         runs[nproc] = _step_losses(done.stdout)
     assert len(runs["1"]) == 8
@@ -62,12 +98,23 @@ def test_a_failing_worker_ends_the_job_with_its_error_once(tmp_path: Path) -> No
     compiled = _reccompile("specs/two_tower_movielens.yaml", "-o", str(tmp_path))  # planned for 1 rank
     assert compiled.returncode == 0, compiled.stderr
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; from compiler.commands.train import run_torchrun; "
-         "sys.exit(run_torchrun(sys.argv[1:]))",
-         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "runtime.train.worker",
-         TrainOptions(module=str(tmp_path / "two_tower_movielens.py"), steps=2).to_json()],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from compiler.commands.train import run_torchrun; sys.exit(run_torchrun(sys.argv[1:]))",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "runtime.train.worker",
+            TrainOptions(module=str(tmp_path / "two_tower_movielens.py"), steps=2).to_json(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
     assert done.returncode != 0
@@ -80,8 +127,7 @@ def test_a_job_that_recovered_ends_with_a_note_not_an_error(tmp_path: Path) -> N
     """With --max-restarts, torchrun restarts the ranks after a failure; when they finish, the job
     succeeded: the first attempt's error is a note, not an 'error:' asking to resume."""
     fake_torchrun = (
-        "import sys; print('error: rank 1: lost its way', file=sys.stderr); "
-        "print('after the restart', file=sys.stderr)"
+        "import sys; print('error: rank 1: lost its way', file=sys.stderr); print('after the restart', file=sys.stderr)"
     )
     done = _launch(fake_torchrun)
     assert done.returncode == 0, done.stderr

@@ -88,9 +88,12 @@ def _reccompile(*args: str) -> Ran:
     if "--nproc" in args:
         done = subprocess.run(
             [sys.executable, "-m", "compiler.cli", *args],
-            capture_output=True, text=True, timeout=600, cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=REPO,
             env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+        )
         assert done.returncode == 0, done.stderr
         return Ran(done.stdout, done.stderr)
     out, err = io.StringIO(), io.StringIO()
@@ -111,11 +114,30 @@ def ratings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
 def _train(ratings: tuple[Path, Path, Path], out: Path, *extra: str) -> Ran:
     spec, train, held_out = ratings
     return _reccompile(
-        "train", str(spec), "--steps", str(STEPS), "--data", f"movielens:{train}",
-        "--eval-data", f"movielens:{held_out}", "--eval-every", str(EVERY), "--log-every", "100",
-        "--best-metric", "auc", "--patience", str(PATIENCE), "--checkpoint-dir", str(out / "ck"),
-        "--log-dir", str(out / "logs"), "-o", str(out / "build"), *extra,
-    )  # fmt: skip
+        "train",
+        str(spec),
+        "--steps",
+        str(STEPS),
+        "--data",
+        f"movielens:{train}",
+        "--eval-data",
+        f"movielens:{held_out}",
+        "--eval-every",
+        str(EVERY),
+        "--log-every",
+        "100",
+        "--best-metric",
+        "auc",
+        "--patience",
+        str(PATIENCE),
+        "--checkpoint-dir",
+        str(out / "ck"),
+        "--log-dir",
+        str(out / "logs"),
+        "-o",
+        str(out / "build"),
+        *extra,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,8 +172,13 @@ def test_the_best_checkpoint_holds_the_peak_and_training_stops_after_patience(on
     assert kept == [best_dir.name]  # the one best, whole: earlier bests pruned, no .partial left
     manifest = json.loads((best_dir / "manifest.json").read_text())
     assert manifest["step"] == peak_step
-    assert manifest["early_stopping"] == {"metric": "click.auc", "value": peak, "step": peak_step, "since_best": 0,
-                                          "last_step": peak_step}
+    assert manifest["early_stopping"] == {
+        "metric": "click.auc",
+        "value": peak,
+        "step": peak_step,
+        "since_best": 0,
+        "last_step": peak_step,
+    }
     assert sorted(p.name for p in (out / "ck").iterdir() if p.name.startswith("step_")) == [f"step_{stop:08d}"]
 
 
@@ -163,10 +190,20 @@ def test_the_best_checkpoint_resumes_with_the_peak_value(
     spec, _, held_out = ratings
     # Resumed at its own step with nothing left to train: the final evaluation scores it as saved.
     done = _reccompile(
-        "train", str(spec), "--steps", str(best["step"]), "--eval-data", f"movielens:{held_out}",
-        "--checkpoint-dir", str(out / "ck" / "best"), "--resume", "-o", str(out / "resumed"),
-        "--data", f"movielens:{ratings[1]}",
-    )  # fmt: skip
+        "train",
+        str(spec),
+        "--steps",
+        str(best["step"]),
+        "--eval-data",
+        f"movielens:{held_out}",
+        "--checkpoint-dir",
+        str(out / "ck" / "best"),
+        "--resume",
+        "-o",
+        str(out / "resumed"),
+        "--data",
+        f"movielens:{ratings[1]}",
+    )
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["eval_metrics"]["click"]["auc"] == best["value"]
     assert result["eval_seconds"] > 0  # the final evaluation, its only one, counts
@@ -219,16 +256,29 @@ def test_the_specs_training_early_stopping_stops_alike_and_the_flags_override_it
     stopping = tmp_path / "ml_deepfm.yaml"
     stopping.write_text(SPEC + f"  early_stopping: {{metric: auc, patience: {PATIENCE}}}\n")
     common = ["--steps", str(STEPS), "--data", f"movielens:{train}", "--eval-every", str(EVERY), "--log-every", "100"]
-    done = _reccompile("train", str(stopping), *common, "--eval-data", f"movielens:{held_out}",
-                       "-o", str(tmp_path / "spec"))  # fmt: skip
+    done = _reccompile(
+        "train", str(stopping), *common, "--eval-data", f"movielens:{held_out}", "-o", str(tmp_path / "spec")
+    )
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["stopped_early"] == one_rank[1]["result"]["stopped_early"]
     assert result["best"] == {k: v for k, v in one_rank[1]["result"]["best"].items() if k != "checkpoint"}
-    overridden = _reccompile("train", str(stopping), *common, "--eval-data", f"movielens:{held_out}",
-                             "--best-metric", "accuracy", "--patience", "1", "-o", str(tmp_path / "flags"))  # fmt: skip
+    overridden = _reccompile(
+        "train",
+        str(stopping),
+        *common,
+        "--eval-data",
+        f"movielens:{held_out}",
+        "--best-metric",
+        "accuracy",
+        "--patience",
+        "1",
+        "-o",
+        str(tmp_path / "flags"),
+    )
     assert json.loads(overridden.stdout.splitlines()[-1])["best"]["metric"] == "click.accuracy"
-    unused = _reccompile("train", str(stopping), "--data", f"movielens:{train}", "--steps", "2",
-                         "-o", str(tmp_path / "none"))  # fmt: skip
+    unused = _reccompile(
+        "train", str(stopping), "--data", f"movielens:{train}", "--steps", "2", "-o", str(tmp_path / "none")
+    )
     line = f"{stopping}:18:3"  # the early_stopping key
     assert unused.stderr.splitlines()[0] == (
         f"note: training.early_stopping ({line}) is not applied: there is no --eval-data to measure auc on"

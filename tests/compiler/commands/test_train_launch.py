@@ -8,8 +8,10 @@ GLOO = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537]"
 
 
 def test_a_lost_peer_is_one_line_saying_another_rank_stopped() -> None:
-    line = (f"error: rank 0: pipeline stage 'compute' failed on batch 43: RuntimeError: {GLOO} Read error "
-            "[127.0.0.1]:46514: Connection reset by peer. This is typically caused by a remote worker hanging\n")  # fmt: skip
+    line = (
+        f"error: rank 0: pipeline stage 'compute' failed on batch 43: RuntimeError: {GLOO} Read error "
+        "[127.0.0.1]:46514: Connection reset by peer. This is typically caused by a remote worker hanging\n"
+    )
     assert _peer_lost(line, None) == (
         "error: rank 0: lost its connection to another rank (gloo: Read error [127.0.0.1]:46514: Connection reset "
         "by peer): that rank stopped, on this node or another, and its own output says why; nothing was saved "

@@ -42,10 +42,26 @@ def ratings(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]
 def _train(ratings: tuple[Path, Path, Path], out: Path, *extra: str) -> None:
     spec, train, held_out = ratings
     code, _, err = _reccompile(
-        "train", str(spec), "--steps", str(STEPS), "--data", f"movielens:{train}",
-        "--eval-data", f"movielens:{held_out}", "--eval-every", str(EVERY), "--log-every", "5",
-        "--checkpoint-dir", str(out / "ck"), "--log-dir", str(out / "logs"), "-o", str(out / "build"), *extra,
-    )  # fmt: skip
+        "train",
+        str(spec),
+        "--steps",
+        str(STEPS),
+        "--data",
+        f"movielens:{train}",
+        "--eval-data",
+        f"movielens:{held_out}",
+        "--eval-every",
+        str(EVERY),
+        "--log-every",
+        "5",
+        "--checkpoint-dir",
+        str(out / "ck"),
+        "--log-dir",
+        str(out / "logs"),
+        "-o",
+        str(out / "build"),
+        *extra,
+    )
     assert code == 0, err
 
 
@@ -90,7 +106,8 @@ def test_a_resumed_run_trains_at_the_uninterrupted_runs_rates(
 
 def test_without_eval_data_it_is_a_one_line_error(ratings: tuple[Path, Path, Path], tmp_path: Path) -> None:
     spec, train, _ = ratings
-    code, _, err = _reccompile("train", str(spec), "--data", f"movielens:{train}", "--steps", "2",
-                               "-o", str(tmp_path / "build"))  # fmt: skip
+    code, _, err = _reccompile(
+        "train", str(spec), "--data", f"movielens:{train}", "--steps", "2", "-o", str(tmp_path / "build")
+    )
     assert code == 2
     assert err == f"error: training.lr_plateau ({spec}:18:3) needs --eval-data (the split auc is measured on)\n"

@@ -24,10 +24,25 @@ EVERY, STEPS, BASE_LR = 25, 110, 0.01
 
 def _arguments(work: Path, out: Path) -> list[str]:
     return [
-        "train", str(work / "spec.yaml"), "--steps", str(STEPS), "--data", f"movielens:{work / 'train' / 'u.data'}",
-        "--eval-data", f"movielens:{work / 'eval' / 'u.data'}", "--eval-every", str(EVERY), "--log-every", "5",
-        "--checkpoint-dir", str(out / "ck"), "--log-dir", str(out / "logs"), "-o", str(out / "build"),
-    ]  # fmt: skip
+        "train",
+        str(work / "spec.yaml"),
+        "--steps",
+        str(STEPS),
+        "--data",
+        f"movielens:{work / 'train' / 'u.data'}",
+        "--eval-data",
+        f"movielens:{work / 'eval' / 'u.data'}",
+        "--eval-every",
+        str(EVERY),
+        "--log-every",
+        "5",
+        "--checkpoint-dir",
+        str(out / "ck"),
+        "--log-dir",
+        str(out / "logs"),
+        "-o",
+        str(out / "build"),
+    ]
 
 
 def _records(out: Path, kind: str) -> list[dict]:
@@ -44,9 +59,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert code == 0, err
     done = subprocess.run(
         [sys.executable, "-m", "compiler.cli", *_arguments(work, work / "two"), "--nproc", "2"],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr
     return work
 

@@ -43,23 +43,37 @@ TOLERANCE = 1e-5
 # 120-step trajectories parted. With 0.01, a kernel's changed rounding (the four-pair dot, e4d441d) keeps
 # them within 2e-7, while halving the resumed optimizer state (tables or dense) parts them past the
 # tolerance: 1.5e-5 to 5e-4 in the loss.
-SPEC = cc.SPEC.replace("ckpt_tiny", "nodes_tiny").replace(
-    """    a: {sharding_types: [row_wise]}
+SPEC = (
+    cc.SPEC.replace("ckpt_tiny", "nodes_tiny")
+    .replace(
+        """    a: {sharding_types: [row_wise]}
     b: {sharding_types: [column_wise]}
     c: {sharding_types: [table_wise]}""",
-    """    a: {sharding_types: [table_row_wise]}
+        """    a: {sharding_types: [table_row_wise]}
     b: {sharding_types: [row_wise]}
     c: {sharding_types: [table_row_wise]}""",
-).replace(
-    """  dense_optimizer: {type: adagrad, lr: 0.05}
+    )
+    .replace(
+        """  dense_optimizer: {type: adagrad, lr: 0.05}
   sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}""",
-    """  dense_optimizer: {type: adagrad, lr: 0.05, eps: 0.01}
+        """  dense_optimizer: {type: adagrad, lr: 0.05, eps: 0.01}
   sparse_optimizer: {type: rowwise_adagrad, lr: 0.05, eps: 0.01}""",
+    )
 )
 # One thread everywhere: every process reads the same per-site kernel choices (their files are per thread
 # count), so the runs differ only by how they are sharded, not by a kernel a busier moment chose.
-COMMON = ("--batch-size", "512", "--log-every", "1", "--checkpoint-every", str(EVERY), "--keep", "100",
-          "--threads", "1")
+COMMON = (
+    "--batch-size",
+    "512",
+    "--log-every",
+    "1",
+    "--checkpoint-every",
+    str(EVERY),
+    "--keep",
+    "100",
+    "--threads",
+    "1",
+)
 
 
 def _env() -> dict[str, str]:
@@ -95,14 +109,37 @@ class Nodes:
         self.processes: list[subprocess.Popen] = []
         for node in (0, 1):
             command = [
-                sys.executable, "-m", "compiler.cli", "train", str(spec), "-o", str(directory / f"build{node}"),
-                "--nproc", "1", "--nnodes", "2", "--node-rank", str(node), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", directory.name, *map(str, args),
-            ]  # fmt: skip
-            self.processes.append(subprocess.Popen(
-                command, cwd=REPO, env=_env(), text=True,
-                stdout=open(directory / f"out{node}.txt", "w"), stderr=open(directory / f"err{node}.txt", "w"),
-            ))  # fmt: skip
+                sys.executable,
+                "-m",
+                "compiler.cli",
+                "train",
+                str(spec),
+                "-o",
+                str(directory / f"build{node}"),
+                "--nproc",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--rdzv-id",
+                directory.name,
+                *map(str, args),
+            ]
+            self.processes.append(
+                subprocess.Popen(
+                    command,
+                    cwd=REPO,
+                    env=_env(),
+                    text=True,
+                    stdout=open(directory / f"out{node}.txt", "w"),
+                    stderr=open(directory / f"err{node}.txt", "w"),
+                )
+            )
             deadline = time.monotonic() + 60
             while node == 0 and not listening(port) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -180,8 +217,18 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_process(spec: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """STEPS steps on 1 node x 1 rank, a checkpoint every EVERY steps, the log in log/."""
     directory = tmp_path_factory.mktemp("one_process")
-    done = train(spec, "-o", directory / "build", "--steps", STEPS, *COMMON,
-                 "--checkpoint-dir", directory / "ck", "--log-dir", directory / "log")  # fmt: skip
+    done = train(
+        spec,
+        "-o",
+        directory / "build",
+        "--steps",
+        STEPS,
+        *COMMON,
+        "--checkpoint-dir",
+        directory / "ck",
+        "--log-dir",
+        directory / "log",
+    )
     assert done.returncode == 0, done.stderr
     return directory
 
@@ -190,8 +237,9 @@ def one_process(spec: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def two_nodes(spec: Path, tmp_path_factory: pytest.TempPathFactory) -> Nodes:
     """HALF steps on 2 nodes x 1 rank, checkpointed as the one process is."""
     directory = tmp_path_factory.mktemp("two_nodes")
-    nodes = Nodes(directory, spec, "--steps", HALF, *COMMON,
-                  "--checkpoint-dir", directory / "ck", "--log-dir", directory / "log")  # fmt: skip
+    nodes = Nodes(
+        directory, spec, "--steps", HALF, *COMMON, "--checkpoint-dir", directory / "ck", "--log-dir", directory / "log"
+    )
     assert nodes.wait(timeout=120) == [0, 0], nodes.err(0) + nodes.err(1)
     return nodes
 
@@ -201,8 +249,11 @@ def test_two_nodes_plan_one_rank_per_host_and_say_so(two_nodes: Nodes) -> None:
         first = two_nodes.out(node).splitlines()[0]
         assert first.startswith("training nodes_tiny on 2 ranks (2 nodes × 1 rank): "), first
         plan = json.loads((two_nodes.directory / f"build{node}" / "nodes_tiny.plan.json").read_text())
-        row_wise = {t["table"]: {s["rank"] for s in t["shards"]} for t in plan["tables"]
-                    if t["sharding_type"] == "table_row_wise"}  # fmt: skip
+        row_wise = {
+            t["table"]: {s["rank"] for s in t["shards"]}
+            for t in plan["tables"]
+            if t["sharding_type"] == "table_row_wise"
+        }
         # ranks_per_host 1 (torchrun's local world size): each table whole on one host, both hosts used.
         assert sorted(row_wise) == ["a", "c", "e"]
         assert all(len(ranks) == 1 for ranks in row_wise.values()), row_wise
@@ -225,8 +276,21 @@ def test_a_checkpoint_of_two_nodes_resumes_on_one_node_of_two_ranks(
 ) -> None:
     checkpoints = tmp_path / "ck"
     shutil.copytree(two_nodes.directory / "ck", checkpoints)
-    done = train(spec, "-o", tmp_path / "build", "--nproc", "2", "--steps", STEPS, *COMMON,
-                 "--checkpoint-dir", checkpoints, "--resume", "--log-dir", tmp_path / "log")  # fmt: skip
+    done = train(
+        spec,
+        "-o",
+        tmp_path / "build",
+        "--nproc",
+        "2",
+        "--steps",
+        STEPS,
+        *COMMON,
+        "--checkpoint-dir",
+        checkpoints,
+        "--resume",
+        "--log-dir",
+        tmp_path / "log",
+    )
     assert done.returncode == 0, done.stderr
     assert f"resumed from {checkpoints}/step_{HALF:08d} at step {HALF} (--resume)" in done.stdout
     reference = losses(one_process / "log")
@@ -259,8 +323,19 @@ def test_with_max_restarts_two_nodes_resume_after_a_kill_and_end_as_one_process(
     spec: Path, one_process: Path, tmp_path: Path
 ) -> None:
     checkpoints = tmp_path / "ck"
-    nodes = Nodes(tmp_path, spec, "--steps", STEPS, *COMMON, "--max-restarts", "1",
-                  "--checkpoint-dir", checkpoints, "--log-dir", tmp_path / "log")  # fmt: skip
+    nodes = Nodes(
+        tmp_path,
+        spec,
+        "--steps",
+        STEPS,
+        *COMMON,
+        "--max-restarts",
+        "1",
+        "--checkpoint-dir",
+        checkpoints,
+        "--log-dir",
+        tmp_path / "log",
+    )
     nodes.kill_after(KILL_AFTER, rank=1, checkpoints=checkpoints)
     assert nodes.wait(timeout=120) == [0, 0], nodes.err(0) + nodes.err(1)
     log = (tmp_path / "log" / "metrics.jsonl").read_text()

@@ -19,10 +19,21 @@ def _repo_cwd(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _losses(tmp_path: Path, capsys, *options: str) -> list[str]:
-    code = main([
-        "train", "specs/two_tower_movielens.yaml", "--steps", "5", "--batch-size", "64",
-        "--log-every", "1", "-o", str(tmp_path), *options,
-    ])
+    code = main(
+        [
+            "train",
+            "specs/two_tower_movielens.yaml",
+            "--steps",
+            "5",
+            "--batch-size",
+            "64",
+            "--log-every",
+            "1",
+            "-o",
+            str(tmp_path),
+            *options,
+        ]
+    )
     assert code == 0
     return [line.split()[3] for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
 
@@ -36,8 +47,7 @@ def test_pipelined_and_plain_training_print_the_same_losses(tmp_path: Path, caps
 
 @pytest.mark.parametrize(
     ("options", "world_size", "depth"),
-    [([], 1, 1), ([], 2, 2), (["--no-pipeline"], 2, 1), (["--pipeline"], 1, 2),
-     (["--pipeline-depth", "3"], 4, 3)],
+    [([], 1, 1), ([], 2, 2), (["--no-pipeline"], 2, 1), (["--pipeline"], 1, 2), (["--pipeline-depth", "3"], 4, 3)],
 )
 def test_the_pipeline_is_on_by_default_for_several_ranks(options: list[str], world_size: int, depth: int) -> None:
     parser = argparse.ArgumentParser()

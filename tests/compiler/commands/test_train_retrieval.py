@@ -57,15 +57,37 @@ def test_training_reports_the_retrieval_metrics_everywhere(tmp_path: Path, capsy
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     logs = tmp_path / "logs"
-    code = main([
-        "train", str(spec), "-o", str(tmp_path / "build"), "--data", f"csv:{train}", "--eval-data", f"csv:{held_out}",
-        "--steps", "60", "--log-every", "20", "--eval-every", "30", "--data-workers", "0", "--log-dir", str(logs),
-    ])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(spec),
+            "-o",
+            str(tmp_path / "build"),
+            "--data",
+            f"csv:{train}",
+            "--eval-data",
+            f"csv:{held_out}",
+            "--steps",
+            "60",
+            "--log-every",
+            "20",
+            "--eval-every",
+            "30",
+            "--data-workers",
+            "0",
+            "--log-dir",
+            str(logs),
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     lines = out.splitlines()
     assert [line.split()[:2] for line in lines[1:-1]] == [
-        ["step", "20/60"], ["eval", "30/60"], ["step", "40/60"], ["step", "60/60"], ["eval", "60/60"]
+        ["step", "20/60"],
+        ["eval", "30/60"],
+        ["step", "40/60"],
+        ["step", "60/60"],
+        ["eval", "60/60"],
     ]
     assert all(" match: sampled_recall@10 " in lines[i] and " sampled_mrr " in lines[i] for i in (1, 3, 4))
     assert all(" match: recall@10 " in lines[i] and " ndcg@10 " in lines[i] and " mrr " in lines[i] for i in (2, 5))
@@ -87,12 +109,28 @@ def test_a_model_that_cannot_learn_reports_chance(tmp_path: Path, capsys) -> Non
     rng = random.Random(4)
     train = positives(tmp_path / "train.csv", 1000, rng)
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("num_embeddings: 80", "num_embeddings: 5000").replace("uniform: 20", "uniform: 100")
-                    .replace("lr: 0.01", "lr: 1.0e-9").replace("lr: 0.1", "lr: 1.0e-9"))  # fmt: skip
-    code = main([
-        "train", str(spec), "-o", str(tmp_path / "build"), "--data", f"csv:{train}", "--steps", "8",
-        "--log-every", "8", "--data-workers", "0",
-    ])  # fmt: skip
+    spec.write_text(
+        SPEC.replace("num_embeddings: 80", "num_embeddings: 5000")
+        .replace("uniform: 20", "uniform: 100")
+        .replace("lr: 0.01", "lr: 1.0e-9")
+        .replace("lr: 0.1", "lr: 1.0e-9")
+    )
+    code = main(
+        [
+            "train",
+            str(spec),
+            "-o",
+            str(tmp_path / "build"),
+            "--data",
+            f"csv:{train}",
+            "--steps",
+            "8",
+            "--log-every",
+            "8",
+            "--data-workers",
+            "0",
+        ]
+    )
     out, err = capsys.readouterr()
     assert code == 0, err
     final = json.loads(out.splitlines()[-1])

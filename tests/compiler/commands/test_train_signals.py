@@ -32,17 +32,37 @@ def start(tmp_path: Path, nproc: int) -> tuple[subprocess.Popen, Path]:
     spec.write_text(cc.SPEC)
     checkpoints = tmp_path / "ck"
     command = [
-        sys.executable, "-m", "compiler.cli", "train", str(spec), "-o", str(tmp_path / "build"),
-        "--nproc", str(nproc), "--steps", "100000", "--batch-size", "256", "--log-every", "1",
-        "--checkpoint-dir", str(checkpoints), "--checkpoint-every", "5",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "compiler.cli",
+        "train",
+        str(spec),
+        "-o",
+        str(tmp_path / "build"),
+        "--nproc",
+        str(nproc),
+        "--steps",
+        "100000",
+        "--batch-size",
+        "256",
+        "--log-every",
+        "1",
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--checkpoint-every",
+        "5",
+    ]
     process = subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        command,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
         # A suite started in the background (`make test &`) ignores SIGINT, and so would the job, as
         # a Ctrl-C in a terminal never is: the job starts with SIGINT's default, as from a shell prompt.
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith(f"step {STOP_AFTER:>5}/"):
@@ -75,11 +95,14 @@ def wait_gone(pids: list[int], seconds: float = 60.0) -> list[int]:
     return alive(pids)
 
 
-@pytest.mark.parametrize("nproc, number, status_said", [
-    (1, signal.SIGINT, (130, "interrupted")),
-    (2, signal.SIGINT, (130, "interrupted")),
-    (2, signal.SIGTERM, (143, "terminated (SIGTERM)")),  # a scheduler's stop
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "nproc, number, status_said",
+    [
+        (1, signal.SIGINT, (130, "interrupted")),
+        (2, signal.SIGINT, (130, "interrupted")),
+        (2, signal.SIGTERM, (143, "terminated (SIGTERM)")),  # a scheduler's stop
+    ],
+)
 def test_ctrl_c_or_sigterm_stops_the_job_names_the_last_checkpoint_and_exits_128_plus_the_signal(
     tmp_path: Path, nproc: int, number: int, status_said: tuple[int, str]
 ) -> None:

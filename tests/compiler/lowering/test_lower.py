@@ -51,9 +51,9 @@ def test_width_mismatch_is_reported_at_the_block() -> None:
     ir, sharding_plan = _dlrm_ir()
     top = ir.block("top")
     wrong_input = dataclasses.replace(top.inputs[0], width=400)  # the real width is 415
-    broken = dataclasses.replace(ir, blocks=tuple(
-        dataclasses.replace(b, inputs=(wrong_input,)) if b.name == "top" else b for b in ir.blocks
-    ))
+    broken = dataclasses.replace(
+        ir, blocks=tuple(dataclasses.replace(b, inputs=(wrong_input,)) if b.name == "top" else b for b in ir.blocks)
+    )
     with pytest.raises(CompileError) as error:
         check_shapes(lower(broken, sharding_plan))
     assert str(error.value) == (

@@ -31,7 +31,8 @@ training:
 """
 # The same model with the bag on a table of its own (the fused TBE's weighted pooling).
 OWN = SHARED.replace("{name: a, table: ta,", "{name: a, table: tb,").replace(
-    "  - {name: ta, num_embeddings: 37, dim: 8}", "  - {name: ta, num_embeddings: 37, dim: 8}\n  - {name: tb, num_embeddings: 37, dim: 8}"
+    "  - {name: ta, num_embeddings: 37, dim: 8}",
+    "  - {name: ta, num_embeddings: 37, dim: 8}\n  - {name: tb, num_embeddings: 37, dim: 8}",
 )
 
 
@@ -50,9 +51,13 @@ def test_a_weighted_bag_on_a_sequences_table_pools_as_on_its_own_table(tmp_path:
     torch.manual_seed(0)
     models = {name: module.build() for name, module in modules.items()}
     state = models["shared"].state_dict()  # world size 1: whole tables under their names
-    models["own"].load_state_dict({
-        **state, "sparse_arch.tb.weight": state["sparse_arch.ta.weight"], "sparse_arch.tb.momentum1": state["sparse_arch.ta.momentum1"],
-    })  # fmt: skip
+    models["own"].load_state_dict(
+        {
+            **state,
+            "sparse_arch.tb.weight": state["sparse_arch.ta.weight"],
+            "sparse_arch.tb.momentum1": state["sparse_arch.ta.momentum1"],
+        }
+    )
     batch = modules["shared"].synthetic_batch(16, step=3)
     if weights == "weighted":
         assert batch.sparse["a"].weights().abs().sum() > 0 and not torch.all(batch.sparse["a"].weights() == 1)

@@ -119,7 +119,12 @@ def test_the_stack_blocks_get_the_stack_and_give_their_widths(spec: str) -> None
         torch.testing.assert_close(values[name], getattr(module, name)(fields), rtol=0, atol=0)
     shapes_ = {name: tuple(values[name].shape) for name in ("att", "cin", "wk", "masks", "att_out", "wk_out")}
     assert shapes_ == {
-        "att": (6, 6, 4), "cin": (6, 4), "wk": (6, 3, 4), "masks": (6, 3), "att_out": (6, 24), "wk_out": (6, 12),
+        "att": (6, 6, 4),
+        "cin": (6, 4),
+        "wk": (6, 3, 4),
+        "masks": (6, 3),
+        "att_out": (6, 24),
+        "wk_out": (6, 12),
     }
 
 

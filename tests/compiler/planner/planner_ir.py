@@ -52,9 +52,7 @@ def make_ir(
         names = [t.name] if t.features == 1 else [f"{t.name}_f{k}" for k in range(t.features)]
         for name in names:
             features.append(
-                SparseFeature(
-                    name, t.name, t.ids, True, t.weighted, False, loc(100 + len(features)), t.max_length
-                )
+                SparseFeature(name, t.name, t.ids, True, t.weighted, False, loc(100 + len(features)), t.max_length)
             )
         optimizer = Optimizer(t.optimizer or sparse_optimizer, 0.01)  # type: ignore[arg-type]  # resolved, as build_ir does
         ir_tables.append(Table(t.name, t.rows, t.dim, "sum", tuple(names), -0.01, 0.01, optimizer, loc(10 + i)))

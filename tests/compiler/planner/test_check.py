@@ -103,7 +103,9 @@ def _layout(data: dict) -> dict:
 
 def _constraints(data: dict) -> dict:
     rw = data["tables"][index(data, "rw")]
-    rw.update(sharding_type="table_wise", shards=[{"rank": 0, "row_offset": 0, "rows": 10_000, "col_offset": 0, "cols": 16}])
+    rw.update(
+        sharding_type="table_wise", shards=[{"rank": 0, "row_offset": 0, "rows": 10_000, "col_offset": 0, "cols": 16}]
+    )
     cw = data["tables"][index(data, "cw")]
     cw["shards"][0]["rank"] = 0
     data["tables"][index(data, "tw")]["compute_kernel"] = "dense"
@@ -152,7 +154,9 @@ def test_bad_plans_are_diagnosed(case: str, tmp_path: Path, monkeypatch: pytest.
     golden.check(f"planner/check_{case}.txt", str(error.value) + "\n")
 
 
-def test_a_fused_kernel_for_a_dim_it_cannot_hold_is_a_diagnostic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fused_kernel_for_a_dim_it_cannot_hold_is_a_diagnostic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ir = make_ir([T("odd", 100, 6)], world_size=1)
     topology = topology_from_ir(ir)
     data = plan(ir, topology).to_dict()
@@ -162,9 +166,13 @@ def test_a_fused_kernel_for_a_dim_it_cannot_hold_is_a_diagnostic(tmp_path: Path,
     Path("plan.json").write_text(json.dumps(data, indent=2) + "\n")
     with pytest.raises(CompileError) as error:
         read_plan("plan.json", ir, topology)
-    assert str(error.value).splitlines()[0].endswith(
-        "error: tables[0].compute_kernel: the fused kernel needs a dim that is a multiple of 4, "
-        "'odd' has 6; use the dense kernel"
+    assert (
+        str(error.value)
+        .splitlines()[0]
+        .endswith(
+            "error: tables[0].compute_kernel: the fused kernel needs a dim that is a multiple of 4, "
+            "'odd' has 6; use the dense kernel"
+        )
     )
 
 
@@ -199,10 +207,14 @@ def test_column_wise_shards_of_a_rowwise_adagrad_table_need_the_specs_consent(
         return
     with pytest.raises(CompileError) as error:
         read_plan("plan.json", ir, topology)
-    assert str(error.value).splitlines()[0].endswith(
-        "error: tables[0].sharding_type: column_wise shards of 't' would each keep their own rowwise_adagrad "
-        "accumulator, so the ranks would not train what one process trains; the spec's constraints must ask "
-        "for column_wise (sharding_types) to allow it"
+    assert (
+        str(error.value)
+        .splitlines()[0]
+        .endswith(
+            "error: tables[0].sharding_type: column_wise shards of 't' would each keep their own rowwise_adagrad "
+            "accumulator, so the ranks would not train what one process trains; the spec's constraints must ask "
+            "for column_wise (sharding_types) to allow it"
+        )
     )
 
 
@@ -211,13 +223,20 @@ def test_column_wise_shards_of_a_rowwise_adagrad_table_need_the_specs_consent(
     [
         ('{"format_version": 1,\n "cost_ms": NaN}', "plan.json:2:13: error: invalid JSON: NaN is not a JSON number"),
         ('{"x": [1, -Infinity]}', "plan.json:1:11: error: invalid JSON: -Infinity is not a JSON number"),
-        ('{"world_size": ' + "9" * 5000 + "}", "plan.json:1:1: error: invalid JSON: Exceeds the limit (4300 digits) "
-         "for integer string conversion: value has 5000 digits"),
+        (
+            '{"world_size": ' + "9" * 5000 + "}",
+            "plan.json:1:1: error: invalid JSON: Exceeds the limit (4300 digits) "
+            "for integer string conversion: value has 5000 digits",
+        ),
         ("[" * 100_000 + "]" * 100_000, "plan.json:1:1: error: invalid JSON: nested too deeply"),
-        ('{"format_version": true, "world_size": 1, "tables": []}',
-         "plan.json:1:20: error: format_version: unsupported format_version true (this compiler reads 1)"),
-        ('{"format_version": 1.0, "world_size": 1, "tables": []}',
-         "plan.json:1:20: error: format_version: unsupported format_version 1.0 (this compiler reads 1)"),
+        (
+            '{"format_version": true, "world_size": 1, "tables": []}',
+            "plan.json:1:20: error: format_version: unsupported format_version true (this compiler reads 1)",
+        ),
+        (
+            '{"format_version": 1.0, "world_size": 1, "tables": []}',
+            "plan.json:1:20: error: format_version: unsupported format_version 1.0 (this compiler reads 1)",
+        ),
     ],
 )
 def test_what_pythons_json_reads_beyond_json_is_a_diagnostic(

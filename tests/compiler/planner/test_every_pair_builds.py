@@ -23,12 +23,9 @@ PAIRS = list(itertools.product(SHARDING_TYPES, COMPUTE_KERNELS))
 
 
 def _spec() -> str:
-    sparse = "".join(
-        f"    - {{name: {kind}_{kernel}, num_embeddings: 40, dim: 8}}\n" for kind, kernel in PAIRS
-    )
+    sparse = "".join(f"    - {{name: {kind}_{kernel}, num_embeddings: 40, dim: 8}}\n" for kind, kernel in PAIRS)
     constraints = "".join(
-        f"    {kind}_{kernel}: {{sharding_types: [{kind}], compute_kernels: [{kernel}]}}\n"
-        for kind, kernel in PAIRS
+        f"    {kind}_{kernel}: {{sharding_types: [{kind}], compute_kernels: [{kernel}]}}\n" for kind, kernel in PAIRS
     )
     return (
         "version: 1\nname: every_pair\nfeatures:\n  dense:\n    - {name: x, size: 3}\n  sparse:\n"
@@ -46,9 +43,25 @@ def test_every_pair_the_planner_can_emit_builds_and_trains(tmp_path: Path) -> No
     spec = tmp_path / "every_pair.yaml"
     spec.write_text(_spec())
     done = subprocess.run(
-        [sys.executable, "-m", "compiler.cli", "train", str(spec), "--nproc", "2", "--steps", "2",
-         "--log-every", "1", "-o", str(tmp_path / "build")],
-        capture_output=True, text=True, timeout=600, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "compiler.cli",
+            "train",
+            str(spec),
+            "--nproc",
+            "2",
+            "--steps",
+            "2",
+            "--log-every",
+            "1",
+            "-o",
+            str(tmp_path / "build"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
     assert done.returncode == 0, done.stderr

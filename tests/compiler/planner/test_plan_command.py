@@ -41,7 +41,9 @@ def test_json_and_a_given_plan(capsys: pytest.CaptureFixture[str], tmp_path: Pat
     _, table, _ = reccompile(capsys, "plan", SPEC, "--world-size", "8")
     status, given, err = reccompile(capsys, "plan", SPEC, "--world-size", "8", "--plan", str(tmp_path / "plan.json"))
     assert (status, err, given) == (0, "", table)
-    status, again, _ = reccompile(capsys, "plan", SPEC, "--world-size", "8", "--plan", str(tmp_path / "plan.json"), "--json")
+    status, again, _ = reccompile(
+        capsys, "plan", SPEC, "--world-size", "8", "--plan", str(tmp_path / "plan.json"), "--json"
+    )
     assert again == out
 
 

@@ -36,7 +36,9 @@ def slowest_over_bound(result: ShardingPlan) -> float:
 
 def test_world_size_one_is_all_table_wise_on_rank_zero() -> None:
     result = make_plan(dlrm_ir(1))
-    assert {(t.sharding_type, t.compute_kernel, t.shards[0].rank) for t in result.tables} == {("table_wise", "fused", 0)}
+    assert {(t.sharding_type, t.compute_kernel, t.shards[0].rank) for t in result.tables} == {
+        ("table_wise", "fused", 0)
+    }
     assert result.tables[0].reason == "table_wise: world size 1"
 
 
@@ -252,7 +254,9 @@ table_strategy = st.builds(
 def test_plans_never_exceed_memory_and_always_pass_the_checker(
     tables, hosts: int, per_host: int, memory_mib: int, device: str, batch: int
 ) -> None:
-    specs = [T(f"t{i}", rows, dim, ids, features, optimizer=opt) for i, (rows, dim, ids, features, opt) in enumerate(tables)]
+    specs = [
+        T(f"t{i}", rows, dim, ids, features, optimizer=opt) for i, (rows, dim, ids, features, opt) in enumerate(tables)
+    ]
     ir = make_ir(specs, world_size=hosts * per_host, ranks_per_host=per_host, device=device, batch_size=batch)
     topology = topology_from_ir(ir, memory_per_rank=memory_mib * MiB)
     try:

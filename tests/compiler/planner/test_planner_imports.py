@@ -20,7 +20,11 @@ def test_the_planner_imports_only_the_runtimes_sharding_types() -> None:
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'fbgemm_gpu', 'runtime'))))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
     )
     assert done.returncode == 0, done.stderr

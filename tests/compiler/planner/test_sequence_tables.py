@@ -29,9 +29,7 @@ ROW_BYTES = 64 * 4
 
 def with_sequence(ir, feature: str, max_length: int):
     """`ir` with `feature` made a sequence of up to `max_length` ids."""
-    sparse = tuple(
-        dataclasses.replace(f, max_length=max_length) if f.name == feature else f for f in ir.sparse
-    )
+    sparse = tuple(dataclasses.replace(f, max_length=max_length) if f.name == feature else f for f in ir.sparse)
     return dataclasses.replace(ir, sparse=sparse)
 
 
@@ -100,8 +98,12 @@ def test_a_constraint_asking_table_row_wise_for_a_sequence_table_is_a_diagnostic
 def test_a_given_plan_with_a_table_row_wise_sequence_table_is_a_diagnostic(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pooled = make_ir([T("hist", 1000, 64)], world_size=4, ranks_per_host=2,
-                     constraints={"hist": {"sharding_types": ["table_row_wise"]}})
+    pooled = make_ir(
+        [T("hist", 1000, 64)],
+        world_size=4,
+        ranks_per_host=2,
+        constraints={"hist": {"sharding_types": ["table_row_wise"]}},
+    )
     data = plan(pooled, topology_from_ir(pooled)).to_dict()
     sequence = make_ir([T("hist", 1000, 64, max_length=20)], world_size=4, ranks_per_host=2)
     monkeypatch.chdir(tmp_path)

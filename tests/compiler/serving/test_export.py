@@ -79,13 +79,29 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The spec, its training run and checkpoint, and one export per entry of EXPORTS."""
     root = tmp_path_factory.mktemp("export")
     (root / "small.yaml").write_text(SPEC)
-    code = main([
-        "train", str(root / "small.yaml"), "--steps", "3", "--batch-size", "64", "--log-every", "3",
-        "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "3", "-o", str(root / "build"),
-    ])
+    code = main(
+        [
+            "train",
+            str(root / "small.yaml"),
+            "--steps",
+            "3",
+            "--batch-size",
+            "64",
+            "--log-every",
+            "3",
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+            "--checkpoint-every",
+            "3",
+            "-o",
+            str(root / "build"),
+        ]
+    )
     assert code == 0
     for name, options in EXPORTS.items():
-        code = main(["export", str(root / "small.yaml"), "--checkpoint", str(root / "ckpt"), *options, "-o", str(root / name)])
+        code = main(
+            ["export", str(root / "small.yaml"), "--checkpoint", str(root / "ckpt"), *options, "-o", str(root / name)]
+        )
         assert code == 0
     return root
 
@@ -109,10 +125,20 @@ def reference_scores(work: Path) -> list[list[str]]:
 
 def predicted(work: Path, export: str, capsys: pytest.CaptureFixture[str]) -> list[list[str]]:
     output = work / f"{export}.csv"
-    code = main([
-        "predict", str(work / export), "--rows", str(ROWS), "--batch-size", str(BATCH), "--seed", str(SEED),
-        "-o", str(output),
-    ])
+    code = main(
+        [
+            "predict",
+            str(work / export),
+            "--rows",
+            str(ROWS),
+            "--batch-size",
+            str(BATCH),
+            "--seed",
+            str(SEED),
+            "-o",
+            str(output),
+        ]
+    )
     assert code == 0
     report = capsys.readouterr().out
     assert report.startswith(f"wrote {ROWS} predictions to {output} in ") and "rows/s" in report
@@ -157,7 +183,9 @@ def test_the_manifest_lists_precision_and_size_on_disk_per_table(work: Path) -> 
     manifest = json.loads((work / "mixed" / "manifest.json").read_text())
     tables = {t["name"]: t for t in manifest["tables"]}
     assert {name: (t["precision"], t["row_bytes"]) for name, t in tables.items()} == {
-        "user": ("int4", 8), "items": ("fp16", 16), "tag_table": ("int8", 12),
+        "user": ("int4", 8),
+        "items": ("fp16", 16),
+        "tag_table": ("int8", 12),
     }
     for name, table in tables.items():
         assert table["bytes"] == (work / "mixed" / table["file"]).stat().st_size
@@ -213,7 +241,9 @@ def test_exported_module_and_program_load_without_the_compiler(work: Path) -> No
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=work)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == {
-        "no_runtime_for_pt2": True, "compiler_loaded": False, "same": {"7": True, "1": True, "no ids": True},
+        "no_runtime_for_pt2": True,
+        "compiler_loaded": False,
+        "same": {"7": True, "1": True, "no ids": True},
     }
 
 
@@ -323,8 +353,15 @@ def test_export_refuses_a_checkpoint_of_another_spec_and_bad_choices(work: Path,
     capsys.readouterr()
 
     spec = str(work / "small.yaml")
-    assert main(["export", spec, "--checkpoint", str(work / "ckpt"), "--per-table", "users=int4", "-o", str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err == f"error: --per-table: {spec} has no table 'users' (tables: user, items, tag_table)\n"
+    assert (
+        main(
+            ["export", spec, "--checkpoint", str(work / "ckpt"), "--per-table", "users=int4", "-o", str(tmp_path / "x")]
+        )
+        == 2
+    )
+    assert (
+        capsys.readouterr().err == f"error: --per-table: {spec} has no table 'users' (tables: user, items, tag_table)\n"
+    )
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     assert main(["export", spec, "--checkpoint", str(work / "ckpt"), "-o", str(tmp_path / "taken")]) == 1
@@ -348,13 +385,22 @@ def test_export_refuses_to_replace_a_checkpoint_directory(work: Path, tmp_path: 
         f"error: {step} exists and is not an export directory; choose another -o or empty it\n"
     )
     assert sorted(p.name for p in step.iterdir()) == before
-    again = ["export", str(work / "small.yaml"), "--checkpoint", str(checkpoint), "--no-aot", "-o", str(tmp_path / "out")]
+    again = [
+        "export",
+        str(work / "small.yaml"),
+        "--checkpoint",
+        str(checkpoint),
+        "--no-aot",
+        "-o",
+        str(tmp_path / "out"),
+    ]
     assert main(again) == main(again) == 0  # an export is replaced as before
 
 
 def test_a_table_beyond_what_its_precision_stores_is_refused_naming_the_checkpoint(tmp_path: Path, capsys) -> None:
     spec = tmp_path / "large.yaml"
-    spec.write_text(textwrap.dedent("""\
+    spec.write_text(
+        textwrap.dedent("""\
         version: 1
         name: large
         features:
@@ -370,9 +416,13 @@ def test_a_table_beyond_what_its_precision_stores_is_refused_naming_the_checkpoi
           - {name: click, input: top, loss: bce}
         training:
           batch_size: 32
-        """))
+        """)
+    )
     checkpoint = tmp_path / "ckpt"
-    assert main(["train", str(spec), "--steps", "1", "--checkpoint-dir", str(checkpoint), "-o", str(tmp_path / "build")]) == 0
+    assert (
+        main(["train", str(spec), "--steps", "1", "--checkpoint-dir", str(checkpoint), "-o", str(tmp_path / "build")])
+        == 0
+    )
     capsys.readouterr()
     for precision in ("fp16", "int8", "int4"):  # int8 and int4 rows would hold inf scales: NaN scores
         args = ["export", str(spec), "--checkpoint", str(checkpoint), "--quantize", precision, "--no-aot"]
@@ -380,7 +430,9 @@ def test_a_table_beyond_what_its_precision_stores_is_refused_naming_the_checkpoi
         err = capsys.readouterr().err
         held = "its values" if precision == "fp16" else "each row's scale and bias"
         assert err.startswith(f"error: {checkpoint}: table 'ta': a value of magnitude ")
-        assert err.endswith(f" is beyond float16's range (±65504), in which {precision} stores {held}; export the table at fp32\n")
+        assert err.endswith(
+            f" is beyond float16's range (±65504), in which {precision} stores {held}; export the table at fp32\n"
+        )
     assert main(["export", str(spec), "--checkpoint", str(checkpoint), "--no-aot", "-o", str(tmp_path / "fp32")]) == 0
 
 
@@ -389,13 +441,43 @@ def test_export_warns_nobody(tmp_path: Path) -> None:
     tables are once their buffer sits on huge pages (8 MiB and more): the export's output is the
     table of sizes, not torch's warning about its own packaging."""
     spec = tmp_path / "big.yaml"
-    spec.write_text(SPEC.replace("{name: user, num_embeddings: 200, dim: 8}", "{name: user, num_embeddings: 600000, dim: 8}"))
-    assert main(["train", str(spec), "--steps", "1", "--batch-size", "64", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                 "-o", str(tmp_path / "build")]) == 0  # fmt: skip
+    spec.write_text(
+        SPEC.replace("{name: user, num_embeddings: 200, dim: 8}", "{name: user, num_embeddings: 600000, dim: 8}")
+    )
+    assert (
+        main(
+            [
+                "train",
+                str(spec),
+                "--steps",
+                "1",
+                "--batch-size",
+                "64",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "-o",
+                str(tmp_path / "build"),
+            ]
+        )
+        == 0
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert main(["export", str(spec), "--checkpoint", str(tmp_path / "ckpt"), "--quantize", "fp16",
-                     "-o", str(tmp_path / "out")]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "export",
+                    str(spec),
+                    "--checkpoint",
+                    str(tmp_path / "ckpt"),
+                    "--quantize",
+                    "fp16",
+                    "-o",
+                    str(tmp_path / "out"),
+                ]
+            )
+            == 0
+        )
     assert (tmp_path / "out" / "small_rec.pt2").is_file()
     assert [str(w.message) for w in caught] == []
 
@@ -408,10 +490,14 @@ def test_a_damaged_latest_checkpoint_names_the_newest_intact_one(work: Path, tmp
     shutil.copytree(checkpoints / "step_00000003", checkpoints / "step_00000004")
     distcp = checkpoints / "step_00000004" / "__0_0.distcp"
     distcp.write_bytes(distcp.read_bytes()[:100])
-    assert main(["export", str(work / "small.yaml"), "--checkpoint", str(checkpoints), "-o", str(tmp_path / "out")]) == 1
+    assert (
+        main(["export", str(work / "small.yaml"), "--checkpoint", str(checkpoints), "-o", str(tmp_path / "out")]) == 1
+    )
     intact = checkpoints / "step_00000003"
     assert capsys.readouterr().err.endswith(
         f"; the newest intact checkpoint there is {intact}: pass --checkpoint {intact} to export it\n"
     )
-    assert main(["export", str(work / "small.yaml"), "--checkpoint", str(intact), "--no-aot", "-o", str(tmp_path / "out")]) == 0
-
+    assert (
+        main(["export", str(work / "small.yaml"), "--checkpoint", str(intact), "--no-aot", "-o", str(tmp_path / "out")])
+        == 0
+    )

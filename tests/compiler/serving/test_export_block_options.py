@@ -50,14 +50,57 @@ ROWS, BATCH, SEED = 100, 50, 3
 
 def test_fp32_export_scores_the_eval_model_and_keeps_the_probability(tmp_path: Path, capsys) -> None:
     (tmp_path / "spec.yaml").write_text(SPEC)
-    assert main([
-        "train", str(tmp_path / "spec.yaml"), "--steps", "3", "--log-every", "3", "--checkpoint-dir",
-        str(tmp_path / "ckpt"), "--checkpoint-every", "3", "-o", str(tmp_path / "build"),
-    ]) == 0  # fmt: skip
-    assert main(["export", str(tmp_path / "spec.yaml"), "--checkpoint", str(tmp_path / "ckpt"),
-                 "--quantize", "none", "-o", str(tmp_path / "fp32")]) == 0  # fmt: skip
-    assert main(["predict", str(tmp_path / "fp32"), "--rows", str(ROWS), "--batch-size", str(BATCH),
-                 "--seed", str(SEED), "-o", str(tmp_path / "scores.csv")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(tmp_path / "spec.yaml"),
+                "--steps",
+                "3",
+                "--log-every",
+                "3",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--checkpoint-every",
+                "3",
+                "-o",
+                str(tmp_path / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "spec.yaml"),
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "--quantize",
+                "none",
+                "-o",
+                str(tmp_path / "fp32"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "predict",
+                str(tmp_path / "fp32"),
+                "--rows",
+                str(ROWS),
+                "--batch-size",
+                str(BATCH),
+                "--seed",
+                str(SEED),
+                "-o",
+                str(tmp_path / "scores.csv"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     with open(tmp_path / "scores.csv", newline="") as stream:
         rows = list(csv.reader(stream))

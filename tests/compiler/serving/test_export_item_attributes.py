@@ -85,21 +85,52 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = random.Random(5)
     write_rows(root / "train.csv", 1500, rng)
     write_rows(root / "requests.csv", 20, rng)
-    code = main([
-        "train", str(root / "spec.yaml"), "--data", f"csv:{root / 'train.csv'}", "--steps", "40", "--log-every", "40",
-        "--data-workers", "0", "--checkpoint-dir", str(root / "ckpt"), "-o", str(root / "build"),
-    ])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(root / "spec.yaml"),
+            "--data",
+            f"csv:{root / 'train.csv'}",
+            "--steps",
+            "40",
+            "--log-every",
+            "40",
+            "--data-workers",
+            "0",
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+            "-o",
+            str(root / "build"),
+        ]
+    )
     assert code == 0
-    assert main(["export", str(root / "spec.yaml"), "--checkpoint", str(root / "ckpt"), "--index", "exact",
-                 "-o", str(root / "served")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "export",
+                str(root / "spec.yaml"),
+                "--checkpoint",
+                str(root / "ckpt"),
+                "--index",
+                "exact",
+                "-o",
+                str(root / "served"),
+            ]
+        )
+        == 0
+    )
     return root
 
 
 def _trained(work: Path):
     module = load_module(str(work / "build" / "attributed.py"))
     model = module.build()
-    load_checkpoint(work / "ckpt", model, make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters()),
-                    spec_sha256=module.SPEC_SHA256)  # fmt: skip
+    load_checkpoint(
+        work / "ckpt",
+        model,
+        make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters()),
+        spec_sha256=module.SPEC_SHA256,
+    )
     return module, model.eval()
 
 
@@ -112,13 +143,19 @@ def test_the_catalogue_holds_the_seen_items_attributes_and_gives_their_vectors(w
     keys = module.INPUTS.sparse
     names = [f.name for f in keys]
     ids = torch.arange(SEEN)
-    columns = {"user_id": torch.zeros(SEEN, dtype=torch.long), "item_id": ids,
-               **{name: torch.tensor([attributes(i)[k] for i in range(SEEN)])
-                  for k, name in enumerate(("category", "brand", "price_bucket"))}}  # fmt: skip
+    columns = {
+        "user_id": torch.zeros(SEEN, dtype=torch.long),
+        "item_id": ids,
+        **{
+            name: torch.tensor([attributes(i)[k] for i in range(SEEN)])
+            for k, name in enumerate(("category", "brand", "price_bucket"))
+        },
+    }
     batch = KeyedJaggedTensor.from_lengths_sync(
-        keys=names, values=torch.cat([columns[n] for n in names]),
+        keys=names,
+        values=torch.cat([columns[n] for n in names]),
         lengths=torch.ones(len(names) * SEEN, dtype=torch.long),
-    )  # fmt: skip
+    )
     with torch.no_grad():
         forward = torch.nn.functional.normalize(model({}, batch)["match"].positive, dim=-1)
         catalogue = model.item_catalogue()
@@ -159,9 +196,23 @@ def test_a_row_contradicting_an_earlier_one_stops_training_in_one_line(tmp_path:
     lines += [",".join(str(v) for v in (i % USERS, i % SEEN, *attributes(i % SEEN))) for i in range(40)]
     lines.append("3,5,2,1,2")  # item 5's category is 1 in the rows above
     (tmp_path / "train.csv").write_text("\n".join(lines) + "\n")
-    code = main(["train", str(tmp_path / "spec.yaml"), "--data", f"csv:{tmp_path / 'train.csv'}", "--steps", "3",
-                 "--data-workers", "0", "-o", str(tmp_path / "build")])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(tmp_path / "spec.yaml"),
+            "--data",
+            f"csv:{tmp_path / 'train.csv'}",
+            "--steps",
+            "3",
+            "--data-workers",
+            "0",
+            "-o",
+            str(tmp_path / "build"),
+        ]
+    )
     err = capsys.readouterr().err.splitlines()
     assert code == 1
-    assert err[-1] == "error: rank 0: item 5: its 'category' is 2 in a training row but 1 in an earlier one " \
-                      "(item_attributes on_conflict: error)"
+    assert (
+        err[-1] == "error: rank 0: item 5: its 'category' is 2 in a training row but 1 in an earlier one "
+        "(item_attributes on_conflict: error)"
+    )

@@ -74,11 +74,24 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "requests.csv").write_text("user,movie,job\nu1,m1,j1\nu2,m2,j2\nu99,,j0\nu4,m40,zz\n")
     (root / "spec.yaml").write_text(SPEC)
     spec = str(root / "spec.yaml")
-    _run("train", spec, "--data", f"csv:{root}/train.csv", "--steps", "40", "--data-workers", "0",
-         "--checkpoint-dir", str(root / "ckpt"), "-o", str(root / "build"))  # fmt: skip
+    _run(
+        "train",
+        spec,
+        "--data",
+        f"csv:{root}/train.csv",
+        "--steps",
+        "40",
+        "--data-workers",
+        "0",
+        "--checkpoint-dir",
+        str(root / "ckpt"),
+        "-o",
+        str(root / "build"),
+    )
     _run("export", spec, "--checkpoint", str(root / "ckpt"), "--quantize", "none", "--no-aot", "-o", str(root / "out"))
-    _run("retrieve", str(root / "out"), "--data", f"csv:{root}/requests.csv", "--k", str(K), "-o",
-         str(root / "top.csv"))  # fmt: skip
+    _run(
+        "retrieve", str(root / "out"), "--data", f"csv:{root}/requests.csv", "--k", str(K), "-o", str(root / "top.csv")
+    )
     return root
 
 

@@ -74,15 +74,37 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("next_item")
     (root / "tiny.yaml").write_text(SPEC)
     ratings = write_ratings(root / "ml" / "ratings.dat")
-    code = main([
-        "train", str(root / "tiny.yaml"), "--data", f"movielens:{ratings}",
-        "--steps", "60", "--log-every", "30", "--checkpoint-dir", str(root / "ckpt"), "-o", str(root / "build"),
-    ])  # fmt: skip
+    code = main(
+        [
+            "train",
+            str(root / "tiny.yaml"),
+            "--data",
+            f"movielens:{ratings}",
+            "--steps",
+            "60",
+            "--log-every",
+            "30",
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+            "-o",
+            str(root / "build"),
+        ]
+    )
     assert code == 0
-    code = main([
-        "export", str(root / "tiny.yaml"), "--checkpoint", str(root / "ckpt"), "--index", "exact",
-        "--eval-data", f"movielens:{ratings}", "-o", str(root / "out"),
-    ])  # fmt: skip
+    code = main(
+        [
+            "export",
+            str(root / "tiny.yaml"),
+            "--checkpoint",
+            str(root / "ckpt"),
+            "--index",
+            "exact",
+            "--eval-data",
+            f"movielens:{ratings}",
+            "-o",
+            str(root / "out"),
+        ]
+    )
     assert code == 0
     return root
 
@@ -90,8 +112,12 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _trained(work: Path):
     module = load_module(str(work / "build" / "tiny_next_item.py"))
     trained = module.build()
-    load_checkpoint(work / "ckpt", trained, make_dense_optimizer(module.DENSE_OPTIMIZER, trained.dense_parameters()),
-                    spec_sha256=module.SPEC_SHA256)  # fmt: skip
+    load_checkpoint(
+        work / "ckpt",
+        trained,
+        make_dense_optimizer(module.DENSE_OPTIMIZER, trained.dense_parameters()),
+        spec_sha256=module.SPEC_SHA256,
+    )
     return module, trained.eval()
 
 
@@ -103,7 +129,9 @@ def test_the_export_of_a_next_item_model_gives_exactly_the_trained_models_vector
     batch = module.synthetic_batch(16, step=0, seed=1)
     assert int(batch.sparse["history"].lengths().max()) > 1  # histories of several items
     with torch.no_grad():
-        assert torch.equal(served.query_vectors(batch.dense, batch.sparse), trained.query_vectors(batch.dense, batch.sparse))
+        assert torch.equal(
+            served.query_vectors(batch.dense, batch.sparse), trained.query_vectors(batch.dense, batch.sparse)
+        )
         assert torch.equal(served.item_vectors(rows), trained.item_vectors(rows))
         stored = torch.load(work / "out" / "item_vectors.pt", weights_only=True)
         assert torch.equal(stored, trained.item_vectors(rows))
@@ -125,8 +153,9 @@ def test_retrieve_on_histories_ranks_each_lines_next_movie(work: Path, tmp_path:
     assert main(["retrieve", str(work / "out"), "--data", f"movielens:{requests}", "--k", "5", "-o", str(output)]) == 0
     printed = capsys.readouterr()
     assert f"for 4 requests to {output}" in printed.out and "; 1 requests without a history" in printed.out
-    assert printed.err == ("warning: 1 of 4 requests have no history in the requests file (no --history): "
-                           "no items written for them\n")  # fmt: skip
+    assert printed.err == (
+        "warning: 1 of 4 requests have no history in the requests file (no --history): no items written for them\n"
+    )
     with open(output, newline="") as stream:
         rows = list(csv.reader(stream))
     # line 1 has no earlier movie: no rows, rather than the empty sequence's guesses
@@ -151,11 +180,32 @@ def test_retrieve_on_histories_ranks_each_lines_next_movie(work: Path, tmp_path:
 def test_held_out_requests_take_their_history_from_the_training_part_of_the_split(
     work: Path, tmp_path: Path, capsys
 ) -> None:
-    assert main(["data", "split", "--data", f"movielens:{work / 'ml' / 'ratings.dat'}", "--holdout", "0.1",
-                 "-o", str(tmp_path / "split")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "data",
+                "split",
+                "--data",
+                f"movielens:{work / 'ml' / 'ratings.dat'}",
+                "--holdout",
+                "0.1",
+                "-o",
+                str(tmp_path / "split"),
+            ]
+        )
+        == 0
+    )
     train, test = tmp_path / "split" / "train" / "ratings.dat", tmp_path / "split" / "test" / "ratings.dat"
-    export = ["export", str(work / "tiny.yaml"), "--checkpoint", str(work / "ckpt"), "--index", "exact",
-              "--eval-data", f"movielens:{test}"]  # fmt: skip
+    export = [
+        "export",
+        str(work / "tiny.yaml"),
+        "--checkpoint",
+        str(work / "ckpt"),
+        "--index",
+        "exact",
+        "--eval-data",
+        f"movielens:{test}",
+    ]
     capsys.readouterr()
     assert main([*export, "-o", str(tmp_path / "alone")]) == 1  # one line per user: no history in the file
     assert capsys.readouterr().err == (
@@ -165,10 +215,27 @@ def test_held_out_requests_take_their_history_from_the_training_part_of_the_spli
     assert main([*export, "--history", f"movielens:{train}", "-o", str(tmp_path / "out")]) == 0
     quality = json.loads((tmp_path / "out" / "manifest.json").read_text())["retrieval"]["quality"]
     assert quality["queries"] == USERS  # the last of each user's 8 positives held out, every one with a history
-    assert quality["source"].endswith(f"histories from movielens:{train} and the file; 0 requests without a history skipped")
+    assert quality["source"].endswith(
+        f"histories from movielens:{train} and the file; 0 requests without a history skipped"
+    )
     output = tmp_path / "results.csv"
-    assert main(["retrieve", str(tmp_path / "out"), "--data", f"movielens:{test}", "--history", f"movielens:{train}",
-                 "--k", "3", "-o", str(output)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "retrieve",
+                str(tmp_path / "out"),
+                "--data",
+                f"movielens:{test}",
+                "--history",
+                f"movielens:{train}",
+                "--k",
+                "3",
+                "-o",
+                str(output),
+            ]
+        )
+        == 0
+    )
     with open(output, newline="") as stream:
         rows = list(csv.DictReader(stream))
     assert len(rows) == USERS * 3

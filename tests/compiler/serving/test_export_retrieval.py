@@ -83,19 +83,41 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("retrieval")
     (root / "tiny.yaml").write_text(SPEC)
     ratings = write_ratings(root / "ml" / "ratings.dat")
-    assert main(["data", "split", "--data", f"movielens:{ratings}", "--holdout", "0.25", "-o", str(root / "split")]) == 0
-    code = main([
-        "train", str(root / "tiny.yaml"), "--data", f"movielens:{root / 'split' / 'train' / 'ratings.dat'}",
-        "--steps", "150", "--log-every", "50", "--checkpoint-dir", str(root / "ckpt"), "-o", str(root / "build"),
-    ])  # fmt: skip
+    assert (
+        main(["data", "split", "--data", f"movielens:{ratings}", "--holdout", "0.25", "-o", str(root / "split")]) == 0
+    )
+    code = main(
+        [
+            "train",
+            str(root / "tiny.yaml"),
+            "--data",
+            f"movielens:{root / 'split' / 'train' / 'ratings.dat'}",
+            "--steps",
+            "150",
+            "--log-every",
+            "50",
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+            "-o",
+            str(root / "build"),
+        ]
+    )
     assert code == 0
     return root
 
 
 def _export(work: Path, name: str, *options: str) -> int:
-    return main([
-        "export", str(work / "tiny.yaml"), "--checkpoint", str(work / "ckpt"), *options, "-o", str(work / name),
-    ])  # fmt: skip
+    return main(
+        [
+            "export",
+            str(work / "tiny.yaml"),
+            "--checkpoint",
+            str(work / "ckpt"),
+            *options,
+            "-o",
+            str(work / name),
+        ]
+    )
 
 
 def test_export_writes_item_vectors_and_an_index_of_original_ids_and_reports_recall(work: Path, capsys) -> None:
@@ -111,7 +133,12 @@ def test_export_writes_item_vectors_and_an_index_of_original_ids_and_reports_rec
     )
     manifest = json.loads((work / "exact" / "manifest.json").read_text())
     section = manifest["retrieval"]
-    assert (section["head"], section["item_feature"], section["items"], section["normalize"]) == ("match", "movie_id", MOVIES, True)
+    assert (section["head"], section["item_feature"], section["items"], section["normalize"]) == (
+        "match",
+        "movie_id",
+        MOVIES,
+        True,
+    )
     assert section["quality"]["ok"] and section["quality"]["ratio"] == 1.0
     index = load_index(work / "exact" / "index")
     vocabulary = read_vocabulary(work / "exact" / "vocab.json")
@@ -122,15 +149,21 @@ def test_the_exported_towers_give_exactly_the_trained_models_vectors(work: Path)
     assert _export(work, "towers", "--index", "exact") == 0
     module = load_module(str(work / "build" / "tiny_retrieval.py"))
     trained = module.build()
-    load_checkpoint(work / "ckpt", trained, make_dense_optimizer(module.DENSE_OPTIMIZER, trained.dense_parameters()),
-                    spec_sha256=module.SPEC_SHA256)  # fmt: skip
+    load_checkpoint(
+        work / "ckpt",
+        trained,
+        make_dense_optimizer(module.DENSE_OPTIMIZER, trained.dense_parameters()),
+        spec_sha256=module.SPEC_SHA256,
+    )
     trained.eval()
     served_module, served = load(work / "towers")
     rows = torch.arange(1, MOVIES + 1)
     batch = module.synthetic_batch(16, step=0, seed=1)
     with torch.no_grad():
         assert torch.equal(served.item_vectors(rows), trained.item_vectors(rows))
-        assert torch.equal(served.query_vectors(batch.dense, batch.sparse), trained.query_vectors(batch.dense, batch.sparse))
+        assert torch.equal(
+            served.query_vectors(batch.dense, batch.sparse), trained.query_vectors(batch.dense, batch.sparse)
+        )
         stored = torch.load(work / "towers" / "item_vectors.pt", weights_only=True)
         assert torch.equal(stored, trained.item_vectors(rows))
         assert torch.allclose(stored.norm(dim=1), torch.ones(MOVIES), atol=1e-6)  # the head normalises
@@ -158,7 +191,10 @@ def test_retrieve_writes_the_top_k_original_ids_and_beats_popularity(work: Path,
     assert main(["retrieve", str(work / "served"), "--data", f"movielens:{test}", "--k", "10", "-o", str(output)]) == 0
     requests = [line.split("::") for line in test.read_text().splitlines()]
     report = capsys.readouterr().out
-    assert report.startswith(f"wrote the top 10 of {MOVIES} items (") and f"for {len(requests)} requests to {output}" in report
+    assert (
+        report.startswith(f"wrote the top 10 of {MOVIES} items (")
+        and f"for {len(requests)} requests to {output}" in report
+    )
     rows = _results(output)
     assert rows[0] == ["file", "line", "rank", "item", "score"]
     assert len(rows) - 1 == 10 * len(requests)
@@ -228,15 +264,19 @@ def test_retrieve_takes_the_free_cores_unless_told_and_says_so(
     two_cores(idle)
     capsys.readouterr()
     test = work / "split" / "test" / "ratings.dat"
-    assert main(["retrieve", str(work / "exact"), "--data", f"movielens:{test}", *options,
-                 "-o", str(tmp_path / "r.csv")]) == 0  # fmt: skip
+    assert (
+        main(["retrieve", str(work / "exact"), "--data", f"movielens:{test}", *options, "-o", str(tmp_path / "r.csv")])
+        == 0
+    )
     assert torch.get_num_threads() == used
     assert capsys.readouterr().out.split(" s) ", 1)[1] == (
         f"on {said}; 0 bad rows skipped; ids not in the training vocabulary (row 0): user_id 0, movie_id 0 of 96 rows\n"
     )
 
 
-def test_bad_requests_name_file_and_line_and_a_model_without_retrieval_is_refused(work: Path, capsys, tmp_path: Path) -> None:
+def test_bad_requests_name_file_and_line_and_a_model_without_retrieval_is_refused(
+    work: Path, capsys, tmp_path: Path
+) -> None:
     assert _export(work, "bad", "--index", "exact") == 0
     capsys.readouterr()
     requests = tmp_path / "ratings.dat"
@@ -245,7 +285,10 @@ def test_bad_requests_name_file_and_line_and_a_model_without_retrieval_is_refuse
     assert code == 1
     assert f"{requests}:2" in capsys.readouterr().err and not (tmp_path / "r.csv").exists()
     assert main(["predict", str(work / "bad"), "-o", str(tmp_path / "p.csv")]) == 1
-    assert capsys.readouterr().err == f"error: {work / 'bad'}: a retrieval model scores no samples; use reccompile retrieve\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: {work / 'bad'}: a retrieval model scores no samples; use reccompile retrieve\n"
+    )
 
 
 def test_an_index_below_the_recall_threshold_is_said_so() -> None:

@@ -75,13 +75,29 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The spec, its training run and checkpoint, and one export per entry of EXPORTS."""
     root = tmp_path_factory.mktemp("export_sequences")
     (root / "seq.yaml").write_text(SPEC)
-    code = main([
-        "train", str(root / "seq.yaml"), "--steps", "3", "--batch-size", str(BATCH), "--log-every", "3",
-        "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "3", "-o", str(root / "build"),
-    ])
+    code = main(
+        [
+            "train",
+            str(root / "seq.yaml"),
+            "--steps",
+            "3",
+            "--batch-size",
+            str(BATCH),
+            "--log-every",
+            "3",
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+            "--checkpoint-every",
+            "3",
+            "-o",
+            str(root / "build"),
+        ]
+    )
     assert code == 0
     for name, options in EXPORTS.items():
-        code = main(["export", str(root / "seq.yaml"), "--checkpoint", str(root / "ckpt"), *options, "-o", str(root / name)])
+        code = main(
+            ["export", str(root / "seq.yaml"), "--checkpoint", str(root / "ckpt"), *options, "-o", str(root / name)]
+        )
         assert code == 0
     return root
 
@@ -109,10 +125,20 @@ def reference_scores(work: Path, name: str = "seq_rec") -> list[list[str]]:
 
 def predicted(work: Path, export: str, capsys: pytest.CaptureFixture[str]) -> list[list[str]]:
     output = work / f"{export}.csv"
-    code = main([
-        "predict", str(work / export), "--rows", str(ROWS), "--batch-size", str(BATCH), "--seed", str(SEED),
-        "-o", str(output),
-    ])
+    code = main(
+        [
+            "predict",
+            str(work / export),
+            "--rows",
+            str(ROWS),
+            "--batch-size",
+            str(BATCH),
+            "--seed",
+            str(SEED),
+            "-o",
+            str(output),
+        ]
+    )
     assert code == 0
     assert capsys.readouterr().out.startswith(f"wrote {ROWS} predictions to {output} in ")
     with open(output, newline="") as stream:
@@ -153,7 +179,9 @@ def test_longer_sequences_are_cut_as_in_training(work: Path) -> None:
 def test_the_manifest_and_layout_name_the_sequence_tables(work: Path, capsys) -> None:
     manifest = json.loads((work / "mixed" / "manifest.json").read_text())
     assert [(t["name"], t["lookup"], t["precision"], t["row_bytes"]) for t in manifest["tables"]] == [
-        ("user", "pooled", "int4", 8), ("items", "rows", "fp16", 16), ("pages", "rows", "int8", 20),
+        ("user", "pooled", "int4", 8),
+        ("items", "rows", "fp16", 16),
+        ("pages", "rows", "int8", 20),
     ]
     assert manifest["aot"] is None
     layout = json.loads((work / "mixed" / "layout.json").read_text())
@@ -199,13 +227,45 @@ training:
 def test_an_hstu_model_with_timestamps_and_only_sequence_tables_predicts_exactly(
     tmp_path: Path, capsys, dim: int
 ) -> None:
-    (tmp_path / "hstu.yaml").write_text(HSTU_SPEC.replace("{name: items, num_embeddings: 80, dim: 8}",
-                                                          f"{{name: items, num_embeddings: 80, dim: {dim}}}"))
-    assert main([
-        "train", str(tmp_path / "hstu.yaml"), "--steps", "2", "--batch-size", str(BATCH), "--log-every", "2",
-        "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", "-o", str(tmp_path / "build"),
-    ]) == 0
-    assert main(["export", str(tmp_path / "hstu.yaml"), "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "fp32")]) == 0
+    (tmp_path / "hstu.yaml").write_text(
+        HSTU_SPEC.replace(
+            "{name: items, num_embeddings: 80, dim: 8}", f"{{name: items, num_embeddings: 80, dim: {dim}}}"
+        )
+    )
+    assert (
+        main(
+            [
+                "train",
+                str(tmp_path / "hstu.yaml"),
+                "--steps",
+                "2",
+                "--batch-size",
+                str(BATCH),
+                "--log-every",
+                "2",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(tmp_path / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "hstu.yaml"),
+                "--checkpoint",
+                str(tmp_path / "ckpt"),
+                "-o",
+                str(tmp_path / "fp32"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     _, model = load(tmp_path / "fp32")
     assert not hasattr(model, "sparse_arch")
@@ -217,12 +277,35 @@ def test_a_checkpoint_of_two_ranks_exports_what_one_process_scores_with_it(tmp_p
     export reads them whole, and fp32
     predicts exactly what the training module scores in one process with the checkpoint loaded."""
     (tmp_path / "seq.yaml").write_text(SPEC)
-    assert main([
-        "train", str(tmp_path / "seq.yaml"), "--nproc", "2", "--steps", "2", "--batch-size", str(BATCH),
-        "--log-every", "2", "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2",
-        "-o", str(tmp_path / "build"),
-    ]) == 0
-    assert main(["export", str(tmp_path / "seq.yaml"), "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "fp32")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                str(tmp_path / "seq.yaml"),
+                "--nproc",
+                "2",
+                "--steps",
+                "2",
+                "--batch-size",
+                str(BATCH),
+                "--log-every",
+                "2",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(tmp_path / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["export", str(tmp_path / "seq.yaml"), "--checkpoint", str(tmp_path / "ckpt"), "-o", str(tmp_path / "fp32")]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "fp32" / "manifest.json").read_text())["checkpoint"]["world_size"] == 2
     # The reference runs in one process: the training module compiled for world size 1.
     assert main(["compile", str(tmp_path / "seq.yaml"), "--world-size", "1", "-o", str(tmp_path / "build")]) == 0

@@ -60,13 +60,29 @@ ROWS, BATCH, SEED = 100, 50, 7
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("export_stacks")
     (root / "stack.yaml").write_text(SPEC)
-    code = main([
-        "train", str(root / "stack.yaml"), "--steps", "3", "--batch-size", "64", "--log-every", "3",
-        "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "3", "-o", str(root / "build"),
-    ])
+    code = main(
+        [
+            "train",
+            str(root / "stack.yaml"),
+            "--steps",
+            "3",
+            "--batch-size",
+            "64",
+            "--log-every",
+            "3",
+            "--checkpoint-dir",
+            str(root / "ckpt"),
+            "--checkpoint-every",
+            "3",
+            "-o",
+            str(root / "build"),
+        ]
+    )
     assert code == 0
     for name, options in EXPORTS.items():
-        code = main(["export", str(root / "stack.yaml"), "--checkpoint", str(root / "ckpt"), *options, "-o", str(root / name)])
+        code = main(
+            ["export", str(root / "stack.yaml"), "--checkpoint", str(root / "ckpt"), *options, "-o", str(root / name)]
+        )
         assert code == 0
     return root
 

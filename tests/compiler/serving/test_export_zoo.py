@@ -73,18 +73,54 @@ def test_a_zoo_model_exports_in_fp32_and_predicts_its_eval_scores(
     spec: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = str(REPO / spec)
-    assert main([
-        "train", path, "--steps", "2", "--batch-size", "32", "--log-every", "2", "--checkpoint-dir",
-        str(tmp_path / "ckpt"), "--checkpoint-every", "2", "-o", str(tmp_path / "build"),
-    ]) == 0  # fmt: skip
-    assert main(["export", path, "--checkpoint", str(tmp_path / "ckpt"), "--quantize", "none",
-                 "-o", str(tmp_path / "fp32")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                path,
+                "--steps",
+                "2",
+                "--batch-size",
+                "32",
+                "--log-every",
+                "2",
+                "--checkpoint-dir",
+                str(tmp_path / "ckpt"),
+                "--checkpoint-every",
+                "2",
+                "-o",
+                str(tmp_path / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["export", path, "--checkpoint", str(tmp_path / "ckpt"), "--quantize", "none", "-o", str(tmp_path / "fp32")]
+        )
+        == 0
+    )
     manifest = json.loads((tmp_path / "fp32" / "manifest.json").read_text())
     if "retrieval" in manifest:  # `predict` scores no samples of a retrieval model: its towers are checked
         _check_towers(tmp_path / "fp32", tmp_path / "build", tmp_path / "ckpt")
         return
-    assert main(["predict", str(tmp_path / "fp32"), "--rows", str(ROWS), "--batch-size", str(BATCH),
-                 "--seed", str(SEED), "-o", str(tmp_path / "scores.csv")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "predict",
+                str(tmp_path / "fp32"),
+                "--rows",
+                str(ROWS),
+                "--batch-size",
+                str(BATCH),
+                "--seed",
+                str(SEED),
+                "-o",
+                str(tmp_path / "scores.csv"),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     with open(tmp_path / "scores.csv", newline="") as stream:
         rows = list(csv.reader(stream))

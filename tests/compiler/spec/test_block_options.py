@@ -61,10 +61,12 @@ def test_an_mlp_read_by_a_probability_head_defaults_to_sigmoid(tmp_path: Path) -
 
 def test_ple_levels_of_different_sizes_resolve_per_level(tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
-    path.write_text(SPEC.replace(
-        "num_experts: 2, task_experts: 1, levels: 3,",
-        "num_experts: 2, task_experts: 1, per_level: [{num_experts: 4, expert_layers: [32]}, {task_experts: 2}],",
-    ))
+    path.write_text(
+        SPEC.replace(
+            "num_experts: 2, task_experts: 1, levels: 3,",
+            "num_experts: 2, task_experts: 1, per_level: [{num_experts: 4, expert_layers: [32]}, {task_experts: 2}],",
+        )
+    )
     ir = validate(load(str(path)))
     experts = ir.block("experts")
     assert experts.op.levels == 2 and experts.op.per_level == ((4, 1, (32,)), (2, 2, (16,)))

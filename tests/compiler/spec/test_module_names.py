@@ -51,7 +51,9 @@ def test_a_generated_model_holds_only_its_blocks_and_the_reserved_names(
     precisions = {table.name: "fp32" for table in ir.tables}
     serving = _model_names(emit_inference(lower_inference(ir, "fp32"), precisions, "fp32"))
     blocks = {block.name for block in ir.blocks}
-    held = {name for name in training | serving if not name.startswith("_")} - blocks  # a block's name starts with a letter
+    held = {
+        name for name in training | serving if not name.startswith("_")
+    } - blocks  # a block's name starts with a letter
     assert held <= {*GENERATED, *(numeric_embedding_name(name) for name in dense), "forward"}
     for name in held:
         assert module_name_clash(name, dense) is not None, name

@@ -56,12 +56,23 @@ def test_two_tower_head_resolves_its_item_tower_feature_table_and_settings(tmp_p
     ir = build(tmp_path, TWO_TOWER)
     (head,) = ir.heads
     assert (head.loss, head.input, head.label, head.num_classes) == (
-        "sampled_softmax", Input("block", "user_tower", 8), "movie_id", 1
+        "sampled_softmax",
+        Input("block", "user_tower", 8),
+        "movie_id",
+        1,
     )
     assert head.metrics == ("recall@10", "ndcg@5", "mrr", "hit_rate@10")
     assert head.retrieval == Retrieval(
-        item=Input("block", "item_tower", 8), item_feature="movie_id", item_table="movie_id", in_batch=True,
-        uniform=20, logq=True, temperature=0.05, normalize=True, ks=(5, 10), next_item=False,
+        item=Input("block", "item_tower", 8),
+        item_feature="movie_id",
+        item_table="movie_id",
+        in_batch=True,
+        uniform=20,
+        logq=True,
+        temperature=0.05,
+        normalize=True,
+        ks=(5, 10),
+        next_item=False,
     )
     # the towers feed the head: their last layer is linear
     assert [block.op.final_activation for block in ir.blocks] == ["none", "none"]
@@ -73,6 +84,15 @@ def test_next_item_head_reads_the_querys_own_sequence_with_default_settings(tmp_
     assert head.input == Input("block", "encoder", 8, None, 6)
     assert head.metrics == ("recall@10", "ndcg@10")
     assert head.retrieval == Retrieval(
-        item=Input("sparse", "history", 8, None, 6), item_feature="history", item_table="history", in_batch=True,
-        uniform=0, logq=False, temperature=1.0, normalize=False, ks=(10,), next_item=True, mask_seen=True,
+        item=Input("sparse", "history", 8, None, 6),
+        item_feature="history",
+        item_table="history",
+        in_batch=True,
+        uniform=0,
+        logq=False,
+        temperature=1.0,
+        normalize=False,
+        ks=(10,),
+        next_item=True,
+        mask_seen=True,
     )

@@ -77,9 +77,21 @@ def test_the_full_example_is_a_valid_spec(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "block_type",
     [
-        "mlp", "dot", "concat", "crossnet", "fm", "dot_product", "sum", "moe",
-        "sequence_pool", "target_attention", "transformer", "hstu", "product", "activation",
-    ],  # fmt: skip
+        "mlp",
+        "dot",
+        "concat",
+        "crossnet",
+        "fm",
+        "dot_product",
+        "sum",
+        "moe",
+        "sequence_pool",
+        "target_attention",
+        "transformer",
+        "hstu",
+        "product",
+        "activation",
+    ],
 )
 def test_each_block_type_has_a_valid_example(block_type: str) -> None:
     schema = load_schema()

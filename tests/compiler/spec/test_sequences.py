@@ -76,9 +76,15 @@ def test_sequence_blocks_resolve_their_ops_widths_and_lengths(tmp_path: Path) ->
     assert din.op == TargetAttention(Input("sparse", "item", 8), (80, 40), "sigmoid")
     assert (din.width, din.length) == (8, None)
     assert encoder.op == Transformer(
-        num_layers=1, num_heads=2, ffn_dim=16, norm="post", causal=False, positions="learned",
-        activation="relu", prepend=(Input("sparse", "item", 8), Input("sparse", "user", 8)),
-    )  # fmt: skip
+        num_layers=1,
+        num_heads=2,
+        ffn_dim=16,
+        norm="post",
+        causal=False,
+        positions="learned",
+        activation="relu",
+        prepend=(Input("sparse", "item", 8), Input("sparse", "user", 8)),
+    )
     assert (encoder.width, encoder.length) == (8, 7)  # two vectors before 5 positions
     assert target.op == SequencePool("first") and target.inputs == (Input("block", "encoder", 8, None, 7),)
     stamps = Input("timestamps", "history_time", 1, None, 5)
@@ -90,7 +96,8 @@ def test_sequence_blocks_resolve_their_ops_widths_and_lengths(tmp_path: Path) ->
 
 def test_a_data_column_may_feed_a_timestamps_feature(tmp_path: Path) -> None:
     spec = tmp_path / "timed.yaml"
-    spec.write_text(textwrap.dedent("""\
+    spec.write_text(
+        textwrap.dedent("""\
         version: 1
         name: timed
         features:
@@ -106,7 +113,8 @@ def test_a_data_column_may_feed_a_timestamps_feature(tmp_path: Path) -> None:
         heads:
           - {name: next_item, loss: sampled_softmax, input: encoder, item: sparse.history, negatives: {uniform: 4}}
         data: {reader: csv, path: s.csv, columns: {items: history, times: history_time}}
-        """))
+        """)
+    )
     assert validate(load(str(spec))).data.columns == (("items", "history"), ("times", "history_time"))
 
 

@@ -26,9 +26,27 @@ SPECS = sorted([*(REPO / "specs").rglob("*.yaml"), *(REPO / "tests" / "specs" / 
 DIAGNOSTIC = re.compile(r"[^\n]+:\d+:\d+: error: [^\n]+")
 COUNT = re.compile(r"\d+ errors?")
 REPLACEMENTS: list[Any] = [
-    0, -1, 1, 2**70, 3.5, float("inf"), "", "x", "sparse.*", "dense.int", "bottom", "top.ctr",
-    "class", True, None, [], {}, [1, "a"], {"a": 1}, {"type": "mlp"},
-]  # fmt: skip
+    0,
+    -1,
+    1,
+    2**70,
+    3.5,
+    float("inf"),
+    "",
+    "x",
+    "sparse.*",
+    "dense.int",
+    "bottom",
+    "top.ctr",
+    "class",
+    True,
+    None,
+    [],
+    {},
+    [1, "a"],
+    {"a": 1},
+    {"type": "mlp"},
+]
 DAMAGE = [b"\x00", b"\xff", b"\t", b": ", b"- ", b"{", b"]", b"&a ", b"*a", b"\n  ", b"'"]
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 

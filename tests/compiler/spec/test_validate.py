@@ -191,7 +191,8 @@ def test_the_command_lines_world_size_is_the_one_the_spec_is_checked_against(tmp
     with pytest.raises(CompileError) as caught:
         validate(load(str(path)))
     assert sorted(d.message for d in caught.value.diagnostics) == [
-        "batch_size 8 does not divide evenly over world_size 3 ranks", "rank 3 does not exist with world_size 3",
+        "batch_size 8 does not divide evenly over world_size 3 ranks",
+        "rank 3 does not exist with world_size 3",
     ]
     assert validate(load(str(path)), world_size=4).sharding.world_size == 3  # the IR keeps the spec's
     assert compile_spec(str(path), Options(world_size=4)).ir.sharding.world_size == 4

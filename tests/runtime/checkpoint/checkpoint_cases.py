@@ -73,10 +73,7 @@ def compile_modules(directory: Path, world_sizes: tuple[int, ...], spec: str = S
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ckpt_tiny.yaml"
     path.write_text(spec)
-    return {
-        n: emit(compile_spec(str(path), Options(world_size=n))).write(directory / f"ws{n}")[0]
-        for n in world_sizes
-    }
+    return {n: emit(compile_spec(str(path), Options(world_size=n))).write(directory / f"ws{n}")[0] for n in world_sizes}
 
 
 def fresh(module: ModuleType, process_group: dist.ProcessGroup | None = None):
@@ -99,8 +96,7 @@ def run_steps(
     rank = dist.get_rank(process_group) if process_group is not None else 0
     world_size = dist.get_world_size(process_group) if process_group is not None else 1
     batches = (
-        module.synthetic_batch(BATCH, step=step, rank=rank, world_size=world_size)
-        for step in itertools.count(start)
+        module.synthetic_batch(BATCH, step=step, rank=rank, world_size=world_size) for step in itertools.count(start)
     )
     options = TrainOptions(module=module.__file__, steps=stop, batch_size=BATCH, pipeline=False)
     context = RunContext(options, module.INPUTS, process_group=process_group)
@@ -119,9 +115,12 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def init(rank: int, world_size: int, port: int) -> dist.ProcessGroup:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, world_size, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=world_size, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, world_size, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=60),
+    )
     return dist.group.WORLD
 
 
@@ -135,9 +134,14 @@ def save_and_resume(rank: int, port: int, module_path: str, out: str) -> None:
     model, optimizer = fresh(module, group)
     first = run_steps(module, model, optimizer, 0, SAVED_AT, group)
     checkpoint.save_checkpoint(
-        Path(out) / "checkpoints", model, optimizer, step=SAVED_AT,
-        spec_sha256=module.SPEC_SHA256, plan=module.PLAN, process_group=group,
-    )  # fmt: skip
+        Path(out) / "checkpoints",
+        model,
+        optimizer,
+        step=SAVED_AT,
+        spec_sha256=module.SPEC_SHA256,
+        plan=module.PLAN,
+        process_group=group,
+    )
     saved = full_state(model)
     uninterrupted = run_steps(module, model, optimizer, SAVED_AT, STEPS, group)
     model, optimizer = fresh(module, group)

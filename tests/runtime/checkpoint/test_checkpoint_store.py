@@ -98,9 +98,7 @@ def test_a_two_rank_checkpoint_loads_on_four_ranks_with_equal_tables(two_ranks, 
 
 def assert_equal_states(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
     assert sorted(actual) == sorted(expected)
-    assert sorted(k for k in expected if k.startswith("sparse_arch.")) == [
-        f"sparse_arch.{t}.weight" for t in "abcde"
-    ]
+    assert sorted(k for k in expected if k.startswith("sparse_arch.")) == [f"sparse_arch.{t}.weight" for t in "abcde"]
     for key, tensor in expected.items():
         assert torch.equal(actual[key], tensor), key
 
@@ -116,9 +114,7 @@ def test_load_model_state_is_a_world_size_1_model_state(two_ranks, modules) -> N
     model.load_state_dict(state, strict=True)
     # The rowwise state of `b`, column-split on 2 ranks, reads as the whole table's.
     loaded, loaded_optimizer = cc.fresh(module)
-    checkpoint.load_checkpoint(
-        two_ranks["directory"], loaded, loaded_optimizer, spec_sha256=module.SPEC_SHA256
-    )
+    checkpoint.load_checkpoint(two_ranks["directory"], loaded, loaded_optimizer, spec_sha256=module.SPEC_SHA256)
     for key, tensor in loaded.state_dict().items():
         assert torch.equal(state[key], tensor), key
     one_step = checkpoint.load_model_state(two_ranks["directory"] / "step_00000005")
@@ -169,9 +165,12 @@ def test_a_save_killed_between_writes_leaves_the_previous_checkpoint_loadable(mo
     out, expected = tmp_path / "checkpoints", tmp_path / "expected.pt"
     done = subprocess.run(
         [sys.executable, "-c", KILLED_SAVE, str(modules[1]), str(out), str(expected)],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
         env={"PYTHONPATH": f"{REPO}:{TESTS}:{REPO / 'tests'}", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    )
     assert done.returncode == -signal.SIGKILL, done.stderr
     partial = out / ".step_00000004.partial"
     assert (partial / "__0_0.distcp").stat().st_size > 0 and not (partial / ".metadata").exists()
@@ -230,8 +229,9 @@ def test_keep_spares_a_damaged_checkpoint_the_resume_passed_over_once_the_run_is
         "the file was changed or corrupted",
     )
     for step in (3, 5):
-        checkpoint.save_checkpoint(tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan, keep=2,
-                                   damaged=resumed.damaged)  # fmt: skip
+        checkpoint.save_checkpoint(
+            tmp_path, model, optimizer, step=step, spec_sha256=sha256, plan=plan, keep=2, damaged=resumed.damaged
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003", "step_00000004", "step_00000005"]
 
 
@@ -251,13 +251,17 @@ def damage_flip(path: Path) -> None:
 SHA_DIFFERS = "{f}: sha256 {actual}… does not match manifest.json ({listed}…); the file was changed or corrupted"
 DAMAGES = {
     "truncated": (
-        "__0_0.distcp", damage_truncate, "{f}: 100 bytes, manifest.json says {n:,}; the checkpoint is incomplete or corrupted"
+        "__0_0.distcp",
+        damage_truncate,
+        "{f}: 100 bytes, manifest.json says {n:,}; the checkpoint is incomplete or corrupted",
     ),
     "missing": ("__0_0.distcp", Path.unlink, "{f}: missing (listed in manifest.json)"),
     "corrupted": ("__0_0.distcp", damage_flip, SHA_DIFFERS),
     "corrupted metadata": (".metadata", damage_flip, SHA_DIFFERS),
     "missing manifest": (
-        "manifest.json", Path.unlink, "{d}: no manifest.json; not a checkpoint directory (a save cut short leaves none)"
+        "manifest.json",
+        Path.unlink,
+        "{d}: no manifest.json; not a checkpoint directory (a save cut short leaves none)",
     ),
     "corrupted manifest": (
         "manifest.json",
@@ -307,9 +311,7 @@ def test_another_spec_is_refused_unless_allowed(modules, tmp_path: Path) -> None
         f"{directory}: written for another spec (sha256 {module.SPEC_SHA256[:12]}…, this model's "
         f"spec is 000000000000…); pass --allow-spec-change to load it anyway"
     )
-    resumed = checkpoint.load_checkpoint(
-        tmp_path, model, optimizer, spec_sha256=other, allow_spec_change=True
-    )
+    resumed = checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=other, allow_spec_change=True)
     assert resumed.step == 2 and resumed.skipped == ()
 
 
@@ -320,12 +322,9 @@ def test_a_changed_table_shape_is_an_error_naming_the_entry(modules, tmp_path: P
     module = load_module(str(cc.compile_modules(tmp_path / "bigger", (1,), bigger)[1]))
     model, optimizer = cc.fresh(module)
     with pytest.raises(CheckpointError) as raised:
-        checkpoint.load_checkpoint(
-            tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256, allow_spec_change=True
-        )
+        checkpoint.load_checkpoint(tmp_path, model, optimizer, spec_sha256=module.SPEC_SHA256, allow_spec_change=True)
     assert str(raised.value) == (
-        f"{directory}: entry 'model.sparse_arch.a.weight' has shape (50, 8) in the checkpoint "
-        "but (60, 8) in this model"
+        f"{directory}: entry 'model.sparse_arch.a.weight' has shape (50, 8) in the checkpoint but (60, 8) in this model"
     )
     assert manifest["spec_sha256"] != module.SPEC_SHA256
 
@@ -354,7 +353,9 @@ def test_another_table_optimizer_is_refused_unless_allowed_and_then_starts_afres
     """A rowwise_adagrad checkpoint (momentum1 per row) resumed with sparse adam (momentum1 and
     momentum2 per value, iter): refused; allowed, the tables' weights load and adam starts afresh."""
     directory = one_rank_checkpoint(modules, tmp_path)
-    adam = cc.SPEC.replace("sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: adam, lr: 0.05}")
+    adam = cc.SPEC.replace(
+        "sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: adam, lr: 0.05}"
+    )
     module = load_module(str(cc.compile_modules(tmp_path / "adam", (1,), adam)[1]))
     model, optimizer = cc.fresh(module)
     with pytest.raises(CheckpointError) as raised:
@@ -380,7 +381,9 @@ def test_another_table_optimizer_is_refused_unless_allowed_and_then_starts_afres
 def test_a_table_optimizer_changed_under_the_same_spec_hash_is_named(modules, tmp_path: Path) -> None:
     """The check itself, without the spec's hash in front of it: the message names table and states."""
     directory = one_rank_checkpoint(modules, tmp_path)
-    adam = cc.SPEC.replace("sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: adam, lr: 0.05}")
+    adam = cc.SPEC.replace(
+        "sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: adam, lr: 0.05}"
+    )
     module = load_module(str(cc.compile_modules(tmp_path / "adam", (1,), adam)[1]))
     model, optimizer = cc.fresh(module)
     saved_sha256 = json.loads((directory / "manifest.json").read_text())["spec_sha256"]
@@ -449,4 +452,6 @@ def test_a_checkpoint_folder_whose_lock_cannot_be_written_is_named_as_the_option
     (tmp_path / ".lock").mkdir()
     with pytest.raises(CheckpointError) as raised:
         DirectoryLock(tmp_path)
-    assert str(raised.value) == f"--checkpoint-dir {tmp_path}: cannot write its lock file {tmp_path}/.lock: Is a directory"
+    assert (
+        str(raised.value) == f"--checkpoint-dir {tmp_path}: cannot write its lock file {tmp_path}/.lock: Is a directory"
+    )

@@ -36,10 +36,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-
 def _run(mode: str) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, check=False,
+        [sys.executable, "-c", SCRIPT, mode],
+        capture_output=True,
+        text=True,
+        check=False,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr

@@ -23,6 +23,7 @@ def _sleeper(ms: float, calls: list[str], name: str) -> Callable[[], None]:
     def run() -> None:
         calls.append(name)
         time.sleep(ms / 1e3)
+
     return run
 
 
@@ -133,9 +134,16 @@ def test_serving_pooling_is_timed_over_a_tenth_of_a_second() -> None:
 def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
     folder = choice.directory(tmp_path) / "lookup"
     folder.mkdir(parents=True)
-    (folder / "b4096_g2.json").write_text(json.dumps(
-        {"kernel": "lookup", "shape": "b4096_g2", "winner": "sequential", "times_ms": {"sequential": 1, "concurrent": 2}}
-    ))
+    (folder / "b4096_g2.json").write_text(
+        json.dumps(
+            {
+                "kernel": "lookup",
+                "shape": "b4096_g2",
+                "winner": "sequential",
+                "times_ms": {"sequential": 1, "concurrent": 2},
+            }
+        )
+    )
     assert choice.choose("lookup", "b4096_g2", {"sequential": _never, "concurrent": _never}) == "sequential"
 
 
@@ -170,17 +178,20 @@ def _fast_native() -> dict[str, Callable[[], None]]:
     return {"torch": _sleeper(8, [], "torch"), "native": _sleeper(1, [], "native")}
 
 
-@pytest.mark.parametrize("junk", [
-    "",  # a crash between creating and writing
-    '{"winner": "native", "times_ms": {"torch": 1.0, "nat',
-    '{"winner": null, "times_ms": {}}',
-    '{"winner": "bogus", "times_ms": {}}',
-    '{"winner": "native", "times_ms": [1, 2]}',
-    '{"winner": "native", "times_ms": {}, "site": 3}',
-    "[]",
-    b"\x9a\xef\xbb\xbf\xffrandom\x00bytes",  # overwritten with junk: not even UTF-8
-    "[" * 100_000,  # nested past the parser's recursion limit
-])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "",  # a crash between creating and writing
+        '{"winner": "native", "times_ms": {"torch": 1.0, "nat',
+        '{"winner": null, "times_ms": {}}',
+        '{"winner": "bogus", "times_ms": {}}',
+        '{"winner": "native", "times_ms": [1, 2]}',
+        '{"winner": "native", "times_ms": {}, "site": 3}',
+        "[]",
+        b"\x9a\xef\xbb\xbf\xffrandom\x00bytes",  # overwritten with junk: not even UTF-8
+        "[" * 100_000,  # nested past the parser's recursion limit
+    ],
+)
 def test_a_file_that_is_not_a_choice_is_measured_again_and_replaced(
     junk: str | bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -220,7 +231,9 @@ def test_a_choice_that_cannot_be_recorded_is_still_used_and_said(
     assert choice.choose("dot", "b512", _fast_native()) == "native"
     assert choice.choose("dot", "b512", {"torch": _never, "native": _never}) == "native"  # from memory
     [message] = caplog.messages
-    assert message.startswith(f"reccompile: kernel choice dot at b512 cannot be recorded in {root} ([Errno 17] File exists")
+    assert message.startswith(
+        f"reccompile: kernel choice dot at b512 cannot be recorded in {root} ([Errno 17] File exists"
+    )
     assert message.endswith("); this process uses native")
 
 
@@ -241,9 +254,11 @@ def test_buckets_are_powers_of_two() -> None:
 def _record(tmp_path: Path, kernel: str, key: str, winner: str, site: str | None = None) -> None:
     folder = choice.directory(tmp_path) / kernel
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{key}.json").write_text(json.dumps(
-        {"kernel": kernel, "shape": key, **({"site": site} if site else {}), "winner": winner, "times_ms": {}}
-    ))
+    (folder / f"{key}.json").write_text(
+        json.dumps(
+            {"kernel": kernel, "shape": key, **({"site": site} if site else {}), "winner": winner, "times_ms": {}}
+        )
+    )
 
 
 def test_in_a_run_a_numeric_kernel_is_chosen_once_per_site_whatever_the_later_shapes(tmp_path: Path) -> None:
@@ -252,10 +267,14 @@ def test_in_a_run_a_numeric_kernel_is_chosen_once_per_site_whatever_the_later_sh
     calls: list[str] = []
     runs = {"fbgemm": _sleeper(1, calls, "fbgemm"), "native": _sleeper(15, calls, "native")}
     with choice.run():
-        assert choice.choose("embedding_update", "b512_ids1024_tables2_plain_t1", runs, site="tables2_plain") == "fbgemm"
+        assert (
+            choice.choose("embedding_update", "b512_ids1024_tables2_plain_t1", runs, site="tables2_plain") == "fbgemm"
+        )
         # A batch with more ids: outside a run that shape's own record would decide (native).
         never = {"fbgemm": _never, "native": _never}
-        assert choice.choose("embedding_update", "b512_ids2048_tables2_plain_t1", never, site="tables2_plain") == "fbgemm"
+        assert (
+            choice.choose("embedding_update", "b512_ids2048_tables2_plain_t1", never, site="tables2_plain") == "fbgemm"
+        )
         assert choice.pinned() == {"embedding_update": {"tables2_plain": "fbgemm"}}
     assert choice.pinned() == {}
     assert choice.choose("embedding_update", "b512_ids2048_tables2_plain_t1", never, site="tables2_plain") == "native"
@@ -283,8 +302,10 @@ def test_pinned_choices_hold_over_the_cache_and_known_ones_over_measuring(tmp_pa
         assert choice.pin({"dot": {"n3_d4_fwdbwd": "native"}}) == []
         choice.know({"linear": {"in8_out4_fwdbwd": "onednn"}})
         assert choice.choose("dot", "b64_n3_d4_fwdbwd", never, site="n3_d4_fwdbwd") == "native"
-        assert choice.choose("linear", "b64_in8_out4_fwdbwd", {"aten": _never, "onednn": _never},
-                             site="in8_out4_fwdbwd") == "onednn"
+        assert (
+            choice.choose("linear", "b64_in8_out4_fwdbwd", {"aten": _never, "onednn": _never}, site="in8_out4_fwdbwd")
+            == "onednn"
+        )
         assert choice.pinned() == {"dot": {"n3_d4_fwdbwd": "native"}, "linear": {"in8_out4_fwdbwd": "onednn"}}
 
 
@@ -292,7 +313,10 @@ def test_the_environment_still_forces_a_pinned_kernel(monkeypatch: pytest.Monkey
     with choice.run():
         choice.pin({"dot": {"n3_d4_fwdbwd": "native"}})
         monkeypatch.setenv(choice.ENV, "dot=torch")
-        assert choice.choose("dot", "b64_n3_d4_fwdbwd", {"torch": _never, "native": _never}, site="n3_d4_fwdbwd") == "torch"
+        assert (
+            choice.choose("dot", "b64_n3_d4_fwdbwd", {"torch": _never, "native": _never}, site="n3_d4_fwdbwd")
+            == "torch"
+        )
         assert choice.pinned() == {"dot": {"n3_d4_fwdbwd": "torch"}}
 
 

@@ -59,7 +59,9 @@ def _batch(seed: int) -> KeyedJaggedTensor:
 def _collection_case(lookup_threads: int = 1) -> Outcome:
     torch.manual_seed(0)
     collection = EmbeddingBagCollection(
-        TABLES, is_weighted=True, lookup_threads=lookup_threads,
+        TABLES,
+        is_weighted=True,
+        lookup_threads=lookup_threads,
         optimizer=EmbeddingOptimizer("rowwise_adagrad", lr=0.1),
     )
     kjt = _batch(1)
@@ -88,7 +90,9 @@ def _quant_case() -> Outcome:
     """Forward only on both paths: per-id weights are taken detached, or refused when they require grad."""
     torch.manual_seed(0)
     trained = EmbeddingBagCollection(TABLES, is_weighted=True)
-    quantized = QuantEmbeddingBagCollection(TABLES, "int8", is_weighted=True).quantize_from(trained.embedding_parameters())
+    quantized = QuantEmbeddingBagCollection(TABLES, "int8", is_weighted=True).quantize_from(
+        trained.embedding_parameters()
+    )
     kjt = _batch(1)
     with pytest.raises(ValueError) as refused:
         quantized(kjt)
@@ -96,7 +100,9 @@ def _quant_case() -> Outcome:
         "QuantEmbeddingBagCollection: per-id weights that require grad; quantized tables are forward only "
         "(detach the weights, or look up under torch.no_grad())"
     )
-    detached = KeyedJaggedTensor.from_lengths_sync(kjt.keys(), kjt.values(), kjt.lengths(), weights=kjt.weights().detach())
+    detached = KeyedJaggedTensor.from_lengths_sync(
+        kjt.keys(), kjt.values(), kjt.lengths(), weights=kjt.weights().detach()
+    )
     return quantized(detached).values(), {}, dict
 
 
@@ -150,9 +156,7 @@ def test_every_measured_kernel_has_a_case() -> None:
 
 @pytest.mark.usefixtures("native_kernels", "two_threads")
 @pytest.mark.parametrize("kernel", list(CASES))
-def test_both_choices_give_the_same_gradients(
-    kernel: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_both_choices_give_the_same_gradients(kernel: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(linear_module, "MIN_ONEDNN_MACS", 1)  # the small layers here would stay on aten
     baseline, alternative = choice.KERNELS[kernel]

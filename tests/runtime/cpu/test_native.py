@@ -112,8 +112,12 @@ def test_library_is_cached_and_a_missing_compiler_falls_back_to_torch_with_a_war
         x = torch.randn(3, 8)
         print(torch.allclose(DotInteraction(4, 2)(x), DotInteraction(4, 2)(x.double()).float(), atol=1e-6))
     """)
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "CC": "/nonexistent/cc",
-           "RECCOMPILE_CACHE_DIR": str(tmp_path)}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "CC": "/nonexistent/cc",
+        "RECCOMPILE_CACHE_DIR": str(tmp_path),
+    }
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
@@ -131,7 +135,9 @@ def test_backward_reads_a_gradient_whose_rows_are_further_apart_than_its_width()
     wide = torch.randn(33, width + 1, generator=torch.Generator().manual_seed(12))
     sliced = wide[:, :width]  # the (B, 415) view runtime/modules/layers/padded_grad.py returns
     assert not sliced.is_contiguous()
-    for strided, packed in zip(native.dot_backward(parts, 64, sliced), native.dot_backward(parts, 64, sliced.contiguous())):
+    for strided, packed in zip(
+        native.dot_backward(parts, 64, sliced), native.dot_backward(parts, 64, sliced.contiguous())
+    ):
         assert torch.equal(strided, packed)
 
 

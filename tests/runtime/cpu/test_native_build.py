@@ -43,7 +43,9 @@ def test_every_source_compiles_for_the_target(compiler: str, march: str, tmp_pat
     for source in build.SOURCES:
         done = subprocess.run(
             [compiler, *flags, *build.OPENMP_FLAGS, "-c", str(source), "-o", str(tmp_path / f"{source.stem}.o")],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         assert done.returncode == 0, f"{source.name} with -march={march}: {build.first_error(done.stderr)}"
 
@@ -74,12 +76,15 @@ def test_a_missing_compiler_is_named(fresh_build: Path, monkeypatch: pytest.Monk
 def test_a_build_error_shows_the_compilers_first_error_line_in_the_warning(
     fresh_build: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    compiler = _fake_compiler(fresh_build, (
-        "echo 'quant_pool.c: In function f:' >&2\n"
-        "echo 'quant_pool.c:45:12: error: implicit declaration of function _cvtsh_ss' >&2\n"
-        "echo 'quant_pool.c:50:1: error: another' >&2\n"
-        "exit 1\n"
-    ))
+    compiler = _fake_compiler(
+        fresh_build,
+        (
+            "echo 'quant_pool.c: In function f:' >&2\n"
+            "echo 'quant_pool.c:45:12: error: implicit declaration of function _cvtsh_ss' >&2\n"
+            "echo 'quant_pool.c:50:1: error: another' >&2\n"
+            "exit 1\n"
+        ),
+    )
     monkeypatch.setenv("CC", compiler)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -93,7 +98,9 @@ def test_a_build_error_shows_the_compilers_first_error_line_in_the_warning(
 
 
 def test_a_library_that_does_not_load_is_reported_as_such(fresh_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    compiler = _fake_compiler(fresh_build, 'while [ "$1" != "-o" ]; do shift; done\nyes garbage | head -c 4096 > "$2"\n')
+    compiler = _fake_compiler(
+        fresh_build, 'while [ "$1" != "-o" ]; do shift; done\nyes garbage | head -c 4096 > "$2"\n'
+    )
     monkeypatch.setenv("CC", compiler)
     outcome = build.status()
     assert outcome.library is None and outcome.path is not None
@@ -102,21 +109,26 @@ def test_a_library_that_does_not_load_is_reported_as_such(fresh_build: Path, mon
     )
 
 
-@pytest.mark.parametrize(("output", "line"), [
-    (  # g++ warns about a C-only flag before the error itself
-        "cc1plus: warning: '-Werror=' argument '-Werror=implicit-function-declaration' is not valid for C++\n"
-        "dot_interaction.c:125:25: error: invalid conversion from 'void*' to 'float*'\n",
-        "dot_interaction.c:125:25: error: invalid conversion from 'void*' to 'float*'",
-    ),
-    (  # collect2's summary says only that ld failed; ld's own line says why
-        "/usr/bin/ld: final link failed: No space left on device\ncollect2: error: ld returned 1 exit status\n",
-        "/usr/bin/ld: final link failed: No space left on device",
-    ),
-    ("quant_pool.c:3:10: fatal error: missing.h: No such file or directory\n",
-     "quant_pool.c:3:10: fatal error: missing.h: No such file or directory"),
-    ("something went wrong\n", "something went wrong"),
-    ("", "no message"),
-])
+@pytest.mark.parametrize(
+    ("output", "line"),
+    [
+        (  # g++ warns about a C-only flag before the error itself
+            "cc1plus: warning: '-Werror=' argument '-Werror=implicit-function-declaration' is not valid for C++\n"
+            "dot_interaction.c:125:25: error: invalid conversion from 'void*' to 'float*'\n",
+            "dot_interaction.c:125:25: error: invalid conversion from 'void*' to 'float*'",
+        ),
+        (  # collect2's summary says only that ld failed; ld's own line says why
+            "/usr/bin/ld: final link failed: No space left on device\ncollect2: error: ld returned 1 exit status\n",
+            "/usr/bin/ld: final link failed: No space left on device",
+        ),
+        (
+            "quant_pool.c:3:10: fatal error: missing.h: No such file or directory\n",
+            "quant_pool.c:3:10: fatal error: missing.h: No such file or directory",
+        ),
+        ("something went wrong\n", "something went wrong"),
+        ("", "no message"),
+    ],
+)
 def test_the_first_error_is_the_line_that_says_why(output: str, line: str) -> None:
     assert build.first_error(output) == line
 

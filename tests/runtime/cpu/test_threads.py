@@ -23,9 +23,13 @@ from runtime.cpu.threads import ThreadChoice, choose_threads, process_threads
     ],
 )
 def test_threads_are_the_free_cores_shared_among_ranks(
-    monkeypatch: pytest.MonkeyPatch, usable: int, idle: float | None, ranks: int, data_workers: int,
+    monkeypatch: pytest.MonkeyPatch,
+    usable: int,
+    idle: float | None,
+    ranks: int,
+    data_workers: int,
     expected: ThreadChoice,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(usable)))
     monkeypatch.setattr(threads, "idle_cpus", lambda seconds: idle)
     assert choose_threads(ranks, data_workers) == expected

@@ -59,9 +59,12 @@ def _inputs(data: dict | None = None):
     ]
     tables = {f"cat_{i}": 1000 for i in range(26)} | {"wide_0": 1000, "wide_3": 1000, "bucket_0": 5, "bucket_12": 5}
     return spec(
-        [{"name": "int", "size": 13}], [*cats[:2], *wide[:1], *buckets, *cats[2:], *wide[1:]], tables,
-        [{"name": "click", "label": "click", "loss": "bce"}], data,
-    )  # fmt: skip
+        [{"name": "int", "size": 13}],
+        [*cats[:2], *wide[:1], *buckets, *cats[2:], *wide[1:]],
+        tables,
+        [{"name": "click", "label": "click", "loss": "bce"}],
+        data,
+    )
 
 
 def _check_derived(batch, dense: torch.Tensor) -> None:
@@ -98,9 +101,13 @@ def test_prepared_data_stores_the_derived_features(tmp_path: Path) -> None:
     prepare(inputs, DataChoice("criteo", str(path)), tmp_path / "out", settings)
     got = RowReader(open_prepared(inputs, tmp_path / "out")).read(0, 40).to_batch(False)
     (read,) = epoch_batches(
-        open_reader(inputs, DataChoice("criteo", str(path))), global_batch=40, rank=0, world_size=1,
-        bad_rows=BadRowLog("fail"), num_workers=0,
-    )  # fmt: skip
+        open_reader(inputs, DataChoice("criteo", str(path))),
+        global_batch=40,
+        rank=0,
+        world_size=1,
+        bad_rows=BadRowLog("fail"),
+        num_workers=0,
+    )
     assert got.sparse.keys() == read.batch.sparse.keys()
     assert torch.equal(got.sparse.values(), read.batch.sparse.values())
     _check_derived(got, got.dense["int"])
@@ -110,12 +117,15 @@ def test_csv_columns_fan_out_and_bucketize(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "rows.csv", ["clicked,price,user", "1,2.0,3", "0,0.2,4", "1,3.6,3"])
     inputs = spec(
         [{"name": "price", "size": 1}],
-        [{"name": "user", "table": "user"}, {"name": "wide_user", "table": "wide_user", "column": "user"},
-         {"name": "price_bucket", "table": "price_bucket", "column": "price", "boundaries": BOUNDARIES}],
+        [
+            {"name": "user", "table": "user"},
+            {"name": "wide_user", "table": "wide_user", "column": "user"},
+            {"name": "price_bucket", "table": "price_bucket", "column": "price", "boundaries": BOUNDARIES},
+        ],
         {"user": 10, "wide_user": 10, "price_bucket": 5},
         [{"name": "click", "label": "click", "loss": "bce"}],
         {"reader": "csv", "path": str(path), "columns": {"clicked": "click", "price": "price", "user": "user"}},
-    )  # fmt: skip
+    )
     reader = open_reader(inputs, DataChoice("csv", str(path)))
     (local,) = epoch_batches(reader, global_batch=3, rank=0, world_size=1, bad_rows=BadRowLog("fail"), num_workers=0)
     sparse = local.batch.sparse

@@ -34,7 +34,9 @@ def test_a_split_whose_evaluation_rows_carry_the_training_past_is_measured(tmp_p
     inputs = history_spec()
     assert sequence_features(inputs) == ("history",)
     # users 1..3 rate movies 1..6 in training: histories of 0..5 movies, 2.5 on average
-    train = write_lines(tmp_path / "train" / "ratings.dat", [f"{u}::{m}::5::{m}" for u in (1, 2, 3) for m in range(1, 7)])
+    train = write_lines(
+        tmp_path / "train" / "ratings.dat", [f"{u}::{m}::5::{m}" for u in (1, 2, 3) for m in range(1, 7)]
+    )
     test = write_lines(tmp_path / "test" / "ratings.dat", [f"{u}::7::5::100" for u in (1, 2, 3)])
     reader = open_reader(inputs, DataChoice("movielens", str(train)))
     evaluated = open_reader(inputs, DataChoice("movielens", str(test)), vocabulary=reader.vocabulary, training=reader)
@@ -49,8 +51,12 @@ def test_a_split_whose_evaluation_rows_carry_the_training_past_is_measured(tmp_p
 
 
 def test_a_next_item_heads_own_sequence_is_not_compared() -> None:
-    inputs = spec([], [{"name": "history", "table": "movie", "max_length": 50}], {"movie": 40},
-                  [{"name": "next", "label": "history", "loss": "sampled_softmax"}])  # fmt: skip
+    inputs = spec(
+        [],
+        [{"name": "history", "table": "movie", "max_length": 50}],
+        {"movie": 40},
+        [{"name": "next", "label": "history", "loss": "sampled_softmax"}],
+    )
     assert sequence_features(inputs) == ()
     assert sequence_features(history_spec()) == ("history",)
 

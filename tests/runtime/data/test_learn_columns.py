@@ -51,10 +51,18 @@ HEADER = "user,item,tags,age,p0,p1,city,ts,label"
 
 
 BAD = [  # what only the row path reads, or refuses, and two lines both read alike (last); {u} is a user
-    '"{u}",i1,a,30,1,2,c1,880000001,1', "{u},i1,a|b|c|d|e,30,1,2,c1,1,0", "{u},i1,a,thirty,1,2,c1,1,0",
-    "{u},i1,a,30,nan,2,c1,1,0", "{u},i1,a,30", "{u}|x,i1,a,30,1,2,c1,1,0", "{u},i1,a, 30,1,2,c1,1,0",
-    "{u},i1,a,30,1_0,2,c1,1,0", "{u},i1,a,30,1,2,c1,soon,0", "{u},i1,a,30,1,inf,c1,1,0",
-    "", "{u},i1,a,30,+1,2,c1,1,0",  # an empty line is no row on either path; float and Arrow both read +1
+    '"{u}",i1,a,30,1,2,c1,880000001,1',
+    "{u},i1,a|b|c|d|e,30,1,2,c1,1,0",
+    "{u},i1,a,thirty,1,2,c1,1,0",
+    "{u},i1,a,30,nan,2,c1,1,0",
+    "{u},i1,a,30",
+    "{u}|x,i1,a,30,1,2,c1,1,0",
+    "{u},i1,a, 30,1,2,c1,1,0",
+    "{u},i1,a,30,1_0,2,c1,1,0",
+    "{u},i1,a,30,1,2,c1,soon,0",
+    "{u},i1,a,30,1,inf,c1,1,0",
+    "",
+    "{u},i1,a,30,+1,2,c1,1,0",  # an empty line is no row on either path; float and Arrow both read +1
 ]
 BY_COLUMN = 2  # the last BAD lines, which the columnar path takes
 

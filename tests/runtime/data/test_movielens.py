@@ -88,7 +88,9 @@ def test_the_saved_vocabulary_keeps_trainings_genre_rows_whatever_movies_file_th
     ]
     del document["genres"], document["movieGenres"]  # saved before genres were kept: the training file's again
     saved.write_text(json.dumps(document))
-    rebuilt = open_reader(movielens_spec(genres=True), DataChoice("movielens", str(path)), vocab_path=saved, save_vocab=True)
+    rebuilt = open_reader(
+        movielens_spec(genres=True), DataChoice("movielens", str(path)), vocab_path=saved, save_vocab=True
+    )
     assert rebuilt.vocabulary.genres == ("Action", "Comedy", "Drama") and "genres" in json.loads(saved.read_text())
 
 
@@ -138,7 +140,9 @@ def test_the_csv_header_is_not_a_row_and_line_numbers_count_it(tmp_path: Path) -
 def test_columns_map_other_feature_names_and_softmax_heads_are_refused() -> None:
     spec = movielens_spec()
     spec = dataclasses.replace(spec, sparse=(spec.sparse[0], dataclasses.replace(spec.sparse[1], name="item")))
-    columns = dataclasses.replace(spec, data=data_config({"reader": "movielens", "path": "x", "columns": {"movieId": "item"}}))
+    columns = dataclasses.replace(
+        spec, data=data_config({"reader": "movielens", "path": "x", "columns": {"movieId": "item"}})
+    )
     assert movielens_layout(columns).movie == "item"
     with pytest.raises(DataError, match=r"sparse features item have no movielens column"):
         movielens_layout(spec)
@@ -212,9 +216,10 @@ def test_a_comma_separated_ratings_file_without_its_header_is_refused_not_read_f
 def test_a_movie_with_more_genres_than_max_ids_per_sample_is_a_bad_row(tmp_path: Path) -> None:
     path = write_ml1m(tmp_path)
     inputs = movielens_spec(genres=True)
-    inputs = dataclasses.replace(inputs, sparse=tuple(
-        dataclasses.replace(f, ids_per_sample=1) if f.name == "genres" else f for f in inputs.sparse
-    ))  # fmt: skip
+    inputs = dataclasses.replace(
+        inputs,
+        sparse=tuple(dataclasses.replace(f, ids_per_sample=1) if f.name == "genres" else f for f in inputs.sparse),
+    )
     reader = open_reader(inputs, DataChoice("movielens", str(path)))
     log = BadRowLog("skip")
     (local,) = epoch_batches(reader, global_batch=100, rank=0, world_size=1, bad_rows=log, num_workers=0)

@@ -26,8 +26,12 @@ ROWS = 6
 
 def next_item_spec(max_length: int = 5, mask_seen: bool = True):
     head = {"name": "next", "label": "history", "loss": "sampled_softmax", "metrics": ("recall@1", "recall@2", "mrr")}
-    return spec([], [{"name": "history", "table": "movie", "max_length": max_length}], {"movie": ROWS},
-                [{**head, "mask_seen": mask_seen}])  # fmt: skip
+    return spec(
+        [],
+        [{"name": "history", "table": "movie", "max_length": max_length}],
+        {"movie": ROWS},
+        [{**head, "mask_seen": mask_seen}],
+    )
 
 
 class ScoreTable(nn.Module):
@@ -70,8 +74,13 @@ def test_evaluation_ranks_the_held_out_movie_from_the_whole_history(
 ) -> None:
     inputs = next_item_spec(mask_seen=mask_seen)
     train, (trained,) = _read(inputs, write_lines(tmp_path / "train" / "ratings.dat", TRAIN))
-    _, (held,) = _read(inputs, write_lines(tmp_path / "test" / "ratings.dat", TEST),
-                       vocabulary=train.vocabulary, training=train, held_out=True)  # fmt: skip
+    _, (held,) = _read(
+        inputs,
+        write_lines(tmp_path / "test" / "ratings.dat", TEST),
+        vocabulary=train.vocabulary,
+        training=train,
+        held_out=True,
+    )
     history = held.batch.sparse["history"]
     # user 1: 14 (t=50), 10, 11, then the held-out 13; user 2: 13 (t=10), 12, 11, then 14
     assert torch.split(history.values(), history.lengths().tolist())[0].tolist() == [5, 1, 2, 4]

@@ -84,10 +84,16 @@ def test_each_rating_gets_the_users_strictly_earlier_movies_and_times(tmp_path: 
 @pytest.mark.parametrize(
     ("keep", "movies", "times"),
     [
-        ("end", [[3, 4], [], [], [2], [2], [4, 1], [], [1, 2]],
-         [[200, 200], [], [], [100], [100], [200, 300], [], [50, 50]]),
-        ("start", [[2, 3], [], [], [2], [2], [2, 3], [], [1, 2]],
-         [[100, 200], [], [], [100], [100], [100, 200], [], [50, 50]]),
+        (
+            "end",
+            [[3, 4], [], [], [2], [2], [4, 1], [], [1, 2]],
+            [[200, 200], [], [], [100], [100], [200, 300], [], [50, 50]],
+        ),
+        (
+            "start",
+            [[2, 3], [], [], [2], [2], [2, 3], [], [1, 2]],
+            [[100, 200], [], [], [100], [100], [100, 200], [], [50, 50]],
+        ),
     ],
 )
 def test_the_reader_builds_no_more_than_max_length_on_the_keep_side(
@@ -155,7 +161,9 @@ def test_mapping_errors_name_the_feature(tmp_path: Path) -> None:
         "feed: movielens has timestamps for the history only"
     )
     inputs = history_spec()
-    small = dataclasses.replace(inputs, sparse=(*inputs.sparse[:2], dataclasses.replace(inputs.sparse[2], num_embeddings=3)))
+    small = dataclasses.replace(
+        inputs, sparse=(*inputs.sparse[:2], dataclasses.replace(inputs.sparse[2], num_embeddings=3))
+    )
     path = write_lines(tmp_path / "ratings.dat", TRAIN)
     with pytest.raises(DataError) as caught:
         open_reader(small, DataChoice("movielens", str(path)))

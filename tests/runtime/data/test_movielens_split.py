@@ -33,7 +33,9 @@ def _write(path: Path, layout: str) -> Path:
     if layout == "dat":
         write_lines(path / "movies.dat", [f"{m}::Movie {m}::Drama" for m in (10, 11, 12, 13, 14, 15, 99)])
         return write_lines(path / "ratings.dat", ["::".join(map(str, r)) for r in LINES])
-    return write_lines(path / "ratings.csv", ["userId,movieId,rating,timestamp", *(",".join(map(str, r)) for r in LINES)])
+    return write_lines(
+        path / "ratings.csv", ["userId,movieId,rating,timestamp", *(",".join(map(str, r)) for r in LINES)]
+    )
 
 
 def _rows(path: Path, separator: str, skip: int = 0) -> list[tuple[int, ...]]:
@@ -50,8 +52,13 @@ def test_each_users_latest_positives_are_held_out_in_the_inputs_layout(
     assert split.train == tmp_path / "out" / "train" / source.name
     # user 1: 5 positives, ceil(0.3 * 5) = 2 held out: the two at t=400, in file order;
     # user 3: 2 positives, ceil(0.6) = 1 held out (t=20); user 2 keeps its only positive.
-    assert _rows(split.train, separator, skip) == [(1, 10, 5, 300), (1, 11, 4, 100), (2, 10, 5, 50),
-                                                   (1, 13, 4, 200), (3, 11, 4, 10)]  # fmt: skip
+    assert _rows(split.train, separator, skip) == [
+        (1, 10, 5, 300),
+        (1, 11, 4, 100),
+        (2, 10, 5, 50),
+        (1, 13, 4, 200),
+        (3, 11, 4, 10),
+    ]
     assert _rows(split.test, separator, skip) == [(1, 14, 5, 400), (1, 15, 4, 400), (3, 99, 5, 20)]
     if layout == "csv":
         assert split.test.read_text().splitlines()[0] == "userId,movieId,rating,timestamp"
@@ -92,7 +99,10 @@ def test_the_command_prints_the_split_and_refuses_bad_usage(tmp_path: Path, caps
         f"error: --data tsv:{source}: split reads movielens:PATH, csv:PATH, parquet:PATH, criteo:PATH\n"
     )
     assert main(["data", "split", "--data", f"movielens:{source}", "--key", "u", "-o", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == "error: --key: movielens data is split without it (users and timestamps are its own)\n"
+    assert (
+        capsys.readouterr().err
+        == "error: --key: movielens data is split without it (users and timestamps are its own)\n"
+    )
     assert main(["data", "split", "--data", f"movielens:{source}", "--holdout", "1", "-o", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == "error: --holdout must be between 0 and 1 (exclusive), got 1\n"
     assert main(["data", "split", "--data", f"movielens:{tmp_path / 'nope'}", "-o", str(tmp_path / "o")]) == 1
@@ -110,16 +120,17 @@ def test_an_outdir_holding_the_input_is_refused_before_anything_is_written(
     before = _snapshot(tmp_path)
     assert main(["data", "split", "--data", f"movielens:{source}", "-o", str(tmp_path / "X")]) == 1
     out, err = capsys.readouterr()
-    assert (out, err) == ("", (
-        f"error: {source}: an input of this split, in {tmp_path / 'X' / 'train'}, which the split writes; "
-        "choose another -o\n"
-    ))  # fmt: skip
+    assert (out, err) == (
+        "",
+        (
+            f"error: {source}: an input of this split, in {tmp_path / 'X' / 'train'}, which the split writes; "
+            "choose another -o\n"
+        ),
+    )
     assert _snapshot(tmp_path) == before
 
 
-def test_an_outdir_holding_a_split_is_refused_and_the_split_kept(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_an_outdir_holding_a_split_is_refused_and_the_split_kept(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     first = _write(tmp_path / "one", "tab")
     assert main(["data", "split", "--data", f"movielens:{first}", "-o", str(tmp_path / "out")]) == 0
     other = write_lines(tmp_path / "two" / "u.data", ["7\t10\t5\t1", "7\t11\t5\t2"])

@@ -47,9 +47,14 @@ def _epoch(
         reader = CriteoReader(criteo_spec(), path)
         log = BadRowLog("skip")
         shares = epoch_batches(
-            reader, global_batch=batch, rank=rank, world_size=world_size, bad_rows=log,
-            num_workers=workers, block_lines=block_lines,
-        )  # fmt: skip
+            reader,
+            global_batch=batch,
+            rank=rank,
+            world_size=world_size,
+            bad_rows=log,
+            num_workers=workers,
+            block_lines=block_lines,
+        )
         per_rank.append([(_line_numbers(s.batch), s.real, s.batch.batch_size) for s in shares])
         assert (log.rows, log.bad) == (lines, bad)  # every rank reads (and counts) every line
     sizes = {tuple(size for _, _, size in ranks) for ranks in zip(*per_rank)}
@@ -57,9 +62,7 @@ def _epoch(
     return [[numbers[:real] for numbers, real, _ in ranks] for ranks in zip(*per_rank)]
 
 
-@pytest.mark.parametrize(
-    ("world_size", "workers", "block_lines"), [(1, 0, 1000), (2, 0, 7), (3, 2, 5), (4, 1, 64)]
-)
+@pytest.mark.parametrize(("world_size", "workers", "block_lines"), [(1, 0, 1000), (2, 0, 7), (3, 2, 5), (4, 1, 64)])
 def test_one_epoch_reads_every_good_row_once_in_the_same_global_batches(
     tmp_path: Path, world_size: int, workers: int, block_lines: int
 ) -> None:
@@ -85,9 +88,14 @@ def test_training_streams_epochs_and_ranks_concatenate_to_the_one_process_batche
 
     def stream(rank: int, world_size: int, workers: int) -> list[list[int]]:
         batches = training_batches(
-            CriteoReader(criteo_spec(), path), global_batch=8, rank=rank, world_size=world_size,
-            bad_rows=BadRowLog("skip"), num_workers=workers, block_lines=16,
-        )  # fmt: skip
+            CriteoReader(criteo_spec(), path),
+            global_batch=8,
+            rank=rank,
+            world_size=world_size,
+            bad_rows=BadRowLog("skip"),
+            num_workers=workers,
+            block_lines=16,
+        )
         return [_line_numbers(b) for b in itertools.islice(batches, steps)]
 
     single = stream(0, 1, 0)

@@ -14,14 +14,26 @@ from sample_files import criteo_spec
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("crieto:day_0.tsv", "--data crieto:day_0.tsv: unknown reader 'crieto' (did you mean 'criteo'?); the readers: "
-         "synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR"),
-        ("parket:x", "--data parket:x: unknown reader 'parket' (did you mean 'parquet'?); the readers: "
-         "synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR"),
-        ("avro:x", "--data avro:x: unknown reader 'avro'; the readers: "
-         "synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR"),
-        ("day_0.tsv", "--data day_0.tsv: name the reader "
-         "(criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR); the spec's data section does not"),
+        (
+            "crieto:day_0.tsv",
+            "--data crieto:day_0.tsv: unknown reader 'crieto' (did you mean 'criteo'?); the readers: "
+            "synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR",
+        ),
+        (
+            "parket:x",
+            "--data parket:x: unknown reader 'parket' (did you mean 'parquet'?); the readers: "
+            "synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR",
+        ),
+        (
+            "avro:x",
+            "--data avro:x: unknown reader 'avro'; the readers: "
+            "synthetic, criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR",
+        ),
+        (
+            "day_0.tsv",
+            "--data day_0.tsv: name the reader "
+            "(criteo:PATH, movielens:PATH, csv:PATH, parquet:PATH or prepared:DIR); the spec's data section does not",
+        ),
     ],
 )
 def test_an_unknown_reader_or_a_bare_path_without_a_spec_reader_is_named(text: str, message: str) -> None:

@@ -42,10 +42,20 @@ def test_a_csv_table_splits_per_key_by_time_with_its_lines_verbatim(tmp_path: Pa
     source = write_lines(tmp_path / "in" / "events.csv", [HEADER, *ROWS])
     split = split_table("csv", source, tmp_path / "out", time="ts", key="user", holdout=0.4)
     # a: ceil(0.4 * 5) = 2 latest: 50 and the later line of the tie at 30 ("a,6"); b: 1 (40); c: none
-    assert (tmp_path / "out" / "test" / "events.csv").read_text().splitlines() == [HEADER, "a,1,50,1", "a,6,30,1", "b,7,40,0"]
+    assert (tmp_path / "out" / "test" / "events.csv").read_text().splitlines() == [
+        HEADER,
+        "a,1,50,1",
+        "a,6,30,1",
+        "b,7,40,0",
+    ]
     assert (tmp_path / "out" / "train" / "events.csv").read_text().splitlines() == [
-        HEADER, "b,2,10,0", "a,3,30,0", "a,4,20,1", "c,5,5,1", "a,8,10,0"
-    ]  # fmt: skip
+        HEADER,
+        "b,2,10,0",
+        "a,3,30,0",
+        "a,4,20,1",
+        "c,5,5,1",
+        "a,8,10,0",
+    ]
     assert split.describe() == (
         f"8 rows of 3 keys (user) by ts: 5 train ({tmp_path / 'out' / 'train' / 'events.csv'}), "
         f"3 held out ({tmp_path / 'out' / 'test' / 'events.csv'})"
@@ -60,7 +70,12 @@ def test_ctr_rows_split_by_time_alone_and_a_validation_part_cuts_from_train(tmp_
     assert (tmp_path / "split" / "test" / "rows.csv").read_text().splitlines() == [HEADER, "a,1,50,1", "b,7,40,0"]
     split_table("csv", tmp_path / "split" / "train" / "rows.csv", tmp_path / "fit", time="ts", key=None, holdout=0.34)
     # of the 6 left, ceil(0.34 * 6) = 3 latest: both rows at 30 and the one at 20
-    assert (tmp_path / "fit" / "test" / "rows.csv").read_text().splitlines() == [HEADER, "a,3,30,0", "a,4,20,1", "a,6,30,1"]
+    assert (tmp_path / "fit" / "test" / "rows.csv").read_text().splitlines() == [
+        HEADER,
+        "a,3,30,0",
+        "a,4,20,1",
+        "a,6,30,1",
+    ]
 
 
 def test_criteo_holds_out_its_latest_lines_across_day_files(tmp_path: Path) -> None:
@@ -117,6 +132,9 @@ def test_the_command_splits_tables_and_refuses_what_cannot_work(tmp_path: Path, 
     )
     assert (out / "train" / "rows.csv").read_bytes() == before
     assert main(["data", "split", "--data", f"csv:{source}", "-o", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == f"error: --data csv:{source}: name the column the rows are ordered by (--time COLUMN)\n"
+    assert (
+        capsys.readouterr().err
+        == f"error: --data csv:{source}: name the column the rows are ordered by (--time COLUMN)\n"
+    )
     assert main(["data", "split", "--data", f"criteo:{source}", "--time", "ts", "-o", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == "error: --time: criteo data is split without it (its lines are in time order)\n"

@@ -58,9 +58,14 @@ def test_an_evaluation_pass_counts_real_rows_not_padding(tmp_path: Path, world_s
     for rank in range(world_size):
         unseen = unseen_counter(reader)
         shares = epoch_batches(
-            reader, global_batch=4, rank=rank, world_size=world_size, bad_rows=BadRowLog(), num_workers=0,
+            reader,
+            global_batch=4,
+            rank=rank,
+            world_size=world_size,
+            bad_rows=BadRowLog(),
+            num_workers=0,
             unseen=unseen,
-        )  # fmt: skip
+        )
         assert len(list(shares)) == 3  # the last batch: rows 9 and 10, padded on ranks 2 and 3
         assert unseen.counts == _expected(RATINGS) == {"user_id": 4, "movie_id": 2}
         assert unseen.describe() == "ids not in the training vocabulary (row 0): user_id 4, movie_id 2 of 10 rows"

@@ -31,33 +31,22 @@ OPTIMIZERS = {
 }
 
 
-def make_tables(
-    pooling: str = "sum", dims: tuple[int, int, int] = (4, 8, 12)
-) -> list[EmbeddingBagConfig]:
+def make_tables(pooling: str = "sum", dims: tuple[int, int, int] = (4, 8, 12)) -> list[EmbeddingBagConfig]:
     """A shared table (two features) and two tables of other shapes."""
     return [
         EmbeddingBagConfig("t0", 20, dims[0], ["f0", "f1"], pooling=pooling),
         EmbeddingBagConfig("t1", 13, dims[1], ["f2"], pooling=pooling),
-        EmbeddingBagConfig(
-            "t2", 7, dims[2], ["f3"], pooling=pooling, weight_init_min=-0.5, weight_init_max=0.5
-        ),
+        EmbeddingBagConfig("t2", 7, dims[2], ["f3"], pooling=pooling, weight_init_min=-0.5, weight_init_max=0.5),
     ]
 
 
-def make_kjt(
-    rows: dict[str, int], weighted: bool, seed: int, extra: dict[str, int] | None = None
-) -> KeyedJaggedTensor:
+def make_kjt(rows: dict[str, int], weighted: bool, seed: int, extra: dict[str, int] | None = None) -> KeyedJaggedTensor:
     """Random batch over `rows` (feature -> table rows), 0-3 ids per bag, in the given key order."""
     gen = torch.Generator().manual_seed(seed)
     features = {**rows, **(extra or {})}
     lengths = torch.randint(0, 4, (len(features) * BATCH,), generator=gen)
     per_key = lengths.view(len(features), BATCH).sum(1).tolist()
-    values = torch.cat(
-        [
-            torch.randint(0, n, (count,), generator=gen)
-            for n, count in zip(features.values(), per_key)
-        ]
-    )
+    values = torch.cat([torch.randint(0, n, (count,), generator=gen) for n, count in zip(features.values(), per_key)])
     weights = torch.rand(values.numel(), generator=gen) + 0.5 if weighted else None
     return KeyedJaggedTensor.from_lengths_sync(list(features), values, lengths, weights=weights)
 
@@ -69,9 +58,7 @@ def feature_rows(tables: list[EmbeddingBagConfig]) -> dict[str, int]:
 class Reference:
     """Plain-torch EmbeddingBagCollection: autograd for gradients, formulas written out."""
 
-    def __init__(
-        self, tables: list[EmbeddingBagConfig], optimizer: EmbeddingOptimizer, state: dict
-    ) -> None:
+    def __init__(self, tables: list[EmbeddingBagConfig], optimizer: EmbeddingOptimizer, state: dict) -> None:
         self.tables = tables
         self.opt = optimizer
         self.weight = {t.name: state[f"{t.name}.weight"].clone().requires_grad_() for t in tables}
@@ -86,9 +73,7 @@ class Reference:
                 lengths = jt.lengths()
                 offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])[:-1]
                 w = jt.weights() if weighted else None
-                out = F.embedding_bag(
-                    jt.values(), self.weight[t.name], offsets, mode="sum", per_sample_weights=w
-                )
+                out = F.embedding_bag(jt.values(), self.weight[t.name], offsets, mode="sum", per_sample_weights=w)
                 if t.pooling == "mean":
                     out = out / lengths.clamp(min=1).unsqueeze(1)
                 pooled.append(out)
@@ -139,9 +124,7 @@ def train_and_compare(
     models = []
     for kernel in kernels:
         torch.manual_seed(0)
-        models.append(
-            EmbeddingBagCollection(tables, weighted, compute_kernel=kernel, optimizer=optimizer)
-        )
+        models.append(EmbeddingBagCollection(tables, weighted, compute_kernel=kernel, optimizer=optimizer))
     reference = Reference(tables, optimizer, models[0].state_dict())
     rows = feature_rows(tables)
     for step in range(STEPS):
@@ -187,13 +170,16 @@ def test_mixed_groups_match_reference_in_table_order() -> None:
     models = []
     for kernel in ("fused", "dense"):
         torch.manual_seed(0)
-        models.append(
-            EmbeddingBagCollection(tables, compute_kernel=kernel, optimizer=rowwise, lookup_threads=1)
-        )
+        models.append(EmbeddingBagCollection(tables, compute_kernel=kernel, optimizer=rowwise, lookup_threads=1))
     assert len(models[0]._groups) == 3
     # The per-table optimizer decides the state: sgd tables have none.
     assert list(models[0].state_dict()) == [
-        "a.weight", "b.weight", "b.momentum1", "c.weight", "d.weight", "d.momentum1"
+        "a.weight",
+        "b.weight",
+        "b.momentum1",
+        "c.weight",
+        "d.weight",
+        "d.momentum1",
     ]
     initial = models[0].state_dict()
     per_table = {t.name: Reference([t], t.optimizer or rowwise, initial) for t in tables}
@@ -325,9 +311,12 @@ def test_state_dict_round_trip_across_kernels(source: str, target: str) -> None:
         trained.sparse(make_kjt(rows, False, seed=step)).values().sum().backward()
     state = trained.state_dict()
     assert {k: tuple(v.shape) for k, v in state.items() if k.startswith("sparse.")} == {
-        "sparse.t0.weight": (20, 4), "sparse.t0.momentum1": (20,),
-        "sparse.t1.weight": (13, 8), "sparse.t1.momentum1": (13,),
-        "sparse.t2.weight": (7, 12), "sparse.t2.momentum1": (7,),
+        "sparse.t0.weight": (20, 4),
+        "sparse.t0.momentum1": (20,),
+        "sparse.t1.weight": (13, 8),
+        "sparse.t1.momentum1": (13,),
+        "sparse.t2.weight": (7, 12),
+        "sparse.t2.momentum1": (7,),
     }
     buffer = io.BytesIO()
     torch.save(state, buffer)

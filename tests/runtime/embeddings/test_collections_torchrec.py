@@ -111,7 +111,10 @@ def _bags(case: str, kernel: str) -> tuple[dict[str, Any], dict[str, torch.Tenso
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection(
         [EmbeddingBagConfig(name, rows, dim, features, pooling=mode) for name, rows, dim, features, mode in tables],
-        is_weighted=weighted, compute_kernel=kernel, optimizer=SGD, lookup_threads=1,
+        is_weighted=weighted,
+        compute_kernel=kernel,
+        optimizer=SGD,
+        lookup_threads=1,
     )
     before = {name: weight.detach().clone() for name, weight in ebc.embedding_parameters().items()}
     per_id = WEIGHTS.clone().requires_grad_()
@@ -120,17 +123,26 @@ def _bags(case: str, kernel: str) -> tuple[dict[str, Any], dict[str, torch.Tenso
     (kt.values() * grad).sum().backward()
     after = ebc.embedding_parameters()
     ours = {
-        "keys": kt.keys(), "length_per_key": kt.length_per_key(), "values": kt.values().detach(),
-        "weights_grad": per_id.grad, "table_grads": {name: before[name] - after[name] for name in before},
+        "keys": kt.keys(),
+        "length_per_key": kt.length_per_key(),
+        "values": kt.values().detach(),
+        "weights_grad": per_id.grad,
+        "table_grads": {name: before[name] - after[name] for name in before},
     }
     return ours, before, grad
 
 
-def _sequences(need_indices: bool, kernel: str) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _sequences(
+    need_indices: bool, kernel: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     torch.manual_seed(0)
     ec = EmbeddingCollection(
         [EmbeddingConfig(name, rows, dim, features) for name, rows, dim, features in SEQUENCES],
-        None, need_indices, compute_kernel=kernel, optimizer=SGD, lookup_threads=1,
+        None,
+        need_indices,
+        compute_kernel=kernel,
+        optimizer=SGD,
+        lookup_threads=1,
     )
     before = {name: weight.detach().clone() for name, weight in ec.embedding_parameters().items()}
     jts = ec(_kjt())
@@ -138,7 +150,8 @@ def _sequences(need_indices: bool, kernel: str) -> tuple[dict[str, Any], dict[st
     sum((jt.values() * grads[key]).sum() for key, jt in jts.items()).backward()
     after = ec.embedding_parameters()
     ours = {
-        "keys": list(jts), "need_indices": ec.need_indices(),
+        "keys": list(jts),
+        "need_indices": ec.need_indices(),
         "jts": {key: [jt.values().detach(), jt.lengths(), jt.weights_or_none()] for key, jt in jts.items()},
         "table_grads": {name: before[name] - after[name] for name in before},
     }

@@ -116,7 +116,12 @@ def test_the_pool_runs_single_threaded_without_changing_other_threads() -> None:
         pool = sorted(_pool(2).submit(torch.get_num_threads).result() for _ in range(4))
         print(torch.get_num_threads(), later[0], pool)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[0] == "2 2 [1, 1, 1, 1]"

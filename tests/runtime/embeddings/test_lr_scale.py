@@ -27,7 +27,9 @@ def batch(seed: int) -> KeyedJaggedTensor:
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 4, (8,), generator=gen)
     counts = lengths.view(2, 4).sum(1).tolist()
-    values = torch.cat([torch.randint(0, 5, (counts[0],), generator=gen), torch.randint(0, 5, (counts[1],), generator=gen)])
+    values = torch.cat(
+        [torch.randint(0, 5, (counts[0],), generator=gen), torch.randint(0, 5, (counts[1],), generator=gen)]
+    )
     return KeyedJaggedTensor.from_lengths_sync(["f0", "f1"], values, lengths)
 
 

@@ -34,8 +34,9 @@ def _batch(seed: int, weighted: bool) -> KeyedJaggedTensor:
     lengths = torch.randint(0, 6, (len(ROWS) * BATCH,), generator=gen)
     per_key = lengths.view(len(ROWS), BATCH).sum(1).tolist()
     # ids drawn from few rows too, so rows repeat within and across bags and features
-    values = torch.cat([torch.randint(0, min(n, 50), (k,), generator=gen) * (n // min(n, 50))
-                        for n, k in zip(ROWS.values(), per_key)])
+    values = torch.cat(
+        [torch.randint(0, min(n, 50), (k,), generator=gen) * (n // min(n, 50)) for n, k in zip(ROWS.values(), per_key)]
+    )
     weights = torch.rand(values.numel(), generator=gen) if weighted else None
     return KeyedJaggedTensor.from_lengths_sync(list(ROWS), values, lengths, weights=weights)
 
@@ -105,8 +106,15 @@ def test_an_id_outside_its_table_is_refused_without_a_change(monkeypatch, native
     values[0] = 1 << 40  # only the kernel's own check stands between it and memory
     layout = native_update.layout(group.tbe)
     status = native_update.native.rowwise_adagrad_backward(
-        group.tbe.weights_host.detach(), group.tbe.momentum1_host.detach(), layout, values, batch.offsets(), None,
-        torch.ones_like(pooled), 0.1, 1e-8,
+        group.tbe.weights_host.detach(),
+        group.tbe.momentum1_host.detach(),
+        layout,
+        values,
+        batch.offsets(),
+        None,
+        torch.ones_like(pooled),
+        0.1,
+        1e-8,
     )
     assert status == 1
     assert torch.equal(group.tbe.weights_host.detach()[: 70_000 * 8], before[: 70_000 * 8])
@@ -121,7 +129,11 @@ def test_only_cpu_rowwise_adagrad_without_weight_decay_is_supported(native_kerne
 def test_a_table_of_more_rows_than_its_sort_keys_hold_takes_fbgemms_backward(native_kernels) -> None:
     """The C sort packs a row into 32 bits: a row 2**32 + 1 would update row 1 (no such table fits here,
     so the check is shown on the one TBE with its row count raised)."""
-    tbe = EmbeddingBagCollection(TABLES[:1], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)._groups[0].tbe
+    tbe = (
+        EmbeddingBagCollection(TABLES[:1], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+        ._groups[0]
+        .tbe
+    )
     assert native_update.supports(tbe, "rowwise_adagrad", 0.0)
     tbe.rows_per_table = torch.full_like(tbe.rows_per_table, native_update.ROW_LIMIT)
     assert native_update.supports(tbe, "rowwise_adagrad", 0.0)
@@ -137,15 +149,24 @@ def test_a_gradient_with_rows_further_apart_is_read_in_place(monkeypatch, native
     states = []
     for strided in (False, True):
         torch.manual_seed(0)
-        collection = EmbeddingBagCollection(TABLES[:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+        collection = EmbeddingBagCollection(
+            TABLES[:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1
+        )
         group = collection._groups[0]
         width = int(group.tbe.D_offsets[-1])
         whole = torch.randn(BATCH, width + 40, generator=torch.Generator().manual_seed(5))
         grad = whole[:, 7 : 7 + width] if strided else whole[:, 7 : 7 + width].contiguous()
         assert grad.is_contiguous() is not strided
         status = native_update.native.rowwise_adagrad_backward(
-            group.tbe.weights_host.detach(), group.tbe.momentum1_host.detach(), native_update.layout(group.tbe),
-            batch.values()[: int(batch.offset_per_key()[3])], batch.offsets()[: 3 * BATCH + 1], None, grad, 0.1, 1e-8,
+            group.tbe.weights_host.detach(),
+            group.tbe.momentum1_host.detach(),
+            native_update.layout(group.tbe),
+            batch.values()[: int(batch.offset_per_key()[3])],
+            batch.offsets()[: 3 * BATCH + 1],
+            None,
+            grad,
+            0.1,
+            1e-8,
         )
         assert status == 0
         states.append(collection.state_dict())

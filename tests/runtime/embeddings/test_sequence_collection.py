@@ -62,16 +62,13 @@ class Reference:
     def __init__(self, tables: list[EmbeddingConfig], opt: EmbeddingOptimizer, state: dict) -> None:
         self.tables, self.opt = tables, opt
         self.embeddings = {
-            t.name: nn.Embedding.from_pretrained(state[f"{t.name}.weight"].clone(), freeze=False)
-            for t in tables
+            t.name: nn.Embedding.from_pretrained(state[f"{t.name}.weight"].clone(), freeze=False) for t in tables
         }
         self.state = {k: v.clone() for k, v in state.items() if not k.endswith(".weight")}
 
     def forward(self, kjt: KeyedJaggedTensor) -> dict[str, torch.Tensor]:
         features = kjt.to_dict()
-        return {
-            f: self.embeddings[t.name](features[f].values()) for t in self.tables for f in t.feature_names
-        }
+        return {f: self.embeddings[t.name](features[f].values()) for t in self.tables for f in t.feature_names}
 
     @torch.no_grad()
     def step(self, kjt: KeyedJaggedTensor) -> None:
@@ -214,9 +211,10 @@ def test_construction_errors(build, message: str) -> None:
 def test_dense_kernel_takes_any_width_and_embeddings_are_not_parameters() -> None:
     ec = EmbeddingCollection([EmbeddingConfig("t", 5, 6, ["f"])], compute_kernel="dense")
     assert list(ec.parameters()) == []
-    assert ec(KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([4]), torch.tensor([1])))[
-        "f"
-    ].values().shape == (1, 6)
+    assert ec(KeyedJaggedTensor.from_lengths_sync(["f"], torch.tensor([4]), torch.tensor([1])))["f"].values().shape == (
+        1,
+        6,
+    )
 
 
 def test_state_dict_round_trip_across_kernels() -> None:
@@ -224,8 +222,6 @@ def test_state_dict_round_trip_across_kernels() -> None:
     loss_of({k: jt.values() for k, jt in fused(make_kjt(seed=1)).items()}, seed=5).backward()
     dense = EmbeddingCollection(make_tables(), compute_kernel="dense", optimizer=OPTIMIZERS["rowwise_adagrad"])
     dense.load_state_dict(fused.state_dict())
-    assert sorted(dense.state_dict()) == [
-        "category.momentum1", "category.weight", "item.momentum1", "item.weight"
-    ]
+    assert sorted(dense.state_dict()) == ["category.momentum1", "category.weight", "item.momentum1", "item.weight"]
     for key, value in fused.state_dict().items():
         torch.testing.assert_close(dense.state_dict()[key], value, atol=0, rtol=0)

@@ -53,17 +53,53 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     write_csv(root / "train.csv", train)
     write_csv(root / "test.csv", test)
     common = ["--data-workers", "0", "-o", str(root / "build")]
-    trained = _run("train", str(SPEC), "--data", f"csv:{root}/train.csv", "--eval-data", f"csv:{root}/test.csv",
-                   "--steps", "30", "--checkpoint-dir", str(root / "ckpt"), "--checkpoint-every", "30", *common)
-    _run("export", str(SPEC), "--checkpoint", str(root / "ckpt"), "--quantize", "none", "--no-aot", "-o",
-         str(root / "out"))
+    trained = _run(
+        "train",
+        str(SPEC),
+        "--data",
+        f"csv:{root}/train.csv",
+        "--eval-data",
+        f"csv:{root}/test.csv",
+        "--steps",
+        "30",
+        "--checkpoint-dir",
+        str(root / "ckpt"),
+        "--checkpoint-every",
+        "30",
+        *common,
+    )
+    _run(
+        "export",
+        str(SPEC),
+        "--checkpoint",
+        str(root / "ckpt"),
+        "--quantize",
+        "none",
+        "--no-aot",
+        "-o",
+        str(root / "out"),
+    )
     _run("predict", str(root / "out"), "--data", f"csv:{root}/test.csv", "-o", str(root / "pred.csv"))
     _run("data", "prepare", str(SPEC), "--data", f"csv:{root}/train.csv", "-o", str(root / "prep_train"))
-    _run("data", "prepare", str(SPEC), "--data", f"csv:{root}/test.csv", "--training", f"{root}/train.csv",
-         "-o", str(root / "prep_test"))
+    _run(
+        "data",
+        "prepare",
+        str(SPEC),
+        "--data",
+        f"csv:{root}/test.csv",
+        "--training",
+        f"{root}/train.csv",
+        "-o",
+        str(root / "prep_test"),
+    )
     inputs = model_inputs(validate(load(str(SPEC))))
-    return {"root": root, "train": train, "test": test, "result": json.loads(trained.strip().splitlines()[-1]),
-            "inputs": inputs}  # fmt: skip
+    return {
+        "root": root,
+        "train": train,
+        "test": test,
+        "result": json.loads(trained.strip().splitlines()[-1]),
+        "inputs": inputs,
+    }
 
 
 def _auc(scores: list[float], labels: list[float]) -> float:
@@ -87,7 +123,9 @@ def test_the_state_is_learned_from_the_training_rows_only(run: dict) -> None:
     history = state["seen"]["state"]["keys"]["u0"]
     user0 = sorted((row for row in run["train"] if row[0] == "u0"), key=lambda row: int(row[8]))
     assert history == [[float(row[8]) for row in user0], [row[1] for row in user0]]
-    assert (run["root"] / "prep_train" / "features.json").read_bytes() == (run["root"] / "out" / "features.json").read_bytes()
+    assert (run["root"] / "prep_train" / "features.json").read_bytes() == (
+        run["root"] / "out" / "features.json"
+    ).read_bytes()
 
 
 def test_the_same_rows_give_the_same_ids_and_numbers_on_every_path(run: dict) -> None:
@@ -102,7 +140,7 @@ def test_the_same_rows_give_the_same_ids_and_numbers_on_every_path(run: dict) ->
     direct = batch_of(open_reader(learned, DataChoice("csv", str(root / "test.csv"))))
     (prepared,) = prepared_epoch_batches(open_prepared(inputs, root / "prep_test"), num_workers=0, **shape)
     samples = open_samples(inputs, f"csv:{root}/test.csv", batch_size=1000, features=root / "out" / "features.json")
-    (_, predicted), = list(samples.batches)
+    ((_, predicted),) = list(samples.batches)
     table = pa.Table.from_pylist([dict(zip(HEADER.split(","), row)) for row in run["test"]])
     pq.write_table(table, root / "test.parquet")
     parquet_inputs = with_learned(_reader_section(inputs, "parquet"), root / "out" / "features.json")
@@ -118,13 +156,19 @@ def test_the_same_rows_give_the_same_ids_and_numbers_on_every_path(run: dict) ->
     state = learned.learned
     movie_rows = state.get("movie").state.rows
     first = run["test"][0]
-    earlier = [row[1] for row in sorted(run["train"], key=lambda row: int(row[8]))
-               if row[0] == first[0] and int(row[8]) < int(first[8])][-50:]  # fmt: skip
+    earlier = [
+        row[1]
+        for row in sorted(run["train"], key=lambda row: int(row[8]))
+        if row[0] == first[0] and int(row[8]) < int(first[8])
+    ][-50:]
     seen = direct.sparse["seen"]
     assert seen.values()[: seen.lengths()[0]].tolist() == [movie_rows.get(m, 0) for m in earlier]
     # its liked history: of those training rows, the ones labelled 1 (the test row's own label is never read)
-    liked_earlier = [row[1] for row in sorted(run["train"], key=lambda row: int(row[8]))
-                     if row[0] == first[0] and int(row[8]) < int(first[8]) and row[9] == "1"][-50:]  # fmt: skip
+    liked_earlier = [
+        row[1]
+        for row in sorted(run["train"], key=lambda row: int(row[8]))
+        if row[0] == first[0] and int(row[8]) < int(first[8]) and row[9] == "1"
+    ][-50:]
     liked = direct.sparse["liked"]
     assert liked.values()[: liked.lengths()[0]].tolist() == [movie_rows.get(m, 0) for m in liked_earlier]
     assert 0 < liked.lengths()[0] < seen.lengths()[0]
@@ -149,10 +193,28 @@ def test_predict_and_prepared_data_reproduce_the_evaluation(run: dict) -> None:
         scores = [float(row["like"]) for row in csv.DictReader(stream)]
     labels = [float(row[9]) for row in run["test"]]
     assert _auc(scores, labels) == pytest.approx(run["result"]["eval_metrics"]["like"]["auc"], abs=1e-6)
-    assert run["result"]["eval_unseen_ids"] == {"user": 0, "movie": 0, "genres": 0, "gender": 0, "occupation": 0,
-                                                "zip": 0}  # fmt: skip
-    prepared = _run("train", str(SPEC), "--data", f"prepared:{root}/prep_train", "--eval-data",
-                    f"prepared:{root}/prep_test", "--steps", "30", "--data-workers", "0", "-o", str(root / "build_p"))
+    assert run["result"]["eval_unseen_ids"] == {
+        "user": 0,
+        "movie": 0,
+        "genres": 0,
+        "gender": 0,
+        "occupation": 0,
+        "zip": 0,
+    }
+    prepared = _run(
+        "train",
+        str(SPEC),
+        "--data",
+        f"prepared:{root}/prep_train",
+        "--eval-data",
+        f"prepared:{root}/prep_test",
+        "--steps",
+        "30",
+        "--data-workers",
+        "0",
+        "-o",
+        str(root / "build_p"),
+    )
     result = json.loads(prepared.strip().splitlines()[-1])
     assert result["eval_metrics"] == run["result"]["eval_metrics"]
     assert result["loss_last"] == run["result"]["loss_last"]
@@ -161,8 +223,21 @@ def test_predict_and_prepared_data_reproduce_the_evaluation(run: dict) -> None:
 def test_a_resumed_run_keeps_the_checkpoint_state_whatever_it_reads(run: dict) -> None:
     root = run["root"]
     shutil.copytree(root / "ckpt", root / "ckpt_resumed")
-    _run("train", str(SPEC), "--data", f"csv:{root}/test.csv", "--steps", "32", "--resume", "--checkpoint-dir",
-         str(root / "ckpt_resumed"), "--data-workers", "0", "-o", str(root / "build_r"))
+    _run(
+        "train",
+        str(SPEC),
+        "--data",
+        f"csv:{root}/test.csv",
+        "--steps",
+        "32",
+        "--resume",
+        "--checkpoint-dir",
+        str(root / "ckpt_resumed"),
+        "--data-workers",
+        "0",
+        "-o",
+        str(root / "build_r"),
+    )
     saved = (root / "ckpt" / "step_00000030" / "features.json").read_bytes()
     assert (root / "build_r" / "movielens_csv.features.json").read_bytes() == saved
 
@@ -223,16 +298,29 @@ def test_a_criteo_like_table_with_string_categoricals_and_missing_numbers_trains
         lines.append(",".join([str(label), *counts, site, f"ad{rng.randint(0, 30)}"]))
     (tmp_path / "clicks.csv").write_text("\n".join(lines) + "\n")
     (tmp_path / "spec.yaml").write_text(CRITEO_LIKE)
-    out = _run("train", str(tmp_path / "spec.yaml"), "--data", f"csv:{tmp_path}/clicks.csv", "--eval-data",
-               f"csv:{tmp_path}/clicks.csv", "--steps", "20", "--data-workers", "0", "-o", str(tmp_path / "build"))
+    out = _run(
+        "train",
+        str(tmp_path / "spec.yaml"),
+        "--data",
+        f"csv:{tmp_path}/clicks.csv",
+        "--eval-data",
+        f"csv:{tmp_path}/clicks.csv",
+        "--steps",
+        "20",
+        "--data-workers",
+        "0",
+        "-o",
+        str(tmp_path / "build"),
+    )
     result = json.loads(out.strip().splitlines()[-1])
     assert result["eval_unseen_ids"] == {"site": 30}  # the 30 rare sites: below min_count 2, in the OOV rows
     assert result["loss_last"] < result["loss_first"]
     state = json.loads((tmp_path / "build" / "criteo_like.features.json").read_text())["features"]
     present = [float(line.split(",")[1]) for line in lines[1:] if line.split(",")[1]]
     assert state["counts"]["state"]["fill"][0] == pytest.approx(sum(present) / len(present), rel=1e-12)
-    assert state["site"]["state"]["values"] == sorted({f"s{i}" for i in range(10)},
-                                                      key=lambda s: (-sum(line.split(",")[4] == s for line in lines), s))
+    assert state["site"]["state"]["values"] == sorted(
+        {f"s{i}" for i in range(10)}, key=lambda s: (-sum(line.split(",")[4] == s for line in lines), s)
+    )
     assert len(state["count_q_0"]["state"]["boundaries"]) == 3
 
 
@@ -241,4 +329,6 @@ def test_check_reports_what_is_learned_and_the_collisions_of_hashed_features(run
     out = capsys.readouterr().out.splitlines()
     assert "  feature user: vocabulary of 40 values (of 40 seen, min_count 1), 1 OOV row" in out
     assert "  feature seen: history of movie by user: 40 keys, 640 training rows" in out
-    assert out[-1] == "  hashed feature gender_occupation: 10 distinct values in 640 rows; 0 (0.0%) share a row of its 256"
+    assert (
+        out[-1] == "  hashed feature gender_occupation: 10 distinct values in 640 rows; 0 (0.0%) share a row of its 256"
+    )

@@ -30,9 +30,16 @@ UNEVEN = (5, 3)  # local batch sizes of the forward-only check
 def make_model(process_group: dist.ProcessGroup | None) -> MLP:
     torch.manual_seed(0)
     return MLP(
-        IN_FEATURES, [8, 8, 1], activation="dice", final_activation=None, norm="batch", dropout=0.3, residual=True,
-        seed=3, process_group=process_group,
-    )  # fmt: skip
+        IN_FEATURES,
+        [8, 8, 1],
+        activation="dice",
+        final_activation=None,
+        norm="batch",
+        dropout=0.3,
+        residual=True,
+        seed=3,
+        process_group=process_group,
+    )
 
 
 def make_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,9 +104,12 @@ def gather_uneven(t: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
 def run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, WORLD_SIZE, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, WORLD_SIZE, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=WORLD_SIZE,
+        timeout=datetime.timedelta(seconds=60),
+    )
     group = dist.group.WORLD
     results = {
         "train": train(make_model(group), rank, WORLD_SIZE),

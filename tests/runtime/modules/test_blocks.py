@@ -296,10 +296,7 @@ def test_fm_matches_both_forms_of_the_formula() -> None:
     assert out.shape == (7, 1)
     v = x.view(7, n, d)
     halved = torch.stack(
-        [
-            0.5 * sum(v[b, :, k].sum() ** 2 - (v[b, :, k] ** 2).sum() for k in range(d))
-            for b in range(7)
-        ]
+        [0.5 * sum(v[b, :, k].sum() ** 2 - (v[b, :, k] ** 2).sum() for k in range(d)) for b in range(7)]
     )
     pairwise = torch.stack(
         [sum(torch.dot(v[b, i], v[b, j]) for i in range(n) for j in range(i + 1, n)) for b in range(7)]

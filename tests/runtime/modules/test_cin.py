@@ -72,7 +72,10 @@ def test_gradcheck() -> None:
     ("kwargs", "message"),
     [
         ({"num_fields": 3, "dim": 4, "layer_sizes": []}, "CIN: layer_sizes must be a non-empty list of sizes (got [])"),
-        ({"num_fields": 3, "dim": 4, "layer_sizes": [3, 4]}, "CIN: layer_sizes[0] must be even with split_half (got 3)"),
+        (
+            {"num_fields": 3, "dim": 4, "layer_sizes": [3, 4]},
+            "CIN: layer_sizes[0] must be even with split_half (got 3)",
+        ),
         ({"num_fields": 3, "dim": 0, "layer_sizes": [4]}, "CIN: dim must be an integer >= 1 (got 0)"),
         (
             {"num_fields": 3, "dim": 4, "layer_sizes": [4], "activation": "elu"},

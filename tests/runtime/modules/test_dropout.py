@@ -21,8 +21,12 @@ def test_keep_rate_and_independence_over_a_large_mask() -> None:
 def test_each_key_changes_the_mask() -> None:
     samples = torch.arange(64)
     base = keep_mask(0.5, 1, 0, 0, samples, 32)
-    for other in (keep_mask(0.5, 2, 0, 0, samples, 32), keep_mask(0.5, 1, 1, 0, samples, 32),
-                  keep_mask(0.5, 1, 0, 1, samples, 32), keep_mask(0.5, 1, 0, 0, samples + 64, 32)):  # fmt: skip
+    for other in (
+        keep_mask(0.5, 2, 0, 0, samples, 32),
+        keep_mask(0.5, 1, 1, 0, samples, 32),
+        keep_mask(0.5, 1, 0, 1, samples, 32),
+        keep_mask(0.5, 1, 0, 0, samples + 64, 32),
+    ):
         assert 0.35 < (base != other).double().mean().item() < 0.65
 
 

@@ -97,7 +97,10 @@ def test_gradcheck() -> None:
     [
         ({"num_fields": 0, "dim": 4}, "FieldSelfAttention: num_fields must be an integer >= 1 (got 0)"),
         ({"num_fields": 3, "dim": 4, "num_heads": 0}, "FieldSelfAttention: num_heads must be an integer >= 1 (got 0)"),
-        ({"num_fields": 3, "dim": 4, "head_dim": 2.0}, "FieldSelfAttention: head_dim must be an integer >= 1 (got 2.0)"),
+        (
+            {"num_fields": 3, "dim": 4, "head_dim": 2.0},
+            "FieldSelfAttention: head_dim must be an integer >= 1 (got 2.0)",
+        ),
         ({"num_fields": 3, "dim": 4, "residual": 1}, "FieldSelfAttention: residual must be true or false (got 1)"),
     ],
 )

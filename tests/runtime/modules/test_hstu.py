@@ -43,9 +43,10 @@ def loop_reference(
                 total = torch.zeros(LIN)
                 for j in range(i + 1):
                     kh = k[j][h * ATTN : (h + 1) * ATTN]
-                    rab = block.position_bias[MAX_LEN - 1 + j - i] + block.time_bias[
-                        bucket(int(ts[b, i]) - int(ts[b, j]))
-                    ]
+                    rab = (
+                        block.position_bias[MAX_LEN - 1 + j - i]
+                        + block.time_bias[bucket(int(ts[b, i]) - int(ts[b, j]))]
+                    )
                     weight = F.silu(qh @ kh + rab) / MAX_LEN
                     total = total + weight * v[j][h * LIN : (h + 1) * LIN]
                 heads.append(total)
@@ -100,13 +101,19 @@ def test_causal_a_later_position_does_not_change_earlier_outputs() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: HSTU(DIM, HEADS, ATTN, LIN, 4)(*padded_batch(DIM), torch.zeros(5, 6)),
-         "HSTU: a padded length of 6 exceeds max_length 4"),
-        (lambda: HSTU(DIM, HEADS, ATTN, LIN, MAX_LEN)(*padded_batch(DIM), torch.zeros(5, 5)),
-         "HSTU: expected timestamps of shape (5, 6), got (5, 5)"),
+        (
+            lambda: HSTU(DIM, HEADS, ATTN, LIN, 4)(*padded_batch(DIM), torch.zeros(5, 6)),
+            "HSTU: a padded length of 6 exceeds max_length 4",
+        ),
+        (
+            lambda: HSTU(DIM, HEADS, ATTN, LIN, MAX_LEN)(*padded_batch(DIM), torch.zeros(5, 5)),
+            "HSTU: expected timestamps of shape (5, 6), got (5, 5)",
+        ),
         (lambda: HSTU(DIM, 0, ATTN, LIN, MAX_LEN), "HSTU: num_heads must be an integer >= 1 (got 0)"),
-        (lambda: HSTU(DIM, HEADS, ATTN, LIN, MAX_LEN)(torch.zeros(5, 6), torch.zeros(5), torch.zeros(5, 6)),
-         "HSTU: expected a sequence of shape (B, L, 8), got (5, 6)"),
+        (
+            lambda: HSTU(DIM, HEADS, ATTN, LIN, MAX_LEN)(torch.zeros(5, 6), torch.zeros(5), torch.zeros(5, 6)),
+            "HSTU: expected a sequence of shape (B, L, 8), got (5, 6)",
+        ),
     ],
 )
 def test_errors_name_the_block(call, message: str) -> None:
@@ -153,8 +160,18 @@ def test_input_preprocessor_and_dropout_follow_generative_recommenders() -> None
     """sqrt(d) scaling, learned positions and input dropout before the first layer; dropout on LN(AV) * U."""
     torch.manual_seed(0)
     layers = hstu_layers(
-        2, scale_input=True, positions=True, input_dropout=0.2, seed=5, dim=DIM, num_heads=HEADS, attention_dim=ATTN,
-        linear_dim=LIN, max_length=MAX_LEN, num_buckets=BUCKETS, dropout=0.3,
+        2,
+        scale_input=True,
+        positions=True,
+        input_dropout=0.2,
+        seed=5,
+        dim=DIM,
+        num_heads=HEADS,
+        attention_dim=ATTN,
+        linear_dim=LIN,
+        max_length=MAX_LEN,
+        num_buckets=BUCKETS,
+        dropout=0.3,
     )
     assert layers[1].positions is None and not layers[1].scale_input and layers[1].input_dropout == 0.0
     assert layers[0].positions.abs().max() <= 2 * DIM**-0.5

@@ -37,7 +37,13 @@ def inputs(batch: int, length: int, heads: int, dim: int) -> tuple[torch.Tensor,
 @pytest.mark.parametrize("path", ["torch", "native"])
 @pytest.mark.parametrize(("batch", "length", "heads", "dim"), [(7, 6, 2, 8), (33, 51, 2, 64), (5, 3, 1, 13)])
 def test_both_paths_equal_the_formula_with_gradients(
-    path: str, batch: int, length: int, heads: int, dim: int, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    path: str,
+    batch: int,
+    length: int,
+    heads: int,
+    dim: int,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     if path == "native":
         request.getfixturevalue("native_kernels")
@@ -86,4 +92,6 @@ def test_the_choice_is_measured_once_per_shape(monkeypatch: pytest.MonkeyPatch, 
     x, query, counts = inputs(8, 6, 2, 8)
     one_query_attention(x, query, counts)
     made = [c for c in choice.recorded() if c.kernel == "attention"]
-    assert [(c.shape, sorted(dict(c.times_ms))) for c in made] == [("b8_l6_h2_d8_fwd_t%d" % torch.get_num_threads(), ["native", "torch"])]
+    assert [(c.shape, sorted(dict(c.times_ms))) for c in made] == [
+        ("b8_l6_h2_d8_fwd_t%d" % torch.get_num_threads(), ["native", "torch"])
+    ]

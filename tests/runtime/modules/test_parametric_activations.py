@@ -38,8 +38,9 @@ def test_an_mlp_with_prelu_matches_linears_and_torch_prelu() -> None:
     reference = torch.nn.PReLU()(second(reference))
     torch.testing.assert_close(mlp(x), reference)
     assert sorted(name for name, _ in mlp.named_parameters() if "parametric" in name) == [
-        "parametric.0.weight", "parametric.1.weight",
-    ]  # fmt: skip
+        "parametric.0.weight",
+        "parametric.1.weight",
+    ]
 
 
 def test_an_mlp_with_dice_has_one_dice_per_hidden_layer_and_a_linear_output() -> None:

@@ -82,7 +82,10 @@ def test_ple_levels_of_different_sizes_match_the_formula() -> None:
     ple = ProgressiveLayeredExtraction(
         6, shared_experts=9, task_experts=9, expert_layers=[9], num_tasks=2, levels=3, per_level=per_level
     ).double()
-    sizes = [(len(layer.shared), len(layer.task[0]), [m.out_features for m in layer.shared[0].linears]) for layer in ple.layers]
+    sizes = [
+        (len(layer.shared), len(layer.task[0]), [m.out_features for m in layer.shared[0].linears])
+        for layer in ple.layers
+    ]
     assert sizes == per_level and ple.out_features == 3
     assert [layer.task_gates[0].weight.shape[1] for layer in ple.layers] == [6, 5, 4]  # each reads the last widths
     x = torch.randn(7, 6, dtype=torch.float64)

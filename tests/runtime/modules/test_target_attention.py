@@ -54,13 +54,19 @@ def test_scores_are_not_normalised() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: TargetAttention(4, (8,), "swish"),
-         "TargetAttention: unknown activation 'swish' (expected one of: dice, gelu, none, prelu, relu, sigmoid, silu, tanh)"),
+        (
+            lambda: TargetAttention(4, (8,), "swish"),
+            "TargetAttention: unknown activation 'swish' (expected one of: dice, gelu, none, prelu, relu, sigmoid, silu, tanh)",
+        ),
         (lambda: TargetAttention(4, []), "TargetAttention: hidden must be a non-empty list of sizes (got [])"),
-        (lambda: TargetAttention(4)(torch.zeros(5, 3), *padded_batch(dim=4)),
-         "TargetAttention: expected a query of shape (5, 4), got (5, 3)"),
-        (lambda: TargetAttention(4)(torch.zeros(5, 4), torch.zeros(5, 4), torch.tensor([1] * 5)),
-         "TargetAttention: expected a sequence of shape (B, L, 4), got (5, 4)"),
+        (
+            lambda: TargetAttention(4)(torch.zeros(5, 3), *padded_batch(dim=4)),
+            "TargetAttention: expected a query of shape (5, 4), got (5, 3)",
+        ),
+        (
+            lambda: TargetAttention(4)(torch.zeros(5, 4), torch.zeros(5, 4), torch.tensor([1] * 5)),
+            "TargetAttention: expected a sequence of shape (B, L, 4), got (5, 4)",
+        ),
     ],
 )
 def test_errors_name_the_block(call, message: str) -> None:

@@ -18,7 +18,9 @@ from sequence_inputs import padded_batch
 from runtime.modules.blocks.target_attention import TargetAttention
 
 
-def din_encoder(block: TargetAttention, query: torch.Tensor, sequence: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def din_encoder(
+    block: TargetAttention, query: torch.Tensor, sequence: torch.Tensor, lengths: torch.Tensor
+) -> torch.Tensor:
     length = sequence.shape[1]
     mask = torch.arange(length).unsqueeze(0) < lengths.unsqueeze(1)
     sequence = sequence * mask.unsqueeze(-1)  # TorchEasyRec's padded embeddings are zeros

@@ -24,7 +24,12 @@ TOL = dict(atol=1e-5, rtol=0)
 def torch_stack(block: Transformer, activation: str) -> nn.ModuleList:
     layers = nn.ModuleList(
         nn.TransformerEncoderLayer(
-            DIM, HEADS, FFN, dropout=0.0, activation=activation, batch_first=True,
+            DIM,
+            HEADS,
+            FFN,
+            dropout=0.0,
+            activation=activation,
+            batch_first=True,
             norm_first=block.norm_first,
         )
         for _ in range(block.num_layers)
@@ -37,9 +42,7 @@ def torch_stack(block: Transformer, activation: str) -> nn.ModuleList:
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
-def test_equals_torch_encoder_layers_with_the_same_weights(
-    norm_first: bool, causal: bool, activation: str
-) -> None:
+def test_equals_torch_encoder_layers_with_the_same_weights(norm_first: bool, causal: bool, activation: str) -> None:
     torch.manual_seed(0)
     block = Transformer(DIM, HEADS, FFN, LAYERS, norm_first, causal, max_length=6, activation=activation)
     reference = torch_stack(block, activation)
@@ -121,20 +124,29 @@ def test_one_position_output_of_empty_sequences_is_zero() -> None:
     ("call", "message"),
     [
         (lambda: Transformer(6, 4, 8), "Transformer: dim 6 is not divisible by num_heads 4"),
-        (lambda: Transformer(8, 2, 8, activation="tanh"),
-         "Transformer: unknown activation 'tanh' (expected one of: relu, gelu, leaky_relu)"),
-        (lambda: Transformer(8, 2, 8, output="mean"),
-         "Transformer: unknown output 'mean' (expected one of: sequence, first, last)"),
+        (
+            lambda: Transformer(8, 2, 8, activation="tanh"),
+            "Transformer: unknown activation 'tanh' (expected one of: relu, gelu, leaky_relu)",
+        ),
+        (
+            lambda: Transformer(8, 2, 8, output="mean"),
+            "Transformer: unknown output 'mean' (expected one of: sequence, first, last)",
+        ),
         (lambda: Transformer(8, 2, 0), "Transformer: ffn_dim must be an integer >= 1 (got 0)"),
         (lambda: Transformer(8, 2, 8, dropout=1.0), "Transformer: dropout must be a number in [0, 1) (got 1.0)"),
-        (lambda: Transformer(8, 2, 8, norm_first=True, sasrec=True),
-         "Transformer: sasrec is its own arrangement of the norms; norm_first must be False"),
-        (lambda: Transformer(8, 2, 8, max_length=-1),
-         "Transformer: max_length must be an integer >= 0 (got -1)"),
-        (lambda: Transformer(8, 2, 8, max_length=4)(*padded_batch(8)),
-         "Transformer: a padded length of 6 exceeds max_length 4"),
-        (lambda: Transformer(4, 2, 8)(*padded_batch(8)),
-         "Transformer: expected a sequence of shape (B, L, 4), got (5, 6, 8)"),
+        (
+            lambda: Transformer(8, 2, 8, norm_first=True, sasrec=True),
+            "Transformer: sasrec is its own arrangement of the norms; norm_first must be False",
+        ),
+        (lambda: Transformer(8, 2, 8, max_length=-1), "Transformer: max_length must be an integer >= 0 (got -1)"),
+        (
+            lambda: Transformer(8, 2, 8, max_length=4)(*padded_batch(8)),
+            "Transformer: a padded length of 6 exceeds max_length 4",
+        ),
+        (
+            lambda: Transformer(4, 2, 8)(*padded_batch(8)),
+            "Transformer: expected a sequence of shape (B, L, 4), got (5, 6, 8)",
+        ),
     ],
 )
 def test_errors_name_the_block(call, message: str) -> None:

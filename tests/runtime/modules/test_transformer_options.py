@@ -53,8 +53,16 @@ def run_torch(layers: nn.ModuleList, x: torch.Tensor, lengths: torch.Tensor, cau
 def test_leaky_relu_no_affine_and_scaled_input_equal_torch_layers(norm_first: bool) -> None:
     torch.manual_seed(0)
     block = Transformer(
-        DIM, HEADS, FFN, LAYERS, norm_first, causal=True, max_length=LENGTH, activation="leaky_relu",
-        norm_affine=False, scale_input=True,
+        DIM,
+        HEADS,
+        FFN,
+        LAYERS,
+        norm_first,
+        causal=True,
+        max_length=LENGTH,
+        activation="leaky_relu",
+        norm_affine=False,
+        scale_input=True,
     )
     assert not [name for name, _ in block.named_parameters() if "norm" in name]
     reference = torch_stack(block, F.leaky_relu)  # its norms keep their initial scale 1 and shift 0
@@ -143,10 +151,32 @@ def test_dropout_places_and_masks_follow_the_formula_and_eval_has_none() -> None
 @pytest.mark.parametrize("output", ["sequence", "last"])
 def test_dropout_of_a_sample_does_not_depend_on_how_the_batch_is_split(monkeypatch, output: str) -> None:
     torch.manual_seed(0)
-    whole = Transformer(DIM, HEADS, FFN, LAYERS, causal=True, sasrec=True, dropout=0.3, input_dropout=0.2,
-                        scale_input=True, output=output, seed=3)
-    half = Transformer(DIM, HEADS, FFN, LAYERS, causal=True, sasrec=True, dropout=0.3, input_dropout=0.2,
-                       scale_input=True, output=output, seed=3)
+    whole = Transformer(
+        DIM,
+        HEADS,
+        FFN,
+        LAYERS,
+        causal=True,
+        sasrec=True,
+        dropout=0.3,
+        input_dropout=0.2,
+        scale_input=True,
+        output=output,
+        seed=3,
+    )
+    half = Transformer(
+        DIM,
+        HEADS,
+        FFN,
+        LAYERS,
+        causal=True,
+        sasrec=True,
+        dropout=0.3,
+        input_dropout=0.2,
+        scale_input=True,
+        output=output,
+        seed=3,
+    )
     half.load_state_dict(whole.state_dict())
     x, lengths = padded_batch(DIM, lengths=LENGTHS)
     expected = whole(x, lengths)

@@ -106,9 +106,12 @@ def test_compute_starts_a_new_window_and_padding_is_left_out() -> None:
 
 def _rank(rank: int, port: int, out: str) -> None:
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     outputs, labels = _data(301)
     lo, hi = (0, 170) if rank == 0 else (170, 301)  # unequal shares: the gather pads
     metrics = MetricSet(HEADS)

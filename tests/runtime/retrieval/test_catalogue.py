@@ -47,11 +47,15 @@ def _steps() -> list[dict[str, torch.Tensor]]:
         ids[1] = ids[0]  # a repeated positive: one candidate
         negative_ids = torch.randint(0, ITEMS, (NEGATIVES,), generator=generator)
         negative_ids[:2] = ids[:2]  # accidental hits
-        out.append({
-            "queries": torch.randn(BATCH, DIM, generator=generator), "ids": ids,
-            "positives": torch.randn(ITEMS, DIM, generator=generator)[ids], "negative_ids": negative_ids,
-            "negatives": torch.randn(NEGATIVES, DIM, generator=generator),
-        })  # fmt: skip
+        out.append(
+            {
+                "queries": torch.randn(BATCH, DIM, generator=generator),
+                "ids": ids,
+                "positives": torch.randn(ITEMS, DIM, generator=generator)[ids],
+                "negative_ids": negative_ids,
+                "negatives": torch.randn(NEGATIVES, DIM, generator=generator),
+            }
+        )
     for step in out:  # one item, one vector within a step
         step["positives"][1] = step["positives"][0]
     return out
@@ -82,8 +86,9 @@ def _reference(negatives: str, normalize: bool) -> dict[str, float | None]:
             vectors.append(step["negatives"])
             ids.append(step["negative_ids"])
         candidate_ids, first = _first(torch.cat(ids))
-        reference.update(step["queries"], step["ids"], scored(step["positives"]), torch.cat(vectors)[first],
-                         candidate_ids)  # fmt: skip
+        reference.update(
+            step["queries"], step["ids"], scored(step["positives"]), torch.cat(vectors)[first], candidate_ids
+        )
     return reference.compute()
 
 
@@ -136,9 +141,12 @@ def test_exact_metrics_keep_their_names_and_rank_every_row() -> None:
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     half = BATCH // 2
     got = _train_window(_loss("both", True, dist.group.WORLD), slice(rank * half, (rank + 1) * half), dist.group.WORLD)
     if rank == 0:

@@ -30,10 +30,12 @@ def test_the_last_row_of_an_item_wins_and_unseen_items_have_none() -> None:
     ("batches", "message"),
     [
         ([([3, 3], [[1, 5], [1, 6]])], "item 3: its 'brand' is 6 in a training row but 5 in an earlier one"),
-        ([([3], [[1, 5]]), ([0, 3], [[0, 0], [2, 5]])],
-         "item 3: its 'category' is 2 in a training row but 1 in an earlier one"),
+        (
+            [([3], [[1, 5]]), ([0, 3], [[0, 0], [2, 5]])],
+            "item 3: its 'category' is 2 in a training row but 1 in an earlier one",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_contradicting_row_stops_with_on_conflict_error(batches: list, message: str) -> None:
     catalogue = ItemAttributes(6, ("category", "brand"), on_conflict="error")
     catalogue.record(torch.tensor([1, 1]), torch.tensor([[4, 4], [4, 4]]))  # agreeing repeats are fine

@@ -76,9 +76,13 @@ def test_exact_metrics_over_a_whole_table_in_chunks() -> None:
     metrics.update(queries[25:], positive_ids[25:], table[positive_ids[25:]], table)
     got = metrics.compute()
     expected = _brute_force(
-        queries.numpy(), positive_ids.numpy()[:, None], table[positive_ids].numpy()[:, None], table.numpy(),
-        np.arange(300), KS,
-    )  # fmt: skip
+        queries.numpy(),
+        positive_ids.numpy()[:, None],
+        table[positive_ids].numpy()[:, None],
+        table.numpy(),
+        np.arange(300),
+        KS,
+    )
     assert list(got) == list(metric_names(KS))
     assert got == pytest.approx(expected, rel=1e-12)
     assert 0.0 < got["recall@5"] < got["recall@20"] < 1.0  # the data spreads the positives
@@ -126,9 +130,13 @@ def test_sampled_candidates_are_named_and_skip_the_positives_ids() -> None:
     metrics.update(queries, positive_ids, table[positive_ids], table[sampled], sampled)
     got = metrics.compute()
     expected = _brute_force(
-        queries.numpy(), positive_ids.numpy()[:, None], table[positive_ids].numpy()[:, None],
-        table[sampled].numpy(), sampled.numpy(), (10,),
-    )  # fmt: skip
+        queries.numpy(),
+        positive_ids.numpy()[:, None],
+        table[positive_ids].numpy()[:, None],
+        table[sampled].numpy(),
+        sampled.numpy(),
+        (10,),
+    )
     assert list(got) == ["sampled_recall@10", "sampled_ndcg@10", "sampled_hit_rate@10", "sampled_mrr"]
     assert list(got.values()) == pytest.approx([expected[n.removeprefix("sampled_")] for n in got], rel=1e-12)
 
@@ -166,9 +174,12 @@ def test_bad_settings_are_named() -> None:
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     table = _table()
     queries = _queries(40, table, 1)
     positive_ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(2))
@@ -212,9 +223,13 @@ def test_seen_items_are_no_candidates(sampled: bool) -> None:
         others = seen[row][(seen[row] >= 0) & (seen[row] != positive_ids[row])]
         unseen = ~torch.isin(ids, others)
         one = _brute_force(
-            queries[row : row + 1].numpy(), positive_ids[row : row + 1, None].numpy(),
-            table[positive_ids[row : row + 1]][:, None].numpy(), table[ids[unseen]].numpy(), ids[unseen].numpy(), (5, 20),
-        )  # fmt: skip
+            queries[row : row + 1].numpy(),
+            positive_ids[row : row + 1, None].numpy(),
+            table[positive_ids[row : row + 1]][:, None].numpy(),
+            table[ids[unseen]].numpy(),
+            ids[unseen].numpy(),
+            (5, 20),
+        )
         for name, value in one.items():
             expected[name] = expected.get(name, 0.0) + value / 30
     prefix = "sampled_" if sampled else ""

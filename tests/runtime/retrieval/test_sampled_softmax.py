@@ -47,22 +47,40 @@ def test_the_loss_is_the_written_out_softmax(case: str) -> None:
     negative_log_q = uniform_log_q(S, 40, 1) if log_q and uniform else None
     common = dict(temperature=options.get("temperature", 1.0), normalize=options.get("normalize", False))
     losses = sampled_softmax(
-        query, positive, IDS, in_batch=options["in_batch"],
-        negatives=negatives if uniform else None, negative_ids=NEGATIVE_IDS if uniform else None,
-        in_batch_log_q=in_batch_log_q, negative_log_q=negative_log_q, reduction="none", **common,
-    )  # fmt: skip
+        query,
+        positive,
+        IDS,
+        in_batch=options["in_batch"],
+        negatives=negatives if uniform else None,
+        negative_ids=NEGATIVE_IDS if uniform else None,
+        in_batch_log_q=in_batch_log_q,
+        negative_log_q=negative_log_q,
+        reduction="none",
+        **common,
+    )
     expected = reference_losses(
-        query.tolist(), positive.tolist(), IDS.tolist(), in_batch=options["in_batch"],
-        negatives=negatives.tolist() if uniform else None, negative_ids=NEGATIVE_IDS.tolist() if uniform else None,
+        query.tolist(),
+        positive.tolist(),
+        IDS.tolist(),
+        in_batch=options["in_batch"],
+        negatives=negatives.tolist() if uniform else None,
+        negative_ids=NEGATIVE_IDS.tolist() if uniform else None,
         in_batch_log_q=None if in_batch_log_q is None else in_batch_log_q.tolist(),
-        negative_log_q=negative_log_q, **common,
-    )  # fmt: skip
+        negative_log_q=negative_log_q,
+        **common,
+    )
     assert losses.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
     mean = sampled_softmax(
-        query, positive, IDS, in_batch=options["in_batch"],
-        negatives=negatives if uniform else None, negative_ids=NEGATIVE_IDS if uniform else None,
-        in_batch_log_q=in_batch_log_q, negative_log_q=negative_log_q, **common,
-    )  # fmt: skip
+        query,
+        positive,
+        IDS,
+        in_batch=options["in_batch"],
+        negatives=negatives if uniform else None,
+        negative_ids=NEGATIVE_IDS if uniform else None,
+        in_batch_log_q=in_batch_log_q,
+        negative_log_q=negative_log_q,
+        **common,
+    )
     assert float(mean) == pytest.approx(sum(expected) / B, rel=1e-12)
 
 
@@ -84,11 +102,16 @@ def test_the_gradients_are_the_formulas_gradients(case: str) -> None:
 
     def loss(q: torch.Tensor, p: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
         return sampled_softmax(
-            q, p, IDS, in_batch=True, negatives=n if uniform else None,
+            q,
+            p,
+            IDS,
+            in_batch=True,
+            negatives=n if uniform else None,
             negative_ids=NEGATIVE_IDS if uniform else None,
             in_batch_log_q=torch.linspace(-3.0, -0.5, B, dtype=torch.float64) if options.get("log_q") else None,
-            temperature=options["temperature"], normalize=options.get("normalize", False),
-        )  # fmt: skip
+            temperature=options["temperature"],
+            normalize=options.get("normalize", False),
+        )
 
     assert torch.autograd.gradcheck(loss, (query, positive, negatives), eps=1e-6, atol=1e-7)
 
@@ -165,24 +188,30 @@ def test_the_module_draws_per_step_and_counts_steps_in_training_only() -> None:
     loss_fn(query, positive, IDS, torch.randn(S, D, dtype=torch.float64))
     assert int(loss_fn.step) == 1 and int(loss_fn.frequency.step) == 1
     assert sorted(loss_fn.state_dict()) == [
-        "frequency.interval", "frequency.last_seen", "frequency.step", "step",
-    ]  # fmt: skip
+        "frequency.interval",
+        "frequency.last_seen",
+        "frequency.step",
+        "step",
+    ]
 
 
 def test_the_module_is_the_function_with_its_corrections() -> None:
     counts = torch.arange(1.0, 31.0)
-    config = SampledSoftmaxConfig(
-        Negatives(uniform=S), num_items=30, logq=True, frequency="counts", temperature=0.3
-    )
+    config = SampledSoftmaxConfig(Negatives(uniform=S), num_items=30, logq=True, frequency="counts", temperature=0.3)
     loss_fn = SampledSoftmaxLoss(config, item_counts=counts)
     query, positive, negatives = _inputs()
     got = loss_fn(query, positive, IDS, negatives, reduction="none")
     expected = reference_losses(
-        query.tolist(), positive.tolist(), IDS.tolist(), in_batch=True,
-        negatives=negatives.tolist(), negative_ids=uniform_negatives(0, 0, S, 30).tolist(),
+        query.tolist(),
+        positive.tolist(),
+        IDS.tolist(),
+        in_batch=True,
+        negatives=negatives.tolist(),
+        negative_ids=uniform_negatives(0, 0, S, 30).tolist(),
         in_batch_log_q=[math.log(B * float(counts[i]) / float(counts.sum())) for i in IDS.tolist()],
-        negative_log_q=math.log(S / 30), temperature=0.3,
-    )  # fmt: skip
+        negative_log_q=math.log(S / 30),
+        temperature=0.3,
+    )
     assert got.tolist() == pytest.approx(expected, rel=1e-6)
 
 
@@ -249,13 +278,22 @@ def test_accidental_hits_found_by_search_match_the_written_out_softmax(distinct:
     )
     for in_batch in (True, False) if uniform else (True,):
         losses = sampled_softmax(
-            query, positive, ids, in_batch=in_batch, negatives=negatives if uniform else None,
-            negative_ids=negative_ids if uniform else None, reduction="none",
-        )  # fmt: skip
+            query,
+            positive,
+            ids,
+            in_batch=in_batch,
+            negatives=negatives if uniform else None,
+            negative_ids=negative_ids if uniform else None,
+            reduction="none",
+        )
         expected = reference_losses(
-            query.tolist(), positive.tolist(), ids.tolist(), in_batch=in_batch,
-            negatives=negatives.tolist() if uniform else None, negative_ids=negative_ids.tolist() if uniform else None,
-        )  # fmt: skip
+            query.tolist(),
+            positive.tolist(),
+            ids.tolist(),
+            in_batch=in_batch,
+            negatives=negatives.tolist() if uniform else None,
+            negative_ids=negative_ids.tolist() if uniform else None,
+        )
         assert losses.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
 
 
@@ -264,8 +302,12 @@ def test_per_query_negatives_are_each_querys_own_softmax(in_batch: bool) -> None
     """generative-recommenders' "local" sampling: query i's candidates are its positive and its own S ids."""
     query, positive, _ = _inputs()
     config = SampledSoftmaxConfig(
-        Negatives(in_batch=in_batch, uniform=S, per_query=True), num_items=10,
-        temperature=0.5, normalize=True, logq=True, frequency="counts",
+        Negatives(in_batch=in_batch, uniform=S, per_query=True),
+        num_items=10,
+        temperature=0.5,
+        normalize=True,
+        logq=True,
+        frequency="counts",
     )
     counts = torch.ones(10, dtype=torch.float64) if in_batch else None
     loss = SampledSoftmaxLoss(config, item_counts=counts)
@@ -277,9 +319,16 @@ def test_per_query_negatives_are_each_querys_own_softmax(in_batch: bool) -> None
     expected = []
     for i in range(B):  # the written-out softmax with query i's own negatives; its own row of the batch
         rows = reference_losses(
-            query.tolist(), positive.tolist(), IDS.tolist(), in_batch=in_batch, negatives=table[ids[i]].tolist(),
-            negative_ids=ids[i].tolist(), in_batch_log_q=in_batch_log_q, negative_log_q=uniform_log_q(S, 10),
-            temperature=0.5, normalize=True,
+            query.tolist(),
+            positive.tolist(),
+            IDS.tolist(),
+            in_batch=in_batch,
+            negatives=table[ids[i]].tolist(),
+            negative_ids=ids[i].tolist(),
+            in_batch_log_q=in_batch_log_q,
+            negative_log_q=uniform_log_q(S, 10),
+            temperature=0.5,
+            normalize=True,
         )
         expected.append(rows[i])
     assert got.tolist() == pytest.approx(expected, rel=1e-9)
@@ -288,6 +337,13 @@ def test_per_query_negatives_are_each_querys_own_softmax(in_batch: bool) -> None
 def test_per_query_negatives_of_a_query_do_not_depend_on_the_rank_it_lands_on() -> None:
     loss = SampledSoftmaxLoss(SampledSoftmaxConfig(Negatives(False, uniform=S, per_query=True), num_items=50))
     whole = loss.negative_ids(queries=slice(0, 10), total_queries=10)
-    assert torch.equal(torch.cat([loss.negative_ids(queries=slice(0, 4), total_queries=10),
-                                  loss.negative_ids(queries=slice(4, 10), total_queries=10)]), whole)
+    assert torch.equal(
+        torch.cat(
+            [
+                loss.negative_ids(queries=slice(0, 4), total_queries=10),
+                loss.negative_ids(queries=slice(4, 10), total_queries=10),
+            ]
+        ),
+        whole,
+    )
     assert len({tuple(row) for row in whole.tolist()}) == 10  # every query its own draw

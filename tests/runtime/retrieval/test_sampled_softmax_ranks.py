@@ -29,22 +29,32 @@ GLOBAL_BATCH, DIM, ITEMS, STEPS = 8, 4, 12, 3
 CASES: dict[str, dict[str, Any]] = {
     "both_streaming_mean": dict(
         config=SampledSoftmaxConfig(
-            Negatives(in_batch=True, uniform=5), num_items=ITEMS, first_id=1, temperature=0.2,
-            normalize=True, logq=True, frequency_slots=8, frequency_alpha=0.3, seed=4,
+            Negatives(in_batch=True, uniform=5),
+            num_items=ITEMS,
+            first_id=1,
+            temperature=0.2,
+            normalize=True,
+            logq=True,
+            frequency_slots=8,
+            frequency_alpha=0.3,
+            seed=4,
         ),
-        slices=(4, 4), reduction="mean",
+        slices=(4, 4),
+        reduction="mean",
     ),
     "in_batch_counts_sum": dict(
         config=SampledSoftmaxConfig(Negatives(in_batch=True), num_items=ITEMS, logq=True, frequency="counts"),
-        slices=(5, 3), reduction="sum",
+        slices=(5, 3),
+        reduction="sum",
     ),
     # next-item training's case: the blocked path (runtime/retrieval/blocked_softmax.py), each rank's
     # queries against the gathered global candidates
     "in_batch_blocked_sum": dict(
         config=SampledSoftmaxConfig(Negatives(in_batch=True), temperature=0.05, normalize=True),
-        slices=(5, 3), reduction="sum",
+        slices=(5, 3),
+        reduction="sum",
     ),
-}  # fmt: skip
+}
 COUNTS = torch.arange(ITEMS, dtype=torch.float64) * 3
 
 
@@ -74,19 +84,27 @@ def _train(case: dict[str, Any], rows: slice, group: dist.ProcessGroup | None) -
             negatives = _negatives(step, config.negatives.uniform).requires_grad_()
         loss = loss_fn(query, positive, ids[rows], negatives, reduction=case["reduction"])
         loss.backward()
-        steps.append({
-            "loss": loss.detach(), "query": query.grad, "positive": positive.grad,
-            "negatives": None if negatives is None else negatives.grad, "ids": loss_fn.negative_ids(),
-        })  # fmt: skip
+        steps.append(
+            {
+                "loss": loss.detach(),
+                "query": query.grad,
+                "positive": positive.grad,
+                "negatives": None if negatives is None else negatives.grad,
+                "ids": loss_fn.negative_ids(),
+            }
+        )
     return {"steps": steps, "state": loss_fn.state_dict()}
 
 
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, WORLD, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=WORLD, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, WORLD, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
     results = {}
     for name, case in CASES.items():
         start = sum(case["slices"][:rank])

@@ -64,15 +64,21 @@ def test_a_two_tower_model_beats_popularity(one_thread: None) -> None:
 
     user_tower, item_tower = Tower(USERS), Tower(ITEMS)
     config = SampledSoftmaxConfig(
-        Negatives(in_batch=True, uniform=64), num_items=ITEMS, temperature=0.1, normalize=True, logq=True,
-        frequency_slots=1024, frequency_alpha=0.05,
-    )  # fmt: skip
+        Negatives(in_batch=True, uniform=64),
+        num_items=ITEMS,
+        temperature=0.1,
+        normalize=True,
+        logq=True,
+        frequency_slots=1024,
+        frequency_alpha=0.05,
+    )
     loss_fn = SampledSoftmaxLoss(config)
     optimizer = torch.optim.Adam([*user_tower.parameters(), *item_tower.parameters()], lr=0.03)
     for start in range(0, SAMPLES, 128):
         batch = slice(start, start + 128)
-        loss = loss_fn(user_tower(users[batch]), item_tower(items[batch]), items[batch],
-                       item_tower(loss_fn.negative_ids()))  # fmt: skip
+        loss = loss_fn(
+            user_tower(users[batch]), item_tower(items[batch]), items[batch], item_tower(loss_fn.negative_ids())
+        )
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -85,7 +85,9 @@ def test_pack_mlps_swaps_plain_mlps_anywhere_and_keeps_the_state_dict() -> None:
     assert model.top.linears[0].weight is weight  # the same parameters, not copies
 
 
-def test_an_approximate_export_runs_the_block_the_faster_way_whatever_linear_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_approximate_export_runs_the_block_the_faster_way_whatever_linear_chose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     reference, packed = mlp(), PackedMLP.from_mlp(mlp(), exact=False)
     exact = PackedMLP.from_mlp(mlp(), exact=True)
     x = torch.randn(1024, 37)

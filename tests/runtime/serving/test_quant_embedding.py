@@ -57,7 +57,9 @@ def trained_collection(weighted: bool) -> EmbeddingBagCollection:
     return EmbeddingBagCollection(make_tables(), is_weighted=weighted)
 
 
-def quantized(ebc: EmbeddingBagCollection, precision: str | dict[str, str], weighted: bool) -> QuantEmbeddingBagCollection:
+def quantized(
+    ebc: EmbeddingBagCollection, precision: str | dict[str, str], weighted: bool
+) -> QuantEmbeddingBagCollection:
     return QuantEmbeddingBagCollection(make_tables(), precision, is_weighted=weighted).quantize_from(
         ebc.embedding_parameters()
     )
@@ -215,13 +217,13 @@ def test_stored_sizes_follow_fbgemms_row_layout() -> None:
     qebc = QuantEmbeddingBagCollection(make_tables(), {"t0": "int8", "t1": "int4", "t2": "fp16"})
     assert qebc.table_bytes() == {"t0": 50 * (8 + 4), "t1": 30 * (8 + 4), "t2": 40 * 64}
     assert {name: tuple(rows.shape) for name, rows in qebc.table_rows().items()} == {
-        "t0": (50, 12), "t1": (30, 12), "t2": (40, 64),
+        "t0": (50, 12),
+        "t1": (30, 12),
+        "t2": (40, 64),
     }
     layout = qebc.layout()
     assert [t["byte_offset"] for t in layout["tables"]] == [0, 640, 1024]  # 128-byte aligned tables
-    assert layout["tables"][0]["features"] == [
-        {"name": "f0", "columns": [0, 8]}, {"name": "f1", "columns": [8, 16]}
-    ]
+    assert layout["tables"][0]["features"] == [{"name": "f0", "columns": [0, 8]}, {"name": "f1", "columns": [8, 16]}]
 
 
 def test_state_dict_round_trip() -> None:
@@ -234,10 +236,13 @@ def test_state_dict_round_trip() -> None:
     kjt = make_kjt(make_tables(), seed=4)
     assert torch.equal(fresh(kjt).values(), qebc(kjt).values())
     wrong = QuantEmbeddingBagCollection(make_tables(), "int8", is_weighted=True)
-    with pytest.raises(RuntimeError, match=re.escape(
-        "size mismatch for t1.packed: copying stored rows of torch.uint8 (30, 64) from the checkpoint, "
-        "the shape in the current model is torch.uint8 (30, 20)."
-    )):
+    with pytest.raises(
+        RuntimeError,
+        match=re.escape(
+            "size mismatch for t1.packed: copying stored rows of torch.uint8 (30, 64) from the checkpoint, "
+            "the shape in the current model is torch.uint8 (30, 20)."
+        ),
+    ):
         wrong.load_state_dict(state)
 
 
@@ -295,7 +300,9 @@ def test_an_empty_batch_pools_to_no_rows(precision: str, kernel: str, monkeypatc
     tables = make_tables()
     qebc = quantized(trained_collection(weighted=False), precision, weighted=False)
     keys = [f for t in tables for f in t.feature_names]
-    empty = KeyedJaggedTensor.from_lengths_sync(keys, torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+    empty = KeyedJaggedTensor.from_lengths_sync(
+        keys, torch.zeros(0, dtype=torch.int64), torch.zeros(0, dtype=torch.int64)
+    )
     with torch.inference_mode():
         pooled = qebc(empty)
     assert pooled.values().shape == (0, sum(t.embedding_dim * len(t.feature_names) for t in tables))
@@ -306,11 +313,20 @@ def test_unstorable_tables_are_refused_with_the_table_named() -> None:
     qebc = QuantEmbeddingBagCollection([big], "fp16")
     large = torch.full((4, 8), 1.0)
     large[1, 2] = -7e4  # int8 and int4 rows keep their minimum (the bias) and scale in float16
-    for precision, held in (("fp16", "its values"), ("int8", "each row's scale and bias"), ("int4", "each row's scale and bias")):
-        with pytest.raises(UnstorableTable, match="^" + re.escape(
-            f"table 'big': a value of magnitude 70000 is beyond float16's range (±65504), in which {precision} "
-            f"stores {held}; export the table at fp32"
-        ) + "$"):
+    for precision, held in (
+        ("fp16", "its values"),
+        ("int8", "each row's scale and bias"),
+        ("int4", "each row's scale and bias"),
+    ):
+        with pytest.raises(
+            UnstorableTable,
+            match="^"
+            + re.escape(
+                f"table 'big': a value of magnitude 70000 is beyond float16's range (±65504), in which {precision} "
+                f"stores {held}; export the table at fp32"
+            )
+            + "$",
+        ):
             QuantEmbeddingBagCollection([big], precision).quantize_from({"big": large})
     QuantEmbeddingBagCollection([big], "fp32").quantize_from({"big": large})
     edge = torch.full((4, 8), 65504.0)  # the largest float16 is still stored
@@ -321,7 +337,9 @@ def test_unstorable_tables_are_refused_with_the_table_named() -> None:
         assert bool(torch.isfinite(stored.dequantized_weights()["big"]).all()), precision
     nan = torch.zeros(4, 8)
     nan[2, 3] = float("nan")
-    with pytest.raises(ValueError, match=re.escape("table 'big': row 2 holds a non-finite value; it cannot be exported")):
+    with pytest.raises(
+        ValueError, match=re.escape("table 'big': row 2 holds a non-finite value; it cannot be exported")
+    ):
         QuantEmbeddingBagCollection([big], "int8").quantize_from({"big": nan})
 
 
@@ -334,8 +352,9 @@ ODD = [
 
 def _stored_as(table: EmbeddingBagConfig) -> EmbeddingBagConfig:
     """`table` at its stored width, as a table of its own."""
-    return EmbeddingBagConfig(table.name, table.num_embeddings, stored_dim(table.embedding_dim),
-                              table.feature_names, table.pooling)  # fmt: skip
+    return EmbeddingBagConfig(
+        table.name, table.num_embeddings, stored_dim(table.embedding_dim), table.feature_names, table.pooling
+    )
 
 
 @pytest.mark.parametrize("kernel", ["native", "fbgemm"])
@@ -362,7 +381,9 @@ def test_a_dim_that_is_not_a_multiple_of_4_is_stored_padded_and_read_at_its_own_
     wide = QuantEmbeddingBagCollection([_stored_as(t) for t in ODD], precision, is_weighted=True)
     wide.quantize_from(padded)
     assert {n: tuple(r.shape) for n, r in odd.table_rows().items()} == {
-        "d50": (60, row_bytes(52, precision)), "d8": (40, row_bytes(8, precision)), "d6": (30, row_bytes(8, precision)),
+        "d50": (60, row_bytes(52, precision)),
+        "d8": (40, row_bytes(8, precision)),
+        "d6": (30, row_bytes(8, precision)),
     }
     for name, rows in odd.table_rows().items():
         assert torch.equal(rows, wide.table_rows()[name])

@@ -124,10 +124,14 @@ def test_mixed_precisions_match_fbgemms_own_module() -> None:
     for table in make_tables():
         table_ids = ids[table.name]
         # fbgemm's module gets every table's slot; only this table's has ids.
-        lengths = torch.cat([
-            (torch.arange(bags) < table_ids.numel()).long() if t.name == table.name else torch.zeros(bags, dtype=torch.long)
-            for t in make_tables()
-        ])
+        lengths = torch.cat(
+            [
+                (torch.arange(bags) < table_ids.numel()).long()
+                if t.name == table.name
+                else torch.zeros(bags, dtype=torch.long)
+                for t in make_tables()
+            ]
+        )
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
         pooled = tbe(table_ids, offsets)[: table_ids.numel(), columns : columns + table.embedding_dim]
         expected = torch.split(pooled, [kjt[f].values().numel() for f in table.feature_names])

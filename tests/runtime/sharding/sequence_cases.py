@@ -118,9 +118,7 @@ class SequenceModel(nn.Module):
         rename: Callable[[KeyedJaggedTensor], KeyedJaggedTensor] | None = None,
     ) -> None:
         super().__init__()
-        self.sparse_arch = SparseArch(
-            [BAG], OPTIMIZERS[case.optimizer], plan, process_group, sequence_tables=sequences
-        )
+        self.sparse_arch = SparseArch([BAG], OPTIMIZERS[case.optimizer], plan, process_group, sequence_tables=sequences)
         self.parts = parts or {}
         self.rename = rename
         self.position = nn.Parameter(torch.linspace(1.0, 0.25, MAX_LENGTH))
@@ -151,9 +149,7 @@ class SequenceModel(nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("sparse_arch.")]
 
 
-def make_batch(
-    step: int, rank: int, world_size: int
-) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+def make_batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
     """Rank `rank`'s slice of global batch `step` (see the module docstring)."""
     gen = torch.Generator().manual_seed(2000 + step)
     rows = {f: t.num_embeddings for t in SEQUENCES for f in t.feature_names}
@@ -176,9 +172,7 @@ def make_batch(
     for i in range(len(names)):
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths[i].cumsum(0)])
         values.append(ids[i][offsets[lo] : offsets[hi]])
-    kjt = KeyedJaggedTensor(
-        names, torch.cat(values), lengths=lengths[:, lo:hi].reshape(-1), stride=local
-    )
+    kjt = KeyedJaggedTensor(names, torch.cat(values), lengths=lengths[:, lo:hi].reshape(-1), stride=local)
     return dense[lo:hi], kjt, labels[lo:hi]
 
 
@@ -340,8 +334,13 @@ def case_named(name: str) -> Case:
 def save(model: SequenceModel, directory: str, group: dist.ProcessGroup | None, world_size: int) -> None:
     case = case_named(RESUME_CASE)
     save_checkpoint(
-        directory, model, dense_optimizer(model), step=SAVED_AT, spec_sha256="sequences",
-        plan=case.plan(world_size), process_group=group,
+        directory,
+        model,
+        dense_optimizer(model),
+        step=SAVED_AT,
+        spec_sha256="sequences",
+        plan=case.plan(world_size),
+        process_group=group,
     )
 
 

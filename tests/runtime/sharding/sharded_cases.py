@@ -63,9 +63,7 @@ def whole(table: EmbeddingBagConfig, rank: int) -> dict[str, int]:
     return shard(rank, (0, table.num_embeddings), (0, table.embedding_dim))
 
 
-def row_split(
-    table: EmbeddingBagConfig, ranks: list[int], sizes: list[int]
-) -> list[dict[str, int]]:
+def row_split(table: EmbeddingBagConfig, ranks: list[int], sizes: list[int]) -> list[dict[str, int]]:
     offsets = [sum(sizes[:i]) for i in range(len(sizes))]
     return [shard(r, (o, n), (0, table.embedding_dim)) for r, o, n in zip(ranks, offsets, sizes)]
 
@@ -192,17 +190,12 @@ def feature_keys(tables: list[EmbeddingBagConfig]) -> list[str]:
     return [f for t in tables for f in t.feature_names]
 
 
-def make_batch(
-    step: int, rank: int, world_size: int
-) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
+def make_batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, KeyedJaggedTensor, torch.Tensor]:
     """Rank `rank`'s slice of global batch `step`: dense, ids (all features plus UNUSED), labels."""
     gen = torch.Generator().manual_seed(1000 + step)
     features = [(f, t.num_embeddings) for t in TABLES for f in t.feature_names] + [UNUSED]
     lengths = torch.randint(0, 4, (len(features), GLOBAL_BATCH), generator=gen)
-    ids = [
-        torch.randint(0, rows, (int(lengths[i].sum()),), generator=gen)
-        for i, (_, rows) in enumerate(features)
-    ]
+    ids = [torch.randint(0, rows, (int(lengths[i].sum()),), generator=gen) for i, (_, rows) in enumerate(features)]
     weights = [torch.rand(v.numel(), generator=gen) + 0.5 for v in ids]
     dense = torch.randn(GLOBAL_BATCH, DENSE_FEATURES, generator=gen)
     labels = torch.randint(0, 2, (GLOBAL_BATCH,), generator=gen).float()
@@ -223,9 +216,7 @@ def make_batch(
     return dense[lo:hi], kjt, labels[lo:hi]
 
 
-def train(
-    model: TinyModel, process_group: dist.ProcessGroup | None, rank: int, world_size: int
-) -> list[float]:
+def train(model: TinyModel, process_group: dist.ProcessGroup | None, rank: int, world_size: int) -> list[float]:
     """STEPS steps; the global mean loss of each."""
     optimizer = torch.optim.SGD(model.dense_parameters(), lr=0.1)
     trained = distribute_dense(model, process_group)
@@ -299,9 +290,7 @@ def reference(case: Case) -> tuple[TinyModel, Callable[[TinyModel], dict[str, to
     def tables_of(model: TinyModel) -> dict[str, torch.Tensor]:
         got = model.sparse_arch.full_state_dict()
         return {
-            f"{t.name}.weight": torch.cat(
-                [got[f"{t.name}.c{k}.weight"] for k in range(len(split[t.name]))], dim=1
-            )
+            f"{t.name}.weight": torch.cat([got[f"{t.name}.c{k}.weight"] for k in range(len(split[t.name]))], dim=1)
             if t.name in split
             else got[f"{t.name}.weight"]
             for t in TABLES
@@ -349,9 +338,7 @@ def bad_batch(rank: int) -> tuple[torch.Tensor, KeyedJaggedTensor, str]:
     feature = sparse.keys()[key]
     table = tables[feature]
     values[sparse.offset_per_key()[key]] = table.num_embeddings
-    corrupted = KeyedJaggedTensor(
-        sparse.keys(), values, sparse.weights(), sparse.lengths(), stride=sparse.stride()
-    )
+    corrupted = KeyedJaggedTensor(sparse.keys(), values, sparse.weights(), sparse.lengths(), stride=sparse.stride())
     sample = int(sparse[feature].lengths().nonzero()[0, 0])  # the first sample with an id
     message = (
         f"feature {feature!r} at sample {sample}: id {table.num_embeddings} out of range "

@@ -59,9 +59,7 @@ def test_pack_exchange_unpack_gives_each_rank_its_slots_over_the_global_batch() 
     first_slot = [sum(SLOTS_PER_RANK[:r]) for r in range(world_size)]
     for rank, local in enumerate(SLOTS_PER_RANK):
         data = torch.cat([piece(packed[s], splits[s][1], rank) for s in range(world_size)])
-        weights = torch.cat(
-            [piece(sources[s].weights(), splits[s][0], rank) for s in range(world_size)]
-        )
+        weights = torch.cat([piece(sources[s].weights(), splits[s][0], rank) for s in range(world_size)])
         mine = slice(first_slot[rank], first_slot[rank] + local)
         received = [sources[s].length_per_key()[mine] for s in range(world_size)]
         keys = [f"slot{first_slot[rank] + j}" for j in range(local)]

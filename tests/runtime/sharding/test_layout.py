@@ -43,16 +43,12 @@ def test_plan_errors_name_the_table() -> None:
         "plan for table 't1' (diagonal): unknown sharding type; expected one of data_parallel, "
         "table_wise, column_wise, row_wise, table_row_wise"
     )
-    assert plan_error(far_rank) == (
-        "plan for table 't1' (table_wise): shard on rank 5 but the plan has 2 ranks"
-    )
+    assert plan_error(far_rank) == ("plan for table 't1' (table_wise): shard on rank 5 but the plan has 2 ranks")
     assert plan_error(gap) == "plan for table 't3' (table_row_wise): shards cover rows 0..0 of 1"
     assert plan_error(missing_replica) == (
         "plan for table 't0' (data_parallel): needs one whole replica on each of the 2 ranks"
     )
-    assert plan_error(partial_rows) == (
-        "plan for table 't2' (column_wise): every shard must hold all 25 rows"
-    )
+    assert plan_error(partial_rows) == ("plan for table 't2' (column_wise): every shard must hold all 25 rows")
     plan = sc.make_plan(sc.MIXED)
     plan["tables"].pop()
     with pytest.raises(ValueError, match="^the plan has no entry for table\\(s\\) t4$"):

@@ -33,8 +33,11 @@ from runtime.train.process_group import close_process_group, init_process_group
 def _run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=60),
+        backend="gloo",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
     )
     values = torch.arange(8.0, requires_grad=True)
     # Rank r sends arange(8) * (r + 1): its first half to rank 0, its second to rank 1.

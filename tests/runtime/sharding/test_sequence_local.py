@@ -51,9 +51,7 @@ def sequences(arch: SparseArch, kjt: KeyedJaggedTensor) -> dict:
 @pytest.mark.parametrize("kernel", ["fused", "dense"])
 def test_sequence_group_yields_each_features_rows_in_key_order(kernel: str) -> None:
     torch.manual_seed(0)
-    arch = SparseArch(
-        BAGS, SGD, whole_table_plan(BAGS + SEQUENCES, kernel=kernel), sequence_tables=SEQUENCES
-    )
+    arch = SparseArch(BAGS, SGD, whole_table_plan(BAGS + SEQUENCES, kernel=kernel), sequence_tables=SEQUENCES)
     assert [name for name, _ in arch.named_children()] == ["table_wise", "table_wise_sequence"]
     out = sequences(arch, batch())
     assert list(out) == ["item", "history", "genre_history"]
@@ -69,9 +67,7 @@ def test_sequence_group_yields_each_features_rows_in_key_order(kernel: str) -> N
 @pytest.mark.parametrize("kernel", ["fused", "dense"])
 def test_backward_updates_each_looked_up_row_by_its_summed_gradient(kernel: str) -> None:
     torch.manual_seed(0)
-    arch = SparseArch(
-        BAGS, SGD, whole_table_plan(BAGS + SEQUENCES, kernel=kernel), sequence_tables=SEQUENCES
-    )
+    arch = SparseArch(BAGS, SGD, whole_table_plan(BAGS + SEQUENCES, kernel=kernel), sequence_tables=SEQUENCES)
     before = arch.state_dict()["items.weight"].clone()
     out = sequences(arch, batch())
     grad_item = torch.randn(3, 8)
@@ -91,8 +87,14 @@ def test_state_dict_shard_metadata_and_full_tables_name_sequence_tables_like_bag
         f"{t}.{s}" for t in ("genres", "items", "user") for s in ("momentum1", "weight")
     ]
     assert arch.shard_metadata()["items"] == {
-        "table": "items", "rank": 0, "row_offset": 0, "rows": 100, "col_offset": 0, "cols": 8,
-        "table_rows": 100, "table_cols": 8,
+        "table": "items",
+        "rank": 0,
+        "row_offset": 0,
+        "rows": 100,
+        "col_offset": 0,
+        "cols": 8,
+        "table_rows": 100,
+        "table_cols": 8,
     }
     full = arch.full_state_dict()
     assert torch.equal(full["items.weight"], arch.state_dict()["items.weight"])

@@ -37,9 +37,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("case", qc.cases(), ids=lambda case: case.name)
-def test_two_ranks_train_sequences_like_one_process(
-    distributed: dict[str, Any], case: qc.Case
-) -> None:
+def test_two_ranks_train_sequences_like_one_process(distributed: dict[str, Any], case: qc.Case) -> None:
     model, tables_of = qc.reference(case)
     losses = qc.train(model, None, rank=0, world_size=1)
     got = distributed[case.name]
@@ -74,9 +72,7 @@ def test_a_table_row_wise_sequence_table_is_refused_naming_it(distributed: dict[
         )
 
 
-def test_an_out_of_range_sequence_id_names_feature_sample_table_and_rank(
-    distributed: dict[str, Any]
-) -> None:
+def test_an_out_of_range_sequence_id_names_feature_sample_table_and_rank(distributed: dict[str, Any]) -> None:
     for rank in range(qc.WORLD_SIZE):
         got = distributed["errors"][rank]
         assert got["bad_id"] == (

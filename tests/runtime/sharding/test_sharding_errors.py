@@ -40,6 +40,4 @@ def test_a_bad_rank_ends_the_job_with_its_error(tmp_path: Path) -> None:
 def test_a_plan_for_another_world_size_fails() -> None:
     with pytest.raises(ValueError) as raised:
         SparseArch(sc.TABLES, EmbeddingOptimizer(), sc.make_plan(sc.MIXED))
-    assert str(raised.value) == (
-        "the plan is for world size 2 but this job has 1 rank: recompile with --world-size 1"
-    )
+    assert str(raised.value) == ("the plan is for world size 2 but this job has 1 rank: recompile with --world-size 1")

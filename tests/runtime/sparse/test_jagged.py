@@ -63,15 +63,11 @@ class Ref:
         weights = t(self.weights(), torch.float32) if self.weighted else None
         if via == "offsets":
             offsets = t(_cumsum(self.lengths()), dtype)
-            return KeyedJaggedTensor.from_offsets_sync(
-                self.keys, values, offsets, weights, stride=self.stride
-            )
+            return KeyedJaggedTensor.from_offsets_sync(self.keys, values, offsets, weights, stride=self.stride)
         lengths = t(self.lengths(), dtype)
         if via == "lazy":
             return KeyedJaggedTensor(self.keys, values, weights, lengths, stride=self.stride)
-        return KeyedJaggedTensor.from_lengths_sync(
-            self.keys, values, lengths, weights, stride=self.stride
-        )
+        return KeyedJaggedTensor.from_lengths_sync(self.keys, values, lengths, weights, stride=self.stride)
 
 
 BAGS = st.lists(st.tuples(st.integers(0, 99), st.integers(0, 40).map(lambda x: x / 4)), max_size=3)
@@ -191,9 +187,7 @@ def test_weights_get_their_gradient_through_a_permute_that_repeats_or_drops_keys
 
 @SETTINGS
 @given(st.data(), st.integers(0, 3), st.booleans(), st.integers(1, 3))
-def test_concat_matches_reference(
-    data: st.DataObject, stride: int, weighted: bool, count: int
-) -> None:
+def test_concat_matches_reference(data: st.DataObject, stride: int, weighted: bool, count: int) -> None:
     names = data.draw(st.permutations(KEY_POOL))
     parts = [
         data.draw(refs(stride, weighted, keys=names[2 * i : 2 * i + data.draw(st.integers(0, 2))]))
@@ -272,9 +266,7 @@ def test_pin_memory() -> None:
 )
 @example([[(3, 1.0)]], None, 0.0)
 @example([[], []], None, 7.0)
-def test_jagged_tensor_matches_reference(
-    samples: list[Bag], desired_length: int | None, padding: float
-) -> None:
+def test_jagged_tensor_matches_reference(samples: list[Bag], desired_length: int | None, padding: float) -> None:
     ids = [t([i for i, _ in bag], torch.float32) for bag in samples]
     weights = [t([w for _, w in bag], torch.float32) for bag in samples]
     jt = JaggedTensor.from_dense(ids, weights).validate().to("cpu")
@@ -302,23 +294,18 @@ def test_jagged_tensor_with_a_trailing_dimension_pads_rows() -> None:
 def test_keyed_tensor_regroup_matches_reference(data: st.DataObject, batch: int) -> None:
     names = data.draw(st.permutations(KEY_POOL))
     blocks = {
-        key: torch.randn(batch, data.draw(st.integers(0, 3)), dtype=torch.float64).requires_grad_()
-        for key in names
+        key: torch.randn(batch, data.draw(st.integers(0, 3)), dtype=torch.float64).requires_grad_() for key in names
     }
     cuts = sorted(data.draw(st.lists(st.integers(0, len(names)), min_size=1, max_size=2)))
     spans = [(a, b) for a, b in itertools.pairwise([0, *cuts, len(names)]) if a < b]
-    kts = [
-        KeyedTensor.from_tensor_list(names[a:b], [blocks[k] for k in names[a:b]]) for a, b in spans
-    ]
+    kts = [KeyedTensor.from_tensor_list(names[a:b], [blocks[k] for k in names[a:b]]) for a, b in spans]
     for kt in kts:
         kt.validate().to("cpu")
         assert kt.key_dim() == 1
         assert kt.length_per_key() == [blocks[k].size(1) for k in kt.keys()]
         assert all(torch.equal(kt[k], blocks[k]) for k in kt.keys())
         assert all(torch.equal(v, blocks[k]) for k, v in kt.to_dict().items())
-    groups = data.draw(
-        st.lists(st.lists(st.sampled_from(names), min_size=1, max_size=4), min_size=1, max_size=3)
-    )
+    groups = data.draw(st.lists(st.lists(st.sampled_from(names), min_size=1, max_size=4), min_size=1, max_size=3))
     out = KeyedTensor.regroup(kts, groups)
     for tensor, group in zip(out, groups, strict=True):
         assert torch.equal(tensor, torch.cat([blocks[k] for k in group], dim=1))
@@ -368,9 +355,7 @@ VALIDATION_ERRORS: list[tuple[Callable[[], object], str]] = [
         "KeyedJaggedTensor: weights has 1 entries but values has 2",
     ),
     (
-        lambda: KeyedJaggedTensor.from_offsets_sync(
-            ["a", "b"], t([1, 2, 3]), t([0, 2, 1, 3, 3]), validate=True
-        ),
+        lambda: KeyedJaggedTensor.from_offsets_sync(["a", "b"], t([1, 2, 3]), t([0, 2, 1, 3, 3]), validate=True),
         "KeyedJaggedTensor: key 'a' has offsets decreasing from 2 to 1 at sample 1",
     ),
     (
@@ -382,9 +367,7 @@ VALIDATION_ERRORS: list[tuple[Callable[[], object], str]] = [
         "KeyedJaggedTensor: offsets has 3 entries but 1 keys x stride 3 need 4",
     ),
     (
-        lambda: KeyedJaggedTensor(
-            ["a", "b"], t([1, 2]), lengths=t([1, 1]), offsets=t([0, 1, 1]), validate=True
-        ),
+        lambda: KeyedJaggedTensor(["a", "b"], t([1, 2]), lengths=t([1, 1]), offsets=t([0, 1, 1]), validate=True),
         "KeyedJaggedTensor: key 'b' has length 1 but offsets give 0 at sample 0",
     ),
     (
@@ -400,15 +383,11 @@ VALIDATION_ERRORS: list[tuple[Callable[[], object], str]] = [
         "KeyedJaggedTensor: values must be int32 or int64 ids, got torch.float32",
     ),
     (
-        lambda: KeyedJaggedTensor(
-            ["a", "b"], t([1, 2]), lengths=t([1, 1]), length_per_key=[2, 0], validate=True
-        ),
+        lambda: KeyedJaggedTensor(["a", "b"], t([1, 2]), lengths=t([1, 1]), length_per_key=[2, 0], validate=True),
         "KeyedJaggedTensor: length_per_key says key 'a' has 2 values but its lengths sum to 1",
     ),
     (
-        lambda: KeyedJaggedTensor(
-            ["a", "b"], t([1, 2]), lengths=t([1, 1]), offset_per_key=[0, 2, 2], validate=True
-        ),
+        lambda: KeyedJaggedTensor(["a", "b"], t([1, 2]), lengths=t([1, 1]), offset_per_key=[0, 2, 2], validate=True),
         "KeyedJaggedTensor: offset_per_key=[0, 2, 2] but lengths give [0, 1, 2]",
     ),
     (

@@ -18,7 +18,9 @@ from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from tests import torchrec_anchor
 
 CASES = Path(__file__).with_name("torchrec_jagged_cases.py")
-CLASSES = {name: f"torchrec.sparse.jagged_tensor.{name}" for name in ("JaggedTensor", "KeyedJaggedTensor", "KeyedTensor")}
+CLASSES = {
+    name: f"torchrec.sparse.jagged_tensor.{name}" for name in ("JaggedTensor", "KeyedJaggedTensor", "KeyedTensor")
+}
 
 
 def _cases_module() -> Any:
@@ -83,15 +85,25 @@ def test_the_refusals_name_what_is_wrong() -> None:
     w = JaggedTensor(values=torch.tensor([1, 2]), weights=torch.tensor([0.5, 0.5]), lengths=torch.tensor([1, 1]))
     kt = KeyedTensor(keys=["a"], length_per_key=[2], values=torch.ones(1, 2))
     refusals = [
-        (lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "b": b}),
-         ("KeyedJaggedTensor.from_jt_dict: key 'b' has 1 samples but key 'a' has 2 (variable batch sizes per key "
-          "are not supported)")),
-        (lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "w": w}),
-         ("KeyedJaggedTensor.from_jt_dict: key 'w' and key 'a' disagree on weights (all JaggedTensors need "
-          "weights, or none)")),
+        (
+            lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "b": b}),
+            (
+                "KeyedJaggedTensor.from_jt_dict: key 'b' has 1 samples but key 'a' has 2 (variable batch sizes per key "
+                "are not supported)"
+            ),
+        ),
+        (
+            lambda: KeyedJaggedTensor.from_jt_dict({"a": a, "w": w}),
+            (
+                "KeyedJaggedTensor.from_jt_dict: key 'w' and key 'a' disagree on weights (all JaggedTensors need "
+                "weights, or none)"
+            ),
+        ),
         (lambda: KeyedJaggedTensor.from_jt_dict({}), "KeyedJaggedTensor.from_jt_dict: needs at least one JaggedTensor"),
-        (lambda: KeyedTensor.regroup_as_dict([kt], [["a"]], ["x", "y"]),
-         "KeyedTensor.regroup_as_dict: 1 groups but 2 keys to name them"),
+        (
+            lambda: KeyedTensor.regroup_as_dict([kt], [["a"]], ["x", "y"]),
+            "KeyedTensor.regroup_as_dict: 1 groups but 2 keys to name them",
+        ),
     ]
     for call, message in refusals:
         with pytest.raises(ValueError) as refused:

@@ -24,9 +24,7 @@ def test_to_padded_puts_each_sequence_first_and_zeros_after() -> None:
     for b, chunk in enumerate(torch.split(values, LENGTHS)):
         expected[b, : len(chunk)] = chunk
     torch.testing.assert_close(padded, expected, atol=0, rtol=0)
-    assert padding_mask(lengths, 6).tolist() == [
-        [j < n for j in range(6)] for n in LENGTHS
-    ]
+    assert padding_mask(lengths, 6).tolist() == [[j < n for j in range(6)] for n in LENGTHS]
 
 
 def test_to_jagged_inverts_to_padded_and_gradients_flow_both_ways() -> None:
@@ -60,18 +58,30 @@ def test_truncate_rows_of_embeddings() -> None:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: to_padded(sample_rows(), torch.tensor(LENGTHS), 4),
-         "to_padded: a sequence of length 5 is longer than max_length 4; truncate it first"),
-        (lambda: to_padded(sample_rows()[:3], torch.tensor(LENGTHS), 6),
-         "to_padded: expected values of shape (sum(lengths) = 9, D), got (3, 3)"),
-        (lambda: to_padded(sample_rows(), torch.tensor(LENGTHS), 0),
-         "to_padded: max_length must be an integer >= 1 (got 0)"),
-        (lambda: to_jagged(torch.zeros(4, 3, 2), torch.tensor(LENGTHS)),
-         "to_jagged: a sequence of length 5 does not fit in 3 positions"),
-        (lambda: to_jagged(torch.zeros(3, 5, 2), torch.tensor(LENGTHS)),
-         "to_jagged: expected a padded tensor of shape (B = 4, L, D), got (3, 5, 2)"),
-        (lambda: truncate(JaggedTensor(torch.arange(9), lengths=torch.tensor(LENGTHS)), 2, "middle"),
-         "truncate: keep must be 'end' or 'start' (got 'middle')"),
+        (
+            lambda: to_padded(sample_rows(), torch.tensor(LENGTHS), 4),
+            "to_padded: a sequence of length 5 is longer than max_length 4; truncate it first",
+        ),
+        (
+            lambda: to_padded(sample_rows()[:3], torch.tensor(LENGTHS), 6),
+            "to_padded: expected values of shape (sum(lengths) = 9, D), got (3, 3)",
+        ),
+        (
+            lambda: to_padded(sample_rows(), torch.tensor(LENGTHS), 0),
+            "to_padded: max_length must be an integer >= 1 (got 0)",
+        ),
+        (
+            lambda: to_jagged(torch.zeros(4, 3, 2), torch.tensor(LENGTHS)),
+            "to_jagged: a sequence of length 5 does not fit in 3 positions",
+        ),
+        (
+            lambda: to_jagged(torch.zeros(3, 5, 2), torch.tensor(LENGTHS)),
+            "to_jagged: expected a padded tensor of shape (B = 4, L, D), got (3, 5, 2)",
+        ),
+        (
+            lambda: truncate(JaggedTensor(torch.arange(9), lengths=torch.tensor(LENGTHS)), 2, "middle"),
+            "truncate: keep must be 'end' or 'start' (got 'middle')",
+        ),
     ],
 )
 def test_errors_name_the_helper_and_the_numbers(call, message: str) -> None:

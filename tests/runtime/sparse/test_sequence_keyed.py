@@ -19,9 +19,7 @@ def batch(weighted: bool = False) -> KeyedJaggedTensor:
     values = [v for bag_list in bags.values() for bag in bag_list for v in bag]
     lengths = [len(bag) for bag_list in bags.values() for bag in bag_list]
     weights = torch.arange(len(values), dtype=torch.float32) / 10 if weighted else None
-    return KeyedJaggedTensor.from_lengths_sync(
-        list(bags), torch.tensor(values), torch.tensor(lengths), weights=weights
-    )
+    return KeyedJaggedTensor.from_lengths_sync(list(bags), torch.tensor(values), torch.tensor(lengths), weights=weights)
 
 
 def bags(kjt: KeyedJaggedTensor, key: str) -> list[list[int]]:
@@ -88,7 +86,9 @@ def test_pad_times_refuses_times_whose_lengths_differ_from_their_sequences_ids()
     assert pad_times(times, 3, torch.tensor([3, 0, 1])).tolist() == [[5, 6, 7], [0, 0, 0], [9, 0, 0]]
     with pytest.raises(ValueError) as refused:
         pad_times(times, 3, torch.tensor([3, 1, 0]))
-    assert str(refused.value) == "pad_times: sample 1 has 0 timestamps but 1 ids in its sequence; each id needs its time"
+    assert (
+        str(refused.value) == "pad_times: sample 1 has 0 timestamps but 1 ids in its sequence; each id needs its time"
+    )
     with pytest.raises(ValueError) as refused:
         pad_times(times, 3, torch.tensor([3, 0]))
     assert str(refused.value) == "pad_times: timestamps for 3 samples but their sequence has 2"

@@ -12,16 +12,22 @@ import torch
 
 def _jt(jt: Any) -> dict[str, Any]:
     return {
-        "values": jt.values(), "weights": jt.weights_or_none(),
-        "lengths_or_none": jt.lengths_or_none(), "offsets_or_none": jt.offsets_or_none(),
+        "values": jt.values(),
+        "weights": jt.weights_or_none(),
+        "lengths_or_none": jt.lengths_or_none(),
+        "offsets_or_none": jt.offsets_or_none(),
     }
 
 
 def _kjt(kjt: Any) -> dict[str, Any]:
     return {
-        "keys": kjt.keys(), "values": kjt.values(), "weights": kjt.weights_or_none(),
-        "lengths_or_none": kjt.lengths_or_none(), "offsets_or_none": kjt.offsets_or_none(),
-        "stride": kjt.stride(), "length_per_key_or_none": kjt.length_per_key_or_none(),
+        "keys": kjt.keys(),
+        "values": kjt.values(),
+        "weights": kjt.weights_or_none(),
+        "lengths_or_none": kjt.lengths_or_none(),
+        "offsets_or_none": kjt.offsets_or_none(),
+        "stride": kjt.stride(),
+        "length_per_key_or_none": kjt.length_per_key_or_none(),
         "offset_per_key_or_none": kjt.offset_per_key_or_none(),
     }
 
@@ -77,15 +83,19 @@ def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[s
 
     # KeyedJaggedTensor.empty
     out["kjt_empty"] = _kjt(KeyedJaggedTensor.empty())
-    out["kjt_empty_typed"] = _kjt(KeyedJaggedTensor.empty(
-        is_weighted=True, values_dtype=torch.int32, weights_dtype=torch.float16, lengths_dtype=torch.int64
-    ))
+    out["kjt_empty_typed"] = _kjt(
+        KeyedJaggedTensor.empty(
+            is_weighted=True, values_dtype=torch.int32, weights_dtype=torch.float16, lengths_dtype=torch.int64
+        )
+    )
     out["kjt_empty_positional"] = _kjt(KeyedJaggedTensor.empty(True))
     out["kjt_empty_stride_per_key"] = KeyedJaggedTensor.empty().stride_per_key()
     out["kjt_empty_size_in_bytes"] = KeyedJaggedTensor.empty(True).size_in_bytes()
 
     # from_jt_dict: weighted and not, ids of two dtypes of lengths
-    a = JaggedTensor(values=torch.tensor([1, 2, 3]), weights=torch.tensor([0.5, 1.0, 1.5]), lengths=torch.tensor([2, 0, 1]))
+    a = JaggedTensor(
+        values=torch.tensor([1, 2, 3]), weights=torch.tensor([0.5, 1.0, 1.5]), lengths=torch.tensor([2, 0, 1])
+    )
     b = JaggedTensor(values=torch.tensor([7, 8]), weights=torch.tensor([2.0, 3.0]), offsets=torch.tensor([0, 0, 1, 2]))
     out["from_jt_dict"] = _kjt(KeyedJaggedTensor.from_jt_dict({"a": a, "b": b}))
     plain = {
@@ -100,8 +110,10 @@ def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[s
 
     # stride_per_key, inverse_indices_or_none, unsync, size_in_bytes
     kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=["f1", "f2", "f3"], values=torch.tensor([5, 6, 7, 8, 9, 10]),
-        lengths=torch.tensor([1, 0, 2, 1, 1, 1]), weights=torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        keys=["f1", "f2", "f3"],
+        values=torch.tensor([5, 6, 7, 8, 9, 10]),
+        lengths=torch.tensor([1, 0, 2, 1, 1, 1]),
+        weights=torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
     )
     out["stride_per_key"] = kjt.stride_per_key()
     out["inverse_indices_or_none"] = kjt.inverse_indices_or_none()
@@ -120,8 +132,10 @@ def cases(JaggedTensor: Any, KeyedJaggedTensor: Any, KeyedTensor: Any) -> dict[s
     # KeyedTensor.regroup_as_dict, with a key in two groups, and its gradient
     first = torch.arange(12, dtype=torch.float32).view(2, 6).requires_grad_()
     second = torch.arange(6, dtype=torch.float32).view(2, 3).requires_grad_()
-    kts = [KeyedTensor(keys=["a", "b"], length_per_key=[2, 4], values=first),
-           KeyedTensor(keys=["c"], length_per_key=[3], values=second)]
+    kts = [
+        KeyedTensor(keys=["a", "b"], length_per_key=[2, 4], values=first),
+        KeyedTensor(keys=["c"], length_per_key=[3], values=second),
+    ]
     grouped = KeyedTensor.regroup_as_dict(kts, [["c", "a"], ["b", "a"]], ["user", "item"])
     out["regroup_as_dict"] = {key: value.detach() for key, value in grouped.items()}
     scale = torch.arange(1, 6, dtype=torch.float32)

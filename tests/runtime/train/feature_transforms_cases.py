@@ -19,9 +19,12 @@ import rendezvous
 def run_ranks(rank: int, port: int, path: str, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     module = load_module(path)
     results: dict[str, Any] = {}
     for mode, depth in (("plain", None), ("depth2", 2)):

@@ -63,9 +63,7 @@ sharding:
 
 def spec_text(case: str) -> str:
     types = SHARDING_TYPES if case == "mixed" else (case,) * len(TABLES)
-    constraints = "\n".join(
-        f"    {table}: {{sharding_types: [{kind}]}}" for table, kind in zip(TABLES, types)
-    )
+    constraints = "\n".join(f"    {table}: {{sharding_types: [{kind}]}}" for table, kind in zip(TABLES, types))
     return SPEC.format(case=case, batch=GLOBAL_BATCH, constraints=constraints)
 
 
@@ -81,10 +79,7 @@ def train_case(
     model = module.build(process_group=process_group)
     optimizer = make_dense_optimizer(module.DENSE_OPTIMIZER, model.dense_parameters())
     trained = distribute_dense(model, process_group)
-    batches = [
-        module.synthetic_batch(GLOBAL_BATCH, step=i, rank=rank, world_size=world_size)
-        for i in range(STEPS)
-    ]
+    batches = [module.synthetic_batch(GLOBAL_BATCH, step=i, rank=rank, world_size=world_size) for i in range(STEPS)]
     if depth is None:
         losses = [train_step(trained, optimizer, batch) for batch in batches]
         drained = True

@@ -47,8 +47,11 @@ def decisions(rank: int, world_size: int, group: dist.ProcessGroup | None) -> li
 def run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, WORLD_SIZE, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, WORLD_SIZE, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=WORLD_SIZE,
+        timeout=datetime.timedelta(seconds=60),
+    )
     torch.save(decisions(rank, WORLD_SIZE, dist.group.WORLD), Path(out) / f"rank{rank}.pt")
     close_process_group()

@@ -62,8 +62,9 @@ def module(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _context(module, steps: int = STEPS, **given: Any) -> RunContext:
-    options = TrainOptions(module=module.__file__, steps=steps, batch_size=cc.BATCH, seed=0, log_every=2,
-                           pipeline=False, **given)  # fmt: skip
+    options = TrainOptions(
+        module=module.__file__, steps=steps, batch_size=cc.BATCH, seed=0, log_every=2, pipeline=False, **given
+    )
     return RunContext(options, module.INPUTS, module.SPEC_SHA256, module.PLAN)
 
 
@@ -111,8 +112,14 @@ def test_its_state_goes_with_the_checkpoints_and_comes_back_on_resume(module, tm
     try:
         start = checkpoints.resume()
         assert start == 4 and resumed.positives == _positives(module, range(4))
-        train(context, model, _batches(module, start), optimizer, callbacks=CallbackList([resumed, checkpoints]),
-              start_step=start)  # fmt: skip
+        train(
+            context,
+            model,
+            _batches(module, start),
+            optimizer,
+            callbacks=CallbackList([resumed, checkpoints]),
+            start_step=start,
+        )
     finally:
         checkpoints.close()
     assert resumed.positives == _positives(module, range(STEPS))

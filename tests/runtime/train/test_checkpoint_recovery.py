@@ -90,7 +90,9 @@ def test_a_checkpoint_under_another_steps_name_is_refused(module: Path, tmp_path
     os.rename(ck / "step_00000004", moved)
     with pytest.raises(CheckpointError) as error:
         load_model_state(moved)
-    message = f"{moved}/manifest.json: says step 4 but the directory is named for step 9: the checkpoint was moved or edited"
+    message = (
+        f"{moved}/manifest.json: says step 4 but the directory is named for step 9: the checkpoint was moved or edited"
+    )
     assert str(error.value) == message
     capsys.readouterr()
     assert run_worker(module, checkpoint_dir=ck, resume=True, steps=12) == 1
@@ -112,10 +114,18 @@ def test_resuming_with_another_batch_size_is_refused(module: Path, tmp_path: Pat
 def test_a_checkpoint_directory_has_one_writer(module: Path, tmp_path: Path, capsys) -> None:
     ck = tmp_path / "ck"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from runtime.checkpoint.lock import "
-         "DirectoryLock; DirectoryLock(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()", str(ck)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from runtime.checkpoint.lock import "
+            "DirectoryLock; DirectoryLock(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()",
+            str(ck),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         assert run_worker(module, checkpoint_dir=ck) == 1

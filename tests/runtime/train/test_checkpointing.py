@@ -49,7 +49,9 @@ def test_resume_without_a_checkpoint_is_a_clear_error(modules, tmp_path: Path, c
 def test_resume_from_a_directory_that_does_not_exist_creates_nothing(modules, tmp_path: Path, capsys) -> None:
     missing = tmp_path / "typo"
     assert run_worker(modules[1], checkpoint_dir=missing, resume=True) == 1
-    assert capsys.readouterr().err == f"error: rank 0: --resume: no complete checkpoint in {missing}: it does not exist\n"
+    assert (
+        capsys.readouterr().err == f"error: rank 0: --resume: no complete checkpoint in {missing}: it does not exist\n"
+    )
     assert not missing.exists()
 
 
@@ -115,9 +117,12 @@ def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Pa
     # The resumed run appends to the log: it keeps steps 1..6 (issue 20, section 3).
     records = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["kind"], r.get("step")) for r in records] == [
-        *[("train", step) for step in range(1, 5)], ("final", None), ("resume", 4),
-        *[("train", step) for step in (5, 6)], ("final", None),
-    ]  # fmt: skip
+        *[("train", step) for step in range(1, 5)],
+        ("final", None),
+        ("resume", 4),
+        *[("train", step) for step in (5, 6)],
+        ("final", None),
+    ]
 
     other_spec = cc.SPEC.replace("lr: 0.05}\n  sparse", "lr: 0.04}\n  sparse")
     other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
@@ -132,7 +137,9 @@ def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Pa
 def test_a_spec_change_that_skips_many_entries_warns_in_one_short_line(modules, tmp_path: Path, capsys) -> None:
     ckpt = tmp_path / "ck"
     assert run_worker(modules[1], checkpoint_dir=ckpt) == 0
-    other_spec = cc.SPEC.replace("sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: sgd, lr: 0.05}")
+    other_spec = cc.SPEC.replace(
+        "sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}", "sparse_optimizer: {type: sgd, lr: 0.05}"
+    )
     other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
     capsys.readouterr()
     assert run_worker(other, checkpoint_dir=ckpt, resume=True, allow_spec_change=True, steps=5) == 0
@@ -151,9 +158,11 @@ def test_a_spec_change_that_skips_many_entries_warns_in_one_short_line(modules, 
         (["--checkpoint-every", "5"], "error: --checkpoint-every needs --checkpoint-dir\n"),
         (["--resume"], "error: --resume needs --checkpoint-dir\n"),
         (["--checkpoint-dir", "x", "--keep", "0"], "error: --keep must be at least 1, got 0\n"),
-        (["--checkpoint-dir", "ck/step_00000010", "--resume"],
-         "error: --checkpoint-dir ck/step_00000010 is one checkpoint; give the folder that holds the step_<N> "
-         "checkpoints: ck\n"),
+        (
+            ["--checkpoint-dir", "ck/step_00000010", "--resume"],
+            "error: --checkpoint-dir ck/step_00000010 is one checkpoint; give the folder that holds the step_<N> "
+            "checkpoints: ck\n",
+        ),
     ],
 )
 def test_checkpoint_options_misused_exit_2(tmp_path: Path, capsys, options, message) -> None:
@@ -189,18 +198,35 @@ def train_under_torchrun(spec: Path, directory: Path, kill: bool) -> Run:
     """`reccompile train` on 2 ranks with restarts; with `kill`, SIGKILL rank 1 after step KILL_AFTER."""
     checkpoints = directory / "checkpoints"
     command = [
-        sys.executable, "-m", "compiler.cli", "train", str(spec), "-o", str(directory / "build"),
-        "--nproc", "2", "--max-restarts", "1", "--steps", str(STEPS), "--batch-size", "2048",
-        "--log-every", "1", "--log-dir", str(directory / "log"),
-        "--checkpoint-dir", str(checkpoints), "--checkpoint-every", str(EVERY),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "compiler.cli",
+        "train",
+        str(spec),
+        "-o",
+        str(directory / "build"),
+        "--nproc",
+        "2",
+        "--max-restarts",
+        "1",
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        "2048",
+        "--log-every",
+        "1",
+        "--log-dir",
+        str(directory / "log"),
+        "--checkpoint-dir",
+        str(checkpoints),
+        "--checkpoint-every",
+        str(EVERY),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     directory.mkdir(parents=True)
     errors = directory / "stderr.txt"
     with open(errors, "w") as stderr:
-        process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True
-        )
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
     assert process.stdout is not None
     lines = []
     for line in process.stdout:

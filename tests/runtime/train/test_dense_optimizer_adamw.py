@@ -13,8 +13,9 @@ def steps(config: DenseOptimizerConfig, reference: type[torch.optim.Optimizer]) 
     start = torch.randn(4, 3, generator=torch.Generator().manual_seed(0))
     ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
     mine = make_dense_optimizer(config, [ours])
-    other = reference([theirs], lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps,
-                      weight_decay=config.weight_decay)
+    other = reference(
+        [theirs], lr=config.lr, betas=(config.beta1, config.beta2), eps=config.eps, weight_decay=config.weight_decay
+    )
     for step in range(3):
         grad = torch.randn(4, 3, generator=torch.Generator().manual_seed(step + 1))
         for param, optimizer in ((ours, mine), (theirs, other)):

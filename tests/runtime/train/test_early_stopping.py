@@ -26,8 +26,11 @@ def test_the_worked_example_in_the_docstring_holds() -> None:
         ("auc", [CTR], BestMetric("ctr", "auc")),
         ("rmse", [CTR, RATING], BestMetric("rating", "rmse")),
         ("cvr.ne", [CTR, CVR], BestMetric("cvr", "ne")),
-        ("ndcg@10", [HeadConfig("item", "softmax", "item", metrics=("recall@10", "ndcg@10"))],
-         BestMetric("item", "ndcg@10")),
+        (
+            "ndcg@10",
+            [HeadConfig("item", "softmax", "item", metrics=("recall@10", "ndcg@10"))],
+            BestMetric("item", "ndcg@10"),
+        ),
     ],
 )
 def test_a_metric_is_found_by_its_name_or_head_and_name(name: str, heads: list, expected: BestMetric) -> None:
@@ -38,10 +41,16 @@ def test_a_metric_is_found_by_its_name_or_head_and_name(name: str, heads: list, 
     ("name", "message"),
     [
         ("auc", "--best-metric 'auc': heads ctr and cvr both report it; name one, e.g. ctr.auc"),
-        ("mse", "--best-metric 'mse': no head reports it; the heads' metrics are ctr.ne, ctr.auc, ctr.accuracy, "
-                "cvr.ne, cvr.auc, cvr.accuracy"),
-        ("ctr.rmse", "--best-metric 'ctr.rmse': no head reports it; the heads' metrics are ctr.ne, ctr.auc, "
-                     "ctr.accuracy, cvr.ne, cvr.auc, cvr.accuracy"),
+        (
+            "mse",
+            "--best-metric 'mse': no head reports it; the heads' metrics are ctr.ne, ctr.auc, ctr.accuracy, "
+            "cvr.ne, cvr.auc, cvr.accuracy",
+        ),
+        (
+            "ctr.rmse",
+            "--best-metric 'ctr.rmse': no head reports it; the heads' metrics are ctr.ne, ctr.auc, "
+            "ctr.accuracy, cvr.ne, cvr.auc, cvr.accuracy",
+        ),
     ],
 )
 def test_an_unknown_or_ambiguous_metric_is_a_usage_error(name: str, message: str) -> None:
@@ -52,9 +61,20 @@ def test_an_unknown_or_ambiguous_metric_is_a_usage_error(name: str, message: str
 
 @pytest.mark.parametrize(
     ("metric", "higher"),
-    [("auc", True), ("accuracy", True), ("recall@10", True), ("ndcg@5", True), ("mrr", True),
-     ("hit_rate@20", True), ("user_recall@10", True), ("ne", False), ("mse", False), ("rmse", False), ("loss", False),
-     ("log_loss", False)],
+    [
+        ("auc", True),
+        ("accuracy", True),
+        ("recall@10", True),
+        ("ndcg@5", True),
+        ("mrr", True),
+        ("hit_rate@20", True),
+        ("user_recall@10", True),
+        ("ne", False),
+        ("mse", False),
+        ("rmse", False),
+        ("loss", False),
+        ("log_loss", False),
+    ],
 )
 def test_the_direction_follows_the_name(metric: str, higher: bool) -> None:
     assert BestMetric("h", metric).higher_is_better is higher

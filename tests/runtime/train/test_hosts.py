@@ -8,8 +8,12 @@ from runtime.train.hosts import check_plan_fits_nodes, ranks_per_node
 
 
 def plan(*tables: tuple[str, str, list[int]]) -> dict:
-    return {"tables": [{"table": name, "sharding_type": kind, "shards": [{"rank": r} for r in ranks]}
-                       for name, kind, ranks in tables]}  # fmt: skip
+    return {
+        "tables": [
+            {"table": name, "sharding_type": kind, "shards": [{"rank": r} for r in ranks]}
+            for name, kind, ranks in tables
+        ]
+    }
 
 
 def test_ranks_per_node_is_torchruns_local_world_size() -> None:
@@ -18,8 +22,10 @@ def test_ranks_per_node_is_torchruns_local_world_size() -> None:
 
 
 def test_table_row_wise_within_each_node_passes() -> None:
-    check_plan_fits_nodes(plan(("a", "table_row_wise", [0, 1]), ("b", "table_row_wise", [2, 3]),
-                               ("c", "row_wise", [0, 1, 2, 3])), ranks_per_node=2)  # fmt: skip
+    check_plan_fits_nodes(
+        plan(("a", "table_row_wise", [0, 1]), ("b", "table_row_wise", [2, 3]), ("c", "row_wise", [0, 1, 2, 3])),
+        ranks_per_node=2,
+    )
     check_plan_fits_nodes(plan(("a", "table_row_wise", [0]), ("b", "table_row_wise", [1])), ranks_per_node=1)
 
 

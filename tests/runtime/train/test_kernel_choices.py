@@ -36,9 +36,24 @@ SAVED_AT = 6
 def train(spec: Path, directory: Path, ranks: int, *extra: str) -> dict[int, float]:
     """`reccompile train` (in this process for one rank); the losses logged after its last resume."""
     command = [
-        "train", str(spec), "-o", str(directory / "build"), "--nproc", str(ranks), "--threads", "1",
-        "--steps", str(STEPS), "--batch-size", "512", "--log-every", "1", "--log-dir", str(directory / "log"), *extra,
-    ]  # fmt: skip
+        "train",
+        str(spec),
+        "-o",
+        str(directory / "build"),
+        "--nproc",
+        str(ranks),
+        "--threads",
+        "1",
+        "--steps",
+        str(STEPS),
+        "--batch-size",
+        "512",
+        "--log-every",
+        "1",
+        "--log-dir",
+        str(directory / "log"),
+        *extra,
+    ]
     if ranks == 1:
         threads = torch.get_num_threads()
         try:
@@ -47,8 +62,14 @@ def train(spec: Path, directory: Path, ranks: int, *extra: str) -> dict[int, flo
             torch.set_num_threads(threads)
     else:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, "-m", "compiler.cli", *command], cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "compiler.cli", *command],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
     records = [json.loads(line) for line in (directory / "log" / "metrics.jsonl").read_text().splitlines()]
     resumes = [i for i, r in enumerate(records) if r["kind"] == "resume"]
@@ -156,9 +177,9 @@ def test_ranks_with_caches_of_their_own_run_rank_0s_recorded_decision(tmp_path: 
     caches = [tmp_path / "rank0", tmp_path / "rank1"]
     folder = choice.directory(caches[0]) / "linear"
     folder.mkdir(parents=True)
-    (folder / f"{kc.SITE}_t1.json").write_text(json.dumps(
-        {"kernel": "linear", "shape": f"{kc.SITE}_t1", "site": kc.SITE, "winner": "onednn", "times_ms": {}}
-    ))
+    (folder / f"{kc.SITE}_t1.json").write_text(
+        json.dumps({"kernel": "linear", "shape": f"{kc.SITE}_t1", "site": kc.SITE, "winner": "onednn", "times_ms": {}})
+    )
     result = run_two_ranks(tmp_path, caches)
     assert result == {"ran": ["onednn", "onednn"], "kept": {"linear": {kc.SITE: "onednn"}}, "differences": []}
     assert not (caches[1] / "choices").exists()  # rank 1 measured nothing: its own timing would pick aten

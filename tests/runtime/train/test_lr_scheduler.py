@@ -29,8 +29,10 @@ from runtime.train.options import TrainOptions
 from runtime.train.worker import load_module
 
 SCHEDULE = "  lr_schedule: {type: cosine, warmup_steps: 2, start_factor: 0.5, total_steps: 5, final_factor: 0.1}\n"
-SPEC = cc.SPEC.replace("  sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}\n",
-                       "  sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}\n" + SCHEDULE)  # fmt: skip
+SPEC = cc.SPEC.replace(
+    "  sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}\n",
+    "  sparse_optimizer: {type: rowwise_adagrad, lr: 0.05}\n" + SCHEDULE,
+)
 EXPECTED = LrSchedule("cosine", warmup_steps=2, start_factor=0.5, total_steps=5, final_factor=0.1)
 BASE_LR = 0.05  # both optimizers'
 
@@ -88,8 +90,9 @@ def test_the_pipeline_trains_the_schedule_of_the_plain_loop(module_path: Path) -
         model, optimizer = cc.fresh(module)
         batches = (module.synthetic_batch(cc.BATCH, step=step) for step in range(6))
         scheduler = LrScheduler(module.LR_SCHEDULE, optimizer, model)
-        options = TrainOptions(module=str(module_path), steps=6, batch_size=cc.BATCH, pipeline=True,
-                               pipeline_depth=depth)  # fmt: skip
+        options = TrainOptions(
+            module=str(module_path), steps=6, batch_size=cc.BATCH, pipeline=True, pipeline_depth=depth
+        )
         summary = train(RunContext(options, module.INPUTS), model, batches, optimizer, lr_scheduler=scheduler)
         runs.append((summary.losses, cc.full_state(model)))
     (plain_losses, plain_state), (piped_losses, piped_state) = runs
@@ -116,7 +119,9 @@ def test_a_resumed_run_continues_the_schedule_exactly(module_path: Path, tmp_pat
         assert torch.equal(one[key], two[key]), key
 
     for directory in ("straight", "split"):
-        records = [json.loads(line) for line in (tmp_path / directory / "logs" / "metrics.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (tmp_path / directory / "logs" / "metrics.jsonl").read_text().splitlines()
+        ]
         rates = {r["step"]: (r["lr"], r["lr_scale"]) for r in records if r["kind"] == "train"}
         assert rates == {step: (BASE_LR * EXPECTED.factor(step - 1), EXPECTED.factor(step - 1)) for step in range(1, 7)}
     shown = [float(rate) for rate in re.findall(r"^step +\d+/6  loss \S+  lr (\S+)  samples/s", straight, re.M)]
@@ -136,7 +141,10 @@ def test_resuming_under_another_schedule_says_so(module_path: Path, tmp_path: Pa
     other_spec = SPEC.replace("total_steps: 5", "total_steps: 8")
     other = cc.compile_modules(tmp_path / "other", (1,), other_spec)[1]
     capsys.readouterr()
-    assert worker.run(TrainOptions(module=str(other), steps=3, checkpoint_dir=ck, resume=True, allow_spec_change=True)) == 0
+    assert (
+        worker.run(TrainOptions(module=str(other), steps=3, checkpoint_dir=ck, resume=True, allow_spec_change=True))
+        == 0
+    )
     err = capsys.readouterr().err
     assert (
         f"warning: {ck}/step_00000002 was trained with lr_schedule cosine(warmup_steps=2, start_factor=0.5, "

@@ -31,8 +31,10 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--batch-size", "-8"], "--batch-size must be at least 1, got -8"),
         (["--batch-size", "3", "--nproc", "2"], "--batch-size 3 does not divide evenly over 2 ranks"),
-        (["--batch-size", "1", "--nproc", "2"],
-         "--batch-size 1 is less than the 2 ranks: each rank needs at least one sample"),
+        (
+            ["--batch-size", "1", "--nproc", "2"],
+            "--batch-size 1 is less than the 2 ranks: each rank needs at least one sample",
+        ),
         (["--max-restarts", "-1"], "--max-restarts must be 0 or more, got -1"),
         (["--max-restarts", "two"], "--max-restarts must be a whole number, got 'two'"),
         (["--keep", "0", "--checkpoint-dir", "ck"], "--keep must be at least 1, got 0"),
@@ -44,28 +46,48 @@ SPEC = REPO / "specs" / "two_tower_movielens.yaml"  # training.batch_size 1024
         (["--pipeline-depth", "0"], "--pipeline-depth must be at least 1, got 0"),
         (["--threads", "0"], "--threads must be at least 1, got 0"),
         (["--nproc", "0"], "--nproc must be at least 1, got 0"),
-        (["--world-size", "2"], "--world-size 2, but this run starts 1 rank (--nproc 1); "
-         "train plans for the ranks it starts: leave --world-size out or make them agree"),
-        (["--world-size", "2", "--nproc", "2", "--nnodes", "2"], "--world-size 2, but this run starts 4 ranks "
-         "(--nproc 2 on --nnodes 2); train plans for the ranks it starts: leave --world-size out or make them agree"),
+        (
+            ["--world-size", "2"],
+            "--world-size 2, but this run starts 1 rank (--nproc 1); "
+            "train plans for the ranks it starts: leave --world-size out or make them agree",
+        ),
+        (
+            ["--world-size", "2", "--nproc", "2", "--nnodes", "2"],
+            "--world-size 2, but this run starts 4 ranks "
+            "(--nproc 2 on --nnodes 2); train plans for the ranks it starts: leave --world-size out or make them agree",
+        ),
         (["--best-metric", "auc"], "--best-metric auc needs --eval-data (the split it is measured on)"),
         (["--eval-every", "5"], "--eval-every 5 needs --eval-data (the split it evaluates)"),
-        (["--eval-data", "synthetic", "--eval-every", "5", "--patience", "2"],
-         "--patience 2 needs --best-metric or the spec's training.early_stopping (the metric that must improve)"),
-        (["--eval-data", "synthetic", "--best-metric", "auc", "--patience", "2"],
-         "--patience 2 needs --eval-every K (evaluating only at the end cannot stop early)"),
-        (["--eval-data", "synthetic", "--eval-every", "5", "--best-metric", "auc", "--patience", "0"],
-         "--patience must be at least 1, got 0"),
-        (["--data", "movielens:ml/ratings.dat", "--shuffle-window", "2"],
-         "--shuffle-window 2: shuffles prepared data only, and movielens:ml/ratings.dat is read in its own order; "
-         "prepare it once (reccompile data prepare SPEC --data movielens:ml/ratings.dat -o DIR) and train with "
-         "--data prepared:DIR"),
-        (["--shuffle-window", "1"],
-         "--shuffle-window 1: shuffles prepared data only, and synthetic batches are made, not read"),
-        (["--eval-data", "synthetic", "--best-metric", "recall@10"],
-         "--best-metric 'recall@10': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy"),
-        (["--eval-data", "synthetic", "--best-metric", "click.auc"],
-         "--best-metric 'click.auc': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy"),
+        (
+            ["--eval-data", "synthetic", "--eval-every", "5", "--patience", "2"],
+            "--patience 2 needs --best-metric or the spec's training.early_stopping (the metric that must improve)",
+        ),
+        (
+            ["--eval-data", "synthetic", "--best-metric", "auc", "--patience", "2"],
+            "--patience 2 needs --eval-every K (evaluating only at the end cannot stop early)",
+        ),
+        (
+            ["--eval-data", "synthetic", "--eval-every", "5", "--best-metric", "auc", "--patience", "0"],
+            "--patience must be at least 1, got 0",
+        ),
+        (
+            ["--data", "movielens:ml/ratings.dat", "--shuffle-window", "2"],
+            "--shuffle-window 2: shuffles prepared data only, and movielens:ml/ratings.dat is read in its own order; "
+            "prepare it once (reccompile data prepare SPEC --data movielens:ml/ratings.dat -o DIR) and train with "
+            "--data prepared:DIR",
+        ),
+        (
+            ["--shuffle-window", "1"],
+            "--shuffle-window 1: shuffles prepared data only, and synthetic batches are made, not read",
+        ),
+        (
+            ["--eval-data", "synthetic", "--best-metric", "recall@10"],
+            "--best-metric 'recall@10': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy",
+        ),
+        (
+            ["--eval-data", "synthetic", "--best-metric", "click.auc"],
+            "--best-metric 'click.auc': no head reports it; the heads' metrics are like.ne, like.auc, like.accuracy",
+        ),
     ],
 )
 def test_a_usage_error_is_one_line_and_exit_2(tmp_path: Path, capsys, options: list[str], message: str) -> None:
@@ -89,11 +111,25 @@ def test_o_naming_a_file_is_a_usage_error_for_compile_and_train(tmp_path: Path, 
 
 def test_with_two_ranks_the_usage_error_is_printed_once(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "compiler.cli", "train", str(SPEC), "--nproc", "2", "--batch-size", "1",
-         "-o", str(tmp_path)],
-        capture_output=True, text=True, timeout=300, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "compiler.cli",
+            "train",
+            str(SPEC),
+            "--nproc",
+            "2",
+            "--batch-size",
+            "1",
+            "-o",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == "error: --batch-size 1 is less than the 2 ranks: each rank needs at least one sample\n"
 
@@ -103,9 +139,7 @@ def test_options_fill_the_spec_defaults_and_travel_as_json() -> None:
     train_options.add_arguments(parser)
     args = parser.parse_args(["--steps", "7", "--checkpoint-dir", "ck", "--keep", "2", "--no-pipeline"])
     options = train_options.from_args(args, module="build/m.py")
-    assert options == TrainOptions(
-        module="build/m.py", steps=7, checkpoint_dir=Path("ck"), keep=2, pipeline=False
-    )
+    assert options == TrainOptions(module="build/m.py", steps=7, checkpoint_dir=Path("ck"), keep=2, pipeline=False)
     ready = options.with_spec_defaults(TrainingConfig(steps=100, batch_size=64, seed=3))
     assert (ready.steps, ready.batch_size, ready.seed) == (7, 64, 3)
     assert TrainOptions.from_json(ready.to_json()) == ready

@@ -66,10 +66,14 @@ class _Tiny(torch.nn.Module):
 
 def test_a_bf16_step_matches_fp32_to_bf16_rounding_and_keeps_fp32_weights_and_state() -> None:
     gen = torch.Generator().manual_seed(1)
-    sparse = KeyedJaggedTensor.from_lengths_sync(keys=[], values=torch.empty(0, dtype=torch.long),
-                                                 lengths=torch.empty(0, dtype=torch.long), stride=32)  # fmt: skip
-    batch = Batch(dense={"x": torch.randn(32, 8, generator=gen)}, sparse=sparse,
-                  labels={"click": torch.randint(0, 2, (32,), generator=gen).float()})  # fmt: skip
+    sparse = KeyedJaggedTensor.from_lengths_sync(
+        keys=[], values=torch.empty(0, dtype=torch.long), lengths=torch.empty(0, dtype=torch.long), stride=32
+    )
+    batch = Batch(
+        dense={"x": torch.randn(32, 8, generator=gen)},
+        sparse=sparse,
+        labels={"click": torch.randint(0, 2, (32,), generator=gen).float()},
+    )
     models, losses = [], []
     for precision in ("fp32", "bf16"):
         torch.manual_seed(2)

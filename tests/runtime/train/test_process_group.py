@@ -38,9 +38,12 @@ def _gloo_threads() -> list[str]:
 
 def _rank(rank: int, port: int, out: str) -> None:
     init_process_group(
-        backend="gloo", store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)), rank=rank,
-        world_size=2, timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+        backend="gloo",
+        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=60),
+    )
     running = _gloo_threads()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))  # the first DDP imports torch.distributed.nn.functional
@@ -60,8 +63,11 @@ def test_two_ranks_end_their_gloo_threads_before_exit(tmp_path: Path) -> None:
         mp.spawn(_rank, args=(port, str(out)), nprocs=2, join=True)
     for rank in range(2):
         assert json.loads(Path(f"{out}.{rank}").read_text()) == {
-            "running": True, "freed": True, "left": [], "gathered": [{"rank": 0}, {"rank": 1}],
-        }  # fmt: skip
+            "running": True,
+            "freed": True,
+            "left": [],
+            "gathered": [{"rank": 0}, {"rank": 1}],
+        }
 
 
 def test_a_group_something_still_holds_is_reported(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

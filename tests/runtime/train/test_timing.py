@@ -40,8 +40,9 @@ def test_samples_per_s_leaves_out_evaluation_and_checkpoint_time(module) -> None
                 time.sleep(SLEEP)
 
     batches = (module.synthetic_batch(cc.BATCH, step=step) for step in itertools.count())
-    context = RunContext(TrainOptions(module=module.__file__, steps=STEPS, batch_size=cc.BATCH), module.INPUTS,
-                         other_work=other)  # fmt: skip
+    context = RunContext(
+        TrainOptions(module=module.__file__, steps=STEPS, batch_size=cc.BATCH), module.INPUTS, other_work=other
+    )
     started = time.perf_counter()
     summary = train(context, model, batches, optimizer, callbacks=Busy())
     wall = time.perf_counter() - started

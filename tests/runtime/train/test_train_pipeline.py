@@ -170,6 +170,7 @@ def test_train_loop_takes_a_pipeline_depth(one_rank_module: Any) -> None:
 
 def _break(stage: str, pipeline: TrainPipeline, model: torch.nn.Module) -> None:
     """Make `stage` fail on batch 2 (the third) with ValueError('broken')."""
+
     def fail(*_: Any) -> Any:
         raise ValueError("broken")
 
@@ -226,7 +227,10 @@ def test_a_batch_with_a_bad_id_names_the_input_dist_stage(one_rank_module: Any, 
     values = good.sparse.values().clone()
     values[0] = 10_000
     sparse = KeyedJaggedTensor(
-        good.sparse.keys(), values, good.sparse.weights_or_none(), good.sparse.lengths(),
+        good.sparse.keys(),
+        values,
+        good.sparse.weights_or_none(),
+        good.sparse.lengths(),
         stride=good.sparse.stride(),
     )
     message = (

@@ -128,15 +128,27 @@ def test_a_resumed_reader_starts_at_the_row_and_decodes_nothing_before_it(prepar
 
 def test_each_new_pass_over_the_rows_is_told_with_the_step_that_ended_the_last(prepared: Path) -> None:
     told: list[tuple[int, int]] = []
-    batches = PreparedBatches(_data(prepared), global_batch=96, rank=0, world_size=1, num_workers=0,
-                              on_wrap=lambda passes, step: told.append((passes, step)))  # fmt: skip
+    batches = PreparedBatches(
+        _data(prepared),
+        global_batch=96,
+        rank=0,
+        world_size=1,
+        num_workers=0,
+        on_wrap=lambda passes, step: told.append((passes, step)),
+    )
     for _ in range(8):
         next(batches)
     assert told == [(2, 5)]  # row 399, the end of pass 1, is in step 5 (rows 384..479)
     next(batches)
     assert told == [(2, 5), (3, 9)]  # row 799 in step 9
-    resumed = PreparedBatches(_data(prepared), global_batch=96, rank=0, world_size=1, num_workers=0,
-                              on_wrap=lambda passes, step: told.append((passes, step)))  # fmt: skip
+    resumed = PreparedBatches(
+        _data(prepared),
+        global_batch=96,
+        rank=0,
+        world_size=1,
+        num_workers=0,
+        on_wrap=lambda passes, step: told.append((passes, step)),
+    )
     resumed.load_state_dict(batches.state_after(5))
     told.clear()
     for _ in range(4):
@@ -167,8 +179,14 @@ def test_one_epoch_pads_the_last_batch_as_the_file_readers_do(prepared: Path) ->
     raw = prepared.parent / "day_0"
     inputs = criteo_spec(rows=1000)
     for rank in range(3):
-        files = epoch_batches(open_reader(inputs, DataChoice("criteo", str(raw))), global_batch=96, rank=rank,
-                              world_size=3, bad_rows=BadRowLog(), num_workers=0)  # fmt: skip
+        files = epoch_batches(
+            open_reader(inputs, DataChoice("criteo", str(raw))),
+            global_batch=96,
+            rank=rank,
+            world_size=3,
+            bad_rows=BadRowLog(),
+            num_workers=0,
+        )
         ours = prepared_epoch_batches(_data(prepared), global_batch=96, rank=rank, world_size=3, num_workers=1)
         pairs = list(zip(files, ours, strict=True))
         assert len(pairs) == 5 and pairs[-1][0].real == pairs[-1][1].real  # 400 = 4 * 96 + 16
@@ -183,8 +201,7 @@ def test_sequences_and_their_timestamps_are_list_columns(tmp_path: Path) -> None
     out = tmp_path / "out"
     prepare(inputs, DataChoice("movielens", str(ratings)), out, PrepareSettings(row_group_rows=4, workers=0))
     reader = open_reader(inputs, DataChoice("movielens", str(ratings)))
-    (expected,) = epoch_batches(reader, global_batch=8, rank=0, world_size=1, bad_rows=BadRowLog("skip"),
-                                num_workers=0)  # fmt: skip
+    (expected,) = epoch_batches(reader, global_batch=8, rank=0, world_size=1, bad_rows=BadRowLog("skip"), num_workers=0)
     (got,) = prepared_epoch_batches(open_prepared(inputs, out), global_batch=8, rank=0, world_size=1)
     assert got.batch.sparse.keys() == expected.batch.sparse.keys() == ["user_id", "movie_id", "history", "history_time"]
     for key in expected.batch.sparse.keys():
@@ -201,7 +218,9 @@ def test_evaluation_data_prepared_with_the_training_ratings_is_what_the_eval_rea
     test = write_lines(tmp_path / "test" / "ratings.dat", ["1::16::4::250", "2::10::3::55", "3::11::4::10"])
     inputs = history_spec(max_length=5)
     training = open_reader(inputs, DataChoice("movielens", str(train)))
-    evaluated = open_reader(inputs, DataChoice("movielens", str(test)), vocabulary=training.vocabulary, training=training)
+    evaluated = open_reader(
+        inputs, DataChoice("movielens", str(test)), vocabulary=training.vocabulary, training=training
+    )
     (expected,) = epoch_batches(evaluated, global_batch=3, rank=0, world_size=1, bad_rows=BadRowLog(), num_workers=0)
     out = tmp_path / "test_prepared"
     settings = PrepareSettings(row_group_rows=4, workers=workers, training=str(train))

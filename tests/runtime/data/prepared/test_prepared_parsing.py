@@ -30,22 +30,58 @@ def data(tmp_path: Path) -> dict[int, Path]:
 @pytest.mark.parametrize(
     ("cores", "files", "processes", "by_file", "said"),
     [
-        (1, 1, 0, False, "line by line in this process "
-                         "(1 file on 1 usable core: one process per file needs 2 or more files)"),
-        (1, 3, 0, False, "line by line in this process "
-                         "(3 files on 1 usable core: one process per file needs 3 or more)"),
-        (2, 1, 0, False, "line by line in this process "
-                         "(1 file on 2 usable cores: one process per file needs 2 or more files)"),
-        (2, 3, 0, False, "line by line in this process "
-                         "(3 files on 2 usable cores: one process per file needs 3 or more)"),
-        (4, 1, 0, False, "line by line in this process "
-                         "(1 file on 4 usable cores: one process per file needs 2 or more files)"),
-        (4, 3, 3, True, "with 3 parse processes, one per file "
-                        "(3 files on 4 usable cores: one kept for writing the parts)"),
+        (
+            1,
+            1,
+            0,
+            False,
+            "line by line in this process (1 file on 1 usable core: one process per file needs 2 or more files)",
+        ),
+        (
+            1,
+            3,
+            0,
+            False,
+            "line by line in this process (3 files on 1 usable core: one process per file needs 3 or more)",
+        ),
+        (
+            2,
+            1,
+            0,
+            False,
+            "line by line in this process (1 file on 2 usable cores: one process per file needs 2 or more files)",
+        ),
+        (
+            2,
+            3,
+            0,
+            False,
+            "line by line in this process (3 files on 2 usable cores: one process per file needs 3 or more)",
+        ),
+        (
+            4,
+            1,
+            0,
+            False,
+            "line by line in this process (1 file on 4 usable cores: one process per file needs 2 or more files)",
+        ),
+        (
+            4,
+            3,
+            3,
+            True,
+            "with 3 parse processes, one per file (3 files on 4 usable cores: one kept for writing the parts)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_default_parses_one_process_per_file_only_with_several_files_and_three_cores(
-    data: dict[int, Path], tmp_path: Path, monkeypatch, cores: int, files: int, processes: int, by_file: bool,
+    data: dict[int, Path],
+    tmp_path: Path,
+    monkeypatch,
+    cores: int,
+    files: int,
+    processes: int,
+    by_file: bool,
     said: str,
 ) -> None:
     monkeypatch.setattr(parsing, "usable_cores", lambda: cores)
@@ -58,8 +94,13 @@ def test_the_default_parses_one_process_per_file_only_with_several_files_and_thr
 
     monkeypatch.setattr(prepare_module, "FileParts", CountedParts)
     reported: list[str] = []
-    manifest = prepare(criteo_spec(rows=1000), DataChoice("criteo", str(data[files])), tmp_path / "out", SETTINGS,
-                       report=reported.append)  # fmt: skip
+    manifest = prepare(
+        criteo_spec(rows=1000),
+        DataChoice("criteo", str(data[files])),
+        tmp_path / "out",
+        SETTINGS,
+        report=reported.append,
+    )
     assert reported == [f"parsing {said}"]
     assert pools == ([processes] if by_file else [])
     assert manifest.rows == (300 if files == 3 else 120)
@@ -91,7 +132,9 @@ def test_a_stopped_prepare_is_continued_by_default_in_the_mode_it_started_in(
     monkeypatch.setattr(parsing, "usable_cores", lambda: 2)
     reported: list[str] = []
     prepare(inputs, choice, tmp_path / "out", SETTINGS, report=reported.append)
-    assert reported[1] == ("parsing with 1 parse process, one per file (continuing a stopped prepare that parsed "
-                           "one process per file; 3 files on 2 usable cores)")  # fmt: skip
+    assert reported[1] == (
+        "parsing with 1 parse process, one per file (continuing a stopped prepare that parsed "
+        "one process per file; 3 files on 2 usable cores)"
+    )
     digests = {p.name: file_sha256(p) for p in sorted((tmp_path / "out").iterdir())}
     assert digests == {p.name: file_sha256(p) for p in sorted(whole.iterdir())}

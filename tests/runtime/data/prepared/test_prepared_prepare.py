@@ -37,8 +37,12 @@ def test_prepared_rows_are_the_readers_good_rows_in_file_order(criteo: Path, tmp
     assert [part.rows for part in manifest.files] == [48] * 6 + [10]
     assert manifest.files[-1].row_groups == (10,) and manifest.files[0].row_groups == (16, 16, 16)
     reader = open_reader(inputs, DataChoice("criteo", str(criteo)))
-    (expected,) = [b.batch for b in epoch_batches(reader, global_batch=298, rank=0, world_size=1,
-                                                   bad_rows=BadRowLog("skip"), num_workers=0)]  # fmt: skip
+    (expected,) = [
+        b.batch
+        for b in epoch_batches(
+            reader, global_batch=298, rank=0, world_size=1, bad_rows=BadRowLog("skip"), num_workers=0
+        )
+    ]
     got = RowReader(open_prepared(inputs, tmp_path / "out")).read(0, 298).to_batch(False)
     assert torch.equal(got.dense["int"], expected.dense["int"])
     assert torch.equal(got.labels["click"], expected.labels["click"])
@@ -218,7 +222,9 @@ def test_a_prepare_stopped_by_file_is_not_continued_line_by_line(days: Path, tmp
     )
 
 
-def test_a_prepare_runs_torch_on_one_thread_and_gives_the_callers_back(criteo: Path, tmp_path: Path, monkeypatch) -> None:
+def test_a_prepare_runs_torch_on_one_thread_and_gives_the_callers_back(
+    criteo: Path, tmp_path: Path, monkeypatch
+) -> None:
     threads: list[int] = []
     part_stats = prepare_module.part_stats
 

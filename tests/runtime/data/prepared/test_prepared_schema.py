@@ -14,8 +14,9 @@ from runtime.data.prepared.schema import column_specs, from_table, to_table
 
 def _inputs() -> ModelInputs:
     sparse = (SparseFeatureConfig("a", "a", 50), SparseFeatureConfig("b", "b", 50, weighted=True))
-    return ModelInputs((DenseFeatureConfig("int", 3),), sparse, (HeadConfig("click", "bce", "click"),),
-                       TrainingConfig(1, 4, 0))  # fmt: skip
+    return ModelInputs(
+        (DenseFeatureConfig("int", 3),), sparse, (HeadConfig("click", "bce", "click"),), TrainingConfig(1, 4, 0)
+    )
 
 
 def _columns(rows: int, seed: int) -> Columns:

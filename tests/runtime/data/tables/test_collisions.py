@@ -12,9 +12,13 @@ from sample_files import spec, write_lines
 
 
 def _reader(path: Path, rows: int):
-    inputs = spec([], [{"name": "user", "table": "user"}], {"user": rows},
-                  [{"name": "click", "label": "click", "loss": "bce"}],
-                  {"reader": "csv", "path": str(path), "columns": {"user": "user", "click": "click"}})  # fmt: skip
+    inputs = spec(
+        [],
+        [{"name": "user", "table": "user"}],
+        {"user": rows},
+        [{"name": "click", "label": "click", "loss": "bce"}],
+        {"reader": "csv", "path": str(path), "columns": {"user": "user", "click": "click"}},
+    )
     return open_reader(inputs, DataChoice("csv", str(path)))
 
 
@@ -34,4 +38,6 @@ def test_few_values_in_a_large_table_do_not_warn_and_a_limit_reads_the_first_row
     path = write_lines(tmp_path / "t.csv", ["user,click", "a,1", "b,0", "c,1", "d,0"])
     (found,) = count_collisions(_reader(path, 1 << 40), rows=3)
     assert (found.rows_read, found.distinct, found.shared, found.warning()) == (3, 3, 0, None)
-    assert found.describe() == "feature user: 3 distinct values in 3 rows; 0 (0.0%) share a row of its 1,099,511,627,776"
+    assert (
+        found.describe() == "feature user: 3 distinct values in 3 rows; 0 (0.0%) share a row of its 1,099,511,627,776"
+    )

@@ -20,8 +20,15 @@ from runtime.data.prepared.prepare import PrepareSettings, prepare
 from runtime.data.prepared.reading import open_prepared
 from runtime.data.sources import DataChoice, choose_data, open_reader
 
-COLUMNS = {"price": "num", "age": "num", "user": "user", "item": "item", "seen": "history",
-           "seen_at": "history_time", "clicked": "click"}  # fmt: skip
+COLUMNS = {
+    "price": "num",
+    "age": "num",
+    "user": "user",
+    "item": "item",
+    "seen": "history",
+    "seen_at": "history_time",
+    "clicked": "click",
+}
 LINES = [
     "clicked,price,user,item,seen,seen_at,age,note",
     "1,2.5,alice,17,3|4|5,10|20|30,40,x",
@@ -34,12 +41,15 @@ LINES = [
 def _inputs(path: Path, columns: dict[str, str] = COLUMNS):
     inputs = spec(
         [{"name": "num", "size": 2}],
-        [{"name": "user", "table": "user"}, {"name": "item", "table": "item"},
-         {"name": "history", "table": "item", "max_length": 2, "fixed_ids": False}],
+        [
+            {"name": "user", "table": "user"},
+            {"name": "item", "table": "item"},
+            {"name": "history", "table": "item", "max_length": 2, "fixed_ids": False},
+        ],
         {"user": 50, "item": 100},
         [{"name": "click", "label": "click", "loss": "bce"}],
         {"reader": "csv", "path": str(path), "columns": columns},
-    )  # fmt: skip
+    )
     return dataclasses.replace(inputs, timestamps=(TimestampsConfig("history_time", "history"),))
 
 
@@ -107,7 +117,9 @@ def test_timestamps_must_time_every_id_of_their_sequence_before_either_is_cut(tm
 
 
 def test_a_line_that_is_not_utf8_is_a_bad_row_not_a_string_with_replaced_bytes(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "clicks.csv", [LINES[0], "1,2.5,café,17,3,10,40,", "0,2.5,cafè,17,3,10,40,", LINES[2]])
+    path = write_lines(
+        tmp_path / "clicks.csv", [LINES[0], "1,2.5,café,17,3,10,40,", "0,2.5,cafè,17,3,10,40,", LINES[2]]
+    )
     reader = open_reader(_inputs(path), DataChoice("csv", str(path)))  # write_lines writes latin-1
     bad = BadRowLog("skip")
     (local,) = epoch_batches(reader, global_batch=1, rank=0, world_size=1, bad_rows=bad, num_workers=0)
@@ -122,9 +134,13 @@ def test_a_line_that_is_not_utf8_is_a_bad_row_not_a_string_with_replaced_bytes(t
 
 
 def test_a_softmax_label_must_be_one_of_its_classes(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "genres.csv", ["clicked,price,user,item,seen,seen_at,age", *(
-        f"{label},1,alice,17,3,10,40" for label in ("2", "0", "3", "1.5", "-1")
-    )])  # fmt: skip
+    path = write_lines(
+        tmp_path / "genres.csv",
+        [
+            "clicked,price,user,item,seen,seen_at,age",
+            *(f"{label},1,alice,17,3,10,40" for label in ("2", "0", "3", "1.5", "-1")),
+        ],
+    )
     inputs = _inputs(path)
     head = dataclasses.replace(inputs.heads[0], loss="softmax", num_classes=3)
     reader = open_reader(dataclasses.replace(inputs, heads=(head,)), DataChoice("csv", str(path)))

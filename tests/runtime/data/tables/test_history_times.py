@@ -43,8 +43,14 @@ data:
   columns: {movie: movie}
 """
 TRAIN = [  # user, movie, ts (file order is not time order)
-    ("a", "m1", 100), ("a", "m3", 300), ("a", "m2", 200), ("a", "m4", 300), ("a", "m5", 400), ("a", "m6", 500),
-    ("b", "m2", 50), ("b", "m9", 60),
+    ("a", "m1", 100),
+    ("a", "m3", 300),
+    ("a", "m2", 200),
+    ("a", "m4", 300),
+    ("a", "m5", 400),
+    ("a", "m6", 500),
+    ("b", "m2", 50),
+    ("b", "m9", 60),
 ]
 TEST = [("a", "m7", 300), ("a", "m8", 600), ("b", "m1", 50), ("c", "m1", 10), ("a", "m2", "")]
 SHAPE = {"global_batch": len(TEST), "rank": 0, "world_size": 1}

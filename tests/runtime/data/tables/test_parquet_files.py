@@ -18,16 +18,18 @@ from runtime.data.sources import DataChoice, choose_data, open_reader
 
 
 def _write(path: Path) -> Path:
-    table = pa.table({
-        "clicked": pa.array([1.0, 0.0, 1.0, None], pa.float32()),
-        "price": [2.5, None, 100.0, 1.0],
-        "age": [40, 7, 1, 3],
-        "user": ["alice", "bob", "alice", "carol"],
-        "item": [17, -3, None, 2],
-        "seen": pa.array([[3, 4, 5], [], [9], []], pa.list_(pa.int64())),
-        "seen_at": pa.array([[10, 20, 30], [], [50], []], pa.list_(pa.int64())),
-        "unused": ["x", "y", "z", "w"],
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "clicked": pa.array([1.0, 0.0, 1.0, None], pa.float32()),
+            "price": [2.5, None, 100.0, 1.0],
+            "age": [40, 7, 1, 3],
+            "user": ["alice", "bob", "alice", "carol"],
+            "item": [17, -3, None, 2],
+            "seen": pa.array([[3, 4, 5], [], [9], []], pa.list_(pa.int64())),
+            "seen_at": pa.array([[10, 20, 30], [], [50], []], pa.list_(pa.int64())),
+            "unused": ["x", "y", "z", "w"],
+        }
+    )
     pq.write_table(table, path)
     return path
 
@@ -63,16 +65,25 @@ def test_a_missing_column_is_named_with_its_file(tmp_path: Path) -> None:
 
 def test_a_list_longer_than_max_ids_per_sample_is_a_bad_row(tmp_path: Path) -> None:
     path = tmp_path / "bags.parquet"
-    pq.write_table(pa.table({"tags": pa.array([[1, 2], [1, 2, 3, 4], []], pa.list_(pa.int64())),
-                             "clicked": [1.0, 0.0, 1.0]}), path)  # fmt: skip
+    pq.write_table(
+        pa.table({"tags": pa.array([[1, 2], [1, 2, 3, 4], []], pa.list_(pa.int64())), "clicked": [1.0, 0.0, 1.0]}), path
+    )
     inputs = spec(
-        [], [{"name": "tags", "table": "tags", "ids_per_sample": 3, "fixed_ids": False}], {"tags": 10},
+        [],
+        [{"name": "tags", "table": "tags", "ids_per_sample": 3, "fixed_ids": False}],
+        {"tags": 10},
         [{"name": "click", "label": "click", "loss": "bce"}],
         {"reader": "parquet", "path": str(path), "columns": {"tags": "tags", "clicked": "click"}},
-    )  # fmt: skip
+    )
     bad = BadRowLog("skip")
-    (local,) = epoch_batches(open_reader(inputs, choose_data(None, inputs)), global_batch=2, rank=0, world_size=1,
-                             bad_rows=bad, num_workers=0)  # fmt: skip
+    (local,) = epoch_batches(
+        open_reader(inputs, choose_data(None, inputs)),
+        global_batch=2,
+        rank=0,
+        world_size=1,
+        bad_rows=bad,
+        num_workers=0,
+    )
     assert local.batch.sparse["tags"].lengths().tolist() == [2, 0]
     assert [str(row) for row in bad.examples] == [
         f"{path}:2: column tags: 4 ids, but feature 'tags' takes at most 3 (max_ids_per_sample) (value '[1, 2, 3, 4]')"

@@ -50,10 +50,31 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rng = random.Random(5)
     data = write_lines(root / "day_0.txt", [criteo_line(rng) for _ in range(40)])
     (root / "spec.yaml").write_text(SPEC)
-    assert main(["train", str(root / "spec.yaml"), "--data", f"criteo:{data}", "--data-workers", "0", "--steps", "2",
-                 "--checkpoint-dir", str(root / "ckpt"), "-o", str(root / "build")]) == 0  # fmt: skip
-    assert main(["export", str(root / "spec.yaml"), "--checkpoint", str(root / "ckpt"), "--no-aot",
-                 "-o", str(root / "out")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                str(root / "spec.yaml"),
+                "--data",
+                f"criteo:{data}",
+                "--data-workers",
+                "0",
+                "--steps",
+                "2",
+                "--checkpoint-dir",
+                str(root / "ckpt"),
+                "-o",
+                str(root / "build"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            ["export", str(root / "spec.yaml"), "--checkpoint", str(root / "ckpt"), "--no-aot", "-o", str(root / "out")]
+        )
+        == 0
+    )
     assert main(["predict", str(root / "out"), "--data", f"criteo:{data}", "-o", str(root / "predicted.csv")]) == 0
     return root
 
