@@ -9,15 +9,26 @@ therefore count the cores this process may run on (`os.sched_getaffinity`),
 measure how busy the machine is over a short probe of /proc/stat, and give
 each rank an equal share of the free cores after the DataLoader workers
 (busy parsing in every file-fed run) take theirs.
+
+The probe is the median of a few short windows, not one window (nor the load
+average, which lags by a minute): a benchmark started just after another one
+would otherwise count the tail of its predecessor's exit as a busy core and
+train on one thread. This process's own CPU time (OpenMP threads still
+spinning after an earlier parallel region) is idle for the question asked:
+which cores other processes hold.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 PROBE_SECONDS = 0.2
+PROBE_WINDOWS = 5
 
 
 @dataclass(frozen=True)
@@ -37,8 +48,7 @@ class ThreadChoice:
 def choose_threads(ranks: int, data_workers: int, probe_seconds: float = PROBE_SECONDS) -> ThreadChoice:
     """Threads per rank for `ranks` ranks on this host, each with `data_workers` busy neighbours."""
     usable = len(os.sched_getaffinity(0))
-    idle = idle_cpus(probe_seconds)
-    free = usable if idle is None else max(1, min(usable, round(idle)))
+    free = free_cores(usable, idle_cpus(probe_seconds))
     return ThreadChoice(max(1, (free - ranks * data_workers) // ranks), free, usable)
 
 
@@ -55,20 +65,49 @@ def process_threads(requested: int | None) -> ThreadChoice:
     return ThreadChoice(chosen.threads, chosen.free, chosen.usable, per_rank=False)
 
 
-def idle_cpus(seconds: float) -> float | None:
-    """CPUs idle over the next `seconds` (from /proc/stat); None where it cannot be read."""
-    before = _cpu_times()
-    if before is None:
-        return None
-    time.sleep(seconds)
-    after = _cpu_times()
-    if after is None:
-        return None
-    total = sum(after) - sum(before)
-    if total <= 0:
-        return None
-    idle = (after[3] + after[4]) - (before[3] + before[4])  # idle + iowait
-    return idle / total * (os.cpu_count() or 1)
+def free_cores(usable: int, idle: float | None) -> int:
+    """Cores free for this process: the idle CPUs rounded (a core half held by another process
+    counts as held), at least one, at most the usable ones; all usable when unmeasured."""
+    return usable if idle is None else max(1, min(usable, round(idle)))
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """One reading: /proc/stat's first `cpu` line (user nice system idle iowait irq softirq, in
+    clock ticks) and this process's own CPU seconds at the same moment."""
+
+    ticks: tuple[int, ...]
+    own_seconds: float
+
+
+def idle_over_windows(samples: Sequence[CpuSample], cpus: int, tick_seconds: float) -> float | None:
+    """CPUs not held by other processes: per window between consecutive samples, idle plus this
+    process's own share, times `cpus`; the median over windows (a burst in one window is not a
+    busy core). None with fewer than two samples or no ticks elapsed."""
+    shares = []
+    for before, after in itertools.pairwise(samples):
+        total = sum(after.ticks) - sum(before.ticks)
+        if total <= 0:
+            continue
+        idle = (after.ticks[3] + after.ticks[4]) - (before.ticks[3] + before.ticks[4])  # idle + iowait
+        own = (after.own_seconds - before.own_seconds) / tick_seconds
+        shares.append(min(1.0, (idle + own) / total) * cpus)
+    return statistics.median(shares) if shares else None
+
+
+def idle_cpus(seconds: float, windows: int = PROBE_WINDOWS) -> float | None:
+    """CPUs idle (or this process's own) over the next `seconds`, from /proc/stat; None where it
+    cannot be read."""
+    samples = []
+    for index in range(windows + 1):
+        if index:
+            time.sleep(seconds / windows)
+        ticks = _cpu_times()
+        if ticks is None:
+            return None
+        own = os.times()
+        samples.append(CpuSample(tuple(ticks), own.user + own.system))
+    return idle_over_windows(samples, os.cpu_count() or 1, 1.0 / os.sysconf("SC_CLK_TCK"))
 
 
 def _cpu_times() -> list[int] | None:
