@@ -9,6 +9,9 @@ hands each rank the rows it contributed: the gradient of the sum of all
 ranks' losses, which the data-parallel average then divides by the world
 size, as it does for every other parameter. It runs on gloo, which has no
 reduce-scatter, and returns the input unchanged without a process group.
+`gather_rows_and_ids` gathers the rows and their ids in one all-gather of
+one flat byte buffer (each rank's rows' bytes beside its ids' bytes): one
+wait on the slowest rank per step instead of two.
 
     >>> rows, offset = gather_rows(torch.ones(2, 3), None)
     >>> rows.shape, offset
@@ -17,12 +20,13 @@ reduce-scatter, and returns the input unchanged without a process group.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["distributed", "gather_ids", "gather_rows", "row_counts"]
+__all__ = ["distributed", "gather_ids", "gather_rows", "gather_rows_and_ids", "row_counts"]
 
 
 def distributed(process_group: dist.ProcessGroup | None) -> bool:
@@ -53,6 +57,38 @@ def _gather(tensor: torch.Tensor, counts: list[int], process_group: dist.Process
     parts = [torch.empty_like(padded) for _ in counts]
     dist.all_gather(parts, padded.contiguous(), group=process_group)
     return torch.cat([part[:count] for part, count in zip(parts, counts)])
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """[n, ...] as [n, bytes per row] uint8, sharing storage where it is contiguous."""
+    return (
+        tensor.contiguous()
+        .view(torch.uint8)
+        .reshape(tensor.shape[0], math.prod(tensor.shape[1:]) * tensor.element_size())
+    )
+
+
+def _from_bytes(raw: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """The rows `_as_bytes` flattened, back as [n, *shape] of `dtype`."""
+    return raw.contiguous().view(dtype).reshape(raw.shape[0], *shape)
+
+
+class _GatherRowsAndIds(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, tensor: torch.Tensor, ids: torch.Tensor, counts: list[int], rank: int, group: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.counts, ctx.rank, ctx.group = counts, rank, group
+        rows = _as_bytes(tensor)
+        raw = _gather(torch.cat([rows, _as_bytes(ids.reshape(-1, 1))], dim=1), counts, group)
+        split = rows.shape[1]
+        gathered_ids = _from_bytes(raw[:, split:], ids.dtype, ()).reshape(-1)
+        ctx.mark_non_differentiable(gathered_ids)
+        return _from_bytes(raw[:, :split], tensor.dtype, tuple(tensor.shape[1:])), gathered_ids
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _ids_grad: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        return _GatherRows.backward(ctx, grad)[0], None, None, None, None
 
 
 class _GatherRows(torch.autograd.Function):
@@ -94,3 +130,19 @@ def gather_ids(
     device = _device(process_group)
     counts = row_counts(ids.shape[0], process_group) if counts is None else counts
     return _gather(ids.to(device), counts, process_group).to(ids.device)
+
+
+def gather_rows_and_ids(
+    tensor: torch.Tensor, ids: torch.Tensor, process_group: dist.ProcessGroup | None, counts: list[int] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`gather_rows(tensor)` and `gather_ids(ids)` (one id per row) in one all-gather:
+    (rows, ids, the index of this rank's first row); the rows differentiable as `gather_rows`'."""
+    if not distributed(process_group):
+        return tensor, ids, 0
+    if ids.shape[0] != tensor.shape[0]:
+        raise ValueError(f"gather_rows_and_ids: {ids.shape[0]} ids for {tensor.shape[0]} rows")
+    device = _device(process_group)
+    counts = row_counts(tensor.shape[0], process_group) if counts is None else counts
+    rank = dist.get_rank(process_group)
+    rows, gathered_ids = _GatherRowsAndIds.apply(tensor.to(device), ids.to(device), counts, rank, process_group)
+    return rows.to(tensor.device), gathered_ids.to(ids.device), sum(counts[:rank])

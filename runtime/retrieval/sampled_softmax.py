@@ -42,7 +42,7 @@ from torch import nn
 from runtime.config.retrieval import SampledSoftmaxConfig
 from runtime.retrieval.blocked_softmax import blocked_softmax_loss
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
-from runtime.retrieval.gather import gather_ids, gather_rows
+from runtime.retrieval.gather import gather_ids, gather_rows_and_ids
 from runtime.retrieval.sampling import per_query_negatives, uniform_log_q, uniform_negatives
 
 __all__ = ["SampledSoftmaxLoss", "sampled_softmax"]
@@ -88,16 +88,15 @@ def sampled_softmax(
     blocks, ids, corrections = [], [], []
     if in_batch and negatives is None and in_batch_log_q is None and reduction != "none":
         # in-batch only (next-item training): the [b, B] logits never exist whole (blocked_softmax.py)
-        candidates, offset = gather_rows(positive, process_group, row_counts)
-        candidate_ids = gather_ids(positive_ids, process_group, row_counts)
+        candidates, candidate_ids, offset = gather_rows_and_ids(positive, positive_ids, process_group, row_counts)
         own = rows + offset
         hits = _accidental_hits([candidate_ids], [candidates.T], positive_ids, own, True)
         bound = 1.0 / temperature if normalize else None  # |cosine| <= 1
         return blocked_softmax_loss(query, candidates, own, hits, temperature, reduction, bound=bound)
     if in_batch:
-        candidates, offset = gather_rows(positive, process_group, row_counts)
+        candidates, candidate_ids, offset = gather_rows_and_ids(positive, positive_ids, process_group, row_counts)
         blocks.append(query @ candidates.T)
-        ids.append(gather_ids(positive_ids, process_group, row_counts))
+        ids.append(candidate_ids)
         corrections.append(in_batch_log_q)
         own = rows + offset
     else:
