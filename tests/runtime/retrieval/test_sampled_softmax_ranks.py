@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
+from runtime.retrieval.gather import gather_rows_and_ids
 from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.train.process_group import close_process_group, init_process_group
 
@@ -96,6 +97,22 @@ def _train(case: dict[str, Any], rows: slice, group: dist.ProcessGroup | None) -
     return {"steps": steps, "state": loss_fn.state_dict()}
 
 
+# gather_rows_and_ids on unequal slices, rows of another dtype than the ids' (bf16, int32 near its max)
+GATHER_SLICES = (4, 1)
+GATHER_ROWS = torch.linspace(-3.0, 3.0, 15).reshape(5, 3).to(torch.bfloat16)
+GATHER_IDS = torch.tensor([2**31 - 1, -(2**31), 7, 0, 123_456_789], dtype=torch.int32)
+GATHER_WEIGHTS = torch.arange(15, dtype=torch.float32).reshape(5, 3)
+
+
+def _gather(rank: int, group: dist.ProcessGroup) -> dict[str, Any]:
+    start = sum(GATHER_SLICES[:rank])
+    own = slice(start, start + GATHER_SLICES[rank])
+    rows = GATHER_ROWS[own].clone().requires_grad_()
+    gathered, ids, offset = gather_rows_and_ids(rows, GATHER_IDS[own], group)
+    (gathered.float() * GATHER_WEIGHTS).sum().backward()
+    return {"rows": gathered.detach(), "ids": ids, "offset": offset, "grad": rows.grad, "own": own}
+
+
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
@@ -109,6 +126,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     for name, case in CASES.items():
         start = sum(case["slices"][:rank])
         results[name] = _train(case, slice(start, start + case["slices"][rank]), dist.group.WORLD)
+    results["gather_rows_and_ids"] = _gather(rank, dist.group.WORLD)
     gathered: list[Any] = [None] * WORLD
     dist.all_gather_object(gathered, results)
     if rank == 0:
@@ -145,3 +163,13 @@ def test_two_ranks_equal_one_process(ranks: list[dict[str, Any]], name: str) -> 
     for rank in ranks:
         for key, value in one["state"].items():
             assert torch.equal(rank[name]["state"][key], value), key
+
+
+def test_rows_and_ids_are_gathered_in_one_exchange(ranks: list[dict[str, Any]]) -> None:
+    """Every rank gets all rows and ids in rank order, bit for bit; each rank's row gradient is the
+    sum of every rank's gradient of the gathered rows (here each rank's is GATHER_WEIGHTS)."""
+    for rank, result in enumerate(r["gather_rows_and_ids"] for r in ranks):
+        assert torch.equal(result["rows"], GATHER_ROWS) and result["rows"].dtype == torch.bfloat16
+        assert torch.equal(result["ids"], GATHER_IDS) and result["ids"].dtype == torch.int32
+        assert result["offset"] == sum(GATHER_SLICES[:rank])
+        assert torch.equal(result["grad"].float(), WORLD * GATHER_WEIGHTS[result["own"]])
