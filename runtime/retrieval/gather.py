@@ -137,7 +137,7 @@ def gather_rows_and_ids(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`gather_rows(tensor)` and `gather_ids(ids)` (one id per row) in one all-gather:
     (rows, ids, the index of this rank's first row); the rows differentiable as `gather_rows`'."""
-    if not distributed(process_group):
+    if process_group is None or not distributed(process_group):
         return tensor, ids, 0
     if ids.shape[0] != tensor.shape[0]:
         raise ValueError(f"gather_rows_and_ids: {ids.shape[0]} ids for {tensor.shape[0]} rows")
