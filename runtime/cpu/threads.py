@@ -11,11 +11,11 @@ each rank an equal share of the free cores after the DataLoader workers
 (busy parsing in every file-fed run) take theirs.
 
 The probe is the median of a few short windows, not one window (nor the load
-average, which lags by a minute): a benchmark started just after another one
-would otherwise count the tail of its predecessor's exit as a busy core and
-train on one thread. This process's own CPU time (OpenMP threads still
-spinning after an earlier parallel region) is idle for the question asked:
-which cores other processes hold.
+average, which lags by a minute and still counts a benchmark that has just
+ended): a burst in one window (a process starting or exiting) is not a busy
+core, so it no longer sends a run onto one thread of two. This process's own
+CPU time in the probe (its own threads) counts as free: the question is which
+cores other processes hold.
 """
 
 from __future__ import annotations
