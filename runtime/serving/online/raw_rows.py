@@ -107,7 +107,7 @@ def _parse_all(parse: Any, fields: Mapping[str, Sequence[Any]], rows: int) -> li
     names = list(fields)
     try:  # one try for all the rows: the row is found again only when one is bad
         return (
-            [parse(dict(zip(names, values))) for values in zip(*fields.values())]
+            [parse(dict(zip(names, values, strict=True))) for values in zip(*fields.values(), strict=True)]
             if names
             else [parse({}) for _ in range(rows)]
         )
