@@ -12,7 +12,8 @@ line per result:
                                                 answers a fixed score (benchmarks/serve_trivial.py)
     {"server": "reccompile", "clients": C, "rows": R, "p50_ms", "p99_ms", "requests_per_s", "rows_per_s",
      "failures", "server_cpu_us_per_request", "mean_batch_rows", "server_p50_ms", "server_p99_ms",
-     "batch_p99_ms", "loop_lag_p99_ms", "loop_lag_max_ms", "gc_pauses", "gc_max_ms", ...}
+     "batch_p99_ms", "batch_cpu_p99_ms", "loop_lag_p99_ms", "loop_lag_max_ms", "gc_pauses", "gc_max_ms",
+     "involuntary_switches_per_s", ...}
                                                 `reccompile serve` (--max-batch 64, --max-wait-ms)
     {"server": "litserve", ...}                 LitServe serving the same export (benchmarks/serve_litserve.py)
     {"server": "predict", "batch": B, ...}      predict again at the batch the server ran 16 single-row
@@ -33,9 +34,12 @@ and `server_p99_ms` are the server's own latency (from the body read to the
 answer; its /metrics histogram over the run, 0.1 ms buckets below 1 ms,
 the quantile interpolated in its bucket) beside locust's client-side ones:
 a client p99 far above the server's is the load generator's and the
-machine's, not ours. `batch_p99_ms` is a model batch's call, `loop_lag_*`
-how late the event loop ran a 10 ms timer (a stall every request behind it
-waited out), `gc_*` the collector's pauses (max: the bucket's upper bound).
+machine's, not ours. `batch_p99_ms` is a model batch's call and
+`batch_cpu_p99_ms` its CPU time (wall far above CPU: the OS ran other work),
+`loop_lag_*` how late the event loop ran a 10 ms timer (a stall every
+request behind it waited out), `gc_*` the collector's pauses (max: the
+bucket's upper bound), `involuntary_switches_per_s` how often the OS took
+the server's core away (psutil): on a shared machine the tail follows it.
 `server_cpu_us_per_request`
 is the server's own CPU time (psutil, children included) over the
 requests answered: it holds still when other work on the machine slows
@@ -235,6 +239,14 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def _involuntary_switches(pid: int) -> int:
+    """Times the OS took the CPU from the process (and its children) so far."""
+    import psutil
+
+    process = psutil.Process(pid)
+    return sum(p.num_ctx_switches().involuntary for p in [process, *process.children(recursive=True)])
+
+
 def _cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of the process and its children so far."""
     import psutil
@@ -256,7 +268,7 @@ def _histograms(url: str) -> dict[str, list[tuple[float, float]]]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
         text = response.read().decode()
     found: dict[str, list[tuple[float, float]]] = {}
-    for family in ("request_seconds", "batch_seconds", "loop_lag_seconds", "gc_seconds"):
+    for family in ("request_seconds", "batch_seconds", "batch_cpu_seconds", "loop_lag_seconds", "gc_seconds"):
         for bound, count in re.findall(rf'^reccompile_{family}_bucket\{{[^}}]*le="([^"]+)"\}} (\S+)$', text, re.M):
             found.setdefault(family, []).append((float(bound), float(count)))
     return found
@@ -299,6 +311,7 @@ def _server_side(before: dict[str, list[tuple[float, float]]], after: dict[str, 
         "server_p50_ms": _quantile(delta.get("request_seconds", []), 0.5),
         "server_p99_ms": _quantile(delta.get("request_seconds", []), 0.99),
         "batch_p99_ms": _quantile(delta.get("batch_seconds", []), 0.99),
+        "batch_cpu_p99_ms": _quantile(delta.get("batch_cpu_seconds", []), 0.99),
         "loop_lag_p99_ms": _quantile(delta.get("loop_lag_seconds", []), 0.99),
         "loop_lag_max_ms": highest(delta.get("loop_lag_seconds", [])),
         "gc_pauses": int(gc[-1][1]) if gc else 0,
@@ -319,7 +332,7 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
     }
     batched = _batches(url) if server == "reccompile" else None
     histograms = _histograms(url) if server == "reccompile" else None
-    cpu = _cpu_seconds(pid)
+    cpu, switches = _cpu_seconds(pid), _involuntary_switches(pid)
     subprocess.run(
         [
             *LOAD_PIN,
@@ -350,7 +363,7 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
         stderr=subprocess.DEVNULL,
         timeout=seconds + 120,
     )
-    cpu = _cpu_seconds(pid) - cpu
+    cpu, switches = _cpu_seconds(pid) - cpu, _involuntary_switches(pid) - switches
     with open(f"{prefix}_stats.csv", newline="") as stream:
         total = next(row for row in csv.DictReader(stream) if row["Name"] == "Aggregated")
     per_s, requests = float(total["Requests/s"]), int(total["Request Count"])
@@ -365,6 +378,7 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
         "requests_per_s": round(per_s, 1),
         "rows_per_s": round(per_s * rows, 1),
         "server_cpu_us_per_request": round(1e6 * cpu / max(requests, 1), 1),
+        "involuntary_switches_per_s": round(switches / seconds, 1),
     }
     if batched is not None:
         count, total_rows = (after - before for after, before in zip(_batches(url), batched, strict=True))

@@ -153,13 +153,13 @@ class Batcher:
         done.add_done_callback(finished)
 
     def _results(self, works: list[Any]) -> list[Any]:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return self.run(works)
         except Exception as error:  # the model failed: every request of the batch answers 500
             return [error] * len(works)
         finally:
-            self.metrics.batch_seconds(self.model, time.perf_counter() - started)
+            self.metrics.batch_seconds(self.model, time.perf_counter() - started, time.thread_time() - cpu)
 
     @staticmethod
     def _finish(live: list[_Queued], results: list[Any]) -> None:

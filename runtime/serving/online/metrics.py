@@ -5,6 +5,8 @@
     reccompile_request_seconds{model}          histogram: from the body read to the answer
     reccompile_batch_rows{model}               histogram: rows per model batch
     reccompile_batch_seconds{model}            histogram: one batch's model call (parse, model, answers)
+    reccompile_batch_cpu_seconds{model}        histogram: the CPU time of that call (its thread's): the
+                                               call's wall time above it is time the OS ran something else
     reccompile_loop_lag_seconds                histogram: how late the event loop ran a timer (a stall)
     reccompile_gc_seconds                      histogram: the garbage collector's pauses
     reccompile_queue_rows{model}               gauge: rows waiting for a batch
@@ -73,6 +75,7 @@ class Metrics:
         self._latency: dict[str, _Histogram] = {}
         self._batches: dict[str, _Histogram] = {}
         self._batch_seconds: dict[str, _Histogram] = {}
+        self._batch_cpu: dict[str, _Histogram] = {}
         self._loop_lag = _Histogram(SECONDS)
         self._gc = _Histogram(SECONDS)
         self._queue: dict[str, int] = {}
@@ -89,9 +92,10 @@ class Metrics:
         with self._lock:
             self._batches.setdefault(model, _Histogram(ROWS)).observe(rows)
 
-    def batch_seconds(self, model: str, seconds: float) -> None:
+    def batch_seconds(self, model: str, seconds: float, cpu_seconds: float) -> None:
         with self._lock:
             self._batch_seconds.setdefault(model, _Histogram(SECONDS)).observe(seconds)
+            self._batch_cpu.setdefault(model, _Histogram(SECONDS)).observe(cpu_seconds)
 
     def loop_lag(self, seconds: float) -> None:
         with self._lock:
@@ -140,6 +144,9 @@ class Metrics:
             out += _header("batch_seconds", "histogram", "One batch's model call: parsing, the model, the answers.")
             for model, histogram in sorted(self._batch_seconds.items()):
                 out += histogram.lines("reccompile_batch_seconds", f'model="{model}"')
+            out += _header("batch_cpu_seconds", "histogram", "The CPU time of one batch's model call (its thread's).")
+            for model, histogram in sorted(self._batch_cpu.items()):
+                out += histogram.lines("reccompile_batch_cpu_seconds", f'model="{model}"')
             out += _header("loop_lag_seconds", "histogram", "How late the event loop ran a periodic timer.")
             out += self._loop_lag.lines("reccompile_loop_lag_seconds", "")
             out += _header("gc_seconds", "histogram", "The garbage collector's pauses.")
