@@ -11,7 +11,9 @@ line per result:
     {"server": "trivial", ...}                  the ceiling: an aiohttp endpoint that reads the body and
                                                 answers a fixed score (benchmarks/serve_trivial.py)
     {"server": "reccompile", "clients": C, "rows": R, "p50_ms", "p99_ms", "requests_per_s", "rows_per_s",
-     "failures", "server_cpu_us_per_request", "mean_batch_rows", ...}
+     "failures", "server_cpu_us_per_request", "mean_batch_rows", "server_p50_ms", "server_p99_ms",
+     "batch_p99_ms", "batch_cpu_p99_ms", "loop_lag_p99_ms", "loop_lag_max_ms", "gc_pauses", "gc_max_ms",
+     "involuntary_switches_per_s", ...}
                                                 `reccompile serve` (--max-batch 64, --max-wait-ms)
     {"server": "litserve", ...}                 LitServe serving the same export (benchmarks/serve_litserve.py)
     {"server": "predict", "batch": B, ...}      predict again at the batch the server ran 16 single-row
@@ -27,7 +29,18 @@ rounds them to two significant figures). Every server gets the same
 `--threads` and listens on 127.0.0.1. With 2 cores or more, every server
 (its worker processes too) is pinned to the first core and locust to the
 second (`taskset`), so the load generator does not take the server's core;
-the lines say so ("server_cpus", "load_cpus"). `server_cpu_us_per_request`
+the lines say so ("server_cpus", "load_cpus"). reccompile's `server_p50_ms`
+and `server_p99_ms` are the server's own latency (from the body read to the
+answer; its /metrics histogram over the run, 0.1 ms buckets below 1 ms,
+the quantile interpolated in its bucket) beside locust's client-side ones:
+a client p99 far above the server's is the load generator's and the
+machine's, not ours. `batch_p99_ms` is a model batch's call and
+`batch_cpu_p99_ms` its CPU time (wall far above CPU: the OS ran other work),
+`loop_lag_*` how late the event loop ran a 10 ms timer (a stall every
+request behind it waited out), `gc_*` the collector's pauses (max: the
+bucket's upper bound), `involuntary_switches_per_s` how often the OS took
+the server's core away (psutil): on a shared machine the tail follows it.
+`server_cpu_us_per_request`
 is the server's own CPU time (psutil, children included) over the
 requests answered: it holds still when other work on the machine slows
 the wall clock, and 1e6 / it is the requests/s one whole core would give.
@@ -226,6 +239,14 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def _involuntary_switches(pid: int) -> int:
+    """Times the OS took the CPU from the process (and its children) so far."""
+    import psutil
+
+    process = psutil.Process(pid)
+    return sum(p.num_ctx_switches().involuntary for p in [process, *process.children(recursive=True)])
+
+
 def _cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) of the process and its children so far."""
     import psutil
@@ -242,6 +263,62 @@ def _batches(url: str) -> tuple[float, float]:
     return (float(found[0].group(1)), float(found[1].group(1))) if found[0] and found[1] else (0.0, 0.0)
 
 
+def _histograms(url: str) -> dict[str, list[tuple[float, float]]]:
+    """reccompile's latency histograms so far, from /metrics: family -> [(upper bound, cumulative count)]."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    found: dict[str, list[tuple[float, float]]] = {}
+    for family in ("request_seconds", "batch_seconds", "batch_cpu_seconds", "loop_lag_seconds", "gc_seconds"):
+        for bound, count in re.findall(rf'^reccompile_{family}_bucket\{{[^}}]*le="([^"]+)"\}} (\S+)$', text, re.M):
+            found.setdefault(family, []).append((float(bound), float(count)))
+    return found
+
+
+def _quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The q-quantile in ms of a histogram's cumulative buckets, linear within its bucket; None if empty."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    wanted, lower, below = q * total, 0.0, 0.0
+    for bound, count in buckets:
+        if count >= wanted:
+            if bound == float("inf"):
+                return round(1000 * lower, 3)  # past the last bound: at least it
+            share = (wanted - below) / max(count - below, 1e-9)
+            return round(1000 * (lower + share * (bound - lower)), 3)
+        lower, below = bound, count
+    return None
+
+
+def _server_side(before: dict[str, list[tuple[float, float]]], after: dict[str, list[tuple[float, float]]]) -> dict:
+    """The server's latency quantiles, batch and loop-lag p99, GC pauses over one run (after - before)."""
+    delta = {
+        family: [(bound, count - dict(before.get(family, [])).get(bound, 0.0)) for bound, count in buckets]
+        for family, buckets in after.items()
+    }
+
+    def highest(buckets: list[tuple[float, float]]) -> float | None:
+        """The upper bound of the highest bucket holding an observation (ms): the largest value, rounded up."""
+        total, last = (buckets[-1][1] if buckets else 0.0), None
+        for bound, count in reversed(buckets):
+            if count < total:
+                break
+            last = bound
+        return None if last is None or total == 0 else round(1000 * last, 3)
+
+    gc = delta.get("gc_seconds", [])
+    return {
+        "server_p50_ms": _quantile(delta.get("request_seconds", []), 0.5),
+        "server_p99_ms": _quantile(delta.get("request_seconds", []), 0.99),
+        "batch_p99_ms": _quantile(delta.get("batch_seconds", []), 0.99),
+        "batch_cpu_p99_ms": _quantile(delta.get("batch_cpu_seconds", []), 0.99),
+        "loop_lag_p99_ms": _quantile(delta.get("loop_lag_seconds", []), 0.99),
+        "loop_lag_max_ms": highest(delta.get("loop_lag_seconds", [])),
+        "gc_pauses": int(gc[-1][1]) if gc else 0,
+        "gc_max_ms": highest(gc),
+    }
+
+
 def load(server: str, url: str, clients: int, rows: int, seconds: float, work: Path, pid: int) -> dict[str, Any]:
     """One locust run on the load's cores: `clients` closed-loop users sending `rows`-row requests for `seconds`."""
     path = "/predict" if server == "litserve" else MODEL_PATH
@@ -254,7 +331,8 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
         "SERVE_MOVIES": ",".join(map(str, range(1, MOVIES + 1, 5))),
     }
     batched = _batches(url) if server == "reccompile" else None
-    cpu = _cpu_seconds(pid)
+    histograms = _histograms(url) if server == "reccompile" else None
+    cpu, switches = _cpu_seconds(pid), _involuntary_switches(pid)
     subprocess.run(
         [
             *LOAD_PIN,
@@ -285,7 +363,7 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
         stderr=subprocess.DEVNULL,
         timeout=seconds + 120,
     )
-    cpu = _cpu_seconds(pid) - cpu
+    cpu, switches = _cpu_seconds(pid) - cpu, _involuntary_switches(pid) - switches
     with open(f"{prefix}_stats.csv", newline="") as stream:
         total = next(row for row in csv.DictReader(stream) if row["Name"] == "Aggregated")
     per_s, requests = float(total["Requests/s"]), int(total["Request Count"])
@@ -300,10 +378,13 @@ def load(server: str, url: str, clients: int, rows: int, seconds: float, work: P
         "requests_per_s": round(per_s, 1),
         "rows_per_s": round(per_s * rows, 1),
         "server_cpu_us_per_request": round(1e6 * cpu / max(requests, 1), 1),
+        "involuntary_switches_per_s": round(switches / seconds, 1),
     }
     if batched is not None:
         count, total_rows = (after - before for after, before in zip(_batches(url), batched, strict=True))
         result["mean_batch_rows"] = round(total_rows / max(count, 1), 1)
+    if histograms is not None:
+        result.update(_server_side(histograms, _histograms(url)))
     return result
 
 
@@ -387,6 +468,8 @@ def main() -> None:
             summary[f"{'serve' if server == 'reccompile' else server}_8x1_p99_over_p50"] = round(
                 half["p99_ms"] / half["p50_ms"], 2
             )
+            if half.get("server_p50_ms"):
+                summary["serve_8x1_server_side_p99_over_p50"] = round(half["server_p99_ms"] / half["server_p50_ms"], 2)
     theirs = results.get(("litserve", 16, 1))
     if ours and theirs:
         summary["serve_16x1_rows_per_s_over_litserve"] = round(ours["rows_per_s"] / max(theirs["rows_per_s"], 1e-9), 2)

@@ -32,6 +32,7 @@ from runtime.serving.online.batcher import Overloaded
 from runtime.serving.online.metrics import Metrics
 from runtime.serving.online.protocol import BadRequest, decode_request, encode_response
 from runtime.serving.online.registry import ReloadError, Slot
+from runtime.serving.online.stalls import timing_gc, watch_loop
 from runtime.serving.online.watch import watch
 
 __all__ = ["make_app", "serve"]
@@ -171,12 +172,14 @@ async def serve(
     finish (up to `drain_seconds`) and run what is queued. SIGHUP reloads every model; with
     `watch_every` (seconds) a new export in a served directory is swapped in (runtime.serving.online.watch);
     with `grpc_port` the gRPC binding listens too (runtime.serving.online.grpc_binding, counted in `metrics`).
+    The event loop's stalls and the GC's pauses are recorded in `metrics` (runtime.serving.online.stalls).
     `announce(url, grpc_address)` is called once listening (the real ports when a port is 0)."""
+    metrics = metrics or Metrics()
     grpc_server, grpc_address = None, None
     if grpc_port is not None:
         from runtime.serving.online.grpc_binding import start_grpc  # needs the `grpc` extra
 
-        grpc_server, bound = await start_grpc(slots, metrics or Metrics(), host, grpc_port, max_body)
+        grpc_server, bound = await start_grpc(slots, metrics, host, grpc_port, max_body)
         grpc_address = f"{'[' + host + ']' if ':' in host else host}:{bound}"
     runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=drain_seconds, access_log=None)
     await runner.setup()
@@ -204,7 +207,10 @@ async def serve(
 
     loop.add_signal_handler(signal.SIGHUP, reload_all)
     watching = None if watch_every is None else loop.create_task(watch(slots, watch_every, on_reload))
-    await stop.wait()
+    lagging = loop.create_task(watch_loop(metrics))
+    with timing_gc(metrics):
+        await stop.wait()
+    lagging.cancel()
     if watching is not None:
         watching.cancel()
     if grpc_server is not None:

@@ -28,6 +28,7 @@ skipped when its batch is cut: it costs no model time.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -152,10 +153,13 @@ class Batcher:
         done.add_done_callback(finished)
 
     def _results(self, works: list[Any]) -> list[Any]:
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return self.run(works)
         except Exception as error:  # the model failed: every request of the batch answers 500
             return [error] * len(works)
+        finally:
+            self.metrics.batch_seconds(self.model, time.perf_counter() - started, time.thread_time() - cpu)
 
     @staticmethod
     def _finish(live: list[_Queued], results: list[Any]) -> None:

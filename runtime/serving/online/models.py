@@ -8,13 +8,16 @@
 A ranking model answers one FP32 output per head, shape [N] ([N, C] for a
 softmax head): the scores `reccompile predict` writes (runtime.serving.predict).
 A retrieval model answers `items` (INT64 [N, K], the items' own ids, -1 past
-the index's end) and `scores` (FP32 [N, K]), as `reccompile retrieve` does.
+the index's end; BYTES, the raw values such as a CSV's `m345`, "" past the
+end, when the item feature has a learned vocabulary) and `scores` (FP32
+[N, K]), as `reccompile retrieve` writes them.
 A pipeline takes the retrieval model's K candidates per row, scores every
 (row, candidate) pair with the ranking model's first head, the candidate's
-id in the ranking model's column of the retrieval's item feature and the
-row's own values in the others, and answers the best N (`items`, `scores`,
-ties in retrieval order) with each stage's milliseconds in the response's
-parameters. The models hold no feature logic: rows go through
+id (its raw value with a learned vocabulary: the ranking model maps it
+through its own) in the ranking model's column of the retrieval's item
+feature and the row's own values in the others, and answers the best N
+(`items`, `scores`, ties in retrieval order) with each stage's milliseconds
+in the response's parameters. The models hold no feature logic: rows go through
 runtime.serving.online.raw_rows, scores through the export's own `scores`.
 """
 
@@ -36,6 +39,7 @@ from runtime.retrieval.index_files import load_index
 from runtime.serving.export_dir import data_file, load, read_export_manifest
 from runtime.serving.online.protocol import BadRequest, InferRequest, Output
 from runtime.serving.online.raw_rows import BadValue, RawInput, RawRows, raw_rows
+from runtime.serving.vectors import item_names, item_vocabulary
 
 __all__ = ["Answer", "ServedModel", "load_model", "load_pipeline"]
 
@@ -88,6 +92,12 @@ class _Retrieval:
     rows: RawRows
     search: Callable[[Any], tuple[torch.Tensor, torch.Tensor]]  # a batch -> (scores, item ids) [B, K]
     item_column: str  # the raw column the item feature reads
+    names: dict[int, str] | None  # item id -> its raw value, with a learned vocabulary on the item feature
+
+    def raw_ids(self, items: torch.Tensor) -> list[Any]:
+        """`items` [B, K] flattened as the raw values the item column takes (ids, or names; "" past the end)."""
+        ids = items.reshape(-1).tolist()
+        return ids if self.names is None else [self.names.get(i, "") for i in ids]
 
 
 def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, reader: str | None) -> _Retrieval:
@@ -97,7 +107,10 @@ def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, 
     index = load_index(directory / section["index"]["directory"], verify=verify)
     k = min(k, len(index.ids))
     item = section["item_feature"]
-    rows = _rows(module, directory, verify, reader, unused=(item,))
+    inputs = _learned(module, directory, verify)
+    rows = _rows(module, directory, verify, reader, unused=(item,), inputs=inputs)
+    vocabulary = item_vocabulary(inputs, item)
+    names = None if vocabulary is None else item_names(vocabulary)
 
     def search(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.inference_mode():
@@ -107,13 +120,13 @@ def _retrieval(directory: Path, manifest: dict[str, Any], k: int, verify: bool, 
         answers, parsed = _parse(rows, requests)
         if parsed:
             scores, items = search(rows.batch([row for _, part in parsed for row in part]))
-            both = (_sliced("items", items), _sliced("scores", scores))
+            both = (_sliced("items", items, names=names), _sliced("scores", scores))
             _answer_each(answers, parsed, lambda lo, hi: ([output(lo, hi) for output in both], {}))
         return answers
 
-    outputs = (("items", "INT64", (-1, k)), ("scores", "FP32", (-1, k)))
+    outputs = (("items", "INT64" if names is None else "BYTES", (-1, k)), ("scores", "FP32", (-1, k)))
     served = ServedModel(manifest["name"], str(directory), rows.inputs, outputs, predict)
-    return _Retrieval(served, rows, search, rows.feature_columns[item])
+    return _Retrieval(served, rows, search, rows.feature_columns[item], names)
 
 
 def load_pipeline(
@@ -158,7 +171,7 @@ def load_pipeline(
                 for raw in rank_rows.inputs
                 if raw.name != item
             }
-            fields[item] = candidates.reshape(-1).tolist()
+            fields[item] = first.raw_ids(candidates)
             try:
                 pairs.append((index, candidates, rank_rows.parse(fields, candidates.numel())))
             except BadValue as error:
@@ -178,30 +191,59 @@ def load_pipeline(
             start += candidates.numel()
             order = torch.sort(part, dim=1, descending=True, stable=True).indices[:, :n]
             answers[index] = (
-                [_output("items", candidates.gather(1, order)), _output("scores", part.gather(1, order))],
+                [
+                    _output("items", candidates.gather(1, order), names=first.names),
+                    _output("scores", part.gather(1, order)),
+                ],
                 timing,
             )
         return answers
 
-    outputs = (("items", "INT64", (-1, n)), ("scores", "FP32", (-1, n)))
+    outputs = (("items", first.served.outputs[0][1], (-1, n)), ("scores", "FP32", (-1, n)))
     name = f"{manifest['name']}_then_{ranked_manifest['name']}"
     return ServedModel(name, f"{retrieval} {ranking}", inputs, outputs, predict)
 
 
-def _rows(module: Any, directory: Path, verify: bool, reader: str | None, unused: Sequence[str] = ()) -> RawRows:
-    """The export's raw rows with what `predict` reads beside the module: the MovieLens vocabulary, and
-    the learned feature state (features.json), applied by `with_learned` as predict applies it."""
-    inputs = module.INPUTS
+def _learned(module: Any, directory: Path, verify: bool) -> Any:
+    """The module's inputs with the export's learned feature state (features.json), if it has one."""
     features = data_file(directory, "features", verify=verify)
-    if features is not None:
-        inputs = with_learned(inputs, features)
+    return module.INPUTS if features is None else with_learned(module.INPUTS, features)
+
+
+def _rows(
+    module: Any,
+    directory: Path,
+    verify: bool,
+    reader: str | None,
+    unused: Sequence[str] = (),
+    inputs: Any = None,
+) -> RawRows:
+    """The export's raw rows with what `predict` reads beside the module: the MovieLens vocabulary, and
+    the learned feature state (features.json; `inputs` when already read), applied by `with_learned`
+    as predict applies it."""
+    inputs = _learned(module, directory, verify) if inputs is None else inputs
     vocabulary = data_file(directory, "vocabulary", verify=verify)
     return raw_rows(inputs, None if vocabulary is None else read_vocabulary(vocabulary), unused, reader)
 
 
 def _parse(rows: RawRows, requests: Sequence[InferRequest]) -> tuple[list[Any], list[tuple[int, list[Any]]]]:
-    """Each request's parsed rows, or its BadRequest in the answers."""
+    """Each request's parsed rows, or its BadRequest in the answers. The batch's requests are parsed in
+    one call, their columns joined (one pass instead of one per request); only a batch holding a bad
+    row is parsed again request by request, so that the bad request alone is refused, naming its row."""
     answers: list[Any] = [None] * len(requests)
+    if len(requests) > 1:
+        names = [raw.name for raw in rows.inputs]
+        joined = {name: [value for request in requests for value in request.fields[name]] for name in names}
+        try:
+            every = rows.parse(joined, sum(request.rows for request in requests))
+        except BadValue:
+            pass
+        else:
+            parsed, start = [], 0
+            for index, request in enumerate(requests):
+                parsed.append((index, every[start : start + request.rows]))
+                start += request.rows
+            return answers, parsed
     parsed = []
     for index, request in enumerate(requests):
         try:
@@ -224,10 +266,12 @@ def _bad(error: BadValue) -> BadRequest:
     return BadRequest(f"{where}: {error.reason} (got {error.value!r})")
 
 
-def _sliced(name: str, values: torch.Tensor, vector: bool = False) -> Callable[[int, int], Output]:
+def _sliced(
+    name: str, values: torch.Tensor, vector: bool = False, names: dict[int, str] | None = None
+) -> Callable[[int, int], Output]:
     """Rows lo:hi of `values` [N, ...] as an output (see `_output`), the batch's values turned into Python
     numbers once rather than once per request (a tensor slice and `tolist` cost more than the copy)."""
-    whole = _output(name, values, vector)
+    whole = _output(name, values, vector, names)
     width, inner = math.prod(values.shape[1:]), list(values.shape[1:])
 
     def output(lo: int, hi: int) -> Output:
@@ -237,9 +281,13 @@ def _sliced(name: str, values: torch.Tensor, vector: bool = False) -> Callable[[
     return output
 
 
-def _output(name: str, values: torch.Tensor, vector: bool = False) -> Output:
-    """`values` [N, ...] as an output: INT64 for ids, FP32 otherwise; `vector`: shape [N]."""
+def _output(name: str, values: torch.Tensor, vector: bool = False, names: dict[int, str] | None = None) -> Output:
+    """`values` [N, ...] as an output: INT64 for ids (BYTES, their raw values, with `names`; "" for an
+    id without one), FP32 otherwise; `vector`: shape [N]."""
     datatype = "INT64" if values.dtype == torch.int64 else "FP32"
     values = values.to(torch.int64 if datatype == "INT64" else torch.float32)
     shape = [values.shape[0]] if vector else list(values.shape)
-    return Output(name, datatype, shape, values.reshape(-1).tolist())
+    data = values.reshape(-1).tolist()
+    if names is not None:
+        return Output(name, "BYTES", shape, [names.get(i, "") for i in data])
+    return Output(name, datatype, shape, data)

@@ -243,5 +243,9 @@ def encode_response(
 
 
 def tensor_bytes(output: Output) -> bytes:
-    """An output's values as binary tensor data (little-endian), as the binary extension and gRPC carry them."""
+    """An output's values as binary tensor data (little-endian; BYTES as a 4-byte length and the UTF-8
+    bytes per element), as the binary extension and gRPC carry them."""
+    if output.datatype == "BYTES":
+        encoded = [value.encode() for value in output.data]
+        return b"".join(struct.pack("<I", len(value)) + value for value in encoded)
     return np.asarray(output.data, dtype=_NUMPY[output.datatype]).tobytes()

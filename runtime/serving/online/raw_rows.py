@@ -104,13 +104,21 @@ def raw_rows(
 
 
 def _parse_all(parse: Any, fields: Mapping[str, Sequence[Any]], rows: int) -> list[Any]:
-    parsed = []
+    names = list(fields)
+    try:  # one try for all the rows: the row is found again only when one is bad
+        return (
+            [parse(dict(zip(names, values, strict=True))) for values in zip(*fields.values(), strict=True)]
+            if names
+            else [parse({}) for _ in range(rows)]
+        )
+    except RowError:
+        pass
     for row in range(rows):
         try:
-            parsed.append(parse({name: values[row] for name, values in fields.items()}))
+            parse({name: values[row] for name, values in fields.items()})
         except RowError as error:
             raise BadValue(error, row) from None
-    return parsed
+    raise AssertionError("a row failed once but not again")  # parsing is a pure function of the row
 
 
 def _text(value: Any) -> str:

@@ -495,8 +495,19 @@ def test_metrics_are_prometheus_text(server: Server) -> None:
         ("reccompile_request_seconds", "histogram"),
         ("reccompile_batch_rows", "histogram"),
         ("reccompile_queue_rows", "gauge"),
+        ("reccompile_batch_seconds", "histogram"),
+        ("reccompile_batch_cpu_seconds", "histogram"),
+        ("reccompile_loop_lag_seconds", "histogram"),
+        ("reccompile_gc_seconds", "histogram"),
     ):
         assert f"# TYPE {family} {kind}\n" in text
+    batches = server.metric('reccompile_batch_rows_count{model="tiny_ctr"}')
+    assert server.metric('reccompile_batch_seconds_count{model="tiny_ctr"}') == batches > 0
+    assert server.metric('reccompile_batch_cpu_seconds_count{model="tiny_ctr"}') == batches
+    assert server.metric("reccompile_loop_lag_seconds_count") > 0  # the loop's timer has run
+    assert server.metric('reccompile_loop_lag_seconds_bucket{le="+Inf"}') == server.metric(
+        "reccompile_loop_lag_seconds_count"
+    )
     count = server.metric('reccompile_request_seconds_count{model="tiny_ctr"}')
     inf = server.metric('reccompile_request_seconds_bucket{model="tiny_ctr",le="+Inf"}')
     answered = sum(server.metric(f'reccompile_requests_total{{model="tiny_ctr",code="{c}"}}') for c in (200, 400, 413))

@@ -106,3 +106,22 @@ def test_a_bad_criteo_value_names_its_column_and_row(work: Path) -> None:
     (answer,) = model.predict([InferRequest(fields, 2)])
     assert isinstance(answer, BadRequest)
     assert str(answer) == "input 'C3', row 1: not hexadecimal of at most 16 digits (got 'xyz')"
+
+
+def test_a_bad_row_in_a_batch_refuses_its_request_alone_naming_its_own_row(work: Path) -> None:
+    model = load_model(work / "out", reader="criteo")
+    lines = (work / "day_0.txt").read_text().splitlines()
+    with open(work / "predicted.csv", newline="") as stream:
+        expected = [float(row[2]) for row in list(csv.reader(stream))[1:]]
+    bad = _fields(lines[3:5])
+    bad["C3"][1] = "xyz"  # row 4 of the joined batch, row 1 of its request
+    requests = [
+        InferRequest(_fields(lines[:3]), 3),
+        InferRequest(bad, 2),
+        InferRequest(_fields(lines[5:]), len(lines) - 5),
+    ]
+    first, refused, last = model.predict(requests)
+    assert isinstance(refused, BadRequest)
+    assert str(refused) == "input 'C3', row 1: not hexadecimal of at most 16 digits (got 'xyz')"
+    served = [v for outputs, _ in (first, last) for v in outputs[0].data]
+    assert np.allclose(served, expected[:3] + expected[5:], rtol=1e-6, atol=1e-6)
