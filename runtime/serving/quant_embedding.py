@@ -10,7 +10,8 @@ layout, each at its own precision; one call of fbgemm's
 `int_nbit_split_embedding_codegen_lookup_function` pools every feature, or on
 the CPU (float32 output, outside tracing) runtime/cpu/native's quant_pool.c, which
 reads the same layout, gives the same bits, and splits the bags over torch's
-threads where fbgemm's kernel uses one (1.2-3.4x faster at batch 512 with 20
+threads (one per 1,024 ids at most: runtime/cpu/native's IDS_PER_THREAD)
+where fbgemm's kernel uses one (1.2-3.4x faster at batch 512 with 20
 ids per feature; 1.7-2.2x on the 2-core AVX2 EPYC), where it is the faster at the batch's shapes
 (runtime/cpu/choice.py, kernel 'quant_pool'). The TBE class is built only to lay the tables out (its
 offsets, row sizes and type codes); the collection owns the weight bytes as a

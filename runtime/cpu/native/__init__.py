@@ -297,9 +297,23 @@ def quant_pool(
         None if weights is None else weights.data_ptr(),
         None if rows is None else rows.data_ptr(),
         out.data_ptr(),
-        torch.get_num_threads(),
+        pool_threads(ids.numel()),
     )
     return None if status else out
+
+
+# Ids one thread of quant_pool pools before a second one pays: an int8 row of 64 values costs
+# tens of ns, an OpenMP fork and join a few us, and on a shared core a team can wait a whole time
+# slice for its second thread (inference-bench's int8 criteo tables on the busy 2-core Zen 4:
+# 26 ids pooled in 4.4 ms wall on 2 threads against 58 us on one; 1,664 ids 2.1 ms against
+# 0.7 ms). Predicts at batch 1 and 64 of dlrm-bench (26 and 1,664 ids) pool on the calling thread.
+IDS_PER_THREAD = 1024
+
+
+def pool_threads(ids: int) -> int:
+    """Threads for a quant_pool call over `ids` ids: torch's count, at most one per IDS_PER_THREAD
+    ids. Each bag is summed by one thread in id order, so the count never changes the result."""
+    return max(1, min(torch.get_num_threads(), ids // IDS_PER_THREAD))
 
 
 @dataclass(frozen=True)

@@ -187,6 +187,7 @@ def test_native_pooling_shares_bags_between_threads_across_features(threads: int
     from runtime.cpu import choice, native
 
     monkeypatch.setenv(choice.ENV, "quant_pool=native")
+    monkeypatch.setattr(native, "IDS_PER_THREAD", 1)  # a team of `threads` even for this small batch
     tables = [
         EmbeddingBagConfig("w8", 40, 8, ["a"]),
         EmbeddingBagConfig("w64", 300, 64, ["b", "c"]),
@@ -210,6 +211,19 @@ def test_native_pooling_shares_bags_between_threads_across_features(threads: int
     finally:
         torch.set_num_threads(previous)
     assert torch.equal(mine, theirs)
+
+
+def test_a_small_batch_pools_on_one_thread() -> None:
+    """A team only from IDS_PER_THREAD ids per thread on: a batch-1 predict of dlrm-bench (26 ids)
+    pools on the calling thread, a large batch on torch's threads."""
+    from runtime.cpu import native
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert [native.pool_threads(n) for n in (0, 26, 1_664, 2_047, 2_048, 13_312)] == [1, 1, 1, 1, 2, 2]
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_stored_sizes_follow_fbgemms_row_layout() -> None:
