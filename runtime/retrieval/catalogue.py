@@ -141,7 +141,7 @@ class StepCandidates:
         vectors = torch.cat([step.positives for step in steps])
         ids = torch.cat([step.ids for step in steps])
         if not distributed(group):
-            return list(zip(vectors.split(own.tolist()), ids.split(own.tolist())))
+            return list(zip(vectors.split(own.tolist()), ids.split(own.tolist()), strict=True))
         assert group is not None
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
         parts = [torch.zeros_like(own, device=device) for _ in range(dist.get_world_size(group))]

@@ -136,7 +136,7 @@ class RetrievalHeadMetrics:
     def _rank_kept(self, step: StepCandidates) -> None:
         """Rank every kept step against its own candidates (a collective with in-batch candidates)."""
         candidates = step.candidates([kept for kept, _, _ in self.kept])
-        for (kept, seen, users), (vectors, ids) in zip(self.kept, candidates):
+        for (kept, seen, users), (vectors, ids) in zip(self.kept, candidates, strict=True):
             self._ranked.update(kept.queries, kept.ids, kept.positives, vectors, ids, seen=seen, users=users)
         self.kept = []
 
