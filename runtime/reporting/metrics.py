@@ -127,8 +127,9 @@ class MetricSet:
 
     `catalogue` gives the candidates a retrieval head's positives rank against
     (a collective: the model's item vectors, runtime.retrieval.catalogue; in
-    training each step's own candidates, `StepCandidates`, ranked as each batch
-    is added); a spec with a sampled_softmax head needs it (and has only one such head).
+    training each step's own candidates, `StepCandidates`, kept with each batch
+    and ranked together at the log step: runtime.retrieval.head_metrics); a spec
+    with a sampled_softmax head needs it (and has only one such head).
     """
 
     def __init__(self, heads: Sequence[HeadConfig], catalogue: Catalogue | StepCandidates | None = None) -> None:

@@ -17,22 +17,28 @@ the forward's vectors a model that has learnt nothing ranks at chance
 (about k / candidates for recall@k). The figures are over a sample, so
 they carry a `sampled_` prefix (`sampled_recall@10`).
 
+Ranking needs the global batch's positives when they are candidates, an
+exchange across ranks: training keeps each step's pairs and negatives
+(`KeptStep`) and exchanges a window of steps at once.
+
     >>> step = StepCandidates(model.retrieval_loss)      # training
-    >>> vectors, ids = step.candidates(output.held_out_pairs())  # a collective with in-batch negatives
+    >>> kept = [step.kept(output.held_out_pairs())]      # after each step
+    >>> [(vectors, ids)] = step.candidates(kept)         # a collective with in-batch negatives
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime.retrieval.gather import gather_ids, gather_rows
+from runtime.retrieval.gather import distributed, gather_ids, gather_rows
 from runtime.retrieval.head import HeldOut, RetrievalLoss
 
-__all__ = ["Catalogue", "ExactCatalogue", "StepCandidates"]
+__all__ = ["Catalogue", "ExactCatalogue", "KeptStep", "StepCandidates"]
 
 
 class Catalogue(Protocol):
@@ -63,11 +69,23 @@ class ExactCatalogue:
         return vectors, None, vectors[positive_ids.cpu()]
 
 
+@dataclass(frozen=True)
+class KeptStep:
+    """One training step's held-out pairs as its forward computed them, on the CPU: `queries` [n, D],
+    positive `ids` [n], `positives` [n, D] as the softmax scores them, and the shared uniform
+    `negatives` (ids [S], vectors [S, D]) the step drew, or None."""
+
+    queries: torch.Tensor
+    ids: torch.Tensor
+    positives: torch.Tensor
+    negatives: tuple[torch.Tensor, torch.Tensor] | None
+
+
 class StepCandidates:
     """A training step's candidates as its forward computed them (see the module docstring).
 
     Reads `loss.step_negatives`, the shared uniform negatives the loss's last
-    training forward looked up; call `candidates` after each step, before the next forward.
+    training forward looked up; call `kept` after each step, before the next forward.
     """
 
     kind = "sampled"
@@ -81,22 +99,67 @@ class StepCandidates:
         """Item vectors of the forward as the softmax scores them (L2-normalised when it normalises)."""
         return F.normalize(vectors, dim=-1) if self.normalize else vectors
 
-    def candidates(self, held: HeldOut) -> tuple[torch.Tensor, torch.Tensor]:
-        """(vectors [N, D], distinct ids [N]) of the step whose held-out pairs are `held` (every rank's
-        own); a collective when the global batch's positives are among them."""
-        vectors: list[torch.Tensor] = []
-        ids: list[torch.Tensor] = []
+    def kept(self, held: HeldOut) -> KeptStep:
+        """What ranking the step whose held-out pairs are `held` needs later (on the CPU, copied: the
+        update after the forward leaves it alone); call it after each step, before the next forward."""
         negatives = self.loss.step_negatives
-        if self.in_batch or negatives is None:
-            group = self.loss.process_group
-            with torch.no_grad():
-                vectors.append(gather_rows(self.scored(held.positives.detach().float()), group)[0].cpu())
-            ids.append(gather_ids(held.ids.detach(), group).cpu())
-        if negatives is not None:
-            ids.append(negatives[0].cpu())
-            vectors.append(negatives[1].float().cpu())
-        every, rows = torch.cat(ids), torch.cat(vectors)
-        distinct, inverse = torch.unique(every, return_inverse=True)
-        first = torch.full((distinct.numel(),), every.numel(), dtype=torch.long)
-        first.scatter_reduce_(0, inverse, torch.arange(every.numel()), reduce="amin")
-        return rows[first], distinct
+        with torch.no_grad():
+            return KeptStep(
+                held.queries.detach().float().cpu(),
+                held.ids.detach().cpu(),
+                self.scored(held.positives.detach().float()).cpu().clone(),
+                None if negatives is None else (negatives[0].cpu(), negatives[1].float().cpu()),
+            )
+
+    def candidates(self, steps: Sequence[KeptStep]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each kept step's (vectors [N, D], distinct ids [N]); one exchange across ranks for all of
+        them when the global batch's positives are among the candidates (every rank calls it with
+        the same number of steps, each rank its own pairs)."""
+        gathered = self._gathered(steps) if any(self.in_batch or step.negatives is None for step in steps) else None
+        out = []
+        for index, step in enumerate(steps):
+            vectors: list[torch.Tensor] = []
+            ids: list[torch.Tensor] = []
+            if gathered is not None and (self.in_batch or step.negatives is None):
+                vectors.append(gathered[index][0])
+                ids.append(gathered[index][1])
+            if step.negatives is not None:
+                ids.append(step.negatives[0])
+                vectors.append(step.negatives[1])
+            every, rows = torch.cat(ids), torch.cat(vectors)
+            distinct, inverse = torch.unique(every, return_inverse=True)
+            first = torch.full((distinct.numel(),), every.numel(), dtype=torch.long)
+            first.scatter_reduce_(0, inverse, torch.arange(every.numel()), reduce="amin")
+            out.append((rows[first], distinct))
+        return out
+
+    def _gathered(self, steps: Sequence[KeptStep]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each step's positives (vectors, ids) of every rank, in rank order: the counts of every
+        step, then all the steps' rows and ids, each in one all-gather."""
+        group = self.loss.process_group
+        own = torch.tensor([step.ids.shape[0] for step in steps], dtype=torch.long)
+        vectors = torch.cat([step.positives for step in steps])
+        ids = torch.cat([step.ids for step in steps])
+        if not distributed(group):
+            return list(zip(vectors.split(own.tolist()), ids.split(own.tolist()), strict=True))
+        assert group is not None
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+        parts = [torch.zeros_like(own, device=device) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, own.to(device), group=group)
+        counts = torch.stack(parts).cpu()  # [ranks, steps]
+        totals = counts.sum(dim=1).tolist()
+        with torch.no_grad():
+            every_vector = gather_rows(vectors, group, totals)[0].cpu()
+        every_id = gather_ids(ids, group, totals).cpu()
+        # rank r's rows of step k start at the rows of ranks before r plus r's rows of steps before k
+        starts = counts.cumsum(dim=1) - counts + torch.tensor([0, *totals[:-1]]).cumsum(0).unsqueeze(1)
+        out = []
+        for step in range(len(steps)):
+            rows = torch.cat(
+                [
+                    torch.arange(int(starts[r, step]), int(starts[r, step] + counts[r, step]))
+                    for r in range(counts.shape[0])
+                ]
+            )
+            out.append((every_vector[rows], every_id[rows]))
+        return out

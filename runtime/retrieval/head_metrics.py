@@ -11,9 +11,12 @@ process would report. Metrics over a sample are named with a `sampled_`
 prefix. A query's norm does not change its ranking, so queries are ranked as
 they come; the catalogue is normalised already when the head normalises.
 In training (`update` given a `StepCandidates`) each step's queries are
-ranked at once, against the step's candidates and with its positives'
-vectors as the step's forward computed them (runtime.retrieval.catalogue),
-never with vectors read after the updates that followed it.
+ranked against the step's candidates and with its positives' vectors as the
+step's forward computed them (runtime.retrieval.catalogue), never with
+vectors read after the updates that followed it. The steps are kept and
+ranked together at the log step, or every `kept_steps` steps when the
+window is longer: one exchange across ranks for many steps (with in-batch
+candidates), and memory bounded whatever the window's length.
 
 With `mask_seen` (a next-item head's default, the spec's `mask_seen`) the
 items of each query's history are no candidates: the held-out item ranks
@@ -32,11 +35,13 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.retrieval.catalogue import Catalogue, StepCandidates
+from runtime.retrieval.catalogue import Catalogue, KeptStep, StepCandidates
 from runtime.retrieval.head import RetrievalOutput
 from runtime.retrieval.metrics import RetrievalMetrics
 
-__all__ = ["RetrievalHeadMetrics", "metric_ks", "wants_users"]
+__all__ = ["KEPT_STEPS", "RetrievalHeadMetrics", "metric_ks", "wants_users"]
+
+KEPT_STEPS = 64  # training steps kept before they are ranked: about 20 MB for 128 queries of 200-item histories
 
 
 def wants_users(metrics: Sequence[str]) -> bool:
@@ -56,9 +61,10 @@ def metric_ks(metrics: Sequence[str]) -> tuple[int, ...]:
 class RetrievalHeadMetrics:
     """One retrieval head's window of held-out queries; `metrics` names what `compute` reports."""
 
-    def __init__(self, metrics: Sequence[str], mask_seen: bool = True) -> None:
+    def __init__(self, metrics: Sequence[str], mask_seen: bool = True, kept_steps: int = KEPT_STEPS) -> None:
         self.metrics = tuple(metrics)
         self.mask_seen = mask_seen
+        self.kept_steps = kept_steps
         self.per_user = wants_users(self.metrics)
         self._ks = metric_ks(self.metrics)
         self.reset()
@@ -70,6 +76,8 @@ class RetrievalHeadMetrics:
         self._seen: list[torch.Tensor] = []
         self._users: list[torch.Tensor] = []
         self._ranked = RetrievalMetrics(self._ks, StepCandidates.kind, per_user=self.per_user)
+        # training's steps not ranked yet: each one's pairs, seen items (or None) and users (or None)
+        self.kept: list[tuple[KeptStep, torch.Tensor | None, torch.Tensor | None]] = []
 
     def update(
         self,
@@ -80,7 +88,8 @@ class RetrievalHeadMetrics:
     ) -> None:
         """Add a batch's held-out queries; only the first `real` samples' when given (the rest is padding).
         `users`: each sample's user id, for the per-user metrics. `step`: training's candidates; the
-        queries are then ranked now (a collective with in-batch candidates)."""
+        step is then kept, and the kept steps ranked once there are `kept_steps` of them (a collective
+        with in-batch candidates: every rank adds as many steps)."""
         if real is not None:
             output = RetrievalOutput(output.query[:real], output.positive[:real], output.ids[:real])
         held = output.held_out_pairs()
@@ -89,18 +98,10 @@ class RetrievalHeadMetrics:
             known = users[held.samples.to(users.device)].detach().cpu().double() if users is not None else None
             known = torch.full((held.ids.shape[0],), math.nan, dtype=torch.float64) if known is None else known
         if step is not None:
-            vectors, ids = step.candidates(held)
             seen = held.history.detach().cpu() if self.mask_seen and held.history.shape[1] else None
-            positives = step.scored(held.positives.detach().float().cpu())
-            self._ranked.update(
-                held.queries.detach().float().cpu(),
-                held.ids.detach().cpu(),
-                positives,
-                vectors,
-                ids,
-                seen=seen,
-                users=known,
-            )
+            self.kept.append((step.kept(held), seen, known))
+            if len(self.kept) >= self.kept_steps:
+                self._rank_kept(step)
             return
         if known is not None:
             self._users.append(known)
@@ -115,7 +116,8 @@ class RetrievalHeadMetrics:
     ) -> dict[str, float | None]:
         """The window's metrics over every rank's queries (a collective), then a new window;
         named `sampled_<metric>` when the catalogue is a sample."""
-        if isinstance(catalogue, StepCandidates):  # ranked by `update`
+        if isinstance(catalogue, StepCandidates):
+            self._rank_kept(catalogue)
             values = self._ranked.compute(process_group)
             self.reset()
             return {"sampled_" + name: values.get("sampled_" + name) for name in self.metrics}
@@ -130,6 +132,13 @@ class RetrievalHeadMetrics:
         self.reset()
         prefix = "sampled_" if catalogue.kind == "sampled" else ""
         return {prefix + name: values.get(prefix + name) for name in self.metrics}
+
+    def _rank_kept(self, step: StepCandidates) -> None:
+        """Rank every kept step against its own candidates (a collective with in-batch candidates)."""
+        candidates = step.candidates([kept for kept, _, _ in self.kept])
+        for (kept, seen, users), (vectors, ids) in zip(self.kept, candidates, strict=True):
+            self._ranked.update(kept.queries, kept.ids, kept.positives, vectors, ids, seen=seen, users=users)
+        self.kept = []
 
 
 def _padded(parts: list[torch.Tensor]) -> torch.Tensor | None:

@@ -1,11 +1,13 @@
 """The candidates of a retrieval head's metrics: the whole table in evaluation, each step's own in training.
 
-Training ranks each step's held-out positives at once, against the step's
-shared uniform negatives and (with in-batch negatives) the global batch's
-held-out positives, all with the vectors the step's forward computed: an
-update after the forward changes nothing, the figures equal RetrievalMetrics
-over those candidates (named `sampled_...`), and two ranks holding halves of
-each batch report what one process does.
+Training ranks each step's held-out positives against the step's shared
+uniform negatives and (with in-batch negatives) the global batch's held-out
+positives, all with the vectors the step's forward computed: an update after
+the forward changes nothing, the figures equal RetrievalMetrics over those
+candidates (named `sampled_...`), and two ranks holding halves of each batch
+report what one process does. The steps are kept and ranked together (one
+exchange across ranks for all of them) at the log step, or every
+`kept_steps` steps of a longer window.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
 from runtime.retrieval.catalogue import ExactCatalogue, StepCandidates
 from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
-from runtime.retrieval.head_metrics import RetrievalHeadMetrics
+from runtime.retrieval.head_metrics import KEPT_STEPS, RetrievalHeadMetrics
 from runtime.retrieval.metrics import RetrievalMetrics
 from runtime.train.process_group import close_process_group, init_process_group
 
@@ -61,16 +63,21 @@ def _steps() -> list[dict[str, torch.Tensor]]:
     return out
 
 
-def _train_window(loss: RetrievalLoss, rows: slice, group: dist.ProcessGroup | None) -> dict[str, Any]:
-    head = RetrievalHeadMetrics(METRICS, mask_seen=False)
+def _train_window(
+    loss: RetrievalLoss, rows: slice, group: dist.ProcessGroup | None, kept_steps: int = KEPT_STEPS
+) -> tuple[dict[str, Any], list[int]]:
+    """The window's figures, and after each step the number of steps kept and not ranked yet."""
+    head = RetrievalHeadMetrics(METRICS, mask_seen=False, kept_steps=kept_steps)
     step_candidates = StepCandidates(loss)
+    kept = []
     for step in _steps():
         if loss.softmax.config.negatives.uniform:
             loss.step_negatives = (step["negative_ids"], step["negatives"])
         output = RetrievalOutput(step["queries"][rows], step["positives"][rows].clone(), step["ids"][rows])
         head.update(output, step=step_candidates)
         output.positive.mul_(0).add_(output.query * 100)  # the update after the forward: ranking must not see it
-    return head.compute(step_candidates, group)
+        kept.append(len(head.kept))
+    return head.compute(step_candidates, group), kept
 
 
 def _reference(negatives: str, normalize: bool) -> dict[str, float | None]:
@@ -104,12 +111,21 @@ def _first(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("negatives", ["in_batch", "uniform", "both"])
 @pytest.mark.parametrize("normalize", [False, True])
 def test_training_ranks_each_step_against_its_forward_candidates(negatives: str, normalize: bool) -> None:
-    got = _train_window(_loss(negatives, normalize), slice(None), None)
+    got, kept = _train_window(_loss(negatives, normalize), slice(None), None)
+    assert kept == [1, 2, 3]  # a window of three steps: all kept, ranked at its end
     expected = _reference(negatives, normalize)
     assert list(got) == ["sampled_recall@10", "sampled_ndcg@10", "sampled_mrr"]
     assert got == pytest.approx({name: expected[name] for name in got}, rel=1e-12)
     # Random vectors: at chance, about 10 / candidates (the candidates of a step number 40 to 70).
     assert got["sampled_recall@10"] < 0.4
+
+
+@pytest.mark.parametrize("negatives", ["in_batch", "both"])
+def test_a_longer_window_ranks_every_kept_steps_steps(negatives: str) -> None:
+    got, kept = _train_window(_loss(negatives, True), slice(None), None, kept_steps=2)
+    assert kept == [1, 0, 1]  # the first two steps ranked once the second is kept
+    expected = _reference(negatives, True)
+    assert got == pytest.approx({name: expected[name] for name in got}, rel=1e-12)
 
 
 def test_the_loss_keeps_the_shared_negatives_of_its_last_training_forward() -> None:
@@ -138,7 +154,7 @@ def test_exact_metrics_keep_their_names_and_rank_every_row() -> None:
     assert got == pytest.approx({name: expected[name] for name in METRICS}, rel=1e-12)
 
 
-def _rank(rank: int, port: int, out: str) -> None:
+def _rank(rank: int, port: int, out: str, kept_steps: int) -> None:
     torch.set_num_threads(1)
     init_process_group(
         backend="gloo",
@@ -147,16 +163,38 @@ def _rank(rank: int, port: int, out: str) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )
-    half = BATCH // 2
-    got = _train_window(_loss("both", True, dist.group.WORLD), slice(rank * half, (rank + 1) * half), dist.group.WORLD)
+    gathers = []  # all_gather calls, by the step (1-based; STEPS + 1: the log step) that made them
+    all_gather, made = dist.all_gather, [0]
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        gathers.append(made[0] + 1)
+        return all_gather(*args, **kwargs)
+
+    dist.all_gather = counted
+    loss = _loss("both", True, dist.group.WORLD)
+    original = RetrievalHeadMetrics.update
+
+    def update(self: RetrievalHeadMetrics, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        made[0] += 1
+
+    RetrievalHeadMetrics.update = update  # type: ignore[method-assign]
+    try:
+        half = BATCH // 2
+        got, _ = _train_window(loss, slice(rank * half, (rank + 1) * half), dist.group.WORLD, kept_steps)
+    finally:
+        dist.all_gather, RetrievalHeadMetrics.update = all_gather, original  # type: ignore[method-assign]
     if rank == 0:
-        torch.save(got, Path(out) / "metrics.pt")
+        torch.save((got, gathers), Path(out) / "metrics.pt")
     close_process_group()
 
 
-def test_two_ranks_report_what_one_process_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kept_steps", [KEPT_STEPS, 2])
+def test_two_ranks_report_what_one_process_does(tmp_path: Path, kept_steps: int) -> None:
     with rendezvous.hosted_store() as port:
-        mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
-    got: dict[str, Any] = torch.load(tmp_path / "metrics.pt")
+        mp.spawn(_rank, args=(port, str(tmp_path), kept_steps), nprocs=2)
+    got, gathers = torch.load(tmp_path / "metrics.pt")
     expected = _reference("both", True)
     assert got == pytest.approx({name: expected[name] for name in got}, rel=1e-12)
+    # One exchange per window of kept steps (each step's counts, the rows, the ids), none per step.
+    assert gathers == ([STEPS + 1] * 3 if kept_steps == KEPT_STEPS else [2] * 3 + [STEPS + 1] * 3)
