@@ -41,6 +41,7 @@ fp32 function on random inputs within BF16_TOLERANCE
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
@@ -90,16 +91,19 @@ class _Products:
         out = _times_transposed(self.scaled[first:last], self.candidates)
         return out.float() if self.bf16 else out
 
+    def narrow(self, p: torch.Tensor) -> torch.Tensor:
+        """A block's softmax as the two gradient products take it (bf16: one cast for both)."""
+        return p.to(torch.bfloat16) if self.bf16 else p
+
     def times_candidates(self, p: torch.Tensor) -> torch.Tensor:
-        """p @ candidates, fp32."""
-        if self.bf16:
-            return _times_transposed(p.to(torch.bfloat16), self.candidates.T).float()
-        return _times_transposed(p, self.candidates.T)
+        """p @ candidates, fp32; `p` from `narrow`."""
+        out = _times_transposed(p, self.candidates.T)
+        return out.float() if self.bf16 else out
 
     def add_transposed(self, into: torch.Tensor, rows: torch.Tensor, p: torch.Tensor) -> None:
-        """into += rows^T @ p (into [D, C] fp32)."""
+        """into += rows^T @ p (into [D, C] fp32); `p` from `narrow`."""
         if self.bf16:
-            into.add_(rows.T.to(torch.bfloat16) @ p.to(torch.bfloat16))
+            into.add_(rows.T.to(torch.bfloat16) @ p)
         else:
             into.addmm_(rows.T, p)
 
@@ -162,9 +166,10 @@ class _BlockedSoftmax(torch.autograd.Function):
                 if grads:
                     assert grad_candidates_t is not None and own_part is not None
                     inverse = sums.reciprocal_().unsqueeze(1)
-                    block_grad = products.times_candidates(p).mul_(inverse)
+                    narrow = products.narrow(p)
+                    block_grad = products.times_candidates(narrow).mul_(inverse)
                     grad_query_blocks.append(block_grad.sub_(candidates[columns]))
-                    products.add_transposed(grad_candidates_t, scaled[first:last] * inverse, p)
+                    products.add_transposed(grad_candidates_t, scaled[first:last] * inverse, narrow)
                     own_part.index_add_(0, columns, scaled[first:last])
                 continue
             p = torch.softmax(logits, dim=1)
@@ -173,8 +178,9 @@ class _BlockedSoftmax(torch.autograd.Function):
                 assert grad_candidates_t is not None
                 # d(loss)/d(logits) = softmax - one-hot, into the two GEMMs
                 p.scatter_add_(1, columns.unsqueeze(1), p.new_full((last - first, 1), -1.0))
-                grad_query_blocks.append(products.times_candidates(p))
-                products.add_transposed(grad_candidates_t, scaled[first:last], p)
+                narrow = products.narrow(p)
+                grad_query_blocks.append(products.times_candidates(narrow))
+                products.add_transposed(grad_candidates_t, scaled[first:last], narrow)
         if grad_candidates_t is not None:
             grad_query = grad_query_blocks[0] if len(grad_query_blocks) == 1 else torch.cat(grad_query_blocks)
             if temperature != 1.0:
@@ -242,16 +248,18 @@ def _bf16_products(rows: int, candidates: int, dim: int) -> bool:
     """Whether a block's three products run faster in bf16 here: measured once per run (site) on
     random operands of the block's shapes, casts included; kept in runtime.cpu.choice's records."""
 
-    def timed(bf16: bool):  # noqa: ANN202
-        generator = torch.Generator().manual_seed(0)
-        query = torch.randn(rows, dim, generator=generator)
-        products = _Products(query, torch.randn(candidates, dim, generator=generator), bf16)
-        into = torch.zeros(dim, candidates)
+    operands: list[torch.Tensor] = []  # made at the first timing run: a recorded choice never builds them
 
+    def timed(bf16: bool) -> Callable[[], None]:
         def run() -> None:
-            p = products.logits(0, rows)
+            if not operands:
+                generator = torch.Generator().manual_seed(0)
+                operands.extend(torch.randn(n, dim, generator=generator) for n in (rows, candidates))
+            query, items = operands
+            products = _Products(query, items, bf16)
+            p = products.narrow(products.logits(0, rows))
             products.times_candidates(p)
-            products.add_transposed(into, query, p)
+            products.add_transposed(torch.zeros(dim, candidates), query, p)
 
         return run
 
