@@ -22,6 +22,11 @@ the seeds ("seed": "mean"). Training runs on one rank with `--threads` torch
 threads (1 by default: the machine may be shared).
 
     python benchmarks/movielens_bench.py [--wheel recbole-1.2.1-py3-none-any.whl] [--epochs 10] [--seeds 0,1]
+
+`--precision bf16` trains the specs under `training.precision: bf16`, and
+`--in-batch` swaps sasrec's and hstu's 128 uniform negatives for in-batch
+ones (the blocked softmax whose products bf16 may narrow): run both ways to
+see bf16's move on recall and NDCG.
 """
 
 from __future__ import annotations
@@ -85,11 +90,16 @@ def popularity(train: list[tuple[int, int, int]], test: list[tuple[int, int, int
     return {"recall@10": recall / len(test), "ndcg@10": ndcg / len(test)}
 
 
-def sized_spec(spec: Path, out: Path, users: int, movies: int) -> Path:
-    """`spec` with its user and item tables sized for ml-100k's ids (plus row 0 for unseen ones)."""
+def sized_spec(spec: Path, out: Path, users: int, movies: int, precision: str = "fp32", in_batch: bool = False) -> Path:
+    """`spec` with its user and item tables sized for ml-100k's ids (plus row 0 for unseen ones),
+    trained in `precision`, with in-batch negatives in place of uniform ones if `in_batch`."""
     text = spec.read_text()
     text = re.sub(r"num_embeddings: 6041", f"num_embeddings: {users + 1}", text)
     text = re.sub(r"num_embeddings: 3953", f"num_embeddings: {movies + 1}", text)
+    if precision != "fp32":
+        text = re.sub(r"^training:\n", f"training:\n  precision: {precision}\n", text, flags=re.M)
+    if in_batch:
+        text = re.sub(r"negatives: \{uniform: \d+\}", "negatives: {in_batch: true}", text)
     out.write_text(text)
     return out
 
@@ -130,6 +140,8 @@ def main() -> None:
     parser.add_argument("--models", default="popularity,two_tower,sasrec,hstu")
     parser.add_argument("--seeds", default="0", help="comma-separated training seeds (0)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the training run (1)")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="training.precision (fp32)")
+    parser.add_argument("--in-batch", action="store_true", help="sasrec and hstu: in-batch negatives, not uniform")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="movielens-bench-") as folder:
         work = Path(folder)
@@ -158,7 +170,9 @@ def main() -> None:
                 report(model, None, popularity(train, test), len(test), None, started)
                 continue
             shipped = {"two_tower": "two_tower_retrieval.yaml", "sasrec": "sasrec.yaml", "hstu": "hstu.yaml"}[model]
-            spec = sized_spec(REPO / "specs" / shipped, work / f"{model}.yaml", users, movies)
+            spec = sized_spec(
+                REPO / "specs" / shipped, work / f"{model}.yaml", users, movies, args.precision, args.in_batch
+            )
             runs = []
             for seed in seeds:
                 started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Eight places in the runtime hold two implementations that compute the same
+Ten places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -13,11 +13,17 @@ faster on some CPUs:
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)
+    softmax_gemm fp32              | bf16 products, fp32 accumulation (runtime/retrieval/blocked_softmax.py),
+                                     asked only under bf16 training (runtime.train.precision)
+    attention_precision autocast's bf16 | fp32 (runtime/modules/layers/padded_attention.py),
+                                     asked only under bf16 training
 
 The two of a pair may round differently but train the same: every input
 that requires a gradient (per-id weights included) gets the same one from
 either, and a measurement leaves none behind
-(tests/runtime/cpu/test_choice_gradients.py, a case per kernel).
+(tests/runtime/cpu/test_choice_gradients.py, a case per kernel). The
+exceptions are `softmax_gemm` and `attention_precision`, asked only where the
+user chose bf16 training: their bf16 sides agree with fp32 within bf16's tolerance.
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
@@ -112,10 +118,14 @@ KERNELS: dict[str, tuple[str, str]] = {
     "embedding_update": ("fbgemm", "native"),
     "linear_grad_input": ("plain", "padded"),
     "packed_mlp": ("aten", "packed"),
+    "softmax_gemm": ("fp32", "bf16"),
+    "attention_precision": ("autocast", "fp32"),
 }
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
-NUMERIC = frozenset({"dot", "linear", "linear_grad_input", "attention", "embedding_update"})
+NUMERIC = frozenset(
+    {"dot", "linear", "linear_grad_input", "attention", "embedding_update", "softmax_gemm", "attention_precision"}
+)
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
 # Kernels with another margin. Serving's MLP blocks (approximate exports only, never in a training
 # run) choose between two torch paths, MKL and oneDNN on packed weights, whose lead swings between

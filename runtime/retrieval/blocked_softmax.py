@@ -26,17 +26,29 @@ own vectorised exp), and a row's loss is -log of its own entry: 0.3 ms on a
 thread). Where that entry is below float's smallest normal (a loss past 87
 in float32) it has lost its precision, and those rows take logsumexp minus
 their own logit instead.
+
+Under bf16 training (runtime.train.precision's autocast) the three products
+of a block may run in bf16: inputs rounded to bf16, products accumulated in
+fp32 by the GEMM, outputs widened to fp32; the temperature, the mask, exp,
+the row sums, the logs and each row's own logit (an fp32 dot product) stay
+fp32. Whether they do is measured at first use (runtime.cpu.choice's
+`softmax_gemm`, fp32 or bf16, on the run's first block shapes), never
+assumed: where bf16 GEMMs are not faster, the fp32 path runs. Held to the
+fp32 function on random inputs within BF16_TOLERANCE
+(tests/runtime/retrieval/test_blocked_softmax.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 
+from runtime.cpu import choice
 from runtime.modules.layers.linear import onednn_applies
 
-__all__ = ["BLOCK_LOGITS", "BLOCK_ROWS", "EXP_SAFE", "block_rows", "blocked_softmax_loss"]
+__all__ = ["BF16_TOLERANCE", "BLOCK_LOGITS", "BLOCK_ROWS", "EXP_SAFE", "block_rows", "blocked_softmax_loss"]
 
 # exp(60) * 2**31 candidates < float32's max, exp(-60) > its smallest normal: logits bounded by
 # this need no row maxima
@@ -47,6 +59,10 @@ EXP_SAFE = 60.0
 BLOCK_LOGITS = 512 * 12_800
 BLOCK_ROWS = 512  # the most rows a block takes (fewer candidates: no gain from longer blocks)
 MIN_BLOCK_ROWS = 64  # the GEMMs' efficiency falls below this
+# The bf16 products against the fp32 function: the loss's relative error, and each gradient's
+# error norm over its norm (inputs rounded to 8 bits of mantissa, outputs to bf16 before widening)
+# measured: loss 2e-5 to 2e-4, gradients 3e-3 to 6e-3 (600 unit rows, T = 0.05, random and trained-like)
+BF16_TOLERANCE = {"loss": 1e-3, "gradient": 1e-2}
 
 
 def block_rows(candidates: int) -> int:
@@ -60,6 +76,36 @@ def _times_transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if onednn_applies(x, weight):
         return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
     return x @ weight.T
+
+
+class _Products:
+    """A block's three GEMMs, fp32 or with bf16 inputs (fp32 accumulation, fp32 results)."""
+
+    def __init__(self, scaled: torch.Tensor, candidates: torch.Tensor, bf16: bool) -> None:
+        self.bf16 = bf16
+        self.candidates = candidates.to(torch.bfloat16) if bf16 else candidates
+        self.scaled = scaled.to(torch.bfloat16) if bf16 else scaled
+
+    def logits(self, first: int, last: int) -> torch.Tensor:
+        """(query / T)[first:last] @ candidates^T, fp32."""
+        out = _times_transposed(self.scaled[first:last], self.candidates)
+        return out.float() if self.bf16 else out
+
+    def narrow(self, p: torch.Tensor) -> torch.Tensor:
+        """A block's softmax as the two gradient products take it (bf16: one cast for both)."""
+        return p.to(torch.bfloat16) if self.bf16 else p
+
+    def times_candidates(self, p: torch.Tensor) -> torch.Tensor:
+        """p @ candidates, fp32; `p` from `narrow`."""
+        out = _times_transposed(p, self.candidates.T)
+        return out.float() if self.bf16 else out
+
+    def add_transposed(self, into: torch.Tensor, rows: torch.Tensor, p: torch.Tensor) -> None:
+        """into += rows^T @ p (into [D, C] fp32); `p` from `narrow`."""
+        if self.bf16:
+            into.add_(rows.T.to(torch.bfloat16) @ p)
+        else:
+            into.addmm_(rows.T, p)
 
 
 def _row_losses(logits: torch.Tensor, p: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
@@ -86,11 +132,13 @@ class _BlockedSoftmax(torch.autograd.Function):
         temperature: float,
         bound: float | None,
         block: int,
+        bf16: bool,
     ) -> torch.Tensor:
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # type: ignore[attr-defined]
         n = query.shape[0]
         bounded = bound is not None and bound <= EXP_SAFE
         scaled = query if temperature == 1.0 else query * (1.0 / temperature)
+        products = _Products(scaled, candidates, bf16)
         grad_query_blocks: list[torch.Tensor] = []
         # d/dcandidates accumulates transposed, [D, C]: (query-side rows)^T @ softmax ran 1.3x faster than
         # softmax^T @ rows into [C, D] (K = D = 64, oneDNN and MKL alike; AMD EPYC Zen 4, one thread)
@@ -103,21 +151,25 @@ class _BlockedSoftmax(torch.autograd.Function):
         for index, first in enumerate(range(0, n, block)):
             last = min(first + block, n)
             columns = own[first:last]
-            logits = _times_transposed(scaled[first:last], candidates)
+            logits = products.logits(first, last)
             if starts is not None and starts[index + 1] > starts[index]:
                 lo, hi = starts[index], starts[index + 1]
                 logits[hit_rows[lo:hi] - first, hit_columns[lo:hi]] = float("-inf")
             if bounded:
-                own_logits = logits.gather(1, columns.unsqueeze(1)).squeeze(1)
+                if bf16:  # fp32 dot products: the loss's own term without bf16's rounding
+                    own_logits = (scaled[first:last] * candidates[columns]).sum(dim=1)
+                else:
+                    own_logits = logits.gather(1, columns.unsqueeze(1)).squeeze(1)
                 p = logits.exp_()  # unnormalised: the row sums divide the [b, D] sides below
                 sums = p.sum(dim=1)
                 losses[first:last] = sums.log() - own_logits
                 if grads:
                     assert grad_candidates_t is not None and own_part is not None
                     inverse = sums.reciprocal_().unsqueeze(1)
-                    block_grad = _times_transposed(p, candidates.T).mul_(inverse)
+                    narrow = products.narrow(p)
+                    block_grad = products.times_candidates(narrow).mul_(inverse)
                     grad_query_blocks.append(block_grad.sub_(candidates[columns]))
-                    grad_candidates_t.addmm_((scaled[first:last] * inverse).T, p)
+                    products.add_transposed(grad_candidates_t, scaled[first:last] * inverse, narrow)
                     own_part.index_add_(0, columns, scaled[first:last])
                 continue
             p = torch.softmax(logits, dim=1)
@@ -126,8 +178,9 @@ class _BlockedSoftmax(torch.autograd.Function):
                 assert grad_candidates_t is not None
                 # d(loss)/d(logits) = softmax - one-hot, into the two GEMMs
                 p.scatter_add_(1, columns.unsqueeze(1), p.new_full((last - first, 1), -1.0))
-                grad_query_blocks.append(_times_transposed(p, candidates.T))
-                grad_candidates_t.addmm_(scaled[first:last].T, p)
+                narrow = products.narrow(p)
+                grad_query_blocks.append(products.times_candidates(narrow))
+                products.add_transposed(grad_candidates_t, scaled[first:last], narrow)
         if grad_candidates_t is not None:
             grad_query = grad_query_blocks[0] if len(grad_query_blocks) == 1 else torch.cat(grad_query_blocks)
             if temperature != 1.0:
@@ -141,7 +194,7 @@ class _BlockedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor):  # type: ignore[override]
         grad_query, grad_candidates = ctx.saved_tensors  # type: ignore[attr-defined]
-        return grad_query * grad, grad_candidates * grad, None, None, None, None, None, None
+        return grad_query * grad, grad_candidates * grad, None, None, None, None, None, None, None
 
 
 def blocked_softmax_loss(
@@ -159,11 +212,19 @@ def blocked_softmax_loss(
     `query` [n, D], `candidates` [C, D], `own` [n] each row's own column; `hits` (rows, columns)
     of the cells masked to -inf, rows ascending (None: none). `bound`: a bound on |query_i . c_j| / T
     known beforehand (1 / T for L2-normalised sides): at most EXP_SAFE, softmax needs no row maxima.
-    `block`: rows per block (None: `block_rows` of the candidates).
+    `block`: rows per block (None: `block_rows` of the candidates). Under a CPU bf16 autocast
+    the block's products take bf16 where `softmax_gemm` measures it faster (module docstring).
     """
     if reduction not in ("sum", "mean"):
         raise ValueError(f"blocked softmax: reduction {reduction!r} is not sum or mean")
     hit_rows, hit_columns = (None, None) if hits is None else hits
+    rows = block_rows(candidates.shape[0]) if block is None else int(block)
+    bf16 = (
+        query.device.type == "cpu"
+        and torch.is_autocast_enabled("cpu")
+        and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        and _bf16_products(min(rows, query.shape[0]), candidates.shape[0], candidates.shape[1])
+    )
     # fp32 under bf16 training (runtime.train.precision) too: logits at 1 / T = 20 need its mantissa
     with contextlib.ExitStack() as fp32:
         if query.device.type in ("cpu", "cuda"):
@@ -177,6 +238,31 @@ def blocked_softmax_loss(
             hit_columns,
             float(temperature),
             bound,
-            block_rows(candidates.shape[0]) if block is None else int(block),
+            rows,
+            bf16,
         )
     return total / max(1, query.shape[0]) if reduction == "mean" else total
+
+
+def _bf16_products(rows: int, candidates: int, dim: int) -> bool:
+    """Whether a block's three products run faster in bf16 here: measured once per run (site) on
+    random operands of the block's shapes, casts included; kept in runtime.cpu.choice's records."""
+
+    operands: list[torch.Tensor] = []  # made at the first timing run: a recorded choice never builds them
+
+    def timed(bf16: bool) -> Callable[[], None]:
+        def run() -> None:
+            if not operands:
+                generator = torch.Generator().manual_seed(0)
+                operands.extend(torch.randn(n, dim, generator=generator) for n in (rows, candidates))
+            query, items = operands
+            products = _Products(query, items, bf16)
+            p = products.narrow(products.logits(0, rows))
+            products.times_candidates(p)
+            products.add_transposed(torch.zeros(dim, candidates), query, p)
+
+        return run
+
+    shape = f"{choice.bucket(rows)}x{choice.bucket(candidates)}x{dim}"
+    runs = {"fp32": timed(False), "bf16": timed(True)}
+    return choice.choose("softmax_gemm", shape, runs, site=f"blocked_softmax_{dim}") == "bf16"

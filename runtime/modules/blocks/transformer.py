@@ -27,7 +27,8 @@ feed-forward, norms, residuals) runs on the rows of the real positions
 [sum(L), dim], converted with fbgemm's jagged ops, which on seq-bench's
 histories (1-50 items, padded to 51) halves the GEMM work that torch's
 layer spends on padding. The GEMMs run on `runtime.modules.layers.linear` (oneDNN
-on the CPU), the attention on `F.scaled_dot_product_attention`.
+on the CPU), the attention on `F.scaled_dot_product_attention` (under bf16
+training in the precision measured faster: runtime/modules/layers/padded_attention.py).
 
 Output positions at or after a sample's length are zero. A sample with no
 positions attends to its first (padding) position instead of to nothing, so
@@ -58,6 +59,7 @@ from runtime.modules.blocks.pooled import _check_size
 from runtime.modules.layers.arguments import check_probability
 from runtime.modules.layers.linear import Linear, linear
 from runtime.modules.layers.one_query_attention import one_query_attention
+from runtime.modules.layers.padded_attention import padded_attention
 from runtime.modules.layers.sequence_checks import check_sequence
 from runtime.modules.layers.sequence_dropout import Draw, SequenceDropout
 from runtime.sparse.sequence import PaddedLayout
@@ -115,7 +117,7 @@ class _SelfAttention(nn.Module):
         batch, length = qkv.shape[:2]
         q, k, v = qkv.view(batch, length, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
         if draw is None or p == 0.0:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+            attended = padded_attention(q, k, v, allowed)
         else:
             scores = (q @ k.transpose(2, 3)) * (dim // heads) ** -0.5
             weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)

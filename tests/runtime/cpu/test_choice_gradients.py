@@ -5,7 +5,9 @@ the choice forced each way (RECCOMPILE_KERNELS) and its output and the
 gradient of every input that requires one (per-id weights included) are
 compared; for the embedding update, whose table gradients go straight into
 the fused optimizer, the tables and their state after the step are compared
-too. Tolerances cover float32 sums taken in another order. The embedding
+too. Tolerances cover float32 sums taken in another order; `softmax_gemm`'s
+and `attention_precision`'s bf16 sides, asked only under bf16 training, are held to bf16's (its own
+stated bound is tests/runtime/retrieval/test_blocked_softmax.py's). The embedding
 update is also measured for real, on an empty choice cache: the timing runs
 must leave no gradient, and the step after them must see the true one.
 """
@@ -24,11 +26,15 @@ from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.modules.blocks.pooled import MLP, DotInteraction
 from runtime.modules.layers import linear as linear_module
 from runtime.modules.layers.one_query_attention import one_query_attention
+from runtime.modules.layers.padded_attention import padded_attention
+from runtime.retrieval.blocked_softmax import blocked_softmax_loss
 from runtime.serving.packed_mlp import PackedMLP
 from runtime.serving.quant_embedding import QuantEmbeddingBagCollection
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
+# bf16 products against fp32 ones
+TOLERANCES = {"softmax_gemm": {"rtol": 3e-2, "atol": 1e-4}, "attention_precision": {"rtol": 3e-2, "atol": 2e-2}}
 BATCH = 6
 TABLES = [
     EmbeddingBagConfig("t0", 40, 8, ["f0", "f1"]),  # one table read by two features
@@ -114,6 +120,26 @@ def _packed_mlp_case() -> Outcome:
     return mlp(x), {"x": x, **dict(mlp.named_parameters())}, dict
 
 
+def _softmax_gemm_case() -> Outcome:
+    """The in-batch softmax under a bf16 autocast, where `softmax_gemm` is asked."""
+    query = torch.nn.functional.normalize(_randn(40, 16, seed=1), dim=-1)
+    candidates = torch.nn.functional.normalize(_randn(40, 16, seed=2), dim=-1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = blocked_softmax_loss(query, candidates, torch.arange(40), None, 0.05, "mean", block=16, bound=20.0)
+    leaves = {"query": query.grad_fn.next_functions[0][0].variable}
+    leaves["candidates"] = candidates.grad_fn.next_functions[0][0].variable
+    return out, leaves, dict
+
+
+def _attention_precision_case() -> Outcome:
+    """Causal attention under a bf16 autocast, where `attention_precision` is asked."""
+    q, k, v = (_randn(3, 2, 5, 8, seed=seed) for seed in (1, 2, 3))
+    allowed = torch.ones(5, 5, dtype=torch.bool).tril()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = padded_attention(q, k, v, allowed)
+    return out.float(), {"q": q, "k": k, "v": v}, dict
+
+
 # kernel -> (the case, the environment of each choice beside the kernel's own)
 CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "dot": (_dot_case, ""),
@@ -124,6 +150,8 @@ CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "embedding_update": (_collection_case, "lookup=sequential"),
     "linear_grad_input": (_linear_case, "linear=aten"),
     "packed_mlp": (_packed_mlp_case, "linear=aten"),
+    "softmax_gemm": (_softmax_gemm_case, ""),
+    "attention_precision": (_attention_precision_case, ""),
 }
 
 
@@ -162,11 +190,12 @@ def test_both_choices_give_the_same_gradients(kernel: str, monkeypatch: pytest.M
     baseline, alternative = choice.KERNELS[kernel]
     out, grads, after = _run(kernel, baseline, monkeypatch)
     other_out, other_grads, other_after = _run(kernel, alternative, monkeypatch)
-    torch.testing.assert_close(other_out, out, **TOL)
+    tolerance = TOLERANCES.get(kernel, TOL)
+    torch.testing.assert_close(other_out, out, **tolerance)
     assert grads.keys() == other_grads.keys()
     for name, grad in grads.items():
         assert grad is not None and other_grads[name] is not None, name
-        torch.testing.assert_close(other_grads[name], grad, **TOL, msg=name)
+        torch.testing.assert_close(other_grads[name], grad, **tolerance, msg=name)
     assert after.keys() == other_after.keys()
     for name, tensor in after.items():
         torch.testing.assert_close(other_after[name], tensor, **TOL, msg=name)

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runtime.retrieval.blocked_softmax import blocked_softmax_loss
+from runtime.cpu import choice
+from runtime.retrieval.blocked_softmax import BF16_TOLERANCE, blocked_softmax_loss
 from runtime.retrieval.sampled_softmax import sampled_softmax
 
 
@@ -107,7 +108,8 @@ def test_blocked_softmax_in_float32_at_onednn_sizes(bounded: bool) -> None:
     torch.testing.assert_close(candidates.grad.double(), c64.grad, rtol=1e-4, atol=1e-6)
 
 
-def test_blocked_softmax_stays_fp32_under_bf16_autocast() -> None:
+def test_blocked_softmax_stays_fp32_under_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(choice.ENV, "softmax_gemm=fp32")
     gen = torch.Generator().manual_seed(9)
     query = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
     candidates = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
@@ -115,4 +117,63 @@ def test_blocked_softmax_stays_fp32_under_bf16_autocast() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
     assert got.dtype == torch.float32
+    torch.testing.assert_close(got, _reference(query, candidates, own, None, 0.05, "mean"))
+
+
+def _trained_like(gen: torch.Generator, n: int, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unit queries near their own candidate (own logits close to 1 / T, as after training) and unit candidates
+    that repeat (duplicates, as in-batch candidates have)."""
+    candidates = F.normalize(torch.randn(n // 2, dim, generator=gen), dim=-1).repeat(2, 1)
+    own = torch.randperm(n, generator=gen)
+    query = F.normalize(candidates[own] + 0.3 * torch.randn(n, dim, generator=gen), dim=-1)
+    return query, candidates, own
+
+
+def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.double() - want).norm() / want.norm())
+
+
+@pytest.mark.parametrize("bounded", [True, False])
+@pytest.mark.parametrize("kind", ["random", "trained"])
+def test_bf16_products_stay_within_the_stated_tolerance_of_fp32(
+    bounded: bool, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forced to bf16 under a bf16 autocast: the loss and both gradients against the float64 function."""
+    monkeypatch.setenv(choice.ENV, "softmax_gemm=bf16")
+    gen = torch.Generator().manual_seed(11)
+    n, dim = 600, 64
+    if kind == "random":
+        query = F.normalize(torch.randn(n, dim, generator=gen), dim=-1)
+        candidates = F.normalize(torch.randn(n, dim, generator=gen), dim=-1)
+        own = torch.randint(0, n, (n,), generator=gen)
+    else:
+        query, candidates, own = _trained_like(gen, n, dim)
+    hits = (torch.tensor([0, 0, 5, 300]), torch.tensor([3, 9, 1, 16]))
+    hits = (hits[0], torch.where(hits[1] == own[hits[0]], hits[1] + 1, hits[1]))
+    query.requires_grad_(True)
+    candidates.requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = blocked_softmax_loss(
+            query, candidates, own, hits, 0.05, "mean", block=128, bound=20.0 if bounded else None
+        )
+    got.backward()
+    assert got.dtype == torch.float32
+    q64, c64 = query.detach().double().requires_grad_(True), candidates.detach().double().requires_grad_(True)
+    want = _reference(q64, c64, own, hits, 0.05, "mean")
+    want.backward()
+    loss_error = abs(got.item() - want.item()) / abs(want.item())
+    assert loss_error <= BF16_TOLERANCE["loss"], loss_error
+    assert _relative(query.grad, q64.grad) <= BF16_TOLERANCE["gradient"]
+    assert _relative(candidates.grad, c64.grad) <= BF16_TOLERANCE["gradient"]
+    assert loss_error > 1e-7  # the bf16 products did run: fp32's error is far below this
+
+
+def test_bf16_products_only_under_a_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forced to bf16 but outside autocast: the fp32 function, to fp32 rounding."""
+    monkeypatch.setenv(choice.ENV, "softmax_gemm=bf16")
+    gen = torch.Generator().manual_seed(12)
+    query = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
+    candidates = F.normalize(torch.randn(300, 64, generator=gen), dim=-1)
+    own = torch.arange(300)
+    got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
     torch.testing.assert_close(got, _reference(query, candidates, own, None, 0.05, "mean"))
