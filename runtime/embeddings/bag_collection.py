@@ -300,7 +300,7 @@ def _forward_with_penalty(
     value_offsets: list[int] | None,
 ) -> torch.Tensor:
     """The group's lookup; in a training step with an `l2` penalty, through the penalty's bags."""
-    l2 = group.optimizer.l2
+    l2 = group.optimizer.embedding_l2
     if l2 == 0 or not torch.is_grad_enabled():
         return group.lookup(values, offsets, weights, value_offsets)
     pooled, group.penalty = penalized_lookup(group.lookup, values, offsets, weights, group.feature_tables, l2)

@@ -1,6 +1,6 @@
 """The `l2` embedding penalty against its formula: torch optimizers on a plain loss term.
 
-One training step of a collection with `EmbeddingOptimizer(l2=...)` must
+One training step of a collection with `EmbeddingOptimizer(embedding_l2=...)` must
 equal, on every row of every table, a torch optimizer's step on the weights
 (`torch.optim.SGD`, `Adagrad`, `Adam`; row-wise Adagrad, which torch lacks,
 by its formula) with the gradient autograd takes of
@@ -33,7 +33,7 @@ FEATURES = ["f0", "f1", "f2"]
 
 
 def optimizer(kind: str, l2: float = L2) -> EmbeddingOptimizer:
-    return EmbeddingOptimizer(kind, lr=0.05, eps=1e-8, l2=l2)
+    return EmbeddingOptimizer(kind, lr=0.05, eps=1e-8, embedding_l2=l2)
 
 
 def random_batch(seed: int, weighted: bool) -> KeyedJaggedTensor:
