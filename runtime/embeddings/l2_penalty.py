@@ -4,9 +4,12 @@ Why the rows of the batch, not whole tables: FuxiCTR (`embedding_regularizer`,
 (lambda / p) * ||W||_p^p added to the loss) and DeepCTR-Torch
 (`l2_reg_embedding`, lambda * sum W^2) penalise every row of every table at
 every step, which costs O(table) per step and moves rows no sample read; sparse
-systems penalise the rows of the batch instead (fbgemm's TBE `weight_decay`
-in `WeightDecayMode.L2`, which TorchEasyRec's sparse optimizers set; EasyRec's
-embedding regularisation of the looked-up values). Here each distinct row r a
+systems penalise the rows of the batch instead: fbgemm's TBE `weight_decay`
+in `WeightDecayMode.L2` adds weight_decay * w_r to the gradient of each row
+the batch touches (TorchEasyRec's `FusedRowWiseAdagradOptimizer` with
+`weight_decay_mode: L2`), the same term as this one; fbgemm's CPU kernels
+apply it for row-wise Adagrad only, hence a path of our own for every
+optimizer and kernel. Here each distinct row r a
 table's lookup reads in the step (over all the features reading the table, in
 the global batch: every sharding type looks rows up where they live) adds
 (l2 / 2) * ||w_r||^2 to the objective, once however often the batch reads it.
