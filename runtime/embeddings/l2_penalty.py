@@ -7,8 +7,9 @@ every step, which costs O(table) per step and moves rows no sample read; sparse
 systems penalise the rows of the batch instead: fbgemm's TBE `weight_decay`
 in `WeightDecayMode.L2` adds weight_decay * w_r to the gradient of each row
 the batch touches (TorchEasyRec's `FusedRowWiseAdagradOptimizer` with
-`weight_decay_mode: L2`), the same term as this one; fbgemm's CPU kernels
-apply it for row-wise Adagrad only, hence a path of our own for every
+`weight_decay_mode: L2`), the same term as this one; but fbgemm 1.8's CPU
+kernels leave it out (sgd, adagrad and rowwise_adagrad update a row the same
+with weight_decay 0.5 as with 0), hence a path of our own for every
 optimizer and kernel. Here each distinct row r a
 table's lookup reads in the step (over all the features reading the table, in
 the global batch: every sharding type looks rows up where they live) adds
