@@ -608,7 +608,8 @@ def resolve_training(checker: Checker, root: Node, world_size: Any) -> Any:
         dense = INVALID
     if isinstance(dense, Optimizer) and dense.embedding_l2:
         at = checker.child(checker.child(node, "dense_optimizer"), "embedding_l2") or root
-        message = "embedding_l2 penalises table rows (sparse_optimizer, a table's optimizer); dense parameters take weight_decay"
+        message = "embedding_l2 penalises table rows (sparse_optimizer, a table's optimizer)"
+        message += "; dense parameters take weight_decay"
         checker.error(at, message, at_key=True)
         dense = INVALID
     sparse = optimizer_ir(checker, checker.child(node, "sparse_optimizer"), DEFAULT_SPARSE_OPTIMIZER)

@@ -153,7 +153,8 @@ class SparseArch(torch.nn.Module):
             if not isinstance(group, EmbeddingGroup):
                 continue
             factor = 1 if name.startswith("data_parallel") else world_size
-            shares += [p * factor for c in group.lookup.collections() if (p := c.embedding_penalty()) is not None]
+            lookup: Any = group.lookup
+            shares += [p * factor for c in lookup.collections() if (p := c.embedding_penalty()) is not None]
         return torch.stack(shares).sum() if shares else None
 
     def set_lr_scale(self, scale: float) -> None:

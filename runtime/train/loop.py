@@ -152,7 +152,7 @@ def _step_runner(
     The loss includes the tables' `embedding_l2` penalty (runtime/embeddings/l2_penalty.py), whose gradient
     the lookup applied: the logged loss is the objective trained.
     """
-    penalized = [m for m in model.modules() if hasattr(m, "logged_penalty")]
+    penalized: list[Any] = [m for m in model.modules() if hasattr(m, "logged_penalty")]
 
     def with_penalty(loss: torch.Tensor) -> torch.Tensor:
         penalties = [p for m in penalized if (p := m.logged_penalty()) is not None]

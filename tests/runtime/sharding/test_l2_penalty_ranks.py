@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import rendezvous
+import sharded_cases as sc
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import rendezvous
-import sharded_cases as sc
 from runtime.sharding import distribute_dense
 from runtime.train.process_group import close_process_group
 
