@@ -129,9 +129,8 @@ class _FusedGroup(nn.Module):
         supported = on_cpu and native_update.supports(self.tbe, optimizer.type, optimizer.weight_decay)
         self._native_layout = native_update.layout(self.tbe) if supported else None
         self.feature_tables = [i for i, t in enumerate(tables) for _ in t.feature_names]
-        self.penalty: torch.Tensor | None = (
-            None  # the last training step's L2 penalty (runtime/embeddings/l2_penalty.py)
-        )
+        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
+        self.penalty: torch.Tensor | None = None
 
     def forward(
         self,
@@ -244,9 +243,8 @@ class _DenseGroup(nn.Module):
         self.optimizer = optimizer
         self.bags = nn.ModuleList(_DenseTable(t, optimizer, device) for t in tables)
         self.feature_tables = [i for i, t in enumerate(tables) for _ in t.feature_names]
-        self.penalty: torch.Tensor | None = (
-            None  # the last training step's L2 penalty (runtime/embeddings/l2_penalty.py)
-        )
+        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
+        self.penalty: torch.Tensor | None = None
 
     def forward(
         self,

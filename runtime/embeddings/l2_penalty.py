@@ -10,10 +10,13 @@ the batch touches (TorchEasyRec's `FusedRowWiseAdagradOptimizer` with
 `weight_decay_mode: L2`), the same term as this one; but fbgemm 1.8's CPU
 kernels leave it out (sgd, adagrad and rowwise_adagrad update a row the same
 with weight_decay 0.5 as with 0), hence a path of our own for every
-optimizer and kernel. Here each distinct row r a
-table's lookup reads in the step (over all the features reading the table, in
-the global batch: every sharding type looks rows up where they live) adds
+optimizer and kernel.
+
+Here each distinct row r a table's lookup reads in the step (over all the
+features reading the table, in the global batch: every sharding type looks
+rows up where they live, a data_parallel replica the global batch's) adds
 (l2 / 2) * ||w_r||^2 to the objective, once however often the batch reads it.
+Evaluation and prediction (no gradient) look up the batch alone.
 
 Why inside the lookup: the tables' optimizer runs inside the lookup's
 backward (fbgemm's TBE, the C row-wise Adagrad, or the dense kernel's hook),
