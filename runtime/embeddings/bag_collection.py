@@ -380,6 +380,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         return list(self._feature_names)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        self._forget_penalties()
         if self.bounds_check:
             features = self._check(features)
         kjt = self._select(features)
