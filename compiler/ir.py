@@ -47,6 +47,7 @@ class Optimizer:
     weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.999
+    embedding_l2: float = 0.0  # tables only: (l2 / 2) ||w_r||^2 per distinct row a step reads
 
 
 @dataclass(frozen=True, slots=True)

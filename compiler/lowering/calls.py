@@ -336,6 +336,7 @@ def optimizer_call(optimizer: Optimizer) -> Call:
             ("weight_decay", optimizer.weight_decay),
             ("beta1", optimizer.beta1),
             ("beta2", optimizer.beta2),
+            *((("embedding_l2", optimizer.embedding_l2),) if optimizer.embedding_l2 else ()),
         ),
     )
 

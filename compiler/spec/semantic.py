@@ -522,7 +522,7 @@ def optimizer_ir(checker: Checker, node: Node | None, default: Optimizer | None)
             users = sorted(k for k, params in _OPTIMIZER_PARAMS.items() if key in params)
             checker.error(param, f"{key} does not apply to {kind} (it is used by {', '.join(users)})", at_key=True)
             broken = True
-    params = {key: checker.value(node, key) for key in ("lr", "eps", "weight_decay", "beta1", "beta2")}
+    params = {key: checker.value(node, key) for key in ("lr", "eps", "weight_decay", "beta1", "beta2", "embedding_l2")}
     if broken or not known(*params.values()):
         return INVALID
     given = {key: float(value) for key, value in params.items() if value is not None}
@@ -605,6 +605,12 @@ def resolve_training(checker: Checker, root: Node, world_size: Any) -> Any:
     if isinstance(dense, Optimizer) and dense.type == "rowwise_adagrad":
         at = checker.child(checker.child(node, "dense_optimizer"), "type") or root
         checker.error(at, "rowwise_adagrad is for embedding tables only; use adagrad for dense parameters")
+        dense = INVALID
+    if isinstance(dense, Optimizer) and dense.embedding_l2:
+        at = checker.child(checker.child(node, "dense_optimizer"), "embedding_l2") or root
+        message = "embedding_l2 penalises table rows (sparse_optimizer, a table's optimizer)"
+        message += "; dense parameters take weight_decay"
+        checker.error(at, message, at_key=True)
         dense = INVALID
     sparse = optimizer_ir(checker, checker.child(node, "sparse_optimizer"), DEFAULT_SPARSE_OPTIMIZER)
     sparse = _table_optimizer(checker, checker.child(node, "sparse_optimizer"), sparse)

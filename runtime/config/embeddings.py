@@ -23,6 +23,9 @@ class EmbeddingOptimizer:
     (torch.optim.Adagrad uses 1e-10). `beta1`, `beta2` and `weight_decay`
     are Adam's; fbgemm's CPU kernels do not apply weight decay for the other
     optimizers, so a non-zero `weight_decay` is only accepted for Adam.
+    `embedding_l2` is a loss term, not the optimizer's: (l2 / 2) * ||w_r||^2 for each
+    distinct row r a training step looks up, with every optimizer
+    (runtime/embeddings/l2_penalty.py).
     """
 
     type: str = "rowwise_adagrad"
@@ -31,6 +34,7 @@ class EmbeddingOptimizer:
     beta1: float = 0.9
     beta2: float = 0.999
     weight_decay: float = 0.0
+    embedding_l2: float = 0.0
 
     def __post_init__(self) -> None:
         if self.type not in OPTIMIZER_TYPES:
@@ -40,6 +44,8 @@ class EmbeddingOptimizer:
             )
         if self.lr < 0 or self.eps < 0:
             raise ValueError(f"embedding optimizer {self.type!r}: lr and eps must be >= 0")
+        if not self.embedding_l2 >= 0:
+            raise ValueError(f"embedding optimizer {self.type!r}: embedding_l2 must be >= 0, not {self.embedding_l2}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"embedding optimizer {self.type!r}: beta1 and beta2 must be in [0, 1)")
         if self.weight_decay != 0 and self.type != "adam":

@@ -57,6 +57,7 @@ from runtime.embeddings import native_update
 from runtime.embeddings.concurrent import run_concurrently
 from runtime.embeddings.ids import IdCheck
 from runtime.embeddings.kernels import FUSED_DIM_MULTIPLE, check_compute_kernel
+from runtime.embeddings.l2_penalty import penalized_lookup
 from runtime.embeddings.optim import apply_update, init_state, state_shapes
 from runtime.embeddings.table_state import TablesOutsideModuleTree
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor, KeySelection
@@ -127,6 +128,9 @@ class _FusedGroup(nn.Module):
                     huge_pages.use_huge_pages(state)  # rows read at random: see runtime/cpu/huge_pages.py
         supported = on_cpu and native_update.supports(self.tbe, optimizer.type, optimizer.weight_decay)
         self._native_layout = native_update.layout(self.tbe) if supported else None
+        self.feature_tables = [i for i, t in enumerate(tables) for _ in t.feature_names]
+        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
+        self.penalty: torch.Tensor | None = None
 
     def forward(
         self,
@@ -135,6 +139,16 @@ class _FusedGroup(nn.Module):
         weights: torch.Tensor | None,
         value_offsets: list[int] | None,
     ) -> torch.Tensor:
+        return _forward_with_penalty(self, values, offsets, weights, value_offsets)
+
+    def lookup(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        value_offsets: list[int] | None,
+    ) -> torch.Tensor:
+        """The pooled output of every bag of `offsets`."""
         if self.mean:
             lengths = offsets[1:] - offsets[:-1]
             scale = lengths.clamp(min=1).to(torch.float32).reciprocal()
@@ -226,8 +240,11 @@ class _DenseGroup(nn.Module):
     ) -> None:
         super().__init__()
         self.tables = tables
+        self.optimizer = optimizer
         self.bags = nn.ModuleList(_DenseTable(t, optimizer, device) for t in tables)
-        self.feature_table = [i for i, t in enumerate(tables) for _ in t.feature_names]
+        self.feature_tables = [i for i, t in enumerate(tables) for _ in t.feature_names]
+        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
+        self.penalty: torch.Tensor | None = None
 
     def forward(
         self,
@@ -236,10 +253,20 @@ class _DenseGroup(nn.Module):
         weights: torch.Tensor | None,
         value_offsets: list[int] | None,
     ) -> torch.Tensor:
+        return _forward_with_penalty(self, values, offsets, weights, value_offsets)
+
+    def lookup(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        value_offsets: list[int] | None,
+    ) -> torch.Tensor:
+        """The pooled output of every bag of `offsets`."""
         assert value_offsets is not None
-        batch = (offsets.numel() - 1) // len(self.feature_table)
+        batch = (offsets.numel() - 1) // len(self.feature_tables)
         pooled = []
-        for f, table in enumerate(self.feature_table):
+        for f, table in enumerate(self.feature_tables):
             start, end = value_offsets[f], value_offsets[f + 1]
             pooled.append(
                 self.bags[table].lookup(
@@ -261,6 +288,21 @@ class _DenseGroup(nn.Module):
 
     def after_load(self) -> None:
         pass
+
+
+def _forward_with_penalty(
+    group: _FusedGroup | _DenseGroup,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: torch.Tensor | None,
+    value_offsets: list[int] | None,
+) -> torch.Tensor:
+    """The group's lookup; in a training step with an `l2` penalty, through the penalty's bags."""
+    l2 = group.optimizer.embedding_l2
+    if l2 == 0 or not torch.is_grad_enabled():
+        return group.lookup(values, offsets, weights, value_offsets)
+    pooled, group.penalty = penalized_lookup(group.lookup, values, offsets, weights, group.feature_tables, l2)
+    return pooled
 
 
 class EmbeddingBagCollection(TablesOutsideModuleTree):
@@ -338,6 +380,7 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         return list(self._feature_names)
 
     def forward(self, features: KeyedJaggedTensor) -> KeyedTensor:
+        self._forget_penalties()
         if self.bounds_check:
             features = self._check(features)
         kjt = self._select(features)

@@ -126,6 +126,7 @@ class EmbeddingCollection(TablesOutsideModuleTree):
         return embedding_names(self._tables)
 
     def forward(self, features: KeyedJaggedTensor) -> dict[str, JaggedTensor]:
+        self._forget_penalties()
         if self.bounds_check:
             features = self._check(features)
         kjt = self._select(features)

@@ -55,6 +55,17 @@ class TablesOutsideModuleTree(nn.Module):
         for group in self._groups:
             group.set_lr_scale(scale)
 
+    def _forget_penalties(self) -> None:
+        """At the start of a forward: a group this step skips (no ids) must not report the last step's penalty."""
+        for group in self._groups:
+            group.penalty = None
+
+    def embedding_penalty(self) -> torch.Tensor | None:
+        """The L2 penalty of the rows the last training step looked up here, before its update (detached);
+        None when no table has an `l2` (runtime/embeddings/l2_penalty.py)."""
+        penalties = [group.penalty for group in self._groups if group.penalty is not None]
+        return torch.stack(penalties).sum() if penalties else None
+
     def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
         super()._save_to_state_dict(destination, prefix, keep_vars)
         for table, tensors in self._table_tensors().items():

@@ -142,6 +142,21 @@ class SparseArch(torch.nn.Module):
     def _collections(self) -> list[EmbeddingBagCollection | EmbeddingCollection]:
         return [c for group in self.groups() for c in group.lookup.collections()]
 
+    def logged_penalty(self) -> torch.Tensor | None:
+        """What this rank adds to its logged loss for the tables' `embedding_l2` penalty in the last training
+        step, so that the mean of the ranks' logged losses is the global loss plus the whole penalty; None
+        without a penalty. A rank's shards hold rows no other rank holds (world size x their penalty); a
+        data_parallel replica looks up the rows of the global batch as every other does (its penalty once)."""
+        world_size = dist.get_world_size(self._group) if self._group is not None else 1
+        shares = []
+        for name, group in self.named_children():
+            if not isinstance(group, EmbeddingGroup):
+                continue
+            factor = 1 if name.startswith("data_parallel") else world_size
+            lookup: Any = group.lookup
+            shares += [p * factor for c in lookup.collections() if (p := c.embedding_penalty()) is not None]
+        return torch.stack(shares).sum() if shares else None
+
     def set_lr_scale(self, scale: float) -> None:
         """Every local table trains at `scale` times its optimizer's learning rate (a schedule's factor)."""
         for collection in self._collections():

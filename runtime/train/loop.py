@@ -147,12 +147,23 @@ def _step_runner(
     device: torch.device | None,
     precision: str = "fp32",
 ) -> Callable[[], tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]]:
-    """One training step per call: (its batch, local loss, outputs), plain or pipelined."""
+    """One training step per call: (its batch, local loss, outputs), plain or pipelined.
+
+    The loss includes the tables' `embedding_l2` penalty (runtime/embeddings/l2_penalty.py), whose gradient
+    the lookup applied: the logged loss is the objective trained.
+    """
+    penalized: list[Any] = [m for m in model.modules() if hasattr(m, "logged_penalty")]
+
+    def with_penalty(loss: torch.Tensor) -> torch.Tensor:
+        penalties = [p for m in penalized if (p := m.logged_penalty()) is not None]
+        return loss + torch.stack(penalties).sum() if penalties else loss
+
     if depth == 1:
 
         def plain() -> tuple[Batch, torch.Tensor, dict[str, torch.Tensor]]:
             batch = next(batches)
-            return (batch, *train_step_outputs(model, optimizer, batch, precision))
+            loss, outputs = train_step_outputs(model, optimizer, batch, precision)
+            return batch, with_penalty(loss), outputs
 
         return plain
     pipeline = TrainPipeline(model, optimizer, device=device, depth=depth)
@@ -162,7 +173,7 @@ def _step_runner(
         with autocast(precision):  # the pipeline's forward; its backward runs in the forward's dtypes anyway
             loss, outputs = pipeline.progress(source)
         assert pipeline.last_batch is not None
-        return pipeline.last_batch, loss, outputs
+        return pipeline.last_batch, with_penalty(loss), outputs
 
     return pipelined
 

@@ -68,6 +68,7 @@ TWINS = (
         ir.Optimizer,
         training.DenseOptimizerConfig,
         runtime_only={"where": "the training section's location (the IR's Training.loc)"},
+        ir_only={"embedding_l2": "a penalty on table rows: on the dense optimizer it is an error (semantic.py)"},
         values={"type": OPTIMIZER_TYPES},
     ),
     Twin(
