@@ -76,7 +76,43 @@ def _fbgemm() -> Any | None:
     return tbe_ops
 
 
-class _FusedGroup(nn.Module):
+class _Group(nn.Module):
+    """A group of tables with one optimizer: `lookup` pools the bags; `forward` adds, in a training
+    step with `embedding_l2`, that penalty's bags to the same call and keeps its value in `penalty`."""
+
+    optimizer: EmbeddingOptimizer
+    feature_tables: list[int]
+
+    def __init__(self) -> None:
+        super().__init__()
+        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
+        self.penalty: torch.Tensor | None = None
+
+    def lookup(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        value_offsets: list[int] | None,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        value_offsets: list[int] | None,
+    ) -> torch.Tensor:
+        if self.optimizer.embedding_l2 == 0 or not torch.is_grad_enabled():
+            return self.lookup(values, offsets, weights, value_offsets)
+        pooled, self.penalty = penalized_lookup(
+            self.lookup, values, offsets, weights, self.feature_tables, self.optimizer.embedding_l2
+        )
+        return pooled
+
+
+class _FusedGroup(_Group):
     """Tables sharing one optimizer and pooling, looked up by one fbgemm TBE."""
 
     def __init__(
@@ -129,17 +165,6 @@ class _FusedGroup(nn.Module):
         supported = on_cpu and native_update.supports(self.tbe, optimizer.type, optimizer.weight_decay)
         self._native_layout = native_update.layout(self.tbe) if supported else None
         self.feature_tables = [i for i, t in enumerate(tables) for _ in t.feature_names]
-        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
-        self.penalty: torch.Tensor | None = None
-
-    def forward(
-        self,
-        values: torch.Tensor,
-        offsets: torch.Tensor,
-        weights: torch.Tensor | None,
-        value_offsets: list[int] | None,
-    ) -> torch.Tensor:
-        return _forward_with_penalty(self, values, offsets, weights, value_offsets)
 
     def lookup(
         self,
@@ -229,7 +254,7 @@ class _DenseTable(nn.EmbeddingBag):
         return {"weight": self.weight, **{n: getattr(self, n) for n in self.state_names}}
 
 
-class _DenseGroup(nn.Module):
+class _DenseGroup(_Group):
     """Tables looked up one torch.nn.EmbeddingBag at a time (the reference kernel)."""
 
     def __init__(
@@ -243,17 +268,6 @@ class _DenseGroup(nn.Module):
         self.optimizer = optimizer
         self.bags = nn.ModuleList(_DenseTable(t, optimizer, device) for t in tables)
         self.feature_tables = [i for i, t in enumerate(tables) for _ in t.feature_names]
-        # The last training step's embedding_l2 penalty (runtime/embeddings/l2_penalty.py).
-        self.penalty: torch.Tensor | None = None
-
-    def forward(
-        self,
-        values: torch.Tensor,
-        offsets: torch.Tensor,
-        weights: torch.Tensor | None,
-        value_offsets: list[int] | None,
-    ) -> torch.Tensor:
-        return _forward_with_penalty(self, values, offsets, weights, value_offsets)
 
     def lookup(
         self,
@@ -288,21 +302,6 @@ class _DenseGroup(nn.Module):
 
     def after_load(self) -> None:
         pass
-
-
-def _forward_with_penalty(
-    group: _FusedGroup | _DenseGroup,
-    values: torch.Tensor,
-    offsets: torch.Tensor,
-    weights: torch.Tensor | None,
-    value_offsets: list[int] | None,
-) -> torch.Tensor:
-    """The group's lookup; in a training step with an `l2` penalty, through the penalty's bags."""
-    l2 = group.optimizer.embedding_l2
-    if l2 == 0 or not torch.is_grad_enabled():
-        return group.lookup(values, offsets, weights, value_offsets)
-    pooled, group.penalty = penalized_lookup(group.lookup, values, offsets, weights, group.feature_tables, l2)
-    return pooled
 
 
 class EmbeddingBagCollection(TablesOutsideModuleTree):
