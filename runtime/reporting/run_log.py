@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -181,7 +182,19 @@ def _summary_writer(directory: Path, purge_step: int | None) -> Any:
             "(pip install 'reccompile[logs]'); writing metrics.jsonl",
         )
         return None
+    if purge_step is not None:
+        _wait_past_existing_events(directory)
     return SummaryWriter(log_dir=str(directory), purge_step=purge_step)
+
+
+def _wait_past_existing_events(directory: Path) -> None:
+    """TensorBoard reads a directory's event files in name order, and a name starts with its
+    creation second, then host, pid and a per-process counter. A resumed run's file must sort
+    after the interrupted run's for the purge to apply, which the tail of the name does not
+    promise within one second (counter 10 sorts before 9): wait, at most a second, for the next."""
+    seconds = [int(path.name.split(".")[3]) for path in directory.glob("events.out.tfevents.*")]
+    while seconds and time.time() < max(seconds) + 1:
+        time.sleep(max(seconds) + 1 - time.time())
 
 
 def _add_metrics(writer: Any, kind: str, step: int, metrics: Metrics) -> None:
