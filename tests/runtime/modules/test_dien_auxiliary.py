@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from runtime.modules.blocks.dien_auxiliary import AuxiliaryNet, auxiliary_loss
+from runtime.retrieval.sampling import per_query_negatives
 
 LENGTHS = [3, 0, 5, 1, 2]
 MAX_LENGTH = 6
@@ -87,3 +88,19 @@ def test_a_max_length_below_two_or_the_padded_length_is_refused() -> None:
     with pytest.raises(ValueError) as error:
         auxiliary_loss(net, states, items, negatives, lengths, 4)
     assert str(error.value) == "auxiliary_loss: max_length must be >= 2 and >= the padded length 5 (got 4)"
+
+
+def test_negatives_drawn_per_position_for_each_ranks_rows_give_two_ranks_the_one_process_loss() -> None:
+    """The draw the wiring is to use: retrieval's per_query_negatives with the history's positions as samples."""
+    net, states, items, _, lengths = _inputs()
+    table = torch.randn(50, 3)
+
+    def loss(rows: slice) -> torch.Tensor:
+        ids = per_query_negatives(seed=7, step=3, queries=rows, total_queries=4, num_samples=MAX_LENGTH, num_items=50)
+        negatives = table[ids[:, : states.shape[1]]]
+        return auxiliary_loss(net, states[rows], items[rows], negatives, lengths[rows], MAX_LENGTH)
+
+    one_process = loss(slice(0, 4))
+    ranks = (loss(slice(0, 2)) + loss(slice(2, 4))) / 2
+    torch.testing.assert_close(ranks, one_process, rtol=1e-6, atol=0)
+    assert loss(slice(0, 4)).item() == one_process.item()  # the same (seed, step) draws the same ids
