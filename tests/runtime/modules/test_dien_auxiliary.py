@@ -77,8 +77,8 @@ def test_two_halves_averaged_equal_the_whole_batch_as_two_ranks_average_their_gr
     net, states, items, negatives, lengths = _inputs()
     whole = auxiliary_loss(net, states[:4], items[:4], negatives[:4], lengths[:4], MAX_LENGTH)
     halves = [
-        auxiliary_loss(net, s[:2], i[:2], n[:2], l[:2], MAX_LENGTH)
-        for s, i, n, l in [(states, items, negatives, lengths), (states[2:], items[2:], negatives[2:], lengths[2:])]
+        auxiliary_loss(net, states[rows], items[rows], negatives[rows], lengths[rows], MAX_LENGTH)
+        for rows in (slice(0, 2), slice(2, 4))
     ]
     torch.testing.assert_close(whole, (halves[0] + halves[1]) / 2, rtol=1e-6, atol=0)
 
