@@ -7,11 +7,13 @@ concat(h_t, n_{t+1}) as not clicked, n_{t+1} a negative item's embedding.
 
 The scorer is the authors' `auxiliary_net` (github mouna99/dien,
 script/model.py): dense 100, sigmoid, dense 50, sigmoid, dense 2, a 2-way
-softmax whose first column is the probability of a click. We follow it rather
-than a dot product h_t . e (DeepCTR-Torch's `auxiliary_loss` option) because
-the extractor state and the item embedding need not be as wide, and it is what
-the paper's figures were trained with. Two differences, both numerical: the
-authors add 1e-8 to the softmax before its log (we take log_softmax, exact
+softmax whose first column is the probability of a click. DeepCTR-Torch's
+and FuxiCTR's DIEN use the same widths ending in one sigmoid unit under a
+binary cross-entropy: the same function class (a 2-way softmax is the sigmoid
+of its logits' difference), so we keep the authors' layout, whose parameters
+their trained figures come from. We do not score by a dot product h_t . e:
+it would tie the extractor's width to the item's. Two numerical differences:
+the authors add 1e-8 to the softmax before its log (we take log_softmax, exact
 and finite), and their first layer is a batch norm that TF1's
 `tf.layers.batch_normalization` builds in inference mode (training=False by
 default), i.e. a per-feature affine map on fixed statistics, which the first
@@ -19,10 +21,15 @@ dense layer already spans; it is left out.
 
 The loss is the authors' `auxiliary_loss`: the per-position losses masked to
 the real positions and summed, divided by batch * (max_length - 1), the
-authors' reduce_mean over the [B, T - 1] grid. With max_length the spec's
-fixed history length the denominator depends on the local batch size only,
+authors' reduce_mean over the [B, T - 1] grid (they pad to the batch's
+longest history, so their T varies by batch; ours is the spec's
+max_length). With a fixed max_length the denominator depends on the local
+batch size only,
 as a head's mean loss does, so N ranks averaging their gradients train what
-one process trains on the global batch.
+one process trains on the global batch. (DeepCTR-Torch divides by the number
+of real positions instead, which would need the global count from every rank;
+FuxiCTR's alpha > 0 path multiplies a [2 B (T-1), 1] loss by a [B (T-1), 1]
+mask, which cannot broadcast.)
 """
 
 from __future__ import annotations
