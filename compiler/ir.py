@@ -317,6 +317,13 @@ class Hstu:
 
 
 @dataclass(frozen=True, slots=True)
+class AuxLoss:
+    """DIEN's auxiliary next-behaviour loss on a `gru` block: `weight` times the term joins the training loss."""
+
+    weight: float  # >= 0; 0 builds no auxiliary network
+
+
+@dataclass(frozen=True, slots=True)
 class Gru:
     """A GRU over the sequence input, its state at every position; with a `query`, DIEN's AUGRU."""
 
@@ -325,6 +332,7 @@ class Gru:
     query: Input | None  # the target vector whose attention scores gate the updates
     attention: Literal["bilinear", "dot"]
     attention_softmax: bool
+    aux_loss: AuxLoss | None = None  # a sparse sequence feature's extractor: its next-behaviour loss
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ import torch.fx as fx
 from compiler import __version__
 from compiler.ir import ModelIR
 from compiler.lowering.calls import (
+    aux_loss_blocks,
+    aux_loss_call,
     dense_optimizer_call,
     head_config_call,
     item_attributes_call,
@@ -26,8 +28,9 @@ from compiler.lowering.calls import (
     model_inputs_call,
     retrieval_loss_call,
 )
-from compiler.lowering.retrieval_graphs import item_graph, query_graph, retrieval_head
+from compiler.lowering.retrieval_graphs import item_graph, item_rows_graph, query_graph, retrieval_head
 from compiler.lowering.types import BuildArg, Call, ModuleDecl, SplitModel
+from runtime.retrieval.next_behaviour import output_key
 from runtime.storage.output import removed_on_error, write_file
 
 TEMPLATES = jinja2.Environment(
@@ -85,6 +88,7 @@ def emit(lowered: SplitModel) -> GeneratedModule:
         ],
         extra_imports=extra_imports(lowered),
         retrieval=retrieval,
+        aux_losses=_aux_loss_sources(lowered),
         **_stage_sources(lowered),
     )
     return GeneratedModule(filename, source, f"{ir.name}.plan.json", lowered.plan.to_json())
@@ -119,6 +123,9 @@ def extra_imports(lowered: SplitModel) -> list[str]:
         attributes = item_attributes_call(lowered.ir, head)
         if attributes is not None:
             modules.append(ModuleDecl("item_attributes", attributes, head.loc))
+    for block in aux_loss_blocks(lowered.ir):
+        graphs.append(item_rows_graph(lowered, block))
+        modules.append(ModuleDecl(f"{block.name}_aux_loss", aux_loss_call(lowered.ir, block), block.loc))
     return runtime_imports(modules, graphs, TEMPLATE_IMPORTS) + transform_imports(lowered.ir)
 
 
@@ -227,6 +234,26 @@ def _retrieval_sources(lowered: SplitModel) -> dict[str, str] | None:
         "query": "the last position of each sequence" if retrieval.next_item else "the query tower",
         "normalized": ", L2-normalised" if retrieval.normalize else "",
     }
+
+
+def _aux_loss_sources(lowered: SplitModel) -> list[dict[str, str]]:
+    """Per gru with `aux_loss`: its loss module, the method looking its negatives up, and its forward output."""
+    sources = []
+    for block in aux_loss_blocks(lowered.ir):
+        rows = f"{block.name}_item_rows"
+        sources.append(
+            {
+                "loc": _short_loc(block.loc),
+                "block": block.name,
+                "module": f"{block.name}_aux_loss",
+                "loss": render_call(aux_loss_call(lowered.ir, block), indent=8),
+                "table": lowered.ir.feature(block.inputs[0].name).table,
+                "rows": rows,
+                "item_rows": _method_source(rows, item_rows_graph(lowered, block)),
+                "key": repr(output_key(block.name)),
+            }
+        )
+    return sources
 
 
 def _method_source(name: str, graph: fx.Graph) -> str:

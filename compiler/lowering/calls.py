@@ -654,3 +654,38 @@ def retrieval_loss_call(ir: ModelIR, head: Head) -> Call:
             ("process_group", BuildArg("process_group")),
         ),
     )
+
+
+def aux_loss_blocks(ir: ModelIR) -> list[Block]:
+    """The gru blocks whose `aux_loss` builds a loss term (weight > 0), in model order."""
+    return [
+        block
+        for block in ir.blocks
+        if isinstance(block.op, Gru) and block.op.aux_loss is not None and block.op.aux_loss.weight > 0
+    ]
+
+
+def aux_loss_call(ir: ModelIR, block: Block) -> Call:
+    """The NextBehaviourLoss of a gru with `aux_loss`: its negatives are rows of its sparse feature's
+    table, drawn from the training seed (as a retrieval head's)."""
+    op, sequence = block.op, block.inputs[0]
+    assert isinstance(op, Gru) and op.aux_loss is not None and sequence.length is not None
+    table = ir.table(ir.feature(sequence.name).table)
+    config = Call(
+        "runtime.config.retrieval.NextBehaviourConfig",
+        (
+            ("weight", op.aux_loss.weight),
+            ("num_items", table.num_embeddings),
+            ("max_length", sequence.length),
+            ("seed", ir.training.seed),
+        ),
+    )
+    return Call(
+        "runtime.retrieval.next_behaviour.NextBehaviourLoss",
+        (
+            ("config", config),
+            ("hidden_size", op.hidden_size),
+            ("item_dim", sequence.width),
+            ("process_group", BuildArg("process_group")),
+        ),
+    )

@@ -140,7 +140,7 @@ class _GraphBuilder:
         for block in ir.blocks:
             self.build_block(block)
         outputs = {head.name: self.build_head(index, head) for index, head in enumerate(ir.heads)}
-        self.graph.output(outputs)
+        self.graph.output({**outputs, **self.sequences.aux_outputs})
 
     # -- sparse stages -----------------------------------------------------
     def build_sparse(self, sparse: fx.Node) -> None:

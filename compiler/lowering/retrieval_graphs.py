@@ -1,4 +1,5 @@
-"""The graphs of a retrieval model's `query_vectors` and `item_vectors`, cut from the lowered graph.
+"""The graphs of a retrieval model's `query_vectors` and `item_vectors`, cut from the lowered graph
+(and the `<block>_item_rows` a gru's auxiliary loss looks its negatives up with).
 
 Runs after `check_shapes` (on the final graph: `read_one_position` may have
 changed a transformer's module) and before `emit`, which renders them as
@@ -32,14 +33,15 @@ from __future__ import annotations
 import torch.fx as fx
 import torch.nn.functional as F
 
-from compiler.ir import Head, ModelIR
+from compiler.ir import Block, Head, ModelIR
 from compiler.lowering.lower import sparse_groups
 from compiler.lowering.sequences import sequence_groups
 from compiler.lowering.types import LoweredModel
 from compiler.planner.plan import ShardingPlan
 from runtime.retrieval.head import item_batch, last_positions
+from runtime.retrieval.next_behaviour import negative_batch, output_key
 
-__all__ = ["retrieval_head", "query_graph", "item_graph"]
+__all__ = ["retrieval_head", "query_graph", "item_graph", "item_rows_graph"]
 
 
 def retrieval_head(ir: ModelIR) -> Head | None:
@@ -94,7 +96,30 @@ def item_graph(lowered: LoweredModel, head: Head) -> fx.Graph:
             batch.meta["loc"] = head.loc
         input_dist.args = (batch, *input_dist.args[1:])
     graph.output(_normalized(graph, head, item))
-    _prune(graph, keep_placeholders=False, keep=ids)
+    _prune(graph, keep_placeholders=False, keep=(ids,))
+    return graph
+
+
+def item_rows_graph(lowered: LoweredModel, block: Block) -> fx.Graph:
+    """`<block>_item_rows(ids, lengths) -> [n, D]`: the rows of ids[b, 1 : lengths[b]] in the table of the
+    sparse sequence feature a gru with `aux_loss` reads (its negatives), through that feature's group."""
+    graph, nodes = _copy(lowered.graph)
+    aux = nodes[_output(lowered.graph, output_key(block.name))]
+    padded = aux.args[1]  # to_padded(values, lengths, max_length): the feature's padded rows
+    assert isinstance(padded, fx.Node) and isinstance(padded.args[0], fx.Node)
+    feature = block.inputs[0].name
+    first = next(iter(graph.nodes))
+    with graph.inserting_before(first):
+        ids, lengths = graph.placeholder("ids"), graph.placeholder("lengths")
+    [(group, keys)] = _item_groups(lowered.ir, lowered.plan, (feature,))
+    input_dist = next(n for n in graph.nodes if n.op == "call_module" and n.target == f"sparse_arch.{group}.input_dist")
+    with graph.inserting_before(input_dist):
+        batch = graph.call_function(negative_batch, (ids, lengths, keys, feature))
+        batch.name = f"{block.name}_negatives"
+        batch.meta["loc"] = block.loc
+    input_dist.args = (batch, *input_dist.args[1:])
+    graph.output(padded.args[0])
+    _prune(graph, keep_placeholders=False, keep=(ids, lengths))
     return graph
 
 
@@ -106,9 +131,13 @@ def _copy(graph: fx.Graph) -> tuple[fx.Graph, dict[fx.Node, fx.Node]]:
 
 
 def _head_output(graph: fx.Graph, head: Head) -> fx.Node:
+    return _output(graph, head.name)
+
+
+def _output(graph: fx.Graph, key: str) -> fx.Node:
     output = graph.output_node().args[0]
     assert isinstance(output, dict)
-    return output[head.name]
+    return output[key]
 
 
 def _normalized(graph: fx.Graph, head: Head, vectors: fx.Node) -> fx.Node:
@@ -132,7 +161,7 @@ def _item_groups(ir: ModelIR, plan: ShardingPlan, features: tuple[str, ...]) -> 
     return groups
 
 
-def _prune(graph: fx.Graph, *, keep_placeholders: bool, keep: fx.Node | None = None) -> None:
+def _prune(graph: fx.Graph, *, keep_placeholders: bool, keep: tuple[fx.Node, ...] = ()) -> None:
     """Erase every node the output does not need (placeholders too unless `keep_placeholders`)."""
     needed: set[fx.Node] = set()
     stack = [graph.output_node()]
@@ -142,6 +171,6 @@ def _prune(graph: fx.Graph, *, keep_placeholders: bool, keep: fx.Node | None = N
             needed.add(node)
             stack.extend(node.all_input_nodes)
     for node in reversed(list(graph.nodes)):
-        if node in needed or node is keep or (keep_placeholders and node.op == "placeholder"):
+        if node in needed or node in keep or (keep_placeholders and node.op == "placeholder"):
             continue
         graph.erase_node(node)

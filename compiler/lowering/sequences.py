@@ -29,6 +29,7 @@ from compiler.lowering.calls import POSITION_WEIGHTS, position_weights_call
 from compiler.lowering.types import ModuleDecl
 from compiler.planner.plan import ShardingPlan
 from runtime.modules.blocks.target_attention import join_fields
+from runtime.retrieval.next_behaviour import next_behaviour_inputs, output_key
 from runtime.sharding.types import SHARDING_TYPES
 from runtime.sparse.sequence import pad_times, pool_rows, to_padded, truncate_keyed
 
@@ -96,6 +97,7 @@ class SequenceLowering:
         self.home: dict[str, str] = {}  # feature of a sequence table -> its group
         self.lengths: dict[str, fx.Node] = {}  # sequence value (Input.ref()) -> its lengths node
         self.cut: fx.Node | None = None  # the batch with its sequences cut to max_length
+        self.aux_outputs: dict[str, fx.Node] = {}  # output key -> a gru's NextBehaviourInputs (training's loss)
 
     def node(self, op: str, target: Any, args: tuple, name: str, loc: Location, **kwargs: Any) -> fx.Node:
         return self.builder.node(op, target, args, kwargs.pop("kw", None), name=name, loc=loc, **kwargs)
@@ -206,6 +208,15 @@ class SequenceLowering:
             args = (x, lengths) if op.query is None else (x, lengths, self.builder.value(op.query, loc))
             values[name] = self.node("call_module", name, args, name, loc, stage="dense", path=path)
             self.lengths[name] = lengths
+            if op.aux_loss is not None and op.aux_loss.weight > 0:
+                self.aux_outputs[output_key(name)] = self.node(
+                    "call_function",
+                    next_behaviour_inputs,
+                    (values[name], x, lengths),
+                    f"{name}_aux_loss",
+                    loc,
+                    stage="dense",
+                )
         else:
             assert isinstance(op, Hstu)
             times = self.timestamps(op.timestamps, lengths, loc)

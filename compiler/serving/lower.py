@@ -32,7 +32,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from compiler.ir import ModelIR, Table
+from compiler.ir import Gru, ModelIR, Table
 from compiler.lowering.calls import item_attributes_call, table_config_call
 from compiler.lowering.lower import lower
 from compiler.lowering.one_position import read_one_position
@@ -58,6 +58,7 @@ def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:
     tables) and DENSE_DTYPE constants.
     """
     ir = dataclasses.replace(ir, sharding=dataclasses.replace(ir.sharding, world_size=1, device="cpu"))
+    ir = without_aux_losses(ir)
     # The training program's passes, so serving computes what training computed.
     training = check_shapes(read_one_position(lower(ir, whole_table_plan(ir))))
     modules: list[ModuleDecl] = []
@@ -82,6 +83,17 @@ def _single_process(decl: ModuleDecl) -> ModuleDecl:
     """The block without a process group: serving is one process, and batch norm and dropout are off in eval."""
     kwargs = tuple((key, None if value == BuildArg("process_group") else value) for key, value in decl.call.kwargs)
     return dataclasses.replace(decl, call=Call(decl.call.factory, kwargs))
+
+
+def without_aux_losses(ir: ModelIR) -> ModelIR:
+    """`ir` without its gru blocks' `aux_loss`: a training-only term, so serving has no auxiliary network."""
+    blocks = tuple(
+        dataclasses.replace(block, op=dataclasses.replace(block.op, aux_loss=None))
+        if isinstance(block.op, Gru) and block.op.aux_loss is not None
+        else block
+        for block in ir.blocks
+    )
+    return dataclasses.replace(ir, blocks=blocks)
 
 
 def whole_table_plan(ir: ModelIR) -> ShardingPlan:

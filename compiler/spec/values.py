@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from compiler.ir import BlockOp, Gru, Hstu, Input, SequencePool, TargetAttention, Transformer
-from compiler.spec.checker import Checker, known
+from compiler.ir import AuxLoss, BlockOp, Gru, Hstu, Input, SequencePool, TargetAttention, Transformer
+from compiler.spec.checker import INVALID, Checker, known
 from compiler.spec.load import Node
 from compiler.spec.semantic import FLOAT_BYTES, INT64_MAX, Features
 
@@ -444,9 +444,41 @@ def _gru(
             )
             checker.error(queries[0].node, message)
             return None
-    if not known(hidden, *values.values()):
+    aux_loss = _aux_loss(checker, block, sequence, queries, value_length(sequence, blocks, features))
+    if not known(hidden, aux_loss, *values.values()):
         return None
-    return Gru(hidden_size=hidden if hidden is not None else width, query=query, **values)  # type: ignore[arg-type]
+    hidden_size = hidden if hidden is not None else width
+    return Gru(hidden_size=hidden_size, query=query, aux_loss=aux_loss, **values)  # type: ignore[arg-type]
+
+
+def _aux_loss(checker: Checker, block: ParsedBlock, sequence: Ref, queries: list[Ref], length: int | None) -> Any:
+    """The gru's `aux_loss` (None when absent), INVALID when reported: DIEN's auxiliary loss trains
+    an interest extractor (no query) on the rows of a sparse sequence feature, histories of 2 items or more."""
+    node = checker.child(block.node, "aux_loss")
+    if node is None:
+        return None
+    weight = checker.value(node, "weight")
+    if not known(weight):
+        return INVALID
+    if queries:
+        message = (
+            "aux_loss trains DIEN's interest extractor, a gru without query; this gru is its interest "
+            "evolution (an AUGRU): set aux_loss on the gru it reads"
+        )
+        checker.error(node, message, at_key=True)
+        return INVALID
+    if sequence.kind != "sparse":
+        message = (
+            f"aux_loss scores each state against the next item of a sparse sequence feature, "
+            f"but this gru reads '{sequence.text()}'; read the feature itself (sparse.<name>)"
+        )
+        checker.error(node, message, at_key=True)
+        return INVALID
+    if length is not None and length < 2:
+        message = f"aux_loss pairs each item with the next, but '{sequence.text()}' keeps at most {length} item (its max_length)"
+        checker.error(node, message, at_key=True)
+        return INVALID
+    return AuxLoss(float(weight))
 
 
 def _query_vector(checker: Checker, ref: Ref, blocks: dict[str, ParsedBlock], features: Features) -> Input | None:

@@ -66,3 +66,27 @@ class SampledSoftmaxConfig:
                 f"sampled softmax: uniform negatives need num_items > first_id "
                 f"(got num_items {self.num_items}, first_id {self.first_id})"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class NextBehaviourConfig:
+    """DIEN's auxiliary next-behaviour loss of one `gru` block (its `aux_loss:`), as the runtime reads it.
+
+    `weight` scales the term added to the training loss; each position's
+    negative is an id drawn uniformly from [0, num_items) of the history's
+    table, per position (runtime.retrieval.sampling.per_query_negatives with
+    the step's seed); `max_length` is the history's, the loss's denominator.
+    """
+
+    weight: float
+    num_items: int
+    max_length: int
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.weight > 0:
+            raise ValueError(f"next-behaviour loss: weight must be > 0 (got {self.weight}); 0 builds no loss")
+        if self.num_items < 1:
+            raise ValueError(f"next-behaviour loss: num_items must be >= 1 (got {self.num_items})")
+        if self.max_length < 2:
+            raise ValueError(f"next-behaviour loss: max_length must be >= 2 (got {self.max_length})")
