@@ -458,7 +458,7 @@ def _aux_loss(checker: Checker, block: ParsedBlock, sequence: Ref, queries: list
     if node is None:
         return None
     weight = checker.value(node, "weight")
-    if not known(weight):
+    if not known(weight) or weight is None:  # the schema reported it
         return INVALID
     if queries:
         message = (

@@ -154,6 +154,15 @@ TWINS = (
         values={"frequency": retrieval.FREQUENCIES},
     ),
     Twin(
+        ir.AuxLoss,
+        retrieval.NextBehaviourConfig,
+        runtime_only={
+            "num_items": "the rows of the table of the sparse feature the gru reads",
+            "max_length": "the max_length of the sparse feature the gru reads",
+            "seed": "the training section's seed",
+        },
+    ),
+    Twin(
         ir.LrSchedule,
         lr_schedule.LrSchedule,
         RENAMED_LOC,
