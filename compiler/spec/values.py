@@ -475,7 +475,8 @@ def _aux_loss(checker: Checker, block: ParsedBlock, sequence: Ref, queries: list
         checker.error(node, message, at_key=True)
         return INVALID
     if length is not None and length < 2:
-        message = f"aux_loss pairs each item with the next, but '{sequence.text()}' keeps at most {length} item (its max_length)"
+        kept = f"'{sequence.text()}' keeps at most {length} item (its max_length)"
+        message = f"aux_loss pairs each item with the next, but {kept}"
         checker.error(node, message, at_key=True)
         return INVALID
     return AuxLoss(float(weight))

@@ -23,8 +23,8 @@ the loss gives no gradient (a row read by Adam moves even with a zero gradient).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -85,6 +85,8 @@ class NextBehaviourLoss(nn.Module):
     optimizer) and the step counter of the negatives' draw (a buffer, so a
     resumed run draws what the interrupted one would have).
     """
+
+    step: torch.Tensor
 
     def __init__(
         self, config: NextBehaviourConfig, hidden_size: int, item_dim: int, process_group: dist.ProcessGroup | None

@@ -21,13 +21,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+import feature_transforms_cases as fc
+import pipeline_cases as pc
 import pytest
+import rendezvous
 import torch
 import torch.multiprocessing as mp
 
-import feature_transforms_cases as fc
-import pipeline_cases as pc
-import rendezvous
 from compiler.pipeline import Options, generate
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
