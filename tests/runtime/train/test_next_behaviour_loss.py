@@ -8,7 +8,7 @@ table row-wise at 2 ranks) compiled as written, with weight 0 and without the op
   each position's negative the item table's row of the id per_query_negatives draws for it;
 - the term's gradient reaches the extractor's states (at the positions that score a next item only)
   and its parameters;
-- export's graph is the one of the model without the option;
+- evaluation scores as the model without the option, and export's graph is that model's;
 - 2 ranks (plain loop and pipeline) train what one process does: losses, tables and dense state.
 
 The auxiliary loss of one batch is tested against a direct computation in
@@ -32,9 +32,11 @@ from compiler.pipeline import Options, generate
 from compiler.serving.lower import lower_inference
 from compiler.spec.load import load
 from compiler.spec.validate import validate
+from runtime.data.loader import LocalBatch
 from runtime.modules.heads.losses import total_loss
 from runtime.retrieval.next_behaviour import output_key
 from runtime.retrieval.sampling import per_query_negatives
+from runtime.train.evaluate import evaluate
 from runtime.train.worker import load_module
 
 SPEC = Path(__file__).resolve().parents[2] / "specs" / "valid" / "dien_aux_loss.yaml"
@@ -129,6 +131,21 @@ def test_the_terms_gradient_reaches_the_extractors_states_and_parameters(compile
     per_position = states_grad.abs().sum(dim=2)
     assert bool((per_position[scored] > 0).all()) and not per_position[~scored].any()
     assert extractor_grad.abs().sum() > 0
+
+
+def test_evaluation_runs_no_auxiliary_loss_and_scores_as_the_model_without_it(compiled: dict[str, Path]) -> None:
+    """The auxiliary network is built last, so from one seed both models hold the same other weights."""
+    results = []
+    for name in ("aux", "plain"):
+        module = load_module(str(compiled[name]))
+        torch.manual_seed(pc.SEED)
+        model = module.build()
+        batches = [LocalBatch(module.synthetic_batch(pc.GLOBAL_BATCH, step=i), pc.GLOBAL_BATCH) for i in range(3)]
+        results.append(evaluate(model, batches, module.HEADS))
+        if name == "aux":
+            assert int(model.interests_aux_loss.step) == 0  # no draw, no lookup
+    assert results[0] == results[1]
+    assert results[0]["click"]["auc"] > 0
 
 
 def test_export_has_no_auxiliary_network(specs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
