@@ -10,8 +10,9 @@ import torch
 
 from compiler.codegen.emit import emit
 from compiler.commands.common import add_spec_arguments, options_from_args, outdir_problem, reporting_errors
+from compiler.lowering.calls import aux_loss_blocks, aux_loss_call
 from compiler.lowering.instantiate import build_call
-from compiler.lowering.types import LoweredModel
+from compiler.lowering.types import Call, LoweredModel
 from compiler.pipeline import compile_spec
 from compiler.planner.plan import ShardingPlan
 
@@ -40,7 +41,9 @@ def summary(lowered: LoweredModel, written: list[str]) -> str:
     """One screen: the model, its tables, parameter counts, the plan and the files."""
     ir, plan = lowered.ir, lowered.plan
     embedding_params = sum(t.num_embeddings * t.dim for t in ir.tables)
-    dense_params = sum(_block_params(lowered, d.target) for d in lowered.modules if d.target != "sparse_arch")
+    calls = [d.call for d in lowered.modules if d.target != "sparse_arch"]
+    calls += [aux_loss_call(ir, block) for block in aux_loss_blocks(ir)]  # trained, never exported
+    dense_params = sum(_call_params(call) for call in calls)
     lines = [
         f"{ir.name}: {len(ir.dense)} dense and {len(ir.sparse)} sparse features, "
         f"{len(ir.tables)} tables, {len(ir.blocks)} blocks, {len(ir.heads)} head" + ("s" if len(ir.heads) != 1 else ""),
@@ -59,8 +62,7 @@ def _count_types(plan: ShardingPlan) -> dict[str, int]:
     return counts
 
 
-def _block_params(lowered: LoweredModel, target: str) -> int:
-    decl = next(d for d in lowered.modules if d.target == target)
+def _call_params(call: Call) -> int:
     with torch.device("meta"):
-        module = build_call(decl.call, {"process_group": None})
+        module = build_call(call, {"process_group": None})
     return sum(p.numel() for p in module.parameters())

@@ -32,6 +32,18 @@ def test_compile_writes_the_module_and_plan_and_summarises(tmp_path: Path, capsy
     assert plan["world_size"] == 1 and len(plan["tables"]) == 26
 
 
+def test_compile_counts_an_auxiliary_loss_network_among_the_dense_parameters(tmp_path: Path, capsys) -> None:
+    spec = REPO / "tests" / "specs" / "valid" / "dien_aux_loss.yaml"
+    without = tmp_path / "without.yaml"
+    without.write_text(spec.read_text().replace("aux_loss: {weight: 0.5}", "aux_loss: {weight: 0}"))
+    counts = []
+    for path in (spec, without):
+        assert main([str(path), "-o", str(tmp_path / path.stem)]) == 0
+        counts.append(int(re.search(r"([\d,]+) dense\n", capsys.readouterr().out).group(1).replace(",", "")))
+    inputs = 5 + 4  # the gru's state and the item row, concatenated: -> 100 -> 50 -> 2
+    assert counts[0] - counts[1] == (inputs * 100 + 100) + (100 * 50 + 50) + (50 * 2 + 2)
+
+
 def test_graph_prints_the_golden_text(capsys) -> None:
     assert main(["graph", "specs/dlrm_criteo.yaml", "--world-size", "2"]) == 0
     expected = (REPO / "tests" / "golden" / "dlrm_criteo.ws2.graph.txt").read_text()
