@@ -168,6 +168,24 @@ class MetricSet:
         return {name: values[name] for name in self.order}
 
 
+def agreed(metrics: Mapping[str, MetricValues], process_group: dist.ProcessGroup | None) -> dict[str, MetricValues]:
+    """Rank 0's `metrics` on every rank (a collective; `metrics` itself without a group).
+
+    Every rank computes an evaluation's metrics from the same all-reduced sums
+    and gathered scores, so they should be equal already; taking rank 0's makes
+    it certain whatever a rank's own arithmetic (threads, kernels). The
+    decisions taken from an evaluation (early stopping, the plateau's rates)
+    are then one decision: no rank ends training while another waits for it
+    in its next collective.
+    """
+    mine = {head: dict(values) for head, values in metrics.items()}
+    if not _distributed(process_group):
+        return mine
+    box: list[object] = [mine]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0), group=process_group)
+    return box[0]  # type: ignore[return-value]
+
+
 def normalized_entropy(loss_sum: float, positives: float, count: float) -> float | None:
     """Mean log loss over the entropy of the positive rate; None when every label is the same."""
     if count == 0:
