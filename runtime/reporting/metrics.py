@@ -179,7 +179,7 @@ def agreed(metrics: Mapping[str, MetricValues], process_group: dist.ProcessGroup
     in its next collective.
     """
     mine = {head: dict(values) for head, values in metrics.items()}
-    if not _distributed(process_group):
+    if process_group is None or not _distributed(process_group):
         return mine
     box: list[object] = [mine]
     dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0), group=process_group)

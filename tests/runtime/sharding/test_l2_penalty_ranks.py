@@ -14,9 +14,10 @@ against their formula in tests/runtime/embeddings/test_l2_penalty.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import rendezvous
