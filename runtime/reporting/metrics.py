@@ -31,7 +31,7 @@ samples as probabilities do without sigmoid's rounding ties.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -183,7 +183,7 @@ def agreed(metrics: Mapping[str, MetricValues], process_group: dist.ProcessGroup
         return mine
     box: list[object] = [mine]
     dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0), group=process_group)
-    return box[0]  # type: ignore[return-value]
+    return cast(dict[str, MetricValues], box[0])
 
 
 def normalized_entropy(loss_sum: float, positives: float, count: float) -> float | None:
