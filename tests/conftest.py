@@ -1,5 +1,6 @@
 """Shared test fixtures: golden-file comparison (`pytest --update-goldens`), the native kernels,
-and the `ranks` marker on test files that start ranks (`make test-fast` leaves them out)."""
+the `ranks` marker on test files that start ranks (`make test-fast` leaves them out), and torch's
+thread count put back after each test and file, so no test's numbers depend on which ran before."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 import shlex
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,33 @@ def _ranks_marked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(rendezvous, "hosted_store", refuse)
     monkeypatch.setattr(rendezvous, "launcher_port", refuse)
+
+
+def _torch_threads() -> int | None:
+    torch = sys.modules.get("torch")  # not imported: no thread count to keep
+    return None if torch is None else torch.get_num_threads()
+
+
+def _put_back_torch_threads(before: int | None) -> None:
+    if before is not None and _torch_threads() != before:
+        sys.modules["torch"].set_num_threads(before)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_threads_per_module() -> Iterator[None]:
+    """torch's thread count as the file found it, after the file: a module fixture that trains in
+    this process (`train`, `predict` set the count the machine's load gives) leaves it to no other file."""
+    before = _torch_threads()
+    yield
+    _put_back_torch_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_per_test() -> Iterator[None]:
+    """torch's thread count as the test found it, after the test (see `_torch_threads_per_module`)."""
+    before = _torch_threads()
+    yield
+    _put_back_torch_threads(before)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ samples as probabilities do without sigmoid's rounding ties.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, cast
 
 import torch
 import torch.distributed as dist
@@ -166,6 +166,24 @@ class MetricSet:
             for name, retrieval in self.retrieval.items():
                 values[name] = retrieval.compute(self.catalogue, process_group)
         return {name: values[name] for name in self.order}
+
+
+def agreed(metrics: Mapping[str, MetricValues], process_group: dist.ProcessGroup | None) -> dict[str, MetricValues]:
+    """Rank 0's `metrics` on every rank (a collective; `metrics` itself without a group).
+
+    Every rank computes an evaluation's metrics from the same all-reduced sums
+    and gathered scores, so they should be equal already; taking rank 0's makes
+    it certain whatever a rank's own arithmetic (threads, kernels). The
+    decisions taken from an evaluation (early stopping, the plateau's rates)
+    are then one decision: no rank ends training while another waits for it
+    in its next collective.
+    """
+    mine = {head: dict(values) for head, values in metrics.items()}
+    if process_group is None or not _distributed(process_group):
+        return mine
+    box: list[object] = [mine]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(process_group, 0), group=process_group)
+    return cast(dict[str, MetricValues], box[0])
 
 
 def normalized_entropy(loss_sum: float, positives: float, count: float) -> float | None:

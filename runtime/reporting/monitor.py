@@ -6,9 +6,10 @@ Every step adds the heads' outputs to the metrics window; every log step
 shows (runtime.reporting.console) and writes to `--log-dir`; every `--eval-every` steps and at the end
 the evaluation split is scored (with MovieLens data, each pass also counts
 the ids outside the training vocabulary: runtime.data.checks.unseen_ids), and each
-pass goes to `on_evaluation` (early stopping: runtime.train.early_stopping). Metric
-computation and evaluation are collectives, so every rank calls these hooks;
-only rank 0 prints or writes.
+pass goes to `on_evaluation` (early stopping: runtime.train.early_stopping), with
+rank 0's figures on every rank (`metrics.agreed`). Metric computation and
+evaluation are collectives, so every rank calls these hooks; only rank 0
+prints or writes.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from runtime.config.heads import HeadConfig
 from runtime.data.batch import Batch
 from runtime.data.checks.unseen_ids import UnseenIds
 from runtime.reporting.console import Console, format_metrics
-from runtime.reporting.metrics import MetricSet, MetricValues
+from runtime.reporting.metrics import MetricSet, MetricValues, agreed
 from runtime.reporting.run_log import RunLog
 from runtime.retrieval.catalogue import Catalogue, StepCandidates
 
@@ -174,7 +175,8 @@ class TrainingMonitor:
     def _evaluate(self, step: int) -> None:
         assert self.evaluation is not None
         result = self.evaluation()
-        self.last_eval = _rounded(result.metrics)
+        # Rank 0's figures on every rank, so the callbacks deciding from them decide alike.
+        self.last_eval = agreed(_rounded(result.metrics), self.process_group)
         unseen = result.unseen_ids
         self.last_eval_unseen = None if unseen is None else dict(unseen.counts)
         self._last_eval_step = step

@@ -9,7 +9,7 @@ worker (runtime.train.worker) know the hook points, never the features.
     on_log(entry)                             every --log-every steps and the last
     should_stop()                             after a step's hooks: any yes ends the run
     on_eval(step, metrics)                    after every evaluation pass (all ranks see
-                                              the same all-reduced metrics)
+                                              rank 0's metrics: decisions taken alike)
     evaluate_on_resume(start_step)            a resumed run evaluates first when any says yes
                                               (a state saved before that step's pass)
     on_train_end(last_step)                   after the last step (or the early stop)

@@ -12,9 +12,10 @@ LOWER_IS_BETTER (ne, mse, rmse, ...), higher for everything else (auc,
 accuracy, recall@k, ndcg@k, mrr, hit_rate@k). A gain is strict: a pass
 equal to the best (as rounded in the log) is no gain.
 
-N ranks decide alike without a message of their own: evaluation metrics are
-all-reduced and gathered (runtime.reporting.metrics), so every rank observes
-the same numbers, in the same order of passes.
+N ranks decide alike: evaluation metrics are all-reduced and gathered, and
+every rank then takes rank 0's figures (runtime.reporting.metrics.agreed), so
+every rank observes the same numbers, in the same order of passes, and stops
+at the same step; none is left waiting for a rank that stopped.
 
     >>> from runtime.config.heads import HeadConfig
     >>> tracker = EarlyStopping(resolve_best_metric("auc", [HeadConfig("click", "bce", "click")]), patience=2)

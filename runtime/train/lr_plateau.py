@@ -13,8 +13,8 @@ rates rather than on each rate, so per-table optimizers keep their ratios.
 The factor depends on the metrics seen, not on the step, so it is part of a
 checkpoint: `state_dict()` keeps the best value, the passes without a gain
 and the factor, and a resumed run goes on with the rates the uninterrupted
-one would have. On N ranks the evaluation metrics are all-reduced
-(runtime.reporting.metrics), so every rank takes the same decision.
+one would have. On N ranks every rank sees rank 0's evaluation metrics
+(runtime.reporting.metrics.agreed), so every rank takes the same decision.
 
     >>> from runtime.train.early_stopping import BestMetric
     >>> plateau = LrPlateau(BestMetric("click", "auc"), factor=0.1, patience=1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable
 
 import sharded_cases as sc
@@ -48,11 +49,14 @@ SEQUENCES = [
 ]
 KEYS = [f for t in SEQUENCES for f in t.feature_names]
 KERNELS = {"s1": "dense"}  # the others fused
-OPTIMIZERS = {
-    "sgd": EmbeddingOptimizer("sgd", lr=0.5),
-    "rowwise_adagrad": EmbeddingOptimizer("rowwise_adagrad", lr=0.1),
-    "adam": EmbeddingOptimizer("adam", lr=0.05),
-}
+# Read-only, as sharded_cases.OPTIMIZERS.
+OPTIMIZERS = MappingProxyType(
+    {
+        "sgd": EmbeddingOptimizer("sgd", lr=0.5),
+        "rowwise_adagrad": EmbeddingOptimizer("rowwise_adagrad", lr=0.1),
+        "adam": EmbeddingOptimizer("adam", lr=0.05),
+    }
+)
 SEQUENCE_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise")
 MIXED = {"s0": "row_wise", "s1": "column_wise", "s2": "data_parallel", "s3": "table_wise"}
 

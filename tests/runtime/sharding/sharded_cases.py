@@ -13,6 +13,7 @@ import datetime
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Callable
 
 import rendezvous
@@ -41,10 +42,14 @@ TABLES = [
 ]
 # A feature no table reads: input_dist must pick its own features out of the batch.
 UNUSED = ("extra", 1000)
-OPTIMIZERS = {
-    "sgd": EmbeddingOptimizer("sgd", lr=0.5),
-    "rowwise_adagrad": EmbeddingOptimizer("rowwise_adagrad", lr=0.1),
-}
+# Read-only: a test that trains with other optimizers replaces the mapping with monkeypatch, so
+# the next file's one-process reference (in the same pytest worker) uses these again.
+OPTIMIZERS = MappingProxyType(
+    {
+        "sgd": EmbeddingOptimizer("sgd", lr=0.5),
+        "rowwise_adagrad": EmbeddingOptimizer("rowwise_adagrad", lr=0.1),
+    }
+)
 KERNELS = {"t4": "dense"}  # the others fused
 
 

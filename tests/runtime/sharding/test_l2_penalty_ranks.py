@@ -14,6 +14,7 @@ against their formula in tests/runtime/embeddings/test_l2_penalty.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,11 @@ CASES = [c for c in sc.cases() if c.name.startswith("mixed-")]
 SEQUENCE_CASE = next(c for c in qc.cases() if c.name == "mixed-rowwise_adagrad")
 
 
-def penalise() -> None:
-    """Every case's optimizer with the penalty (in each spawned rank and in the test process)."""
+def penalise(patch: Callable[[object, str, object], None] = setattr) -> None:
+    """Every case's optimizer with the penalty: set for good in each spawned rank, through
+    monkeypatch.setattr in the test process (whose later test files build the cases unpenalised)."""
     for cases in (sc, qc):
-        for name, optimizer in list(cases.OPTIMIZERS.items()):
-            cases.OPTIMIZERS[name] = replace(optimizer, embedding_l2=L2)
+        patch(cases, "OPTIMIZERS", {name: replace(o, embedding_l2=L2) for name, o in cases.OPTIMIZERS.items()})
 
 
 def train(model: Any, group: dist.ProcessGroup | None, rank: int, world_size: int) -> list[list[float]]:
@@ -92,8 +93,7 @@ def distributed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_two_ranks_penalise_like_one_process(
     distributed: dict[str, Any], case: sc.Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sc, "OPTIMIZERS", dict(sc.OPTIMIZERS))
-    penalise()
+    penalise(monkeypatch.setattr)
     model, tables_of = sc.reference(case)
     expected = train(model, None, rank=0, world_size=1)
     got = distributed[case.name]
@@ -112,8 +112,7 @@ def test_two_ranks_penalise_like_one_process(
 def test_two_ranks_penalise_sequence_tables_like_one_process(
     distributed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(qc, "OPTIMIZERS", dict(qc.OPTIMIZERS))
-    penalise()
+    penalise(monkeypatch.setattr)
     model, tables_of = qc.reference(SEQUENCE_CASE)
     expected = train(model, None, rank=0, world_size=1)
     got = distributed["sequences"]
