@@ -134,10 +134,14 @@ def timing_specs(workdir: Path) -> dict[str, Path]:
     same with every learned transform replaced by hashing into tables of the same rows (`hash`), and the
     example itself (`example`, with the history), for prepare's rows/s."""
     spec = yaml.safe_load(SPEC.read_text())
+    histories = {f"sparse.{f['name']}" for f in spec["features"]["sparse"] if "history" in f}
     spec["features"]["sparse"] = [f for f in spec["features"]["sparse"] if "history" not in f]
-    for block in ("history", "interest"):  # the blocks that read the history
-        del spec["model"][block]
-        spec["model"]["user_tower"]["input"].remove(block)
+    readers = {name for name, block in spec["model"].items() if str(block["input"]) in histories}  # pools, attention
+    for name in readers:  # the blocks that read a history, and their place in every other block's inputs
+        del spec["model"][name]
+    for block in spec["model"].values():
+        if isinstance(block["input"], list):
+            block["input"] = [name for name in block["input"] if name not in readers | histories]
     learned = json.loads(json.dumps(spec))
     for feature in spec["features"]["dense"]:
         feature.pop("transform", None)
