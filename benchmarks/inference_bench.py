@@ -615,8 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare(args.workdir, args.train_steps)
     size_rows = sizes(args.workdir)
     emit({"sizes": size_rows})
-    cached = args.workdir / "quality.json"  # the exports do not change between runs
-    if not cached.is_file():
+    cached = args.workdir / "quality.json"  # the exports do not change between runs (configurations may be added)
+    if not cached.is_file() or sorted(json.loads(cached.read_text())) != sorted(CONFIGS):
         cached.write_text(json.dumps(quality(args.workdir, args.eval_batches)))
     quality_rows = json.loads(cached.read_text())
     emit({"quality": quality_rows})
