@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -187,7 +188,8 @@ class PackedMLP(MLP):
         """The layers on int8 weights and inputs (see the module docstring); a layer whose weight is not
         float32 takes `linear`."""
         engine, reduce = torch.backends.quantized.engine, reduce_range()
-        for k, (layer, act) in enumerate(zip(self.linears, self._activations)):
+        layers = cast("list[nn.Linear]", self.linears)
+        for k, (layer, act) in enumerate(zip(layers, self._activations, strict=True)):
             weight, relu = layer.weight, act is torch.relu_
             if weight.dtype != torch.float32:
                 x = linear(x, weight, layer.bias, relu=relu)
@@ -208,12 +210,15 @@ class PackedMLP(MLP):
         every batch (a block too small for oneDNN has no 'packed_mlp' question, but may run faster on int8)."""
         batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
         if (batch, threads) not in self._int8_questions:
-            widths = "_".join(
-                f"{layer.out_features}{'r' if act is torch.relu_ else ''}"
-                for layer, act in zip(self.linears, self._activations)
-            )
-            self._int8_questions[(batch, threads)] = f"b{batch}_in{self.in_features}_{widths}_t{threads}"
+            self._int8_questions[(batch, threads)] = f"b{batch}_in{self.in_features}_{self._layers()}_t{threads}"
         return self._int8_questions[(batch, threads)]
+
+    def _layers(self) -> str:
+        """The layers' widths for a question: `<out>[r]_...` (r: ReLU fused)."""
+        return "_".join(
+            f"{layer.out_features}{'r' if act is torch.relu_ else ''}"
+            for layer, act in zip(self.linears, self._activations, strict=True)
+        )
 
     def _question(self, x: torch.Tensor) -> str | None:
         """The 'packed_mlp' question at x's batch and this thread count, built once per (batch bucket,
@@ -221,14 +226,12 @@ class PackedMLP(MLP):
         applies to no layer (MKL runs them all)."""
         batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
         if (batch, threads) not in self._questions:
-            widths = [(layer.out_features, act is torch.relu_) for layer, act in zip(self.linears, self._activations)]
-            layers = "_".join(f"{out}{'r' if relu else ''}" for out, relu in widths)
             applies = any(
                 onednn_applies(x.new_empty(1, 1).expand(x.shape[0], layer.in_features), layer.weight)
                 for layer in self.linears
             )
             self._questions[(batch, threads)] = (
-                f"b{batch}_in{self.in_features}_{layers}_t{threads}" if applies else None
+                f"b{batch}_in{self.in_features}_{self._layers()}_t{threads}" if applies else None
             )
         return self._questions[(batch, threads)]
 

@@ -36,7 +36,7 @@ def quantization_sigma(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, torch.T
     levels = 127 if reduce_range() else 255
     x = x.double()
     variance = torch.zeros_like(x)
-    for layer, act in zip(mlp.linears, mlp._activations):
+    for layer, act in zip(mlp.linears, mlp._activations, strict=True):
         weight, bias = layer.weight.detach().double(), layer.bias.detach().double()
         step = (x.clamp_min(0).amax() - x.clamp_max(0).amin()) / levels
         row_step = weight.abs().amax(dim=1) / 127
