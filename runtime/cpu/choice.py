@@ -25,7 +25,9 @@ that requires a gradient (per-id weights included) gets the same one from
 either, and a measurement leaves none behind
 (tests/runtime/cpu/test_choice_gradients.py, a case per kernel). The
 exceptions are `softmax_gemm` and `attention_precision`, asked only where the
-user chose bf16 training: their bf16 sides agree with fp32 within bf16's tolerance.
+user chose bf16 training: their bf16 sides agree with fp32 within bf16's tolerance;
+and `mlp_int8`, asked only of exports the user asked in int8 and never under
+autograd, whose int8 side errs as its rounding predicts (tests/runtime/serving/test_int8_mlp.py).
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:

@@ -52,6 +52,7 @@ turns oneDNN off) take the model's own `linear`, unchanged.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import cast
@@ -112,6 +113,7 @@ def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_channel(weight.detach(), scales, zeros, 0, torch.qint8)
 
 
+@functools.cache
 def reduce_range() -> bool:
     """Whether layer inputs are quantized to 7 bits: fbgemm sums pairs of u8 x s8 products in int16
     without VNNI, which 8-bit inputs could saturate (torch's own x86 qconfig does the same)."""
