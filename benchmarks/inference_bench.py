@@ -5,7 +5,9 @@ blocks in bfloat16 (`reccompile export --dense bf16`). TorchRec's quantized
 model keeps its dense part in fp32, so `int8` is the like-for-like
 comparison and `int8/bf16` a different trade (its AUC/NE cost is reported),
 as is `int8/int8` (`--dense int8`: MLP blocks on int8 layers where measured
-faster; TorchRec's side stays fp32-dense, so its ratio is not like for like).
+faster). With --blocks, TorchRec's side of `int8/int8` quantizes its MLPs to
+int8 too (torch's dynamic int8 Linear, torchrec_infer_server.py --dense int8),
+like for like; in rounds, the anchor script keeps them fp32.
 
 The workload of ../shared/bench/INFERENCE.md, through the real serving path:
 
@@ -380,6 +382,7 @@ def interleave_case(args: argparse.Namespace, config: str, variant: str, batch: 
         str(args.threads),
         "--bench-dir",
         str(BENCH),
+        *(["--dense", "int8"] if parts(config)[1] == "int8" else []),
     ]
     host = host_gemm_gflops()
     line = interleave({"reccompile": ours, "torchrec": theirs}, batch, max(calls // 5, 1), args.blocks)
