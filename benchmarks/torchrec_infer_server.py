@@ -5,7 +5,8 @@ with that script's own functions (build_fp32_model, quantize, make_inputs,
 forward), so what is timed is exactly what its anchor times, then serves
 timing requests (the protocol of inference_bench.serve):
 
-    python benchmarks/torchrec_infer_server.py --precision int8 --variant criteo --batch 512 [--threads 2] [--dense int8]
+    python benchmarks/torchrec_infer_server.py --precision int8 --variant criteo --batch 512 \
+        [--threads 2] [--dense int8]
 
 `--dense int8` also quantizes the MLPs' nn.Linear layers with torch's own
 dynamic int8 (`torch.ao.quantization.quantize_dynamic`, qint8 weights), what a
