@@ -3,7 +3,11 @@
 A configuration is the tables' precision, optionally with `/bf16`: the dense
 blocks in bfloat16 (`reccompile export --dense bf16`). TorchRec's quantized
 model keeps its dense part in fp32, so `int8` is the like-for-like
-comparison and `int8/bf16` a different trade (its AUC/NE cost is reported).
+comparison and `int8/bf16` a different trade (its AUC/NE cost is reported),
+as is `int8/int8` (`--dense int8`: MLP blocks on int8 layers where measured
+faster). With --blocks, TorchRec's side of `int8/int8` quantizes its MLPs to
+int8 too (torch's dynamic int8 Linear, torchrec_infer_server.py --dense int8),
+like for like; in rounds, the anchor script keeps them fp32.
 
 The workload of ../shared/bench/INFERENCE.md, through the real serving path:
 
@@ -71,7 +75,7 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = harness.workload_dir()  # $RECCOMPILE_BENCH_WORKLOADS, else ../shared/bench
 SPEC = "specs/bench/dlrm_bench_criteo.yaml"
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
-CONFIGS = PRECISIONS + tuple(f"{p}/bf16" for p in PRECISIONS)
+CONFIGS = PRECISIONS + tuple(f"{p}/bf16" for p in PRECISIONS) + ("int8/int8",)
 QUANTIZE = {"fp32": "none", "fp16": "fp16", "int8": "int8", "int4": "int4"}
 CASES = (("criteo", 1, 200), ("criteo", 64, 200), ("criteo", 512, 50), ("multihot", 512, 50))
 WARMUP = 20
@@ -378,6 +382,7 @@ def interleave_case(args: argparse.Namespace, config: str, variant: str, batch: 
         str(args.threads),
         "--bench-dir",
         str(BENCH),
+        *(["--dense", "int8"] if parts(config)[1] == "int8" else []),
     ]
     host = host_gemm_gflops()
     line = interleave({"reccompile": ours, "torchrec": theirs}, batch, max(calls // 5, 1), args.blocks)
@@ -613,8 +618,8 @@ def main(argv: list[str] | None = None) -> int:
     prepare(args.workdir, args.train_steps)
     size_rows = sizes(args.workdir)
     emit({"sizes": size_rows})
-    cached = args.workdir / "quality.json"  # the exports do not change between runs
-    if not cached.is_file():
+    cached = args.workdir / "quality.json"  # the exports do not change between runs (configurations may be added)
+    if not cached.is_file() or sorted(json.loads(cached.read_text())) != sorted(CONFIGS):
         cached.write_text(json.dumps(quality(args.workdir, args.eval_batches)))
     quality_rows = json.loads(cached.read_text())
     emit({"quality": quality_rows})

@@ -5,7 +5,13 @@ with that script's own functions (build_fp32_model, quantize, make_inputs,
 forward), so what is timed is exactly what its anchor times, then serves
 timing requests (the protocol of inference_bench.serve):
 
-    python benchmarks/torchrec_infer_server.py --precision int8 --variant criteo --batch 512 [--threads 2]
+    python benchmarks/torchrec_infer_server.py --precision int8 --variant criteo --batch 512 \
+        [--threads 2] [--dense int8]
+
+`--dense int8` also quantizes the MLPs' nn.Linear layers with torch's own
+dynamic int8 (`torch.ao.quantization.quantize_dynamic`, qint8 weights), what a
+TorchRec user would do; the anchor keeps them fp32. inference_bench.py asks it
+for its `int8/int8` configuration, so that the two sides' MLPs are both int8.
 
 prints {"ready": ...} after 20 warm-up calls, then for each line "N U" read
 from stdin makes U untimed calls and N timed ones, whose nanoseconds it prints
@@ -27,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", required=True, choices=["criteo", "multihot"])
     parser.add_argument("--batch", type=int, required=True)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dense", default="fp32", choices=["fp32", "int8"])
     parser.add_argument(
         "--bench-dir",
         default=os.environ.get("RECCOMPILE_BENCH_WORKLOADS"),
@@ -42,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     model = anchor.build_fp32_model()
     if args.precision != "fp32":
         model = anchor.quantize(model, args.precision)
+    if args.dense == "int8":
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8).eval()
     inputs = anchor.make_inputs(args.variant, args.batch, anchor.NBATCH)
     calls = 0
     with torch.inference_mode():

@@ -1,7 +1,7 @@
 """`reccompile export SPEC --checkpoint DIR -o OUT`: a trained model as a serving directory.
 
     reccompile export SPEC --checkpoint DIR [--quantize fp16|int8|int4|none]
-                           [--per-table t0=int4,t3=fp32] [--dense fp32|bf16] [--no-aot]
+                           [--per-table t0=int4,t3=fp32] [--dense fp32|bf16|int8] [--no-aot]
                            [--allow-spec-change] [--index auto|exact|flat|ivf|hnsw]
                            [--eval-data movielens:FILE|... [--history movielens:TRAIN]] -o OUT
 
@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dense",
         choices=DENSE_CHOICES,
         default="fp32",
-        help="dtype of the dense blocks (default fp32, exact; bf16 is not exact, and faster only where bf16 GEMMs beat oneDNN fp32 ones)",
+        help="dtype of the dense blocks (default fp32, exact; bf16 is not exact, and faster only where bf16 GEMMs beat oneDNN fp32 ones; int8: MLP blocks on int8 layers where measured faster, not exact, the .pt2 keeps them fp32)",
     )
     parser.add_argument("--no-aot", dest="aot", action="store_false", help="skip the torch.export program (<name>.pt2)")
     parser.add_argument(

@@ -27,7 +27,7 @@ from compiler.ir import ModelIR
 from compiler.lowering.types import LoweredModel
 from compiler.serving.retrieval import retrieval_graphs, retrieval_head
 
-_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16"}
+_DTYPES = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "int8": "torch.float32"}  # int8: see lower.DENSE_DTYPES
 # What inference.py.j2 imports for every model; other runtime modules are imported when used.
 TEMPLATE_IMPORTS = (
     "runtime.config.data",

@@ -1,7 +1,7 @@
 """Export: spec + trained checkpoint -> a self-contained serving directory.
 
     reccompile export SPEC --checkpoint DIR [--quantize fp16|int8|int4|none] [--per-table t=int4,...]
-                           [--dense fp32|bf16] -o OUT
+                           [--dense fp32|bf16|int8] -o OUT
 
 The steps, in order:
 
@@ -71,7 +71,7 @@ from runtime.storage.output import cannot_write, output_errors, save_tensors, sa
 
 QUANTIZE_CHOICES = ("none", "fp16", "int8", "int4")
 TRAINING_ONLY = "retrieval_loss."  # the state-dict prefix of a retrieval head's loss module
-DENSE_CHOICES = ("fp32", "bf16")
+DENSE_CHOICES = ("fp32", "bf16", "int8")
 
 
 class UsageError(ExportError):
@@ -85,7 +85,7 @@ class ExportRequest:
     outdir: Path
     quantize: str = "none"  # the precision of every table --per-table does not name
     per_table: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 (not exact)
+    dense: str = "fp32"  # the dense blocks' dtype: fp32, or bf16 or int8 (not exact; see runtime/serving/packed_mlp.py)
     aot: bool = True  # also write <name>.pt2
     allow_spec_change: bool = False  # export a checkpoint trained from another version of the spec
     index: str = "auto"  # retrieval heads: the index kind (runtime.retrieval.index.INDEX_KINDS)

@@ -47,7 +47,8 @@ SEQUENCES = "sequences"  # the node holding the sequence collection's {feature: 
 # group of the training graph -> (module of the serving model, name of its output node)
 _COLLECTIONS = {GROUP: ("sparse_arch", EMBEDDINGS), SEQUENCE_GROUP: ("sequence_arch", SEQUENCES)}
 _SPARSE_STAGES = ("input_dist", "lookup", "output_dist")
-DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# int8: the graph computes in float32; the loaded model's MLPs may run int8 layers (runtime/serving/packed_mlp.py).
+DENSE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 
 
 def lower_inference(ir: ModelIR, dense_dtype: str = "fp32") -> LoweredModel:

@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Ten places in the runtime hold two implementations that compute the same
+Eleven places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -13,6 +13,8 @@ faster on some CPUs:
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)
+    mlp_int8    float (packed_mlp's) | int8 layers, asked only of exports whose dense blocks may
+                                     run in int8 (`reccompile export --dense int8`; same module)
     softmax_gemm fp32              | bf16 products, fp32 accumulation (runtime/retrieval/blocked_softmax.py),
                                      asked only under bf16 training (runtime.train.precision)
     attention_precision autocast's bf16 | fp32 (runtime/modules/layers/padded_attention.py),
@@ -23,12 +25,14 @@ that requires a gradient (per-id weights included) gets the same one from
 either, and a measurement leaves none behind
 (tests/runtime/cpu/test_choice_gradients.py, a case per kernel). The
 exceptions are `softmax_gemm` and `attention_precision`, asked only where the
-user chose bf16 training: their bf16 sides agree with fp32 within bf16's tolerance.
+user chose bf16 training: their bf16 sides agree with fp32 within bf16's tolerance;
+and `mlp_int8`, asked only of exports the user asked in int8 and never under
+autograd, whose int8 side errs as its rounding predicts (tests/runtime/serving/test_int8_mlp.py).
 
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
 one warm-up each, then a few interleaved repetitions (for serving's
-`packed_mlp` and `quant_pool`, as many as fill 0.3 s and 0.1 s; see
+`packed_mlp`, `mlp_int8` and `quant_pool`, as many as fill 0.3, 0.3 and 0.1 s; see
 `WINDOWS`), the fastest kept (a neighbour's preemption only ever adds time,
 so the minimum is the least noisy figure of what each path costs). The
 alternative is taken only when it beats the baseline's by `MARGIN`, so the
@@ -118,6 +122,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "embedding_update": ("fbgemm", "native"),
     "linear_grad_input": ("plain", "padded"),
     "packed_mlp": ("aten", "packed"),
+    "mlp_int8": ("float", "int8"),
     "softmax_gemm": ("fp32", "bf16"),
     "attention_precision": ("autocast", "fp32"),
 }
@@ -139,7 +144,7 @@ REPEATS = 5
 # Serving's pooling takes well under a millisecond a call: five rounds once gave fbgemm 0.744 ms
 # against the C kernel's 0.753 for fp16 tables at batch 512, which 200 alternated calls put at 635
 # against 287 us.
-WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "quant_pool": 0.1}
+WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0.1}
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}

@@ -135,7 +135,8 @@ def table_layout(model: nn.Module) -> dict[str, Any]:
 def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, verify: bool = True) -> None:
     """Fill a generated inference `Model` with the weights of `directory`, checked on the way; its plain
     MLP blocks then serve from weights packed once (runtime/serving/packed_mlp.py): as the trained model
-    computes them if every table is fp32, the faster way on this machine otherwise."""
+    computes them if every table is fp32, the faster way on this machine otherwise (int8 layers among
+    the ways if the export's dense dtype is int8)."""
     root = Path(directory)
     manifest = read_export_manifest(root)
     if manifest["spec"]["sha256"] != spec_sha256:
@@ -167,7 +168,8 @@ def load_weights(model: nn.Module, directory: str | Path, spec_sha256: str, veri
         model.load_state_dict(state)
     except RuntimeError as error:
         raise ExportError(f"{root}: the weights do not fit the module: {error}") from None
-    pack_mlps(model, exact=all(precision == "fp32" for precision in precisions.values()))
+    int8 = manifest["dense"].get("dtype") == "int8"  # `export --dense int8`
+    pack_mlps(model, exact=not int8 and all(precision == "fp32" for precision in precisions.values()), int8=int8)
 
 
 def _check_layout(root: Path, manifest: Mapping[str, Any], model: nn.Module, verify: bool) -> None:

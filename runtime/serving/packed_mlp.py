@@ -28,10 +28,22 @@ Which layers run packed depends on what the export promises:
   ms); another day the packed layers were the faster (the int8 criteo
   forward: 4.65 against 5.09 ms).
 
+An export whose dense blocks were asked in int8 (`reccompile export --dense
+int8`) offers one more way, the block on int8 layers
+(`torch.ops.quantized.linear_dynamic`, fbgemm's VNNI kernels on x86): each
+weight quantized once per output row (symmetric, scale max|w|/127), each
+layer's input per call over the whole tensor (asymmetric, 8 bits, 7 where
+the CPU has no VNNI and fbgemm's int16 sums could saturate), products summed
+in int32, bias and ReLU in float32. It scores differently from the float
+block (tests/runtime/serving/test_int8_mlp.py bounds by how much), so it is
+taken only where asked, and there only where it runs the block faster than
+the float way chosen above (kernel 'mlp_int8'); TorchRec's int8 inference
+keeps its MLPs in float32, so the int8 tables alone compare like for like.
+
 Either way the choice is asked of runtime/cpu/choice.py at every call,
 which answers a repeated question from memory in a few microseconds.
 
-`pack_mlps(model, exact)` swaps every plain MLP (no norm, dropout or
+`pack_mlps(model, exact, int8)` swaps every plain MLP (no norm, dropout or
 shortcut) of a loaded serving model for a `PackedMLP` holding the same
 layers (same state dict); runtime/serving/export_dir.py's `load_weights`
 calls it. Other devices and dtypes, autograd, and tracing (torch.export
@@ -40,13 +52,16 @@ turns oneDNN off) take the model's own `linear`, unchanged.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.cpu import choice
+from runtime.cpu import choice, features
 from runtime.modules.blocks.pooled import MLP
 from runtime.modules.layers.linear import linear, onednn_applies, onednn_chosen
 
@@ -84,23 +99,50 @@ def _where_onednn_applies(k: int, x: torch.Tensor, weight: torch.Tensor, bias: t
     return onednn_applies(x, weight)  # a layer too small for oneDNN stays on MKL
 
 
+def int8_available() -> bool:
+    """Whether this torch has a quantized engine to run int8 layers on."""
+    return torch.backends.quantized.engine != "none"
+
+
+def quantize_weight(weight: torch.Tensor) -> torch.Tensor:
+    """`weight` as qint8, one symmetric scale per output row (max |w| / 127, zero point 0)."""
+    scales = (weight.detach().abs().amax(dim=1).double() / 127).clamp_min(1e-12)
+    zeros = torch.zeros(weight.shape[0], dtype=torch.long)
+    with warnings.catch_warnings():  # torch 2.13 deprecates making quantized tensors; the ops still take them
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.quantize_per_channel(weight.detach(), scales, zeros, 0, torch.qint8)
+
+
+@functools.cache
+def reduce_range() -> bool:
+    """Whether layer inputs are quantized to 7 bits: fbgemm sums pairs of u8 x s8 products in int16
+    without VNNI, which 8-bit inputs could saturate (torch's own x86 qconfig does the same)."""
+    return "avx512vnni" not in features.vector_features()
+
+
 class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
     _questions: dict[tuple[int, int], str | None]  # (batch bucket, threads) -> the 'packed_mlp' question
+    _int8: dict[int, tuple[int, int, str, object]]  # layer -> (weight pointer, version, engine, prepacked)
+    _int8_questions: dict[tuple[int, int], str]  # (batch bucket, threads) -> the 'mlp_int8' question
     exact: bool
+    int8: bool
 
     @classmethod
-    def from_mlp(cls, mlp: MLP, exact: bool) -> PackedMLP:
+    def from_mlp(cls, mlp: MLP, exact: bool, int8: bool = False) -> PackedMLP:
         """A PackedMLP holding `mlp`'s layers and settings (the same parameters, not copies).
 
         `exact`: compute the bits `mlp` computes (the layers follow `linear`'s choice); otherwise the
-        block runs the faster way, MKL or packed.
+        block runs the faster way, MKL or packed, and with `int8` (not exact) also int8 where faster.
         """
+        if exact and int8:
+            raise ValueError("PackedMLP: an int8 block is not exact")
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
-        packed._packs, packed._questions, packed.exact = {}, {}, exact
+        packed._packs, packed._questions, packed.exact, packed.int8 = {}, {}, exact, int8
+        packed._int8, packed._int8_questions = {}, {}
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -121,7 +163,12 @@ class PackedMLP(MLP):
             )
             == "packed"
         )
-        return self._run(x, _where_onednn_applies if packed else _never)
+        packs = _where_onednn_applies if packed else _never
+        if self.int8 and int8_available():
+            runs = {"float": lambda: self._run(x, packs), "int8": lambda: self._run_int8(x)}
+            if choice.choose("mlp_int8", self._int8_question(x), runs) == "int8":
+                return self._run_int8(x)
+        return self._run(x, packs)
 
     def _run(self, x: torch.Tensor, packs: _Packs) -> torch.Tensor:
         """The layers on a float32 CPU input outside autograd (forward checked that for layer 0's input,
@@ -139,20 +186,54 @@ class PackedMLP(MLP):
                 x = act(x)
         return x
 
+    def _run_int8(self, x: torch.Tensor) -> torch.Tensor:
+        """The layers on int8 weights and inputs (see the module docstring); a layer whose weight is not
+        float32 takes `linear`."""
+        engine, reduce = torch.backends.quantized.engine, reduce_range()
+        layers = cast("list[nn.Linear]", self.linears)
+        for k, (layer, act) in enumerate(zip(layers, self._activations, strict=True)):
+            weight, relu = layer.weight, act is torch.relu_
+            if weight.dtype != torch.float32:
+                x = linear(x, weight, layer.bias, relu=relu)
+            else:
+                key = (weight.data_ptr(), weight._version, engine)
+                known = self._int8.get(k)
+                if known is None or known[:3] != key:
+                    known = (*key, torch.ops.quantized.linear_prepack(quantize_weight(weight), layer.bias))
+                    self._int8[k] = known
+                op = torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic
+                x = op(x.contiguous(), known[3], reduce)
+            if act is not None and not relu:
+                x = act(x)
+        return x
+
+    def _int8_question(self, x: torch.Tensor) -> str:
+        """The 'mlp_int8' question, built once per (batch bucket, threads): the 'packed_mlp' key, asked at
+        every batch (a block too small for oneDNN has no 'packed_mlp' question, but may run faster on int8)."""
+        batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
+        if (batch, threads) not in self._int8_questions:
+            self._int8_questions[(batch, threads)] = f"b{batch}_in{self.in_features}_{self._layers()}_t{threads}"
+        return self._int8_questions[(batch, threads)]
+
+    def _layers(self) -> str:
+        """The layers' widths for a question: `<out>[r]_...` (r: ReLU fused)."""
+        return "_".join(
+            f"{layer.out_features}{'r' if act is torch.relu_ else ''}"
+            for layer, act in zip(self.linears, self._activations, strict=True)
+        )
+
     def _question(self, x: torch.Tensor) -> str | None:
         """The 'packed_mlp' question at x's batch and this thread count, built once per (batch bucket,
         threads): `b<batch>_in<width>_<out>[r]..._t<threads>` (r: ReLU fused), or None when oneDNN
         applies to no layer (MKL runs them all)."""
         batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
         if (batch, threads) not in self._questions:
-            widths = [(layer.out_features, act is torch.relu_) for layer, act in zip(self.linears, self._activations)]
-            layers = "_".join(f"{out}{'r' if relu else ''}" for out, relu in widths)
             applies = any(
                 onednn_applies(x.new_empty(1, 1).expand(x.shape[0], layer.in_features), layer.weight)
                 for layer in self.linears
             )
             self._questions[(batch, threads)] = (
-                f"b{batch}_in{self.in_features}_{layers}_t{threads}" if applies else None
+                f"b{batch}_in{self.in_features}_{self._layers()}_t{threads}" if applies else None
             )
         return self._questions[(batch, threads)]
 
@@ -168,10 +249,11 @@ class PackedMLP(MLP):
         return torch.ops.mkldnn._linear_pointwise(x, known[2], bias, "relu" if relu else "none", [], "")
 
 
-def pack_mlps(model: nn.Module, exact: bool) -> int:
+def pack_mlps(model: nn.Module, exact: bool, int8: bool = False) -> int:
     """Swap each plain MLP block of `model` for a PackedMLP in place; returns how many were swapped.
 
-    `exact`: the model must score what it scored before (see the module docstring).
+    `exact`: the model must score what it scored before (see the module docstring); `int8`: the
+    blocks may run on int8 layers where that is faster.
     """
     swaps = [
         (parent, name, child)
@@ -180,5 +262,5 @@ def pack_mlps(model: nn.Module, exact: bool) -> int:
         if type(child) is MLP and not child._decorated
     ]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedMLP.from_mlp(child, exact))
+        setattr(parent, name, PackedMLP.from_mlp(child, exact, int8))
     return len(swaps)

@@ -38,6 +38,13 @@ def test_dlrm_inference_module_matches_the_golden_text(golden, dense: str) -> No
     golden.check(f"export/dlrm_criteo.int8.{dense}.py.txt", source)
 
 
+def test_an_int8_dense_module_is_the_fp32_one() -> None:
+    """`--dense int8` changes how the loaded MLP blocks run (runtime/serving/packed_mlp.py), not the module."""
+    assert inference_source("specs/dlrm_criteo.yaml", "int8", "int8") == inference_source(
+        "specs/dlrm_criteo.yaml", "int8", "fp32"
+    )
+
+
 def test_a_two_tower_retrieval_module_has_its_towers_as_methods(golden) -> None:
     source = inference_source("specs/two_tower_retrieval.yaml", "fp32")
     golden.check("export/two_tower_retrieval.fp32.py.txt", source)

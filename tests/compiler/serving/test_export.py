@@ -30,6 +30,7 @@ import torch
 
 from compiler.cli import main
 from runtime.checkpoint.store import load_checkpoint
+from runtime.cpu import choice
 from runtime.serving.export_dir import ExportError, load
 from runtime.serving.packed_mlp import PackedMLP
 from runtime.train.dense_optimizer import make_dense_optimizer
@@ -69,8 +70,10 @@ EXPORTS = {
     "int8": ["--quantize", "int8"],
     "mixed": ["--per-table", "user=int4,items=fp16,tag_table=int8"],
     "bf16": ["--quantize", "int8", "--dense", "bf16"],
+    "int8dense": ["--quantize", "int8", "--dense", "int8"],
 }
-BOUNDS = {"fp32": 0.0, "int8": 2e-3, "mixed": 3e-2, "bf16": 3e-2}
+# int8dense: 8-bit layer inputs round about as coarsely as bf16's 8-bit mantissa (run forced to int8)
+BOUNDS = {"fp32": 0.0, "int8": 2e-3, "mixed": 3e-2, "bf16": 3e-2, "int8dense": 3e-2}
 ROWS, BATCH, SEED = 150, 64, 11
 
 
@@ -152,8 +155,11 @@ def test_fp32_export_predicts_exactly_what_the_trained_model_scores(work: Path, 
     assert predicted(work, "fp32", capsys) == reference_scores(work)
 
 
-@pytest.mark.parametrize("export", ["int8", "mixed", "bf16"])
-def test_quantized_exports_stay_within_the_stated_bounds(work: Path, export: str, capsys) -> None:
+@pytest.mark.parametrize("export", ["int8", "mixed", "bf16", "int8dense"])
+def test_quantized_exports_stay_within_the_stated_bounds(
+    work: Path, export: str, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(choice.ENV, "mlp_int8=int8")  # the int8 layers, whatever this machine would choose
     expected = torch.tensor([[float(v) for v in row[1:]] for row in reference_scores(work)])
     actual = torch.tensor([[float(v) for v in row[1:]] for row in predicted(work, export, capsys)])
     assert 0 < float((actual - expected).abs().max()) <= BOUNDS[export]
@@ -161,10 +167,11 @@ def test_quantized_exports_stay_within_the_stated_bounds(work: Path, export: str
 
 def test_only_an_all_fp32_export_keeps_the_trained_models_arithmetic(work: Path) -> None:
     """Approximate exports' MLP layers may run packed wherever that is faster (runtime/serving/packed_mlp.py)."""
-    for export, exact in (("fp32", True), ("int8", False), ("mixed", False)):
+    cases = (("fp32", True, False), ("int8", False, False), ("mixed", False, False), ("int8dense", False, True))
+    for export, exact, int8 in cases:
         _, model = load(work / export)
         packed = [module for module in model.modules() if isinstance(module, PackedMLP)]
-        assert packed and all(module.exact is exact for module in packed), export
+        assert packed and all(module.exact is exact and module.int8 is int8 for module in packed), export
 
 
 def test_a_loaded_export_builds_no_autograd_graph_without_no_grad(work: Path) -> None:

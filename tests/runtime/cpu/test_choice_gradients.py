@@ -120,6 +120,14 @@ def _packed_mlp_case() -> Outcome:
     return mlp(x), {"x": x, **dict(mlp.named_parameters())}, dict
 
 
+def _mlp_int8_case() -> Outcome:
+    """A serving MLP that may run int8 layers, given an input that requires grad: the model's own layers."""
+    torch.manual_seed(0)
+    mlp = PackedMLP.from_mlp(MLP(13, [16, 7]), exact=False, int8=True)
+    x = _randn(BATCH, 13, seed=1)
+    return mlp(x), {"x": x, **dict(mlp.named_parameters())}, dict
+
+
 def _softmax_gemm_case() -> Outcome:
     """The in-batch softmax under a bf16 autocast, where `softmax_gemm` is asked."""
     query = torch.nn.functional.normalize(_randn(40, 16, seed=1), dim=-1)
@@ -150,6 +158,7 @@ CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "embedding_update": (_collection_case, "lookup=sequential"),
     "linear_grad_input": (_linear_case, "linear=aten"),
     "packed_mlp": (_packed_mlp_case, "linear=aten"),
+    "mlp_int8": (_mlp_int8_case, "linear=aten,packed_mlp=aten"),
     "softmax_gemm": (_softmax_gemm_case, ""),
     "attention_precision": (_attention_precision_case, ""),
 }
