@@ -100,15 +100,14 @@ def test_a_serving_mlp_takes_whichever_way_is_faster_with_no_margin() -> None:
 
 
 def test_a_serving_mlp_is_timed_over_its_window_so_a_slow_phase_does_not_decide() -> None:
-    """'packed' is slow for its first 0.2 s (5 rounds take 0.175 s) and fast after: only a kernel
-    timed over WINDOWS' 0.3 s sees both phases."""
+    """'packed' is slow for as many calls as an unwindowed choice makes (a warm-up and REPEATS
+    rounds) and fast after: only a kernel timed over WINDOWS' 0.3 s sees both phases. The phase
+    ends by count, not by clock, so a loaded machine's late sleeps cannot move it."""
 
     def phased(calls: list[str]) -> dict[str, Callable[[], None]]:
-        began = time.perf_counter()
-
         def packed() -> None:
             calls.append("packed")
-            time.sleep(0.020 if time.perf_counter() - began < 0.2 else 0.010)
+            time.sleep(0.020 if calls.count("packed") <= 1 + choice.REPEATS else 0.010)
 
         return {"aten": _sleeper(15, calls, "aten"), "packed": packed}
 
