@@ -124,9 +124,9 @@ class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
-    _questions: dict[tuple[int, int], str | None]  # (batch bucket, threads) -> the 'packed_mlp' question
+    # (batch bucket, threads) -> the block's shape key ('mlp_int8' question) and the 'packed_mlp' question
+    _questions: dict[tuple[int, int], tuple[str, str | None]]
     _int8: dict[int, tuple[int, int, str, object]]  # layer -> (weight pointer, version, engine, prepacked)
-    _int8_questions: dict[tuple[int, int], str]  # (batch bucket, threads) -> the 'mlp_int8' question
     exact: bool
     int8: bool
 
@@ -142,7 +142,7 @@ class PackedMLP(MLP):
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
         packed._packs, packed._questions, packed.exact, packed.int8 = {}, {}, exact, int8
-        packed._int8, packed._int8_questions = {}, {}
+        packed._int8 = {}
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -150,7 +150,7 @@ class PackedMLP(MLP):
             return super().forward(x)  # which also names a wrong input width
         if self.exact:
             return self._run(x, lambda k, x, weight, bias, relu: onednn_chosen(x, weight, bias, relu))
-        question = self._question(x)
+        key, question = self._questions_at(x)
         packed = (
             question is not None
             and choice.choose(
@@ -166,7 +166,7 @@ class PackedMLP(MLP):
         packs = _where_onednn_applies if packed else _never
         if self.int8 and int8_available():
             runs = {"float": lambda: self._run(x, packs), "int8": lambda: self._run_int8(x)}
-            if choice.choose("mlp_int8", self._int8_question(x), runs) == "int8":
+            if choice.choose("mlp_int8", key, runs) == "int8":
                 return self._run_int8(x)
         return self._run(x, packs)
 
@@ -207,34 +207,24 @@ class PackedMLP(MLP):
                 x = act(x)
         return x
 
-    def _int8_question(self, x: torch.Tensor) -> str:
-        """The 'mlp_int8' question, built once per (batch bucket, threads): the 'packed_mlp' key, asked at
-        every batch (a block too small for oneDNN has no 'packed_mlp' question, but may run faster on int8)."""
-        batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
-        if (batch, threads) not in self._int8_questions:
-            self._int8_questions[(batch, threads)] = f"b{batch}_in{self.in_features}_{self._layers()}_t{threads}"
-        return self._int8_questions[(batch, threads)]
-
-    def _layers(self) -> str:
-        """The layers' widths for a question: `<out>[r]_...` (r: ReLU fused)."""
-        return "_".join(
-            f"{layer.out_features}{'r' if act is torch.relu_ else ''}"
-            for layer, act in zip(self.linears, self._activations, strict=True)
-        )
-
-    def _question(self, x: torch.Tensor) -> str | None:
-        """The 'packed_mlp' question at x's batch and this thread count, built once per (batch bucket,
-        threads): `b<batch>_in<width>_<out>[r]..._t<threads>` (r: ReLU fused), or None when oneDNN
-        applies to no layer (MKL runs them all)."""
+    def _questions_at(self, x: torch.Tensor) -> tuple[str, str | None]:
+        """The block's key at x's batch and this thread count, `b<batch>_in<width>_<out>[r]..._t<threads>`
+        (r: ReLU fused), and the 'packed_mlp' question: the key, or None when oneDNN applies to no layer
+        (MKL runs them all; 'mlp_int8' is asked at every batch, as int8 may still be faster). Built once
+        per (batch bucket, threads): a forward asks at every call."""
         batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
         if (batch, threads) not in self._questions:
+            widths = [
+                (layer.out_features, act is torch.relu_)
+                for layer, act in zip(self.linears, self._activations, strict=True)
+            ]
+            layers = "_".join(f"{out}{'r' if relu else ''}" for out, relu in widths)
+            key = f"b{batch}_in{self.in_features}_{layers}_t{threads}"
             applies = any(
                 onednn_applies(x.new_empty(1, 1).expand(x.shape[0], layer.in_features), layer.weight)
                 for layer in self.linears
             )
-            self._questions[(batch, threads)] = (
-                f"b{batch}_in{self.in_features}_{self._layers()}_t{threads}" if applies else None
-            )
+            self._questions[(batch, threads)] = (key, key if applies else None)
         return self._questions[(batch, threads)]
 
     def _packed(
