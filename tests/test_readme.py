@@ -198,3 +198,15 @@ def test_your_own_data_runs_as_written(tmp_path: Path, monkeypatch: pytest.Monke
     assert (tmp_path / "served" / "features.json").read_bytes() == (
         tmp_path / "build" / "movielens_csv.features.json"
     ).read_bytes()
+
+
+def test_the_models_table_names_every_spec_with_a_source_and_its_differences() -> None:
+    """Every spec under specs/ (its path below specs/) is in one row of the Models table, whose source
+    and differences columns are filled."""
+    body = README.split("\n## Models\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in body.splitlines() if line.startswith("| `")]
+    named = {spec: row for row in rows for spec in re.findall(r"`([\w/]+\.yaml)`", row[0])}
+    specs = sorted(p.relative_to(REPO / "specs").as_posix() for p in (REPO / "specs").rglob("*.yaml"))
+    assert [spec for spec in specs if spec not in named] == []
+    assert [spec for spec in named if spec not in specs] == []
+    assert [row[0] for row in rows if len(row) != 4 or not all(cell.strip(" |") for cell in row)] == []
