@@ -40,7 +40,7 @@ from runtime.sharding.awaitable import Awaitable
 
 
 def count_message(
-    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool = True
+    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool
 ) -> list[int]:
     """[batch size, whether lengths follow (1 or 0), ids of each of its slots] for every destination, concatenated."""
     message, first = [], 0
@@ -52,7 +52,7 @@ def count_message(
 
 
 def send_splits(
-    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool = True
+    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool
 ) -> tuple[list[int], list[int]]:
     """(ids, lengths (unless not `with_lengths`) + ids) sent to each destination."""
     ids, first = [], 0
@@ -208,7 +208,7 @@ def pack_ids(routed: KeyedJaggedTensor, slots_per_rank: Sequence[int]) -> torch.
     """Lengths then ids for each destination, one buffer in the ids' dtype."""
     values, batch = routed.values(), routed.stride()
     lengths = routed.lengths().to(values.dtype)
-    ids_sent, _ = send_splits(batch, routed.length_per_key(), slots_per_rank)
+    ids_sent, _ = send_splits(batch, routed.length_per_key(), slots_per_rank, with_lengths=True)
     pieces, slot, first = [], 0, 0
     for slots, n in zip(slots_per_rank, ids_sent):
         pieces.append(lengths[slot * batch : (slot + slots) * batch])
@@ -230,17 +230,16 @@ def unpack_ids(
     received_ids: list[list[int]],
     local_keys: list[str],
     transpose: torch.Tensor,
-    lengths_from: Sequence[bool] | None = None,
+    lengths_from: Sequence[bool],
 ) -> KeyedJaggedTensor:
     """The received buffer (per source: lengths then ids, or only ids) as one batch over all sources.
 
-    `received_ids[s][j]`: ids of local slot j from source s; `lengths_from[s]`
-    (default: every source): whether source s sent its lengths, else its bags
+    `received_ids[s][j]`: ids of local slot j from source s; `lengths_from[s]`:
+    whether source s sent its lengths, else its bags
     of slot j each hold received_ids[s][j] / batch ids. `weights` came in the
     same [source][slot] order as the ids.
     """
     world_size, local = len(received_ids), len(local_keys)
-    lengths_from = [True] * world_size if lengths_from is None else lengths_from
     if any(lengths_from):
         lengths, values, start = [], [], 0
         for row, sent in zip(received_ids, lengths_from):

@@ -27,9 +27,9 @@ BATCH = 3
 
 def test_counts_and_splits() -> None:
     length_per_key = [4, 1, 7, 0, 2]
-    assert count_message(BATCH, length_per_key, SLOTS_PER_RANK) == [3, 1, 4, 1, 3, 1, 3, 1, 7, 0, 2]
+    assert count_message(BATCH, length_per_key, SLOTS_PER_RANK, True) == [3, 1, 4, 1, 3, 1, 3, 1, 7, 0, 2]
     assert count_message(BATCH, length_per_key, SLOTS_PER_RANK, False) == [3, 0, 4, 1, 3, 0, 3, 0, 7, 0, 2]
-    assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK) == ([5, 0, 9], [11, 0, 18])
+    assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK, True) == ([5, 0, 9], [11, 0, 18])
     assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK, False) == ([5, 0, 9], [5, 0, 9])
     assert read_counts([3, 1, 4, 1, 3, 0, 0, 2, 3, 1, 5, 5], local_slots=2) == (
         [3, 3, 3],
