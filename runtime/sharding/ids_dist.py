@@ -43,7 +43,8 @@ def count_message(
     batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool
 ) -> list[int]:
     """[batch size, whether lengths follow (1 or 0), ids of each of its slots] for every destination, concatenated."""
-    message, first = [], 0
+    message: list[int] = []
+    first = 0
     for slots in slots_per_rank:
         message.extend((batch_size, int(with_lengths)))
         message.extend(length_per_key[first : first + slots])
@@ -148,7 +149,9 @@ class IdsAllToAll:
             )
         ids_sent, data_sent = send_splits(batch, length_per_key, self._slots_per_rank, with_lengths)
         ids_received = [sum(row) for row in received_ids]
-        data_received = [len(self._local_keys) * batch * sent + n for sent, n in zip(lengths_from, ids_received)]
+        data_received = [
+            len(self._local_keys) * batch * sent + n for sent, n in zip(lengths_from, ids_received, strict=True)
+        ]
         values = routed.values()
         data = values.new_empty(sum(data_received))
         handles = [
@@ -235,19 +238,19 @@ def unpack_ids(
     """The received buffer (per source: lengths then ids, or only ids) as one batch over all sources.
 
     `received_ids[s][j]`: ids of local slot j from source s; `lengths_from[s]`:
-    whether source s sent its lengths, else its bags
-    of slot j each hold received_ids[s][j] / batch ids. `weights` came in the
-    same [source][slot] order as the ids.
+    whether source s sent its lengths, else its bags of slot j each hold
+    received_ids[s][j] / batch ids. `weights` came in the same [source][slot]
+    order as the ids.
     """
     world_size, local = len(received_ids), len(local_keys)
     if any(lengths_from):
-        lengths, values, start = [], [], 0
-        for row, sent in zip(received_ids, lengths_from):
+        length_pieces, value_pieces, start = [], [], 0
+        for row, sent in zip(received_ids, lengths_from, strict=True):
             n, width = sum(row), local * batch if sent else 0
-            lengths.append(data[start : start + width] if sent else _bag_lengths(row, batch, data))
-            values.append(data[start + width : start + width + n])
+            length_pieces.append(data[start : start + width] if sent else _bag_lengths(row, batch, data))
+            value_pieces.append(data[start + width : start + width + n])
             start += width + n
-        lengths, values = torch.cat(lengths), torch.cat(values)
+        lengths, values = torch.cat(length_pieces), torch.cat(value_pieces)
     else:  # ids only, already in [source][slot] order
         lengths = torch.cat([_bag_lengths(row, batch, data) for row in received_ids])
         values = data
