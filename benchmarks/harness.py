@@ -265,6 +265,12 @@ def summarize(
         "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
         "other_cpu_pct": other,
+        # process CPU (user+sys, all threads, summed over ranks) per timed step, as torchrec_bench.py reports it
+        **(
+            {"cpu_ms_per_step": round(1e3 * sum(r["cpu_s"] for r in results) / len(step_s), 2)}
+            if args.pipeline != "ab"
+            else {}
+        ),
         **({"profile": [r["profile"] for r in results]} if results[0]["profile"] else {}),
         **floor_fields(first["gemm_floor"], median),
         "kernels": merged_kernels([r["kernels"] for r in results]),

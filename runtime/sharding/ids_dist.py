@@ -7,12 +7,17 @@ bags to the ranks that look them up. The caller hands it a KeyedJaggedTensor alr
 destination rank (rank 0's slots first, each rank's in its slot order, see
 layout.py), each key one slot. Two collectives move it:
 
-1. counts: one small all_to_all_single of [batch size, ids of each slot]
-   per destination, waited for at once. It gives the split sizes of the next
-   collective, so its wait is the one host sync of input_dist.
+1. counts: one small all_to_all_single of [batch size, whether lengths
+   follow, ids of each slot] per destination, waited for at once. It gives
+   the split sizes of the next collective, so its wait is the one host sync
+   of input_dist.
 2. data: one all_to_all_single of lengths and ids together (lengths cast to
    the ids' dtype) and, for weighted ids, one of the weights, both async;
-   the lookup waits for them.
+   the lookup waits for them. Where every bag of each slot a rank sends
+   holds the same number of ids (fixed `ids_per_sample`, multi-hot or one),
+   the counts say so and the lengths stay home: that rank sends its ids as
+   they lie, with no copy, and the receiver rebuilds the lengths from the
+   counts (ids of the slot / batch size).
 
 A receiver gets, from each source rank s, its slots' lengths and ids; one
 fbgemm permute turns [source][slot][sample] into [slot][source][sample], so
@@ -34,32 +39,48 @@ from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
 from runtime.sharding.awaitable import Awaitable
 
 
-def count_message(batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int]) -> list[int]:
-    """[batch size, ids of each of its slots] for every destination, concatenated."""
-    message, first = [], 0
+def count_message(
+    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool
+) -> list[int]:
+    """[batch size, whether lengths follow (1 or 0), ids of each of its slots] for every destination, concatenated."""
+    message: list[int] = []
+    first = 0
     for slots in slots_per_rank:
-        message.append(batch_size)
+        message.extend((batch_size, int(with_lengths)))
         message.extend(length_per_key[first : first + slots])
         first += slots
     return message
 
 
 def send_splits(
-    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int]
+    batch_size: int, length_per_key: Sequence[int], slots_per_rank: Sequence[int], with_lengths: bool
 ) -> tuple[list[int], list[int]]:
-    """(ids, lengths + ids) sent to each destination."""
+    """(ids, lengths (unless not `with_lengths`) + ids) sent to each destination."""
     ids, first = [], 0
     for slots in slots_per_rank:
         ids.append(sum(length_per_key[first : first + slots]))
         first += slots
-    return ids, [slots * batch_size + n for slots, n in zip(slots_per_rank, ids)]
+    return ids, [slots * batch_size * with_lengths + n for slots, n in zip(slots_per_rank, ids)]
 
 
-def read_counts(received: Sequence[int], local_slots: int) -> tuple[list[int], list[list[int]]]:
-    """(batch size of each source, ids of each local slot from each source) from the counts."""
-    step = local_slots + 1
+def read_counts(received: Sequence[int], local_slots: int) -> tuple[list[int], list[bool], list[list[int]]]:
+    """(batch size of each source, whether its lengths follow, ids of each local slot from it) from the counts."""
+    step = local_slots + 2
     rows = [list(received[i : i + step]) for i in range(0, len(received), step)]
-    return [row[0] for row in rows], [row[1:] for row in rows]
+    return [row[0] for row in rows], [bool(row[1]) for row in rows], [row[2:] for row in rows]
+
+
+def uniform_lengths(features: KeyedJaggedTensor) -> bool:
+    """Whether every bag of each key holds the same number of ids (its ids / the batch size).
+
+    Then the lengths follow from the counts alone; a batch of size 0 sends its (no) lengths.
+    """
+    batch, length_per_key = features.stride(), features.length_per_key()
+    if batch == 0 or any(n % batch for n in length_per_key):
+        return False
+    per_bag = torch.tensor([n // batch for n in length_per_key], dtype=features.lengths().dtype)
+    lengths = features.lengths().view(len(length_per_key), batch)
+    return bool(torch.equal(lengths, per_bag.to(lengths.device).unsqueeze(1).expand_as(lengths)))
 
 
 class FeatureSelection:
@@ -117,22 +138,26 @@ class IdsAllToAll:
         The sequence output_dist sends rows back with these counts as its splits.
         """
         batch, length_per_key = routed.stride(), routed.length_per_key()
-        message = count_message(batch, length_per_key, self._slots_per_rank)
-        batch_sizes, received_ids = read_counts(self._exchange_counts(message, routed), len(self._local_keys))
+        with_lengths = not uniform_lengths(routed)
+        message = count_message(batch, length_per_key, self._slots_per_rank, with_lengths)
+        counts = read_counts(self._exchange_counts(message, routed), len(self._local_keys))
+        batch_sizes, lengths_from, received_ids = counts
         if any(b != batch for b in batch_sizes):
             raise ValueError(
                 f"the ranks feed local batches of sizes {batch_sizes}: sharded embeddings need "
                 "the same batch size on every rank"
             )
-        ids_sent, data_sent = send_splits(batch, length_per_key, self._slots_per_rank)
+        ids_sent, data_sent = send_splits(batch, length_per_key, self._slots_per_rank, with_lengths)
         ids_received = [sum(row) for row in received_ids]
-        data_received = [len(self._local_keys) * batch + n for n in ids_received]
+        data_received = [
+            len(self._local_keys) * batch * sent + n for sent, n in zip(lengths_from, ids_received, strict=True)
+        ]
         values = routed.values()
         data = values.new_empty(sum(data_received))
         handles = [
             dist.all_to_all_single(
                 data,
-                pack_ids(routed, self._slots_per_rank),
+                pack_ids(routed, self._slots_per_rank) if with_lengths else values.contiguous(),
                 data_received,
                 data_sent,
                 group=self._group,
@@ -152,19 +177,19 @@ class IdsAllToAll:
                 for handle in handles:
                     handle.wait()
             transpose = self._transpose_tensor(data.device)
-            return unpack_ids(data, weights, batch, received_ids, self._local_keys, transpose)
+            return unpack_ids(data, weights, batch, received_ids, self._local_keys, transpose, lengths_from)
 
         return Awaitable(finish), received_ids
 
     def _exchange_counts(self, message: list[int], routed: KeyedJaggedTensor) -> list[int]:
         sent = torch.tensor(message, dtype=torch.int64, device=routed.device())
-        received = sent.new_empty(self._world_size * (len(self._local_keys) + 1))
+        received = sent.new_empty(self._world_size * (len(self._local_keys) + 2))
         with record_function("## ids_dist.counts ##"):  # the one host sync of input_dist
             dist.all_to_all_single(
                 received,
                 sent,
-                [len(self._local_keys) + 1] * self._world_size,
-                [slots + 1 for slots in self._slots_per_rank],
+                [len(self._local_keys) + 2] * self._world_size,
+                [slots + 2 for slots in self._slots_per_rank],
                 group=self._group,
             )
             return received.tolist()
@@ -186,13 +211,19 @@ def pack_ids(routed: KeyedJaggedTensor, slots_per_rank: Sequence[int]) -> torch.
     """Lengths then ids for each destination, one buffer in the ids' dtype."""
     values, batch = routed.values(), routed.stride()
     lengths = routed.lengths().to(values.dtype)
-    ids_sent, _ = send_splits(batch, routed.length_per_key(), slots_per_rank)
+    ids_sent, _ = send_splits(batch, routed.length_per_key(), slots_per_rank, with_lengths=True)
     pieces, slot, first = [], 0, 0
     for slots, n in zip(slots_per_rank, ids_sent):
         pieces.append(lengths[slot * batch : (slot + slots) * batch])
         pieces.append(values[first : first + n])
         slot, first = slot + slots, first + n
     return torch.cat(pieces)
+
+
+def _bag_lengths(ids_per_slot: list[int], batch: int, like: torch.Tensor) -> torch.Tensor:
+    """The lengths of `batch` bags per slot, each slot's ids shared equally (a source without lengths)."""
+    per_bag = torch.tensor([n // batch for n in ids_per_slot], dtype=like.dtype, device=like.device)
+    return per_bag.repeat_interleave(batch)
 
 
 def unpack_ids(
@@ -202,20 +233,27 @@ def unpack_ids(
     received_ids: list[list[int]],
     local_keys: list[str],
     transpose: torch.Tensor,
+    lengths_from: Sequence[bool],
 ) -> KeyedJaggedTensor:
-    """The received buffer (per source: lengths then ids) as one batch over all sources.
+    """The received buffer (per source: lengths then ids, or only ids) as one batch over all sources.
 
-    `received_ids[s][j]`: ids of local slot j from source s; `weights` came in
-    the same [source][slot] order as the ids.
+    `received_ids[s][j]`: ids of local slot j from source s; `lengths_from[s]`:
+    whether source s sent its lengths, else its bags of slot j each hold
+    received_ids[s][j] / batch ids. `weights` came in the same [source][slot]
+    order as the ids.
     """
     world_size, local = len(received_ids), len(local_keys)
-    lengths, values, start = [], [], 0
-    for row in received_ids:
-        n = sum(row)
-        lengths.append(data[start : start + local * batch])
-        values.append(data[start + local * batch : start + local * batch + n])
-        start += local * batch + n
-    lengths, values = torch.cat(lengths), torch.cat(values)
+    if any(lengths_from):
+        length_pieces, value_pieces, start = [], [], 0
+        for row, sent in zip(received_ids, lengths_from, strict=True):
+            n, width = sum(row), local * batch if sent else 0
+            length_pieces.append(data[start : start + width] if sent else _bag_lengths(row, batch, data))
+            value_pieces.append(data[start + width : start + width + n])
+            start += width + n
+        lengths, values = torch.cat(length_pieces), torch.cat(value_pieces)
+    else:  # ids only, already in [source][slot] order
+        lengths = torch.cat([_bag_lengths(row, batch, data) for row in received_ids])
+        values = data
     if local > 1 and world_size > 1:
         lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
             transpose, lengths.view(world_size * local, batch), values, weights, values.numel()

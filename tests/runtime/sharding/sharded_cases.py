@@ -200,6 +200,13 @@ def make_batch(step: int, rank: int, world_size: int) -> tuple[torch.Tensor, Key
     gen = torch.Generator().manual_seed(1000 + step)
     features = [(f, t.num_embeddings) for t in TABLES for f in t.feature_names] + [UNUSED]
     lengths = torch.randint(0, 4, (len(features), GLOBAL_BATCH), generator=gen)
+    # Every bag of a feature as long (fixed ids_per_sample, 1 to 3): the id all-to-all then sends
+    # no lengths, from every rank on one step in three, from rank 0 only on the next.
+    fixed = (torch.arange(len(features)) % 3 + 1).unsqueeze(1)
+    if step % 3 == 1:
+        lengths[:] = fixed
+    elif step % 3 == 2:
+        lengths[:, : GLOBAL_BATCH // 2] = fixed
     ids = [torch.randint(0, rows, (int(lengths[i].sum()),), generator=gen) for i, (_, rows) in enumerate(features)]
     weights = [torch.rand(v.numel(), generator=gen) + 0.5 for v in ids]
     dense = torch.randn(GLOBAL_BATCH, DENSE_FEATURES, generator=gen)

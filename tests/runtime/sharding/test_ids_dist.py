@@ -7,6 +7,7 @@ all_to_all_single does, then unpacked and compared bag by bag.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from runtime.sparse.jagged import KeyedJaggedTensor
@@ -16,6 +17,7 @@ from runtime.sharding.ids_dist import (
     read_counts,
     send_splits,
     transpose_index,
+    uniform_lengths,
     unpack_ids,
 )
 
@@ -25,19 +27,37 @@ BATCH = 3
 
 def test_counts_and_splits() -> None:
     length_per_key = [4, 1, 7, 0, 2]
-    assert count_message(BATCH, length_per_key, SLOTS_PER_RANK) == [3, 4, 1, 3, 3, 7, 0, 2]
-    assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK) == ([5, 0, 9], [11, 0, 18])
-    assert read_counts([3, 4, 1, 3, 0, 2, 3, 5, 5], local_slots=2) == (
+    assert count_message(BATCH, length_per_key, SLOTS_PER_RANK, True) == [3, 1, 4, 1, 3, 1, 3, 1, 7, 0, 2]
+    assert count_message(BATCH, length_per_key, SLOTS_PER_RANK, False) == [3, 0, 4, 1, 3, 0, 3, 0, 7, 0, 2]
+    assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK, True) == ([5, 0, 9], [11, 0, 18])
+    assert send_splits(BATCH, length_per_key, SLOTS_PER_RANK, False) == ([5, 0, 9], [5, 0, 9])
+    assert read_counts([3, 1, 4, 1, 3, 0, 0, 2, 3, 1, 5, 5], local_slots=2) == (
         [3, 3, 3],
+        [True, False, True],
         [[4, 1], [0, 2], [5, 5]],
     )
 
 
-def routed_batch(source: int) -> KeyedJaggedTensor:
-    """Source `source`'s bags of every slot, destination-major; ids encode source, slot, sample."""
+def test_lengths_are_uniform_when_every_bag_of_a_key_holds_its_share() -> None:
+    def kjt(lengths: list[int], keys: int = 0) -> KeyedJaggedTensor:
+        names = [f"k{i}" for i in range(keys or len(lengths) // 2)]  # batch 2 unless keys are given
+        return KeyedJaggedTensor.from_lengths_sync(names, torch.arange(sum(lengths)), torch.tensor(lengths))
+
+    assert uniform_lengths(kjt([2, 2, 1, 1, 0, 0]))
+    assert not uniform_lengths(kjt([2, 2, 1, 3]))  # the same total, not the same bags
+    assert not uniform_lengths(kjt([2, 2, 1, 2]))
+    assert not uniform_lengths(kjt([], keys=2))  # batch 0
+
+
+def routed_batch(source: int, uniform: bool = False) -> KeyedJaggedTensor:
+    """Source `source`'s bags of every slot, destination-major; ids encode source, slot, sample.
+
+    `uniform`: every bag of slot j holds j % 3 ids."""
     gen = torch.Generator().manual_seed(source)
     slots = sum(SLOTS_PER_RANK)
     lengths = torch.randint(0, 3, (slots * BATCH,), generator=gen)
+    if uniform:
+        lengths = (torch.arange(slots) % 3).repeat_interleave(BATCH)
     ids = [
         1000 * source + 100 * (entry // BATCH) + 10 * (entry % BATCH) + i
         for entry, n in enumerate(lengths.tolist())
@@ -51,11 +71,14 @@ def routed_batch(source: int) -> KeyedJaggedTensor:
     )
 
 
-def test_pack_exchange_unpack_gives_each_rank_its_slots_over_the_global_batch() -> None:
+@pytest.mark.parametrize("uniform", [(False, False, False), (True, True, True), (True, False, True)])
+def test_pack_exchange_unpack_gives_each_rank_its_slots_over_the_global_batch(uniform: tuple[bool, ...]) -> None:
+    """Sources whose bags are uniform send ids only, as IdsAllToAll does; the others lengths too."""
     world_size = len(SLOTS_PER_RANK)
-    sources = [routed_batch(s) for s in range(world_size)]
-    packed = [pack_ids(kjt, SLOTS_PER_RANK) for kjt in sources]
-    splits = [send_splits(BATCH, kjt.length_per_key(), SLOTS_PER_RANK) for kjt in sources]
+    sources = [routed_batch(s, uniform[s]) for s in range(world_size)]
+    assert [uniform_lengths(kjt) for kjt in sources] == list(uniform)
+    packed = [kjt.values() if uniform[s] else pack_ids(kjt, SLOTS_PER_RANK) for s, kjt in enumerate(sources)]
+    splits = [send_splits(BATCH, kjt.length_per_key(), SLOTS_PER_RANK, not uniform[s]) for s, kjt in enumerate(sources)]
     first_slot = [sum(SLOTS_PER_RANK[:r]) for r in range(world_size)]
     for rank, local in enumerate(SLOTS_PER_RANK):
         data = torch.cat([piece(packed[s], splits[s][1], rank) for s in range(world_size)])
@@ -64,7 +87,7 @@ def test_pack_exchange_unpack_gives_each_rank_its_slots_over_the_global_batch() 
         received = [sources[s].length_per_key()[mine] for s in range(world_size)]
         keys = [f"slot{first_slot[rank] + j}" for j in range(local)]
         transpose = transpose_index(world_size, local, data.device)
-        got = unpack_ids(data, weights, BATCH, received, keys, transpose)
+        got = unpack_ids(data, weights, BATCH, received, keys, transpose, [not u for u in uniform])
 
         assert got.keys() == keys and got.stride() == world_size * BATCH
         for j, key in enumerate(keys):
