@@ -89,7 +89,7 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     transforms.check_links(checker, sparse, transformed, tables, aggregates)
     transforms.check_reader(checker, root, sparse, transformed)
     transforms.check_where(checker, root, sparse)
-    transforms.check_of(checker, root, dense, sparse)
+    transforms.check_dense_histories(checker, root, dense, sparse)
     by_feature = {name: spec for spec in tables.values() for name in spec.features}
     sparse_ir = [ir for ir in (_sparse_ir(s, by_feature.get(s.name), sources.get(s.name)) for s in sparse) if ir]
     position = {s.name: i for i, s in enumerate(sparse)}

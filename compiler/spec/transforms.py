@@ -284,9 +284,17 @@ def check_where(checker: Checker, root: Node, sparse: list[_Sparse]) -> None:
             )
 
 
-def check_of(checker: Checker, root: Node, dense: list[Any], sparse: list[_Sparse]) -> None:
+def check_dense_histories(checker: Checker, root: Node, dense: list[Any], sparse: list[_Sparse]) -> None:
     """A dense history's `of` is a column the data maps to a number (a label or a dense feature, not a sparse
-    one, nor the history itself): learning reads it from the training rows and averages it."""
+    one): learning reads it from the training rows and averages it. No column feeds a dense history."""
+    aggregates = {feature.name for feature in dense if isinstance(feature.transform, Aggregate)}
+    for column, target in checker.pairs(checker.child(root, "data"), "columns"):
+        if target.value in aggregates:
+            checker.error(
+                target,
+                f"column '{column}' feeds dense feature '{target.value}', which its history makes from earlier "
+                "rows; remove the column",
+            )
     mapped = checker.value(checker.child(root, "data"), "columns")
     mapped = mapped if isinstance(mapped, dict) else {}
     sparse_names = {feature.name for feature in sparse}

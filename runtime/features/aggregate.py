@@ -214,8 +214,10 @@ class AggregateTransform:
 
     def describe(self, config: Aggregate, state: AggregateState) -> str:
         of = f" of {config.of}" if config.of is not None else ""
+        last = f"the last {config.last} " if config.last is not None else ""
+        sharing = f" sharing {config.sharing}" if config.sharing is not None else ""
         return (
-            f"{config.aggregate}{of} over earlier rows by {config.by}: {len(state.keys):,} keys, "
+            f"{config.aggregate}{of} over {last}earlier rows by {config.by}{sharing}: {len(state.keys):,} keys, "
             f"{len(state.times_list):,} training rows, default {state.default:.6g}"
         )
 

@@ -16,6 +16,8 @@ from the target:
                                 longer than its `max_ids_per_sample` is a bad row.
     cross / history feature     no data.columns entry: a cross reads its `columns`, a history its
                                 `by` and `time` columns and its `of` feature's column
+    dense history               no data.columns entry: its `by`, `time` (and `sharing`) columns; its
+                                `of` column is read only while learning, from the training rows
     quantiles feature           the column of its dense feature (`column`), bucketized
     timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence;
                                 of a history sequence: no column, the times of the history's rows
