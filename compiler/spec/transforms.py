@@ -288,11 +288,11 @@ def check_dense_histories(checker: Checker, root: Node, dense: list[Any], sparse
     """A dense history's `of` is a column the data maps to a number (a label or a dense feature, not a sparse
     one): learning reads it from the training rows and averages it. No column feeds a dense history."""
     aggregates = {feature.name for feature in dense if isinstance(feature.transform, Aggregate)}
-    for column, target in checker.pairs(checker.child(root, "data"), "columns"):
-        if target.value in aggregates:
+    for column, fed in checker.pairs(checker.child(root, "data"), "columns"):
+        if fed.value in aggregates:
             checker.error(
-                target,
-                f"column '{column}' feeds dense feature '{target.value}', which its history makes from earlier "
+                fed,
+                f"column '{column}' feeds dense feature '{fed.value}', which its history makes from earlier "
                 "rows; remove the column",
             )
     mapped = checker.value(checker.child(root, "data"), "columns")

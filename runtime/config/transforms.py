@@ -113,7 +113,7 @@ class Aggregate:
 
 
 SparseTransform = Union[Vocabulary, Cross, Quantiles, History]
-DenseTransform = Union[Numeric, Aggregate]
+DenseTransform = Numeric | Aggregate
 
 
 def config_json(config: Any) -> dict[str, Any]:

@@ -123,11 +123,11 @@ def chunk_raws(
     if table is None:
         return None
     raws: dict[str, Any] = {}
-    for name, config in aggregates.items():
-        events = _events(config, table)
-        if events is None:
+    for name, aggregate in aggregates.items():
+        made = _events(aggregate, table)
+        if made is None:
             return None
-        raws[name] = events
+        raws[name] = made
     for name, columns in layout.dense:
         if name in configs and name not in aggregates:
             parsed = [_numbers(table.column(c), math.nan) for c in columns]

@@ -461,7 +461,7 @@ def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) 
         numeric = layout.numeric[feature]
         fill = (
             0.0
-            if numeric is None or numeric.fill is None
+            if not isinstance(numeric, Numeric) or numeric.fill is None
             else (learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill))
         )
         raw = torch.tensor([bag[0] for bag in bags], dtype=torch.float64)
