@@ -19,6 +19,7 @@ from runtime.data.checks.bad_rows import BadRowLog
 from runtime.data.loader import epoch_batches
 from runtime.data.sources import DataChoice, open_reader
 from runtime.data.tables.learn import learn_features
+from runtime.serving.online.raw_rows import raw_rows
 
 # name: (by, aggregate, of, last, sharing)
 AGGREGATES = {
@@ -101,15 +102,26 @@ def _reference(train: list[list[str]], row: list[str], config: tuple) -> float:
     return sum(values) / len(values) if values else sum(every) / len(every)
 
 
-def _values(root: Path, train: list[list[str]], test: list[list[str]], shaped: bool = False) -> dict[str, list[float]]:
-    """Per aggregate feature, the values of the test rows (as the loader batches them), learned from `train`."""
+def _values(
+    root: Path, train: list[list[str]], test: list[list[str]], shaped: bool = False, served: bool = False
+) -> dict[str, list[float]]:
+    """Per aggregate feature, the values of the test rows (as the loader batches them, or with `served` as a
+    server's request of their raw columns makes them), learned from `train`."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "spec.yaml").write_text(_spec(shaped))
     (root / "train.csv").write_text("\n".join([HEADER, *(",".join(r) for r in train)]) + "\n")
     (root / "test.csv").write_text("\n".join([HEADER, *(",".join(r) for r in test)]) + "\n")
     inputs = model_inputs(validate(load(str(root / "spec.yaml"))))
     learned = learn_features(open_reader(inputs, DataChoice("csv", str(root / "train.csv"))), progress=False)
-    reader = open_reader(dataclasses.replace(inputs, learned=learned), DataChoice("csv", str(root / "test.csv")))
+    inputs = dataclasses.replace(inputs, learned=learned)
+    if served:
+        rows = raw_rows(inputs, None)
+        names = [raw.name for raw in rows.inputs]
+        assert "label" not in names  # a request carries no label
+        columns = {name: [row[HEADER.split(",").index(name)] or None for row in test] for name in names}
+        batch = rows.batch(rows.parse(columns, len(test)))
+        return {name: batch.dense[name].reshape(-1).tolist() for name in AGGREGATES}
+    reader = open_reader(inputs, DataChoice("csv", str(root / "test.csv")))
     batches = epoch_batches(reader, global_batch=7, rank=0, world_size=1, bad_rows=BadRowLog("fail"), num_workers=0)
     out: dict[str, list[float]] = {name: [] for name in AGGREGATES}
     for local in batches:
@@ -130,6 +142,11 @@ def test_the_aggregates_of_held_out_rows_are_the_reference(tmp_path: Path, table
         expected = [_reference(train, row, config) for row in test]
         assert got[name] == pytest.approx(expected, abs=1e-5), name
     assert 0.0 in got["item_count"] and any(v > 2 for v in got["item_count"])  # empty and long histories
+
+
+def test_a_served_request_gets_the_loaders_values(tmp_path: Path, table: tuple) -> None:
+    train, test = table
+    assert _values(tmp_path / "a", train, test, shaped=True, served=True) == _values(tmp_path / "b", train, test, True)
 
 
 def test_a_training_row_sees_only_the_training_rows_strictly_before_it(tmp_path: Path, table: tuple) -> None:
