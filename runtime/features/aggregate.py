@@ -164,20 +164,17 @@ class AggregateTransform:
         return [event for partial in partials for event in partial]  # in file order: a stable sort keeps it
 
     def finish(self, config: Aggregate, partial: list[Event], rows: int | None) -> AggregateState:
-        order = sorted(range(len(partial)), key=lambda i: (partial[i][0], partial[i][1]))
-        keys: list[str] = []
-        counts: list[int] = []
-        for i in order:
-            if not keys or keys[-1] != partial[i][0]:
-                keys.append(partial[i][0])
-                counts.append(0)
-            counts[-1] += 1
+        unique, key_of = np.unique(np.asarray([event[0] for event in partial], dtype=object), return_inverse=True)
+        times = np.fromiter((event[1] for event in partial), dtype=np.float64, count=len(partial))
+        order = np.lexsort((times, key_of)).tolist()  # by key, then time; stable: file order among ties
+        counts = np.bincount(key_of.reshape(-1), minlength=len(unique)).tolist()
         values = [float(partial[i][3]) for i in order]
         present = [value for value in values if not math.isnan(value)]
         default = math.fsum(present) / len(present) if present and config.aggregate == "mean" else 0.0
         shared = [list(partial[i][2]) for i in order] if config.sharing is not None else None
         vocabulary = sorted({value for values_ in shared for value in values_}) if shared is not None else []
-        state = AggregateState(keys, counts, [partial[i][1] for i in order], values, shared, vocabulary, default)
+        ordered_times = times[order].tolist() if order else []
+        state = AggregateState(unique.tolist(), counts, ordered_times, values, shared, vocabulary, default)
         numeric = numeric_of(config)
         shaping = NumericTransform()
         sums = [shaping.fit(numeric, torch.zeros(0, 1, dtype=torch.float64))]  # the training rows' own aggregates

@@ -243,8 +243,9 @@ TableRow = tuple[list[list[float]], list[list[int]], list[float]]
 def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     """A row's fields (column -> text, or a list / number from Parquet) as values; RowError names the column."""
     empty = [0.0 if numeric is None else math.nan for numeric in layout.numeric]
+    made: dict[tuple[str, ...], list[Any]] = {}  # aggregates of the same key, time and sharing columns share one
     dense = [
-        _aggregated(numeric, fields)
+        made.get(numeric.reads) or made.setdefault(numeric.reads, _aggregated(numeric, fields))
         if isinstance(numeric := _numeric(layout, i), Aggregate)
         else [_number(column, fields[column], empty[i]) for column in columns]
         for i, (_, columns) in enumerate(layout.dense)
