@@ -130,12 +130,15 @@ def result_of(output: str) -> dict:
 
 
 def timing_specs(workdir: Path) -> dict[str, Path]:
-    """The example spec without its history (`vocabulary`: vocabularies, normalisers, quantiles, a cross), the
-    same with every learned transform replaced by hashing into tables of the same rows (`hash`), and the
-    example itself (`example`, with the history), for prepare's rows/s."""
+    """The example spec without its histories, sparse and dense (`vocabulary`: vocabularies, normalisers,
+    quantiles, a cross), the same with every learned transform replaced by hashing into tables of the same
+    rows (`hash`), and the example itself (`example`, with the histories), for prepare's rows/s."""
     spec = yaml.safe_load(SPEC.read_text())
-    histories = {f"sparse.{f['name']}" for f in spec["features"]["sparse"] if "history" in f}
-    spec["features"]["sparse"] = [f for f in spec["features"]["sparse"] if "history" not in f]
+    histories = {
+        f"{kind}.{f['name']}" for kind in ("sparse", "dense") for f in spec["features"][kind] if "history" in f
+    }
+    for kind in ("sparse", "dense"):
+        spec["features"][kind] = [f for f in spec["features"][kind] if "history" not in f]
     readers = {name for name, block in spec["model"].items() if str(block["input"]) in histories}  # pools, attention
     for name in readers:  # the blocks that read a history, and their place in every other block's inputs
         del spec["model"][name]

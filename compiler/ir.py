@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Union
 
-from runtime.config.transforms import Numeric, SparseTransform  # the transforms learned from the data
+from runtime.config.transforms import DenseTransform, SparseTransform  # the transforms learned from the data
 from runtime.sharding.types import ComputeKernel, ShardingType  # named once, for planner and runtime
 
 Pooling = Literal["sum", "mean"]
@@ -64,7 +64,9 @@ class DenseFeature:
     loc: Location
     embed_dim: int | None = None
     embed_bias: bool = False
-    transform: Numeric | None = None  # how csv / parquet fields become its values (runtime.features)
+    transform: DenseTransform | None = (
+        None  # how csv / parquet fields (or earlier rows) become its values (runtime.features)
+    )
 
     @property
     def is_stack(self) -> bool:

@@ -34,6 +34,7 @@ from compiler.ir import (
 from compiler.spec import feature_sources, transforms
 from compiler.spec.checker import INVALID, Checker, _Sparse, _TableSpec, known, where
 from compiler.spec.load import Node
+from runtime.config.transforms import Aggregate
 from runtime.data.reader_names import READERS
 
 MAX_SPARSE_FEATURES = 100_000
@@ -84,9 +85,11 @@ def resolve_features(checker: Checker, root: Node) -> Features:
     tables = _tables(checker, root, sparse)
     feature_sources.check_column_rows(checker, sparse, sources, tables)
     transformed = {feature.name for feature in dense if feature.transform is not None}
-    transforms.check_links(checker, sparse, transformed, tables)
+    aggregates = frozenset(f.name for f in dense if isinstance(f.transform, Aggregate))
+    transforms.check_links(checker, sparse, transformed, tables, aggregates)
     transforms.check_reader(checker, root, sparse, transformed)
     transforms.check_where(checker, root, sparse)
+    transforms.check_dense_histories(checker, root, dense, sparse)
     by_feature = {name: spec for spec in tables.values() for name in spec.features}
     sparse_ir = [ir for ir in (_sparse_ir(s, by_feature.get(s.name), sources.get(s.name)) for s in sparse) if ir]
     position = {s.name: i for i, s in enumerate(sparse)}

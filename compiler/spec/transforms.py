@@ -13,6 +13,7 @@ runtime.config.transforms's frozen configs, which the IR carries as they are.
     history: {of: movie, by: user, time: ts}                     earlier rows of the same key
     history: {..., where: {column: label, equals: 1}}            only those whose label is 1
     transform: {fill: mean, clip: [0, 100], log: true, scale: standardize}   (dense)
+    history: {by: user, time: ts, aggregate: mean, of: label, last: 20}      (dense) earlier rows' mean
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from compiler.spec.load import Node
-from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.config.transforms import Aggregate, Cross, History, Numeric, Quantiles, Vocabulary
 
 if TYPE_CHECKING:
     from compiler.spec.checker import Checker, _Sparse, _TableSpec
@@ -141,8 +142,12 @@ def _history(checker: Checker, entry: Node, fields: dict[str, Any]) -> History:
     return History(spec["of"], spec["by"], spec["time"], None if where is None else (where["column"], where["equals"]))
 
 
-def check_dense(checker: Checker, entry: Node) -> Numeric | None:
-    """A dense entry's `transform`, None without one (or when the schema rejected it)."""
+def check_dense(checker: Checker, entry: Node) -> Numeric | Aggregate | None:
+    """A dense entry's `transform` (with `history`: an Aggregate shaped by it), None without one (or when the
+    schema rejected it)."""
+    history = checker.child(entry, "history")
+    if history is not None:
+        return _aggregate(checker, entry, history)
     node = checker.child(entry, "transform")
     spec = checker.value(entry, "transform")
     if node is None or not isinstance(spec, dict) or node.path in checker.tainted:
@@ -160,8 +165,46 @@ def check_dense(checker: Checker, entry: Node) -> Numeric | None:
     )
 
 
+def _aggregate(checker: Checker, entry: Node, history: Node) -> Aggregate | None:
+    spec = checker.value(entry, "history")
+    if not isinstance(spec, dict) or history.path in checker.tainted:
+        return None
+    size = checker.child(entry, "size")
+    if checker.value(entry, "size") not in (1, None):
+        checker.error(size or entry, "a dense history makes one column: size must be 1")
+    aggregate = spec["aggregate"]
+    if aggregate == "mean" and "of" not in spec:
+        checker.error(history, "aggregate: mean averages a column: name it with `of` (e.g. of: label)", at_key=True)
+    if aggregate == "count" and "of" in spec:
+        checker.error(checker.child(history, "of") or history, "aggregate: count counts rows; remove of", at_key=True)
+    shaping = checker.value(entry, "transform")
+    shaping = shaping if isinstance(shaping, dict) else {}
+    if "fill" in shaping:
+        node = checker.child(checker.child(entry, "transform"), "fill") or entry
+        checker.error(node, "fill does not apply to a dense history: its aggregate is never empty", at_key=True)
+    clip = shaping.get("clip")
+    if isinstance(clip, list) and len(clip) == 2 and not clip[0] < clip[1]:
+        node = checker.child(checker.child(entry, "transform"), "clip") or entry
+        checker.error(node, f"the low end {clip[0]} must be below the high end {clip[1]}")
+    return Aggregate(
+        spec["by"],
+        spec["time"],
+        aggregate,
+        spec.get("of") if aggregate == "mean" else None,
+        spec.get("last"),
+        spec.get("sharing"),
+        tuple(clip) if isinstance(clip, list) else None,
+        bool(shaping.get("log", False)),
+        shaping.get("scale"),
+    )
+
+
 def check_links(
-    checker: Checker, sparse: list[_Sparse], transformed_dense: set[str], tables: dict[str, _TableSpec]
+    checker: Checker,
+    sparse: list[_Sparse],
+    transformed_dense: set[str],
+    tables: dict[str, _TableSpec],
+    aggregates: frozenset[str] = frozenset(),
 ) -> None:
     """Rules between features: a history's `of` is a single-id pooled feature on the history's table;
     fixed `boundaries` do not read a transformed dense feature (they would cut the scaled values)."""
@@ -177,6 +220,12 @@ def check_links(
                 f"'{feature.fields['column']}' has one: use quantiles, or bucketize another "
                 "dense feature",
                 at_key=True,
+            )
+        if isinstance(config, Quantiles) and feature.fields["column"] in aggregates:
+            checker.error(
+                checker.child(feature.entry, "column") or feature.entry,
+                f"'{feature.fields['column']}' is a dense history, made from earlier rows, not a column: quantiles "
+                "bucketize a column the data maps",
             )
         if not isinstance(config, History):
             continue
@@ -232,6 +281,42 @@ def check_where(checker: Checker, root: Node, sparse: list[_Sparse]) -> None:
                 node,
                 f"column '{column}' feeds sparse feature '{target}', not a number; `where` compares "
                 "a column the data maps to a label or a dense feature",
+            )
+
+
+def check_dense_histories(checker: Checker, root: Node, dense: list[Any], sparse: list[_Sparse]) -> None:
+    """A dense history's `of` is a column the data maps to a number (a label or a dense feature, not a sparse
+    one): learning reads it from the training rows and averages it. No column feeds a dense history."""
+    aggregates = {feature.name for feature in dense if isinstance(feature.transform, Aggregate)}
+    for column, fed in checker.pairs(checker.child(root, "data"), "columns"):
+        if fed.value in aggregates:
+            checker.error(
+                fed,
+                f"column '{column}' feeds dense feature '{fed.value}', which its history makes from earlier "
+                "rows; remove the column",
+            )
+    mapped = checker.value(checker.child(root, "data"), "columns")
+    mapped = mapped if isinstance(mapped, dict) else {}
+    sparse_names = {feature.name for feature in sparse}
+    entries = {checker.name(entry): entry for entry in checker.entries(checker.child(root, "features"), "dense")}
+    for feature in dense:
+        config = feature.transform
+        if not isinstance(config, Aggregate) or config.of is None:
+            continue
+        history = checker.child(entries[feature.name], "history")
+        node = checker.child(history, "of") or history or entries[feature.name]
+        target = mapped.get(config.of)
+        if target is None:
+            checker.error(
+                node,
+                f"column '{config.of}' is not in data.columns; `of` averages a column the data maps to a label "
+                "or a dense feature",
+            )
+        elif target in sparse_names:
+            checker.error(
+                node,
+                f"column '{config.of}' feeds sparse feature '{target}', not a number; `of` averages a column the "
+                "data maps to a label or a dense feature",
             )
 
 

@@ -14,7 +14,7 @@ package to reach one, and `runtime.config` is the runtime's bottom layer
     embeddings    EmbeddingBagConfig, EmbeddingConfig, EmbeddingOptimizer (TorchRec's names;
                   `runtime` and `runtime.embeddings` re-export them, as `torchrec` does)
     retrieval     SampledSoftmaxConfig and its Negatives
-    transforms    the learned feature transforms: Vocabulary, Cross, Quantiles, History, Numeric
+    transforms    the learned feature transforms: Vocabulary, Cross, Quantiles, History, Numeric, Aggregate
 
 tests/compiler/test_contract_types.py pins each compiler IR type to its
 runtime twin here, field by field.
@@ -33,6 +33,6 @@ lazy_exports(
         "lr_schedule": ("LrSchedule",),
         "embeddings": ("EmbeddingBagConfig", "EmbeddingConfig", "EmbeddingOptimizer"),
         "retrieval": ("Negatives", "SampledSoftmaxConfig"),
-        "transforms": ("Cross", "History", "Numeric", "Quantiles", "Vocabulary"),
+        "transforms": ("Aggregate", "Cross", "History", "Numeric", "Quantiles", "Vocabulary"),
     },
 )

@@ -15,17 +15,18 @@ from typing import Any
 
 from runtime.config.heads import HeadConfig
 from runtime.config.training import TrainingConfig
-from runtime.config.transforms import Numeric, SparseTransform
+from runtime.config.transforms import DenseTransform, SparseTransform
 
 
 @dataclass(frozen=True, slots=True)
 class DenseFeatureConfig:
-    """A float vector of `size` columns; `transform` fills, clips, logs and scales them (runtime.features.numeric)."""
+    """A float vector of `size` columns; `transform` fills, clips, logs and scales them (runtime.features.numeric),
+    or makes its one column from the earlier rows of a key (runtime.features.aggregate)."""
 
     name: str
     size: int
     where: str = ""
-    transform: Numeric | None = None
+    transform: DenseTransform | None = None
 
 
 @dataclass(frozen=True, slots=True)

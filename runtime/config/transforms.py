@@ -2,7 +2,8 @@
 
 A sparse feature has at most one of `Vocabulary`, `Cross`, `Quantiles`,
 `History` (none: its ids are hashed or taken as integers, today's `hash`
-behaviour); a dense feature may have one `Numeric`. `kind` is the key of the
+behaviour); a dense feature may have one `Numeric`, or one `Aggregate` (its
+value made from the earlier rows of its key, then shaped as a `Numeric`). `kind` is the key of the
 transform in runtime.features.registry and in the spec.
 """
 
@@ -82,7 +83,37 @@ class Numeric:
             object.__setattr__(self, "clip", (float(self.clip[0]), float(self.clip[1])))
 
 
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """A dense feature of one column: an aggregate of the training rows with the same `by` value and a
+    strictly earlier `time` (runtime.features.aggregate): `aggregate` "mean" (of column `of`, a number) or
+    "count"; only the last `last` of those rows when given; of those, only the rows whose `sharing` column
+    (a `|`-list) has a value in common with the row's own when given. Then clipped to `clip`, logged
+    (`log`) and scaled (`scale`) as a `Numeric`, learned on the training rows' aggregates."""
+
+    kind: ClassVar[str] = "aggregate"
+    by: str = ""
+    time: str = ""
+    aggregate: str = "mean"
+    of: str | None = None
+    last: int | None = None
+    sharing: str | None = None
+    clip: tuple[float, float] | None = None
+    log: bool = False
+    scale: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.clip is not None:
+            object.__setattr__(self, "clip", (float(self.clip[0]), float(self.clip[1])))
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The columns every row is read from (never `of`: only the training rows' `of` is read, while learning)."""
+        return (self.by, self.time) + ((self.sharing,) if self.sharing is not None else ())
+
+
 SparseTransform = Union[Vocabulary, Cross, Quantiles, History]
+DenseTransform = Numeric | Aggregate
 
 
 def config_json(config: Any) -> dict[str, Any]:

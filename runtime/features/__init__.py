@@ -14,7 +14,9 @@ Kinds (the spec's keys): sparse `vocabulary` (min_count, max_size, one OOV row
 or `oov_buckets: N` hashed), `hash` (no state: today's behaviour), `cross`
 (several columns hashed together), `quantiles` (learned equal-frequency
 buckets of a dense column), `history` (the earlier items of a key in the same
-event table); dense `numeric` (fill, clip, log, standardize / min_max).
+event table); dense `numeric` (fill, clip, log, standardize / min_max) and
+`aggregate` (a dense `history`: the mean of a column, or the count, of the
+earlier training rows of a key, runtime.features.aggregate).
 The configs are runtime.config.transforms's frozen dataclasses, carried by the
 generated module's INPUTS (SparseFeatureConfig.transform,
 DenseFeatureConfig.transform).

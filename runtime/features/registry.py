@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.features.aggregate import AggregateTransform
 from runtime.features.hashing import CrossTransform
 from runtime.features.history import HistoryTransform
 from runtime.features.numeric import NumericTransform
@@ -18,7 +19,14 @@ from runtime.features.vocabulary import VocabularyTransform
 
 TRANSFORMS: dict[str, Any] = {
     t.kind: t
-    for t in (VocabularyTransform(), CrossTransform(), QuantilesTransform(), HistoryTransform(), NumericTransform())
+    for t in (
+        VocabularyTransform(),
+        CrossTransform(),
+        QuantilesTransform(),
+        HistoryTransform(),
+        NumericTransform(),
+        AggregateTransform(),
+    )
 }
 
 

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from runtime.config.data import ModelInputs
-from runtime.config.transforms import History, Numeric, Quantiles
+from runtime.config.transforms import Aggregate, History, Numeric, Quantiles
 from runtime.data.errors import DataError, RowError
 from runtime.data.tables.collisions import CollisionCounter
 from runtime.data.tables.csv_files import CsvReader
@@ -125,7 +125,9 @@ def _raws(layout: TableLayout, configs: dict[str, Any], rows: list[TableRow]) ->
     """Per learned feature, the raw values of parsed `rows` its `fit` takes."""
     raws: dict[str, Any] = {}
     for i, (name, columns) in enumerate(layout.dense):
-        if isinstance(configs.get(name), Numeric):
+        if isinstance(configs.get(name), Aggregate):
+            raws[name] = [row[0][i][0] for row in rows]
+        elif isinstance(configs.get(name), Numeric):
             raws[name] = torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
     for i, key in enumerate(layout.sparse):
         config = configs.get(key.key)

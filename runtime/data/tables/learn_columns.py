@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import torch
 
-from runtime.config.transforms import History, Numeric, Quantiles, Vocabulary
+from runtime.config.transforms import Aggregate, History, Numeric, Quantiles, Vocabulary
 from runtime.data.tables.mapping import SEPARATOR, SparseColumn, TableLayout
 
 _SPECIAL = (b'"', b"\r", b"\0")  # what sends a line through the csv module on the row path
@@ -91,20 +91,45 @@ def _where(config: Any) -> bool:
     return isinstance(config, History) and config.where is not None
 
 
+def _events(config: Aggregate, table: pa.Table) -> list[tuple[Any, ...]] | None:
+    """An aggregate's training rows of the chunk, as the row path's `_aggregated(..., learning=True)` gives
+    them: (key, time, sharing values, `of` value); None when a time or an `of` value is no finite number."""
+    moment = _numbers(table.column(config.time), math.inf)
+    of = _numbers(table.column(config.of), math.nan) if config.of is not None else None
+    if moment is None or (config.of is not None and of is None):
+        return None
+    n = table.num_rows
+    if config.sharing is None:
+        shared: list[Any] = [()] * n
+    else:
+        column = table.column(config.sharing)
+        bags = pc.split_pattern(pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column), SEPARATOR)
+        shared = [tuple(bag) if bag else () for bag in bags.to_pylist()]
+    values = of.tolist() if of is not None else [math.nan] * n
+    return list(zip(table.column(config.by).to_pylist(), moment.tolist(), shared, values, strict=True))
+
+
 def chunk_raws(
     reader: Any, layout: TableLayout, configs: dict[str, Any], lines: list[bytes], extra: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], pa.Table] | None:
     """Per learned feature, the raw values its `fit` takes for this chunk (as the row path builds them), and
     the chunk's table (the learned columns and `extra`); None when the chunk must go the row path."""
     needed = [c for name, cols in layout.dense if name in configs for c in cols]
+    aggregates = {name: configs[name] for name, _ in layout.dense if isinstance(configs.get(name), Aggregate)}
+    needed += [c for config in aggregates.values() for c in (*config.reads, *([config.of] if config.of else []))]
     needed += [c for key in layout.sparse if key.key in configs for c in key.reads]
     needed += [configs[key.key].where[0] for key in layout.sparse if _where(configs.get(key.key))]
     table = chunk_table(reader, list(dict.fromkeys([*needed, *extra])), lines)
     if table is None:
         return None
     raws: dict[str, Any] = {}
+    for name, aggregate in aggregates.items():
+        made = _events(aggregate, table)
+        if made is None:
+            return None
+        raws[name] = made
     for name, columns in layout.dense:
-        if name in configs:
+        if name in configs and name not in aggregates:
             parsed = [_numbers(table.column(c), math.nan) for c in columns]
             if any(p is None for p in parsed):
                 return None

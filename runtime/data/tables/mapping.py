@@ -16,6 +16,8 @@ from the target:
                                 longer than its `max_ids_per_sample` is a bad row.
     cross / history feature     no data.columns entry: a cross reads its `columns`, a history its
                                 `by` and `time` columns and its `of` feature's column
+    dense history               no data.columns entry: its `by`, `time` (and `sharing`) columns; its
+                                `of` column is read only while learning, from the training rows
     quantiles feature           the column of its dense feature (`column`), bucketized
     timestamps feature          one column of integers, `|`-separated (a list), cut as its sequence;
                                 of a history sequence: no column, the times of the history's rows
@@ -43,7 +45,7 @@ from typing import Any, Sequence
 import torch
 
 from runtime.config.data import ModelInputs
-from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.config.transforms import Aggregate, Cross, History, Numeric, Quantiles, Vocabulary
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
 from runtime.data.spec_columns import feature_list, heads_by_label
@@ -51,7 +53,7 @@ from runtime.features.hashing import cross_text, hash_id
 from runtime.features.registry import transform
 
 SEPARATOR = "|"
-LEARNED_KINDS = (Vocabulary.kind, Quantiles.kind, History.kind, Numeric.kind)  # the transforms with a state
+LEARNED_KINDS = (Vocabulary.kind, Quantiles.kind, History.kind, Numeric.kind, Aggregate.kind)  # with a state
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # what a time tensor holds
 
 
@@ -89,13 +91,14 @@ class TableLayout:
     sparse: tuple[SparseColumn, ...]
     labels: tuple[tuple[str, str], ...]  # (head label, column)
     label_kinds: tuple[tuple[str, int], ...]  # per label: its head's loss and classes, for the row checks
-    numeric: tuple[Numeric | None, ...] = ()  # per dense feature: its transform
+    numeric: tuple[Numeric | Aggregate | None, ...] = ()  # per dense feature: its transform
     learned: Any = None  # runtime.features.state.LearnedFeatures: the state of the learned transforms
 
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the layout reads, each once."""
         names = [c for _, cols in self.dense for c in cols] + [c for s in self.sparse for c in s.reads]
+        names += [c for numeric in self.numeric if isinstance(numeric, Aggregate) for c in numeric.reads]
         names += [column for _, column in self.labels]
         return tuple(dict.fromkeys(names))
 
@@ -140,7 +143,13 @@ def table_layout(inputs: ModelInputs, reader: str) -> TableLayout:
         else:
             raise DataError(f"data.columns.{column}: {target!r} is no feature or head label of the spec")
     for name, columns in fed_dense.items():
-        if len(columns) != dense[name].size:
+        if isinstance(dense[name].transform, Aggregate):  # made from earlier rows, read by its `by` and `time`
+            if columns:
+                raise DataError(
+                    f"data.columns.{columns[0]}: dense feature {name!r} is an aggregate of earlier rows, "
+                    "which no column feeds"
+                )
+        elif len(columns) != dense[name].size:
             raise DataError(
                 f"dense feature {name!r} has size {dense[name].size} but {len(columns)} columns feed it"
                 + (f" ({', '.join(columns)})" if columns else "")
@@ -234,8 +243,12 @@ TableRow = tuple[list[list[float]], list[list[int]], list[float]]
 def parse_row(layout: TableLayout, fields: dict[str, Any]) -> TableRow:
     """A row's fields (column -> text, or a list / number from Parquet) as values; RowError names the column."""
     empty = [0.0 if numeric is None else math.nan for numeric in layout.numeric]
+    made: dict[tuple[str, ...], list[Any]] = {}  # aggregates of the same key, time and sharing columns share one
     dense = [
-        [_number(column, fields[column], empty[i]) for column in columns] for i, (_, columns) in enumerate(layout.dense)
+        made.get(numeric.reads) or made.setdefault(numeric.reads, _aggregated(numeric, fields))
+        if isinstance(numeric := _numeric(layout, i), Aggregate)
+        else [_number(column, fields[column], empty[i]) for column in columns]
+        for i, (_, columns) in enumerate(layout.dense)
     ]
     ids = [
         _ids(key, fields[key.column]) if key.transform is None and not key.history_times else _raw(key, fields)
@@ -257,11 +270,36 @@ def parse_learned(layout: TableLayout, fields: dict[str, Any], names: frozenset[
     """`parse_row`'s values of the features `names` only (those a learning pass fits), None for the others:
     learning reads no other column (runtime.data.tables.learn)."""
     dense = [
-        [_number(column, fields[column], math.nan) for column in columns] if name in names else None
-        for name, columns in layout.dense
+        None
+        if name not in names
+        else _aggregated(numeric, fields, learning=True)
+        if isinstance(numeric := _numeric(layout, i), Aggregate)
+        else [_number(column, fields[column], math.nan) for column in columns]
+        for i, (name, columns) in enumerate(layout.dense)
     ]
     ids = [_learned_raw(key, fields) if key.key in names else None for key in layout.sparse]
     return dense, ids, []  # type: ignore[return-value]
+
+
+def _numeric(layout: TableLayout, i: int) -> Numeric | Aggregate | None:
+    return layout.numeric[i] if layout.numeric else None
+
+
+def _moment(column: str, value: Any) -> float:
+    """A history's time: a number, empty meaning after every training row."""
+    return math.inf if value is None or value == "" else _number(column, value, None)
+
+
+def _aggregated(config: Aggregate, fields: dict[str, Any], learning: bool = False) -> list[Any]:
+    """An aggregate feature's raw value: one (key, time, sharing values) of the row; while learning
+    (a training row) also its `of` value, NaN when empty: no other path reads `of`, so an evaluation
+    row's or a request's label never enters an aggregate."""
+    by = fields[config.by]
+    shared = tuple(str(item) for item in items_of(fields[config.sharing])) if config.sharing is not None else ()
+    event: tuple[Any, ...] = ("" if by is None else str(by), _moment(config.time, fields[config.time]), shared)
+    if learning:
+        event += (math.nan if config.of is None else _number(config.of, fields[config.of], math.nan),)
+    return [event]
 
 
 def _learned_raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
@@ -283,15 +321,14 @@ def to_columns(layout: TableLayout, rows: Sequence[TableRow]) -> Columns:
             f"features {names} have learned transforms but no learned state: learn them "
             "(reccompile data prepare, or train on the raw files) or read the state saved with them"
         )
-    raw_dense = [
-        torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
-        for i, (_, columns) in enumerate(layout.dense)
-    ]
     dense = {}
-    for i, (name, _) in enumerate(layout.dense):
-        numeric = layout.numeric[i] if layout.numeric else None
-        values = raw_dense[i] if numeric is None else _apply(learned, name, raw_dense[i])
-        dense[name] = values.float()
+    for i, (name, columns) in enumerate(layout.dense):
+        numeric = _numeric(layout, i)
+        if isinstance(numeric, Aggregate):
+            dense[name] = _apply(learned, name, [row[0][i][0] for row in rows])
+            continue
+        raw = torch.tensor([row[0][i] for row in rows], dtype=torch.float64).reshape(len(rows), len(columns))
+        dense[name] = (raw if numeric is None else _apply(learned, name, raw)).float()
     sparse = {}
     for i, key in enumerate(layout.sparse):
         bags = [row[1][i] for row in rows]
@@ -379,7 +416,7 @@ def _raw(key: SparseColumn, fields: dict[str, Any]) -> list[Any]:
         return [cross_text([fields[column] for column in spec.columns])]
     if isinstance(spec, History) or key.history_times:
         by, time, value = (fields[column] for column in key.columns)
-        moment = math.inf if time is None or time == "" else _number(key.columns[1], time, None)
+        moment = _moment(key.columns[1], time)
         return [("" if by is None else str(by), moment, "" if value is None else str(value))]
     if isinstance(spec, Quantiles):
         return [_number(key.column, fields[key.column], math.nan)]
@@ -425,7 +462,7 @@ def _transformed(layout: TableLayout, key: SparseColumn, bags: list[list[Any]]) 
         numeric = layout.numeric[feature]
         fill = (
             0.0
-            if numeric is None or numeric.fill is None
+            if not isinstance(numeric, Numeric) or numeric.fill is None
             else (learned.get(name).state["fill"][column] if numeric.fill == "mean" else float(numeric.fill))
         )
         raw = torch.tensor([bag[0] for bag in bags], dtype=torch.float64)

@@ -174,6 +174,18 @@ def test_the_same_rows_give_the_same_ids_and_numbers_on_every_path(run: dict) ->
     assert 0 < liked.lengths()[0] < seen.lengths()[0]
     cross = direct.sparse["gender_occupation"].values()[0]
     assert int(cross) == hash_text(f"{first[4]}\x1f{first[5]}") % 256
+    # its like rate: the mean label of those training rows (last 10 of them too), standardized as learned on
+    # the training rows' own rates; the same on every path above
+    labels = [
+        float(row[9])
+        for row in sorted(run["train"], key=lambda row: int(row[8]))
+        if row[0] == first[0] and int(row[8]) < int(first[8])
+    ]
+    for name, rates in (("user_rate", labels), ("user_rate_10", labels[-10:])):
+        aggregate = state.get(name).state
+        expected = (sum(rates) / len(rates) - aggregate.numeric["mean"][0]) / aggregate.numeric["std"][0]
+        assert float(direct.dense[name][0, 0]) == pytest.approx(expected, abs=1e-5), name
+    assert {"user_rate_20", "user_rate_50", "user_genre_rate", "movie_count"} <= set(direct.dense)
 
 
 def test_a_tie_in_time_is_not_history(run: dict) -> None:
@@ -247,8 +259,9 @@ def test_predict_without_the_learned_state_is_refused(run: dict) -> None:
     with pytest.raises(DataError) as error:
         next(iter(samples.batches))
     assert str(error.value) == (
-        "features 'age', 'year', 'user', 'movie', 'seen', 'liked', 'disliked', 'genres', 'gender', 'occupation', "
-        "'zip', 'age_bucket', 'year_bucket' "
+        "features 'age', 'year', 'user_rate', 'user_rate_10', 'user_rate_20', 'user_rate_50', 'user_genre_rate', "
+        "'movie_count', 'movie_rate', 'user_count', 'user', 'movie', 'seen', 'liked', 'disliked', 'genres', "
+        "'gender', 'occupation', 'zip', 'age_bucket', 'year_bucket' "
         "have learned transforms but no learned state: learn them (reccompile data prepare, or train on the raw "
         "files) or read the state saved with them"
     )
