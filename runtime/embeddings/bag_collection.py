@@ -390,10 +390,11 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
         value_offsets = kjt.offset_per_key() if self._needs_value_offsets else None
         if len(self._groups) == 1:
             pooled = self._groups[0](values, offsets, weights, value_offsets)
+        elif self._output_columns is None:  # the groups' blocks in output order: placed only if asked
+            pooled = tuple(self._lookup_groups(kjt, weights, value_offsets))
         else:
             pooled = torch.cat(self._lookup_groups(kjt, weights, value_offsets), dim=1)
-            if self._output_columns is not None:
-                pooled = pooled.index_select(1, self._output_columns)
+            pooled = pooled.index_select(1, self._output_columns)
         return KeyedTensor(self._feature_names, self._feature_dims, pooled)
 
     def _lookup_groups(
