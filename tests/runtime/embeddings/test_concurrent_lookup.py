@@ -103,7 +103,7 @@ def test_groups_in_output_order_hand_on_their_blocks_as_parts(torch_threads: int
                 parts = pooled.parts()
                 assert [p.shape[1] for p in parts] == [8 + 8 + 16, 4 + 12]  # t0 (f0, f1) and t1 | t3 and t4
                 split = weight.split([p.shape[1] for p in parts], dim=1)
-                sum((p * w).sum() for p, w in zip(parts, split)).backward()
+                sum((p * w).sum() for p, w in zip(parts, split, strict=True)).backward()
                 placed = torch.cat(parts, dim=1).detach()
             else:
                 assert pooled.parts() is None
