@@ -55,6 +55,8 @@ def layout(tbe: Any) -> native.TableLayout:
     table_of = [int(t) for t in tbe.feature_table_map]
     first = [table_of.index(t) for t in range(max(table_of) + 1)]
     dims = (tbe.D_offsets[1:] - tbe.D_offsets[:-1]).tolist()
+    features = range(len(table_of))
+    float_bytes = tbe.weights_host.element_size()
     return native.TableLayout(
         weight_offsets=as64([int(tbe.weights_offsets[f]) for f in first]),
         momentum_offsets=as64([int(tbe.momentum1_offsets[f]) for f in first]),
@@ -62,11 +64,22 @@ def layout(tbe: Any) -> native.TableLayout:
         dims=as64([dims[f] for f in first]),
         feature_tables=as64(table_of),
         grad_columns=as64(tbe.D_offsets[:-1]),
+        pool=native.QuantLayout(
+            table_offsets=as64([int(tbe.weights_offsets[f]) * float_bytes for f in features]),
+            strides=as64([dims[f] * float_bytes for f in features]),
+            types=as64([native.QUANT_FP32] * len(table_of)),
+            dims=as64(dims),
+            out_offsets=as64(tbe.D_offsets[:-1]),
+            total_dim=int(tbe.D_offsets[-1]),
+        ),
+        feature_rows=as64([int(tbe.rows_per_table[f]) for f in features]),
     )
 
 
 class _NativeUpdate(torch.autograd.Function):
-    """fbgemm's forward; backward: the C row-wise Adagrad update of the TBE's state in place."""
+    """Forward: the C pooling of runtime/cpu/native/quant_pool.c on the TBE's float32 rows (fbgemm's
+    sums, step for step, on both cores with the rows ahead prefetched; fbgemm's CPU forward pools on
+    one thread); backward: the C row-wise Adagrad update of the TBE's state in place."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -78,8 +91,11 @@ class _NativeUpdate(torch.autograd.Function):
         weights: torch.Tensor | None,
         parameter: torch.Tensor,
     ) -> torch.Tensor:
-        with torch.no_grad():
-            pooled = tbe(values, offsets, weights)
+        pooled = native.quant_pool(
+            tbe.weights_host.detach(), table_layout.pool, values, offsets, weights, table_layout.feature_rows
+        )
+        if pooled is None:
+            raise ValueError("embedding lookup: an id is outside its table's rows (the batch was not checked)")
         ctx.tbe, ctx.layout, ctx.inputs = tbe, table_layout, (values, offsets, weights)
         return pooled
 

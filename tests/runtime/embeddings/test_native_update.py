@@ -173,3 +173,43 @@ def test_a_gradient_with_rows_further_apart_is_read_in_place(monkeypatch, native
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
     assert bool((states[1]["t0.momentum1"] != 0).any())
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_native_forward_gives_fbgemms_bits(weighted: bool, threads: int, monkeypatch, native_kernels) -> None:
+    """The C pooling (quant_pool.c's float32 rows) sums each bag as fbgemm's forward does: the same
+    bits, whatever the threads, for a table read by two features, sum and mean (weighted) groups."""
+    monkeypatch.setenv(choice.ENV, "embedding_update=native")
+    collection = EmbeddingBagCollection(
+        TABLES, is_weighted=weighted, optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1
+    )
+    batch = collection._select(_batch(7, weighted))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        first = 0
+        for group, size in zip(collection._groups, collection._group_sizes, strict=True):  # f0 f1 f2 f4 | f3
+            last = first + size
+            start, end = batch.offset_per_key()[first], batch.offset_per_key()[last]
+            values, offsets = batch.values()[start:end], batch.offsets()[first * BATCH : last * BATCH + 1] - start
+            weights = torch.rand(values.numel(), generator=torch.Generator().manual_seed(1)) if weighted else None
+            native = native_update._NativeUpdate.apply(
+                group.tbe, group._native_layout, values, offsets, weights, group.tbe.weights_host
+            )
+            with torch.no_grad():
+                assert torch.equal(native, group.tbe(values, offsets, weights))
+            first = last
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_native_forward_refuses_an_id_outside_its_table(monkeypatch, native_kernels) -> None:
+    collection = EmbeddingBagCollection(TABLES[1:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+    group = collection._groups[0]
+    values, offsets = torch.tensor([3, 40]), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError) as err:
+        native_update._NativeUpdate.apply(
+            group.tbe, group._native_layout, values, offsets, None, group.tbe.weights_host
+        )
+    assert str(err.value) == "embedding lookup: an id is outside its table's rows (the batch was not checked)"
