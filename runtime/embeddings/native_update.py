@@ -12,7 +12,7 @@ does the same update on the same state (the TBE's `weights_host` and
 the C forward and update: the forward is runtime/cpu/native/quant_pool.c's pooling of
 float32 rows, which gives fbgemm's bits on all of torch's threads (fbgemm's CPU forward pools
 on one: dlrm-bench criteo's 13 tables per group, cold rows, 1.6 ms against 1.0 ms on the 2-core
-Zen 4). Which of the two runs is chosen by measurement at first use per shape
+Zen 4), wherever it gets more than one (`_pool`). Which of the two runs is chosen by measurement at first use per shape
 (runtime/cpu/choice.py, kernel 'embedding_update'). The measurement runs both on a zero gradient, which
 leaves weights and state unchanged (m += 0, w -= lr * 0 / (sqrt(m) + eps)),
 so it needs eps > 0; with eps = 0 fbgemm's path runs unmeasured. It runs on
@@ -78,10 +78,31 @@ def layout(tbe: Any) -> native.TableLayout:
     )
 
 
+def _pool(
+    tbe: Any,
+    table_layout: native.TableLayout,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """The bags' sums: fbgemm's forward on one thread, the C pooling where it gets more (`pool_threads`).
+
+    fbgemm's CPU forward pools on one thread; quant_pool.c sums each bag as it does, step for
+    step, on as many as the ids pay for, but alone on one it is no faster (13 criteo tables, cold
+    rows, 1 thread: 1.6 ms against fbgemm's 1.45)."""
+    if native.pool_threads(values.numel()) == 1:
+        with torch.no_grad():
+            return tbe(values, offsets, weights)
+    pooled = native.quant_pool(
+        tbe.weights_host.detach(), table_layout.pool, values, offsets, weights, table_layout.feature_rows
+    )
+    if pooled is None:
+        raise ValueError("embedding lookup: an id is outside its table's rows (the batch was not checked)")
+    return pooled
+
+
 class _NativeUpdate(torch.autograd.Function):
-    """Forward: the C pooling of runtime/cpu/native/quant_pool.c on the TBE's float32 rows (fbgemm's
-    sums, step for step, on both cores with the rows ahead prefetched; fbgemm's CPU forward pools on
-    one thread); backward: the C row-wise Adagrad update of the TBE's state in place."""
+    """Forward: `_pool`, fbgemm's sums; backward: the C row-wise Adagrad update of the TBE's state in place."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -93,11 +114,7 @@ class _NativeUpdate(torch.autograd.Function):
         weights: torch.Tensor | None,
         parameter: torch.Tensor,
     ) -> torch.Tensor:
-        pooled = native.quant_pool(
-            tbe.weights_host.detach(), table_layout.pool, values, offsets, weights, table_layout.feature_rows
-        )
-        if pooled is None:
-            raise ValueError("embedding lookup: an id is outside its table's rows (the batch was not checked)")
+        pooled = _pool(tbe, table_layout, values, offsets, weights)
         ctx.tbe, ctx.layout, ctx.inputs = tbe, table_layout, (values, offsets, weights)
         return pooled
 
