@@ -7,7 +7,8 @@ times each full training step (forward, backward, optimizers) after the
 warm-up, in one process or two over gloo, and summarises a run as one JSON
 object in the schema of ../shared/bench/WORKLOAD.md: samples/s from the
 median step of the slowest rank, peak RSS, the share of the machine other
-processes used (`other_cpu_pct`), and with `--profile` the top ops per step.
+processes used (`other_cpu_pct`), the process CPU per step (`cpu_ms_per_step`, all
+threads and ranks, as the TorchRec anchor reports it), and with `--profile` the top ops per step.
 
 The shared bench folder is ../shared/bench beside the checkout, or
 `$RECCOMPILE_BENCH_WORKLOADS` (a worktree sits elsewhere).
@@ -265,6 +266,9 @@ def summarize(
         "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
         "other_cpu_pct": other,
+        # process CPU seconds (user+sys, all threads, summed over ranks) per timed step, as the anchor's:
+        # a neighbour's load stretches the wall time far more than this
+        "cpu_ms_per_step": round(1e3 * sum(r["cpu_s"] for r in results) / args.steps, 2),
         **({"profile": [r["profile"] for r in results]} if results[0]["profile"] else {}),
         **floor_fields(first["gemm_floor"], median),
         "kernels": merged_kernels([r["kernels"] for r in results]),
