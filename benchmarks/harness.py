@@ -7,7 +7,8 @@ times each full training step (forward, backward, optimizers) after the
 warm-up, in one process or two over gloo, and summarises a run as one JSON
 object in the schema of ../shared/bench/WORKLOAD.md: samples/s from the
 median step of the slowest rank, peak RSS, the share of the machine other
-processes used (`other_cpu_pct`), and with `--profile` the top ops per step.
+processes used (`other_cpu_pct`), the process CPU per step (`cpu_ms_per_step`, all
+threads and ranks, as the TorchRec anchor reports it), and with `--profile` the top ops per step.
 
 The shared bench folder is ../shared/bench beside the checkout, or
 `$RECCOMPILE_BENCH_WORKLOADS` (a worktree sits elsewhere).

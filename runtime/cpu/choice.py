@@ -9,7 +9,7 @@ faster on some CPUs:
     lookup      sequential groups  | concurrent groups (runtime/embeddings/concurrent.py)
     quant_pool  fbgemm             | native (runtime/cpu/native/quant_pool.c)
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
-    embedding_update  fbgemm's backward | native (runtime/cpu/native/rowwise_adagrad.c)
+    embedding_update  fbgemm's lookup  | native (runtime/cpu/native/quant_pool.c, rowwise_adagrad.c)
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)

@@ -388,12 +388,15 @@ class EmbeddingBagCollection(TablesOutsideModuleTree):
             raise ValueError("EmbeddingBagCollection(is_weighted=True) needs a KeyedJaggedTensor with weights")
         values, offsets = kjt.values(), kjt.offsets()
         value_offsets = kjt.offset_per_key() if self._needs_value_offsets else None
+        pooled: torch.Tensor | tuple[torch.Tensor, ...]
         if len(self._groups) == 1:
             pooled = self._groups[0](values, offsets, weights, value_offsets)
         else:
-            pooled = torch.cat(self._lookup_groups(kjt, weights, value_offsets), dim=1)
-            if self._output_columns is not None:
-                pooled = pooled.index_select(1, self._output_columns)
+            blocks = self._lookup_groups(kjt, weights, value_offsets)
+            if self._output_columns is None:  # the groups' blocks in output order: placed only if asked
+                pooled = tuple(blocks)
+            else:
+                pooled = torch.cat(blocks, dim=1).index_select(1, self._output_columns)
         return KeyedTensor(self._feature_names, self._feature_dims, pooled)
 
     def _lookup_groups(

@@ -7,11 +7,13 @@ of issue 15, against ≈ 30 ms for the forward). runtime/cpu/native/rowwise_adag
 does the same update on the same state (the TBE's `weights_host` and
 `momentum1_host`, in place) after a radix sort over the bits of the row count.
 
-`lookup(tbe, layout(tbe), ...)` runs fbgemm's forward and, where the kernel applies (`supports`:
-a CPU TBE with row-wise Adagrad and no weight decay, the native library loaded),
-backs it with the C update; which of the two backwards runs is chosen by
-measurement at first use per shape (runtime/cpu/choice.py, kernel
-'embedding_update'). The measurement runs both on a zero gradient, which
+`lookup(tbe, layout(tbe), ...)` runs fbgemm's forward and backward or, where the kernel applies
+(`supports`: a CPU TBE with row-wise Adagrad and no weight decay, the native library loaded),
+the C forward and update: the forward is runtime/cpu/native/quant_pool.c's pooling of
+float32 rows, which gives fbgemm's bits on all of torch's threads (fbgemm's CPU forward pools
+on one: dlrm-bench criteo's 13 tables per group, cold rows, 1.6 ms against 1.0 ms on the 2-core
+Zen 4), wherever it gets more than one (`_pool`). Which of the two runs is chosen by measurement at first use per shape
+(runtime/cpu/choice.py, kernel 'embedding_update'). The measurement runs both on a zero gradient, which
 leaves weights and state unchanged (m += 0, w -= lr * 0 / (sqrt(m) + eps)),
 so it needs eps > 0; with eps = 0 fbgemm's path runs unmeasured. It runs on
 a detached copy of the per-id weights, so it leaves no gradient on them (nor
@@ -55,6 +57,8 @@ def layout(tbe: Any) -> native.TableLayout:
     table_of = [int(t) for t in tbe.feature_table_map]
     first = [table_of.index(t) for t in range(max(table_of) + 1)]
     dims = (tbe.D_offsets[1:] - tbe.D_offsets[:-1]).tolist()
+    features = range(len(table_of))
+    float_bytes = tbe.weights_host.element_size()
     return native.TableLayout(
         weight_offsets=as64([int(tbe.weights_offsets[f]) for f in first]),
         momentum_offsets=as64([int(tbe.momentum1_offsets[f]) for f in first]),
@@ -62,11 +66,43 @@ def layout(tbe: Any) -> native.TableLayout:
         dims=as64([dims[f] for f in first]),
         feature_tables=as64(table_of),
         grad_columns=as64(tbe.D_offsets[:-1]),
+        pool=native.QuantLayout(
+            table_offsets=as64([int(tbe.weights_offsets[f]) * float_bytes for f in features]),
+            strides=as64([dims[f] * float_bytes for f in features]),
+            types=as64([native.QUANT_FP32] * len(table_of)),
+            dims=as64(dims),
+            out_offsets=as64(tbe.D_offsets[:-1]),
+            total_dim=int(tbe.D_offsets[-1]),
+        ),
+        feature_rows=as64([int(tbe.rows_per_table[f]) for f in features]),
     )
 
 
+def _pool(
+    tbe: Any,
+    table_layout: native.TableLayout,
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    weights: torch.Tensor | None,
+) -> torch.Tensor:
+    """The bags' sums: fbgemm's forward on one thread, the C pooling where it gets more (`pool_threads`).
+
+    fbgemm's CPU forward pools on one thread; quant_pool.c sums each bag as it does, step for
+    step, on as many as the ids pay for, but alone on one it is no faster (13 criteo tables, cold
+    rows, 1 thread: 1.6 ms against fbgemm's 1.45)."""
+    if native.pool_threads(values.numel()) == 1:
+        with torch.no_grad():
+            return tbe(values, offsets, weights)
+    pooled = native.quant_pool(
+        tbe.weights_host.detach(), table_layout.pool, values, offsets, weights, table_layout.feature_rows
+    )
+    if pooled is None:
+        raise ValueError("embedding lookup: an id is outside its table's rows (the batch was not checked)")
+    return pooled
+
+
 class _NativeUpdate(torch.autograd.Function):
-    """fbgemm's forward; backward: the C row-wise Adagrad update of the TBE's state in place."""
+    """Forward: `_pool`, fbgemm's sums; backward: the C row-wise Adagrad update of the TBE's state in place."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -78,8 +114,7 @@ class _NativeUpdate(torch.autograd.Function):
         weights: torch.Tensor | None,
         parameter: torch.Tensor,
     ) -> torch.Tensor:
-        with torch.no_grad():
-            pooled = tbe(values, offsets, weights)
+        pooled = _pool(tbe, table_layout, values, offsets, weights)
         ctx.tbe, ctx.layout, ctx.inputs = tbe, table_layout, (values, offsets, weights)
         return pooled
 

@@ -57,7 +57,9 @@ class RoutedIds:
 class PooledShards:
     """What the lookup yields: pooled rows of this rank's slots, rank 0's samples first."""
 
-    values: torch.Tensor  # (world_size * batch_size) x (sum of this rank's slot widths)
+    # (world_size * batch_size) x (sum of this rank's slot widths); from a lookup built with
+    # `parts=True`, maybe the (B, w) blocks that make it up side by side, as the collection pooled them
+    values: torch.Tensor | tuple[torch.Tensor, ...]
     batch_size: int
     divisor: torch.Tensor | None = None
 
@@ -111,7 +113,11 @@ class KernelCollections(nn.Module):
 
 
 class ShardLookup(KernelCollections):
-    """Pools this rank's slots with its shards' collections (see the module docstring)."""
+    """Pools this rank's slots with its shards' collections (see the module docstring).
+
+    With `parts`, a single collection's pooled blocks are handed on as it made them (a
+    KeyedTensor's `parts()`) instead of placed in one tensor: for an output_dist that reads them.
+    """
 
     def __init__(
         self,
@@ -120,6 +126,7 @@ class ShardLookup(KernelCollections):
         device: torch.device,
         is_weighted: bool,
         bounds_check: bool,
+        parts: bool = False,
     ) -> None:
         super().__init__(
             tables,
@@ -134,17 +141,19 @@ class ShardLookup(KernelCollections):
         )
         self._keys = [f for t in self.tables for f in t.config.feature_names]
         self._splits = [len(c.feature_names()) for c in self._collections]
+        self._parts = parts
 
     def forward(self, ids: Awaitable[RoutedIds]) -> PooledShards:
         routed = ids.wait()
         return PooledShards(self._pool(routed.features), routed.batch_size, routed.divisor)
 
-    def _pool(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """Pooled rows, columns in slot order."""
+    def _pool(self, features: KeyedJaggedTensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Pooled rows, columns in slot order (in blocks, with `parts`, where the collection made them so)."""
         if not self._collections:
             return torch.zeros(features.stride(), 0, device=features.device())
         if len(self._collections) == 1:
-            return self._collections[0](features).values()
+            pooled = self._collections[0](features)
+            return (self._parts and pooled.parts()) or pooled.values()
         # Routed ids come in slot order and split for free; others are selected per collection.
         parts = features.split(self._splits) if features.keys() == self._keys else [features] * len(self._collections)
         return torch.cat([c(p).values() for c, p in zip(self._collections, parts)], dim=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import torch
 from torch import nn
 
 from runtime.embeddings.ids import IdCheck
@@ -54,9 +55,9 @@ class LocalOutputDist(nn.Module):
         self.register_buffer("inverse", inverse_order(columns), persistent=False)
 
     def forward(self, pooled: PooledShards) -> Awaitable[KeyedTensor]:
-        values = pooled.values
+        values = pooled.values  # the collection's blocks, in order, are handed on as they are
         if self.inverse is not None:
-            values = values.index_select(1, self.inverse)
+            values = (torch.cat(values, dim=1) if isinstance(values, tuple) else values).index_select(1, self.inverse)
         return Done(KeyedTensor(self.keys, self.dims, values))
 
 
@@ -75,6 +76,6 @@ def build(tables: Sequence[TableLayout], env: GroupEnv) -> EmbeddingGroup:
     (slots,) = slots_by_rank(whole, 1)
     return EmbeddingGroup(
         LocalInputDist(whole),
-        ShardLookup(local_tables(whole, 0), env.optimizer, env.device, env.is_weighted, False),
+        ShardLookup(local_tables(whole, 0), env.optimizer, env.device, env.is_weighted, False, parts=True),
         LocalOutputDist(keys, dims, slot_columns(slots, dims)),
     )

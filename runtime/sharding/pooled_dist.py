@@ -151,7 +151,9 @@ class PooledOutputDist(nn.Module):
         batch = pooled.batch_size
         received = [batch * width for width in self._widths]
         sent = [batch * self._widths[self._rank]] * len(self._widths)
-        pending = all_to_all_pooled(pooled.values.reshape(-1), sent, received, self._group)
+        values = pooled.values
+        assert isinstance(values, torch.Tensor), "a lookup built with parts=True feeds the local program only"
+        pending = all_to_all_pooled(values.reshape(-1), sent, received, self._group)
 
         return Awaitable(lambda: self.keyed(pending.wait(), batch, pooled.divisor))
 

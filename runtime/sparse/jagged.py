@@ -635,13 +635,22 @@ class KeyedTensor(metaclass=_Traceable):
 
     The usual content is the pooled embeddings of an EmbeddingBagCollection.
     Keys are always along dimension 1 (TorchRec's default key_dim). The values
-    may come as `ColumnPieces`, placed in one tensor on the first `values()`.
+    may come as `ColumnPieces`, or as a tuple of (B, w) tensors side by side in
+    column order (a collection's table groups, each pooled by a kernel of its
+    own), placed in one tensor on the first `values()`: a consumer that reads
+    `pieces()` or `parts()` where they lie saves that copy.
     """
 
-    def __init__(self, keys: list[str], length_per_key: list[int], values: torch.Tensor | ColumnPieces) -> None:
+    def __init__(
+        self,
+        keys: list[str],
+        length_per_key: list[int],
+        values: torch.Tensor | ColumnPieces | tuple[torch.Tensor, ...],
+    ) -> None:
         self._keys = list(keys)
         self._length_per_key = list(length_per_key)
-        self._pieces = None if isinstance(values, torch.Tensor) else values
+        self._parts = values if isinstance(values, tuple) else None
+        self._pieces = None if isinstance(values, (torch.Tensor, tuple)) else values
         self._values = values if isinstance(values, torch.Tensor) else None
         self._offset_per_key: list[int] | None = None
         self._index_per_key: dict[str, int] | None = None
@@ -656,12 +665,16 @@ class KeyedTensor(metaclass=_Traceable):
 
     def values(self) -> torch.Tensor:
         if self._values is None:
-            self._values = self._pieces.place()
+            self._values = torch.cat(self._parts, dim=1) if self._parts is not None else self._pieces.place()
         return self._values
 
     def pieces(self) -> ColumnPieces | None:
         """Where the values lie in pieces of one buffer, if they came so; else None."""
         return self._pieces
+
+    def parts(self) -> tuple[torch.Tensor, ...] | None:
+        """The (B, w) tensors side by side that make up the values, if they came so; else None."""
+        return self._parts
 
     def length_per_key(self) -> list[int]:
         return self._length_per_key
@@ -675,7 +688,9 @@ class KeyedTensor(metaclass=_Traceable):
         return 1
 
     def device(self) -> torch.device:
-        return self._pieces.buffer.device if self._values is None else self._values.device
+        if self._values is not None:
+            return self._values.device
+        return self._parts[0].device if self._parts is not None else self._pieces.buffer.device
 
     def __getitem__(self, key: str) -> torch.Tensor:
         if self._index_per_key is None:

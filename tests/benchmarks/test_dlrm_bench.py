@@ -47,6 +47,7 @@ def test_dlrm_bench_runs_and_reports_its_fields(tmp_path: Path, mode: str) -> No
     assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "criteo", mode, 2)
     assert line["samples_per_s"] > 0 and abs(line["loss_first"] - 0.6931) < 0.01
     assert {"cpu", "cpu_flags", "kernels"} <= line.keys()
+    assert line["cpu_ms_per_step"] > 0
     # criteo's dense products: 13-512-256-64 and 415-512-256-1 over 2,048 samples (forward, both gradients but
     # the first layer's input's) and the 27 x 27 Gram matrix of the dot interaction (forward, and its
     # gradient in one product: (g + g^T) z, runtime/modules/blocks/pooled.py)

@@ -32,6 +32,7 @@ import torch
 from runtime.cpu.native import build
 
 __all__ = [
+    "QUANT_FP32",
     "QuantLayout",
     "TableLayout",
     "applies",
@@ -249,6 +250,9 @@ def one_query_attention_backward(
     return grad_x, grad_query
 
 
+QUANT_FP32 = 0  # quant_pool.c's type code of float32 rows (fbgemm's SparseType.FP32)
+
+
 @dataclass(frozen=True)
 class QuantLayout:
     """Per feature (int64 tensors): table byte offset, row stride, type code, width, output column."""
@@ -319,7 +323,9 @@ def pool_threads(ids: int) -> int:
 @dataclass(frozen=True)
 class TableLayout:
     """A training TBE's host layout (int64 tensors): per table the element offsets of its weights
-    and of its row-wise state, its rows and width; per feature its table and gradient column."""
+    and of its row-wise state, its rows and width; per feature its table and gradient column.
+    `pool`: the same float32 weights as `quant_pool` reads them (per feature), for the forward;
+    `feature_rows`: each feature's table's rows, which quant_pool checks the ids against."""
 
     weight_offsets: torch.Tensor
     momentum_offsets: torch.Tensor
@@ -327,6 +333,8 @@ class TableLayout:
     dims: torch.Tensor
     feature_tables: torch.Tensor
     grad_columns: torch.Tensor
+    pool: QuantLayout
+    feature_rows: torch.Tensor
 
 
 def rowwise_adagrad_backward(

@@ -102,6 +102,16 @@ static inline void four_pairs(const vecf *zi, int nv, float *const *vec, int64_t
 }
 #endif
 
+/* Vector registers: 32 with AVX-512, 16 with AVX and SSE (x86-64), 32 with NEON. The backward
+ * holds rows x NV accumulators, NV loaded vectors and a broadcast: as many rows as fit, at most 4. */
+#if defined(__AVX512F__) || defined(__aarch64__)
+#define REGISTERS 32
+#else
+#define REGISTERS 16
+#endif
+#define FIT_ROWS(NV) ((REGISTERS - (NV) - 2) / (NV))
+#define BLOCK_ROWS(NV) (FIT_ROWS(NV) < 1 ? 1 : FIT_ROWS(NV) > 4 ? 4 : FIT_ROWS(NV))
+
 /* Per-sample kernels for d = LANES * NV, with a whole vector held in registers. */
 #define VECTOR_KERNELS(NV)                                                                       \
     static void forward_sample_##NV(float *const *vec, float *row, int64_t n, int64_t d) {       \
@@ -120,10 +130,31 @@ static inline void four_pairs(const vecf *zi, int nv, float *const *vec, int64_t
             }                                                                                    \
         }                                                                                        \
     }                                                                                            \
+    /* dz_i for BLOCK_ROWS(NV) rows i at a time: each z_j is loaded once per block of rows, not  \
+     * once per row, so the loop runs on multiply-adds rather than loads. Every dz_i still sums  \
+     * its terms in the order of j, as the one-row loop after it does. */                       \
     static void backward_sample_##NV(float *const *vec, float *const *grad, const float *g,      \
                                      const float *sym, int64_t n, int64_t d) {                   \
         (void)d;                                                                                 \
-        for (int64_t i = 0; i < n; i++) {                                                        \
+        enum { ROWS = BLOCK_ROWS(NV) };                                                          \
+        int64_t i = 0;                                                                           \
+        for (; ROWS > 1 && i + ROWS <= n; i += ROWS) {                                           \
+            vecf acc[ROWS][NV];                                                                  \
+            for (int r = 0; r < ROWS; r++)                                                       \
+                for (int k = 0; k < NV; k++)                                                     \
+                    acc[r][k] = i + r == 0 ? *(const vecf *)(g + LANES * k) : (vecf){0};         \
+            for (int64_t j = 0; j < n; j++) {                                                    \
+                vecf zj[NV];                                                                     \
+                for (int k = 0; k < NV; k++) zj[k] = *(const vecf *)(vec[j] + LANES * k);        \
+                for (int r = 0; r < ROWS; r++) {                                                 \
+                    const float s = sym[(i + r) * n + j];                                        \
+                    for (int k = 0; k < NV; k++) acc[r][k] += s * zj[k];                         \
+                }                                                                                \
+            }                                                                                    \
+            for (int r = 0; r < ROWS; r++)                                                       \
+                for (int k = 0; k < NV; k++) *(vecf *)(grad[i + r] + LANES * k) = acc[r][k];     \
+        }                                                                                        \
+        for (; i < n; i++) {                                                                     \
             const float *s = sym + i * n;                                                        \
             vecf acc[NV];                                                                        \
             for (int k = 0; k < NV; k++)                                                         \

@@ -354,7 +354,7 @@ class DotInteraction(nn.Module):
         self._questions: dict[tuple[tuple[int, ...], int, int, bool], tuple[str, str]] = {}
 
     def forward(self, *inputs: torch.Tensor | KeyedTensor) -> torch.Tensor:
-        sources = [self._source(x) for x in inputs]
+        sources = [source for x in inputs for source in self._sources(x)]
         bases = [base for base, _ in sources]
         shapes = [shape for base, pieces in sources for shape in _shapes(base, pieces)]
         self._check_inputs(shapes)
@@ -364,15 +364,18 @@ class DotInteraction(nn.Module):
             return self._native(bases, grad, [pieces.views if pieces else None for _, pieces in sources])
         return self._torch([x if isinstance(x, torch.Tensor) else x.values() for x in inputs])
 
-    def _source(self, x: torch.Tensor | KeyedTensor) -> tuple[torch.Tensor, ColumnPieces | None]:
-        """(tensor, None) for a tensor; (buffer, its pieces) for a KeyedTensor whose values lie in
-        pieces of whole vectors; else (its values, None)."""
+    def _sources(self, x: torch.Tensor | KeyedTensor) -> list[tuple[torch.Tensor, ColumnPieces | None]]:
+        """[(tensor, None)] for a tensor; for a KeyedTensor whose values lie in parts or pieces of
+        whole vectors, [(part, None)] per part or [(buffer, its pieces)]; else [(its values, None)]."""
         if isinstance(x, torch.Tensor):
-            return x, None
+            return [(x, None)]
+        parts = x.parts()
+        if parts is not None and not any(part.shape[1] % self.dim for part in parts):
+            return [(part, None) for part in parts]
         pieces = x.pieces()
         if pieces is None or any(width % self.dim for width in pieces.widths):
-            return x.values(), None
-        return pieces.buffer, pieces
+            return [(x.values(), None)]
+        return [(pieces.buffer, pieces)]
 
     def _native(
         self, bases: Sequence[torch.Tensor], grad: bool, views: Sequence[_Views | None] | None = None

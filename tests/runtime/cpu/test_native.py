@@ -46,7 +46,15 @@ def _split(batch: int, dim: int, counts: list[int], seed: int) -> list[torch.Ten
 
 @pytest.mark.parametrize(
     ("dim", "counts", "batch"),
-    [(64, [1, 26], 300), (64, [27], 5), (16, [1, 3, 2], 17), (128, [2, 2], 3), (3, [1, 4], 9), (24, [1, 1], 1)],
+    [
+        (64, [1, 26], 300),
+        (64, [27], 5),
+        (16, [1, 3, 2], 17),
+        (32, [1, 8], 5),
+        (128, [2, 2], 3),
+        (3, [1, 4], 9),
+        (24, [1, 1], 1),
+    ],
 )
 def test_forward_and_backward_match_the_float64_formula(dim: int, counts: list[int], batch: int) -> None:
     parts = _split(batch, dim, counts, seed=dim + batch)

@@ -80,6 +80,43 @@ def test_side_by_side_groups_train_exactly_like_one_after_another(update: str, m
         assert torch.equal(concurrent_state[key], single_state[key]), key
 
 
+@pytest.mark.parametrize("torch_threads", [1, 2])
+def test_groups_in_output_order_hand_on_their_blocks_as_parts(torch_threads: int, monkeypatch) -> None:
+    """Sum tables only: the groups' blocks are the output in order, handed on unplaced; each
+    block's gradient alone trains its group exactly like the one-group collection's."""
+    monkeypatch.setenv(choice.ENV, "embedding_update=fbgemm")  # the same backward in every run
+    tables = [t for t in TABLES if t.pooling == "sum"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
+    try:
+        states = []
+        for threads in (2, 1):
+            torch.manual_seed(0)
+            collection = EmbeddingBagCollection(
+                tables, optimizer=EmbeddingOptimizer("rowwise_adagrad", lr=0.1), lookup_threads=threads
+            )
+            keys = collection.feature_names()
+            batch = _batch(0)
+            pooled = collection(batch)
+            weight = torch.randn(BATCH, sum(pooled.length_per_key()), generator=torch.Generator().manual_seed(7))
+            if threads == 2:
+                parts = pooled.parts()
+                assert [p.shape[1] for p in parts] == [8 + 8 + 16, 4 + 12]  # t0 (f0, f1) and t1 | t3 and t4
+                split = weight.split([p.shape[1] for p in parts], dim=1)
+                sum((p * w).sum() for p, w in zip(parts, split, strict=True)).backward()
+                placed = torch.cat(parts, dim=1).detach()
+            else:
+                assert pooled.parts() is None
+                (pooled.values() * weight).sum().backward()
+                assert torch.equal(placed, pooled.values().detach()) and keys == pooled.keys()
+            states.append(collection.state_dict())
+    finally:
+        torch.set_num_threads(before)
+    assert states[0].keys() == states[1].keys()
+    for key in states[0]:
+        assert torch.equal(states[0][key], states[1][key]), key
+
+
 def test_groups_are_contiguous_runs_of_about_equal_work() -> None:
     collection = EmbeddingBagCollection(TABLES, lookup_threads=3)
     # sum tables (work 16, 16, 4, 12) in three runs, then the mean table's own group

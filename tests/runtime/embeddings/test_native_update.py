@@ -173,3 +173,63 @@ def test_a_gradient_with_rows_further_apart_is_read_in_place(monkeypatch, native
     for key in states[0]:
         assert torch.equal(states[0][key], states[1][key]), key
     assert bool((states[1]["t0.momentum1"] != 0).any())
+
+
+@pytest.fixture
+def pool_on_two_threads(monkeypatch: pytest.MonkeyPatch):
+    """The C pooling on 2 threads, as a batch of 2,048+ ids takes it: one id per thread suffices here."""
+    monkeypatch.setattr(native_update.native, "IDS_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.usefixtures("pool_on_two_threads")
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_native_forward_gives_fbgemms_bits(weighted: bool, monkeypatch, native_kernels) -> None:
+    """The C pooling (quant_pool.c's float32 rows) sums each bag as fbgemm's forward does: the same
+    bits, for a table read by two features, sum and mean (weighted) groups, split over 2 threads."""
+    monkeypatch.setenv(choice.ENV, "embedding_update=native")
+    collection = EmbeddingBagCollection(
+        TABLES, is_weighted=weighted, optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1
+    )
+    batch = collection._select(_batch(7, weighted))
+    first = 0
+    for group, size in zip(collection._groups, collection._group_sizes, strict=True):  # f0 f1 f2 f4 | f3
+        last = first + size
+        start, end = batch.offset_per_key()[first], batch.offset_per_key()[last]
+        values, offsets = batch.values()[start:end], batch.offsets()[first * BATCH : last * BATCH + 1] - start
+        weights = torch.rand(values.numel(), generator=torch.Generator().manual_seed(1)) if weighted else None
+        assert native_update.native.pool_threads(values.numel()) == 2
+        native = native_update._NativeUpdate.apply(
+            group.tbe, group._native_layout, values, offsets, weights, group.tbe.weights_host
+        )
+        with torch.no_grad():
+            assert torch.equal(native, group.tbe(values, offsets, weights))
+        first = last
+
+
+def test_one_thread_pools_on_fbgemm(monkeypatch, native_kernels) -> None:
+    group = EmbeddingBagCollection(
+        TABLES[1:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1
+    )._groups[0]
+    calls = []
+    monkeypatch.setattr(native_update.native, "quant_pool", lambda *args: calls.append(args))
+    values, offsets = torch.tensor([3, 39]), torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        expected = group.tbe(values, offsets)
+    assert torch.equal(native_update._pool(group.tbe, group._native_layout, values, offsets, None), expected)
+    assert calls == []
+
+
+@pytest.mark.usefixtures("pool_on_two_threads")
+def test_the_native_forward_refuses_an_id_outside_its_table(native_kernels) -> None:
+    collection = EmbeddingBagCollection(TABLES[1:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1)
+    group = collection._groups[0]
+    values, offsets = torch.tensor([3, 40]), torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError) as err:
+        native_update._NativeUpdate.apply(
+            group.tbe, group._native_layout, values, offsets, None, group.tbe.weights_host
+        )
+    assert str(err.value) == "embedding lookup: an id is outside its table's rows (the batch was not checked)"

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from runtime.cpu import choice
 from runtime.modules.blocks.pooled import (
     BLOCK_TYPES,
     MLP,
@@ -28,6 +29,7 @@ from runtime.modules.blocks.pooled import (
     Sum,
 )
 from runtime.modules.layers.dropout import keep_mask
+from runtime.sparse.jagged import KeyedTensor
 
 F64 = {"rtol": 1e-10, "atol": 1e-10}
 F32 = {"rtol": 1e-5, "atol": 1e-5}
@@ -212,6 +214,29 @@ def test_dot_interaction_property(batch: int, num_vectors: int, dim: int, seed: 
     out.backward(grad)
     ref.backward(grad)
     torch.testing.assert_close(x.grad, x_ref.grad, **F64)
+
+
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_dot_interaction_reads_a_keyed_tensors_parts_where_they_lie(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collection's table groups come as parts of a KeyedTensor (widths 2 and 3 vectors here): the C
+    kernel reads each part, nothing placed in the graph, each part getting its own gradient; the
+    float32 output and gradients are the float64 formula's."""
+    monkeypatch.setenv(choice.ENV, f"dot={path}")
+    bottom = _randn(6, 4, seed=2, dtype=torch.float32).requires_grad_()
+    parts = (_randn(6, 8, seed=3, dtype=torch.float32), _randn(6, 12, seed=4, dtype=torch.float32))
+    parts = tuple(p.requires_grad_() for p in parts)
+    embeddings = KeyedTensor(["a", "b", "c", "d", "e"], [4] * 5, parts)
+    out = DotInteraction(6, 4)(bottom, embeddings)
+    if path == "native":
+        assert {f.name() for f, _ in out.grad_fn.next_functions if f is not None} == {"torch::autograd::AccumulateGrad"}
+    x_ref = torch.cat([bottom, *parts], dim=1).detach().double().requires_grad_()
+    ref = _dot_reference(x_ref, 6, 4)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+    grad = _randn(*out.shape, seed=5, dtype=torch.float32)
+    got = torch.autograd.grad(out, (bottom, *parts), grad)
+    (want,) = torch.autograd.grad(ref, x_ref, grad.double())
+    torch.testing.assert_close(torch.cat(got, dim=1).double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_dot_interaction_index_buffers_follow_the_module_but_stay_out_of_state_dict() -> None:

@@ -64,12 +64,30 @@ def test_the_padded_input_gradient_is_a_view_of_aligned_rows(monkeypatch: pytest
     assert got.shape == (20, 415) and got.stride() == (416, 1)
 
 
-def test_without_an_input_gradient_the_layer_is_autograds_own() -> None:
-    layer = _layer(415, 32, True, seed=5)
-    x = _input(9, 415, seed=6, requires_grad=False)  # dense data: no gradient wanted
-    assert not padded_grad.applies(x, layer.weight)
-    out = linear(x, layer.weight, layer.bias, relu=True)
-    assert out.grad_fn.name() == "ReluBackward0"
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize(("in_features", "out_features"), [(13, 512), (415, 32)])
+def test_an_input_layer_takes_the_function_with_the_weights_gradients_of_nn_linear(
+    relu: bool, in_features: int, out_features: int
+) -> None:
+    reference, mine = _layer(in_features, out_features, True, seed=5), _layer(in_features, out_features, True, seed=5)
+    x = _input(9, in_features, seed=6, requires_grad=False)  # dense data: no gradient wanted
+    assert padded_grad.applies(x, mine.weight)
+    out = padded_grad.padded_linear(x, mine.weight, mine.bias, relu)
+    expected = torch.relu(reference(x)) if relu else reference(x)
+    grad = torch.randn(9, out_features, generator=torch.Generator().manual_seed(3))
+    out.backward(grad)
+    expected.backward(grad)
+    assert out.grad_fn.name() == "_PaddedLinearBackward" and x.grad is None
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)  # the same addmm
+    torch.testing.assert_close(mine.weight.grad, reference.weight.grad, **TOL)
+    torch.testing.assert_close(mine.bias.grad, reference.bias.grad, **TOL)
+
+
+def test_layers_it_does_not_apply_to() -> None:
+    frozen = torch.randn(16, 13)
+    assert not padded_grad.applies(_input(4, 13, seed=1, requires_grad=False), frozen)  # nothing needs a gradient
+    assert not padded_grad.applies(_input(4, 16, seed=1), torch.randn(8, 16, requires_grad=True))  # 16 is aligned
+    assert padded_grad.applies(_input(4, 13, seed=1, requires_grad=False), frozen.requires_grad_())
 
 
 def test_the_function_skips_the_gradients_nobody_needs(monkeypatch: pytest.MonkeyPatch) -> None:
