@@ -27,6 +27,13 @@ threads (1 by default: the machine may be shared).
 `--in-batch` swaps sasrec's and hstu's 128 uniform negatives for in-batch
 ones (the blocked softmax whose products bf16 may narrow): run both ways to
 see bf16's move on recall and NDCG.
+
+`--validation` cuts a validation split from the training part the same way
+(each user's latest training rating) and trains and reports on it, so the
+test part is never looked at while settings are chosen; `--spec PATH`
+trains that spec in place of the shipped one (one model in `--models`), and
+`--every-epoch` reports the figures after each epoch (one line each, with
+its "epoch"), to choose the number of epochs.
 """
 
 from __future__ import annotations
@@ -72,6 +79,22 @@ def reccompile(*args: str) -> str:
     return done.stdout
 
 
+def leave_one_out(ratings: Path, into: Path) -> None:
+    """`reccompile data split` of a u.data file into `into`/train and /test, each user's latest rating held out."""
+    reccompile(
+        "data",
+        "split",
+        "--data",
+        f"movielens:{ratings}",
+        "--holdout",
+        "1e-9",
+        "--rating-threshold",
+        "0",
+        "-o",
+        str(into),
+    )
+
+
 def read(path: Path) -> list[tuple[int, int, int]]:
     return [(int(u), int(i), int(t)) for u, i, _, t in (line.split("\t") for line in path.read_text().splitlines())]
 
@@ -104,10 +127,30 @@ def sized_spec(spec: Path, out: Path, users: int, movies: int, precision: str = 
     return out
 
 
-def trained(spec: Path, split: Path, work: Path, epochs: int, rows: int, seed: int, threads: int) -> dict[str, float]:
-    """Train `spec` on the split's training part for `epochs`, evaluated on its test part: the last eval metrics."""
+def schedule(epochs: int, rows: int, batch: int, every_epoch: bool) -> tuple[int, int | None]:
+    """The training steps and the steps between evaluations (None: one at the end). With `every_epoch`, whole
+    epochs of `rows // batch` steps, so that the last evaluation is the last epoch's."""
+    if not every_epoch:
+        return max(1, epochs * rows // batch), None
+    per_epoch = max(1, rows // batch)
+    return epochs * per_epoch, per_epoch
+
+
+def eval_passes(metrics_jsonl: Path) -> list[dict[str, float]]:
+    """Each evaluation pass's metrics, in order, from a run log's metrics.jsonl (one evaluated data set)."""
+    records = [json.loads(line) for line in metrics_jsonl.read_text().splitlines()]
+    return [next(iter(record["metrics"].values())) for record in records if record["kind"] == "eval"]
+
+
+def trained(
+    spec: Path, split: Path, work: Path, epochs: int, rows: int, seed: int, threads: int, every_epoch: bool = False
+) -> list[dict[str, float]]:
+    """Train `spec` on the split's training part for `epochs`, evaluated on its test part: the last eval
+    metrics, or with `every_epoch` each epoch's (the last epoch's last)."""
     batch = int(re.search(r"batch_size: (\d+)", spec.read_text()).group(1))
-    steps = max(1, epochs * rows // batch)
+    steps, eval_every = schedule(epochs, rows, batch, every_epoch)
+    logs = work / f"{spec.stem}-logs"
+    per_epoch = () if eval_every is None else ("--eval-every", str(eval_every), "--log-dir", str(logs))
     out = reccompile(
         "train",
         str(spec),
@@ -127,13 +170,16 @@ def trained(spec: Path, split: Path, work: Path, epochs: int, rows: int, seed: i
         str(threads),
         "-o",
         str(work / spec.stem),
+        *per_epoch,
     )
-    result = json.loads(out.strip().splitlines()[-1])
-    (metrics,) = result["eval_metrics"].values()
-    return {"recall@10": metrics["recall@10"], "ndcg@10": metrics["ndcg@10"]}
+    if every_epoch:
+        passes = eval_passes(logs / "metrics.jsonl")
+    else:
+        passes = list(json.loads(out.strip().splitlines()[-1])["eval_metrics"].values())
+    return [{"recall@10": metrics["recall@10"], "ndcg@10": metrics["ndcg@10"]} for metrics in passes]
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheel", type=Path, help="the recbole wheel (default: pip download it)")
     parser.add_argument("--epochs", type=int, default=10, help="passes over the training part (10)")
@@ -142,25 +188,29 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the training run (1)")
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="training.precision (fp32)")
     parser.add_argument("--in-batch", action="store_true", help="sasrec and hstu: in-batch negatives, not uniform")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--validation", action="store_true", help="train and report on a validation split cut from the training part"
+    )
+    parser.add_argument("--spec", type=Path, help="train this spec in place of the shipped one (one model)")
+    parser.add_argument("--every-epoch", action="store_true", help="report the figures after each epoch")
+    args = parser.parse_args(argv)
+    if args.spec and len(args.models.split(",")) != 1:
+        parser.error("--spec needs exactly one model in --models")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     with tempfile.TemporaryDirectory(prefix="movielens-bench-") as folder:
         work = Path(folder)
         wheel = args.wheel or fetch_wheel(work)
         ratings = work / "ml-100k" / "u.data"
         write_ratings(wheel, ratings)
         split = work / "split"
-        reccompile(
-            "data",
-            "split",
-            "--data",
-            f"movielens:{ratings}",
-            "--holdout",
-            "1e-9",
-            "--rating-threshold",
-            "0",
-            "-o",
-            str(split),
-        )
+        leave_one_out(ratings, split)
+        if args.validation:
+            leave_one_out(split / "train" / "u.data", work / "validation")
+            split = work / "validation"
         train, test = read(split / "train" / "u.data"), read(split / "test" / "u.data")
         users, movies = len({u for u, _, _ in train}), len({m for _, m, _ in train})
         seeds = [int(seed) for seed in args.seeds.split(",")]
@@ -171,12 +221,20 @@ def main() -> None:
                 continue
             shipped = {"two_tower": "two_tower_retrieval.yaml", "sasrec": "sasrec.yaml", "hstu": "hstu.yaml"}[model]
             spec = sized_spec(
-                REPO / "specs" / shipped, work / f"{model}.yaml", users, movies, args.precision, args.in_batch
+                args.spec or REPO / "specs" / shipped,
+                work / f"{model}.yaml",
+                users,
+                movies,
+                args.precision,
+                args.in_batch,
             )
             runs = []
             for seed in seeds:
                 started = time.perf_counter()
-                runs.append(trained(spec, split, work, args.epochs, len(train), seed, args.threads))
+                passes = trained(spec, split, work, args.epochs, len(train), seed, args.threads, args.every_epoch)
+                for epoch, figures in enumerate(passes[:-1], start=1):
+                    report(model, seed, figures, len(test), epoch, None)
+                runs.append(passes[-1])
                 report(model, seed, runs[-1], len(test), args.epochs, started)
             if len(runs) > 1:
                 mean = {name: sum(run[name] for run in runs) / len(runs) for name in runs[0]}
