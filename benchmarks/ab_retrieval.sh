@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # retrieval-bench, ours against the TorchRec anchor, alternated: ROUNDS pairs (ours, then TorchRec) in
-# MODE (local or dist2), one line per run with the load average, then each pair's ratio and their median.
+# MODE (local or dist2), one line per run with the load average, then each pair's ratio and their median;
+# the same for CPU ms per step (every rank's, TorchRec's over ours), steadier than wall time when shared.
 #
 #   benchmarks/ab_retrieval.sh [MODE] [ROUNDS] [extra options for both, e.g. --threads 2]
 #
@@ -15,15 +16,23 @@ shift $(( $# < 2 ? $# : 2 ))
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 OURS_PY=${OURS_PY:-/work/main/.venv/bin/python}
 TORCHREC_PY=${TORCHREC_PY:-/tmp/venv-torchrec/bin/python}
-rate() { sed -n 's/.*"samples_per_s": \([0-9.]*\).*/\1/p' | tail -1; }
+field() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p" | tail -1; }
 ratios=()
+cpu_ratios=()
 for round in $(seq "$ROUNDS"); do
-    ours=$(cd "$HERE" && PYTHONPATH="$HERE" "$OURS_PY" benchmarks/retrieval_bench.py --mode "$MODE" "$@" 2>/dev/null | rate)
+    line=$(cd "$HERE" && PYTHONPATH="$HERE" "$OURS_PY" benchmarks/retrieval_bench.py --mode "$MODE" "$@" 2>/dev/null | tail -1)
+    ours=$(field samples_per_s <<<"$line") ours_cpu=$(field cpu_ms_per_step <<<"$line")
     load_ours=$(cut -d' ' -f1 /proc/loadavg)
-    theirs=$(cd "$HERE" && "$TORCHREC_PY" benchmarks/torchrec_retrieval_anchor.py --mode "$MODE" "$@" 2>/dev/null | rate)
+    line=$(cd "$HERE" && "$TORCHREC_PY" benchmarks/torchrec_retrieval_anchor.py --mode "$MODE" "$@" 2>/dev/null | tail -1)
+    theirs=$(field samples_per_s <<<"$line") theirs_cpu=$(field cpu_ms_per_step <<<"$line")
     load_theirs=$(cut -d' ' -f1 /proc/loadavg)
     ratio=$(python3 -c "print(round($ours / $theirs, 3))")
+    cpu_ratio=$(python3 -c "print(round($theirs_cpu / $ours_cpu, 3))")
     ratios+=("$ratio")
-    echo "round $round $MODE: ours $ours samples/s (load $load_ours), torchrec $theirs (load $load_theirs): $ratio"
+    cpu_ratios+=("$cpu_ratio")
+    echo "round $round $MODE: ours $ours samples/s, $ours_cpu CPU ms/step (load $load_ours)," \
+        "torchrec $theirs, $theirs_cpu (load $load_theirs): $ratio, CPU $cpu_ratio"
 done
-python3 -c "import statistics, sys; r = [float(x) for x in sys.argv[1:]]; print(f'median ours/torchrec {statistics.median(r):.3f} over {len(r)} pairs: {r}')" "${ratios[@]}"
+median() { python3 -c "import statistics, sys; r = [float(x) for x in sys.argv[2:]]; print(f'median {sys.argv[1]} {statistics.median(r):.3f} over {len(r)} pairs: {r}')" "$@"; }
+median "ours/torchrec" "${ratios[@]}"
+median "CPU per step torchrec/ours" "${cpu_ratios[@]}"

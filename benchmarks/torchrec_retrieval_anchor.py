@@ -253,6 +253,7 @@ def summarize(args, world_size, results):
         "steps": len(step_s),
         "threads_per_proc": first["threads"],
         "other_cpu_pct": other,
+        "cpu_ms_per_step": round(1e3 * sum(r["cpu_s"] for r in results) / len(step_s), 2),  # as harness.py
         "plan": first["plan"],
     }
 

@@ -32,6 +32,7 @@ def test_training_reports_the_workload_fields_and_starts_at_log_1024(tmp_path: P
     # untrained towers score every candidate alike: the in-batch softmax over 1,024 starts at log(1024)
     assert line["samples_per_s"] > 0 and abs(line["loss_first"] - math.log(1024)) < 0.01
     assert {"cpu", "cpu_flags", "kernels", "peak_rss_mb", "other_cpu_pct"} <= line.keys()
+    assert line["cpu_ms_per_step"] > 0
 
 
 def test_retrieve_reports_p50_p99_per_index_and_batch(tmp_path: Path) -> None:
