@@ -38,6 +38,10 @@ so the minimum is the least noisy figure of what each path costs). The
 alternative is taken only when it beats the baseline's by `MARGIN`, so the
 choice is never slower than the torch path it replaces
 (`packed_mlp`, two torch paths, takes whichever is faster; see `MARGINS`).
+A windowed kernel's measurement during which another process held one of
+this process's cores (the free-core probe of runtime/cpu/threads.py over the
+window) is used by this process only, not recorded: a stalled thread pool
+makes it a coin flip, and a recorded choice sticks.
 The outcome is kept on disk next to the native build cache
 (`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<calibration>/<kernel>/<shape>.json`),
 one file per choice, written once (ranks that measure together all take the
@@ -82,7 +86,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.cpu import features
+from runtime.cpu import features, threads
 from runtime.cpu.native.build import SOURCES, cache_root, cache_settings
 
 __all__ = [
@@ -458,9 +462,19 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
         return known.winner
     if not _writable(folder):
         return baseline
+    before = threads.cpu_sample() if kernel in WINDOWS else None
     times = _fastest_ms(runs, WINDOWS.get(kernel, 0.0))
     margin = MARGINS.get(kernel, MARGIN)
     winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
+    if before is not None and _core_held_since(before):
+        log.info(
+            "kernel %s at %s: %s for this process only, not recorded: another process held a core (%s)",
+            kernel,
+            key,
+            winner,
+            ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items())),
+        )
+        return winner
     try:
         _write_once(folder, Choice(kernel, key, winner, tuple(sorted(times.items())), site))
     except OSError as exc:  # a full disk, a file where a folder should be: this process keeps its measurement
@@ -483,6 +497,15 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
         ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items())),
     )
     return known.winner if known is not None else winner
+
+
+def _core_held_since(before: threads.CpuSample) -> bool:
+    """Whether another process held one of this process's cores since `before` (free-core probe)."""
+    after = threads.cpu_sample()
+    if after is None:
+        return False
+    idle = threads.idle_over_windows([before, after], os.cpu_count() or 1, 1.0 / os.sysconf("SC_CLK_TCK"))
+    return idle is not None and round(idle) < len(os.sched_getaffinity(0))
 
 
 def recorded() -> list[Choice]:

@@ -102,12 +102,20 @@ def idle_cpus(seconds: float, windows: int = PROBE_WINDOWS) -> float | None:
     for index in range(windows + 1):
         if index:
             time.sleep(seconds / windows)
-        ticks = _cpu_times()
-        if ticks is None:
+        sample = cpu_sample()
+        if sample is None:
             return None
-        own = os.times()
-        samples.append(CpuSample(tuple(ticks), own.user + own.system))
+        samples.append(sample)
     return idle_over_windows(samples, os.cpu_count() or 1, 1.0 / os.sysconf("SC_CLK_TCK"))
+
+
+def cpu_sample() -> CpuSample | None:
+    """/proc/stat's CPU times and this process's own now; None where /proc/stat cannot be read."""
+    ticks = _cpu_times()
+    if ticks is None:
+        return None
+    own = os.times()
+    return CpuSample(tuple(ticks), own.user + own.system)
 
 
 def _cpu_times() -> list[int] | None:

@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.cpu import choice, features
+from runtime.cpu import choice, features, threads
+
+_core_held_since = choice._core_held_since
 
 
 @pytest.fixture(autouse=True)
 def _cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv(choice.ENV, raising=False)
+    monkeypatch.setattr(choice, "_core_held_since", lambda before: False)  # a quiet machine, whatever its load
 
 
 def _sleeper(ms: float, calls: list[str], name: str) -> Callable[[], None]:
@@ -128,6 +131,30 @@ def test_serving_pooling_is_timed_over_a_tenth_of_a_second() -> None:
     assert choice.choose("quant_pool", "window", runs) == "native"
     assert time.perf_counter() - began >= choice.WINDOWS["quant_pool"] == 0.1
     assert calls.count("native") >= 1 + choice.REPEATS
+
+
+@pytest.mark.parametrize("busy", [True, False])
+def test_a_windowed_choice_measured_while_another_process_held_a_core_is_used_but_not_recorded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, busy: bool
+) -> None:
+    # /proc/stat over the measurement: 1,000 s of CPU time, none of it idle (busy) or all of it (quiet)
+    after = [100_000, 0, 0, 0, 0, 0, 0] if busy else [0, 0, 0, 100_000, 0, 0, 0]
+    readings = iter([[0] * 7, after])
+    monkeypatch.setattr(threads, "_cpu_times", lambda: next(readings))
+    monkeypatch.setattr(choice, "_core_held_since", _core_held_since)
+    calls: list[str] = []
+    runs = {"fbgemm": _sleeper(4, calls, "fbgemm"), "native": _sleeper(2, calls, "native")}
+    assert choice.choose("quant_pool", "probed", runs) == "native"
+    assert choice.choose("quant_pool", "probed", {"fbgemm": _never, "native": _never}) == "native"  # from memory
+    assert (choice.directory(tmp_path) / "quant_pool" / "probed.json").exists() is not busy
+    assert next(readings, None) is None  # probed before and after the window
+
+
+def test_an_unwindowed_choice_is_recorded_without_a_probe(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(threads, "_cpu_times", _never)
+    monkeypatch.setattr(choice, "_core_held_since", _core_held_since)
+    assert choice.choose("dot", "b512", _fast_native()) == "native"
+    assert (choice.directory(tmp_path) / "dot" / "b512.json").exists()
 
 
 def test_a_choice_already_on_disk_stands(tmp_path: Path) -> None:
