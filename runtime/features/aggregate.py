@@ -221,8 +221,9 @@ class AggregateTransform:
         of = f" of {config.of}" if config.of is not None else ""
         last = f"the last {config.last} " if config.last is not None else ""
         sharing = f" sharing {config.sharing}" if config.sharing is not None else ""
+        by = "+".join(config.keys)
         return (
-            f"{config.aggregate}{of} over {last}earlier rows by {'+'.join(config.keys)}{sharing}: {len(state.keys):,} keys, "
+            f"{config.aggregate}{of} over {last}earlier rows by {by}{sharing}: {len(state.keys):,} keys, "
             f"{len(state.times_list):,} training rows, default {state.default:.6g}"
         )
 
