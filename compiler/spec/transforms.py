@@ -187,7 +187,7 @@ def _aggregate(checker: Checker, entry: Node, history: Node) -> Aggregate | None
         node = checker.child(checker.child(entry, "transform"), "clip") or entry
         checker.error(node, f"the low end {clip[0]} must be below the high end {clip[1]}")
     return Aggregate(
-        spec["by"],
+        tuple(spec["by"]) if isinstance(spec["by"], list) else spec["by"],
         spec["time"],
         aggregate,
         spec.get("of") if aggregate == "mean" else None,

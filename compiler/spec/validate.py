@@ -25,7 +25,7 @@ from keyword import iskeyword
 from typing import Any, Iterable, Iterator
 
 import jsonschema
-from jsonschema.exceptions import ValidationError
+from jsonschema.exceptions import ValidationError, best_match
 
 from compiler.diagnostics import CompileError, Diagnostic
 from compiler.ir import INT64_MAX, ModelIR
@@ -161,6 +161,8 @@ def _diagnose(error: ValidationError, root: Node) -> Iterator[Problem]:
         yield from _duplicate_items(node)
     elif keyword == "anyOf":
         yield Problem(path, _at(node, _any_of_message(error, _describe(error.instance))))
+    elif keyword == "oneOf":
+        yield Problem(path, _at(node, _one_of_message(error)))
     else:
         yield Problem(path, _at(node, _message(error, _describe(error.instance))))
 
@@ -233,6 +235,26 @@ def _any_of_message(error: ValidationError, got: str) -> str:
         else:
             accepted.append(_TYPE_NAMES[option["type"]])
     return "expected " + " or ".join(accepted) + f", got {got}"
+
+
+def _one_of_message(error: ValidationError) -> str:
+    """A `oneOf` of a value or a list of them (`by: user` or `by: [movie, gender]`): the error of the branch
+    the value's type fits (else of any), with the list item it is about."""
+    branches: dict[int, list[ValidationError]] = {}
+    for branch in error.context or ():
+        branches.setdefault(int(branch.schema_path[0]), []).append(branch)
+    mistyped = {i for i, errors in branches.items() if any(e.validator == "type" and not e.path for e in errors)}
+    fitting = [e for i, errors in branches.items() if i not in mistyped for e in errors]
+    best = best_match(fitting or error.context or ())
+    if best is None:
+        return error.message
+    if best.validator == "uniqueItems":
+        listed = best.instance
+        message = f"{_describe(next(v for i, v in enumerate(listed) if v in listed[:i]))} is listed more than once"
+    else:
+        message = _message(best, _describe(best.instance))
+    items = "".join(f"[{step}]" for step in best.relative_path)
+    return f"item {items}: {message}" if items else message
 
 
 _BOUNDS = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}

@@ -86,13 +86,14 @@ class Numeric:
 @dataclass(frozen=True, slots=True)
 class Aggregate:
     """A dense feature of one column: an aggregate of the training rows with the same `by` value and a
-    strictly earlier `time` (runtime.features.aggregate): `aggregate` "mean" (of column `of`, a number) or
+    strictly earlier `time` (runtime.features.aggregate); `by` names one column, or several whose values
+    together make the key (a movie among the rows of the same gender): `aggregate` "mean" (of column `of`, a number) or
     "count"; only the last `last` of those rows when given; of those, only the rows whose `sharing` column
     (a `|`-list) has a value in common with the row's own when given. Then clipped to `clip`, logged
     (`log`) and scaled (`scale`) as a `Numeric`, learned on the training rows' aggregates."""
 
     kind: ClassVar[str] = "aggregate"
-    by: str = ""
+    by: str | tuple[str, ...] = ""
     time: str = ""
     aggregate: str = "mean"
     of: str | None = None
@@ -105,11 +106,18 @@ class Aggregate:
     def __post_init__(self) -> None:
         if self.clip is not None:
             object.__setattr__(self, "clip", (float(self.clip[0]), float(self.clip[1])))
+        if isinstance(self.by, list):
+            object.__setattr__(self, "by", tuple(self.by))
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The columns whose values make a row's key: one, or several together."""
+        return (self.by,) if isinstance(self.by, str) else self.by
 
     @property
     def reads(self) -> tuple[str, ...]:
         """The columns every row is read from (never `of`: only the training rows' `of` is read, while learning)."""
-        return (self.by, self.time) + ((self.sharing,) if self.sharing is not None else ())
+        return (*self.keys, self.time) + ((self.sharing,) if self.sharing is not None else ())
 
 
 SparseTransform = Union[Vocabulary, Cross, Quantiles, History]

@@ -1,7 +1,8 @@
 """`aggregate`: a dense feature made from the earlier training rows of the same key (a dense `history`).
 
 `history: {by: user, time: ts, of: label, last: 20, aggregate: mean, sharing: genres}`
-on a dense feature of size 1 gives, for a row of key k (its `by` value) at
+on a dense feature of size 1 gives, for a row of key k (its `by` value; with
+`by: [movie, gender]` the pair of its values, `composite_key`) at
 time t, over the training rows of k with a time strictly below t (the same
 rows a sparse `history` takes, runtime.features.history: a training row with
 the same time is never counted, whichever comes first in the file):
@@ -50,6 +51,12 @@ _CHUNK = 8192  # training rows aggregated at once in `finish` (bounds the pair a
 
 # One training row while learning: (key, time, sharing values, `of` value (NaN when empty or no `of`)).
 Event = tuple
+
+
+def composite_key(parts: Sequence[Any]) -> str:
+    """The key of a row whose `by` names several columns: their values as text (empty for a missing one),
+    joined by a separator no CSV field or id holds, so (a, bc) and (ab, c) stay apart."""
+    return "\x1f".join("" if part is None else str(part) for part in parts)
 
 
 def numeric_of(config: Aggregate) -> Numeric:
@@ -214,8 +221,9 @@ class AggregateTransform:
         of = f" of {config.of}" if config.of is not None else ""
         last = f"the last {config.last} " if config.last is not None else ""
         sharing = f" sharing {config.sharing}" if config.sharing is not None else ""
+        by = "+".join(config.keys)
         return (
-            f"{config.aggregate}{of} over {last}earlier rows by {config.by}{sharing}: {len(state.keys):,} keys, "
+            f"{config.aggregate}{of} over {last}earlier rows by {by}{sharing}: {len(state.keys):,} keys, "
             f"{len(state.times_list):,} training rows, default {state.default:.6g}"
         )
 

@@ -1,6 +1,6 @@
 """`LearnedFeatures`: every learned state of a model, and its file `features.json`.
 
-    {"format": "reccompile-features", "version": 1,
+    {"format": "reccompile-features", "version": 2,
      "features": {"user": {"kind": "vocabulary", "version": 1,
                            "config": {"min_count": 1, "max_size": 10000, "oov_buckets": 1},
                            "state": {"seen": 943, "oov_buckets": 1, "values": ["u405", ...]}}, ...}}
@@ -11,6 +11,11 @@ generated module while training, in checkpoints and exports. `read_features`
 holds a state to the spec: a feature learned with another config or another
 transform version is an error that says to learn again, never a silent
 relearning.
+
+A long list a state holds that an earlier feature's state holds too (the
+training rows' keys, counts and times of the dense histories of one `by` and
+`time`) is written once: a later one is `{"$same_as": [feature, field]}`
+(version 2; a version 1 file, without them, still loads).
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from runtime.features.registry import transform
 
 FILE = "features.json"
 FORMAT = "reccompile-features"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)  # version 1: no shared lists
+SAME_AS = "$same_as"
+_SHARED_LENGTH = 100  # lists at least this long are written once
 
 
 class FeatureStateError(ValueError):
@@ -61,12 +69,13 @@ class LearnedFeatures:
         ]
 
     def to_bytes(self) -> bytes:
+        seen: dict[str, list[str]] = {}
         body = {
             name: {
                 "kind": learned.kind,
                 "version": transform(learned.kind).version,
                 "config": config_json(learned.config),
-                "state": transform(learned.kind).dump(learned.state),
+                "state": _share(transform(learned.kind).dump(learned.state), name, seen),
             }
             for name, learned in self.features.items()
         }
@@ -81,6 +90,39 @@ class LearnedFeatures:
         partial.write_bytes(data)
         os.replace(partial, target)
         return hashlib.sha256(data).hexdigest()
+
+
+def _share(state: dict[str, Any], name: str, seen: dict[str, list[str]]) -> dict[str, Any]:
+    """`state` with each long list an earlier feature's state holds replaced by a reference to it; `seen`
+    (the JSON of each long list so far -> [feature, field]) grows with this state's own."""
+    out = {}
+    for field, value in state.items():
+        if isinstance(value, list) and len(value) >= _SHARED_LENGTH:
+            text = json.dumps(value, separators=(",", ":"))
+            if text in seen:
+                out[field] = {SAME_AS: seen[text]}
+                continue
+            seen[text] = [name, field]
+        out[field] = value
+    return out
+
+
+def _resolve(state: Any, stored: Mapping[str, Any], file: str, name: str) -> Any:
+    """A stored state with its references (`_share`) replaced by the lists they name."""
+    if not isinstance(state, dict):
+        return state
+    out = {}
+    for field, value in state.items():
+        if isinstance(value, dict) and set(value) == {SAME_AS}:
+            target = value[SAME_AS]
+            try:
+                value = stored[target[0]]["state"][target[1]]
+            except (KeyError, IndexError, TypeError):
+                raise FeatureStateError(
+                    f"{file}: feature {name!r} refers to {target}, which it does not hold"
+                ) from None
+        out[field] = value
+    return out
 
 
 def read_features(path: str | Path, configs: Mapping[str, Any], expected_sha256: str | None = None) -> LearnedFeatures:
@@ -110,7 +152,7 @@ def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> Learne
         document = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise FeatureStateError(f"{file}: not a features file ({error})") from None
-    if not isinstance(document, dict) or document.get("format") != FORMAT or document.get("version") != VERSION:
+    if not isinstance(document, dict) or document.get("format") != FORMAT or document.get("version") not in READABLE:
         raise FeatureStateError(f"{file}: not a reccompile features file of version {VERSION}")
     stored = document.get("features", {})
     features = {}
@@ -136,5 +178,6 @@ def parse_features(data: bytes, configs: Mapping[str, Any], file: str) -> Learne
                 f"{entry.get('version')}, this runtime applies version {version}; "
                 "learn the features again"
             )
-        features[name] = Learned(config.kind, config, transform(config.kind).load(entry["state"]))
+        state = _resolve(entry["state"], stored, file, name)
+        features[name] = Learned(config.kind, config, transform(config.kind).load(state))
     return LearnedFeatures(features, str(file))

@@ -32,6 +32,7 @@ import torch
 
 from runtime.config.transforms import Aggregate, History, Numeric, Quantiles, Vocabulary
 from runtime.data.tables.mapping import SEPARATOR, SparseColumn, TableLayout
+from runtime.features.aggregate import composite_key
 
 _SPECIAL = (b'"', b"\r", b"\0")  # what sends a line through the csv module on the row path
 
@@ -106,7 +107,11 @@ def _events(config: Aggregate, table: pa.Table) -> list[tuple[Any, ...]] | None:
         bags = pc.split_pattern(pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column), SEPARATOR)
         shared = [tuple(bag) if bag else () for bag in bags.to_pylist()]
     values = of.tolist() if of is not None else [math.nan] * n
-    return list(zip(table.column(config.by).to_pylist(), moment.tolist(), shared, values, strict=True))
+    if isinstance(config.by, str):
+        keys = table.column(config.by).to_pylist()
+    else:
+        keys = [composite_key(parts) for parts in zip(*(table.column(c).to_pylist() for c in config.by), strict=True)]
+    return list(zip(keys, moment.tolist(), shared, values, strict=True))
 
 
 def chunk_raws(

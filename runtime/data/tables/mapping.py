@@ -49,6 +49,7 @@ from runtime.config.transforms import Aggregate, Cross, History, Numeric, Quanti
 from runtime.data.columns import Columns, Jagged
 from runtime.data.errors import DataError, RowError
 from runtime.data.spec_columns import feature_list, heads_by_label
+from runtime.features.aggregate import composite_key
 from runtime.features.hashing import cross_text, hash_id
 from runtime.features.registry import transform
 
@@ -294,7 +295,7 @@ def _aggregated(config: Aggregate, fields: dict[str, Any], learning: bool = Fals
     """An aggregate feature's raw value: one (key, time, sharing values) of the row; while learning
     (a training row) also its `of` value, NaN when empty: no other path reads `of`, so an evaluation
     row's or a request's label never enters an aggregate."""
-    by = fields[config.by]
+    by = fields[config.by] if isinstance(config.by, str) else composite_key([fields[c] for c in config.by])
     shared = tuple(str(item) for item in items_of(fields[config.sharing])) if config.sharing is not None else ()
     event: tuple[Any, ...] = ("" if by is None else str(by), _moment(config.time, fields[config.time]), shared)
     if learning:

@@ -260,8 +260,8 @@ def test_predict_without_the_learned_state_is_refused(run: dict) -> None:
         next(iter(samples.batches))
     assert str(error.value) == (
         "features 'age', 'year', 'user_rate', 'user_rate_10', 'user_rate_20', 'user_rate_50', 'user_genre_rate', "
-        "'movie_count', 'movie_rate', 'user_count', 'user', 'movie', 'seen', 'liked', 'disliked', 'genres', "
-        "'gender', 'occupation', 'zip', 'age_bucket', 'year_bucket' "
+        "'movie_count', 'movie_rate', 'user_count', 'movie_gender_rate', 'movie_occupation_rate', 'user', 'movie', "
+        "'seen', 'liked', 'disliked', 'genres', 'gender', 'occupation', 'zip', 'age_bucket', 'year_bucket' "
         "have learned transforms but no learned state: learn them (reccompile data prepare, or train on the raw "
         "files) or read the state saved with them"
     )

@@ -10,12 +10,14 @@ from collections import Counter
 import pytest
 import torch
 
-from runtime.config.transforms import Cross, History, Numeric, Quantiles, Vocabulary
+from runtime.config.transforms import Aggregate, Cross, History, Numeric, Quantiles, Vocabulary
 from runtime.features.hashing import hash_id, hash_text
 from runtime.features.registry import transform
 from runtime.features.state import Learned, LearnedFeatures, read_features
 
-VOCAB, NUMERIC, QUANT, HIST = (transform(k) for k in ("vocabulary", "numeric", "quantiles", "history"))
+VOCAB, NUMERIC, QUANT, HIST, AGG = (
+    transform(k) for k in ("vocabulary", "numeric", "quantiles", "history", "aggregate")
+)
 
 
 def _learn(kind, config, chunks, rows=None):
@@ -131,3 +133,50 @@ def test_a_history_filtered_by_where_and_an_older_file_without_where_still_loads
     assert read_features(path, {"seen": plain}).get("seen").state.keys == {"u1": ([10.0, 20.0], ["a", "b"])}
     with pytest.raises(ValueError, match="^" + re.escape(f"{path}: feature 'seen' was learned as history")):
         read_features(path, {"seen": config})
+
+
+def test_dense_histories_of_one_key_write_the_training_rows_once_and_load_the_same(tmp_path) -> None:
+    """Two aggregates of the same `by` and `time` hold the same keys, counts and times: the second refers to
+    the first's, the file is smaller by them, and both load to states that give the same values."""
+    rate = Aggregate(by="user", time="ts", aggregate="mean", of="label", last=3)
+    count = Aggregate(by="user", time="ts", aggregate="count")
+    events = [(f"u{i % 150}", float(i // 3), (), float(i % 2)) for i in range(1500)]
+    learned = LearnedFeatures(
+        {
+            name: Learned("aggregate", config, _learn("aggregate", config, [events]))
+            for name, config in (("rate", rate), ("count", count))
+        }
+    )
+    path = tmp_path / "features.json"
+    learned.write(path)
+    stored = json.loads(path.read_text())["features"]
+    assert {field: stored["count"]["state"][field] for field in ("keys", "counts", "times")} == {
+        "keys": {"$same_as": ["rate", "keys"]},
+        "counts": {"$same_as": ["rate", "counts"]},
+        "times": {"$same_as": ["rate", "times"]},
+    }
+    alone = LearnedFeatures({"count": learned.get("count")}).to_bytes()
+    assert len(path.read_bytes()) < len(alone) + len(LearnedFeatures({"rate": learned.get("rate")}).to_bytes())
+    back = read_features(path, {"rate": rate, "count": count})
+    rows = [(f"u{i}", 200.0, ()) for i in range(155)] + [("u3", math.inf, ())]
+    for name, config in (("rate", rate), ("count", count)):
+        expected = AGG.apply(config, learned.get(name).state, rows)
+        assert torch.equal(AGG.apply(config, back.get(name).state, rows), expected), name
+    assert back.to_bytes() == path.read_bytes()
+    document = json.loads(path.read_text())
+    document["features"]["count"]["state"]["keys"] = {"$same_as": ["nobody", "keys"]}
+    path.write_text(json.dumps(document))
+    with pytest.raises(ValueError) as error:
+        read_features(path, {"rate": rate, "count": count})
+    assert str(error.value) == f"{path}: feature 'count' refers to ['nobody', 'keys'], which it does not hold"
+
+
+def test_a_features_file_of_version_1_still_loads(tmp_path) -> None:
+    config = Vocabulary(min_count=1)
+    path = tmp_path / "features.json"
+    LearnedFeatures({"user": Learned("vocabulary", config, _learn("vocabulary", config, [["a"]]))}).write(path)
+    document = json.loads(path.read_text())
+    assert document["version"] == 2
+    document["version"] = 1
+    path.write_text(json.dumps(document))
+    assert read_features(path, {"user": config}).get("user").state.values == ["a"]

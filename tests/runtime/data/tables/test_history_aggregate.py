@@ -1,6 +1,6 @@
 """A dense `history`: an aggregate of a key's strictly earlier training rows (mean of a column, or count),
-against a plain-Python reference on a generated table with ties in time, `last`, `sharing` and empty
-histories; learned from the training rows only, so a held-out row's label changes no value."""
+against a plain-Python reference on a generated table with ties in time, `last`, `sharing`, keys of two
+columns and empty histories; learned from the training rows only, so a held-out row's label changes no value."""
 
 from __future__ import annotations
 
@@ -30,13 +30,19 @@ AGGREGATES = {
     "score_mean": ("user", "mean", "score", 5, None),
     "item_count": ("item", "count", None, None, None),
     "genre_count_2": ("user", "count", None, 2, "genres"),
+    "item_user_rate": (["item", "user"], "mean", "label", None, None),
+    "user_item_count_2": (["user", "item"], "count", None, 2, None),
 }
 
 
 def _spec(shaped: bool) -> str:
     lines = []
     for name, (by, aggregate, of, last, sharing) in AGGREGATES.items():
-        options = [f"by: {by}", "time: ts", f"aggregate: {aggregate}"]
+        options = [
+            f"by: [{', '.join(by)}]" if isinstance(by, list) else f"by: {by}",
+            "time: ts",
+            f"aggregate: {aggregate}",
+        ]
         options += [f"of: {of}"] if of else []
         options += [f"last: {last}"] if last else []
         options += [f"sharing: {sharing}"] if sharing else []
@@ -86,9 +92,10 @@ def _reference(train: list[list[str]], row: list[str], config: tuple) -> float:
     """The aggregate of `row` over the training rows, the slow and obvious way."""
     by, aggregate, of, last, sharing = config
     column = HEADER.split(",")
-    key, time = column.index(by), column.index("ts")
+    keys, time = [column.index(c) for c in (by if isinstance(by, list) else [by])], column.index("ts")
     earlier = sorted(
-        (r for r in train if r[key] == row[key] and int(r[time]) < int(row[time])), key=lambda r: int(r[time])
+        (r for r in train if all(r[k] == row[k] for k in keys) and int(r[time]) < int(row[time])),
+        key=lambda r: int(r[time]),
     )
     if last is not None:
         earlier = earlier[-last:]
@@ -142,6 +149,7 @@ def test_the_aggregates_of_held_out_rows_are_the_reference(tmp_path: Path, table
         expected = [_reference(train, row, config) for row in test]
         assert got[name] == pytest.approx(expected, abs=1e-5), name
     assert 0.0 in got["item_count"] and any(v > 2 for v in got["item_count"])  # empty and long histories
+    assert 0.0 in got["user_item_count_2"] and 2.0 in got["user_item_count_2"]  # a pair's rows, not its user's
 
 
 def test_a_served_request_gets_the_loaders_values(tmp_path: Path, table: tuple) -> None:
