@@ -7,8 +7,11 @@ rank order; ranks may hold different numbers of rows (the last batch of an
 epoch). Its backward sums every rank's gradient of the gathered tensor and
 hands each rank the rows it contributed: the gradient of the sum of all
 ranks' losses, which the data-parallel average then divides by the world
-size, as it does for every other parameter. It runs on gloo, which has no
-reduce-scatter, and returns the input unchanged without a process group.
+size, as it does for every other parameter. gloo has no reduce-scatter: the
+backward sends each rank its rows' slice of the gradient in one
+all_to_all_single and sums the slices it receives in rank order, one
+exchange where an all-reduce (a reduce-scatter then an all-gather) takes two
+and twice the bytes. It returns the input unchanged without a process group.
 `gather_rows_and_ids` gathers the rows and their ids in one all-gather of
 one flat byte buffer (each rank's rows' bytes beside its ids' bytes): one
 wait on the slowest rank per step instead of two. Given `PaddedCounts` in place of
@@ -140,10 +143,10 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, group=ctx.group)
-        start = sum(ctx.counts[: ctx.rank])
-        return total[start : start + ctx.counts[ctx.rank]], None, None, None
+        counts, own = ctx.counts, ctx.counts[ctx.rank]
+        slices = grad.new_empty((len(counts) * own, *grad.shape[1:]))
+        dist.all_to_all_single(slices, grad.contiguous(), [own] * len(counts), counts, group=ctx.group)
+        return slices.view(len(counts), own, *grad.shape[1:]).sum(dim=0), None, None, None
 
 
 def gather_rows(
