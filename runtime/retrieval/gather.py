@@ -95,7 +95,7 @@ def _gather_padded(message: torch.Tensor, pad: int, process_group: dist.ProcessG
     counts = torch.stack([part[pad, :COUNT_BYTES] for part in parts]).view(torch.long).reshape(-1).tolist()
     if max(counts) > pad:  # every rank knows every count now: the redo's sizes agree
         return _gather(message, counts, process_group), counts
-    return torch.cat([part[:count, : message.shape[1]] for part, count in zip(parts, counts)]), counts
+    return torch.cat([part[:count, : message.shape[1]] for part, count in zip(parts, counts, strict=True)]), counts
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
