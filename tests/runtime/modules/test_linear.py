@@ -20,8 +20,10 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 
 
 @pytest.fixture(autouse=True)
-def onednn_for_any_size(monkeypatch, request) -> None:
-    """The small shapes here would take F.linear; the numerics tests want the oneDNN path."""
+def onednn_for_any_size(monkeypatch, request, tmp_path) -> None:
+    """The small shapes here would take F.linear; the numerics tests want the oneDNN path. What is
+    measured (the weight gradient's form) is kept in a cache of the test's own."""
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
     if "small_products" not in request.node.name:
         monkeypatch.setattr(linear_module, "MIN_ONEDNN_MACS", 1)
         monkeypatch.setenv(choice.ENV, "linear=onednn")
