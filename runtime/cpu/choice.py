@@ -11,7 +11,7 @@ faster on some CPUs:
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's lookup  | native (runtime/cpu/native/quant_pool.c, rowwise_adagrad.c)
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
-    linear_grad_weight mm (x^T g)^T | oneDNN's inner-product backward, in the oneDNN
+    linear_grad_weight mm (g^T x)   | oneDNN's inner-product backward, in the oneDNN
                                      layer's backward (runtime/modules/layers/linear.py)
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)
