@@ -152,6 +152,9 @@ WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}
+# What `choose` times: a mapping of calls, or a function that makes it only when a measurement runs
+# (callers ask at every forward; their calls' closures cost microseconds to make).
+Runs = Mapping[str, Callable[[], object]] | Callable[[], Mapping[str, Callable[[], object]]]
 _used: dict[str, dict[str, str]] = {}  # what this process ran, by kernel then key (machine())
 _forced_used: dict[str, str] = {}  # the kernels RECCOMPILE_KERNELS forced when asked, by kernel
 
@@ -413,12 +416,13 @@ def unavailable(name: str) -> str | None:
     return None
 
 
-def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
+def choose(kernel: str, shape: str, runs: Runs, site: str | None = None) -> str:
     """The implementation of `kernel` to use at `shape`: forced, recorded, or measured now.
 
     `runs` maps both names of KERNELS[kernel] to a call that runs that
     implementation once on the real shapes (in the order given for the
-    warm-up, so the first may validate the inputs). `shape` names the
+    warm-up, so the first may validate the inputs), or is a function
+    returning that mapping, called only if a measurement runs. `shape` names the
     shapes in a file-name-safe key (letters, digits, `_.+-`). `site` names
     the layer or table group in the same way, without the sizes that vary
     per batch: inside `run()`, a NUMERIC kernel is chosen once per site.
@@ -441,7 +445,7 @@ def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], si
     return force if force is not None else _decide(kernel, shape, runs)
 
 
-def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
+def _decide(kernel: str, key: str, runs: Runs, site: str | None = None) -> str:
     """This process's earlier answer for `key` under this cache directory, else `_from_disk`'s."""
     memo_key = (kernel, key, cache_settings())
     winner = _memo.get(memo_key)
@@ -451,7 +455,7 @@ def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], sit
     return winner
 
 
-def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None) -> str:
+def _from_disk(kernel: str, key: str, runs: Runs, site: str | None) -> str:
     """The recorded choice for `key`, else the one measured now and recorded (the first on disk wins)."""
     baseline, alternative = KERNELS[kernel]
     if not _SHAPE.fullmatch(key):
@@ -463,7 +467,7 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
     if not _writable(folder):
         return baseline
     before = threads.cpu_sample() if kernel in WINDOWS else None
-    times = _fastest_ms(runs, WINDOWS.get(kernel, 0.0))
+    times = _fastest_ms(runs() if callable(runs) else runs, WINDOWS.get(kernel, 0.0))
     margin = MARGINS.get(kernel, MARGIN)
     winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
     if before is not None and _core_held_since(before):

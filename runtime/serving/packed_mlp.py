@@ -174,7 +174,7 @@ class PackedMLP(MLP):
             and choice.choose(
                 "packed_mlp",
                 question,
-                {
+                lambda: {
                     "aten": lambda: self._run(x, layers, None),
                     "packed": lambda: self._run(x, layers, _where_onednn_applies),
                 },

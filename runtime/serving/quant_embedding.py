@@ -296,6 +296,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         )
         layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), stored_dims))
         self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
+        # (offsets, ids, weighted, checked, threads) -> the 'quant_pool' question's shape key
+        self._shapes: dict[tuple[int, int, bool, bool, int], str] = {}
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -478,17 +480,20 @@ class QuantEmbeddingBagCollection(nn.Module):
         """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
         out-of-range id raises there, before fbgemm's kernel could read past a table). The key names
         the C source's hash, so a changed kernel is measured again."""
-        features = len(self._feature_names)
-        shape = (
-            f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
-            f"_f{features}_{self._layout_key}_c{native.source_tag('quant_pool')}"
-            f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
-            f"_t{torch.get_num_threads()}"
-        )
+        question = (offsets.numel(), values.numel(), weights is not None, check, torch.get_num_threads())
+        shape = self._shapes.get(question)
+        if shape is None:  # built once per question: a forward asks at every call
+            features = len(self._feature_names)
+            shape = self._shapes[question] = (
+                f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
+                f"_f{features}_{self._layout_key}_c{native.source_tag('quant_pool')}"
+                f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}"
+                f"{'_checked' if check else ''}_t{torch.get_num_threads()}"
+            )
         return choice.choose(
             "quant_pool",
             shape,
-            {
+            lambda: {
                 "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
                 "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
             },
