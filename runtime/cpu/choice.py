@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Eleven places in the runtime hold two implementations that compute the same
+Twelve places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -8,6 +8,8 @@ faster on some CPUs:
     linear      aten (F.linear)    | onednn (runtime/modules/layers/linear.py)
     lookup      sequential groups  | concurrent groups (runtime/embeddings/concurrent.py)
     quant_pool  fbgemm             | native (runtime/cpu/native/quant_pool.c)
+    pool_team   native on one thread | native on torch's threads, where its own rule
+                                     (runtime/cpu/native's IDS_PER_THREAD) would take one
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's lookup  | native (runtime/cpu/native/quant_pool.c, rowwise_adagrad.c)
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
@@ -32,7 +34,7 @@ autograd, whose int8 side errs as its rounding predicts (tests/runtime/serving/t
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
 one warm-up each, then a few interleaved repetitions (for serving's
-`packed_mlp`, `mlp_int8` and `quant_pool`, as many as fill 0.3, 0.3 and 0.1 s; see
+`packed_mlp`, `mlp_int8`, `quant_pool` and `pool_team`, as many as fill 0.3, 0.3, 0.1 and 0.1 s; see
 `WINDOWS`), the fastest kept (a neighbour's preemption only ever adds time,
 so the minimum is the least noisy figure of what each path costs). The
 alternative is taken only when it beats the baseline's by `MARGIN`, so the
@@ -122,6 +124,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "linear": ("aten", "onednn"),
     "lookup": ("sequential", "concurrent"),
     "quant_pool": ("fbgemm", "native"),
+    "pool_team": ("one", "team"),
     "attention": ("torch", "native"),
     "embedding_update": ("fbgemm", "native"),
     "linear_grad_input": ("plain", "padded"),
@@ -148,7 +151,7 @@ REPEATS = 5
 # Serving's pooling takes well under a millisecond a call: five rounds once gave fbgemm 0.744 ms
 # against the C kernel's 0.753 for fp16 tables at batch 512, which 200 alternated calls put at 635
 # against 287 us.
-WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0.1}
+WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0.1, "pool_team": 0.1}
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}

@@ -464,7 +464,8 @@ class QuantEmbeddingBagCollection(nn.Module):
             [self.weights, values], dtype=None
         )
         if native_kernel and self._choose(values, offsets, weights, kjt, check) == "native":
-            pooled = self._native_pool(values, offsets, weights, kjt, check)
+            threads = self._pool_threads(values, offsets, weights, kjt, check)
+            pooled = self._native_pool(values, offsets, weights, kjt, check, threads)
         else:
             pooled = self._fbgemm_pool(values, offsets, weights, kjt, check)
         return pooled.index_select(1, self.output_columns) if self._padded else pooled
@@ -480,9 +481,20 @@ class QuantEmbeddingBagCollection(nn.Module):
         """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
         out-of-range id raises there, before fbgemm's kernel could read past a table). The key names
         the C source's hash, so a changed kernel is measured again."""
+        return choice.choose(
+            "quant_pool",
+            self._shape(values, offsets, weights, check),
+            lambda: {
+                "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
+                "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
+            },
+        )
+
+    def _shape(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, check: bool) -> str:
+        """The kernel choices' key for these shapes, built once per question (a forward asks at every call)."""
         question = (offsets.numel(), values.numel(), weights is not None, check, torch.get_num_threads())
         shape = self._shapes.get(question)
-        if shape is None:  # built once per question: a forward asks at every call
+        if shape is None:
             features = len(self._feature_names)
             shape = self._shapes[question] = (
                 f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
@@ -490,14 +502,32 @@ class QuantEmbeddingBagCollection(nn.Module):
                 f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}"
                 f"{'_checked' if check else ''}_t{torch.get_num_threads()}"
             )
-        return choice.choose(
-            "quant_pool",
-            shape,
+        return shape
+
+    def _pool_threads(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        kjt: KeyedJaggedTensor | None,
+        check: bool,
+    ) -> int:
+        """The C kernel's team: one thread where runtime/cpu/native's rule (IDS_PER_THREAD) takes one
+        and torch has more, unless the team measured faster at these shapes (kernel 'pool_team').
+        That rule was set on a busy machine, where a team could wait a time slice for its second
+        thread; quiet, the thread left spinning by the last GEMM may pool half the bags sooner."""
+        one, team = native.pool_threads(values.numel()), torch.get_num_threads()
+        if one >= team:
+            return one
+        winner = choice.choose(
+            "pool_team",
+            self._shape(values, offsets, weights, check),
             lambda: {
-                "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
-                "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
+                "one": lambda: self._native_pool(values, offsets, weights, kjt, check, one),
+                "team": lambda: self._native_pool(values, offsets, weights, kjt, check, team),
             },
         )
+        return team if winner == "team" else one
 
     def _bag_weights(
         self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
@@ -519,10 +549,11 @@ class QuantEmbeddingBagCollection(nn.Module):
         weights: torch.Tensor | None,
         kjt: KeyedJaggedTensor | None,
         check: bool,
+        threads: int | None = None,
     ) -> torch.Tensor:
         weights = self._bag_weights(values, offsets, weights)
         rows = self.rows_per_feature if check else None  # the C kernel checks ids as it pools
-        pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
+        pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows, threads)
         if pooled is None:
             raise self._bad_id_error(values, offsets, kjt)
         return pooled

@@ -206,7 +206,7 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(err.value) == (
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
-        "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
+        "pool_team=one|team, attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
         "packed_mlp=aten|packed, mlp_int8=float|int8, softmax_gemm=fp32|bf16, attention_precision=autocast|fp32"
     )
 
