@@ -229,6 +229,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._is_weighted = is_weighted
         self.bounds_check = bounds_check
         self._output_type = _OUTPUT_TYPES[output_dtype].as_int()
+        self._float_output = output_dtype == torch.float32  # the C kernel writes float32 only
         device = torch.device(device if device is not None else "cpu")
 
         self._feature_names = [f for t in tables for f in t.feature_names]
@@ -460,9 +461,7 @@ class QuantEmbeddingBagCollection(nn.Module):
                 "forward only (detach the weights, or look up under torch.no_grad())"
             )
         check = self.bounds_check and not checked
-        native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
-            [self.weights, values], dtype=None
-        )
+        native_kernel = self._float_output and native.applies([self.weights, values], dtype=None)
         if native_kernel and self._choose(values, offsets, weights, kjt, check) == "native":
             threads = self._pool_threads(values, offsets, weights, kjt, check)
             pooled = self._native_pool(values, offsets, weights, kjt, check, threads)

@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL | None:
 def applies(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = torch.float32) -> bool:
     """Whether the kernels can take these tensors: on the CPU, of `dtype` (None: any), outside tracing."""
     return (
-        all(t.device.type == "cpu" and (dtype is None or t.dtype == dtype) for t in tensors)
+        all(t.is_cpu and (dtype is None or t.dtype == dtype) for t in tensors)
         and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting()
         and library() is not None
@@ -265,6 +265,11 @@ class QuantLayout:
     total_dim: int
 
 
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` as a contiguous `dtype` tensor, itself where it is one already (without the calls)."""
+    return tensor if tensor.dtype == dtype and tensor.is_contiguous() else tensor.to(dtype).contiguous()
+
+
 def quant_pool(
     buffer: torch.Tensor,
     layout: QuantLayout,
@@ -282,11 +287,11 @@ def quant_pool(
     assert lib is not None, "quant_pool called where applies() is False"
     features = layout.dims.numel()
     batch = (offsets.numel() - 1) // features
-    ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+    ids, offsets = _as(ids, torch.int64), _as(offsets, torch.int64)
     if weights is not None:
-        weights = weights.to(torch.float32).contiguous()
+        weights = _as(weights, torch.float32)
     if rows is not None:
-        rows = rows.to(torch.int64).contiguous()
+        rows = _as(rows, torch.int64)
     out = torch.empty(batch, layout.total_dim)
     status = lib.reccompile_quant_pool(
         features,
