@@ -224,7 +224,7 @@ class PackedMLP(MLP):
         with torch.inference_mode(False), torch.no_grad():  # plain views, whatever mode the first call is in
             self._layers = tuple(
                 (layer, layer.weight, layer.weight.detach().t(), layer.bias, act is torch.relu_, act)
-                for layer, act in zip(self.linears, self._activations, strict=True)
+                for layer, act in zip(cast("list[nn.Linear]", self.linears), self._activations, strict=True)
             )
         return self._layers
 
