@@ -8,6 +8,8 @@ faster on some CPUs:
     linear      aten (F.linear)    | onednn (runtime/modules/layers/linear.py)
     lookup      sequential groups  | concurrent groups (runtime/embeddings/concurrent.py)
     quant_pool  fbgemm             | native (runtime/cpu/native/quant_pool.c)
+    pool_team   native on one thread | native on torch's threads, where its own rule
+                                     (runtime/cpu/native's IDS_PER_THREAD) would take one
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's lookup  | native (runtime/cpu/native/quant_pool.c, rowwise_adagrad.c)
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
@@ -34,7 +36,7 @@ autograd, whose int8 side errs as its rounding predicts (tests/runtime/serving/t
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
 one warm-up each, then a few interleaved repetitions (for serving's
-`packed_mlp`, `mlp_int8` and `quant_pool`, as many as fill 0.3, 0.3 and 0.1 s; see
+`packed_mlp`, `mlp_int8`, `quant_pool` and `pool_team`, as many as fill 0.3, 0.3, 0.1 and 0.1 s; see
 `WINDOWS`), the fastest kept (a neighbour's preemption only ever adds time,
 so the minimum is the least noisy figure of what each path costs). The
 alternative is taken only when it beats the baseline's by `MARGIN`, so the
@@ -126,6 +128,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "linear": ("aten", "onednn"),
     "lookup": ("sequential", "concurrent"),
     "quant_pool": ("fbgemm", "native"),
+    "pool_team": ("one", "team"),
     "attention": ("torch", "native"),
     "embedding_update": ("fbgemm", "native"),
     "linear_grad_input": ("plain", "padded"),
@@ -162,10 +165,13 @@ REPEATS = 5
 # Serving's pooling takes well under a millisecond a call: five rounds once gave fbgemm 0.744 ms
 # against the C kernel's 0.753 for fp16 tables at batch 512, which 200 alternated calls put at 635
 # against 287 us.
-WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0.1}
+WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0.1, "pool_team": 0.1}
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}
+# What `choose` times: a mapping of calls, or a function that makes it only when a measurement runs
+# (callers ask at every forward; their calls' closures cost microseconds to make).
+Runs = Mapping[str, Callable[[], object]] | Callable[[], Mapping[str, Callable[[], object]]]
 _used: dict[str, dict[str, str]] = {}  # what this process ran, by kernel then key (machine())
 _forced_used: dict[str, str] = {}  # the kernels RECCOMPILE_KERNELS forced when asked, by kernel
 
@@ -427,12 +433,13 @@ def unavailable(name: str) -> str | None:
     return None
 
 
-def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
+def choose(kernel: str, shape: str, runs: Runs, site: str | None = None) -> str:
     """The implementation of `kernel` to use at `shape`: forced, recorded, or measured now.
 
     `runs` maps both names of KERNELS[kernel] to a call that runs that
     implementation once on the real shapes (in the order given for the
-    warm-up, so the first may validate the inputs). `shape` names the
+    warm-up, so the first may validate the inputs), or is a function
+    returning that mapping, called only if a measurement runs. `shape` names the
     shapes in a file-name-safe key (letters, digits, `_.+-`). `site` names
     the layer or table group in the same way, without the sizes that vary
     per batch: inside `run()`, a NUMERIC kernel is chosen once per site.
@@ -455,7 +462,7 @@ def choose(kernel: str, shape: str, runs: Mapping[str, Callable[[], object]], si
     return force if force is not None else _decide(kernel, shape, runs)
 
 
-def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None = None) -> str:
+def _decide(kernel: str, key: str, runs: Runs, site: str | None = None) -> str:
     """This process's earlier answer for `key` under this cache directory, else `_from_disk`'s."""
     memo_key = (kernel, key, cache_settings())
     winner = _memo.get(memo_key)
@@ -465,7 +472,7 @@ def _decide(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], sit
     return winner
 
 
-def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], site: str | None) -> str:
+def _from_disk(kernel: str, key: str, runs: Runs, site: str | None) -> str:
     """The recorded choice for `key`, else the one measured now and recorded (the first on disk wins)."""
     baseline, alternative = KERNELS[kernel]
     if not _SHAPE.fullmatch(key):
@@ -477,7 +484,7 @@ def _from_disk(kernel: str, key: str, runs: Mapping[str, Callable[[], object]], 
     if not _writable(folder):
         return baseline
     before = threads.cpu_sample() if kernel in WINDOWS else None
-    times = _fastest_ms(runs, WINDOWS.get(kernel, 0.0))
+    times = _fastest_ms(runs() if callable(runs) else runs, WINDOWS.get(kernel, 0.0))
     margin = MARGINS.get(kernel, MARGIN)
     winner = alternative if times[alternative] < times[baseline] * (1 - margin) else baseline
     if before is not None and _core_held_since(before):

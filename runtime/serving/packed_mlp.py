@@ -68,34 +68,45 @@ from runtime.modules.layers.linear import linear, onednn_applies, onednn_chosen
 __all__ = ["PackedMLP", "pack_mlps"]
 
 
+@functools.cache
+def _mkldnn_built() -> bool:
+    return torch.backends.mkldnn.is_available()
+
+
 def _packed_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    # Cheapest tests first: a forward asks at every call, and at batch 1 the whole block's
+    # products take 20-40 us (the property `mkldnn.enabled` alone costs about 0.5 us).
     return (
-        x.device.type == "cpu"
+        x.is_cpu
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and x.dim() == 2
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
-        and torch.backends.mkldnn.is_available()
-        and torch.backends.mkldnn.enabled
         and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting()
+        and _mkldnn_built()
+        and torch.backends.mkldnn.enabled
     )
 
 
-def _plain(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> torch.Tensor:
+def _plain(
+    x: torch.Tensor, weight: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None, relu: bool
+) -> torch.Tensor:
+    """x W^T + b, ReLU'd if `relu`, off oneDNN; `weight_t` is `weight.t()` (a view kept per layer)."""
     if relu and bias is not None and x.dim() == 2:
         # addmm and relu in one op, the same bits: 5-8 us less a small layer at batch 64 on the AVX-512 EPYC
-        return torch._addmm_activation(bias, x, weight.t())
+        return torch._addmm_activation(bias, x, weight_t)
     out = F.linear(x, weight, bias)  # what `linear` runs off oneDNN
     return torch.relu_(out) if relu else out
 
 
 # Which layers of a block run on their packed weight: (layer, input, weight, bias, relu) -> bool.
 _Packs = Callable[[int, torch.Tensor, torch.Tensor, "torch.Tensor | None", bool], bool]
-
-
-def _never(k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
-    return False
+# A layer as a forward reads it: the module, its weight, weight.t() (a view), bias, ReLU fused, the
+# activation after it.
+_Layer = tuple[
+    nn.Module, torch.Tensor, torch.Tensor, "torch.Tensor | None", bool, "Callable[[torch.Tensor], torch.Tensor] | None"
+]
 
 
 def _where_onednn_applies(k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
@@ -130,6 +141,7 @@ class PackedMLP(MLP):
     # (batch bucket, threads) -> the block's shape key ('mlp_int8' question) and the 'packed_mlp' question
     _questions: dict[tuple[int, int], tuple[str, str | None]]
     _int8: dict[int, tuple[int, int, str, object]]  # layer -> (weight pointer, version, engine, prepacked)
+    _layers: tuple[_Layer, ...]  # what `_layer_table` last built
     exact: bool
     int8: bool
 
@@ -145,49 +157,76 @@ class PackedMLP(MLP):
         packed = cls.__new__(cls)
         packed.__dict__.update(mlp.__dict__)
         packed._packs, packed._questions, packed.exact, packed.int8 = {}, {}, exact, int8
-        packed._int8 = {}
+        packed._int8, packed._layers = {}, ()
         return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._decorated or x.shape[-1] != self.in_features or not _packed_applies(x, self.linears[0].weight):
+        layers = self._layer_table()
+        if self._decorated or x.shape[-1] != self.in_features or not _packed_applies(x, layers[0][1]):
             return super().forward(x)  # which also names a wrong input width
         if self.exact:
-            return self._run(x, lambda k, x, weight, bias, relu: onednn_chosen(x, weight, bias, relu))
+            return self._run(x, layers, lambda k, x, weight, bias, relu: onednn_chosen(x, weight, bias, relu))
         key, question = self._questions_at(x)
+        if question is None and not self.int8:
+            return self._run(x, layers, None)  # oneDNN applies to no layer: MKL's, nothing to ask
         packed = (
             question is not None
             and choice.choose(
                 "packed_mlp",
                 question,
-                {
-                    "aten": lambda: self._run(x, _never),
-                    "packed": lambda: self._run(x, _where_onednn_applies),
+                lambda: {
+                    "aten": lambda: self._run(x, layers, None),
+                    "packed": lambda: self._run(x, layers, _where_onednn_applies),
                 },
             )
             == "packed"
         )
-        packs = _where_onednn_applies if packed else _never
+        packs = _where_onednn_applies if packed else None
         if self.int8 and int8_available():
-            runs = {"float": lambda: self._run(x, packs), "int8": lambda: self._run_int8(x)}
+            runs = {"float": lambda: self._run(x, layers, packs), "int8": lambda: self._run_int8(x)}
             if choice.choose("mlp_int8", key, runs) == "int8":
                 return self._run_int8(x)
-        return self._run(x, packs)
+        return self._run(x, layers, packs)
 
-    def _run(self, x: torch.Tensor, packs: _Packs) -> torch.Tensor:
-        """The layers on a float32 CPU input outside autograd (forward checked that for layer 0's input,
-        and each layer's output keeps it); `packs` says which run packed. A layer whose own weight is
-        not float32 takes `linear`."""
-        for k, (layer, act) in enumerate(zip(self.linears, self._activations)):
-            weight, bias, relu = layer.weight, layer.bias, act is torch.relu_
+    def _run(self, x: torch.Tensor, layers: tuple[_Layer, ...], packs: _Packs | None) -> torch.Tensor:
+        """`layers` (`_layer_table()`) on a float32 CPU input outside autograd (forward checked that for
+        layer 0's input, and each layer's output keeps it); `packs` says which run packed (None: none).
+        A layer whose own weight is not float32 takes `linear`."""
+        for k, (_, weight, weight_t, bias, relu, act) in enumerate(layers):
             if weight.dtype != torch.float32:
                 x = linear(x, weight, bias, relu=relu)
-            elif packs(k, x, weight, bias, relu):
+            elif packs is not None and packs(k, x, weight, bias, relu):
                 x = self._packed(k, x, weight, bias, relu)
             else:
-                x = _plain(x, weight, bias, relu)
+                x = _plain(x, weight, weight_t, bias, relu)
             if act is not None and not relu:
                 x = act(x)
         return x
+
+    def _layer_table(self) -> tuple[_Layer, ...]:
+        """Each layer's parameters, `weight.t()` and activation, read once: at batch 1 the module
+        attribute lookups and transposes of a forward cost as much as the block's products. Built
+        again when a layer's weight or bias is another tensor or storage (a copy into it shows in the
+        views)."""
+        linears, layers = self.linears._modules.values(), self._layers
+        if len(layers) == len(linears):
+            for layer, (module, weight, weight_t, bias, _, _) in zip(linears, layers, strict=True):
+                held = layer._parameters
+                if not (
+                    layer is module
+                    and held["weight"] is weight
+                    and held["bias"] is bias
+                    and weight.data_ptr() == weight_t.data_ptr()  # not given new storage (`.data = ...`)
+                ):
+                    break
+            else:
+                return layers
+        with torch.inference_mode(False), torch.no_grad():  # plain views, whatever mode the first call is in
+            self._layers = tuple(
+                (layer, layer.weight, layer.weight.detach().t(), layer.bias, act is torch.relu_, act)
+                for layer, act in zip(cast("list[nn.Linear]", self.linears), self._activations, strict=True)
+            )
+        return self._layers
 
     def _run_int8(self, x: torch.Tensor) -> torch.Tensor:
         """The layers on int8 weights and inputs (see the module docstring); a layer whose weight is not

@@ -229,6 +229,7 @@ class QuantEmbeddingBagCollection(nn.Module):
         self._is_weighted = is_weighted
         self.bounds_check = bounds_check
         self._output_type = _OUTPUT_TYPES[output_dtype].as_int()
+        self._float_output = output_dtype == torch.float32  # the C kernel writes float32 only
         device = torch.device(device if device is not None else "cpu")
 
         self._feature_names = [f for t in tables for f in t.feature_names]
@@ -296,6 +297,8 @@ class QuantEmbeddingBagCollection(nn.Module):
         )
         layout = ",".join(f"{t}x{d}" for t, d in zip(tbe.weights_tys.tolist(), stored_dims))
         self._layout_key = hashlib.sha256(layout.encode()).hexdigest()[:10]  # names the tables in kernel choices
+        # (offsets, ids, weighted, checked, threads) -> the 'quant_pool' question's shape key
+        self._shapes: dict[tuple[int, int, bool, bool, int], str] = {}
 
     def _fbgemm_module(self, device: torch.device) -> IntNBitTableBatchedEmbeddingBagsCodegen:
         location = EmbeddingLocation.HOST if device.type == "cpu" else EmbeddingLocation.DEVICE
@@ -458,11 +461,10 @@ class QuantEmbeddingBagCollection(nn.Module):
                 "forward only (detach the weights, or look up under torch.no_grad())"
             )
         check = self.bounds_check and not checked
-        native_kernel = self._output_type == SparseType.FP32.as_int() and native.applies(
-            [self.weights, values], dtype=None
-        )
+        native_kernel = self._float_output and native.applies([self.weights, values], dtype=None)
         if native_kernel and self._choose(values, offsets, weights, kjt, check) == "native":
-            pooled = self._native_pool(values, offsets, weights, kjt, check)
+            threads = self._pool_threads(values, offsets, weights, kjt, check)
+            pooled = self._native_pool(values, offsets, weights, kjt, check, threads)
         else:
             pooled = self._fbgemm_pool(values, offsets, weights, kjt, check)
         return pooled.index_select(1, self.output_columns) if self._padded else pooled
@@ -478,21 +480,53 @@ class QuantEmbeddingBagCollection(nn.Module):
         """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
         out-of-range id raises there, before fbgemm's kernel could read past a table). The key names
         the C source's hash, so a changed kernel is measured again."""
-        features = len(self._feature_names)
-        shape = (
-            f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
-            f"_f{features}_{self._layout_key}_c{native.source_tag('quant_pool')}"
-            f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}{'_checked' if check else ''}"
-            f"_t{torch.get_num_threads()}"
-        )
         return choice.choose(
             "quant_pool",
-            shape,
-            {
+            self._shape(values, offsets, weights, check),
+            lambda: {
                 "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
                 "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
             },
         )
+
+    def _shape(self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None, check: bool) -> str:
+        """The kernel choices' key for these shapes, built once per question (a forward asks at every call)."""
+        question = (offsets.numel(), values.numel(), weights is not None, check, torch.get_num_threads())
+        shape = self._shapes.get(question)
+        if shape is None:
+            features = len(self._feature_names)
+            shape = self._shapes[question] = (
+                f"b{choice.bucket((offsets.numel() - 1) // features)}_ids{choice.bucket(values.numel())}"
+                f"_f{features}_{self._layout_key}_c{native.source_tag('quant_pool')}"
+                f"{'_weighted' if weights is not None else ''}{'_mean' if self._has_mean else ''}"
+                f"{'_checked' if check else ''}_t{torch.get_num_threads()}"
+            )
+        return shape
+
+    def _pool_threads(
+        self,
+        values: torch.Tensor,
+        offsets: torch.Tensor,
+        weights: torch.Tensor | None,
+        kjt: KeyedJaggedTensor | None,
+        check: bool,
+    ) -> int:
+        """The C kernel's team: one thread where runtime/cpu/native's rule (IDS_PER_THREAD) takes one
+        and torch has more, unless the team measured faster at these shapes (kernel 'pool_team').
+        That rule was set on a busy machine, where a team could wait a time slice for its second
+        thread; quiet, the thread left spinning by the last GEMM may pool half the bags sooner."""
+        one, team = native.pool_threads(values.numel()), torch.get_num_threads()
+        if one >= team:
+            return one
+        winner = choice.choose(
+            "pool_team",
+            self._shape(values, offsets, weights, check),
+            lambda: {
+                "one": lambda: self._native_pool(values, offsets, weights, kjt, check, one),
+                "team": lambda: self._native_pool(values, offsets, weights, kjt, check, team),
+            },
+        )
+        return team if winner == "team" else one
 
     def _bag_weights(
         self, values: torch.Tensor, offsets: torch.Tensor, weights: torch.Tensor | None
@@ -514,10 +548,11 @@ class QuantEmbeddingBagCollection(nn.Module):
         weights: torch.Tensor | None,
         kjt: KeyedJaggedTensor | None,
         check: bool,
+        threads: int | None = None,
     ) -> torch.Tensor:
         weights = self._bag_weights(values, offsets, weights)
         rows = self.rows_per_feature if check else None  # the C kernel checks ids as it pools
-        pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows)
+        pooled = native.quant_pool(self.weights, self._native_layout, values, offsets, weights, rows, threads)
         if pooled is None:
             raise self._bad_id_error(values, offsets, kjt)
         return pooled

@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL | None:
 def applies(tensors: Sequence[torch.Tensor], dtype: torch.dtype | None = torch.float32) -> bool:
     """Whether the kernels can take these tensors: on the CPU, of `dtype` (None: any), outside tracing."""
     return (
-        all(t.device.type == "cpu" and (dtype is None or t.dtype == dtype) for t in tensors)
+        all(t.is_cpu and (dtype is None or t.dtype == dtype) for t in tensors)
         and not torch.compiler.is_compiling()
         and not torch.compiler.is_exporting()
         and library() is not None
@@ -265,6 +265,11 @@ class QuantLayout:
     total_dim: int
 
 
+def _as(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` as a contiguous `dtype` tensor, itself where it is one already (without the calls)."""
+    return tensor if tensor.dtype == dtype and tensor.is_contiguous() else tensor.to(dtype).contiguous()
+
+
 def quant_pool(
     buffer: torch.Tensor,
     layout: QuantLayout,
@@ -272,18 +277,21 @@ def quant_pool(
     offsets: torch.Tensor,
     weights: torch.Tensor | None,
     rows: torch.Tensor | None,
+    threads: int | None = None,
 ) -> torch.Tensor | None:
     """(B, total_dim) float32 sums of the bags (see quant_pool.c for the layout), or None when an
-    id is not below its feature's `rows` (not checked if None) or the offsets do not fit the ids."""
+    id is not below its feature's `rows` (not checked if None) or the offsets do not fit the ids.
+    `threads`: the team's size (default `pool_threads`); each bag is summed by one thread in id
+    order, so the count never changes the result."""
     lib = library()
     assert lib is not None, "quant_pool called where applies() is False"
     features = layout.dims.numel()
     batch = (offsets.numel() - 1) // features
-    ids, offsets = ids.to(torch.int64).contiguous(), offsets.to(torch.int64).contiguous()
+    ids, offsets = _as(ids, torch.int64), _as(offsets, torch.int64)
     if weights is not None:
-        weights = weights.to(torch.float32).contiguous()
+        weights = _as(weights, torch.float32)
     if rows is not None:
-        rows = rows.to(torch.int64).contiguous()
+        rows = _as(rows, torch.int64)
     out = torch.empty(batch, layout.total_dim)
     status = lib.reccompile_quant_pool(
         features,
@@ -301,7 +309,7 @@ def quant_pool(
         None if weights is None else weights.data_ptr(),
         None if rows is None else rows.data_ptr(),
         out.data_ptr(),
-        pool_threads(ids.numel()),
+        pool_threads(ids.numel()) if threads is None else threads,
     )
     return None if status else out
 
@@ -310,7 +318,8 @@ def quant_pool(
 # tens of ns, an OpenMP fork and join a few us, and on a shared core a team can wait a whole time
 # slice for its second thread (inference-bench's int8 criteo tables on the busy 2-core Zen 4:
 # 26 ids pooled in 4.4 ms wall on 2 threads against 58 us on one; 1,664 ids 2.1 ms against
-# 0.7 ms). Predicts at batch 1 and 64 of dlrm-bench (26 and 1,664 ids) pool on the calling thread.
+# 0.7 ms). Predicts at batch 1 and 64 of dlrm-bench (26 and 1,664 ids) pool on the calling thread,
+# unless the measured choice 'pool_team' (runtime/serving/quant_embedding.py) finds the team faster.
 IDS_PER_THREAD = 1024
 
 

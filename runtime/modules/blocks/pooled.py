@@ -398,8 +398,13 @@ class DotInteraction(nn.Module):
             site = f"n{self.num_vectors}_d{self.dim}_parts{widths}_{'fwdbwd' if grad else 'fwd'}"
             self._questions[question] = (f"b{choice.bucket(batch)}_{site}_t{threads}", site)
         shape, site = self._questions[question]
+        return choice.choose("dot", shape, lambda: self._timed_runs(inputs, grad), site=site)
 
-        @functools.cache  # copied only if a measurement runs
+    def _timed_runs(self, inputs: Sequence[torch.Tensor | KeyedTensor], grad: bool) -> dict[str, Callable[[], object]]:
+        """The two paths on copies of the inputs (with backward if `grad`), made only when the choice
+        measures: a forward asks at every call."""
+
+        @functools.cache  # copied once, when the first path runs
         def copies() -> list[torch.Tensor]:
             return [_plain(x).clone().requires_grad_(grad) for x in inputs]
 
@@ -411,8 +416,7 @@ class DotInteraction(nn.Module):
 
             return run
 
-        runs = {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)}
-        return choice.choose("dot", shape, runs, site=site)
+        return {"torch": timed(lambda c, _: self._torch(c)), "native": timed(self._native)}
 
     def _check_inputs(self, shapes: Sequence[tuple[int, ...]]) -> None:
         """`shapes`: the kernel's parts' (an input's, or each of its pieces')."""

@@ -51,6 +51,24 @@ def test_the_faster_wins_is_recorded_and_is_not_measured_again(tmp_path: Path) -
     assert choice.active() == {"linear": {"b2048_in13_out512": "onednn"}}
 
 
+def test_runs_given_as_a_function_are_made_only_when_a_measurement_runs() -> None:
+    calls: list[str] = []
+    made: list[int] = []
+
+    def runs() -> dict[str, Callable[[], None]]:
+        made.append(1)
+        return {"aten": _sleeper(15, calls, "aten"), "onednn": _sleeper(1, calls, "onednn")}
+
+    def never_made() -> dict[str, Callable[[], None]]:
+        raise AssertionError("the runs were made although the choice was known")
+
+    assert choice.choose("linear", "lazy", runs) == "onednn"
+    assert made == [1] and calls == ["aten", "onednn"] + ["aten", "onednn"] * choice.REPEATS
+    assert choice.choose("linear", "lazy", never_made) == "onednn"  # from memory
+    choice.forget_used()
+    assert choice.choose("linear", "lazy", never_made) == "onednn"  # from disk
+
+
 def test_a_choice_measured_another_way_or_for_other_c_sources_is_measured_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -194,7 +212,7 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     assert str(err.value) == (
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
-        "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
+        "pool_team=one|team, attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
         "linear_grad_weight=mm|onednn, packed_mlp=aten|packed, mlp_int8=float|int8, softmax_gemm=fp32|bf16, "
         "attention_precision=autocast|fp32"
     )

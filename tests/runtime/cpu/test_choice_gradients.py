@@ -154,6 +154,7 @@ CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "linear": (_linear_case, "linear_grad_input=plain,linear_grad_weight=mm"),
     "lookup": (lambda: _collection_case(lookup_threads=2), "embedding_update=fbgemm"),
     "quant_pool": (_quant_case, ""),
+    "pool_team": (_quant_case, "quant_pool=native"),
     "attention": (_attention_case, ""),
     "embedding_update": (_collection_case, "lookup=sequential"),
     "linear_grad_input": (_linear_case, "linear=aten"),

@@ -123,3 +123,34 @@ def test_an_approximate_exports_block_is_measured_once_per_batch_bucket_and_reco
     record = json.loads((folder / f"b1024_in37_96r_40r_1_t{threads}.json").read_text())
     assert record["winner"] in ("aten", "packed") and sorted(record["times_ms"]) == ["aten", "packed"]
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_layers_read_once_follow_new_parameters_new_storage_and_copies() -> None:
+    """A forward reads each layer's weight, bias and `weight.t()` from a table built once: a parameter
+    replaced, given new storage or written to in place must be seen at the next call."""
+    packed, x = PackedMLP.from_mlp(mlp(seed=0), exact=False), torch.randn(3, 37)  # MKL at every layer
+    expected = [mlp(seed=seed) for seed in (1, 2, 3)]
+    with torch.inference_mode():
+        first = packed(x)
+        assert torch.equal(first, mlp(seed=0)(x))
+    with torch.no_grad():
+        packed.linears[0].weight.copy_(expected[0].linears[0].weight)  # in place
+        packed.linears[0].bias.copy_(expected[0].linears[0].bias)
+    with torch.inference_mode():
+        partly = packed(x)
+    reference = mlp(seed=0)
+    reference.linears[0].load_state_dict(expected[0].linears[0].state_dict())
+    assert torch.equal(partly, reference(x))
+    packed.load_state_dict(expected[1].state_dict())
+    for layer, other in zip(packed.linears, expected[2].linears, strict=True):
+        layer.weight = nn.Parameter(other.weight.detach().clone())  # another parameter
+        layer.bias.data = other.bias.detach().clone()  # new storage under the same parameter
+    with torch.inference_mode():
+        assert torch.equal(packed(x), expected[2](x))
+    for layer, other in zip(packed.linears, expected[1].linears, strict=True):
+        layer.weight.data = other.weight.detach().clone()  # new storage for the weight itself
+    reference = mlp(seed=3)
+    for layer, other in zip(reference.linears, expected[1].linears, strict=True):
+        layer.weight.data = other.weight.detach().clone()
+    with torch.inference_mode():
+        assert torch.equal(packed(x), reference(x))

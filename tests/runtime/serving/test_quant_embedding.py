@@ -213,6 +213,53 @@ def test_native_pooling_shares_bags_between_threads_across_features(threads: int
     assert torch.equal(mine, theirs)
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_small_batch_pools_on_a_team_where_measured_faster_with_the_same_bits(
+    threads: int, monkeypatch, native_kernels, tmp_path
+) -> None:
+    """'pool_team' either way gives fbgemm's bits, and the team is the size asked; unforced, it is
+    measured once at these shapes, recorded, and not asked where the rule already takes a team."""
+    from runtime.cpu import choice, native
+
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(choice, "_core_held_since", lambda before: False)  # recorded, whatever the load
+    tables = [
+        EmbeddingBagConfig("w8", 40, 8, ["a"]),
+        EmbeddingBagConfig("w64", 300, 64, ["b", "c"], pooling="mean"),
+        EmbeddingBagConfig("w200", 25, 200, ["h"]),
+    ]
+    torch.manual_seed(3)
+    source = EmbeddingBagCollection(tables)
+    collection = QuantEmbeddingBagCollection(tables, {"w8": "int8", "w64": "int4", "w200": "fp16"})
+    collection.quantize_from(source.embedding_parameters())
+    kjt = make_kjt(tables, seed=5)
+    teams: list[int | None] = []
+    pool = native.quant_pool
+    monkeypatch.setattr(native, "quant_pool", lambda *args: teams.append(args[-1]) or pool(*args))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            outputs = {}
+            for team in ("one", "team"):
+                monkeypatch.setenv(choice.ENV, f"quant_pool=native,pool_team={team}")
+                outputs[team] = collection(kjt).values()
+            monkeypatch.setenv(choice.ENV, "quant_pool=fbgemm")
+            theirs = collection(kjt).values()
+            monkeypatch.setenv(choice.ENV, "quant_pool=native")
+            collection(kjt)
+            collection(kjt)
+            recorded = [(c.kernel, c.winner) for c in choice.recorded()]
+            monkeypatch.setattr(native, "IDS_PER_THREAD", 1)  # the rule's own team: nothing to ask
+            collection(make_kjt(tables, seed=6))
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(outputs["one"], theirs) and torch.equal(outputs["team"], theirs)
+    assert teams[:2] == [1, threads]
+    assert len(recorded) == 1 and recorded[0][0] == "pool_team" and recorded[0][1] in ("one", "team")
+    assert teams[-1] == threads and [c.kernel for c in choice.recorded()] == ["pool_team"]
+
+
 def test_a_small_batch_pools_on_one_thread() -> None:
     """A team only from IDS_PER_THREAD ids per thread on: a batch-1 predict of dlrm-bench (26 ids)
     pools on the calling thread, a large batch on torch's threads."""
