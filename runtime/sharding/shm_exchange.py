@@ -12,9 +12,9 @@ receiver copies it out. The bits are the same; only the route changes.
 and meaning. Its first call on a group sets the group's transport up (a
 collective: every rank makes it in the same order, as every collective):
 
-- every rank tells the others its host (name and boot id) and pid; when all
-  match, on Linux x86-64, the group exchanges through shared memory, else
-  through the group's own backend. `RECCOMPILE_EXCHANGE=gloo` always takes
+- on a gloo group of CPU tensors, every rank tells the others its host
+  (name and boot id) and pid; when all match, on Linux x86-64, the group
+  exchanges through shared memory, else through gloo. `RECCOMPILE_EXCHANGE=gloo` always takes
   the backend; `=shm` requires shared memory and fails with a clear error
   where it cannot be had (`auto`, the default, falls back with a warning);
 - a control file in `RECCOMPILE_SHM_DIR` (default /dev/shm), named after a
@@ -22,29 +22,31 @@ collective: every rank makes it in the same order, as every collective):
   unlinked as soon as every rank has mapped it: nothing is left behind
   whatever way the run ends.
 
-Each ordered pair of ranks (src, dst) has SLOTS slots; the group's n-th
-all-to-all uses slot n % SLOTS. A slot's data lives in its own file, which
-its sender grows (a new file) when a piece does not fit; the receiver
-unlinks each file as soon as it has mapped it, so between steps no file
-remains, and a rank that finds its peer gone, or closes, unlinks what is
-left of theirs or its own (`close_all` runs at exit too). Per slot the
-control holds:
+Each ordered pair of ranks (src, dst) is a channel. Its sender keeps a
+pool of buffers, each a file it maps; a piece goes into a free buffer (one
+whose last piece was consumed; the smallest that holds it, else one grown:
+a new file), and a new buffer is made when none is free, so however many
+all-to-alls are in flight unwaited, a sender never waits to write. The
+receiver unlinks each file as soon as it has mapped it, so between steps no
+file remains, and a rank that finds its peer gone, or closes, unlinks what
+is left of theirs or its own (`close_all` runs at exit too). The group's
+n-th all-to-all has entry n % ENTRIES of each channel in the control:
 
 - `posted` (the sender wrote op n's piece: n + 1) and `consumed` (the
   receiver copied it out: n + 1), 32-bit words waited on with futex, so a
   waiting rank sleeps in the kernel and costs no CPU;
-- the file's generation and the piece's size in bytes: a receiver that
-  expects another size (the ranks disagree on the splits) raises, where
-  gloo would abort the process or truncate.
+- the buffer, its file's generation and the piece's size in bytes: a
+  receiver that expects another size (the ranks disagree on the splits)
+  raises, where gloo would abort the process or truncate.
 
-The sender writes at the call (async or not), the receiver reads in
-`wait()`: the copies happen in the calling thread, and nothing runs in the
-background. A sender reuses a slot only after its receiver consumed the
-op SLOTS earlier, so up to SLOTS all-to-alls of a group may be in flight
-unwaited. A waiting rank checks every second whether its peer is alive and
-still has its transport open, and fails with a message naming the peer
-when not. Ordering: x86-64 keeps stores in order (TSO), so a receiver that
-sees `posted` sees the piece written before it.
+An entry is reused ENTRIES ops later, once its op was consumed (a sender
+waits for that only with ENTRIES ops unwaited). The sender writes at the
+call (async or not), the receiver reads in `wait()`: the copies happen in
+the calling thread, and nothing runs in the background. A waiting rank
+checks every second whether its peer is alive and still has its transport
+open, and fails with a message naming the peer when not. Ordering: x86-64
+keeps stores in order (TSO), so a receiver that sees `posted` sees the
+piece written before it.
 """
 
 from __future__ import annotations
@@ -69,11 +71,11 @@ import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
-SLOTS = 16  # all-to-alls of a group that may be in flight unwaited
+ENTRIES = 1024  # all-to-alls of a group in flight unwaited before a sender waits
 TIMEOUT_S = 1800.0  # as torch.distributed's default collective timeout
 _POLL_S = 1.0  # how often a waiting rank checks its peer
-_FIELDS = 4  # int32 words per (src, dst, slot): posted, consumed, generation, spare
-_POSTED, _CONSUMED, _GENERATION = 0, 1, 2
+_FIELDS = 4  # int32 words per (src, dst, entry): posted, consumed, buffer, generation
+_POSTED, _CONSUMED, _BUFFER, _GENERATION = 0, 1, 2, 3
 _MASK = 0x7FFFFFFF
 _FUTEX_WAIT, _FUTEX_WAKE, _SYS_FUTEX = 0, 1, 202  # x86-64
 
@@ -91,7 +93,7 @@ def all_to_all_single(
     async_op: bool = False,
 ) -> Any:
     """`dist.all_to_all_single` between the ranks of `group`, through shared memory on one host."""
-    transport = _transport(group)
+    transport = _transport(group) if input.device.type == "cpu" else None
     if transport is None:
         return dist.all_to_all_single(
             output, input, output_split_sizes, input_split_sizes, group=group, async_op=async_op
@@ -153,8 +155,8 @@ def setup(group: dist.ProcessGroup, mode: str, directory: str) -> _Shared | None
     if mode not in ("auto", "gloo", "shm"):
         raise ExchangeError(f"RECCOMPILE_EXCHANGE={mode!r}: expected auto, gloo or shm")
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if mode == "gloo" or world_size == 1:
-        return None
+    if mode == "gloo" or world_size == 1 or dist.get_backend(group) != "gloo":
+        return None  # NCCL moves CUDA tensors its own way
     token = f"reccompile-a2a-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     me = (host_key(), f"{platform.system()}/{platform.machine()}", os.getpid(), token)
     everyone: list[Any] = [None] * world_size
@@ -245,29 +247,28 @@ class _Shared:
     def __init__(self, directory: str, token: str, rank: int, pids: Sequence[int], create: bool) -> None:
         self.directory, self.token, self.rank, self.pids = directory, token, rank, list(pids)
         self.world_size = len(self.pids)
-        words = self.world_size * self.world_size * SLOTS * _FIELDS
-        sizes = self.world_size * self.world_size * SLOTS
-        self._control = _Mapping(os.path.join(directory, token), 4 * (words + self.world_size) + 8 * sizes, create)
-        base = ctypes.addressof(ctypes.c_char.from_buffer(self._control.map))
-        self._base = base
+        entries = self.world_size * self.world_size * ENTRIES
+        words = entries * _FIELDS
+        self._control = _Mapping(os.path.join(directory, token), 4 * (words + self.world_size) + 8 * entries, create)
+        self._base = ctypes.addressof(ctypes.c_char.from_buffer(self._control.map))
         self._words = (ctypes.c_int32 * (words + self.world_size)).from_buffer(self._control.map)
-        self._sizes = (ctypes.c_int64 * sizes).from_buffer(self._control.map, 4 * (words + self.world_size))
+        self._sizes = (ctypes.c_int64 * entries).from_buffer(self._control.map, 4 * (words + self.world_size))
         self._open_word = words  # + rank: 1 while that rank's transport is open
         self._words[self._open_word + rank] = 1
-        self._sent: dict[tuple[int, int], _Mapping] = {}  # (dst, slot): the file this rank writes
-        self._received: dict[tuple[int, int], tuple[int, _Mapping]] = {}  # (src, slot): (generation, file)
+        self._pools: list[list[_Buffer]] = [[] for _ in range(self.world_size)]  # per destination
+        self._received: dict[tuple[int, int], tuple[int, _Mapping]] = {}  # (src, buffer): (generation, file)
         self._ops = 0
         self._lock = threading.Lock()
         self._closed = False
 
-    def _index(self, src: int, dst: int, slot: int) -> int:
-        return (src * self.world_size + dst) * SLOTS + slot
+    def _index(self, src: int, dst: int, entry: int) -> int:
+        return (src * self.world_size + dst) * ENTRIES + entry
 
-    def _word(self, src: int, dst: int, slot: int, field: int) -> int:
-        return self._index(src, dst, slot) * _FIELDS + field
+    def _word(self, src: int, dst: int, entry: int, field: int) -> int:
+        return self._index(src, dst, entry) * _FIELDS + field
 
-    def _file(self, src: int, dst: int, slot: int, generation: int) -> str:
-        return os.path.join(self.directory, f"{self.token}-{src}-{dst}-{slot}-{generation}")
+    def _file(self, src: int, dst: int, buffer: int, generation: int) -> str:
+        return os.path.join(self.directory, f"{self.token}-{src}-{dst}-{buffer}-{generation}")
 
     def start(
         self,
@@ -285,63 +286,83 @@ class _Shared:
         received = _pieces(output, output_split_sizes, self.world_size)
         with self._lock:
             op, self._ops = self._ops, self._ops + 1
-        slot, mark = op % SLOTS, (op + 1) & _MASK
+        entry, mark = op % ENTRIES, (op + 1) & _MASK
         for dst in range(self.world_size):
             if dst != self.rank:
-                self._post(dst, slot, op, mark, sent[dst])
+                self._post(dst, entry, op, mark, sent[dst])
         received[self.rank].copy_(sent[self.rank])
-        return _Work(self, slot, mark, received)
+        return _Work(self, entry, mark, received)
 
-    def _post(self, dst: int, slot: int, op: int, mark: int, piece: torch.Tensor) -> None:
-        if op >= SLOTS:  # the op SLOTS before this one, in this slot, must be consumed
-            self._await(self._word(self.rank, dst, slot, _CONSUMED), (op + 1 - SLOTS) & _MASK, dst, "consume")
-        key = (dst, slot)
+    def _post(self, dst: int, entry: int, op: int, mark: int, piece: torch.Tensor) -> None:
+        if op >= ENTRIES:  # the entry's previous op must be consumed
+            self._await(self._word(self.rank, dst, entry, _CONSUMED), (op + 1 - ENTRIES) & _MASK, dst, "consume")
         nbytes = piece.numel() * piece.element_size()
-        mapping = self._sent.get(key)
-        if nbytes and (mapping is None or mapping.size < nbytes):
-            generation = self._words[self._word(self.rank, dst, slot, _GENERATION)] + 1
-            if mapping is not None:
-                mapping.close()
-            size = max(nbytes, 2 * mapping.size if mapping is not None else 0)
-            size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-            try:
-                mapping = _Mapping(self._file(self.rank, dst, slot, generation), size, create=True)
-            except OSError as e:
-                raise ExchangeError(
-                    f"rank {self.rank} cannot create a {size}-byte exchange file in {self.directory}: {e.strerror}"
-                ) from None
-            self._sent[key] = mapping
-            self._words[self._word(self.rank, dst, slot, _GENERATION)] = generation
+        buffer = -1
         if nbytes:
-            assert mapping is not None
-            mapping.view(nbytes, piece.dtype).view(piece.shape).copy_(piece)
-        self._sizes[self._index(self.rank, dst, slot)] = nbytes
-        word = self._word(self.rank, dst, slot, _POSTED)
+            buffer = self._buffer(dst, nbytes)
+            held = self._pools[dst][buffer]
+            held.mapping.view(nbytes, piece.dtype).view(piece.shape).copy_(piece)
+            held.carries = (self._word(self.rank, dst, entry, _CONSUMED), mark)
+            self._words[self._word(self.rank, dst, entry, _GENERATION)] = held.generation
+        self._words[self._word(self.rank, dst, entry, _BUFFER)] = buffer
+        self._sizes[self._index(self.rank, dst, entry)] = nbytes
+        word = self._word(self.rank, dst, entry, _POSTED)
         self._words[word] = mark
         _futex_wake(self._base + 4 * word)
 
-    def read(self, src: int, slot: int, mark: int, piece: torch.Tensor) -> None:
-        """Copy src's piece of the op marked `mark` into `piece`, then free its slot."""
-        self._await(self._word(src, self.rank, slot, _POSTED), mark, src, "send")
+    def _buffer(self, dst: int, nbytes: int) -> int:
+        """A free buffer to `dst` that holds `nbytes`: the smallest that does, else one grown or made."""
+        pool = self._pools[dst]
+        free = [
+            i
+            for i, held in enumerate(pool)
+            if held.carries is None or _reached(self._words[held.carries[0]], held.carries[1])
+        ]
+        fitting = [i for i in free if pool[i].mapping.size >= nbytes]
+        if fitting:
+            return min(fitting, key=lambda i: pool[i].mapping.size)
+        if free:
+            index = max(free, key=lambda i: pool[i].mapping.size)
+            generation, size = pool[index].generation + 1, max(nbytes, 2 * pool[index].mapping.size)
+        else:
+            index, generation, size = len(pool), 0, nbytes
+        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            mapping = _Mapping(self._file(self.rank, dst, index, generation), size, create=True)
+        except OSError as e:
+            raise ExchangeError(
+                f"rank {self.rank} cannot create a {size}-byte exchange file in {self.directory}: {e.strerror}"
+            ) from None
+        if index < len(pool):
+            pool[index].mapping.close()
+            pool[index] = _Buffer(mapping, generation)
+        else:
+            pool.append(_Buffer(mapping, generation))
+        return index
+
+    def read(self, src: int, entry: int, mark: int, piece: torch.Tensor) -> None:
+        """Copy src's piece of the op marked `mark` into `piece`, then mark it consumed."""
+        self._await(self._word(src, self.rank, entry, _POSTED), mark, src, "send")
         nbytes = piece.numel() * piece.element_size()
-        posted = self._sizes[self._index(src, self.rank, slot)]
+        posted = self._sizes[self._index(src, self.rank, entry)]
         if posted != nbytes:
             raise ExchangeError(
                 f"rank {src} sent {posted} bytes to rank {self.rank}, which expects {nbytes}: "
                 "the ranks disagree on the all-to-all's split sizes"
             )
         if nbytes:
-            generation = self._words[self._word(src, self.rank, slot, _GENERATION)]
-            known = self._received.get((src, slot))
+            buffer = self._words[self._word(src, self.rank, entry, _BUFFER)]
+            generation = self._words[self._word(src, self.rank, entry, _GENERATION)]
+            known = self._received.get((src, buffer))
             if known is None or known[0] != generation:
                 if known is not None:
                     known[1].close()
-                path = self._file(src, self.rank, slot, generation)
+                path = self._file(src, self.rank, buffer, generation)
                 mapping = _Mapping(path, 0, create=False)
                 _unlink(path)  # both ends have it mapped: the name is no longer needed
-                self._received[(src, slot)] = known = (generation, mapping)
+                self._received[(src, buffer)] = known = (generation, mapping)
             piece.copy_(known[1].view(nbytes, piece.dtype).view(piece.shape))
-        word = self._word(src, self.rank, slot, _CONSUMED)
+        word = self._word(src, self.rank, entry, _CONSUMED)
         self._words[word] = mark
         _futex_wake(self._base + 4 * word)
 
@@ -378,16 +399,22 @@ class _Shared:
         self._closed = True
         self._words[self._open_word + self.rank] = 0
         for peer in range(self.world_size):  # wake a peer sleeping on this rank
-            for slot in range(SLOTS):
-                _futex_wake(self._base + 4 * self._word(peer, self.rank, slot, _CONSUMED))
-                _futex_wake(self._base + 4 * self._word(self.rank, peer, slot, _POSTED))
+            if peer != self.rank:
+                for entry in range(ENTRIES):
+                    _futex_wake(self._base + 4 * self._word(peer, self.rank, entry, _CONSUMED))
+                    _futex_wake(self._base + 4 * self._word(self.rank, peer, entry, _POSTED))
         self._unlink_files_of(self.rank)  # the pieces no receiver mapped yet
-        for mapping in [*self._sent.values(), *(m for _, m in self._received.values())]:
+        for mapping in [*(b.mapping for pool in self._pools for b in pool), *(m for _, m in self._received.values())]:
             mapping.close()
-        self._sent.clear()
+        self._pools.clear()
         self._received.clear()
         del self._words, self._sizes
         self._control.close()
+
+
+def _reached(value: int, mark: int) -> bool:
+    """Whether a counter holding `value` has reached `mark` (marks count up, modulo 2**31)."""
+    return (value - mark) & _MASK < _MASK // 2
 
 
 def _alive(pid: int) -> bool:
@@ -411,18 +438,27 @@ def _pieces(tensor: torch.Tensor, split_sizes: Sequence[int] | None, world_size:
     return list(tensor.split(sizes))
 
 
+class _Buffer:
+    """One of a sender's buffers to a destination: its file, and the (consumed word, mark) of the
+    last piece it carried (None: never used)."""
+
+    def __init__(self, mapping: _Mapping, generation: int) -> None:
+        self.mapping, self.generation = mapping, generation
+        self.carries: tuple[int, int] | None = None
+
+
 class _Work:
     """An op in flight: this rank's pieces are posted; `wait()` copies the peers' in."""
 
-    def __init__(self, shared: _Shared, slot: int, mark: int, received: list[torch.Tensor]) -> None:
-        self._shared, self._slot, self._mark, self._received = shared, slot, mark, received
+    def __init__(self, shared: _Shared, entry: int, mark: int, received: list[torch.Tensor]) -> None:
+        self._shared, self._entry, self._mark, self._received = shared, entry, mark, received
 
     def wait(self, timeout: Any = None) -> bool:
         if self._received is not None:
             received, self._received = self._received, None
             for src, piece in enumerate(received):
                 if src != self._shared.rank:
-                    self._shared.read(src, self._slot, self._mark, piece)
+                    self._shared.read(src, self._entry, self._mark, piece)
         return True
 
     def is_completed(self) -> bool:

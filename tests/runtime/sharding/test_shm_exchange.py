@@ -4,8 +4,9 @@ One spawned job runs every case and gathers what each rank saw:
 
 - the same ops through both transports give the same bits: dtypes, empty
   pieces, uneven splits, rows of several columns, pieces that outgrow a
-  slot's file, and more ops in flight than there are ranks, waited for in
-  reverse order; no file is left in the exchange's folder afterwards;
+  buffer's file, several ops in flight waited for in reverse order; no file
+  is left in the exchange's folder afterwards;
+- 40 ops in flight unwaited, and more ops than the control has entries;
 - ranks that disagree on the split sizes get an error naming both, where
   gloo would abort or truncate;
 - a setup that cannot create its control file fails on every rank with the
@@ -83,6 +84,18 @@ def _run(rank: int, port: int, folder: str, out: str) -> None:
         for _ in range(3)  # the slots are reused, the later rounds in grown files
         for a, b in zip(_exchange(transport, rank, gloo=False), _exchange(None, rank, gloo=True), strict=True)
     ]
+    many = [torch.full((2,), 1000.0 * rank + op) for op in range(40)]  # more in flight than a rank has buffers
+    outputs = [torch.empty(2) for _ in many]
+    pending = [transport.start(output, values, None, None) for output, values in zip(outputs, many, strict=True)]
+    for work in reversed(pending):
+        work.wait()
+    seen["many"] = [output.tolist() for output in outputs]
+    seen["buffers in flight"] = [len(pool) for pool in transport._pools]
+    for op in range(shm_exchange.ENTRIES + 8):  # every entry reused
+        output = torch.empty(2)
+        transport.start(output, torch.full((2,), 7.0 * op + rank), None, None).wait()
+    seen["reused"] = output.tolist()
+    seen["buffers"] = [len(pool) for pool in transport._pools]
     dist.barrier()
     seen["files"] = sorted(os.listdir(folder))
     try:  # rank 0 sends 3 values to rank 1, which expects 4
@@ -129,6 +142,17 @@ def test_shared_memory_moves_the_same_bits_as_gloo(seen: list[dict[str, Any]]) -
     for rank in range(2):
         assert seen[rank]["same"] == [True] * (3 * len(CASES))
         assert seen[rank]["files"] == [], "a piece's file outlived its exchange"
+
+
+def test_ops_in_flight_are_not_bounded_and_buffers_are_reused(seen: list[dict[str, Any]]) -> None:
+    for rank in range(2):
+        assert seen[rank]["many"] == [[op + 0.0, 1000.0 + op] for op in range(40)]
+        op = shm_exchange.ENTRIES + 7
+        assert seen[rank]["reused"] == [7.0 * op, 7.0 * op + 1]
+        # a buffer for each op in flight at once (and those of earlier ops not yet consumed then),
+        # reused by all the later ones; none to itself
+        assert 40 <= seen[rank]["buffers in flight"][1 - rank] <= 40 + len(CASES)
+        assert seen[rank]["buffers"] == seen[rank]["buffers in flight"] and seen[rank]["buffers"][rank] == 0
 
 
 def test_ranks_that_disagree_on_the_splits_are_told(seen: list[dict[str, Any]]) -> None:
