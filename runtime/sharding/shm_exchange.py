@@ -451,7 +451,8 @@ class _Work:
     """An op in flight: this rank's pieces are posted; `wait()` copies the peers' in."""
 
     def __init__(self, shared: _Shared, entry: int, mark: int, received: list[torch.Tensor]) -> None:
-        self._shared, self._entry, self._mark, self._received = shared, entry, mark, received
+        self._shared, self._entry, self._mark = shared, entry, mark
+        self._received: list[torch.Tensor] | None = received  # None once waited for
 
     def wait(self, timeout: Any = None) -> bool:
         if self._received is not None:
