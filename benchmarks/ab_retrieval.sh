@@ -6,7 +6,8 @@
 #   benchmarks/ab_retrieval.sh [MODE] [ROUNDS] [extra options for both, e.g. --threads 2]
 #
 # Both scripts pick their threads as they do alone (local: ours the free cores, TorchRec torch's
-# default; dist2: one each) unless told. OURS_PY and TORCHREC_PY name the interpreters (defaults: the
+# default; dist2: one each) unless told; each line says how many ours took (local: fewer than the
+# cores where another process held one at its start). OURS_PY and TORCHREC_PY name the interpreters (defaults: the
 # project venv beside this checkout's main, and /tmp/venv-torchrec). Run it on a quiet machine:
 # on a shared one, read the pairs' ratios, not the absolute figures.
 set -euo pipefail
@@ -22,6 +23,7 @@ cpu_ratios=()
 for round in $(seq "$ROUNDS"); do
     line=$(cd "$HERE" && PYTHONPATH="$HERE" "$OURS_PY" benchmarks/retrieval_bench.py --mode "$MODE" "$@" 2>/dev/null | tail -1)
     ours=$(field samples_per_s <<<"$line") ours_cpu=$(field cpu_ms_per_step <<<"$line")
+    ours_threads=$(field threads_per_proc <<<"$line")
     load_ours=$(cut -d' ' -f1 /proc/loadavg)
     line=$(cd "$HERE" && "$TORCHREC_PY" benchmarks/torchrec_retrieval_anchor.py --mode "$MODE" "$@" 2>/dev/null | tail -1)
     theirs=$(field samples_per_s <<<"$line") theirs_cpu=$(field cpu_ms_per_step <<<"$line")
@@ -30,7 +32,7 @@ for round in $(seq "$ROUNDS"); do
     cpu_ratio=$(python3 -c "print(round($theirs_cpu / $ours_cpu, 3))")
     ratios+=("$ratio")
     cpu_ratios+=("$cpu_ratio")
-    echo "round $round $MODE: ours $ours samples/s, $ours_cpu CPU ms/step (load $load_ours)," \
+    echo "round $round $MODE: ours $ours samples/s, $ours_cpu CPU ms/step, $ours_threads threads (load $load_ours)," \
         "torchrec $theirs, $theirs_cpu (load $load_theirs): $ratio, CPU $cpu_ratio"
 done
 median() { python3 -c "import statistics, sys; r = [float(x) for x in sys.argv[2:]]; print(f'median {sys.argv[1]} {statistics.median(r):.3f} over {len(r)} pairs: {r}')" "$@"; }

@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Eleven places in the runtime hold two implementations that compute the same
+Twelve places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -11,6 +11,8 @@ faster on some CPUs:
     attention   torch (bmm)        | native (runtime/cpu/native/one_query_attention.c)
     embedding_update  fbgemm's lookup  | native (runtime/cpu/native/quant_pool.c, rowwise_adagrad.c)
     linear_grad_input g W           | g W padded to 8 columns (runtime/modules/layers/padded_grad.py)
+    linear_grad_weight mm (g^T x)   | oneDNN's inner-product backward, in the oneDNN
+                                     layer's backward (runtime/modules/layers/linear.py)
     packed_mlp  aten (F.linear)    | oneDNN on packed weights, a serving MLP block at a time
                                      (runtime/serving/packed_mlp.py)
     mlp_int8    float (packed_mlp's) | int8 layers, asked only of exports whose dense blocks may
@@ -46,7 +48,9 @@ The outcome is kept on disk next to the native build cache
 (`$RECCOMPILE_CACHE_DIR/choices/<cpu>/<calibration>/<kernel>/<shape>.json`),
 one file per choice, written once (ranks that measure together all take the
 file that landed first). `<calibration>` digests how choices are measured
-(`REPEATS`, `WINDOWS`, the margins) and the native kernels' C sources, so a
+(`REPEATS`, `WINDOWS`, the margins), what is compared (`KERNELS`: a new
+kernel may sit inside another's alternative, as `linear_grad_weight` inside
+`linear`'s oneDNN side) and the native kernels' C sources, so a
 choice an older reccompile measured another way, or for other kernels, is
 measured again instead of trusted for good. A process answers a question it
 has asked before from memory (`_memo`, a few microseconds; callers ask at
@@ -125,6 +129,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "attention": ("torch", "native"),
     "embedding_update": ("fbgemm", "native"),
     "linear_grad_input": ("plain", "padded"),
+    "linear_grad_weight": ("mm", "onednn"),
     "packed_mlp": ("aten", "packed"),
     "mlp_int8": ("float", "int8"),
     "softmax_gemm": ("fp32", "bf16"),
@@ -133,7 +138,16 @@ KERNELS: dict[str, tuple[str, str]] = {
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
 NUMERIC = frozenset(
-    {"dot", "linear", "linear_grad_input", "attention", "embedding_update", "softmax_gemm", "attention_precision"}
+    {
+        "dot",
+        "linear",
+        "linear_grad_input",
+        "linear_grad_weight",
+        "attention",
+        "embedding_update",
+        "softmax_gemm",
+        "attention_precision",
+    }
 )
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
 # Kernels with another margin. Serving's MLP blocks (approximate exports only, never in a training
@@ -190,7 +204,7 @@ def _parse_forced(text: str) -> dict[str, str]:
 def directory(cache: Path | None = None) -> Path:
     """Where this CPU's choices are recorded under the current calibration (see the module docstring),
     in `cache` (default: the native build's cache_root())."""
-    settings = json.dumps([REPEATS, WINDOWS, MARGIN, MARGINS], sort_keys=True)
+    settings = json.dumps([REPEATS, WINDOWS, MARGIN, MARGINS, KERNELS], sort_keys=True)
     calibration = hashlib.sha256(settings.encode() + _sources_digest()).hexdigest()[:12]
     return (cache_root() if cache is None else cache) / "choices" / features.identity() / calibration
 

@@ -7,11 +7,20 @@ rank order; ranks may hold different numbers of rows (the last batch of an
 epoch). Its backward sums every rank's gradient of the gathered tensor and
 hands each rank the rows it contributed: the gradient of the sum of all
 ranks' losses, which the data-parallel average then divides by the world
-size, as it does for every other parameter. It runs on gloo, which has no
-reduce-scatter, and returns the input unchanged without a process group.
+size, as it does for every other parameter. gloo has no reduce-scatter: the
+backward sends each rank its rows' slice of the gradient in one
+all_to_all_single and sums the slices it receives in rank order, one
+exchange where an all-reduce (a reduce-scatter then an all-gather) takes two
+and twice the bytes. It returns the input unchanged without a process group.
 `gather_rows_and_ids` gathers the rows and their ids in one all-gather of
 one flat byte buffer (each rank's rows' bytes beside its ids' bytes): one
-wait on the slowest rank per step instead of two.
+wait on the slowest rank per step instead of two. Given `PaddedCounts` in place of
+the counts, it also spares the counts' own exchange before it: each rank
+sends its rows padded to a size every rank agrees on (the last such
+gather's largest count) with its count beside them, and where a rank
+held more rows than that, the gather is redone at the counts it brought.
+The sizes of every exchange are known alike on every rank beforehand, as
+gloo needs (a size mismatch aborts the process or truncates silently).
 
     >>> rows, offset = gather_rows(torch.ones(2, 3), None)
     >>> rows.shape, offset
@@ -21,12 +30,26 @@ wait on the slowest rank per step instead of two.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["distributed", "gather_ids", "gather_rows", "gather_rows_and_ids", "row_counts"]
+__all__ = ["PaddedCounts", "distributed", "gather_ids", "gather_rows", "gather_rows_and_ids", "row_counts"]
+
+COUNT_BYTES = 8  # a rank's row count, int64, in the padded gather's last row
+
+
+@dataclass
+class PaddedCounts:
+    """Every rank's row count, learnt from `gather_rows_and_ids`' own exchange (module docstring).
+
+    `pad`: the rows each rank sends, the same on every rank; `counts` is filled by the gather.
+    """
+
+    pad: int
+    counts: list[int] | None = None
 
 
 def distributed(process_group: dist.ProcessGroup | None) -> bool:
@@ -59,6 +82,22 @@ def _gather(tensor: torch.Tensor, counts: list[int], process_group: dist.Process
     return torch.cat([part[:count] for part, count in zip(parts, counts)])
 
 
+def _gather_padded(message: torch.Tensor, pad: int, process_group: dist.ProcessGroup) -> tuple[torch.Tensor, list[int]]:
+    """(every rank's rows of `message` [n, W] uint8 in rank order, every rank's n): one all-gather of
+    `pad` rows and the count where no rank holds more than `pad`, else a second at the counts."""
+    width = max(message.shape[1], COUNT_BYTES)
+    padded = message.new_zeros((pad + 1, width))
+    sent = min(pad, message.shape[0])
+    padded[:sent, : message.shape[1]] = message[:sent]
+    padded[pad, :COUNT_BYTES] = torch.tensor([message.shape[0]], dtype=torch.long).view(torch.uint8)
+    parts = [torch.empty_like(padded) for _ in range(dist.get_world_size(process_group))]
+    dist.all_gather(parts, padded, group=process_group)
+    counts = torch.stack([part[pad, :COUNT_BYTES] for part in parts]).view(torch.long).reshape(-1).tolist()
+    if max(counts) > pad:  # every rank knows every count now: the redo's sizes agree
+        return _gather(message, counts, process_group), counts
+    return torch.cat([part[:count, : message.shape[1]] for part, count in zip(parts, counts, strict=True)]), counts
+
+
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """[n, ...] as [n, bytes per row] uint8, sharing storage where it is contiguous."""
     return (
@@ -76,11 +115,16 @@ def _from_bytes(raw: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...]) -
 class _GatherRowsAndIds(torch.autograd.Function):
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, tensor: torch.Tensor, ids: torch.Tensor, counts: list[int], rank: int, group: Any
+        ctx: Any, tensor: torch.Tensor, ids: torch.Tensor, counts: list[int] | PaddedCounts, rank: int, group: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        ctx.counts, ctx.rank, ctx.group = counts, rank, group
         rows = _as_bytes(tensor)
-        raw = _gather(torch.cat([rows, _as_bytes(ids.reshape(-1, 1))], dim=1), counts, group)
+        message = torch.cat([rows, _as_bytes(ids.reshape(-1, 1))], dim=1)
+        if isinstance(counts, PaddedCounts):
+            raw, counts.counts = _gather_padded(message, counts.pad, group)
+            counts = counts.counts
+        else:
+            raw = _gather(message, counts, group)
+        ctx.counts, ctx.rank, ctx.group = counts, rank, group
         split = rows.shape[1]
         gathered_ids = _from_bytes(raw[:, split:], ids.dtype, ()).reshape(-1)
         ctx.mark_non_differentiable(gathered_ids)
@@ -99,10 +143,10 @@ class _GatherRows(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        total = grad.contiguous().clone()
-        dist.all_reduce(total, group=ctx.group)
-        start = sum(ctx.counts[: ctx.rank])
-        return total[start : start + ctx.counts[ctx.rank]], None, None, None
+        counts, own = ctx.counts, ctx.counts[ctx.rank]
+        slices = grad.new_empty((len(counts) * own, *grad.shape[1:]))
+        dist.all_to_all_single(slices, grad.contiguous(), [own] * len(counts), counts, group=ctx.group)
+        return slices.view(len(counts), own, *grad.shape[1:]).sum(dim=0), None, None, None
 
 
 def gather_rows(
@@ -133,11 +177,17 @@ def gather_ids(
 
 
 def gather_rows_and_ids(
-    tensor: torch.Tensor, ids: torch.Tensor, process_group: dist.ProcessGroup | None, counts: list[int] | None = None
+    tensor: torch.Tensor,
+    ids: torch.Tensor,
+    process_group: dist.ProcessGroup | None,
+    counts: list[int] | PaddedCounts | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`gather_rows(tensor)` and `gather_ids(ids)` (one id per row) in one all-gather:
-    (rows, ids, the index of this rank's first row); the rows differentiable as `gather_rows`'."""
+    (rows, ids, the index of this rank's first row); the rows differentiable as `gather_rows`'.
+    `counts`: every rank's rows when known, or `PaddedCounts` to learn them from this gather."""
     if process_group is None or not distributed(process_group):
+        if isinstance(counts, PaddedCounts):
+            counts.counts = [tensor.shape[0]]
         return tensor, ids, 0
     if ids.shape[0] != tensor.shape[0]:
         raise ValueError(f"gather_rows_and_ids: {ids.shape[0]} ids for {tensor.shape[0]} rows")
@@ -145,4 +195,6 @@ def gather_rows_and_ids(
     counts = row_counts(tensor.shape[0], process_group) if counts is None else counts
     rank = dist.get_rank(process_group)
     rows, gathered_ids = _GatherRowsAndIds.apply(tensor.to(device), ids.to(device), counts, rank, process_group)
-    return rows.to(tensor.device), gathered_ids.to(ids.device), sum(counts[:rank])
+    known = counts.counts if isinstance(counts, PaddedCounts) else counts
+    assert known is not None  # the gather filled PaddedCounts in
+    return rows.to(tensor.device), gathered_ids.to(ids.device), sum(known[:rank])

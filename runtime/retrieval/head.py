@@ -34,7 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.config.retrieval import SampledSoftmaxConfig
-from runtime.retrieval.gather import distributed, gather_rows, row_counts
+from runtime.retrieval.gather import PaddedCounts, distributed, gather_rows, row_counts
 from runtime.retrieval.item_attributes import ItemAttributes
 from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.sparse.jagged import JaggedTensor, KeyedJaggedTensor
@@ -210,15 +210,26 @@ class RetrievalLoss(nn.Module):
         # (ids [S], detached vectors [S, D]) of the last training forward's shared uniform negatives, or
         # None: the candidates training's metrics rank against (runtime.retrieval.catalogue.StepCandidates).
         self.step_negatives: tuple[torch.Tensor, torch.Tensor] | None = None
+        # The largest rank's pair count at the last forward, the same on every rank (None before the
+        # first): where the candidates' gather comes first, each rank pads its rows to it and sends its
+        # count beside them, which spares the counts' own exchange (runtime.retrieval.gather.PaddedCounts).
+        self.last_largest: int | None = None
 
     def forward(
         self, output: RetrievalOutput, item_vectors: ItemVectors, attributes: ItemAttributes | None = None
     ) -> torch.Tensor:
         query, positive, ids = output.pairs()
-        # One exchange of the ranks' pair counts serves the normalisation, the softmax's gathers and
-        # per-query negatives.
-        counts = row_counts(ids.numel(), self.process_group) if distributed(self.process_group) else [ids.numel()]
-        if self.training and attributes is not None and output.attributes is not None:
+        recording = self.training and attributes is not None and output.attributes is not None
+        learnt: PaddedCounts | None = None
+        if not distributed(self.process_group):
+            counts = [ids.numel()]
+        elif self.last_largest is not None and not recording and self.softmax.learns_counts():
+            learnt = PaddedCounts(self.last_largest)  # the candidates' gather brings the counts
+            counts = []
+        else:  # one exchange of the ranks' pair counts serves the normalisation, the gathers and per-query negatives
+            counts = row_counts(ids.numel(), self.process_group)
+        if recording:
+            assert attributes is not None and output.attributes is not None
             self._record(attributes, ids, output.attributes, counts)
         if self.softmax.config.negatives.per_query:
             negatives = self._per_query_negatives(ids, counts, item_vectors)
@@ -229,7 +240,11 @@ class RetrievalLoss(nn.Module):
                 drawn = None if negative_ids is None or negatives is None else (negative_ids, negatives.detach())
                 self.step_negatives = drawn
         # A summed loss: in-batch negatives alone then take the blocked path (runtime/retrieval/blocked_softmax.py).
-        total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=counts)
+        total = self.softmax(query, positive, ids, negatives, reduction="sum", row_counts=learnt or counts)
+        if learnt is not None:
+            assert learnt.counts is not None  # filled by the gather
+            counts = learnt.counts
+        self.last_largest = max(counts)
         if self.training:
             self.pairs_trained += sum(counts)
         return total * (len(counts) / max(1.0, float(sum(counts))))

@@ -42,7 +42,7 @@ from torch import nn
 from runtime.config.retrieval import SampledSoftmaxConfig
 from runtime.retrieval.blocked_softmax import blocked_softmax_loss
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
-from runtime.retrieval.gather import gather_ids, gather_rows_and_ids
+from runtime.retrieval.gather import PaddedCounts, gather_ids, gather_rows_and_ids
 from runtime.retrieval.sampling import per_query_negatives, uniform_log_q, uniform_negatives
 
 __all__ = ["SampledSoftmaxLoss", "sampled_softmax"]
@@ -64,7 +64,7 @@ def sampled_softmax(
     normalize: bool = False,
     process_group: dist.ProcessGroup | None = None,
     reduction: str = "mean",
-    row_counts: list[int] | None = None,
+    row_counts: list[int] | PaddedCounts | None = None,
 ) -> torch.Tensor:
     """The loss of this rank's queries; the module below fills the arguments from its config.
 
@@ -75,7 +75,8 @@ def sampled_softmax(
     None: no in-batch correction); `negative_log_q`: the uniform samples'
     correction (None: none). Without in-batch candidates the positive takes
     `negative_log_q`. `row_counts`: every rank's number of queries
-    (runtime.retrieval.gather.row_counts), when the caller has exchanged them already.
+    (runtime.retrieval.gather.row_counts), when the caller has exchanged them already, or
+    `PaddedCounts` for the candidates' gather to learn them (in-batch candidates only).
     """
     if reduction not in REDUCTIONS:
         raise ValueError(f"sampled softmax: reduction {reduction!r} is not one of {', '.join(REDUCTIONS)}")
@@ -238,17 +239,20 @@ class SampledSoftmaxLoss(nn.Module):
         positive_ids: torch.Tensor,
         negatives: torch.Tensor | None = None,
         reduction: str = "mean",
-        row_counts: list[int] | None = None,
+        row_counts: list[int] | PaddedCounts | None = None,
     ) -> torch.Tensor:
         """The loss of this rank's queries; `negatives` are the embeddings of `negative_ids()`;
-        `row_counts` every rank's number of queries, when the caller has exchanged them."""
+        `row_counts` every rank's number of queries, when the caller has exchanged them, or
+        `PaddedCounts` for the in-batch candidates' gather to learn them (without logq or per_query)."""
         c, uniform = self.config, self.config.negatives.uniform
+        if isinstance(row_counts, PaddedCounts) and not self.learns_counts():
+            raise ValueError("sampled softmax: PaddedCounts need in-batch negatives without logq or per_query")
         if uniform and negatives is None:
             raise ValueError("sampled softmax: uniform negatives need the embeddings of negative_ids()")
         if not uniform and negatives is not None:
             raise ValueError("sampled softmax: negatives given but the config draws none (in-batch negatives only)")
         if c.negatives.per_query:
-            counts = row_counts or [positive_ids.shape[0]]
+            counts = row_counts if isinstance(row_counts, list) and row_counts else [positive_ids.shape[0]]
             first = sum(counts[: dist.get_rank(self.process_group)]) if len(counts) > 1 else 0
             queries = slice(first, first + positive_ids.shape[0])
             negative_ids = self.negative_ids(positive_ids.device, queries, sum(counts))
@@ -268,7 +272,9 @@ class SampledSoftmaxLoss(nn.Module):
             in_batch=c.negatives.in_batch,
             negatives=negatives,
             negative_ids=negative_ids,
-            in_batch_log_q=self._in_batch_log_q(positive_ids, row_counts),
+            in_batch_log_q=None
+            if isinstance(row_counts, PaddedCounts)
+            else self._in_batch_log_q(positive_ids, row_counts),
             negative_log_q=uniform_log_q(uniform, c.num_items, c.first_id) if c.logq and uniform else None,
             temperature=c.temperature,
             normalize=c.normalize,
@@ -279,6 +285,12 @@ class SampledSoftmaxLoss(nn.Module):
         if self.training:
             self.step += 1
         return loss
+
+    def learns_counts(self) -> bool:
+        """Whether the in-batch candidates' gather is the first use of the ranks' row counts, so it
+        may learn them (`PaddedCounts`): in-batch negatives, without logq or per_query ones."""
+        c = self.config
+        return c.negatives.in_batch and not c.logq and not c.negatives.per_query
 
     def _in_batch_log_q(self, positive_ids: torch.Tensor, row_counts: list[int] | None) -> torch.Tensor | None:
         c = self.config

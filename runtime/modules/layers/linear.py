@@ -9,7 +9,7 @@ GEMMs of a layer to oneDNN: the forward through
 `torch.ops.mkldnn._linear_pointwise` (the op inductor emits for its own CPU
 linears) with a following ReLU fused, the input gradient through the same
 op, and the weight and bias gradients through oneDNN's inner-product
-backward, which reads the gradient and the input as stored. Results are
+backward or torch's mm, whichever measured faster (`_weight_grad`). Results are
 float32 GEMMs with another summation order: equal to `F.linear` up to
 rounding.
 
@@ -49,7 +49,7 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 class _OneDNNLinear(torch.autograd.Function):
-    """y = act(x W^T + b); backward: dx = g W, dW = g^T x, db = sum_rows(g), all on oneDNN."""
+    """y = act(x W^T + b); backward: dx = g W on oneDNN, dW = g^T x and db = sum_rows(g) by `_weight_grad`."""
 
     @staticmethod
     def forward(  # type: ignore[override]
@@ -72,15 +72,54 @@ class _OneDNNLinear(torch.autograd.Function):
         grad_x = _onednn_linear(grad, weight.t(), None, False) if needs_x else None
         grad_weight = grad_bias = None
         if needs_weight:
-            # oneDNN's inner-product backward reads g and x as stored (no transposed copies)
-            # and sums the bias gradient in the same pass.
-            grad_weight, grad_bias = torch.ops.aten.mkldnn_linear_backward_weights(
-                grad.to_mkldnn(), x.contiguous().to_mkldnn(), weight.to_mkldnn(), ctx.has_bias
-            )
-            grad_weight, grad_bias = grad_weight.to_dense(), grad_bias.to_dense() if ctx.has_bias else None
+            grad_weight, grad_bias = _weight_grad(grad, x, weight, ctx.has_bias)
         elif ctx.has_bias and needs_bias:
             grad_bias = grad.sum(0)
         return grad_x, grad_weight, grad_bias if needs_bias else None, None
+
+
+def _weight_grad_mm(grad: torch.Tensor, x: torch.Tensor, has_bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # g^T x where `in` is a multiple of 8 floats: the weight's own layout, which autograd then keeps
+    # (a transposed view it would copy). Else (x^T g)^T, which writes aligned rows of `out` floats
+    # (runtime/modules/layers/padded_grad.py); 13 -> 512 and 415 -> 512 gain, the copy is small.
+    grad_weight = grad.t().mm(x) if x.shape[1] % padded_grad.ALIGN == 0 else x.t().mm(grad).t()
+    return grad_weight, grad.sum(0) if has_bias else None
+
+
+def _weight_grad_onednn(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, has_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # oneDNN's inner-product backward reads g and x as stored and sums the bias gradient in the
+    # same pass, but on oneDNN's own tensors: g, x and the weight are copied in first.
+    grad_weight, grad_bias = torch.ops.aten.mkldnn_linear_backward_weights(
+        grad.to_mkldnn(), x.contiguous().to_mkldnn(), weight.to_mkldnn(), has_bias
+    )
+    return grad_weight.to_dense(), grad_bias.to_dense() if has_bias else None
+
+
+def _weight_grad(
+    grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, has_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """dW = g^T x and db = sum_rows(g): on torch's mm or on oneDNN's inner-product backward,
+    whichever measured faster at this layer's shapes (runtime/cpu/choice.py, kernel
+    'linear_grad_weight').
+
+    oneDNN runs the forward and the input gradient faster than MKL on this project's AMD
+    CPUs, but not always the weight gradient, whose inputs it must copy into its own layout:
+    on the 2-core Zen 4, 1 thread, CPU time, the 512 -> 256 layer's weight gradient took
+    5.73 ms on mm against 5.90 ms on oneDNN, and 415 -> 512's 9.34 against 9.86 ms."""
+    shape = (
+        f"b{choice.bucket(grad.shape[0])}_in{weight.shape[1]}_out{weight.shape[0]}{'_bias' if has_bias else ''}"
+        f"_t{torch.get_num_threads()}"
+    )
+    runs = {
+        "mm": lambda: _weight_grad_mm(grad, x, has_bias),
+        "onednn": lambda: _weight_grad_onednn(grad, x, weight, has_bias),
+    }
+    site = shape[shape.index("_") + 1 : shape.rindex("_t")]  # the layer: no batch, no thread count
+    if choice.choose("linear_grad_weight", shape, runs, site=site) == "onednn":
+        return _weight_grad_onednn(grad, x, weight, has_bias)
+    return _weight_grad_mm(grad, x, has_bias)
 
 
 def onednn_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

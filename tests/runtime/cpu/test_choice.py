@@ -55,7 +55,8 @@ def test_a_choice_measured_another_way_or_for_other_c_sources_is_measured_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """An older reccompile's record is not trusted for good: the directory is keyed by the calibration
-    (repeats, windows, margins) and the native sources, so the choice is measured afresh beside it."""
+    (repeats, windows, margins), the kernels compared and the native sources, so the choice is
+    measured afresh beside it."""
     calls: list[str] = []
     first = choice.directory()
     onednn_faster = {"aten": _sleeper(15, calls, "aten"), "onednn": _sleeper(1, calls, "onednn")}
@@ -80,6 +81,11 @@ def test_a_choice_measured_another_way_or_for_other_c_sources_is_measured_again(
     choice._sources_digest.cache_clear()
     assert len({second, third, choice.directory()}) == 3
     choice._sources_digest.cache_clear()
+
+    fourth = choice.directory()
+    monkeypatch.setattr(choice, "KERNELS", {**choice.KERNELS, "new_kernel": ("torch", "native")})
+    assert choice.directory() != fourth  # a new kernel may change what an old one's alternative runs
+    choice._sources_digest.cache_clear()  # digested from the fake source: later tests digest the real ones
 
 
 def test_the_baseline_stays_unless_the_alternative_is_clearly_faster() -> None:
@@ -189,7 +195,8 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         "RECCOMPILE_KERNELS: 'linear=mkl' is not a kernel choice; expected comma-separated "
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
         "attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
-        "packed_mlp=aten|packed, mlp_int8=float|int8, softmax_gemm=fp32|bf16, attention_precision=autocast|fp32"
+        "linear_grad_weight=mm|onednn, packed_mlp=aten|packed, mlp_int8=float|int8, softmax_gemm=fp32|bf16, "
+        "attention_precision=autocast|fp32"
     )
 
 

@@ -151,12 +151,13 @@ def _attention_precision_case() -> Outcome:
 # kernel -> (the case, the environment of each choice beside the kernel's own)
 CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "dot": (_dot_case, ""),
-    "linear": (_linear_case, "linear_grad_input=plain"),
+    "linear": (_linear_case, "linear_grad_input=plain,linear_grad_weight=mm"),
     "lookup": (lambda: _collection_case(lookup_threads=2), "embedding_update=fbgemm"),
     "quant_pool": (_quant_case, ""),
     "attention": (_attention_case, ""),
     "embedding_update": (_collection_case, "lookup=sequential"),
     "linear_grad_input": (_linear_case, "linear=aten"),
+    "linear_grad_weight": (_linear_case, "linear=onednn"),
     "packed_mlp": (_packed_mlp_case, "linear=aten"),
     "mlp_int8": (_mlp_int8_case, "linear=aten,packed_mlp=aten"),
     "softmax_gemm": (_softmax_gemm_case, ""),

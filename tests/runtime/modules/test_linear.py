@@ -20,8 +20,10 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 
 
 @pytest.fixture(autouse=True)
-def onednn_for_any_size(monkeypatch, request) -> None:
-    """The small shapes here would take F.linear; the numerics tests want the oneDNN path."""
+def onednn_for_any_size(monkeypatch, request, tmp_path) -> None:
+    """The small shapes here would take F.linear; the numerics tests want the oneDNN path. What is
+    measured (the weight gradient's form) is kept in a cache of the test's own."""
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
     if "small_products" not in request.node.name:
         monkeypatch.setattr(linear_module, "MIN_ONEDNN_MACS", 1)
         monkeypatch.setenv(choice.ENV, "linear=onednn")
@@ -37,11 +39,16 @@ def _grads_of(out: torch.Tensor, grad: torch.Tensor, leaves: list[torch.Tensor])
     return [leaf.grad for leaf in leaves]
 
 
+@pytest.mark.parametrize("in_features", [37, 40])  # mm's weight gradient takes one form for each
+@pytest.mark.parametrize("weight_grad", ["mm", "onednn"])  # kernel 'linear_grad_weight'
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("batch", [1, 7, 300])
-def test_forward_and_gradients_match_float64_reference(relu: bool, bias: bool, batch: int) -> None:
-    x, w = _leaf(batch, 37, seed=1), _leaf(19, 37, seed=2)
+def test_forward_and_gradients_match_float64_reference(
+    relu: bool, bias: bool, batch: int, weight_grad: str, in_features: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(choice.ENV, f"linear=onednn,linear_grad_weight={weight_grad}")
+    x, w = _leaf(batch, in_features, seed=1), _leaf(19, in_features, seed=2)
     b = _leaf(19, seed=3) if bias else None
     grad = torch.randn(batch, 19, generator=torch.Generator().manual_seed(4))
     leaves = [t for t in (x, w, b) if t is not None]

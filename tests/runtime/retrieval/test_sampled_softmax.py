@@ -10,6 +10,7 @@ from softmax_reference import reference_losses
 
 from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
 from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
+from runtime.retrieval.gather import PaddedCounts
 from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss, sampled_softmax
 from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
 
@@ -258,6 +259,30 @@ def test_missing_or_unwanted_negatives_are_named() -> None:
     with pytest.raises(ValueError) as error:
         SampledSoftmaxLoss(SampledSoftmaxConfig())(query, positive, IDS, negatives)
     assert str(error.value) == "sampled softmax: negatives given but the config draws none (in-batch negatives only)"
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SampledSoftmaxConfig(Negatives(in_batch=True), num_items=30, logq=True),
+        SampledSoftmaxConfig(Negatives(in_batch=False, uniform=S), num_items=30),
+    ],
+)
+def test_counts_learnt_from_the_gather_are_refused_where_it_does_not_come_first(config: SampledSoftmaxConfig) -> None:
+    """logq gathers the ids before the candidates, and without in-batch negatives there is no gather."""
+    query, positive, negatives = _inputs()
+    loss = SampledSoftmaxLoss(config)
+    with pytest.raises(ValueError) as error:
+        loss(query, positive, IDS, negatives if config.negatives.uniform else None, row_counts=PaddedCounts(4))
+    assert str(error.value) == "sampled softmax: PaddedCounts need in-batch negatives without logq or per_query"
+
+
+def test_counts_learnt_by_one_process_are_its_own() -> None:
+    query, positive, _ = _inputs()
+    counts = PaddedCounts(1)
+    expected = SampledSoftmaxLoss(SampledSoftmaxConfig())(query, positive, IDS, reduction="sum")
+    got = SampledSoftmaxLoss(SampledSoftmaxConfig())(query, positive, IDS, reduction="sum", row_counts=counts)
+    assert torch.equal(got, expected) and counts.counts == [query.shape[0]]
 
 
 @pytest.mark.parametrize("distinct", [True, False])

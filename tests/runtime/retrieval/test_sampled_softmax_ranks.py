@@ -6,6 +6,12 @@ process's at 1e-5: with the mean, the mean of the ranks' losses is the
 global loss and each gradient, averaged over ranks as data parallelism does,
 is the global gradient; with the sum (here with unequal slices, as at the end
 of an epoch), losses and gradients add up.
+
+The retrieval head's loss learns the ranks' pair counts from the candidates'
+gather after its first step (gather.PaddedCounts): with slices that change
+from step to step it trains what one process does, with one all-gather a
+step where no rank holds more pairs than the last step's largest, and two
+where one does.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
-from runtime.retrieval.gather import gather_rows_and_ids
+from runtime.retrieval.gather import PaddedCounts, gather_rows_and_ids
+from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
 from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
 from runtime.train.process_group import close_process_group, init_process_group
 
@@ -113,6 +120,70 @@ def _gather(rank: int, group: dist.ProcessGroup) -> dict[str, Any]:
     return {"rows": gathered.detach(), "ids": ids, "offset": offset, "grad": rows.grad, "own": own}
 
 
+def _gather_padded(rank: int, group: dist.ProcessGroup) -> dict[int, dict[str, Any]]:
+    """`_gather` with the counts learnt from the gather itself, padded to PADS (0, 1: rank 0's four
+    rows overflow and the gather is redone; 4: they just fit; 9: padding)."""
+    start = sum(GATHER_SLICES[:rank])
+    own = slice(start, start + GATHER_SLICES[rank])
+    results = {}
+    for pad in PADS:
+        rows = GATHER_ROWS[own].clone().requires_grad_()
+        counts = PaddedCounts(pad)
+        gathered, ids, offset = gather_rows_and_ids(rows, GATHER_IDS[own], group, counts)
+        (gathered.float() * GATHER_WEIGHTS).sum().backward()
+        results[pad] = {"rows": gathered.detach(), "ids": ids, "offset": offset, "grad": rows.grad}
+        results[pad]["counts"] = counts.counts
+    return results
+
+
+PADS = (0, 1, 4, 9)
+# the retrieval loss's steps: each step's slices of HEAD_BATCHES[step] rows (step 2 overflows step 1's 5)
+HEAD_SLICES = ((5, 3), (3, 5), (6, 1), (1, 1))
+HEAD_CONFIG = SampledSoftmaxConfig(Negatives(in_batch=True), temperature=0.5)
+
+
+def _head_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = sum(HEAD_SLICES[step])
+    generator = torch.Generator().manual_seed(300 + step)
+    return (
+        torch.randn(rows, DIM, generator=generator),
+        torch.randn(rows, DIM, generator=generator),
+        (torch.randint(1, 6, (rows,), generator=generator)),
+    )
+
+
+def _train_head(rank: int | None, group: dist.ProcessGroup | None) -> list[dict[str, Any]]:
+    """RetrievalLoss over HEAD_SLICES' steps: rank `rank`'s slices (None: the whole batches)."""
+    loss_fn = RetrievalLoss(HEAD_CONFIG, group)
+    gathers = 0
+    original = dist.all_gather
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal gathers
+        gathers += 1
+        return original(*args, **kwargs)
+
+    steps = []
+    for step, slices in enumerate(HEAD_SLICES):
+        query, positive, ids = _head_batch(step)
+        if rank is not None:
+            start = sum(slices[:rank])
+            own = slice(start, start + slices[rank])
+            query, positive, ids = query[own], positive[own], ids[own]
+        query, positive = query.clone().requires_grad_(), positive.clone().requires_grad_()
+        gathers, dist.all_gather = 0, counted  # type: ignore[assignment]
+        try:
+            loss = loss_fn(RetrievalOutput(query, positive, ids), lambda _: torch.empty(0))
+        finally:
+            dist.all_gather = original
+        loss.backward()
+        steps.append(
+            {"loss": loss.detach(), "query": query.grad, "positive": positive.grad, "gathers": gathers}
+            | {"largest": loss_fn.last_largest, "pairs": loss_fn.pairs_trained}
+        )
+    return steps
+
+
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     init_process_group(
@@ -127,6 +198,8 @@ def _rank(rank: int, port: int, out: str) -> None:
         start = sum(case["slices"][:rank])
         results[name] = _train(case, slice(start, start + case["slices"][rank]), dist.group.WORLD)
     results["gather_rows_and_ids"] = _gather(rank, dist.group.WORLD)
+    results["padded"] = _gather_padded(rank, dist.group.WORLD)
+    results["head"] = _train_head(rank, dist.group.WORLD)
     gathered: list[Any] = [None] * WORLD
     dist.all_gather_object(gathered, results)
     if rank == 0:
@@ -173,3 +246,30 @@ def test_rows_and_ids_are_gathered_in_one_exchange(ranks: list[dict[str, Any]]) 
         assert torch.equal(result["ids"], GATHER_IDS) and result["ids"].dtype == torch.int32
         assert result["offset"] == sum(GATHER_SLICES[:rank])
         assert torch.equal(result["grad"].float(), WORLD * GATHER_WEIGHTS[result["own"]])
+
+
+@pytest.mark.parametrize("pad", PADS)
+def test_the_gather_learns_the_counts_padded_or_redone(ranks: list[dict[str, Any]], pad: int) -> None:
+    """Padded to any size, with a redo where a rank overflows it, the gather gives what the counted
+    one gives, bit for bit, and every rank's count."""
+    for result in ranks:
+        padded, plain = result["padded"][pad], result["gather_rows_and_ids"]
+        assert padded["counts"] == list(GATHER_SLICES)
+        assert torch.equal(padded["rows"], plain["rows"]) and torch.equal(padded["ids"], plain["ids"])
+        assert padded["offset"] == plain["offset"] and torch.equal(padded["grad"], plain["grad"])
+
+
+def test_the_head_learns_the_counts_from_the_gather(ranks: list[dict[str, Any]]) -> None:
+    """Two ranks' retrieval loss, its counts learnt from the candidates' gather, trains what one
+    process does, with one all-gather a step except the first (the counts exchanged) and where a
+    rank holds more pairs than the last step's largest (the gather redone)."""
+    one = _train_head(None, None)
+    for step, expected in enumerate(one):
+        got = [r["head"][step] for r in ranks]
+        torch.testing.assert_close(torch.stack([g["loss"] for g in got]).mean(), expected["loss"], rtol=1e-5, atol=1e-5)
+        for key in ("query", "positive"):
+            joined = torch.cat([g[key] for g in got]) / WORLD
+            torch.testing.assert_close(joined, expected[key], rtol=1e-5, atol=1e-5)
+        assert [g["largest"] for g in got] == [max(HEAD_SLICES[step])] * WORLD
+        assert [g["pairs"] for g in got] == [expected["pairs"]] * WORLD
+    assert [r["head"][step]["gathers"] for step in range(len(HEAD_SLICES)) for r in ranks[:1]] == [2, 1, 2, 1]
