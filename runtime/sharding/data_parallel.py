@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.sparse.jagged import JaggedTensor, KeyedTensor
+from runtime.sharding import shm_exchange
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import (
     EmbeddingGroup,
@@ -97,7 +98,7 @@ class _LocalBlock(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         world_size = len(ctx.sizes)
         gathered = grad.new_empty(sum(ctx.sizes))
-        dist.all_to_all_single(
+        shm_exchange.all_to_all_single(
             gathered,
             grad.contiguous().repeat(world_size),
             ctx.sizes,

@@ -36,6 +36,7 @@ from torch.autograd.profiler import record_function
 
 from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
+from runtime.sharding import shm_exchange
 from runtime.sharding.awaitable import Awaitable
 
 
@@ -155,7 +156,7 @@ class IdsAllToAll:
         values = routed.values()
         data = values.new_empty(sum(data_received))
         handles = [
-            dist.all_to_all_single(
+            shm_exchange.all_to_all_single(
                 data,
                 pack_ids(routed, self._slots_per_rank) if with_lengths else values.contiguous(),
                 data_received,
@@ -169,7 +170,7 @@ class IdsAllToAll:
             sent = routed.weights()
             weights = sent.new_empty(sum(ids_received))
             handles.append(
-                dist.all_to_all_single(weights, sent, ids_received, ids_sent, group=self._group, async_op=True)
+                shm_exchange.all_to_all_single(weights, sent, ids_received, ids_sent, group=self._group, async_op=True)
             )
 
         def finish() -> KeyedJaggedTensor:
@@ -185,7 +186,7 @@ class IdsAllToAll:
         sent = torch.tensor(message, dtype=torch.int64, device=routed.device())
         received = sent.new_empty(self._world_size * (len(self._local_keys) + 2))
         with record_function("## ids_dist.counts ##"):  # the one host sync of input_dist
-            dist.all_to_all_single(
+            shm_exchange.all_to_all_single(
                 received,
                 sent,
                 [len(self._local_keys) + 2] * self._world_size,

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.sparse.jagged import KeyedTensor
+from runtime.sharding import shm_exchange
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import PooledShards, inverse_order, slot_columns, slot_offsets
 from runtime.sharding.layout import Slot
@@ -56,7 +57,7 @@ class _Start(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, exchange: _Exchange, token: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         exchange.output = values.new_empty(sum(exchange.received))
-        exchange.handle = dist.all_to_all_single(
+        exchange.handle = shm_exchange.all_to_all_single(
             exchange.output,
             values,
             exchange.received,
@@ -92,7 +93,7 @@ class _Wait(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         exchange = ctx.exchange
         exchange.grad = grad.new_empty(sum(exchange.sent))
-        exchange.grad_handle = dist.all_to_all_single(
+        exchange.grad_handle = shm_exchange.all_to_all_single(
             exchange.grad,
             grad.contiguous(),
             exchange.sent,

@@ -33,6 +33,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from runtime.sharding import shm_exchange
+
 __all__ = ["close_process_group", "init_process_group"]
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,7 @@ def close_process_group() -> bool:
         return True
     group = dist.group.WORLD
     gc.collect()  # modules, DDP's hooks and autograd graphs hold the group in reference cycles
+    shm_exchange.close_all()  # its files go with the group
     dist.destroy_process_group()
     others = sys.getrefcount(group) - 2  # `group` here and getrefcount's own argument
     if others:
