@@ -37,8 +37,12 @@ _RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun's log line for each failure of a worker group, also those it restarts after (--max-restarts)
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) ")
-# gloo's words when the other end of a rank's connection went away (its process died).
-_PEER_LOST = re.compile(r"\[\S*gloo\S*\] (.*?Connection (?:reset|closed) by peer(?: \S+)?)")
+# The words of a rank's transport when the other end went away (its process died): gloo's, and the
+# same-host shared-memory exchange's (runtime/sharding/shm_exchange.py).
+_PEER_LOST = {
+    "gloo": re.compile(r"\[\S*gloo\S*\] (.*?Connection (?:reset|closed) by peer(?: \S+)?)"),
+    "shared memory": re.compile(r"ExchangeError: (rank \d+ \(pid \d+\) left the shared-memory exchange)"),
+}
 
 
 def run_torchrun(command: list[str], checkpoint_dir: Path | None = None, threads: int = 1) -> int:
@@ -95,7 +99,7 @@ def _restarts(report: _Report) -> str:
     to it: torchrun's failure line names it. A rank that failed says why in its own error line."""
     times = f"{len(report.failures)} times, first " if len(report.failures) > 1 else ""
     own = [
-        match for line in report.errors.values() if (match := _WORKER_ERROR.match(line)) and not _PEER_LOST.search(line)
+        match for line in report.errors.values() if (match := _WORKER_ERROR.match(line)) and _lost_peer(line) is None
     ]
     if report.failures and report.failures[0][1] < 0:
         local_rank, code = report.failures[0]
@@ -108,14 +112,22 @@ def _restarts(report: _Report) -> str:
 
 
 def _peer_lost(line: str, checkpoint_dir: Path | None) -> str:
-    """A rank's error line; gloo's report of a vanished peer in the words of the job."""
-    rank_error, lost = _WORKER_ERROR.match(line), _PEER_LOST.search(line)
+    """A rank's error line; its transport's report of a vanished peer in the words of the job."""
+    rank_error, lost = _WORKER_ERROR.match(line), _lost_peer(line)
     if rank_error is None or lost is None:
         return line
     return (
-        f"error: rank {rank_error.group(1)}: lost its connection to another rank (gloo: {lost.group(1)}): "
+        f"error: rank {rank_error.group(1)}: lost its connection to another rank ({lost}): "
         f"that rank stopped, on this node or another, and its own output says why; {_where(checkpoint_dir)}\n"
     )
+
+
+def _lost_peer(line: str) -> str | None:
+    """`transport: its words` where `line` reports that a rank's peer vanished, else None."""
+    for transport, pattern in _PEER_LOST.items():
+        if (lost := pattern.search(line)) is not None:
+            return f"{transport}: {lost.group(1)}"
+    return None
 
 
 class _Report:
