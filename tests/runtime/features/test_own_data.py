@@ -52,7 +52,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     train, test = split_by_user(rating_rows())
     write_csv(root / "train.csv", train)
     write_csv(root / "test.csv", test)
-    common = ["--data-workers", "0", "-o", str(root / "build")]
+    # One thread in every run compared bit for bit: the default follows the cores free at launch, and two
+    # threads sum the GEMMs in another order than one.
+    common = ["--data-workers", "0", "--threads", "1", "-o", str(root / "build")]
     trained = _run(
         "train",
         str(SPEC),
@@ -224,6 +226,8 @@ def test_predict_and_prepared_data_reproduce_the_evaluation(run: dict) -> None:
         "30",
         "--data-workers",
         "0",
+        "--threads",
+        "1",
         "-o",
         str(root / "build_p"),
     )
