@@ -7,10 +7,11 @@
 #   benchmarks/ab_openmp.sh 5 GOMP_SPINCOUNT=1000 GOMP_SPINCOUNT=10000 GOMP_SPINCOUNT=300000
 #
 # A SETTING is VAR=VALUE[,VAR=VALUE...], put in the run's environment. torch's OpenMP runtime is
-# libgomp (MKL's and oneDNN's GEMMs run on its threads too), so GOMP_SPINCOUNT is the knob: how many
-# polls (about 25 ns each on the 2-core Zen 4) a worker spins after a parallel region before it
-# sleeps on a futex. 300000 is libgomp's own default, 0 sleeps at once (OMP_WAIT_POLICY=passive), and
-# training without the variable set takes runtime/cpu/openmp.py's value. The dlrm_bench.py options
+# libgomp (MKL's and oneDNN's GEMMs run on its threads too; KMP_* variables are Intel's runtime's), so
+# GOMP_SPINCOUNT is the knob: how many polls (about 25 ns each on the 2-core Zen 4) a worker spins
+# after a parallel region before it sleeps on a futex. 300000 is libgomp's own default, 0 sleeps at
+# once (as OMP_WAIT_POLICY=passive; active spins without end), and a run with neither variable set
+# takes runtime/cpu/openmp.py's value. The dlrm_bench.py options
 # default to `--variant criteo --mode local --threads 2`. OURS_PY names the interpreter (default:
 # the project venv beside this checkout's main). The choice is the quiet machine's: on a shared one,
 # spinning holds a core another process needs, so read the ratios as directions only.
