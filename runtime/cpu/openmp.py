@@ -22,9 +22,10 @@ On the 2-core Zen 4 of issue 41 a poll of the spin takes about 25 ns
 (1,000 is 25 us; libgomp's default of 300,000, 7.5 ms). There, on the shared
 machine (load 12-20), dlrm-bench criteo local at 2 threads took 98 / 161 /
 1658 / 1036 ms a step and 91 / 103 / 310 / 407 ms of CPU at 1,000 / 10,000 /
-100,000 / 300,000 (one process each, native update, sequential lookups): a
-spinning worker holds the core that the main thread, descheduled by a
-neighbour, waits for. Quiet, a longer spin would bridge the step's main-only
+100,000 / 300,000 (one process each, native update, sequential lookups); with
+benchmarks/ab_openmp.sh (3 rounds) the medians were 110 / 119 / 161 / 238 ms of
+CPU a step at 0 / 1,000 / 4,000 / 10,000. A spinning worker holds the core that
+the main thread, descheduled by a neighbour, waits for. Quiet, a longer spin would bridge the step's main-only
 gaps (about 37 a step longer than 25 us, most of 0.1-1 ms, 6-9 ms in all), so
 the quiet choice is measured with benchmarks/ab_openmp.sh, not assumed.
 """
