@@ -25,9 +25,10 @@ machine (load 12-20), dlrm-bench criteo local at 2 threads took 98 / 161 /
 100,000 / 300,000 (one process each, native update, sequential lookups); with
 benchmarks/ab_openmp.sh (3 rounds) the medians were 110 / 119 / 161 / 238 ms of
 CPU a step at 0 / 1,000 / 4,000 / 10,000. A spinning worker holds the core that
-the main thread, descheduled by a neighbour, waits for. Quiet, a longer spin would bridge the step's main-only
-gaps (about 37 a step longer than 25 us, most of 0.1-1 ms, 6-9 ms in all), so
-the quiet choice is measured with benchmarks/ab_openmp.sh, not assumed.
+the main thread, descheduled by a neighbour, waits for. Quiet, a longer spin
+would bridge the step's main-only gaps (about 37 a step longer than 25 us, most
+of 0.1-1 ms, 6-9 ms in all), so the quiet choice is measured with
+benchmarks/ab_openmp.sh, not assumed.
 """
 
 from __future__ import annotations
