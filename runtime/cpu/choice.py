@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Twelve places in the runtime hold two implementations that compute the same
+Fourteen places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -23,6 +23,8 @@ faster on some CPUs:
                                      asked only under bf16 training (runtime.train.precision)
     attention_precision autocast's bf16 | fp32 (runtime/modules/layers/padded_attention.py),
                                      asked only under bf16 training
+    in_batch_softmax torch (blocked GEMMs) | native, one pass over row tiles
+                                     (runtime/retrieval/blocked_softmax.py, runtime/cpu/native/in_batch_softmax.c)
 
 The two of a pair may round differently but train the same: every input
 that requires a gradient (per-id weights included) gets the same one from
@@ -137,6 +139,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "mlp_int8": ("float", "int8"),
     "softmax_gemm": ("fp32", "bf16"),
     "attention_precision": ("autocast", "fp32"),
+    "in_batch_softmax": ("torch", "native"),
 }
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
@@ -150,6 +153,7 @@ NUMERIC = frozenset(
         "embedding_update",
         "softmax_gemm",
         "attention_precision",
+        "in_batch_softmax",
     }
 )
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
