@@ -120,40 +120,50 @@ static void tile_logits(const float *q, const float *ct, int64_t d, int64_t mp, 
     }
 }
 
+/* acc[r][v] = sum_j e[r][j] c[j][k0 + v W .. +W] for R rows from `e` (row stride ld), NV vectors. */
+static inline __attribute__((always_inline)) void rows_times_candidates(const float *e, const float *c, int64_t d,
+                                                                         int64_t m, int64_t ld, int64_t k0, int R,
+                                                                         int NV, v16 acc[6][4]) {
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < NV; v++) acc[r][v] = splat(0.0f);
+    for (int64_t j = 0; j < m; j++) {
+        v16 b[4];
+        for (int v = 0; v < NV; v++) b[v] = load(c + j * d + k0 + v * W);
+        for (int r = 0; r < R; r++) {
+            const v16 x = splat(e[r * ld + j]);
+            for (int v = 0; v < NV; v++) acc[r][v] += x * b[v];
+        }
+    }
+}
+
 /* out[r][:] = ((sum_j e[r][j] c[j][:]) * scale[r] - c[own[r]][:]) * grad_scale for rows [0, rows). */
 static void tile_grad_query(const float *e, const float *c, int64_t d, int64_t m, int64_t ld, int64_t rows,
                             const float *scale, const int64_t *own, float grad_scale, float *out) {
-    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
-        const int64_t nr = rows - r0 < 4 ? rows - r0 : 4;
+    for (int64_t r0 = 0; r0 < rows; r0 += 6) {
+        const int nr = rows - r0 < 6 ? (int)(rows - r0) : 6, wide = r0 + 6 <= TILE; /* else rows r0.. r0 + 3 */
         for (int64_t k0 = 0; k0 < d; k0 += 4 * W) {
             const int nv = d - k0 < 4 * W ? (int)((d - k0) / W) : 4;
-            v16 a[4][4];
-            for (int r = 0; r < 4; r++)
-                for (int v = 0; v < 4; v++) a[r][v] = splat(0.0f);
+            v16 acc[6][4];
             if (nv == 4) {
-                for (int64_t j = 0; j < m; j++) {
-                    const float *cj = c + j * d + k0;
-                    const v16 b0 = load(cj), b1 = load(cj + W), b2 = load(cj + 2 * W), b3 = load(cj + 3 * W);
-                    for (int r = 0; r < 4; r++) {
-                        const v16 x = splat(e[(r0 + r) * ld + j]);
-                        a[r][0] += x * b0;
-                        a[r][1] += x * b1;
-                        a[r][2] += x * b2;
-                        a[r][3] += x * b3;
-                    }
+                if (wide)
+                    rows_times_candidates(e + r0 * ld, c, d, m, ld, k0, 6, 4, acc);
+                else
+                    rows_times_candidates(e + r0 * ld, c, d, m, ld, k0, 4, 4, acc);
+            } else { /* d - k0 = 16, 32 or 48: a vector at a time */
+                for (int v = 0; v < nv; v++) {
+                    v16 one[6][4];
+                    if (wide)
+                        rows_times_candidates(e + r0 * ld, c, d, m, ld, k0 + v * W, 6, 1, one);
+                    else
+                        rows_times_candidates(e + r0 * ld, c, d, m, ld, k0 + v * W, 4, 1, one);
+                    for (int r = 0; r < (wide ? 6 : 4); r++) acc[r][v] = one[r][0];
                 }
-            } else {
-                for (int64_t j = 0; j < m; j++)
-                    for (int r = 0; r < 4; r++) {
-                        const v16 x = splat(e[(r0 + r) * ld + j]);
-                        for (int v = 0; v < nv; v++) a[r][v] += x * load(c + j * d + k0 + v * W);
-                    }
             }
-            for (int64_t r = 0; r < nr; r++) {
+            for (int r = 0; r < nr; r++) {
                 const float *mine = c + own[r0 + r] * d + k0;
                 for (int v = 0; v < nv; v++)
                     store(out + (r0 + r) * d + k0 + v * W,
-                          (a[r][v] * splat(scale[r0 + r]) - load(mine + v * W)) * splat(grad_scale));
+                          (acc[r][v] * splat(scale[r0 + r]) - load(mine + v * W)) * splat(grad_scale));
             }
         }
     }
