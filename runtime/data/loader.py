@@ -32,8 +32,7 @@ from runtime.data.checks.unseen_ids import UnseenIds
 from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
-from runtime.process.lifetime import die_with_parent
-from runtime.process.workers import worker_context
+from runtime.process.workers import loader_workers
 
 BLOCK_LINES = 4096
 
@@ -181,13 +180,10 @@ def _shares(
     on_wrap: Callable[[int, int], None] | None = None,
 ) -> Iterator[Share]:
     dataset = BlockDataset(reader, block_lines, epochs, stop_at_bad=bad_rows.policy == "fail")
-    # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
     loader = DataLoader(
         dataset,
         batch_size=None,
-        num_workers=num_workers,
-        worker_init_fn=_die_with_rank,
-        multiprocessing_context=worker_context(num_workers),
+        **loader_workers(num_workers),
     )
 
     def blocks() -> Iterator[tuple[Columns, bool]]:
@@ -216,7 +212,3 @@ def _shares(
         source=reader.source,
         on_batch=None if unseen is None else unseen.add,
     )
-
-
-def _die_with_rank(worker: int) -> None:
-    die_with_parent()

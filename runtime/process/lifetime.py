@@ -6,7 +6,10 @@ import atexit
 import ctypes
 import gc
 import os
+import select
 import signal
+import threading
+import time
 
 _PR_SET_PDEATHSIG = 1
 
@@ -23,6 +26,41 @@ def die_with_parent() -> None:
     """SIGKILL this process when its parent exits; exit now if the parent is already gone."""
     if set_parent_death_signal(signal.SIGKILL) and os.getppid() == 1:
         os._exit(1)  # orphaned before the request took hold
+
+
+def die_with(pid: int) -> None:
+    """SIGKILL this process when process `pid`, not its parent, exits; exit now if it is gone.
+
+    For a process started on another's behalf by a third: a data worker's parent is the fork
+    server (runtime.process.workers), which outlives the rank for as long as a worker does.
+    A daemon thread waits on the process's pidfd (polls once a second where there is none).
+    """
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (OSError, AttributeError):  # no pidfd (Linux before 5.3, or elsewhere)
+        handle = None
+
+    def watch() -> None:
+        if handle is not None:
+            select.select([handle], [], [])
+        else:
+            while _alive(pid):
+                time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name=f"die-with-{pid}", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def skip_exit_collection() -> None:

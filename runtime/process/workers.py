@@ -15,23 +15,42 @@ imports torch and the loader once, then forks each worker from its own clean
 state. The first worker waits for those imports (about 1.5 s of CPU, once
 per process); every later one starts as fast as a fork did. Arrow is not
 preloaded: its jemalloc thread would be in the server too.
+
+A worker's parent is then the server, not the rank, and the server lives as
+long as any of its workers does (each holds the pipe it watches), so a
+worker cannot die with its parent as a forked one did: it dies with the rank
+that asked for it (runtime.process.lifetime.die_with), and the server, its
+last client gone, follows.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
-from multiprocessing.context import BaseContext
+import os
+from typing import Any
 
-__all__ = ["worker_context"]
+from runtime.process.lifetime import die_with, die_with_parent
+
+__all__ = ["loader_workers"]
 
 _PRELOAD = ["torch", "runtime.data.loader"]  # what every worker unpickles its dataset with
 
 
-def worker_context(workers: int) -> BaseContext | None:
-    """The multiprocessing context of a DataLoader with `workers` workers (None without workers,
-    which is what DataLoader expects then)."""
+def loader_workers(workers: int) -> dict[str, Any]:
+    """A DataLoader's keyword arguments for `workers` worker processes: started by the fork server,
+    each ending with this process (see the module docstring)."""
     if workers == 0:
-        return None
+        return {"num_workers": 0}
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
-    return context
+    return {
+        "num_workers": workers,
+        "multiprocessing_context": context,
+        "worker_init_fn": functools.partial(_die_with, os.getpid()),
+    }
+
+
+def _die_with(rank: int, worker: int) -> None:
+    die_with_parent()  # the server
+    die_with(rank)

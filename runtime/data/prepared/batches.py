@@ -46,8 +46,7 @@ from runtime.data.files.arrow import pa
 from runtime.data.loader import Failure, LocalBatch
 from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
 from runtime.data.rank_slices import Share, share_bounds
-from runtime.process.lifetime import die_with_parent
-from runtime.process.workers import worker_context
+from runtime.process.workers import loader_workers
 
 
 @dataclass(frozen=True)
@@ -197,13 +196,10 @@ def _chunks(
     data: PreparedData, global_batch: int, rank: int, world_size: int, first: int, one_epoch: bool, workers: int
 ) -> Iterator[Chunk]:
     dataset = ShareDataset(data, global_batch, rank, world_size, first, one_epoch)
-    # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
     for chunk in DataLoader(
         dataset,
         batch_size=None,
-        num_workers=workers,
-        worker_init_fn=_die_with_rank,
-        multiprocessing_context=worker_context(workers),
+        **loader_workers(workers),
     ):
         if isinstance(chunk, Failure):
             raise DataError(chunk.message)
@@ -216,7 +212,3 @@ def _batch(data: PreparedData, share: Share) -> LocalBatch:
     batch = share.columns.to_batch(data.weighted)
     check_timestamps(batch.sparse, data.timestamps)
     return LocalBatch(batch, share.real)
-
-
-def _die_with_rank(worker: int) -> None:
-    die_with_parent()

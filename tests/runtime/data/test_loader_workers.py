@@ -1,4 +1,5 @@
-"""A data loader's workers start cleanly whatever the rank's other threads hold (runtime.process.workers).
+"""A data loader's workers start cleanly whatever the rank's other threads hold, and end with the rank
+(runtime.process.workers).
 
 A rank forks its loaders' workers while gloo's, Arrow's and the loaders' own
 threads run. A worker forked from it inherits every lock one of them held at
@@ -10,8 +11,11 @@ that the lock is the only one held and a hang ends at the timeout.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from sample_files import RATINGS
@@ -93,3 +97,76 @@ def test_a_worker_parses_while_another_thread_of_the_rank_holds_a_lock_it_takes(
         raise AssertionError("the loader's worker never parsed a line: it inherited the other thread's lock") from None
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [str(len(RATINGS))]
+
+
+FOREVER = """
+import sys
+import time
+from pathlib import Path
+
+from sample_files import movielens_spec, write_ml100k
+
+from runtime.data.checks.bad_rows import BadRowLog
+from runtime.data.loader import training_batches
+from runtime.data.sources import DataChoice, open_reader
+
+if __name__ == "__main__":
+    data = write_ml100k(Path(sys.argv[1]))
+    reader = open_reader(movielens_spec(), DataChoice("movielens", str(data)))
+    batches = training_batches(reader, global_batch=4, rank=0, world_size=1, bad_rows=BadRowLog("fail"), num_workers=1)
+    next(batches)
+    print("reading", flush=True)
+    time.sleep(600)
+"""
+
+
+def _descendants(pid: int) -> set[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _gone(pids: set[int], seconds: float) -> set[int]:
+    deadline = time.monotonic() + seconds
+    while pids and time.monotonic() < deadline:
+        pids = {pid for pid in pids if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)}
+        time.sleep(0.1)
+    return pids
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+def test_the_workers_and_their_fork_server_end_with_a_killed_rank(tmp_path: Path) -> None:
+    (tmp_path / "forever.py").write_text(FOREVER)
+    paths = [str(REPO / "tests" / "runtime" / "data"), str(REPO)]
+    rank = subprocess.Popen(
+        [sys.executable, str(tmp_path / "forever.py"), str(tmp_path / "ml-100k")],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(paths)},
+    )
+    try:
+        assert rank.stdout is not None and rank.stdout.readline() == "reading\n"
+        started = _descendants(rank.pid)
+        assert len(started) >= 2  # the fork server and the worker (and the server's resource tracker)
+        os.kill(rank.pid, signal.SIGKILL)
+        rank.wait(timeout=60)
+        assert _gone(started, 30) == set()
+    finally:
+        rank.kill()
+        rank.wait()
