@@ -36,7 +36,7 @@ from torch.autograd.profiler import record_function
 
 from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
-from runtime.sharding import shm_exchange
+from runtime.process import shm_exchange
 from runtime.sharding.awaitable import Awaitable
 
 
