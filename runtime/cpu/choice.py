@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Twelve places in the runtime hold two implementations that compute the same
+Fourteen places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -23,6 +23,8 @@ faster on some CPUs:
                                      asked only under bf16 training (runtime.train.precision)
     attention_precision autocast's bf16 | fp32 (runtime/modules/layers/padded_attention.py),
                                      asked only under bf16 training
+    in_batch_softmax torch (blocked GEMMs) | native, one pass over row tiles
+                                     (runtime/retrieval/blocked_softmax.py, runtime/cpu/native/in_batch_softmax.c)
 
 The two of a pair may round differently but train the same: every input
 that requires a gradient (per-id weights included) gets the same one from
@@ -36,8 +38,8 @@ autograd, whose int8 side errs as its rounding predicts (tests/runtime/serving/t
 Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
 one warm-up each, then a few interleaved repetitions (for serving's
-`packed_mlp`, `mlp_int8`, `quant_pool` and `pool_team`, as many as fill 0.3, 0.3, 0.1 and 0.1 s; see
-`WINDOWS`), the fastest kept (a neighbour's preemption only ever adds time,
+`packed_mlp`, `mlp_int8`, `quant_pool` and `pool_team`, as many as fill 0.3, 0.3, 0.1 and 0.1 s,
+and for `in_batch_softmax` 0.2 s; see `WINDOWS`), the fastest kept (a neighbour's preemption only ever adds time,
 so the minimum is the least noisy figure of what each path costs). The
 alternative is taken only when it beats the baseline's by `MARGIN`, so the
 choice is never slower than the torch path it replaces
@@ -137,6 +139,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "mlp_int8": ("float", "int8"),
     "softmax_gemm": ("fp32", "bf16"),
     "attention_precision": ("autocast", "fp32"),
+    "in_batch_softmax": ("torch", "native"),
 }
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
@@ -150,6 +153,7 @@ NUMERIC = frozenset(
         "embedding_update",
         "softmax_gemm",
         "attention_precision",
+        "in_batch_softmax",
     }
 )
 MARGIN = 0.03  # the alternative must be 3% faster: timing noise alone never moves off the baseline
@@ -165,7 +169,16 @@ REPEATS = 5
 # Serving's pooling takes well under a millisecond a call: five rounds once gave fbgemm 0.744 ms
 # against the C kernel's 0.753 for fp16 tables at batch 512, which 200 alternated calls put at 635
 # against 287 us.
-WINDOWS: dict[str, float] = {"packed_mlp": 0.3, "mlp_int8": 0.3, "quant_pool": 0.1, "pool_team": 0.1}
+# The in-batch softmax (5 ms a call at retrieval-bench's shapes, one thread): five rounds on the
+# loaded 2-core Zen 4 (load 10-16) once recorded torch's 10.1 ms against the native pass's 12.3,
+# which alone takes 4.8 ms there; a window also leaves a measurement under a held core unrecorded.
+WINDOWS: dict[str, float] = {
+    "packed_mlp": 0.3,
+    "mlp_int8": 0.3,
+    "quant_pool": 0.1,
+    "pool_team": 0.1,
+    "in_batch_softmax": 0.2,
+}
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
 _memo: dict[tuple[str, str, str], str] = {}

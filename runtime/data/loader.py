@@ -33,6 +33,7 @@ from runtime.data.columns import Columns
 from runtime.data.errors import DataError, RowError
 from runtime.data.rank_slices import Share, rank_shares, worker_blocks
 from runtime.process.lifetime import die_with_parent
+from runtime.process.workers import worker_context
 
 BLOCK_LINES = 4096
 
@@ -181,7 +182,13 @@ def _shares(
 ) -> Iterator[Share]:
     dataset = BlockDataset(reader, block_lines, epochs, stop_at_bad=bad_rows.policy == "fail")
     # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
-    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, worker_init_fn=_die_with_rank)
+    loader = DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        worker_init_fn=_die_with_rank,
+        multiprocessing_context=worker_context(num_workers),
+    )
 
     def blocks() -> Iterator[tuple[Columns, bool]]:
         good, passes, ended = 0, 1, False

@@ -27,6 +27,15 @@ thread). Where that entry is below float's smallest normal (a loss past 87
 in float32) it has lost its precision, and those rows take logsumexp minus
 their own logit instead.
 
+In fp32 on the CPU, with D a multiple of 16, the same function may run in one native pass
+(runtime/cpu/native/in_batch_softmax.c: each thread takes a share of the rows, tile by tile,
+the tile's logits, softmax and both gradient products from the cache, d/dcandidates summed
+over the threads' copies at the end), where runtime.cpu.choice's `in_batch_softmax` measures it
+faster on the run's shapes: torch's path splits each GEMM and the softmax over the threads
+separately, and the narrow products (K or N = D) scaled poorly to the second core
+(retrieval-bench's 1,024 x 1,024 x 64: the accumulated d/dcandidates 1.46 ms at one thread, 1.16 at two).
+It always takes the row maxima, so it needs no bound.
+
 Under bf16 training (runtime.train.precision's autocast) the three products
 of a block may run in bf16: inputs rounded to bf16, products accumulated in
 fp32 by the GEMM, outputs widened to fp32; the temperature, the mask, exp,
@@ -45,7 +54,7 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.cpu import choice
+from runtime.cpu import choice, native
 from runtime.modules.layers.linear import onednn_applies
 
 __all__ = ["BF16_TOLERANCE", "BLOCK_LOGITS", "BLOCK_ROWS", "EXP_SAFE", "block_rows", "blocked_softmax_loss"]
@@ -133,8 +142,18 @@ class _BlockedSoftmax(torch.autograd.Function):
         bound: float | None,
         block: int,
         bf16: bool,
+        fused: bool,
     ) -> torch.Tensor:
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]  # type: ignore[attr-defined]
+        if fused:
+            scaled = query if temperature == 1.0 else query * (1.0 / temperature)
+            hits = None if hit_rows is None or hit_columns is None else (hit_rows, hit_columns)
+            losses, grad_query, grad_candidates = native.in_batch_softmax(
+                scaled, candidates, own, hits, 1.0 / temperature, grads
+            )
+            if grad_query is not None and grad_candidates is not None:
+                ctx.save_for_backward(grad_query, grad_candidates)
+            return losses.sum()
         n = query.shape[0]
         bounded = bound is not None and bound <= EXP_SAFE
         scaled = query if temperature == 1.0 else query * (1.0 / temperature)
@@ -194,7 +213,7 @@ class _BlockedSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor):  # type: ignore[override]
         grad_query, grad_candidates = ctx.saved_tensors  # type: ignore[attr-defined]
-        return grad_query * grad, grad_candidates * grad, None, None, None, None, None, None, None
+        return grad_query * grad, grad_candidates * grad, None, None, None, None, None, None, None, None
 
 
 def blocked_softmax_loss(
@@ -240,8 +259,33 @@ def blocked_softmax_loss(
             bound,
             rows,
             bf16,
+            not bf16 and _fused(query, candidates, dtype),
         )
     return total / max(1, query.shape[0]) if reduction == "mean" else total
+
+
+def _fused(query: torch.Tensor, candidates: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the native one-pass kernel runs: fp32 CPU tensors, D a multiple of 16, and measured
+    faster here (once per run and site, backward included, on random operands: the call's candidates
+    and at most two blocks of its rows, which a per-row cost needs, and gen-bench's 12,800 would not)."""
+    n, dim = query.shape
+    if dtype != torch.float32 or dim % 16 or n == 0 or not native.applies([query, candidates], None):
+        return False
+    count = candidates.shape[0]
+    timed_rows = min(n, 2 * block_rows(count))
+
+    def runs() -> dict[str, Callable[[], None]]:
+        generator = torch.Generator().manual_seed(0)
+        q, c = (torch.randn(size, dim, generator=generator).mul_(0.3).requires_grad_() for size in (timed_rows, count))
+        own = torch.randint(0, count, (timed_rows,), generator=generator)
+        args = (own, None, None, 1.0, None, block_rows(count), False)
+        return {
+            "torch": lambda: _BlockedSoftmax.apply(q, c, *args, False).backward(),
+            "native": lambda: _BlockedSoftmax.apply(q, c, *args, True).backward(),
+        }
+
+    shape = f"{choice.bucket(timed_rows)}x{choice.bucket(count)}x{dim}_t{torch.get_num_threads()}"
+    return choice.choose("in_batch_softmax", shape, runs, site=f"in_batch_softmax_{dim}") == "native"
 
 
 def _bf16_products(rows: int, candidates: int, dim: int) -> bool:

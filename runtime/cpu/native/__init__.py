@@ -4,8 +4,9 @@ DLRM's pairwise dot interaction (dot_interaction.c), 3-5x faster on the CPU
 than `torch.bmm` over the full Gram matrix, the pooled lookup of
 quantized inference tables (quant_pool.c), which fbgemm runs on one thread,
 the backward of a training lookup with row-wise Adagrad in place
-(rowwise_adagrad.c), and the attention of one query per sample over a padded sequence
-(one_query_attention.c), where `torch.bmm` pays per-matrix overhead.
+(rowwise_adagrad.c), the attention of one query per sample over a padded sequence
+(one_query_attention.c), where `torch.bmm` pays per-matrix overhead, and the
+in-batch softmax loss with its gradient in one pass over row tiles (in_batch_softmax.c).
 They are plain C with no torch headers, built on first use by build.py
 (`$CC` with -O3 -march=native, cached per source, compiler and CPU).
 Tensors cross by pointer through ctypes, which releases the GIL for the
@@ -39,6 +40,7 @@ __all__ = [
     "cache_dir",
     "dot_backward",
     "dot_forward",
+    "in_batch_softmax",
     "library",
     "one_query_attention_backward",
     "one_query_attention_forward",
@@ -93,6 +95,8 @@ def library() -> ctypes.CDLL | None:
         _I64,
     ]
     lib.reccompile_rowwise_adagrad_backward.restype = ctypes.c_int
+    lib.reccompile_in_batch_softmax.argtypes = [*[_I64] * 3, *[_PTR] * 8, ctypes.c_float, _I64]
+    lib.reccompile_in_batch_softmax.restype = ctypes.c_int
     lib.reccompile_one_query_attention_forward.restype = None
     lib.reccompile_one_query_attention_backward.restype = None
     return lib
@@ -391,3 +395,46 @@ def rowwise_adagrad_backward(
         eps,
         torch.get_num_threads(),
     )
+
+
+def in_batch_softmax(
+    query: torch.Tensor,
+    candidates: torch.Tensor,
+    own: torch.Tensor,
+    hits: tuple[torch.Tensor, torch.Tensor] | None,
+    grad_scale: float,
+    grads: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Per row i, -log softmax(query @ candidates^T)[i, own[i]] with the `hits` cells (rows ascending,
+    columns) masked; with `grads`, the summed loss's gradients: d/dquery times `grad_scale`, and
+    d/dcandidates (see in_batch_softmax.c). float32 [n, D] and [C, D] with D a multiple of 16."""
+    lib = library()
+    assert lib is not None, "in_batch_softmax called where applies() is False"
+    query, candidates = query.contiguous(), candidates.contiguous()
+    own = own.to(torch.int64).contiguous()
+    n, dim = query.shape
+    starts = columns = None
+    if hits is not None:
+        starts = torch.searchsorted(hits[0], torch.arange(n + 1, device=hits[0].device)).contiguous()
+        columns = hits[1].to(torch.int64).contiguous()
+    losses = torch.empty(n)
+    grad_query = torch.empty(n, dim) if grads else None
+    grad_candidates = torch.empty(candidates.shape) if grads else None
+    status = lib.reccompile_in_batch_softmax(
+        n,
+        candidates.shape[0],
+        dim,
+        query.data_ptr(),
+        candidates.data_ptr(),
+        own.data_ptr(),
+        None if starts is None else starts.data_ptr(),
+        None if columns is None else columns.data_ptr(),
+        losses.data_ptr(),
+        None if grad_query is None else grad_query.data_ptr(),
+        None if grad_candidates is None else grad_candidates.data_ptr(),
+        grad_scale,
+        torch.get_num_threads(),
+    )
+    if status:
+        raise MemoryError("in-batch softmax: the native kernel could not allocate its scratch space")
+    return losses, grad_query, grad_candidates

@@ -47,6 +47,7 @@ from runtime.data.loader import Failure, LocalBatch
 from runtime.data.prepared.reading import DecodeLog, PreparedData, RowReader
 from runtime.data.rank_slices import Share, share_bounds
 from runtime.process.lifetime import die_with_parent
+from runtime.process.workers import worker_context
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,13 @@ def _chunks(
 ) -> Iterator[Chunk]:
     dataset = ShareDataset(data, global_batch, rank, world_size, first, one_epoch)
     # a worker outlives a SIGKILLed rank only to print its fd-passing thread's traceback
-    for chunk in DataLoader(dataset, batch_size=None, num_workers=workers, worker_init_fn=_die_with_rank):
+    for chunk in DataLoader(
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        worker_init_fn=_die_with_rank,
+        multiprocessing_context=worker_context(workers),
+    ):
         if isinstance(chunk, Failure):
             raise DataError(chunk.message)
         yield chunk

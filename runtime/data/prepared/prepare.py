@@ -81,6 +81,7 @@ from runtime.data.tables.collisions import PREPARE_ROWS, CollisionCounter, count
 from runtime.data.tables.learn import learn_features, learned_configs, with_learned
 from runtime.data.tables.mapping import layout_of
 from runtime.features.state import FILE as FEATURES_FILE
+from runtime.process.workers import worker_context
 from runtime.storage.lock import FileLock, LockHeld
 from runtime.storage.manifest import sync_path
 from runtime.storage.output import cannot_write
@@ -480,7 +481,9 @@ class _ResumedReader:
 
 def _parsed_blocks(reader: _ResumedReader, settings: PrepareSettings, processes: int) -> Iterator[Block]:
     dataset = BlockDataset(reader, settings.block_lines, 1, stop_at_bad=settings.bad_rows == "fail")
-    for block in DataLoader(dataset, batch_size=None, num_workers=processes):
+    for block in DataLoader(
+        dataset, batch_size=None, num_workers=processes, multiprocessing_context=worker_context(processes)
+    ):
         if isinstance(block, Failure):
             raise DataError(block.message)
         yield block

@@ -139,6 +139,14 @@ def _softmax_gemm_case() -> Outcome:
     return out, leaves, dict
 
 
+def _in_batch_softmax_case() -> Outcome:
+    """The in-batch softmax in fp32 with D a multiple of 16, where `in_batch_softmax` is asked."""
+    query, candidates = _randn(40, 16, seed=1), _randn(37, 16, seed=2)
+    hits = (torch.tensor([0, 3]), torch.tensor([5, 9]))
+    out = blocked_softmax_loss(query, candidates, torch.arange(40) % 37, hits, 0.5, "mean")
+    return out, {"query": query, "candidates": candidates}, dict
+
+
 def _attention_precision_case() -> Outcome:
     """Causal attention under a bf16 autocast, where `attention_precision` is asked."""
     q, k, v = (_randn(3, 2, 5, 8, seed=seed) for seed in (1, 2, 3))
@@ -163,6 +171,7 @@ CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "mlp_int8": (_mlp_int8_case, "linear=aten,packed_mlp=aten"),
     "softmax_gemm": (_softmax_gemm_case, ""),
     "attention_precision": (_attention_precision_case, ""),
+    "in_batch_softmax": (_in_batch_softmax_case, ""),
 }
 
 

@@ -24,6 +24,14 @@ def test_the_setting_is_made_unless_the_user_made_one() -> None:
     assert mine == {"GOMP_SPINCOUNT": "250000"}
 
 
+@pytest.mark.parametrize("policy", ["active", "passive"])
+def test_a_wait_policy_the_user_set_is_not_overridden(policy: str) -> None:
+    """libgomp takes GOMP_SPINCOUNT over OMP_WAIT_POLICY: setting it would undo the user's policy."""
+    environ = {"OMP_WAIT_POLICY": policy}
+    assert not openmp.training_environment(environ)
+    assert environ == {"OMP_WAIT_POLICY": policy}
+
+
 @pytest.mark.parametrize(("command", "expected"), [("train", "1000"), ("predict", None), ("compile", None)])
 def test_reccompile_train_sets_it_before_torch_loads(command: str, expected: str | None, monkeypatch) -> None:
     monkeypatch.setenv("GOMP_SPINCOUNT", "")  # so that teardown restores the variable's first state,

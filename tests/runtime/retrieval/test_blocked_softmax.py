@@ -177,3 +177,43 @@ def test_bf16_products_only_under_a_bf16_autocast(monkeypatch: pytest.MonkeyPatc
     own = torch.arange(300)
     got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
     torch.testing.assert_close(got, _reference(query, candidates, own, None, 0.05, "mean"))
+
+
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("rows", "columns", "dim", "scale"),
+    [(1, 1, 80, 1.0), (37, 50, 16, 3.0), (300, 1000, 64, 0.5), (70, 33, 32, 30.0)],
+)
+def test_the_native_pass_matches_cross_entropy_in_float64(
+    rows: int, columns: int, dim: int, scale: float, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """runtime/cpu/native/in_batch_softmax.c (forced): rows and columns off its tile sizes, logits in the
+    hundreds (scale 30: row maxima needed), accidental hits, a temperature, an incoming gradient."""
+    from runtime.cpu import native
+
+    calls = []
+    kernel = native.in_batch_softmax
+    monkeypatch.setattr(native, "in_batch_softmax", lambda *args: calls.append(1) or kernel(*args))
+    monkeypatch.setenv(choice.ENV, "in_batch_softmax=native")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    gen = torch.Generator().manual_seed(11)
+    query = (torch.randn(rows, dim, generator=gen) * scale).requires_grad_(True)
+    candidates = torch.randn(columns, dim, generator=gen).requires_grad_(True)
+    own = torch.randint(0, columns, (rows,), generator=gen)
+    hit_rows = torch.arange(0, rows, 3)
+    hit_columns = (own[hit_rows] + 1) % columns
+    keep = hit_columns != own[hit_rows]
+    hits = (hit_rows[keep], hit_columns[keep])
+    got = blocked_softmax_loss(query, candidates, own, hits, 0.7, "sum")
+    (got * 0.6).backward()
+    assert calls == [1]
+    q64, c64 = query.detach().double().requires_grad_(True), candidates.detach().double().requires_grad_(True)
+    want = _reference(q64, c64, own, hits, 0.7, "sum")
+    (want * 0.6).backward()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    for grad, exact in ((query.grad, q64.grad), (candidates.grad, c64.grad)):  # float32 logits in the hundreds
+        torch.testing.assert_close(grad.double(), exact, rtol=1e-4, atol=5e-5 * float(exact.abs().max()))
+    with torch.no_grad():  # the loss alone
+        alone = blocked_softmax_loss(query, candidates, own, hits, 0.7, "mean")
+    torch.testing.assert_close(alone.double(), want / rows, rtol=1e-5, atol=1e-5)
