@@ -38,7 +38,7 @@ _EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun's log line for each failure of a worker group, also those it restarts after (--max-restarts)
 _FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) ")
 # The words of a rank's transport when the other end went away (its process died): gloo's, and the
-# same-host shared-memory exchange's (runtime/sharding/shm_exchange.py).
+# same-host shared-memory exchange's (runtime/process/shm_exchange.py).
 _PEER_LOST = {
     "gloo": re.compile(r"\[\S*gloo\S*\] (.*?Connection (?:reset|closed) by peer(?: \S+)?)"),
     "shared memory": re.compile(r"ExchangeError: (rank \d+ \(pid \d+\) left the shared-memory exchange)"),

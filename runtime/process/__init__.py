@@ -1,4 +1,5 @@
-"""The process itself: ranks, DataLoader and prepare workers that end when their parent does."""
+"""The process itself: ranks, DataLoader and prepare workers that end when their parent does, and the
+ranks' same-host shared-memory all-to-all (shm_exchange.py)."""
 
 from __future__ import annotations
 

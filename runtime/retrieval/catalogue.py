@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from runtime.retrieval.gather import distributed, gather_ids, gather_rows
+from runtime.retrieval.gather import all_gather, distributed, gather_ids, gather_rows
 from runtime.retrieval.head import HeldOut, RetrievalLoss
 
 __all__ = ["Catalogue", "ExactCatalogue", "KeptStep", "StepCandidates"]
@@ -144,9 +144,7 @@ class StepCandidates:
             return list(zip(vectors.split(own.tolist()), ids.split(own.tolist()), strict=True))
         assert group is not None
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-        parts = [torch.zeros_like(own, device=device) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, own.to(device), group=group)
-        counts = torch.stack(parts).cpu()  # [ranks, steps]
+        counts = torch.stack(all_gather(own.to(device), group)).cpu()  # [ranks, steps]
         totals = counts.sum(dim=1).tolist()
         with torch.no_grad():
             every_vector = gather_rows(vectors, group, totals)[0].cpu()

@@ -21,6 +21,10 @@ gather's largest count) with its count beside them, and where a rank
 held more rows than that, the gather is redone at the counts it brought.
 The sizes of every exchange are known alike on every rank beforehand, as
 gloo needs (a size mismatch aborts the process or truncates silently).
+Every exchange is an all_to_all_single through runtime/process/shm_exchange.py
+(an all-gather is one with each rank's piece sent to every rank), so ranks on
+one host copy through shared memory, as the embeddings' all-to-alls do, where
+gloo would move the bytes over loopback TCP on its own threads.
 
     >>> rows, offset = gather_rows(torch.ones(2, 3), None)
     >>> rows.shape, offset
@@ -36,7 +40,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["PaddedCounts", "distributed", "gather_ids", "gather_rows", "gather_rows_and_ids", "row_counts"]
+from runtime.process import shm_exchange
+
+__all__ = [
+    "PaddedCounts",
+    "all_gather",
+    "distributed",
+    "gather_ids",
+    "gather_rows",
+    "gather_rows_and_ids",
+    "row_counts",
+]
 
 COUNT_BYTES = 8  # a rank's row count, int64, in the padded gather's last row
 
@@ -63,13 +77,21 @@ def _device(process_group: dist.ProcessGroup) -> torch.device:
     return torch.device("cpu")
 
 
+def all_gather(tensor: torch.Tensor, process_group: dist.ProcessGroup) -> tuple[torch.Tensor, ...]:
+    """Every rank's `tensor` (the same shape on every rank), in rank order: an all_to_all_single
+    of equal pieces, each rank's piece its `tensor`."""
+    world_size = dist.get_world_size(process_group)
+    sent = tensor.contiguous().repeat(world_size, *([1] * (tensor.dim() - 1)))
+    received = torch.empty_like(sent)
+    shm_exchange.all_to_all_single(received, sent, None, None, group=process_group)
+    return received.view(world_size, *tensor.shape).unbind(0)
+
+
 def row_counts(rows: int, process_group: dist.ProcessGroup) -> list[int]:
     """Every rank's `rows`, in rank order (a collective). Pass them to the gathers of one set of
     rows: each then skips its own exchange of the counts."""
     count = torch.tensor([rows], dtype=torch.long, device=_device(process_group))
-    counts = [torch.zeros_like(count) for _ in range(dist.get_world_size(process_group))]
-    dist.all_gather(counts, count, group=process_group)
-    return [int(c) for c in counts]
+    return [int(c) for c in all_gather(count, process_group)]
 
 
 def _gather(tensor: torch.Tensor, counts: list[int], process_group: dist.ProcessGroup) -> torch.Tensor:
@@ -77,8 +99,7 @@ def _gather(tensor: torch.Tensor, counts: list[int], process_group: dist.Process
     longest = max(counts)
     padded = tensor.new_zeros((longest, *tensor.shape[1:]))
     padded[: tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in counts]
-    dist.all_gather(parts, padded.contiguous(), group=process_group)
+    parts = all_gather(padded, process_group)
     return torch.cat([part[:count] for part, count in zip(parts, counts)])
 
 
@@ -90,8 +111,7 @@ def _gather_padded(message: torch.Tensor, pad: int, process_group: dist.ProcessG
     sent = min(pad, message.shape[0])
     padded[:sent, : message.shape[1]] = message[:sent]
     padded[pad, :COUNT_BYTES] = torch.tensor([message.shape[0]], dtype=torch.long).view(torch.uint8)
-    parts = [torch.empty_like(padded) for _ in range(dist.get_world_size(process_group))]
-    dist.all_gather(parts, padded, group=process_group)
+    parts = all_gather(padded, process_group)
     counts = torch.stack([part[pad, :COUNT_BYTES] for part in parts]).view(torch.long).reshape(-1).tolist()
     if max(counts) > pad:  # every rank knows every count now: the redo's sizes agree
         return _gather(message, counts, process_group), counts
@@ -145,7 +165,7 @@ class _GatherRows(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         counts, own = ctx.counts, ctx.counts[ctx.rank]
         slices = grad.new_empty((len(counts) * own, *grad.shape[1:]))
-        dist.all_to_all_single(slices, grad.contiguous(), [own] * len(counts), counts, group=ctx.group)
+        shm_exchange.all_to_all_single(slices, grad.contiguous(), [own] * len(counts), counts, group=ctx.group)
         return slices.view(len(counts), own, *grad.shape[1:]).sum(dim=0), None, None, None
 
 

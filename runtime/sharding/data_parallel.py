@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.sparse.jagged import JaggedTensor, KeyedTensor
-from runtime.sharding import shm_exchange
+from runtime.process import shm_exchange
 from runtime.sharding.awaitable import Awaitable, Done
 from runtime.sharding.group import (
     EmbeddingGroup,

@@ -15,6 +15,21 @@ through the wrapper: `input_dist` outside DDP, `compute` as DDP's forward.
 Buffers are synced once, when DDP is built, not before every step
 (`forward_sync_buffers=False`): the dense blocks hold only constant index
 buffers, and broadcasting them would cost a collective per step.
+
+At two ranks on CPU the gradient all-reduce goes through the embeddings'
+exchange (runtime/process/shm_exchange.py: shared memory on one host) as
+DDP's communication hook: each rank sends its whole bucket, divided by the
+world size as DDP does, and adds the two in rank order. At two ranks that
+moves the bytes of gloo's ring in one exchange, and a + b is the sum gloo
+computes, bit for bit; it spares gloo's loopback TCP and its threads the two
+cores the ranks train on. Beyond two ranks each would receive every rank's
+bucket, so DDP's own all-reduce stays. The exchange runs when the backward
+has run to its end (an autograd final callback, queued before DDP's own,
+which waits for it): a group's exchanges must come in the same order on
+every rank, and where a bucket becomes ready among the embeddings' own
+backward exchanges is autograd's choice, which may differ by rank (the
+ranks' graphs differ where they hold different tables). So the embeddings'
+gradients also leave before the dense all-reduce.
 """
 
 from __future__ import annotations
@@ -24,8 +39,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd import Variable
 from torch.nn.parallel import DistributedDataParallel
 
+from runtime.process import shm_exchange
 from runtime.sharding.sparse_arch import SparseArch
 
 
@@ -67,10 +84,35 @@ def distribute_dense(model: nn.Module, process_group: dist.ProcessGroup | None) 
     ]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    return DenseDataParallel(
+    wrapped = DenseDataParallel(
         model,
         device_ids=[device] if device.type == "cuda" else None,
         process_group=process_group,
         forward_sync_buffers=False,
         gradient_as_bucket_view=True,
     )
+    if device.type == "cpu" and dist.get_world_size(process_group) == 2:
+        # unannotated: DDP compares a hook's annotations with the classes, which postponed ones are not
+        wrapped.register_comm_hook(process_group, lambda group, bucket: exchange_all_reduce(group, bucket))
+    return wrapped
+
+
+def exchange_all_reduce(
+    process_group: dist.ProcessGroup, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP's all-reduce of one bucket (the mean over the ranks) as one all-to-all of the whole
+    bucket through the exchange, summed in rank order, at the end of the backward (see the
+    module docstring)."""
+    buffer = bucket.buffer()
+    done: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+
+    def reduce() -> None:
+        world_size = dist.get_world_size(process_group)
+        sent = buffer.div_(world_size).repeat(world_size)
+        received = torch.empty_like(sent)
+        shm_exchange.all_to_all_single(received, sent, None, None, group=process_group)
+        torch.sum(received.view(world_size, -1), dim=0, out=buffer)
+        done.set_result(buffer)
+
+    Variable._execution_engine.queue_callback(reduce)
+    return done

@@ -19,6 +19,20 @@ layout.py), each key one slot. Two collectives move it:
    they lie, with no copy, and the receiver rebuilds the lengths from the
    counts (ids of the slot / batch size).
 
+At two ranks, for unweighted ids, `start` folds the counts into the data
+(the scheme of runtime/retrieval/gather.py's PaddedCounts): each rank sends
+its peer one piece of a size both agree on beforehand (the largest piece of
+the exchanges waited for so far, header included), the counts first, then
+its lengths and ids, cut or padded to it. Both ranks see both pieces'
+counts, so both know alike when one held more, and then both redo the
+exchange at the sizes the counts give (the first two steps do: nothing is
+known yet when the pipeline starts the second).
+So a step's input_dist is one exchange, waited for by the lookup, with no
+host sync at its start, where the counts' exchange waited on the slower
+rank. Beyond two ranks a piece's counts are known only to its two ends,
+and a weighted batch's weights need the counts first: both keep the two
+collectives above.
+
 A receiver gets, from each source rank s, its slots' lengths and ids; one
 fbgemm permute turns [source][slot][sample] into [slot][source][sample], so
 the lookup sees each slot as one list of bags over the global batch (rank
@@ -36,7 +50,7 @@ from torch.autograd.profiler import record_function
 
 from runtime.embeddings.ids import IdCheck
 from runtime.sparse.jagged import KeyedJaggedTensor, KeySelection
-from runtime.sharding import shm_exchange
+from runtime.process import shm_exchange
 from runtime.sharding.awaitable import Awaitable
 
 
@@ -129,9 +143,64 @@ class IdsAllToAll:
         self._weighted = weighted
         self._world_size = len(self._slots_per_rank)
         self._transpose_on: dict[torch.device, torch.Tensor] = {}
+        self._rank = dist.get_rank(process_group) if self._world_size == 2 else -1
+        # the padded exchange's piece to the peer, in ids: the largest seen (module docstring)
+        self._pad = max(self._slots_per_rank) + 2
 
     def start(self, routed: KeyedJaggedTensor) -> Awaitable[KeyedJaggedTensor]:
+        if self._world_size == 2 and not self._weighted:
+            return self._start_padded(routed)
         return self.start_counted(routed)[0]
+
+    def _start_padded(self, routed: KeyedJaggedTensor) -> Awaitable[KeyedJaggedTensor]:
+        """`start` in one exchange of the counts beside the data, at two ranks (module docstring)."""
+        batch, length_per_key = routed.stride(), routed.length_per_key()
+        with_lengths = not uniform_lengths(routed)
+        values = routed.values()
+        header = values.new_tensor(count_message(batch, length_per_key, self._slots_per_rank, with_lengths))
+        data = pack_ids(routed, self._slots_per_rank) if with_lengths else values
+        _, data_sent = send_splits(batch, length_per_key, self._slots_per_rank, with_lengths)
+        headers = header.split([slots + 2 for slots in self._slots_per_rank])
+        messages = [torch.cat([h, d]) for h, d in zip(headers, data.split(data_sent), strict=True)]
+        rank, peer, pad = self._rank, 1 - self._rank, self._pad
+        sizes = [m.numel() for m in messages]
+        sent = [pad, pad]
+        sent[rank] = sizes[rank]
+        message = values.new_zeros(sum(sent))
+        start = sent[0] if peer else 0
+        message[start : start + min(pad, sizes[peer])] = messages[peer][:pad]
+        message[sent[0] if rank else 0 :][: sizes[rank]] = messages[rank]
+        received = sent  # the peer's piece is padded alike, this rank's own is its own
+        buffer = values.new_empty(sum(received))
+        handle = shm_exchange.all_to_all_single(buffer, message, received, sent, group=self._group, async_op=True)
+        local = len(self._local_keys)
+
+        def finish() -> KeyedJaggedTensor:
+            with record_function("## ids_dist.wait ##"):  # exposed when not run ahead
+                handle.wait()
+            pieces = list(buffer.split(received))
+            counts = [piece[: local + 2].tolist() for piece in pieces]
+            batch_sizes, lengths_from, received_ids = read_counts([c for row in counts for c in row], local)
+            if any(b != batch for b in batch_sizes):
+                raise ValueError(
+                    f"the ranks feed local batches of sizes {batch_sizes}: sharded embeddings need "
+                    "the same batch size on every rank"
+                )
+            true = [
+                local + 2 + local * batch * sent_lengths + sum(row)
+                for sent_lengths, row in zip(lengths_from, received_ids, strict=True)
+            ]
+            largest = max(sizes[peer], true[peer])  # the two pieces between the ranks, known to both
+            if largest > pad:  # both ranks know it: the redo's sizes agree
+                self._pad = largest
+                again = values.new_empty(sum(true))
+                shm_exchange.all_to_all_single(again, torch.cat(messages), true, sizes, group=self._group)
+                pieces = list(again.split(true))
+            data = torch.cat([piece[local + 2 : n] for piece, n in zip(pieces, true, strict=True)])
+            transpose = self._transpose_tensor(data.device)
+            return unpack_ids(data, None, batch, received_ids, self._local_keys, transpose, lengths_from)
+
+        return Awaitable(finish)
 
     def start_counted(self, routed: KeyedJaggedTensor) -> tuple[Awaitable[KeyedJaggedTensor], list[list[int]]]:
         """`start`, and the ids of each local slot from each source rank ([source][slot]).

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from runtime.sparse.jagged import KeyedTensor
-from runtime.sharding import shm_exchange
+from runtime.process import shm_exchange
 from runtime.sharding.awaitable import Awaitable
 from runtime.sharding.group import PooledShards, inverse_order, slot_columns, slot_offsets
 from runtime.sharding.layout import Slot

@@ -4,7 +4,8 @@
   order (one fbgemm permute), checked against their tables' rows, and moved
   by `ids_dist.IdsAllToAll`: one small all_to_all_single of counts, then
   lengths and ids in one all_to_all_single (weights in a second; no lengths
-  from a rank whose bags of each feature all hold as many ids).
+  from a rank whose bags of each feature all hold as many ids); at two ranks
+  unweighted, the counts ride in the ids' exchange.
 - lookup: the owner pools its tables for the global batch, on one fused TBE
   per kernel, optimizer and pooling.
 - output_dist (`pooled_dist.PooledOutputDist`): each rank gets its samples'

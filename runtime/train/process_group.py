@@ -33,7 +33,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from runtime.sharding import shm_exchange
+from runtime.process import shm_exchange
 
 __all__ = ["close_process_group", "init_process_group"]
 

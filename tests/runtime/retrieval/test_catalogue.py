@@ -24,6 +24,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
+from runtime.process import shm_exchange
 from runtime.retrieval.catalogue import ExactCatalogue, StepCandidates
 from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
 from runtime.retrieval.head_metrics import KEPT_STEPS, RetrievalHeadMetrics
@@ -163,14 +164,16 @@ def _rank(rank: int, port: int, out: str, kept_steps: int) -> None:
         world_size=2,
         timeout=datetime.timedelta(seconds=60),
     )
-    gathers = []  # all_gather calls, by the step (1-based; STEPS + 1: the log step) that made them
-    all_gather, made = dist.all_gather, [0]
+    # all-gathers (all-to-alls of the shared-memory exchange), by the step that made them
+    # (1-based; STEPS + 1: the log step)
+    gathers = []
+    all_gather, made = shm_exchange.all_to_all_single, [0]
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         gathers.append(made[0] + 1)
         return all_gather(*args, **kwargs)
 
-    dist.all_gather = counted
+    shm_exchange.all_to_all_single = counted
     loss = _loss("both", True, dist.group.WORLD)
     original = RetrievalHeadMetrics.update
 
@@ -183,7 +186,7 @@ def _rank(rank: int, port: int, out: str, kept_steps: int) -> None:
         half = BATCH // 2
         got, _ = _train_window(loss, slice(rank * half, (rank + 1) * half), dist.group.WORLD, kept_steps)
     finally:
-        dist.all_gather, RetrievalHeadMetrics.update = all_gather, original  # type: ignore[method-assign]
+        shm_exchange.all_to_all_single, RetrievalHeadMetrics.update = all_gather, original  # type: ignore[method-assign]
     if rank == 0:
         torch.save((got, gathers), Path(out) / "metrics.pt")
     close_process_group()

@@ -11,7 +11,8 @@ The retrieval head's loss learns the ranks' pair counts from the candidates'
 gather after its first step (gather.PaddedCounts): with slices that change
 from step to step it trains what one process does, with one all-gather a
 step where no rank holds more pairs than the last step's largest, and two
-where one does.
+where one does. Every gather is an all_to_all_single of the shared-memory
+exchange (runtime/process/shm_exchange.py), as the embeddings' all-to-alls.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.config.retrieval import Negatives, SampledSoftmaxConfig
+from runtime.process import shm_exchange
 from runtime.retrieval.gather import PaddedCounts, gather_rows_and_ids
 from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
 from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss
@@ -155,13 +157,18 @@ def _head_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def _train_head(rank: int | None, group: dist.ProcessGroup | None) -> list[dict[str, Any]]:
     """RetrievalLoss over HEAD_SLICES' steps: rank `rank`'s slices (None: the whole batches)."""
     loss_fn = RetrievalLoss(HEAD_CONFIG, group)
-    gathers = 0
-    original = dist.all_gather
+    gathers, gloo_gathers = 0, 0
+    original, original_gloo = shm_exchange.all_to_all_single, dist.all_gather
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         nonlocal gathers
         gathers += 1
         return original(*args, **kwargs)
+
+    def counted_gloo(*args: Any, **kwargs: Any) -> Any:
+        nonlocal gloo_gathers
+        gloo_gathers += 1
+        return original_gloo(*args, **kwargs)
 
     steps = []
     for step, slices in enumerate(HEAD_SLICES):
@@ -171,14 +178,16 @@ def _train_head(rank: int | None, group: dist.ProcessGroup | None) -> list[dict[
             own = slice(start, start + slices[rank])
             query, positive, ids = query[own], positive[own], ids[own]
         query, positive = query.clone().requires_grad_(), positive.clone().requires_grad_()
-        gathers, dist.all_gather = 0, counted  # type: ignore[assignment]
+        gathers, gloo_gathers = 0, 0
+        shm_exchange.all_to_all_single, dist.all_gather = counted, counted_gloo  # type: ignore[assignment]
         try:
             loss = loss_fn(RetrievalOutput(query, positive, ids), lambda _: torch.empty(0))
         finally:
-            dist.all_gather = original
+            shm_exchange.all_to_all_single, dist.all_gather = original, original_gloo
         loss.backward()
         steps.append(
-            {"loss": loss.detach(), "query": query.grad, "positive": positive.grad, "gathers": gathers}
+            {"loss": loss.detach(), "query": query.grad, "positive": positive.grad}
+            | {"gathers": gathers, "gloo gathers": gloo_gathers}
             | {"largest": loss_fn.last_largest, "pairs": loss_fn.pairs_trained}
         )
     return steps
@@ -273,3 +282,5 @@ def test_the_head_learns_the_counts_from_the_gather(ranks: list[dict[str, Any]])
         assert [g["largest"] for g in got] == [max(HEAD_SLICES[step])] * WORLD
         assert [g["pairs"] for g in got] == [expected["pairs"]] * WORLD
     assert [r["head"][step]["gathers"] for step in range(len(HEAD_SLICES)) for r in ranks[:1]] == [2, 1, 2, 1]
+    # every gather is an all-to-all of the shared-memory exchange, none gloo's own all-gather
+    assert [r["head"][step]["gloo gathers"] for step in range(len(HEAD_SLICES)) for r in ranks] == [0] * 8

@@ -1,4 +1,4 @@
-"""The shared-memory all-to-all (runtime/sharding/shm_exchange.py) against gloo's, on two ranks.
+"""The shared-memory all-to-all (runtime/process/shm_exchange.py) against gloo's, on two ranks.
 
 One spawned job runs every case and gathers what each rank saw:
 
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from runtime.sharding import shm_exchange
+from runtime.process import shm_exchange
 from runtime.train.process_group import close_process_group, init_process_group
 
 # (dtype, columns, split sizes sent by rank 0, by rank 1): rank r's output splits are column r.
