@@ -16,8 +16,8 @@
  * fbgemm's CPU kernel for this pools on one thread. Here the bags are split
  * over an OpenMP team (torch's pool, as in dot_interaction.c), each (type,
  * width) pair has its own loop with the bag's sum in registers, and the row
- * a few ids ahead (across the feature's bags) is prefetched: rows are
- * scattered over hundreds of megabytes.
+ * a few ids ahead (across the feature's bags) is prefetched into L2: rows
+ * are scattered over hundreds of megabytes.
  */
 
 #include <stdint.h>
@@ -153,11 +153,16 @@ typedef struct {
     const float *weights;
 } bag_source_t;
 
+/* The row PREFETCH_DISTANCE ids ahead is fetched into L2, not L1 (locality 2: prefetcht1), as
+ * measured: on the 2-core Zen 4 EPYC an fp32 pooling of 20 ids a bag at batch 512 took 5.6 ms on
+ * one thread against 8.2 ms with L1 prefetches (int8, fp16, int4: 3.1, 3.0, 3.1 against 5.2, 4.9,
+ * 4.7 ms); distances 8 to 48 were no better than 16. An L1 prefetch likely holds one of the
+ * core's few L1 miss buffers until its line arrives, where L2 keeps more misses in flight. */
 static inline const uint8_t *row_at(const bag_source_t *s, int64_t i) {
     if (i + PREFETCH_DISTANCE < s->feature_end) {
         const uint8_t *ahead = s->table + s->ids[i + PREFETCH_DISTANCE] * s->stride;
-        for (int64_t line = 0; line < s->stride; line += 64) __builtin_prefetch(ahead + line);
-        __builtin_prefetch(ahead + s->stride - 1); /* a row may straddle one more line */
+        for (int64_t line = 0; line < s->stride; line += 64) __builtin_prefetch(ahead + line, 0, 2);
+        __builtin_prefetch(ahead + s->stride - 1, 0, 2); /* a row may straddle one more line */
     }
     return s->table + s->ids[i] * s->stride;
 }
