@@ -105,6 +105,12 @@ def all_to_all_single(
     return None
 
 
+def shares_memory(group: dist.ProcessGroup) -> bool:
+    """Whether `group`'s all-to-alls go through shared memory (its first call is a collective, as
+    `all_to_all_single`'s first is)."""
+    return _transport(group) is not None
+
+
 def close_all() -> None:
     """Close every group's transport (before the process group ends): unmap, unlink, tell the peers."""
     for transport in list(_TRANSPORTS.values()):

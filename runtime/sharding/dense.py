@@ -16,8 +16,8 @@ Buffers are synced once, when DDP is built, not before every step
 (`forward_sync_buffers=False`): the dense blocks hold only constant index
 buffers, and broadcasting them would cost a collective per step.
 
-At two ranks on CPU the gradient all-reduce goes through the embeddings'
-exchange (runtime/process/shm_exchange.py: shared memory on one host) as
+At two ranks on CPU of one host the gradient all-reduce goes through the
+embeddings' shared-memory exchange (runtime/process/shm_exchange.py) as
 DDP's communication hook: each rank sends its whole bucket, divided by the
 world size as DDP does, and adds the two in rank order. At two ranks that
 moves the bytes of gloo's ring in one exchange, and a + b is the sum gloo
@@ -29,7 +29,9 @@ which waits for it): a group's exchanges must come in the same order on
 every rank, and where a bucket becomes ready among the embeddings' own
 backward exchanges is autograd's choice, which may differ by rank (the
 ranks' graphs differ where they hold different tables). So the embeddings'
-gradients also leave before the dense all-reduce.
+gradients also leave before the dense all-reduce. Where the ranks do not
+share memory (other hosts, RECCOMPILE_EXCHANGE=gloo) DDP's all-reduce stays,
+overlapped with the backward.
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ def distribute_dense(model: nn.Module, process_group: dist.ProcessGroup | None) 
         forward_sync_buffers=False,
         gradient_as_bucket_view=True,
     )
-    if device.type == "cpu" and dist.get_world_size(process_group) == 2:
+    if device.type == "cpu" and dist.get_world_size(process_group) == 2 and shm_exchange.shares_memory(process_group):
         # unannotated: DDP compares a hook's annotations with the classes, which postponed ones are not
         wrapped.register_comm_hook(process_group, lambda group, bucket: exchange_all_reduce(group, bucket))
     return wrapped

@@ -150,9 +150,13 @@ def test_ops_in_flight_are_not_bounded_and_buffers_are_reused(seen: list[dict[st
         op = shm_exchange.ENTRIES + 7
         assert seen[rank]["reused"] == [7.0 * op, 7.0 * op + 1]
         # a buffer for each op in flight at once (and those of earlier ops not yet consumed then),
-        # reused by all the later ones; none to itself
-        assert 40 <= seen[rank]["buffers in flight"][1 - rank] <= 40 + len(CASES)
-        assert seen[rank]["buffers"] == seen[rank]["buffers in flight"] and seen[rank]["buffers"][rank] == 0
+        # reused by all the later ones; none to itself. One more at most: the first op after the 40
+        # may be posted before the peer has copied out the last of them (its wait needs only the
+        # peer's post), and every later one finds that peer done with all 40.
+        in_flight, after = seen[rank]["buffers in flight"], seen[rank]["buffers"]
+        assert 40 <= in_flight[1 - rank] <= 40 + len(CASES)
+        assert in_flight[1 - rank] <= after[1 - rank] <= in_flight[1 - rank] + 1
+        assert in_flight[rank] == after[rank] == 0
 
 
 def test_ranks_that_disagree_on_the_splits_are_told(seen: list[dict[str, Any]]) -> None:
