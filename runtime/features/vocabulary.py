@@ -41,6 +41,10 @@ class VocabularyState:
         self.rows = {value: oov_buckets + k for k, value in enumerate(self.values)}
         self.lookup = pc.SetLookupOptions(pa.array(self.values, pa.string()))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its values (Arrow's lookup does not pickle): a data worker rebuilds the rest."""
+        return VocabularyState, (self.values, self.seen, self.oov_buckets)
+
     def to_json(self) -> dict[str, Any]:
         return {"seen": self.seen, "oov_buckets": self.oov_buckets, "values": self.values}
 

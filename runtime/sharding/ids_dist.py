@@ -143,7 +143,6 @@ class IdsAllToAll:
         self._weighted = weighted
         self._world_size = len(self._slots_per_rank)
         self._transpose_on: dict[torch.device, torch.Tensor] = {}
-        self._rank = dist.get_rank(process_group) if self._world_size == 2 else -1
         # the padded exchange's piece to the peer, in ids: the largest seen (module docstring)
         self._pad = max(self._slots_per_rank) + 2
 
@@ -162,7 +161,8 @@ class IdsAllToAll:
         _, data_sent = send_splits(batch, length_per_key, self._slots_per_rank, with_lengths)
         headers = header.split([slots + 2 for slots in self._slots_per_rank])
         messages = [torch.cat([h, d]) for h, d in zip(headers, data.split(data_sent), strict=True)]
-        rank, peer, pad = self._rank, 1 - self._rank, self._pad
+        rank = dist.get_rank(self._group)  # at the call: the group may be made after this object
+        peer, pad = 1 - rank, self._pad
         sizes = [m.numel() for m in messages]
         sent = [pad, pad]
         sent[rank] = sizes[rank]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import re
 from collections import Counter
 
@@ -46,6 +47,15 @@ def test_vocabulary_fits_in_the_table_and_hashes_oov_values_into_its_buckets() -
     state = _learn("vocabulary", config, [[f"v{i}" for i in range(10)]], rows=7)
     assert len(state.values) == 4  # 7 rows - 3 OOV rows
     assert VOCAB.apply(config, state, ["v0", "v9", "new"]).tolist() == [3, hash_text("v9") % 3, hash_text("new") % 3]
+
+
+def test_a_vocabulary_pickled_for_a_data_worker_maps_values_as_the_original() -> None:
+    config = Vocabulary(oov_buckets=2)
+    state = _learn("vocabulary", config, [["a", "b", "b", "c"]])
+    copy = pickle.loads(pickle.dumps(state))  # a worker started by the fork server gets its reader so
+    assert (copy.values, copy.seen, copy.oov_buckets) == (state.values, state.seen, state.oov_buckets)
+    values = ["a", "b", "c", "zzz"]
+    assert VOCAB.apply(config, copy, values).tolist() == VOCAB.apply(config, state, values).tolist()
 
 
 def test_hash_takes_integers_mod_rows_and_hashes_text() -> None:
