@@ -46,14 +46,15 @@ def die_with(pid: int) -> None:
         if handle is not None:
             select.select([handle], [], [])
         else:
-            while _alive(pid):
+            while alive(pid):
                 time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=watch, name=f"die-with-{pid}", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` exists (one we may not signal counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -69,6 +69,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.process.lifetime import alive
+
 log = logging.getLogger(__name__)
 
 ENTRIES = 1024  # all-to-alls of a group in flight unwaited before a sender waits
@@ -383,7 +385,7 @@ class _Shared:
                 deadline = time.monotonic() + TIMEOUT_S
             elif time.monotonic() > deadline:
                 raise ExchangeError(f"rank {self.rank} waited {TIMEOUT_S:.0f} s for rank {peer} to {what} its data")
-            if not self._words[self._open_word + peer] or not _alive(self.pids[peer]):
+            if not self._words[self._open_word + peer] or not alive(self.pids[peer]):
                 self._unlink_files_of(peer)
                 raise ExchangeError(
                     f"rank {peer} (pid {self.pids[peer]}) left the shared-memory exchange "
@@ -421,16 +423,6 @@ class _Shared:
 def _reached(value: int, mark: int) -> bool:
     """Whether a counter holding `value` has reached `mark` (marks count up, modulo 2**31)."""
     return (value - mark) & _MASK < _MASK // 2
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _pieces(tensor: torch.Tensor, split_sizes: Sequence[int] | None, world_size: int) -> list[torch.Tensor]:
