@@ -7,7 +7,7 @@ two test files running at once, a test's rank 0 then fails to bind its store.
 
 - `hosted_store()`: the test process hosts the ranks' TCP store on a port the
   kernel picks, bound until the ranks are done; each rank joins it as a
-  client through `client()`. No window at all.
+  client through `client()` (`join_gloo()` for two gloo ranks). No window at all.
 - `launcher_port()`: for a launcher that binds the port itself (torchrun's
   c10d rendezvous), a free port below the ephemeral range, which the kernel
   never hands out on its own; only another explicit choice could take it.
@@ -37,6 +37,15 @@ def hosted_store() -> Iterator[int]:
         yield store.port
     finally:
         del store
+
+
+def join_gloo(rank: int, port: int) -> None:
+    """Rank `rank` of two joins a gloo process group through the store at `port` (60 s timeouts), by the
+    runtime's `init_process_group` (nothing in torch left holding the group)."""
+    from runtime.train.process_group import init_process_group
+
+    timeout = datetime.timedelta(seconds=60)
+    init_process_group(backend="gloo", store=client(port, 2, timeout), rank=rank, world_size=2, timeout=timeout)
 
 
 def client(port: int, world_size: int, timeout: datetime.timedelta) -> dist.TCPStore:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 from pathlib import Path
@@ -15,7 +14,7 @@ import torch.multiprocessing as mp
 
 from runtime.config.heads import HeadConfig
 from runtime.reporting.metrics import MetricSet, auc, normalized_entropy
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 
 HEADS = [
     HeadConfig("click", "bce", "click", metrics=("ne", "auc", "accuracy")),
@@ -105,13 +104,7 @@ def test_compute_starts_a_new_window_and_padding_is_left_out() -> None:
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     outputs, labels = _data(301)
     lo, hi = (0, 170) if rank == 0 else (170, 301)  # unequal shares: the gather pads
     metrics = MetricSet(HEADS)

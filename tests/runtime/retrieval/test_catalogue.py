@@ -12,7 +12,6 @@ exchange across ranks for all of them) at the log step, or every
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from runtime.retrieval.catalogue import ExactCatalogue, StepCandidates
 from runtime.retrieval.head import RetrievalLoss, RetrievalOutput
 from runtime.retrieval.head_metrics import KEPT_STEPS, RetrievalHeadMetrics
 from runtime.retrieval.metrics import RetrievalMetrics
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 
 ITEMS, DIM, BATCH, NEGATIVES, STEPS = 1000, 8, 40, 30, 3
 METRICS = ("recall@10", "ndcg@10", "mrr")
@@ -157,13 +156,7 @@ def test_exact_metrics_keep_their_names_and_rank_every_row() -> None:
 
 def _rank(rank: int, port: int, out: str, kept_steps: int) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     # all-gathers (all-to-alls of the shared-memory exchange), by the step that made them
     # (1-based; STEPS + 1: the log step)
     gathers = []

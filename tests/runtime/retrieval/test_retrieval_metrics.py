@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime
 import math
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ import torch.multiprocessing as mp
 
 from runtime.reporting.console import format_metrics
 from runtime.retrieval.metrics import RetrievalMetrics, metric_names
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 import rendezvous
 
 KS = (1, 5, 20)
@@ -173,13 +172,7 @@ def test_bad_settings_are_named() -> None:
 
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     table = _table()
     queries = _queries(40, table, 1)
     positive_ids = torch.randint(0, 300, (40,), generator=torch.Generator().manual_seed(2))

@@ -9,7 +9,6 @@ exchanges are counted: one a step.
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from runtime.process import shm_exchange
 from runtime.sharding.dense import distribute_dense
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 
 STEPS = 3
 
@@ -48,13 +47,7 @@ def _train(model: nn.Module, rank: int) -> list[list[torch.Tensor]]:
 
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     exchanges, original = [0], shm_exchange.all_to_all_single
 
     def counted(*args: Any, **kwargs: Any) -> Any:

@@ -11,7 +11,6 @@ nothing is known yet).
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ import torch.multiprocessing as mp
 from runtime.process import shm_exchange
 from runtime.sharding.ids_dist import IdsAllToAll
 from runtime.sparse.jagged import KeyedJaggedTensor
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 
 SLOTS_PER_RANK = [2, 1]
 BATCH = 3
@@ -54,13 +53,7 @@ def _as_lists(kjt: KeyedJaggedTensor) -> dict[str, Any]:
 
 def _rank(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     local = [f"slot{j}" for j in range(sum(SLOTS_PER_RANK[:rank]), sum(SLOTS_PER_RANK[: rank + 1]))]
     padded = IdsAllToAll(SLOTS_PER_RANK, local, dist.group.WORLD, weighted=False)
     counted = IdsAllToAll(SLOTS_PER_RANK, local, dist.group.WORLD, weighted=False)

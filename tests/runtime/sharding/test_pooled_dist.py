@@ -10,7 +10,6 @@ dlrm-bench dist2).
 
 from __future__ import annotations
 
-import datetime
 import gc
 import weakref
 from pathlib import Path
@@ -27,18 +26,12 @@ from runtime.modules.blocks.pooled import DotInteraction
 from runtime.sharding.group import slot_columns
 from runtime.sharding.layout import group_keys, slots_by_rank, table_layouts
 from runtime.sharding.pooled_dist import PooledOutputDist, all_to_all_pooled
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 
 
 def _run(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     values = torch.arange(8.0, requires_grad=True)
     # Rank r sends arange(8) * (r + 1): its first half to rank 0, its second to rank 1.
     received = all_to_all_pooled(values * (rank + 1), [4, 4], [4, 4], dist.group.WORLD).wait()

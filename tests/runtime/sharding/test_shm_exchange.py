@@ -17,7 +17,6 @@ One spawned job runs every case and gathers what each rank saw:
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 from pathlib import Path
@@ -30,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from runtime.process import shm_exchange
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 
 # (dtype, columns, split sizes sent by rank 0, by rank 1): rank r's output splits are column r.
 CASES = [
@@ -69,13 +68,7 @@ def _exchange(transport: Any, rank: int, gloo: bool) -> list[torch.Tensor]:
 
 def _run(rank: int, port: int, folder: str, out: str) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     group = dist.group.WORLD
     seen: dict[str, Any] = {"pid": os.getpid()}
     transport = shm_exchange.setup(group, "shm", folder)

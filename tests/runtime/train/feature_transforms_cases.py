@@ -3,7 +3,6 @@ position weights, tables on row_wise, data_parallel and table_wise): plain loop 
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,20 +10,14 @@ import torch
 import torch.distributed as dist
 
 import pipeline_cases as pc
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 from runtime.train.worker import load_module
 import rendezvous
 
 
 def run_ranks(rank: int, port: int, path: str, out: str) -> None:
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     module = load_module(path)
     results: dict[str, Any] = {}
     for mode, depth in (("plain", None), ("depth2", 2)):

@@ -10,7 +10,6 @@ rank 0 saves both ranks' losses, the full tables and the dense state.
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,7 +22,7 @@ from runtime.sharding import distribute_dense
 from runtime.train.dense_optimizer import make_dense_optimizer
 from runtime.train.loop import train_step
 from runtime.train.worker import load_module
-from runtime.train.process_group import close_process_group, init_process_group
+from runtime.train.process_group import close_process_group
 import rendezvous
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
@@ -107,13 +106,7 @@ def train_case(
 def run_ranks(rank: int, port: int, paths: dict[str, str], out: str) -> None:
     """Every case at two ranks, plain then pipelined (depth 2, and 3 for `mixed`)."""
     torch.set_num_threads(1)
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     group = dist.group.WORLD
     results: dict[str, Any] = {}
     for case, path in paths.items():

@@ -10,7 +10,6 @@ would hold the group) ran after the group was made.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
 import sys
@@ -37,13 +36,7 @@ def _gloo_threads() -> list[str]:
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    init_process_group(
-        backend="gloo",
-        store=rendezvous.client(port, 2, datetime.timedelta(seconds=60)),
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=60),
-    )
+    rendezvous.join_gloo(rank, port)
     running = _gloo_threads()
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(4, 1))  # the first DDP imports torch.distributed.nn.functional
