@@ -19,8 +19,8 @@ collective: every rank makes it in the same order, as every collective):
   where it cannot be had (`auto`, the default, falls back with a warning);
 - a control file in `RECCOMPILE_SHM_DIR` (default /dev/shm), named after a
   token rank 0 draws for this group, holds the channels' counters. It is
-  unlinked as soon as every rank has mapped it: nothing is left behind
-  whatever way the run ends.
+  unlinked as soon as every rank has mapped it. Rank 0 first unlinks what
+  runs whose ranks were all killed at once left behind (`sweep`).
 
 Each ordered pair of ranks (src, dst) is a channel. Its sender keeps a
 pool of buffers, each a file it maps; a piece goes into a free buffer (one
@@ -74,6 +74,8 @@ from runtime.process.lifetime import alive
 log = logging.getLogger(__name__)
 
 ENTRIES = 1024  # all-to-alls of a group in flight unwaited before a sender waits
+STALE_S = 60.0  # a named file older than this, of a gone rank 0, is no live exchange's
+_PREFIX = "reccompile-a2a-"
 TIMEOUT_S = 1800.0  # as torch.distributed's default collective timeout
 _POLL_S = 1.0  # how often a waiting rank checks its peer
 _FIELDS = 4  # int32 words per (src, dst, entry): posted, consumed, buffer, generation
@@ -165,7 +167,9 @@ def setup(group: dist.ProcessGroup, mode: str, directory: str) -> _Shared | None
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if mode == "gloo" or world_size == 1 or dist.get_backend(group) != "gloo":
         return None  # NCCL moves CUDA tensors its own way
-    token = f"reccompile-a2a-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    if rank == 0:
+        sweep(directory)
+    token = f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
     me = (host_key(), f"{platform.system()}/{platform.machine()}", os.getpid(), token)
     everyone: list[Any] = [None] * world_size
     dist.all_gather_object(everyone, me, group=group)
@@ -199,6 +203,29 @@ def setup(group: dist.ProcessGroup, mode: str, directory: str) -> _Shared | None
         log.warning("reccompile: all-to-alls go through the process group's backend: %s", failed[0])
         return None
     return transport
+
+
+def sweep(directory: str, now: float | None = None) -> list[str]:
+    """Unlink the files of exchanges whose rank 0 is gone, named for over STALE_S seconds; the
+    names unlinked.
+
+    Every way a run ends unlinks its files but one: all its ranks killed at once, between a
+    post and its receiver's mapping. Such a file keeps its rank 0's pid in its name (the token),
+    and a live exchange's files keep their names for milliseconds, so a dead pid and an old
+    name together mean no rank will ever map it.
+    """
+    now = time.time() if now is None else now
+    swept = []
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            pid = entry.name.removeprefix(_PREFIX).split("-", 1)[0]
+            if entry.name == pid or not pid.isdigit() or alive(int(pid)):
+                continue
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_ctime > STALE_S:
+                    os.unlink(entry.path)
+                    swept.append(entry.name)
+    return swept
 
 
 def _unlink(path: str) -> None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -187,3 +189,23 @@ def test_shared_memory_only_between_ranks_of_one_linux_x86_host() -> None:
 def test_an_unknown_mode_is_refused() -> None:
     with pytest.raises(shm_exchange.ExchangeError, match=r"^RECCOMPILE_EXCHANGE='tcp': expected auto, gloo or shm$"):
         shm_exchange.setup(None, "tcp", "/dev/shm")  # type: ignore[arg-type]
+
+
+def test_a_sweep_unlinks_only_old_files_of_a_gone_rank_zero(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, live = int(gone.stdout), os.getpid()
+    names = [
+        f"reccompile-a2a-{dead}-0123456789ab-0-1-12-0",  # all ranks killed after a post: swept
+        f"reccompile-a2a-{dead}-0123456789ab",  # its control file: swept
+        f"reccompile-a2a-{live}-ba9876543210-1-0-3-0",  # a running exchange's: kept
+        "reccompile-a2a-notapid-0-1-0-0",  # not an exchange's name: kept
+        f"other-{dead}",  # not ours: kept
+    ]
+    for name in names:
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    now = (tmp_path / names[0]).stat().st_ctime
+    assert shm_exchange.sweep(str(tmp_path), now=now + shm_exchange.STALE_S / 2) == []
+    swept = shm_exchange.sweep(str(tmp_path), now=now + shm_exchange.STALE_S + 1)
+    assert sorted(swept) == sorted(names[:2])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+    assert shm_exchange.sweep(str(tmp_path / "missing"), now=now) == []
