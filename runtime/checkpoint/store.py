@@ -51,6 +51,7 @@ same world size too.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -455,7 +456,9 @@ def _spell_state(names: set[tuple[str, int]]) -> str:
 def _state_names(optimizer: torch.optim.Optimizer) -> frozenset[str]:
     """The names of the state `optimizer` keeps per parameter, from one step of a twin on one value."""
     probe = torch.zeros(1, requires_grad=True)
-    twin = type(optimizer)([probe], **optimizer.defaults)
+    accepted = inspect.signature(type(optimizer)).parameters  # AdamW's defaults hold a key it does not take
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    twin = type(optimizer)([probe], **{k: v for k, v in optimizer.defaults.items() if takes_any or k in accepted})
     probe.grad = torch.zeros(1)
     twin.step()
     return frozenset(twin.state[probe])

@@ -349,6 +349,24 @@ def test_another_dense_optimizer_is_refused_unless_allowed_and_then_starts_afres
     assert_equal_states(cc.full_state(model), cc.full_state(expected))  # the model itself loaded
 
 
+def test_adamw_resumes_with_the_losses_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    """AdamW's defaults hold a key its constructor does not take (decoupled_weight_decay, torch 2.13):
+    the check of the saved state's names must still make its twin."""
+    adamw = cc.SPEC.replace("dense_optimizer: {type: adagrad, lr: 0.05}", "dense_optimizer: {type: adamw, lr: 0.05}")
+    module = load_module(str(cc.compile_modules(tmp_path / "adamw", (1,), adamw)[1]))
+    model, optimizer = cc.fresh(module)
+    assert type(optimizer) is torch.optim.AdamW
+    uninterrupted = cc.run_steps(module, model, optimizer, 0, cc.STEPS)
+    model, optimizer = cc.fresh(module)
+    first = cc.run_steps(module, model, optimizer, 0, cc.SAVED_AT)
+    checkpoint.save_checkpoint(
+        tmp_path / "ckpt", model, optimizer, step=cc.SAVED_AT, spec_sha256=module.SPEC_SHA256, plan=module.PLAN
+    )
+    model, optimizer = cc.fresh(module)
+    resumed = checkpoint.load_checkpoint(tmp_path / "ckpt", model, optimizer, spec_sha256=module.SPEC_SHA256)
+    assert first + cc.run_steps(module, model, optimizer, resumed.step, cc.STEPS) == uninterrupted
+
+
 def test_another_table_optimizer_is_refused_unless_allowed_and_then_starts_afresh(modules, tmp_path: Path) -> None:
     """A rowwise_adagrad checkpoint (momentum1 per row) resumed with sparse adam (momentum1 and
     momentum2 per value, iter): refused; allowed, the tables' weights load and adam starts afresh."""
