@@ -214,7 +214,7 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
         "pool_team=one|team, attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
         "linear_grad_weight=mm|onednn, packed_mlp=aten|packed, mlp_int8=float|int8, softmax_gemm=fp32|bf16, "
-        "attention_precision=autocast|fp32, in_batch_softmax=torch|native"
+        "attention_precision=autocast|fp32, in_batch_softmax=torch|native, dense_step=team|one"
     )
 
 
