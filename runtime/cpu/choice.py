@@ -1,6 +1,6 @@
 """Choose between two implementations of a kernel by timing both, once per CPU and shape.
 
-Fourteen places in the runtime hold two implementations that compute the same
+Fifteen places in the runtime hold two implementations that compute the same
 thing, one on torch's own ops (the baseline, first in `KERNELS`) and one
 faster on some CPUs:
 
@@ -25,6 +25,8 @@ faster on some CPUs:
                                      asked only under bf16 training
     in_batch_softmax torch (blocked GEMMs) | native, one pass over row tiles
                                      (runtime/retrieval/blocked_softmax.py, runtime/cpu/native/in_batch_softmax.c)
+    dense_step  the dense optimizer's step on torch's threads | on one thread
+                                     (runtime/train/dense_optimizer.py)
 
 The two of a pair may round differently but train the same: every input
 that requires a gradient (per-id weights included) gets the same one from
@@ -39,7 +41,8 @@ Which is faster depends on the CPU (vector width, cores, cache) and on the
 shapes, so at first use `choose` times both on the caller's real shapes:
 one warm-up each, then a few interleaved repetitions (for serving's
 `packed_mlp`, `mlp_int8`, `quant_pool` and `pool_team`, as many as fill 0.3, 0.3, 0.1 and 0.1 s,
-and for `in_batch_softmax` 0.2 s; see `WINDOWS`), the fastest kept (a neighbour's preemption only ever adds time,
+for `in_batch_softmax` 0.2 s and for `dense_step` 0.1 s; see `WINDOWS`), the fastest kept
+(a neighbour's preemption only ever adds time,
 so the minimum is the least noisy figure of what each path costs). The
 alternative is taken only when it beats the baseline's by `MARGIN`, so the
 choice is never slower than the torch path it replaces
@@ -105,6 +108,7 @@ __all__ = [
     "NUMERIC",
     "WINDOWS",
     "Choice",
+    "Timed",
     "active",
     "bucket",
     "choose",
@@ -140,6 +144,7 @@ KERNELS: dict[str, tuple[str, str]] = {
     "softmax_gemm": ("fp32", "bf16"),
     "attention_precision": ("autocast", "fp32"),
     "in_batch_softmax": ("torch", "native"),
+    "dense_step": ("team", "one"),
 }
 # The kernels whose alternatives agree only to rounding (C sums reassociated, oneDNN's GEMM
 # blocking): a run must not switch between them, or a resumed run would not repeat the first.
@@ -178,6 +183,7 @@ WINDOWS: dict[str, float] = {
     "quant_pool": 0.1,
     "pool_team": 0.1,
     "in_batch_softmax": 0.2,
+    "dense_step": 0.1,
 }
 _SHAPE = re.compile(r"[A-Za-z0-9_.+-]+")
 # Decisions taken from disk or measured, by (kernel, key, cache_root()'s settings): files are written once.
@@ -321,9 +327,17 @@ def _writable(root: Path) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Timed:
+    """What a timed call returns when only part of it is the kernel's: the milliseconds that part
+    took, timed by the call itself after it prepared the conditions the kernel meets in use."""
+
+    ms: float
+
+
 def _fastest_ms(runs: Mapping[str, Callable[[], object]], window: float = 0.0) -> dict[str, float]:
     """Each run's fastest time over interleaved calls, after one warm-up call each: REPEATS rounds,
-    and more until `window` seconds have passed."""
+    and more until `window` seconds have passed. A call returning `Timed` gives its own time."""
     for run in runs.values():
         run()
     samples: dict[str, list[float]] = {name: [] for name in runs}
@@ -331,8 +345,8 @@ def _fastest_ms(runs: Mapping[str, Callable[[], object]], window: float = 0.0) -
     while len(samples[next(iter(runs))]) < REPEATS or time.perf_counter() - began < window:
         for name, run in runs.items():
             start = time.perf_counter()
-            run()
-            samples[name].append((time.perf_counter() - start) * 1e3)
+            result = run()
+            samples[name].append(result.ms if isinstance(result, Timed) else (time.perf_counter() - start) * 1e3)
     return {name: min(times) for name, times in samples.items()}
 
 

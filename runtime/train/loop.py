@@ -21,6 +21,7 @@ from runtime.data.batch import Batch
 from runtime.reporting.monitor import StepLog
 from runtime.train.callbacks import Callback
 from runtime.train.context import RunContext
+from runtime.train.dense_optimizer import step as step_dense
 from runtime.train.lr_scheduler import LrScheduler
 from runtime.train.precision import autocast
 from runtime.train.train_pipeline import TrainPipeline
@@ -61,7 +62,7 @@ def train_step_outputs(
         loss = model.loss(outputs, batch.labels)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    optimizer.step()
+    step_dense(optimizer)
     return loss.detach(), {name: output.detach() for name, output in outputs.items()}
 
 

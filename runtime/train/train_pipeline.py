@@ -54,6 +54,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from runtime.data.batch import Batch
+from runtime.train.dense_optimizer import step as step_dense
 
 _END = object()
 
@@ -140,7 +141,7 @@ class TrainPipeline:
         loss = self._run("loss", index, model.loss, outputs, staged.batch.labels)
         self._optimizer.zero_grad(set_to_none=True)
         self._run("backward", index, loss.backward)
-        self._run("optimizer", index, self._optimizer.step)
+        self._run("optimizer", index, step_dense, self._optimizer)
         self.last_batch = staged.batch
         return loss.detach(), {name: output.detach() for name, output in outputs.items()}
 

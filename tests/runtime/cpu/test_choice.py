@@ -51,6 +51,19 @@ def test_the_faster_wins_is_recorded_and_is_not_measured_again(tmp_path: Path) -
     assert choice.active() == {"linear": {"b2048_in13_out512": "onednn"}}
 
 
+def test_a_call_that_times_itself_is_judged_by_its_own_time_not_its_preparation(tmp_path: Path) -> None:
+    """The baseline prepares for 20 ms and says its kernel took 1 ms; the alternative takes 5 ms plainly."""
+
+    def prepared() -> choice.Timed:
+        time.sleep(0.02)
+        return choice.Timed(1.0)
+
+    assert choice.choose("linear", "b8", {"aten": prepared, "onednn": _sleeper(5, [], "onednn")}) == "aten"
+    record = json.loads((choice.directory(tmp_path) / "linear" / "b8.json").read_text())
+    assert record["times_ms"]["aten"] == 1.0
+    assert record["times_ms"]["onednn"] >= 5.0
+
+
 def test_runs_given_as_a_function_are_made_only_when_a_measurement_runs() -> None:
     calls: list[str] = []
     made: list[int] = []
@@ -214,7 +227,7 @@ def test_a_bad_override_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
         "dot=torch|native, linear=aten|onednn, lookup=sequential|concurrent, quant_pool=fbgemm|native, "
         "pool_team=one|team, attention=torch|native, embedding_update=fbgemm|native, linear_grad_input=plain|padded, "
         "linear_grad_weight=mm|onednn, packed_mlp=aten|packed, mlp_int8=float|int8, softmax_gemm=fp32|bf16, "
-        "attention_precision=autocast|fp32, in_batch_softmax=torch|native"
+        "attention_precision=autocast|fp32, in_batch_softmax=torch|native, dense_step=team|one"
     )
 
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from runtime.config.embeddings import EmbeddingBagConfig, EmbeddingOptimizer
+from runtime.config.training import DenseOptimizerConfig
 from runtime.cpu import choice
 from runtime.embeddings.bag_collection import EmbeddingBagCollection
 from runtime.modules.blocks.pooled import MLP, DotInteraction
@@ -31,6 +32,8 @@ from runtime.retrieval.blocked_softmax import blocked_softmax_loss
 from runtime.serving.packed_mlp import PackedMLP
 from runtime.serving.quant_embedding import QuantEmbeddingBagCollection
 from runtime.sparse.jagged import KeyedJaggedTensor, KeyedTensor
+from runtime.train import dense_optimizer
+from runtime.train.dense_optimizer import make_dense_optimizer
 
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 # bf16 products against fp32 ones
@@ -147,6 +150,19 @@ def _in_batch_softmax_case() -> Outcome:
     return out, {"query": query, "candidates": candidates}, dict
 
 
+def _dense_step_case() -> Outcome:
+    """A layer's weights stepped by the dense optimizer (two threads), where `dense_step` is asked."""
+    weight = _randn(5, 3, seed=1)
+    optimizer = make_dense_optimizer(DenseOptimizerConfig("adagrad", lr=0.1), [weight])
+    out = _randn(4, 5, seed=2).detach() @ weight
+
+    def after() -> dict[str, torch.Tensor]:
+        dense_optimizer.step(optimizer)
+        return {"weight after the step": weight.detach().clone()}
+
+    return out, {"weight": weight}, after
+
+
 def _attention_precision_case() -> Outcome:
     """Causal attention under a bf16 autocast, where `attention_precision` is asked."""
     q, k, v = (_randn(3, 2, 5, 8, seed=seed) for seed in (1, 2, 3))
@@ -172,6 +188,7 @@ CASES: dict[str, tuple[Callable[[], Outcome], str]] = {
     "softmax_gemm": (_softmax_gemm_case, ""),
     "attention_precision": (_attention_precision_case, ""),
     "in_batch_softmax": (_in_batch_softmax_case, ""),
+    "dense_step": (_dense_step_case, ""),
 }
 
 
