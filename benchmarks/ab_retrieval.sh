@@ -3,7 +3,8 @@
 # MODE (local or dist2), one line per run with the load average, then each pair's ratio and their median;
 # the same for CPU ms per step (every rank's, TorchRec's over ours), steadier than wall time when shared.
 # Each line also gives both sides' median step and its 10th-90th percentiles in ms: a run slow all
-# through (the 10th percentile up too) is not a run with a few slow steps (only the 90th).
+# through (the 10th percentile up too) is not a run with a few slow steps (only the 90th), and ours
+# the host's sgemm rate at its threads just after it (retrieval_bench.py's sgemm_gflops).
 #
 #   benchmarks/ab_retrieval.sh [MODE] [ROUNDS] [extra options for both, e.g. --threads 2]
 #
@@ -26,7 +27,7 @@ cpu_ratios=()
 for round in $(seq "$ROUNDS"); do
     line=$(cd "$HERE" && PYTHONPATH="$HERE" "$OURS_PY" benchmarks/retrieval_bench.py --mode "$MODE" "$@" 2>/dev/null | tail -1)
     ours=$(field samples_per_s <<<"$line") ours_cpu=$(field cpu_ms_per_step <<<"$line")
-    ours_threads=$(field threads_per_proc <<<"$line") ours_steps=$(steps <<<"$line")
+    ours_threads=$(field threads_per_proc <<<"$line") ours_steps=$(steps <<<"$line") sgemm=$(field sgemm_gflops <<<"$line")
     load_ours=$(cut -d' ' -f1 /proc/loadavg)
     line=$(cd "$HERE" && "$TORCHREC_PY" benchmarks/torchrec_retrieval_anchor.py --mode "$MODE" "$@" 2>/dev/null | tail -1)
     theirs=$(field samples_per_s <<<"$line") theirs_cpu=$(field cpu_ms_per_step <<<"$line") theirs_steps=$(steps <<<"$line")
@@ -37,7 +38,7 @@ for round in $(seq "$ROUNDS"); do
     cpu_ratios+=("$cpu_ratio")
     echo "round $round $MODE: ours $ours samples/s, $ours_cpu CPU ms/step, $ours_threads threads (load $load_ours)," \
         "torchrec $theirs, $theirs_cpu (load $load_theirs): $ratio, CPU $cpu_ratio;" \
-        "step ms median (p10-p90) ours $ours_steps, torchrec $theirs_steps"
+        "step ms median (p10-p90) ours $ours_steps, torchrec $theirs_steps; sgemm $sgemm GFLOP/s"
 done
 median() { python3 -c "import statistics, sys; r = [float(x) for x in sys.argv[2:]]; print(f'median {sys.argv[1]} {statistics.median(r):.3f} over {len(r)} pairs: {r}')" "$@"; }
 median "ours/torchrec" "${ratios[@]}"

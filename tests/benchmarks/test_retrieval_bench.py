@@ -35,6 +35,7 @@ def test_training_reports_the_workload_fields_and_starts_at_log_1024(tmp_path: P
     assert line["cpu_ms_per_step"] > 0
     p10, p90 = line["step_ms_p10_p90"]  # what ab_retrieval.sh prints: the 10th and 90th of the 3 steps
     assert line["step_ms_min"] <= p10 <= line["step_ms_median"] <= p90
+    assert line["sgemm_gflops"] > 0 and line["threads_per_proc"] == 1
 
 
 def test_retrieve_reports_p50_p99_per_index_and_batch(tmp_path: Path) -> None:
