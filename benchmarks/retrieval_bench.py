@@ -48,7 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's runtime and compiler
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gemm_floor  # noqa: E402
+import gemm_floor
 import harness  # noqa: E402
 import retrieval_workload as workload  # noqa: E402
 

@@ -342,7 +342,7 @@ def test_in_batch_hits_crossed_from_the_repeated_ids_are_the_searchs(
         monkeypatch.setattr(sampled_softmax_module, "CROSSED_CELLS", cells)
         hits = sampled_softmax_module._accidental_hits([global_ids, negative_ids], blocks, ids, own, True)
         assert hits is not None and bool((hits[0].diff() >= 0).all())
-        found[cells] = sorted(zip(hits[0].tolist(), hits[1].tolist()))
+        found[cells] = sorted(zip(hits[0].tolist(), hits[1].tolist(), strict=True))
     expected = [
         (row, column)
         for row in range(16)
