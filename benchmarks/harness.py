@@ -263,6 +263,9 @@ def summarize(
         "threads_per_proc": first["threads"],
         **({"precision": args.precision} if args.precision != "fp32" else {}),
         "step_ms_min": round(min(step_s) * 1e3, 3),
+        # the spread of the steps, as torchrec_bench.py reports it: a run slow all through (p10 up too)
+        # or a few slow steps (p90 only)
+        "step_ms_p10_p90": [round(sorted(step_s)[int(q * (len(step_s) - 1))] * 1e3, 3) for q in (0.1, 0.9)],
         "blocked_ms_median": [round(statistics.median(t["blocked"]) * 1e3, 3) for t in timed],
         **({"ab_block": args.ab_block} if args.pipeline == "ab" else {}),
         "other_cpu_pct": other,

@@ -7,7 +7,13 @@ candidates) through the normal compiler path and trains it on the workload's
 reference batches, the ones the TorchRec anchor
 (benchmarks/torchrec_retrieval_anchor.py) sees; one JSON line per run, the
 schema of ../shared/bench/WORKLOAD.md with "variant": "retrieval", plus the
-CPU fields of dlrm_bench.py (`cpu`, `cpu_flags`, `kernels`, ...).
+CPU fields of dlrm_bench.py (`cpu`, `cpu_flags`, `kernels`, ...) and
+`sgemm_gflops`: the in-batch softmax's three products (1,024 x 64 x 1,024)
+timed alone with torch.mm right after the run, at its threads
+(gemm_floor.py). Its step is about 70% matrix products run near this CPU's
+peak (at one thread the softmax's native pass does 85 GFLOP/s where torch.mm
+does 96), so it moves with what the host lets two threads do: in one quiet
+sitting dlrm-bench's 2-thread rate read 100 to 172 GFLOP/s from run to run.
 
 Retrieve (`--mode retrieve`): the spec's inference module (what `reccompile
 export` writes, fp32 tables, the freshly initialised weights) and its item
@@ -32,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -41,11 +48,21 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's runtime and compiler
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gemm_floor
 import harness  # noqa: E402
 import retrieval_workload as workload  # noqa: E402
 
 SPEC = harness.REPO / "specs" / "bench" / "retrieval_bench.yaml"
 BATCHES = (1, 512)
+_B, _D = workload.GLOBAL_BATCH, workload.EMBEDDING_DIM
+# The in-batch softmax's products: logits q c^T, then softmax @ c and q^T @ softmax (d/dq, d/dc)
+SOFTMAX_PRODUCTS = Counter(
+    {
+        ((_B, _D), (_D, _B), torch.float32): 1,
+        ((_B, _B), (_B, _D), torch.float32): 1,
+        ((_D, _B), (_B, _B), torch.float32): 1,
+    }
+)
 
 
 def compile_module(world_size: int, outdir: str) -> Path:
@@ -199,7 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     bench = retrieval_workload(2 if args.mode == "dist2" else 1)
     for _ in range(args.repeat):
         for summary in harness.run(args, bench):
-            print(json.dumps({**choice.machine(), **summary}), flush=True)  # the summary keeps its ranks' kernels
+            torch.set_num_threads(summary["threads_per_proc"])  # the rate of the run's threads, just after it
+            rate = gemm_floor.floor(SOFTMAX_PRODUCTS)["sgemm_gflops"]
+            # the summary keeps its ranks' kernels
+            print(json.dumps({**choice.machine(), **summary, "sgemm_gflops": rate}), flush=True)
     return 0
 
 

@@ -246,6 +246,8 @@ def summarize(args, world_size, results):
         "mode": args.mode,
         "samples_per_s": round(W.GLOBAL_BATCH / median, 1),
         "step_ms_median": round(median * 1e3, 3),
+        "step_ms_min": round(min(step_s) * 1e3, 3),
+        "step_ms_p10_p90": [round(sorted(step_s)[int(q * (len(step_s) - 1))] * 1e3, 3) for q in (0.1, 0.9)],
         "peak_rss_mb": round(sum(r["peak_rss_mb"] for r in results), 1),
         "loss_first": float(f"{first['loss_first']:.6g}"),
         "loss_last": float(f"{first['loss_last']:.6g}"),

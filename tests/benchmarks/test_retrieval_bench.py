@@ -27,12 +27,15 @@ def _run(tmp_path: Path, *args: str) -> list[dict]:
 
 
 def test_training_reports_the_workload_fields_and_starts_at_log_1024(tmp_path: Path) -> None:
-    (line,) = _run(tmp_path, "--mode", "local", "--steps", "2", "--warmup", "1")
-    assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "retrieval", "local", 2)
+    (line,) = _run(tmp_path, "--mode", "local", "--steps", "3", "--warmup", "1")
+    assert (line["impl"], line["variant"], line["mode"], line["steps"]) == ("reccompile", "retrieval", "local", 3)
     # untrained towers score every candidate alike: the in-batch softmax over 1,024 starts at log(1024)
     assert line["samples_per_s"] > 0 and abs(line["loss_first"] - math.log(1024)) < 0.01
     assert {"cpu", "cpu_flags", "kernels", "peak_rss_mb", "other_cpu_pct"} <= line.keys()
     assert line["cpu_ms_per_step"] > 0
+    p10, p90 = line["step_ms_p10_p90"]  # what ab_retrieval.sh prints: the 10th and 90th of the 3 steps
+    assert line["step_ms_min"] <= p10 <= line["step_ms_median"] <= p90
+    assert line["sgemm_gflops"] > 0 and line["threads_per_proc"] == 1
 
 
 def test_retrieve_reports_p50_p99_per_index_and_batch(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import pytest
@@ -13,6 +14,9 @@ from runtime.retrieval.frequency import StreamingFrequency, counts_log_q
 from runtime.retrieval.gather import PaddedCounts
 from runtime.retrieval.sampled_softmax import SampledSoftmaxLoss, sampled_softmax
 from runtime.retrieval.sampling import uniform_log_q, uniform_negatives
+
+# the module itself: runtime.retrieval's `sampled_softmax` attribute is the function
+sampled_softmax_module = importlib.import_module("runtime.retrieval.sampled_softmax")
 
 B, D, S = 7, 5, 6
 # Ids 3 and 1 appear twice: each is an accidental hit for the other's query.
@@ -320,6 +324,32 @@ def test_accidental_hits_found_by_search_match_the_written_out_softmax(distinct:
             negative_ids=negative_ids.tolist() if uniform else None,
         )
         assert losses.tolist() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("values", [6, 1000])
+def test_in_batch_hits_crossed_from_the_repeated_ids_are_the_searchs(
+    values: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ids of 6 values repeat in every row, of 1,000 in a few; the candidates are a rank's slice of the
+    # global batch's (own columns 8..), then uniform negatives: every cell, rows ascending, as the search
+    generator = torch.Generator().manual_seed(7)
+    global_ids = torch.randint(0, values, (40,), generator=generator)
+    negative_ids = torch.randint(0, values, (12,), generator=generator)
+    ids, own = global_ids[8:24], torch.arange(8, 24)
+    blocks = [torch.empty(16, 40), torch.empty(16, 12)]
+    found = {}
+    for cells in (sampled_softmax_module.CROSSED_CELLS, 0):  # 0: always the binary search
+        monkeypatch.setattr(sampled_softmax_module, "CROSSED_CELLS", cells)
+        hits = sampled_softmax_module._accidental_hits([global_ids, negative_ids], blocks, ids, own, True)
+        assert hits is not None and bool((hits[0].diff() >= 0).all())
+        found[cells] = sorted(zip(hits[0].tolist(), hits[1].tolist(), strict=True))
+    expected = [
+        (row, column)
+        for row in range(16)
+        for column, other in enumerate(global_ids.tolist() + negative_ids.tolist())
+        if other == int(ids[row]) and column != 8 + row
+    ]
+    assert found[0] == found[sampled_softmax_module.CROSSED_CELLS] == expected
 
 
 @pytest.mark.parametrize("in_batch", [False, True])
