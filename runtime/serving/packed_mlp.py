@@ -67,6 +67,8 @@ from runtime.modules.layers.linear import linear, onednn_applies, onednn_chosen
 
 __all__ = ["PackedMLP", "pack_mlps"]
 
+QUESTIONS_KEPT = 64  # (batch, threads) pairs a block keeps its questions for (a server sees many batch sizes)
+
 
 @functools.cache
 def _mkldnn_built() -> bool:
@@ -109,8 +111,9 @@ _Layer = tuple[
 ]
 
 
-def _where_onednn_applies(k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool) -> bool:
-    return onednn_applies(x, weight)  # a layer too small for oneDNN stays on MKL
+def _where(applies: tuple[bool, ...]) -> _Packs:
+    """The `_Packs` that packs layer k where `applies[k]` (oneDNN applies to it at the batch asked)."""
+    return lambda k, x, weight, bias, relu: applies[k]
 
 
 def int8_available() -> bool:
@@ -138,8 +141,9 @@ class PackedMLP(MLP):
     """An MLP block whose plain layers run on weights packed once for oneDNN (see the module docstring)."""
 
     _packs: dict[int, tuple[int, int, torch.Tensor]]
-    # (batch bucket, threads) -> the block's shape key ('mlp_int8' question) and the 'packed_mlp' question
-    _questions: dict[tuple[int, int], tuple[str, str | None]]
+    # (batch, threads) -> the block's shape key ('mlp_int8' question), the 'packed_mlp' question, and
+    # which layers oneDNN applies to
+    _questions: dict[tuple[int, int], tuple[str, str | None, _Packs]]
     _int8: dict[int, tuple[int, int, str, object]]  # layer -> (weight pointer, version, engine, prepacked)
     _layers: tuple[_Layer, ...]  # what `_layer_table` last built
     exact: bool
@@ -166,7 +170,7 @@ class PackedMLP(MLP):
             return super().forward(x)  # which also names a wrong input width
         if self.exact:
             return self._run(x, layers, lambda k, x, weight, bias, relu: onednn_chosen(x, weight, bias, relu))
-        key, question = self._questions_at(x)
+        key, question, where = self._questions_at(x)
         if question is None and not self.int8:
             return self._run(x, layers, None)  # oneDNN applies to no layer: MKL's, nothing to ask
         packed = (
@@ -174,14 +178,11 @@ class PackedMLP(MLP):
             and choice.choose(
                 "packed_mlp",
                 question,
-                lambda: {
-                    "aten": lambda: self._run(x, layers, None),
-                    "packed": lambda: self._run(x, layers, _where_onednn_applies),
-                },
+                lambda: {"aten": lambda: self._run(x, layers, None), "packed": lambda: self._run(x, layers, where)},
             )
             == "packed"
         )
-        packs = _where_onednn_applies if packed else None
+        packs = where if packed else None
         if self.int8 and int8_available():
             runs = {"float": lambda: self._run(x, layers, packs), "int8": lambda: self._run_int8(x)}
             if choice.choose("mlp_int8", key, runs) == "int8":
@@ -249,25 +250,30 @@ class PackedMLP(MLP):
                 x = act(x)
         return x
 
-    def _questions_at(self, x: torch.Tensor) -> tuple[str, str | None]:
+    def _questions_at(self, x: torch.Tensor) -> tuple[str, str | None, _Packs]:
         """The block's key at x's batch and this thread count, `b<batch>_in<width>_<out>[r]..._t<threads>`
-        (r: ReLU fused), and the 'packed_mlp' question: the key, or None when oneDNN applies to no layer
-        (MKL runs them all; 'mlp_int8' is asked at every batch, as int8 may still be faster). Built once
-        per (batch bucket, threads): a forward asks at every call."""
-        batch, threads = choice.bucket(x.shape[0]), torch.get_num_threads()
-        if (batch, threads) not in self._questions:
+        (r: ReLU fused, batch: its bucket), the 'packed_mlp' question: the key, or None when oneDNN
+        applies to no layer (MKL runs them all; 'mlp_int8' is asked at every batch, as int8 may still be
+        faster), and which layers oneDNN applies to at this batch, as `_run` asks. Built once per
+        (batch, threads), at most QUESTIONS_KEPT of them: a forward asks at every call, and at batch 64
+        asking `onednn_applies` of each layer at each call cost more than the answer read here."""
+        batch, threads = x.shape[0], torch.get_num_threads()
+        known = self._questions.get((batch, threads))
+        if known is None:
             widths = [
                 (layer.out_features, act is torch.relu_)
                 for layer, act in zip(self.linears, self._activations, strict=True)
             ]
             layers = "_".join(f"{out}{'r' if relu else ''}" for out, relu in widths)
-            key = f"b{batch}_in{self.in_features}_{layers}_t{threads}"
-            applies = any(
-                onednn_applies(x.new_empty(1, 1).expand(x.shape[0], layer.in_features), layer.weight)
+            key = f"b{choice.bucket(batch)}_in{self.in_features}_{layers}_t{threads}"
+            applies = tuple(
+                onednn_applies(x.new_empty(1, 1).expand(batch, layer.in_features), layer.weight)
                 for layer in self.linears
             )
-            self._questions[(batch, threads)] = (key, key if applies else None)
-        return self._questions[(batch, threads)]
+            if len(self._questions) >= QUESTIONS_KEPT:
+                self._questions.clear()
+            known = self._questions[(batch, threads)] = (key, key if any(applies) else None, _where(applies))
+        return known
 
     def _packed(
         self, k: int, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, relu: bool

@@ -462,8 +462,9 @@ class QuantEmbeddingBagCollection(nn.Module):
             )
         check = self.bounds_check and not checked
         native_kernel = self._float_output and native.applies([self.weights, values], dtype=None)
-        if native_kernel and self._choose(values, offsets, weights, kjt, check) == "native":
-            threads = self._pool_threads(values, offsets, weights, kjt, check)
+        shape = self._shape(values, offsets, weights, check) if native_kernel else ""
+        if native_kernel and self._choose(values, offsets, weights, kjt, check, shape) == "native":
+            threads = self._pool_threads(values, offsets, weights, kjt, check, shape)
             pooled = self._native_pool(values, offsets, weights, kjt, check, threads)
         else:
             pooled = self._fbgemm_pool(values, offsets, weights, kjt, check)
@@ -476,13 +477,14 @@ class QuantEmbeddingBagCollection(nn.Module):
         weights: torch.Tensor | None,
         kjt: KeyedJaggedTensor | None,
         check: bool,
+        shape: str,
     ) -> str:
-        """'native' or 'fbgemm' at these shapes, both timed with their id checks (native's first: an
-        out-of-range id raises there, before fbgemm's kernel could read past a table). The key names
-        the C source's hash, so a changed kernel is measured again."""
+        """'native' or 'fbgemm' at these shapes (`shape`: their `_shape`), both timed with their id
+        checks (native's first: an out-of-range id raises there, before fbgemm's kernel could read past
+        a table). The key names the C source's hash, so a changed kernel is measured again."""
         return choice.choose(
             "quant_pool",
-            self._shape(values, offsets, weights, check),
+            shape,
             lambda: {
                 "native": lambda: self._native_pool(values, offsets, weights, kjt, check),
                 "fbgemm": lambda: self._fbgemm_pool(values, offsets, weights, kjt, check),
@@ -510,17 +512,19 @@ class QuantEmbeddingBagCollection(nn.Module):
         weights: torch.Tensor | None,
         kjt: KeyedJaggedTensor | None,
         check: bool,
+        shape: str,
     ) -> int:
-        """The C kernel's team: one thread where runtime/cpu/native's rule (IDS_PER_THREAD) takes one
-        and torch has more, unless the team measured faster at these shapes (kernel 'pool_team').
-        That rule was set on a busy machine, where a team could wait a time slice for its second
-        thread; quiet, the thread left spinning by the last GEMM may pool half the bags sooner."""
+        """The C kernel's team (`shape`: the shapes' `_shape`): one thread where runtime/cpu/native's
+        rule (IDS_PER_THREAD) takes one and torch has more, unless the team measured faster at these
+        shapes (kernel 'pool_team'). That rule was set on a busy machine, where a team could wait a time
+        slice for its second thread; quiet, the thread left spinning by the last GEMM may pool half the
+        bags sooner."""
         one, team = native.pool_threads(values.numel()), torch.get_num_threads()
         if one >= team:
             return one
         winner = choice.choose(
             "pool_team",
-            self._shape(values, offsets, weights, check),
+            shape,
             lambda: {
                 "one": lambda: self._native_pool(values, offsets, weights, kjt, check, one),
                 "team": lambda: self._native_pool(values, offsets, weights, kjt, check, team),

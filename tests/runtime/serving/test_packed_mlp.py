@@ -154,3 +154,25 @@ def test_the_layers_read_once_follow_new_parameters_new_storage_and_copies() -> 
         layer.weight.data = other.weight.detach().clone()
     with torch.inference_mode():
         assert torch.equal(packed(x), reference(x))
+
+
+def test_the_layers_onednn_applies_to_follow_the_exact_batch_within_a_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which layers run packed is read from a table built per (batch, threads), not per batch bucket:
+    at 600 rows both 37 x 96 and 96 x 40 reach MIN_ONEDNN_MACS, at 560 (the same bucket, 1024) only
+    96 x 40 does, as `onednn_applies` says at each; the tables kept are bounded."""
+    from runtime.serving import packed_mlp
+
+    monkeypatch.setenv(choice.ENV, "packed_mlp=packed")
+    packed, reference = PackedMLP.from_mlp(mlp(), exact=False), mlp()
+    runs: list[int] = []
+    pack = PackedMLP._packed
+    monkeypatch.setattr(PackedMLP, "_packed", lambda self, k, *args: runs.append(k) or pack(self, k, *args))
+    with torch.inference_mode():
+        for batch, expected in ((600, [0, 1]), (560, [1]), (600, [0, 1])):
+            runs.clear()
+            x = torch.randn(batch, 37)
+            torch.testing.assert_close(packed(x), reference(x), rtol=1e-5, atol=1e-5)
+            assert runs == expected, batch
+        for batch in range(1, packed_mlp.QUESTIONS_KEPT + 10):
+            packed(torch.randn(batch, 37))
+    assert 0 < len(packed._questions) <= packed_mlp.QUESTIONS_KEPT

@@ -11,6 +11,8 @@ only the summation order differs).
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import re
 
 import pytest
@@ -343,6 +345,65 @@ def test_offsets_that_do_not_fit_the_ids_are_refused(kernel: str, monkeypatch, r
     message = f"KeyedJaggedTensor: sum(lengths)={ids + 7} but values has {ids} entries"
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         qebc.lookup(kjt.values(), offsets, None)
+
+
+def _ids_before_a_guard_page(ids: torch.Tensor) -> tuple[torch.Tensor, mmap.mmap]:
+    """A copy of `ids` whose last element ends where an unreadable page begins: the C kernel
+    reading one id past them ends the process (SIGSEGV)."""
+    page = mmap.PAGESIZE
+    size = -(-ids.numel() * 8 // page) * page
+    region = mmap.mmap(-1, size + page)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    address = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert libc.mprotect(address + size, page, 0) == 0, ctypes.get_errno()  # PROT_NONE
+    guarded = torch.frombuffer(region, dtype=torch.int64, offset=size - ids.numel() * 8, count=ids.numel())
+    guarded.copy_(ids)
+    return guarded, region
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_native_pooling_prefetches_no_id_past_the_last(threads: int, monkeypatch, native_kernels) -> None:
+    """quant_pool.c prefetches the rows of ids ahead of the bag it sums, across features: the ids end
+    at an unreadable page, the batch's last features are empty (the cursor runs out of features with
+    ids to spare in its reach), and the bags are shared out to threads: the pooled rows are fbgemm's.
+    Offsets that claim ids past the end are refused without reading them."""
+    from runtime.cpu import native
+
+    monkeypatch.setattr(native, "IDS_PER_THREAD", 1)  # a team of `threads` even for this small batch
+    tables = [
+        EmbeddingBagConfig("w8", 40, 8, ["a"]),
+        EmbeddingBagConfig("w64", 300, 64, ["b", "c"]),
+        EmbeddingBagConfig("w24", 30, 24, ["e", "g"]),
+    ]
+    torch.manual_seed(4)
+    source = EmbeddingBagCollection(tables)
+    collection = QuantEmbeddingBagCollection(tables, {"w8": "int8", "w64": "int4", "w24": "fp16"})
+    collection.quantize_from(source.embedding_parameters())
+    kjt = make_kjt(tables, seed=9)
+    lengths = kjt.lengths().clone()
+    lengths[3 * BATCH :] = 0  # features e and g: no ids
+    ids = kjt.values()[: int(lengths.sum())]
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    guarded, region = _ids_before_a_guard_page(ids)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        mine = native.quant_pool(
+            collection.weights, collection._native_layout, guarded, offsets, None, collection.rows_per_feature
+        )
+        past = offsets.clone()
+        past[-1] += 5  # the last bag claims ids past the end
+        refused = native.quant_pool(
+            collection.weights, collection._native_layout, guarded, past, None, collection.rows_per_feature
+        )
+    finally:
+        torch.set_num_threads(previous)
+    theirs = collection._fbgemm_pool(ids, offsets, None, None, check=True)
+    del guarded
+    region.close()
+    assert mine is not None and torch.equal(mine, theirs)
+    assert refused is None
 
 
 @pytest.mark.parametrize("kernel", ["native", "measured", "fbgemm"])
