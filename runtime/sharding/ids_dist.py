@@ -34,7 +34,8 @@ and a weighted batch's weights need the counts first: both keep the two
 collectives above.
 
 A receiver gets, from each source rank s, its slots' lengths and ids; one
-fbgemm permute turns [source][slot][sample] into [slot][source][sample], so
+fbgemm permute turns [source][slot][sample] into [slot][source][sample] (ids
+without lengths: one concatenation of each slot's runs where they lie), so
 the lookup sees each slot as one list of bags over the global batch (rank
 0's samples first), with stride world_size * batch_size.
 """
