@@ -11,10 +11,10 @@ does the same update on the same state (the TBE's `weights_host` and
 (`supports`: a CPU TBE with row-wise Adagrad and no weight decay, the native library loaded),
 the C forward and update: the forward is runtime/cpu/native/quant_pool.c's pooling of
 float32 rows, which gives fbgemm's bits on all of torch's threads (fbgemm's CPU forward pools
-on one), and is faster than fbgemm's even on one (`_pool`). Which of the two runs is chosen by measurement at first use per shape
-(runtime/cpu/choice.py, kernel 'embedding_update'). The measurement runs both on a zero gradient, which
-leaves weights and state unchanged (m += 0, w -= lr * 0 / (sqrt(m) + eps)),
-so it needs eps > 0; with eps = 0 fbgemm's path runs unmeasured. It runs on
+on one), and is faster than fbgemm's even on one (`_pool`). Which of the two runs is chosen by
+measurement at first use per shape (runtime/cpu/choice.py, kernel 'embedding_update'). The
+measurement runs both on a zero gradient, which leaves weights and state unchanged
+(m += 0, w -= lr * 0 / (sqrt(m) + eps)), so it needs eps > 0; with eps = 0 fbgemm's path runs unmeasured. It runs on
 a detached copy of the per-id weights, so it leaves no gradient on them (nor
 runs the backward of whatever computed them): the step that follows sees the
 true one, d loss / d w_i = <gradient of i's bag, row of id i>, which the C

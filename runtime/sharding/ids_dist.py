@@ -368,5 +368,5 @@ def _transposed(
         weights,
         lengths=per_bag.to(values.device).repeat_interleave(batch),
         stride=world_size * batch,
-        length_per_key=[sum(column) for column in zip(*received_ids)],
+        length_per_key=[sum(column) for column in zip(*received_ids, strict=True)],
     )
