@@ -28,7 +28,8 @@
  * first occurrence to its update, in a loop of its own per width
  * (`update_rows`; at those 1M ids, 64 wide, 37-40 against 47-51 ms of CPU on
  * the 2-core Zen 4, most of the rest being the weights' and gradients' memory
- * traffic); any other width sums in a buffer (`update_rows_any`). The mean of
+ * traffic, then 30-32 with the weight rows prefetched into L2 further ahead);
+ * any other width sums in a buffer (`update_rows_any`). The mean of
  * squares sums a vector's lanes (16 lanes in the buffer's case), then
  * pairwise. Tables are split over an OpenMP team (torch's pool, as in
  * dot_interaction.c).
@@ -39,9 +40,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Prefetch distances in occurrences: 8 to 64 measured alike for the weight rows (a sorted,
- * dense-enough stream), and no gradient prefetch cost 1-9 ms more at dlrm-bench's shapes. */
-enum { DIGIT_BITS = 11, BUCKETS = 1 << DIGIT_BITS, ROW_AHEAD = 16, GRAD_AHEAD = 8, LANES = 16, MAX_VECTORS = 8 };
+/* Prefetch distances in occurrences. A weight row is fetched into L2 L2_AHEAD occurrences ahead,
+ * then for writing into L1 ROW_AHEAD ahead: at dlrm-bench multihot dist2's shapes (one thread,
+ * the 2-core Zen 4) 30-32 against 38-40 ms of CPU with the L1 prefetch alone (L2 distances of 32
+ * to 256 alike; either prefetch alone costs 4-9 ms more), as L2 keeps more misses in flight than
+ * L1's few miss buffers (quant_pool.c found the same). No gradient prefetch cost 1-9 ms more. */
+enum { DIGIT_BITS = 11, BUCKETS = 1 << DIGIT_BITS, LANES = 16, MAX_VECTORS = 8 };
+enum { L2_AHEAD = 64, ROW_AHEAD = 16, GRAD_AHEAD = 8 };
 
 /* A row's gradient sum is kept in vectors of the machine's width (as in quant_pool.c): 16 lanes
  * with AVX-512, 8 otherwise; a vector wider than the registers would live on the stack. */
@@ -89,9 +94,15 @@ static float sum_of_squares(const float *x, int64_t d) {
     return lanes[0];
 }
 
+/* Fetches weight row `row` (of d floats) into L2, for reading. */
+static inline void prefetch_row_l2(const float *table, uint64_t row, int64_t d) {
+    for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(table + row * d + k, 0, 2);
+}
+
 /* The updates of the rows of sorted[0..n) (keys of `update_table`), rows of V vectors: a row's
- * gradient sum stays in registers from its first occurrence to its update. The weight row and
- * state ROW_AHEAD occurrences on are prefetched for writing, the gradient row GRAD_AHEAD on. */
+ * gradient sum stays in registers from its first occurrence to its update. The weight row
+ * L2_AHEAD occurrences on is prefetched into L2, the weight row and state ROW_AHEAD on for
+ * writing, the gradient row GRAD_AHEAD on. */
 static inline __attribute__((always_inline)) void update_rows(const int V, const uint64_t *sorted, int64_t n,
                                                               const int64_t *sources, const float *slot_weights,
                                                               const float *grad, float *table, float *state,
@@ -99,6 +110,7 @@ static inline __attribute__((always_inline)) void update_rows(const int V, const
     const int64_t d = (int64_t)V * VECTOR_LANES;
     for (int64_t i = 0; i < n;) {
         const uint64_t row = sorted[i] >> 32;
+        if (i + L2_AHEAD < n) prefetch_row_l2(table, sorted[i + L2_AHEAD] >> 32, d);
         if (i + ROW_AHEAD < n) {
             const uint64_t ahead = sorted[i + ROW_AHEAD] >> 32;
             for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(table + ahead * d + k, 1);
@@ -140,6 +152,7 @@ static void update_rows_any(int64_t d, const uint64_t *sorted, int64_t n, const 
         const uint64_t row = sorted[first] >> 32;
         int64_t last = first + 1;
         while (last < n && sorted[last] >> 32 == row) last++;
+        if (last + L2_AHEAD < n) prefetch_row_l2(table, sorted[last + L2_AHEAD] >> 32, d);
         if (last + GRAD_AHEAD < n) { /* rows come in increasing order, a few occurrences apart */
             const uint64_t ahead = sorted[last + GRAD_AHEAD];
             const float *w = table + (ahead >> 32) * d;
