@@ -34,7 +34,8 @@ and a weighted batch's weights need the counts first: both keep the two
 collectives above.
 
 A receiver gets, from each source rank s, its slots' lengths and ids; one
-fbgemm permute turns [source][slot][sample] into [slot][source][sample], so
+fbgemm permute turns [source][slot][sample] into [slot][source][sample] (ids
+without lengths: one concatenation of each slot's runs where they lie), so
 the lookup sees each slot as one list of bags over the global batch (rank
 0's samples first), with stride world_size * batch_size.
 """
@@ -160,16 +161,19 @@ class IdsAllToAll:
         data = pack_ids(routed, self._slots_per_rank) if with_lengths else values
         _, data_sent = send_splits(batch, length_per_key, self._slots_per_rank, with_lengths)
         headers = header.split([slots + 2 for slots in self._slots_per_rank])
-        messages = [torch.cat([h, d]) for h, d in zip(headers, data.split(data_sent), strict=True)]
+        datas = data.split(data_sent)
         rank = dist.get_rank(self._group)  # at the call: the group may be made after this object
         peer, pad = 1 - rank, self._pad
-        sizes = [m.numel() for m in messages]
+        sizes = [h.numel() + d.numel() for h, d in zip(headers, datas, strict=True)]
         sent = [pad, pad]
         sent[rank] = sizes[rank]
-        message = values.new_zeros(sum(sent))
-        start = sent[0] if peer else 0
-        message[start : start + min(pad, sizes[peer])] = messages[peer][:pad]
-        message[sent[0] if rank else 0 :][: sizes[rank]] = messages[rank]
+        # Each piece written in place, the peer's cut or padded to `pad` (a header always fits in it).
+        message = values.new_empty(sum(sent))
+        for piece, head, ids in zip(message.split(sent), headers, datas, strict=True):
+            piece[: head.numel()] = head
+            rest = piece[head.numel() :]
+            rest[: ids.numel()] = ids[: rest.numel()]
+            rest[ids.numel() :].zero_()
         received = sent  # the peer's piece is padded alike, this rank's own is its own
         buffer = values.new_empty(sum(received))
         handle = shm_exchange.all_to_all_single(buffer, message, received, sent, group=self._group, async_op=True)
@@ -194,11 +198,12 @@ class IdsAllToAll:
             if largest > pad:  # both ranks know it: the redo's sizes agree
                 self._pad = largest
                 again = values.new_empty(sum(true))
-                shm_exchange.all_to_all_single(again, torch.cat(messages), true, sizes, group=self._group)
+                whole = torch.cat([part for pair in zip(headers, datas, strict=True) for part in pair])
+                shm_exchange.all_to_all_single(again, whole, true, sizes, group=self._group)
                 pieces = list(again.split(true))
-            data = torch.cat([piece[local + 2 : n] for piece, n in zip(pieces, true, strict=True)])
-            transpose = self._transpose_tensor(data.device)
-            return unpack_ids(data, None, batch, received_ids, self._local_keys, transpose, lengths_from)
+            transpose = self._transpose_tensor(buffer.device)
+            pieces = [piece[local + 2 : n] for piece, n in zip(pieces, true, strict=True)]
+            return unpack_ids(pieces, None, batch, received_ids, self._local_keys, transpose, lengths_from)
 
         return Awaitable(finish)
 
@@ -247,7 +252,8 @@ class IdsAllToAll:
                 for handle in handles:
                     handle.wait()
             transpose = self._transpose_tensor(data.device)
-            return unpack_ids(data, weights, batch, received_ids, self._local_keys, transpose, lengths_from)
+            pieces = data.split(data_received)
+            return unpack_ids(pieces, weights, batch, received_ids, self._local_keys, transpose, lengths_from)
 
         return Awaitable(finish), received_ids
 
@@ -297,7 +303,7 @@ def _bag_lengths(ids_per_slot: list[int], batch: int, like: torch.Tensor) -> tor
 
 
 def unpack_ids(
-    data: torch.Tensor,
+    pieces: Sequence[torch.Tensor],
     weights: torch.Tensor | None,
     batch: int,
     received_ids: list[list[int]],
@@ -305,25 +311,25 @@ def unpack_ids(
     transpose: torch.Tensor,
     lengths_from: Sequence[bool],
 ) -> KeyedJaggedTensor:
-    """The received buffer (per source: lengths then ids, or only ids) as one batch over all sources.
+    """What each source sent (lengths then ids, or only ids) as one batch over all sources.
 
-    `received_ids[s][j]`: ids of local slot j from source s; `lengths_from[s]`:
-    whether source s sent its lengths, else its bags of slot j each hold
-    received_ids[s][j] / batch ids. `weights` came in the same [source][slot]
-    order as the ids.
+    `pieces[s]`: source s's part of the received buffer; `received_ids[s][j]`:
+    ids of local slot j from source s; `lengths_from[s]`: whether source s sent
+    its lengths, else its bags of slot j each hold received_ids[s][j] / batch
+    ids. `weights` came in the same [source][slot] order as the ids. Where no
+    source sent lengths, each slot's ids are taken from each source where they
+    lie, in [slot][source] order, in one copy (a multi-hot rank's 8 MB of ids:
+    not a concatenation and then fbgemm's permute, two).
     """
     world_size, local = len(received_ids), len(local_keys)
-    if any(lengths_from):
-        length_pieces, value_pieces, start = [], [], 0
-        for row, sent in zip(received_ids, lengths_from, strict=True):
-            n, width = sum(row), local * batch if sent else 0
-            length_pieces.append(data[start : start + width] if sent else _bag_lengths(row, batch, data))
-            value_pieces.append(data[start + width : start + width + n])
-            start += width + n
-        lengths, values = torch.cat(length_pieces), torch.cat(value_pieces)
-    else:  # ids only, already in [source][slot] order
-        lengths = torch.cat([_bag_lengths(row, batch, data) for row in received_ids])
-        values = data
+    if not any(lengths_from):
+        return _transposed(pieces, weights, batch, received_ids, local_keys)
+    length_pieces, value_pieces = [], []
+    for piece, row, sent in zip(pieces, received_ids, lengths_from, strict=True):
+        n, width = sum(row), local * batch if sent else 0
+        length_pieces.append(piece[:width] if sent else _bag_lengths(row, batch, piece))
+        value_pieces.append(piece[width : width + n])
+    lengths, values = torch.cat(length_pieces), torch.cat(value_pieces)
     if local > 1 and world_size > 1:
         lengths, values, weights = torch.ops.fbgemm.permute_2D_sparse_data(
             transpose, lengths.view(world_size * local, batch), values, weights, values.numel()
@@ -335,4 +341,32 @@ def unpack_ids(
         lengths=lengths.view(-1),
         stride=world_size * batch,
         length_per_key=[sum(column) for column in zip(*received_ids)],
+    )
+
+
+def _transposed(
+    pieces: Sequence[torch.Tensor],
+    weights: torch.Tensor | None,
+    batch: int,
+    received_ids: list[list[int]],
+    local_keys: list[str],
+) -> KeyedJaggedTensor:
+    """`unpack_ids` where every source sent ids only: slot j's ids from source s are the j-th run of
+    pieces[s] (weights alike, each source's after the other's)."""
+    world_size, local = len(received_ids), len(local_keys)
+    ids = [piece.split(row) for piece, row in zip(pieces, received_ids, strict=True)]
+    order = [(s, j) for j in range(local) for s in range(world_size)]
+    values = torch.cat([ids[s][j] for s, j in order]) if order else pieces[0].new_empty(0)
+    if weights is not None and order:
+        by_source = weights.split([sum(row) for row in received_ids])
+        runs = [part.split(row) for part, row in zip(by_source, received_ids, strict=True)]
+        weights = torch.cat([runs[s][j] for s, j in order])
+    per_bag = torch.tensor([received_ids[s][j] // batch for s, j in order], dtype=values.dtype)
+    return KeyedJaggedTensor(
+        local_keys,
+        values,
+        weights,
+        lengths=per_bag.to(values.device).repeat_interleave(batch),
+        stride=world_size * batch,
+        length_per_key=[sum(column) for column in zip(*received_ids, strict=True)],
     )

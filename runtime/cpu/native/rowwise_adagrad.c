@@ -15,15 +15,24 @@
  *
  * fbgemm's CPU kernel does the same after sorting each table's ids; here the
  * occurrences are sorted by row with an LSD radix sort over only the bits the
- * table's row count needs (two passes for 100,000 rows), each row's
- * gradient is summed in one buffer the width of a row, in occurrence order,
- * and the weight rows come in increasing order with the next distinct row
- * prefetched. An unweighted occurrence is sorted with its bag's number, whose
- * gradient row one small array gives (a bag array of 32 KB per feature at
- * batch 4096 stays in cache, where a record per occurrence would not: at
- * dlrm-bench multihot dist2's 1M ids a rank, 46 against 77 ms of CPU); the
- * mean of squares sums 16 lanes, then pairwise. Tables are split over an
- * OpenMP team (torch's pool, as in dot_interaction.c).
+ * table's row count needs (two passes for 100,000 rows), each row's gradient
+ * is summed in occurrence order, and the weight rows come in increasing order
+ * with a row some occurrences on prefetched. An unweighted occurrence is
+ * sorted with its bag's number, whose gradient row one small array gives (a
+ * bag array of 32 KB per feature at batch 4096 stays in cache, where a record
+ * per occurrence would not: at dlrm-bench multihot dist2's 1M ids a rank, 46
+ * against 77 ms of CPU).
+ *
+ * Where a row is a whole number of vectors (16 lanes with AVX-512, 8
+ * without), up to MAX_VECTORS, its gradient sum stays in registers from its
+ * first occurrence to its update, in a loop of its own per width
+ * (`update_rows`; at those 1M ids, 64 wide, 37-40 against 47-51 ms of CPU on
+ * the 2-core Zen 4, most of the rest being the weights' and gradients' memory
+ * traffic, then 30-32 with the weight rows prefetched into L2 further ahead);
+ * any other width sums in a buffer (`update_rows_any`). The mean of
+ * squares sums a vector's lanes (16 lanes in the buffer's case), then
+ * pairwise. Tables are split over an OpenMP team (torch's pool, as in
+ * dot_interaction.c).
  */
 
 #include <math.h>
@@ -31,7 +40,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { DIGIT_BITS = 11, BUCKETS = 1 << DIGIT_BITS, PREFETCH_DISTANCE = 8, LANES = 16 };
+/* Prefetch distances in occurrences. A weight row is fetched into L2 L2_AHEAD occurrences ahead,
+ * then for writing into L1 ROW_AHEAD ahead: at dlrm-bench multihot dist2's shapes (one thread,
+ * the 2-core Zen 4) 30-32 against 38-40 ms of CPU with the L1 prefetch alone (L2 distances of 32
+ * to 256 alike; either prefetch alone costs 4-9 ms more), as L2 keeps more misses in flight than
+ * L1's few miss buffers (quant_pool.c found the same). No gradient prefetch cost 1-9 ms more. */
+enum { DIGIT_BITS = 11, BUCKETS = 1 << DIGIT_BITS, LANES = 16, MAX_VECTORS = 8 };
+enum { L2_AHEAD = 64, ROW_AHEAD = 16, GRAD_AHEAD = 8 };
+
+/* A row's gradient sum is kept in vectors of the machine's width (as in quant_pool.c): 16 lanes
+ * with AVX-512, 8 otherwise; a vector wider than the registers would live on the stack. */
+#if defined(__AVX512F__)
+#define VECTOR_LANES 16
+#else
+#define VECTOR_LANES 8
+#endif
+typedef float vec_t __attribute__((vector_size(4 * VECTOR_LANES), aligned(4)));
 
 /* Sorts keys (row << 32 | slot) by row, stably, keys[0..n) with scratch of n; returns the sorted array. */
 static uint64_t *sort_by_row(uint64_t *keys, uint64_t *scratch, int64_t n, int64_t rows) {
@@ -68,6 +92,87 @@ static float sum_of_squares(const float *x, int64_t d) {
     for (int width = LANES / 2; width > 0; width /= 2)
         for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
     return lanes[0];
+}
+
+/* Fetches weight row `row` (of d floats) into L2, for reading. */
+static inline void prefetch_row_l2(const float *table, uint64_t row, int64_t d) {
+    for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(table + row * d + k, 0, 2);
+}
+
+/* The updates of the rows of sorted[0..n) (keys of `update_table`), rows of V vectors: a row's
+ * gradient sum stays in registers from its first occurrence to its update. The weight row
+ * L2_AHEAD occurrences on is prefetched into L2, the weight row and state ROW_AHEAD on for
+ * writing, the gradient row GRAD_AHEAD on. */
+static inline __attribute__((always_inline)) void update_rows(const int V, const uint64_t *sorted, int64_t n,
+                                                              const int64_t *sources, const float *slot_weights,
+                                                              const float *grad, float *table, float *state,
+                                                              float lr, float eps) {
+    const int64_t d = (int64_t)V * VECTOR_LANES;
+    for (int64_t i = 0; i < n;) {
+        const uint64_t row = sorted[i] >> 32;
+        if (i + L2_AHEAD < n) prefetch_row_l2(table, sorted[i + L2_AHEAD] >> 32, d);
+        if (i + ROW_AHEAD < n) {
+            const uint64_t ahead = sorted[i + ROW_AHEAD] >> 32;
+            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(table + ahead * d + k, 1);
+            __builtin_prefetch(state + ahead, 1);
+        }
+        vec_t acc[MAX_VECTORS];
+        for (int v = 0; v < V; v++) acc[v] = (vec_t){0};
+        do {
+            if (i + GRAD_AHEAD < n) {
+                const float *g = grad + sources[(uint32_t)sorted[i + GRAD_AHEAD]];
+                for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(g + k);
+            }
+            const uint32_t slot = (uint32_t)sorted[i];
+            const float *g = grad + sources[slot], w = slot_weights == NULL ? 1.0f : slot_weights[slot];
+            for (int v = 0; v < V; v++) acc[v] += w * *(const vec_t *)(g + v * VECTOR_LANES);
+            i++;
+        } while (i < n && sorted[i] >> 32 == row);
+        vec_t squares = acc[0] * acc[0];
+        for (int v = 1; v < V; v++) squares += acc[v] * acc[v];
+        float lanes[VECTOR_LANES];
+        memcpy(lanes, &squares, sizeof(lanes));
+        for (int width = VECTOR_LANES / 2; width > 0; width /= 2)
+            for (int l = 0; l < width; l++) lanes[l] += lanes[l + width];
+        state[row] += lanes[0] / (float)d;
+        const vec_t step = (vec_t){0} + lr / (sqrtf(state[row]) + eps);
+        float *weights = table + row * d;
+        for (int v = 0; v < V; v++) {
+            vec_t *x = (vec_t *)(weights + v * VECTOR_LANES);
+            *x = *x - step * acc[v];
+        }
+    }
+}
+
+/* `update_rows` for any width d, the row's sum in `sum` (d floats). */
+static void update_rows_any(int64_t d, const uint64_t *sorted, int64_t n, const int64_t *sources,
+                            const float *slot_weights, const float *grad, float *table, float *state, float lr,
+                            float eps, float *sum) {
+    for (int64_t first = 0; first < n;) {
+        const uint64_t row = sorted[first] >> 32;
+        int64_t last = first + 1;
+        while (last < n && sorted[last] >> 32 == row) last++;
+        if (last + L2_AHEAD < n) prefetch_row_l2(table, sorted[last + L2_AHEAD] >> 32, d);
+        if (last + GRAD_AHEAD < n) { /* rows come in increasing order, a few occurrences apart */
+            const uint64_t ahead = sorted[last + GRAD_AHEAD];
+            const float *w = table + (ahead >> 32) * d;
+            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(w + k, 1);
+            __builtin_prefetch(state + (ahead >> 32), 1);
+            const float *g = grad + sources[ahead & 0xffffffffu];
+            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(g + k);
+        }
+        for (int64_t k = 0; k < d; k++) sum[k] = 0.0f;
+        for (int64_t i = first; i < last; i++) {
+            const uint32_t slot = (uint32_t)sorted[i];
+            const float *g = grad + sources[slot], w = slot_weights == NULL ? 1.0f : slot_weights[slot];
+            for (int64_t k = 0; k < d; k++) sum[k] += w * g[k];
+        }
+        state[row] += sum_of_squares(sum, d) / (float)d;
+        const float step = lr / (sqrtf(state[row]) + eps);
+        float *w = table + row * d;
+        for (int64_t k = 0; k < d; k++) w[k] -= step * sum[k];
+        first = last;
+    }
 }
 
 /* Table t's update; returns 0, 1 for an id outside [0, rows[t]), 4 when out of memory.
@@ -119,32 +224,18 @@ static int update_table(int64_t t, int64_t features, int64_t batch, float *weigh
     const uint64_t *sorted = status == 0 ? sort_by_row(keys, keys + n, n, limit) : NULL;
     if (status == 0 && sorted == NULL) status = 4;
     float *table = weights + weight_offsets[t], *state = momentum + momentum_offsets[t];
-    for (int64_t first = 0; status == 0 && first < n;) {
-        const uint64_t row = sorted[first] >> 32;
-        int64_t last = first + 1;
-        while (last < n && sorted[last] >> 32 == row) last++;
-        if (last + PREFETCH_DISTANCE < n) { /* rows come in increasing order, a few occurrences apart */
-            const uint64_t ahead = sorted[last + PREFETCH_DISTANCE];
-            const float *w = table + (ahead >> 32) * d;
-            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(w + k, 1);
-            __builtin_prefetch(state + (ahead >> 32), 1);
-            const float *g = grad + sources[ahead & 0xffffffffu];
-            for (int64_t k = 0; k < d; k += 16) __builtin_prefetch(g + k);
+    const float *by_slot = weighted ? slot_weights : NULL;
+    const int64_t vectors = d % VECTOR_LANES == 0 ? d / VECTOR_LANES : 0;
+    if (status == 0) switch (vectors) { /* a loop of its own for each width of up to MAX_VECTORS vectors */
+#define WIDTH(V)                                                                         \
+    case V:                                                                              \
+        update_rows(V, sorted, n, sources, by_slot, grad, table, state, lr, eps);       \
+        break;
+            WIDTH(1) WIDTH(2) WIDTH(3) WIDTH(4) WIDTH(5) WIDTH(6) WIDTH(7) WIDTH(8)
+#undef WIDTH
+        default:
+            update_rows_any(d, sorted, n, sources, by_slot, grad, table, state, lr, eps, sum);
         }
-        const uint32_t slot = (uint32_t)sorted[first];
-        const float *g0 = grad + sources[slot], w0 = weighted ? slot_weights[slot] : 1.0f;
-        for (int64_t k = 0; k < d; k++) sum[k] = w0 * g0[k];
-        for (int64_t i = first + 1; i < last; i++) {
-            const uint32_t s = (uint32_t)sorted[i];
-            const float *g = grad + sources[s], w = weighted ? slot_weights[s] : 1.0f;
-            for (int64_t k = 0; k < d; k++) sum[k] += w * g[k];
-        }
-        state[row] += sum_of_squares(sum, d) / (float)d;
-        const float step = lr / (sqrtf(state[row]) + eps);
-        float *w = table + row * d;
-        for (int64_t k = 0; k < d; k++) w[k] -= step * sum[k];
-        first = last;
-    }
     free(keys);
     free(sources);
     free(slot_weights);

@@ -27,29 +27,41 @@ TABLES = [
     EmbeddingBagConfig("t3", 3, 4, ["f4"]),
 ]
 ROWS = {"f0": 70_000, "f1": 70_000, "f2": 40, "f3": 30, "f4": 3}
+# The C update keeps a row's sum in registers for widths of 1 to 8 vectors (16 lanes with AVX-512,
+# 8 with AVX2) and loops over the columns for any other: every one of those, past them, and odd ones.
+WIDTHS = {16: 3, 32: 500, 48: 70, 64: 1000, 80: 90, 96: 2000, 112: 400, 128: 65_537, 136: 50, 8: 300, 12: 7, 20: 40}
+WIDE_TABLES = [EmbeddingBagConfig(f"w{d}", rows, d, [f"g{d}"]) for d, rows in WIDTHS.items()]
 
 
-def _batch(seed: int, weighted: bool) -> KeyedJaggedTensor:
+def _batch(seed: int, weighted: bool, rows: dict[str, int] = ROWS, batch: int = BATCH) -> KeyedJaggedTensor:
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, 6, (len(ROWS) * BATCH,), generator=gen)
-    per_key = lengths.view(len(ROWS), BATCH).sum(1).tolist()
+    lengths = torch.randint(0, 6, (len(rows) * batch,), generator=gen)
+    per_key = lengths.view(len(rows), batch).sum(1).tolist()
     # ids drawn from few rows too, so rows repeat within and across bags and features
     values = torch.cat(
-        [torch.randint(0, min(n, 50), (k,), generator=gen) * (n // min(n, 50)) for n, k in zip(ROWS.values(), per_key)]
+        [torch.randint(0, min(n, 50), (k,), generator=gen) * (n // min(n, 50)) for n, k in zip(rows.values(), per_key)]
     )
     weights = torch.rand(values.numel(), generator=gen) if weighted else None
-    return KeyedJaggedTensor.from_lengths_sync(list(ROWS), values, lengths, weights=weights)
+    return KeyedJaggedTensor.from_lengths_sync(list(rows), values, lengths, weights=weights)
 
 
-def _train(kernel: str, weighted: bool, monkeypatch: pytest.MonkeyPatch, steps: int = 4):
+def _train(
+    kernel: str,
+    weighted: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    steps: int = 4,
+    tables: list[EmbeddingBagConfig] = TABLES,
+    batch: int = BATCH,
+):
     monkeypatch.setenv(choice.ENV, f"embedding_update={kernel}")
     torch.manual_seed(0)
     collection = EmbeddingBagCollection(
-        TABLES, is_weighted=weighted, optimizer=EmbeddingOptimizer("rowwise_adagrad", lr=0.1), lookup_threads=1
+        tables, is_weighted=weighted, optimizer=EmbeddingOptimizer("rowwise_adagrad", lr=0.1), lookup_threads=1
     )
+    rows = {feature: table.num_embeddings for table in tables for feature in table.feature_names}
     outputs = []
     for step in range(steps):
-        pooled = collection(_batch(step, weighted)).values()
+        pooled = collection(_batch(step, weighted, rows, batch)).values()
         weight = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(100 + step))
         (pooled * weight).sum().backward()
         outputs.append(pooled.detach())
@@ -67,6 +79,24 @@ def test_native_update_trains_like_fbgemms_backward(weighted: bool, monkeypatch,
         torch.testing.assert_close(native_state[key], fbgemm_state[key], atol=1e-6, rtol=1e-5, msg=key)
     changed = native_state["t0.momentum1"] != 0
     assert 50 <= int(changed.sum()) <= 100  # the rows the batches touched, in both features of t0
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_every_width_trains_like_fbgemms_backward(
+    weighted: bool, threads: int, monkeypatch, torch_threads, native_kernels
+) -> None:
+    """Twelve tables of widths 8 to 136 in one group, an odd batch, on 1 and 2 threads (the tables
+    split over them): the same outputs, weights and state as fbgemm's, up to the sums' order."""
+    torch_threads(threads)
+    native_out, native_state = _train("native", weighted, monkeypatch, 3, WIDE_TABLES, 13)
+    fbgemm_out, fbgemm_state = _train("fbgemm", weighted, monkeypatch, 3, WIDE_TABLES, 13)
+    for native_pooled, fbgemm_pooled in zip(native_out, fbgemm_out, strict=True):
+        torch.testing.assert_close(native_pooled, fbgemm_pooled, atol=1e-6, rtol=1e-5)
+    for key in fbgemm_state:
+        torch.testing.assert_close(native_state[key], fbgemm_state[key], atol=1e-6, rtol=1e-5, msg=key)
+        if key.endswith("momentum1"):
+            assert int((native_state[key] != 0).sum()) >= 2, key  # every table was updated
 
 
 def test_the_native_update_is_used_where_forced(monkeypatch, native_kernels) -> None:
@@ -176,21 +206,31 @@ def test_a_gradient_with_rows_further_apart_is_read_in_place(monkeypatch, native
 
 
 @pytest.fixture
-def pool_on_two_threads(monkeypatch: pytest.MonkeyPatch):
-    """The C pooling on 2 threads, as a batch of 2,048+ ids takes it: one id per thread suffices here."""
-    monkeypatch.setattr(native_update.native, "IDS_PER_THREAD", 1)
+def torch_threads():
+    """Sets torch's thread count for one test, then puts it back."""
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
+    yield torch.set_num_threads
     torch.set_num_threads(before)
 
 
-@pytest.mark.usefixtures("pool_on_two_threads")
+@pytest.fixture
+def pool_on_two_threads(monkeypatch: pytest.MonkeyPatch, torch_threads):
+    """The C pooling on 2 threads, as a batch of 2,048+ ids takes it: one id per thread suffices here."""
+    monkeypatch.setattr(native_update.native, "IDS_PER_THREAD", 1)
+    torch_threads(2)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("weighted", [False, True])
-def test_the_native_forward_gives_fbgemms_bits(weighted: bool, monkeypatch, native_kernels) -> None:
+def test_the_native_forward_gives_fbgemms_bits(
+    weighted: bool, threads: int, monkeypatch, torch_threads, native_kernels
+) -> None:
     """The C pooling (quant_pool.c's float32 rows) sums each bag as fbgemm's forward does: the same
-    bits, for a table read by two features, sum and mean (weighted) groups, split over 2 threads."""
+    bits, for a table read by two features, sum and mean (weighted) groups, on one thread (as it
+    pools even there) and split over 2."""
     monkeypatch.setenv(choice.ENV, "embedding_update=native")
+    monkeypatch.setattr(native_update.native, "IDS_PER_THREAD", 1)
+    torch_threads(threads)
     collection = EmbeddingBagCollection(
         TABLES, is_weighted=weighted, optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1
     )
@@ -201,26 +241,13 @@ def test_the_native_forward_gives_fbgemms_bits(weighted: bool, monkeypatch, nati
         start, end = batch.offset_per_key()[first], batch.offset_per_key()[last]
         values, offsets = batch.values()[start:end], batch.offsets()[first * BATCH : last * BATCH + 1] - start
         weights = torch.rand(values.numel(), generator=torch.Generator().manual_seed(1)) if weighted else None
-        assert native_update.native.pool_threads(values.numel()) == 2
+        assert native_update.native.pool_threads(values.numel()) == threads
         native = native_update._NativeUpdate.apply(
             group.tbe, group._native_layout, values, offsets, weights, group.tbe.weights_host
         )
         with torch.no_grad():
             assert torch.equal(native, group.tbe(values, offsets, weights))
         first = last
-
-
-def test_one_thread_pools_on_fbgemm(monkeypatch, native_kernels) -> None:
-    group = EmbeddingBagCollection(
-        TABLES[1:2], optimizer=EmbeddingOptimizer("rowwise_adagrad"), lookup_threads=1
-    )._groups[0]
-    calls = []
-    monkeypatch.setattr(native_update.native, "quant_pool", lambda *args: calls.append(args))
-    values, offsets = torch.tensor([3, 39]), torch.tensor([0, 1, 2])
-    with torch.no_grad():
-        expected = group.tbe(values, offsets)
-    assert torch.equal(native_update._pool(group.tbe, group._native_layout, values, offsets, None), expected)
-    assert calls == []
 
 
 @pytest.mark.usefixtures("pool_on_two_threads")

@@ -81,13 +81,13 @@ def test_pack_exchange_unpack_gives_each_rank_its_slots_over_the_global_batch(un
     splits = [send_splits(BATCH, kjt.length_per_key(), SLOTS_PER_RANK, not uniform[s]) for s, kjt in enumerate(sources)]
     first_slot = [sum(SLOTS_PER_RANK[:r]) for r in range(world_size)]
     for rank, local in enumerate(SLOTS_PER_RANK):
-        data = torch.cat([piece(packed[s], splits[s][1], rank) for s in range(world_size)])
+        pieces = [piece(packed[s], splits[s][1], rank) for s in range(world_size)]
         weights = torch.cat([piece(sources[s].weights(), splits[s][0], rank) for s in range(world_size)])
         mine = slice(first_slot[rank], first_slot[rank] + local)
         received = [sources[s].length_per_key()[mine] for s in range(world_size)]
         keys = [f"slot{first_slot[rank] + j}" for j in range(local)]
-        transpose = transpose_index(world_size, local, data.device)
-        got = unpack_ids(data, weights, BATCH, received, keys, transpose, [not u for u in uniform])
+        transpose = transpose_index(world_size, local, weights.device)
+        got = unpack_ids(pieces, weights, BATCH, received, keys, transpose, [not u for u in uniform])
 
         assert got.keys() == keys and got.stride() == world_size * BATCH
         for j, key in enumerate(keys):
