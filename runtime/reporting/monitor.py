@@ -138,6 +138,12 @@ class TrainingMonitor:
         self._begin_log(step)
         self._evaluate(step)
 
+    def begin(self, start_step: int) -> None:
+        """Open the run's log as going on from `start_step`, before any step: a resumed run with no
+        step left (finished, or stopped early) still appends its final evaluation and record to the
+        log of the run it resumes, instead of finding it closed or starting it afresh."""
+        self._begin_log(start_step)
+
     def _begin_log(self, start_step: int) -> None:
         if self.run_log is not None and not self._log_begun:
             self.run_log.begin(start_step)  # a resumed run appends to the log

@@ -102,17 +102,18 @@ def train(
     started = time.perf_counter()
     timed_from = started  # the first step warms up and is left out of samples/s
     other_before = other.total()  # other work before timed_from
+    # A run resumed from one that had stopped early (its tracker's state says stop) trains no step.
+    last = start_step if start_step < steps and hooks.should_stop() else steps
     run_step = _step_runner(
-        model, optimizer, batches, steps - start_step, context.pipeline_depth, context.device, context.precision
+        model, optimizer, batches, last - start_step, context.pipeline_depth, context.device, context.precision
     )
-    last = steps
 
     def log(step: int, loss: torch.Tensor, now: float) -> None:
         training_seconds = now - timed_from - (other.total() - other_before)
         rate = _rate(global_batch, step - start_step - 1, training_seconds)
         hooks.on_log(StepLog(step, _global_mean(loss, group), rate, *_rates(lr_scheduler)))
 
-    for step in range(start_step + 1, steps + 1):
+    for step in range(start_step + 1, last + 1):
         if lr_scheduler is not None:
             lr_scheduler.start_step(step - 1)
         batch, loss, outputs = run_step()

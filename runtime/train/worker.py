@@ -134,6 +134,7 @@ def _train(options: TrainOptions) -> int:
         callbacks.append(None if plateau is None else ReduceOnPlateau(lr_scheduler, options.eval_every))
         callbacks.append(None if tracker is None else BestCheckpoint(context, tracker, checkpoints, run_io.monitor))
         callbacks.append(checkpoints)
+        run_io.monitor.begin(start_step)
         if callbacks.evaluate_on_resume(start_step):
             run_io.monitor.evaluate(start_step)  # so the counts go on as in the run that saved them
         batches = checkpoints.position(run_io.batches)

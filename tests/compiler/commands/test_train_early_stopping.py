@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import random
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -247,6 +248,24 @@ def test_a_resumed_run_stops_where_the_uninterrupted_one_did(
     assert resumed["best"] == {**best, "checkpoint": str(tmp_path / "ck" / "best" / f"step_{best['step']:08d}")}
     stop = resumed["stopped_early"]["step"]
     assert [r["step"] for r in _records(tmp_path, "eval")] == [25, 50, 75, 75, *range(100, stop + 1, EVERY)]
+
+
+def test_resuming_a_run_that_stopped_early_trains_no_further_step(
+    ratings: tuple[Path, Path, Path], one_rank: tuple[Path, dict], tmp_path: Path
+) -> None:
+    out, run = one_rank
+    shutil.copytree(out / "ck", tmp_path / "ck", ignore=shutil.ignore_patterns(".lock"))
+    stopped = run["result"]["stopped_early"]
+    # The same run again: its saved tracker already says stop, so it stops where it had (it trained one
+    # step more and saved it, before).
+    done = _train(ratings, tmp_path, "--resume")
+    resumed = json.loads(done.stdout.splitlines()[-1])
+    assert resumed["steps"] == 0
+    assert resumed["stopped_early"] == stopped
+    assert f"stopped early at step {stopped['step']}/{STEPS}: {stopped['reason']}" in done.stdout.splitlines()
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir() if p.name.startswith("step_")) == [
+        f"step_{stopped['step']:08d}"
+    ]
 
 
 def test_the_specs_training_early_stopping_stops_alike_and_the_flags_override_it(

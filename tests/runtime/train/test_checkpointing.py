@@ -134,6 +134,22 @@ def test_the_worker_saves_resumes_and_refuses_another_spec(modules, tmp_path: Pa
     assert "at step 6 (--resume)" in capsys.readouterr().out
 
 
+def test_resuming_a_finished_run_appends_to_its_log(modules, tmp_path: Path, capsys) -> None:
+    """Nothing is left to train, so no step opens the log: it is opened at the run's start all the
+    same, and appended to (it was started afresh, the finished run's records lost)."""
+    ckpt, logs = tmp_path / "ck", tmp_path / "logs"
+    assert run_worker(modules[1], checkpoint_dir=ckpt, log_dir=logs) == 0
+    assert run_worker(modules[1], checkpoint_dir=ckpt, resume=True, log_dir=logs) == 0
+    assert "note: step 4 is this run's last: nothing is left to train" in capsys.readouterr().out
+    records = [json.loads(line) for line in (logs / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["kind"], r.get("step"), r.get("steps")) for r in records] == [
+        *[("train", step, None) for step in range(1, 5)],
+        ("final", None, 4),
+        ("resume", 4, None),
+        ("final", None, 0),
+    ]
+
+
 def test_a_spec_change_that_skips_many_entries_warns_in_one_short_line(modules, tmp_path: Path, capsys) -> None:
     ckpt = tmp_path / "ck"
     assert run_worker(modules[1], checkpoint_dir=ckpt) == 0
