@@ -300,10 +300,11 @@ def _bf16_products(rows: int, candidates: int, dim: int) -> bool:
                 generator = torch.Generator().manual_seed(0)
                 operands.extend(torch.randn(n, dim, generator=generator) for n in (rows, candidates))
             query, items = operands
-            products = _Products(query, items, bf16)
-            p = products.narrow(products.logits(0, rows))
-            products.times_candidates(p)
-            products.add_transposed(torch.zeros(dim, candidates), query, p)
+            with torch.autocast("cpu", enabled=False):  # as the loss runs them: the caller's bf16 autocast is on
+                products = _Products(query, items, bf16)
+                p = products.narrow(products.logits(0, rows))
+                products.times_candidates(p)
+                products.add_transposed(torch.zeros(dim, candidates), query, p)
 
         return run
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -166,6 +168,28 @@ def test_bf16_products_stay_within_the_stated_tolerance_of_fp32(
     assert _relative(query.grad, q64.grad) <= BF16_TOLERANCE["gradient"]
     assert _relative(candidates.grad, c64.grad) <= BF16_TOLERANCE["gradient"]
     assert loss_error > 1e-7  # the bf16 products did run: fp32's error is far below this
+
+
+def test_bf16_products_are_measured_under_the_callers_bf16_autocast(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No recorded choice (a first run on a machine): the measurement of fp32 against bf16 runs inside
+    the caller's autocast, where the fp32 side once came out bf16 and failed ("self and mat2 must have
+    the same dtype"); the loss is fp32 whichever way was chosen."""
+    monkeypatch.setenv("RECCOMPILE_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(choice.ENV, raising=False)
+    gen = torch.Generator().manual_seed(13)
+    query = F.normalize(torch.randn(300, 16, generator=gen), dim=-1)  # at 64 autocast happened to keep fp32
+    candidates = F.normalize(torch.randn(300, 16, generator=gen), dim=-1)
+    own = torch.arange(300)
+    choice.forget_used()
+    with choice.run(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = blocked_softmax_loss(query, candidates, own, None, 0.05, "mean", bound=20.0)
+    (chosen,) = choice.used()["softmax_gemm"].values()  # measured here: not forced, not read from disk
+    assert chosen in ("fp32", "bf16")
+    tolerance = 0 if chosen == "fp32" else BF16_TOLERANCE["loss"]
+    want = _reference(query.double(), candidates.double(), own, None, 0.05, "mean")
+    assert got.dtype == torch.float32 and abs(got.item() - want.item()) <= tolerance * abs(want.item()) + 1e-5
 
 
 def test_bf16_products_only_under_a_bf16_autocast(monkeypatch: pytest.MonkeyPatch) -> None:
