@@ -75,7 +75,8 @@ class DenseDataParallel(DistributedDataParallel):
 
 
 def distribute_dense(model: nn.Module, process_group: dist.ProcessGroup | None) -> nn.Module:
-    """`model` with its dense part in DDP over `process_group`; `model` itself on one rank."""
+    """`model` with its dense part in DDP over `process_group`; `model` itself on one rank, or
+    where it has no dense part."""
     if process_group is None or dist.get_world_size(process_group) == 1:
         return model
     ignored = [
@@ -84,6 +85,8 @@ def distribute_dense(model: nn.Module, process_group: dist.ProcessGroup | None) 
         if isinstance(module, SparseArch)
         for name, _ in [*module.named_parameters(), *module.named_buffers()]
     ]
+    if not any(p.requires_grad for name, p in model.named_parameters() if name not in ignored):
+        return model  # tables alone (matrix factorisation): nothing for DDP to reduce, and DDP refuses it
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, ignored)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     wrapped = DenseDataParallel(

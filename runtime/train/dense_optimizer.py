@@ -32,20 +32,22 @@ from runtime.cpu import choice
 
 
 def make_dense_optimizer(config: DenseOptimizerConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The torch optimizer of `config` over `params`."""
+    """The torch optimizer of `config` over `params`, which may be none: a model of tables alone
+    (matrix factorisation) trains them in their own optimizers, and steps an empty group here."""
     params = list(params)
+    groups = [{"params": params}]  # torch refuses an empty list of parameters, not an empty group
     # The fused kernels update all parameters in one pass: on CPU, Adagrad's
     # default per-tensor loop costs ~100x more than its fused form.
     on_cpu = all(p.device.type == "cpu" for p in params)
     if config.type == "sgd":
-        return torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay, fused=True)
+        return torch.optim.SGD(groups, lr=config.lr, weight_decay=config.weight_decay, fused=True)
     if config.type == "adagrad":
         fast = {"fused": True} if on_cpu else {"foreach": True}  # fused Adagrad is CPU-only
-        return torch.optim.Adagrad(params, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay, **fast)
+        return torch.optim.Adagrad(groups, lr=config.lr, eps=config.eps, weight_decay=config.weight_decay, **fast)
     # adamw: decoupled weight decay (Loshchilov and Hutter), as generative-recommenders trains.
     adam = torch.optim.AdamW if config.type == "adamw" else torch.optim.Adam
     return adam(
-        params,
+        groups,
         lr=config.lr,
         betas=(config.beta1, config.beta2),
         eps=config.eps,

@@ -156,3 +156,37 @@ def test_a_recovered_job_names_the_rank_a_signal_killed_not_the_one_that_lost_it
         "note: torchrun restarted the ranks after local rank 1 was killed by signal 9 (SIGKILL); "
         "the restarted ranks finished"
     )
+
+
+MATRIX_FACTORISATION = """\
+version: 1
+name: mf
+features:
+  sparse:
+    - {name: user, num_embeddings: 50, dim: 8}
+    - {name: item, num_embeddings: 40, dim: 8}
+model:
+  score: {type: dot_product, input: [sparse.user, sparse.item]}
+heads:
+  - {name: click, input: score, loss: bce}
+training:
+  batch_size: 32
+  dense_optimizer: {type: adamw, lr: 0.01}
+  sparse_optimizer: {type: rowwise_adagrad, lr: 0.1}
+"""
+
+
+def test_a_model_of_tables_alone_trains_on_one_and_two_ranks_alike(tmp_path: Path) -> None:
+    """Matrix factorisation has no dense parameter: its dense optimizer steps an empty group (torch
+    refuses an empty list) and two ranks need no DDP (which refuses a model without one)."""
+    spec = tmp_path / "mf.yaml"
+    spec.write_text(MATRIX_FACTORISATION)
+    runs = {}
+    for nproc in ("1", "2"):
+        args = ("train", str(spec), "--nproc", nproc, "--steps", "6", "--log-every", "1", "-o", str(tmp_path / nproc))
+        done = _reccompile(*args)
+        assert done.returncode == 0, done.stderr
+        runs[nproc] = _step_losses(done.stdout)
+    assert len(runs["1"]) == 6 and runs["1"][-1] < runs["1"][0]  # the tables learn
+    for one, two in zip(runs["1"], runs["2"], strict=True):
+        assert abs(one - two) <= 1e-5 * abs(one), (runs["1"], runs["2"])
