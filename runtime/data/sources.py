@@ -102,9 +102,12 @@ def open_reader(
     vocabulary: Vocabulary | None = None,
     training: Reader | None = None,
     held_out: bool = False,
+    requests: bool = False,
 ) -> Reader:
     """The reader of `choice` for `inputs`; MovieLens uses `vocabulary`, else the one saved at
     `vocab_path` while current, else one built now (and saved there when `save_vocab`).
+    `requests`: rows to score (predict, retrieve): a csv or parquet file's label columns may be
+    absent and are never read.
 
     `training`: the training data's reader when `choice` is evaluation data or requests; a
     MovieLens file then takes its rows' histories from the training file too. `held_out`: the
@@ -113,7 +116,9 @@ def open_reader(
         raise DataError(f"the {choice.reader} reader reads no files")
     if choice.reader == "prepared":
         raise DataError(f"{choice}: prepared data is read by rank (runtime.data.prepared), not line by line")
-    reader = _open(read_inputs(inputs), choice, threshold, vocab_path, save_vocab, vocabulary, training, held_out)
+    reader = _open(
+        read_inputs(inputs), choice, threshold, vocab_path, save_vocab, vocabulary, training, held_out, requests
+    )
     if next(iter(reader.epoch_lines()), None) is None:
         raise DataError(f"{choice.path}: no data lines")
     return FeatureReader(reader, inputs) if derives(inputs) else reader
@@ -128,6 +133,7 @@ def _open(
     vocabulary: Vocabulary | None,
     training: Reader | None,
     held_out: bool = False,
+    requests: bool = False,
 ) -> Reader:
     """The reader of `choice` parsing the columns of `inputs`."""
     assert choice.path is not None
@@ -135,11 +141,11 @@ def _open(
     if choice.reader == "criteo":
         reader = CriteoReader(inputs, choice.path)
     elif choice.reader == "csv":
-        reader = CsvReader(inputs, choice.path)
+        reader = CsvReader(inputs, choice.path, requests)
     elif choice.reader == "parquet":
         from runtime.data.tables.parquet_files import ParquetReader  # pyarrow, an optional extra
 
-        reader = ParquetReader(inputs, choice.path)
+        reader = ParquetReader(inputs, choice.path, requests)
     elif choice.reader == "movielens":
         training = training.inner if isinstance(training, FeatureReader) else training
         earlier = training.file if isinstance(training, MovieLensReader) else None

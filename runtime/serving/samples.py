@@ -112,7 +112,7 @@ def requests_reader(
             )
         training = open_reader(inputs, choice, threshold=threshold, vocabulary=vocabulary)
     reader = open_reader(
-        inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary, training=training
+        inputs, choose_data(data, inputs), threshold=threshold, vocabulary=vocabulary, training=training, requests=True
     )
     if training is not None and getattr(getattr(reader, "inner", reader), "histories", None) is None:
         raise DataError(f"--history {history}: the requests of {data} have no history feature to cut from it")

@@ -28,8 +28,10 @@ class CsvReader:
 
     name = "csv"
 
-    def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
+    def __init__(self, inputs: ModelInputs, path: str | Path, requests: bool = False) -> None:
+        """`requests`: rows to score, whose label columns may be absent and are never read."""
         self.layout: TableLayout = table_layout(inputs, "csv")
+        self.fill = self.layout.label_fill() if requests else {}
         self.files = data_files(path)
         self.source = str(path)
         self.weighted = is_weighted(inputs)
@@ -42,7 +44,7 @@ class CsvReader:
             self.header = self._fields(header)
         except RowError as error:
             raise DataError(f"{self.files[0]}:1: the header is {error.reason}") from None
-        missing = [c for c in self.layout.columns if c not in self.header]
+        missing = [c for c in self.layout.columns if c not in self.header and c not in self.fill]
         if missing:
             raise DataError(f"{self.files[0]}:1: the header has no column {missing[0]!r} (data.columns maps it)")
         for file in self.files[1:]:
@@ -87,7 +89,10 @@ class CsvReader:
         fields = self._fields(line)
         if len(fields) != len(self.header):
             raise RowError(None, line, f"{len(fields)} fields, the header has {len(self.header)}")
-        return dict(zip(self.header, fields))
+        row = dict(zip(self.header, fields))
+        if self.fill:
+            row.update(self.fill)
+        return row
 
     def parse(self, line: bytes) -> TableRow:
         return parse_row(self.layout, self.fields(line))

@@ -98,10 +98,17 @@ class TableLayout:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the layout reads, each once."""
+        return tuple(dict.fromkeys([*self._feature_columns(), *(column for _, column in self.labels)]))
+
+    def _feature_columns(self) -> list[str]:
         names = [c for _, cols in self.dense for c in cols] + [c for s in self.sparse for c in s.reads]
-        names += [c for numeric in self.numeric if isinstance(numeric, Aggregate) for c in numeric.reads]
-        names += [column for _, column in self.labels]
-        return tuple(dict.fromkeys(names))
+        return names + [c for numeric in self.numeric if isinstance(numeric, Aggregate) for c in numeric.reads]
+
+    def label_fill(self) -> dict[str, str]:
+        """The columns that feed only labels, each with a label every loss takes: what a requests
+        file (no labels, or labels nobody reads) gives in their place, as serving's rows do."""
+        read = set(self._feature_columns())
+        return {column: "0" for _, column in self.labels if column not in read}
 
     def learned_configs(self) -> dict[str, Any]:
         """Feature name -> config of every transform with a learned state."""

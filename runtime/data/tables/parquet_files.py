@@ -29,8 +29,11 @@ class ParquetReader:
 
     name = "parquet"
 
-    def __init__(self, inputs: ModelInputs, path: str | Path) -> None:
+    def __init__(self, inputs: ModelInputs, path: str | Path, requests: bool = False) -> None:
+        """`requests`: rows to score, whose label columns may be absent and are never read."""
         self.layout: TableLayout = table_layout(inputs, "parquet")
+        self.fill = self.layout.label_fill() if requests else {}
+        self.read = [c for c in self.layout.columns if c not in self.fill]
         self.files = data_files(path)
         self.source = str(path)
         self.weighted = is_weighted(inputs)
@@ -40,7 +43,7 @@ class ParquetReader:
                 names = pq.ParquetFile(file).schema_arrow.names
             except (OSError, pa.ArrowException) as error:
                 raise DataError(f"{file}: not a readable Parquet file ({error})") from None
-            missing = [c for c in self.layout.columns if c not in names]
+            missing = [c for c in self.read if c not in names]
             if missing:
                 raise DataError(f"{file}: no column {missing[0]!r} (data.columns maps it)")
 
@@ -48,10 +51,10 @@ class ParquetReader:
         """(file, row number from 1, the row's mapped columns) of every row of every file."""
         for file in self.files:
             number = 0
-            for batch in pq.ParquetFile(file).iter_batches(batch_size=_READ_ROWS, columns=list(self.layout.columns)):
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=_READ_ROWS, columns=self.read):
                 for row in batch.to_pylist():
                     number += 1
-                    yield str(file), number, row
+                    yield str(file), number, row | self.fill
 
     @property
     def unseen_features(self) -> tuple[str, ...]:

@@ -236,6 +236,47 @@ def test_predict_and_prepared_data_reproduce_the_evaluation(run: dict) -> None:
     assert result["loss_last"] == run["result"]["loss_last"]
 
 
+def test_rows_to_score_need_no_label_and_any_label_is_ignored(run: dict) -> None:
+    """Requests have no label: `predict` on the test rows without their label column, or with labels
+    no head takes (7, "x"), scores exactly as on the labelled file; a Parquet file of requests
+    without the column reads the same features, its labels 0."""
+    root = run["root"]
+    with open(root / "pred.csv") as stream:
+        labelled = [row["like"] for row in csv.DictReader(stream)]
+    header = HEADER.split(",")
+    unlabelled = [row[:9] for row in run["test"]]
+    odd = [[*row[:9], "x" if i == 0 else "7"] for i, row in enumerate(run["test"])]
+    for case, names, rows in (("none", header[:9], unlabelled), ("odd", header, odd)):
+        path = root / f"requests_{case}.csv"
+        path.write_text("\n".join([",".join(names), *(",".join(row) for row in rows)]) + "\n")
+        _run("predict", str(root / "out"), "--data", f"csv:{path}", "-o", str(root / f"pred_{case}.csv"))
+        with open(root / f"pred_{case}.csv") as stream:
+            assert [row["like"] for row in csv.DictReader(stream)] == labelled, case
+    pq.write_table(
+        pa.Table.from_pylist([dict(zip(header[:9], row, strict=True)) for row in unlabelled]), root / "requests.parquet"
+    )
+    learned = with_learned(run["inputs"], root / "out" / "features.json")
+    readers = {
+        "csv": open_reader(learned, DataChoice("csv", str(root / "test.csv"))),
+        "parquet": open_reader(
+            _reader_section(learned, "parquet"), DataChoice("parquet", str(root / "requests.parquet")), requests=True
+        ),
+    }
+    (csv_batch, parquet_batch) = (
+        next(
+            epoch_batches(reader, global_batch=1000, rank=0, world_size=1, bad_rows=BadRowLog("fail"), num_workers=0)
+        ).batch
+        for reader in readers.values()
+    )
+    for key in csv_batch.sparse.keys():  # noqa: SIM118 (a KeyedJaggedTensor, no mapping)
+        assert torch.equal(parquet_batch.sparse[key].values(), csv_batch.sparse[key].values()), key
+    for name in csv_batch.dense:
+        assert torch.equal(parquet_batch.dense[name], csv_batch.dense[name]), name
+    assert [label.abs().sum().item() for label in parquet_batch.labels.values()] == [0.0]
+    with pytest.raises(DataError, match=r"requests\.parquet: no column 'label' \(data\.columns maps it\)$"):
+        open_reader(_reader_section(learned, "parquet"), DataChoice("parquet", str(root / "requests.parquet")))
+
+
 def test_a_resumed_run_keeps_the_checkpoint_state_whatever_it_reads(run: dict) -> None:
     root = run["root"]
     shutil.copytree(root / "ckpt", root / "ckpt_resumed")
