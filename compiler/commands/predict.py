@@ -101,10 +101,11 @@ def run(args: argparse.Namespace) -> int:
     if report.bad_rows_summary is not None:
         print(report.bad_rows_summary, file=sys.stderr)
     print(
-        f"wrote {report.rows:,} predictions to {args.output} in {report.seconds:.2f} s: "
+        f"wrote {report.rows:,} prediction{'' if report.rows == 1 else 's'} to {args.output} "
+        f"in {report.seconds:.2f} s: "
         f"{report.rows_per_s:,.0f} rows/s ({report.model_rows_per_s:,.0f} rows/s in the model) "
         f"on {threads.describe()}; "
-        f"{report.bad_rows:,} bad rows skipped"
+        f"{report.bad_rows:,} bad row{'' if report.bad_rows == 1 else 's'} skipped"
         + ("" if report.unseen_ids is None else f"; {report.unseen_ids.describe()}")
     )
     return 0

@@ -131,6 +131,18 @@ def test_predict_writes_file_and_line_of_every_good_row_and_skips_bad_ones(expor
     assert all(0.0 < float(row[2]) < 1.0 for row in rows[1:])
 
 
+def test_one_row_is_one_prediction_and_one_bad_row(exported, capsys) -> None:
+    root, data, _ = exported
+    lines = data.read_text().splitlines(keepends=True)
+    two = root / "two_lines.txt"
+    two.write_text(lines[0] + lines[6])  # the first row, and line 7, a bad one
+    output = root / "one.csv"
+    capsys.readouterr()
+    assert main(["predict", str(root / "out"), "--data", f"criteo:{two}", "--bad-rows", "skip", "-o", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"wrote 1 prediction to {output} in ") and out.endswith("; 1 bad row skipped\n")
+
+
 def test_the_first_bad_row_stops_prediction_by_default(exported, capsys) -> None:
     root, data, lines = exported
     capsys.readouterr()
