@@ -8,7 +8,7 @@ earlier one is a new best: the worker saves it to `DIR/best`
 gain, `should_stop()` turns true and the loop ends after that step.
 
 Direction follows the name: lower is better for the losses and errors in
-LOWER_IS_BETTER (ne, mse, rmse, ...), higher for everything else (auc,
+LOWER_IS_BETTER (ne, log_loss, mse, rmse), higher for everything else (auc,
 accuracy, recall@k, ndcg@k, mrr, hit_rate@k). A gain is strict: a pass
 equal to the best (as rounded in the log) is no gain.
 
@@ -34,7 +34,7 @@ from runtime.config.heads import HeadConfig
 from runtime.reporting.metrics import DEFAULT_METRICS
 from runtime.train.options import UsageError
 
-LOWER_IS_BETTER = frozenset({"ne", "mse", "rmse", "mae", "loss", "logloss", "log_loss"})
+LOWER_IS_BETTER = frozenset({"ne", "log_loss", "mse", "rmse"})  # the lower-is-better names of the schema's metrics
 
 Metrics = Mapping[str, Mapping[str, float | None]]
 

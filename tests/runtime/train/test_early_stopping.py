@@ -72,7 +72,6 @@ def test_an_unknown_or_ambiguous_metric_is_a_usage_error(name: str, message: str
         ("ne", False),
         ("mse", False),
         ("rmse", False),
-        ("loss", False),
         ("log_loss", False),
     ],
 )
