@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import torch
 
@@ -98,16 +98,19 @@ class TableLayout:
     @property
     def columns(self) -> tuple[str, ...]:
         """Every column the layout reads, each once."""
-        return tuple(dict.fromkeys([*self._feature_columns(), *(column for _, column in self.labels)]))
+        return tuple(dict.fromkeys([*self.feature_columns(), *(column for _, column in self.labels)]))
 
-    def _feature_columns(self) -> list[str]:
-        names = [c for _, cols in self.dense for c in cols] + [c for s in self.sparse for c in s.reads]
+    def feature_columns(self, unused: Collection[str] = ()) -> list[str]:
+        """The columns the features read, but for the sparse features `unused` (no inputs of a server)."""
+        names = [c for _, cols in self.dense for c in cols]
+        names += [c for s in self.sparse if s.key not in unused for c in s.reads]
         return names + [c for numeric in self.numeric if isinstance(numeric, Aggregate) for c in numeric.reads]
 
-    def label_fill(self) -> dict[str, str]:
-        """The columns that feed only labels, each with a label every loss takes: what a requests
-        file (no labels, or labels nobody reads) gives in their place, as serving's rows do."""
-        read = set(self._feature_columns())
+    def label_fill(self, unused: Collection[str] = ()) -> dict[str, str]:
+        """The columns no feature (but those `unused`) reads that feed labels, each with a label every
+        loss takes: what rows to score (a requests file, a served request) hold in their place,
+        whether they have them or not: a prediction reads no label."""
+        read = set(self.feature_columns(unused))
         return {column: "0" for _, column in self.labels if column not in read}
 
     def learned_configs(self) -> dict[str, Any]:

@@ -149,11 +149,10 @@ class _TableRows(_Rows):
         self.layout = table_layout(own, reader)
         self.feature_columns = {key.key: key.column for key in self.layout.sparse}
         dense = {column for _, columns in self.layout.dense for column in columns}
-        used = dense | {key.column for key in self.layout.sparse if key.key not in unused}
+        used = set(self.layout.feature_columns(unused))
         # Every column the layout reads is an input but those only labels or unused features read.
-        labels = {column for _, column in self.layout.labels} - used
         idle = {key.column for key in self.layout.sparse if key.key in unused} - used
-        self.fill = {column: 0 for column in labels} | {column: "" for column in idle}
+        self.fill = self.layout.label_fill(unused) | {column: "" for column in idle}
         self.inputs = tuple(
             RawInput(column, "FP32", NUMBERS) if column in dense else RawInput(column, "BYTES", IDS)
             for column in self.layout.columns
