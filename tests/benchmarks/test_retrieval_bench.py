@@ -33,7 +33,7 @@ def test_training_reports_the_workload_fields_and_starts_at_log_1024(tmp_path: P
     assert line["samples_per_s"] > 0 and abs(line["loss_first"] - math.log(1024)) < 0.01
     assert {"cpu", "cpu_flags", "kernels", "peak_rss_mb", "other_cpu_pct"} <= line.keys()
     assert line["cpu_ms_per_step"] > 0
-    p10, p90 = line["step_ms_p10_p90"]  # what ab_retrieval.sh prints: the 10th and 90th of the 3 steps
+    p10, p90 = line["step_ms_p10_p90"]  # what ab.sh prints: the 10th and 90th of the 3 steps
     assert line["step_ms_min"] <= p10 <= line["step_ms_median"] <= p90
     assert line["sgemm_gflops"] > 0 and line["threads_per_proc"] == 1
 
