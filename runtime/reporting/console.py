@@ -31,7 +31,7 @@ class Console:
         self._steps_seen = 0  # steps run here: a resumed run starts past step 1
         self._bar: tqdm | None = None
 
-    def advance(self, step: int, samples_per_s: float) -> None:
+    def advance(self, step: int, samples_per_s: float | None) -> None:
         """Step `step` finished: move the bar (terminal only)."""
         self._steps_seen += 1
         if not self.live:
@@ -40,14 +40,14 @@ class Console:
             self._bar = tqdm(
                 total=self.total, initial=step - 1, file=self.stream, unit="step", dynamic_ncols=True, leave=True
             )
-        self._bar.set_postfix_str(f"{samples_per_s:,.0f} samples/s", refresh=False)
+        self._bar.set_postfix_str(f"{_rate(samples_per_s)} samples/s", refresh=False)
         self._bar.update(step - self._bar.n)
 
     def log(
         self,
         step: int,
         loss: float,
-        samples_per_s: float,
+        samples_per_s: float | None,
         metrics: Metrics,
         lr: float | None = None,
         window: tuple[int, int] | None = None,
@@ -58,7 +58,7 @@ class Console:
         rate = "" if lr is None else f"  lr {lr:.4g}"
         steps = "" if window is None or not metrics else f"  (metrics of steps {window[0]}-{window[1]})"
         self.message(
-            f"step {step:>5}/{self.total}  loss {loss:.6f}{rate}  samples/s {samples_per_s:,.0f}  "
+            f"step {step:>5}/{self.total}  loss {loss:.6f}{rate}  samples/s {_rate(samples_per_s)}  "
             f"ETA {self._eta(step)}{format_metrics(metrics)}{steps}"
         )
 
@@ -80,6 +80,11 @@ class Console:
         elapsed = time.perf_counter() - self._started
         seconds = round(elapsed / max(self._steps_seen, 1) * (self.total - step))
         return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _rate(samples_per_s: float | None) -> str:
+    """A rate for a line: '-' before any step past the warm-up one was timed."""
+    return "-" if samples_per_s is None else f"{samples_per_s:,.0f}"
 
 
 def format_metrics(metrics: Metrics) -> str:

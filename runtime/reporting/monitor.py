@@ -39,7 +39,7 @@ class StepLog:
 
     step: int  # 1-based
     loss: float  # the global mean loss of this step
-    samples_per_s: float
+    samples_per_s: float | None  # None while no step past the first was timed
     lr: float | None = None  # the dense optimizer's learning rate in this step, when scheduled
     lr_scale: float | None = None  # the schedule's factor of every optimizer's rate
 
@@ -106,7 +106,7 @@ class TrainingMonitor:
         if self.console is not None:
             first, since = self._first_step
             elapsed = now - since
-            rate = self.global_batch_size * (step - first) / elapsed if elapsed > 0 else 0.0
+            rate = self.global_batch_size * (step - first) / elapsed if step > first and elapsed > 0 else None
             self.console.advance(step, rate)
         if self.evaluation is not None and self.eval_every and step % self.eval_every == 0 and step < self.steps:
             if step % self.log_every == 0:

@@ -2,6 +2,7 @@
 
     DIR/metrics.jsonl     one object per line, written as the run goes:
                           {"kind": "train", "step", "loss", "samples_per_s", "metrics": {head: {metric: value}}}
+                          ("samples_per_s": null at step 1: the warm-up step is not timed)
                           (+ "lr", "lr_scale": the dense optimizer's learning rate in that step and
                           the schedule's factor of every optimizer's rate, when the run has a schedule;
                           + "metrics_steps": [first, last], when the metrics cover fewer steps than
@@ -61,7 +62,7 @@ class RunLog:
         self,
         step: int,
         loss: float,
-        samples_per_s: float,
+        samples_per_s: float | None,
         metrics: Metrics,
         lr: float | None = None,
         lr_scale: float | None = None,
@@ -77,14 +78,15 @@ class RunLog:
                 "step": step,
                 "loss": loss,
                 **rates,
-                "samples_per_s": round(samples_per_s, 1),
+                "samples_per_s": None if samples_per_s is None else round(samples_per_s, 1),
                 "metrics": metrics,
                 **steps,
             }
         )
         if self._writer is not None:
             self._writer.add_scalar("train/loss", loss, step)
-            self._writer.add_scalar("train/samples_per_s", samples_per_s, step)
+            if samples_per_s is not None:
+                self._writer.add_scalar("train/samples_per_s", samples_per_s, step)
             for key, value in rates.items():
                 self._writer.add_scalar(f"train/{key}", value, step)
             _add_metrics(self._writer, "train", step, metrics)

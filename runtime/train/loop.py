@@ -30,13 +30,13 @@ from runtime.train.train_pipeline import TrainPipeline
 @dataclass(frozen=True)
 class TrainSummary:
     steps: int
-    samples_per_s: float  # training steps only: evaluation and checkpoint saves left out
+    samples_per_s: float | None  # training steps only (the first, warm-up, left out): None after one step
     losses: tuple[float, ...]  # global mean loss per step
 
     def as_json(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
-            "samples_per_s": round(self.samples_per_s, 1),
+            "samples_per_s": None if self.samples_per_s is None else round(self.samples_per_s, 1),
             "loss_first": self.losses[0] if self.losses else None,
             "loss_last": self.losses[-1] if self.losses else None,
         }
@@ -187,8 +187,9 @@ def _rates(lr_scheduler: LrScheduler | None) -> tuple[float | None, float | None
     return lr_scheduler.lr, lr_scheduler.scale
 
 
-def _rate(batch_size: int, steps: int, seconds: float) -> float:
-    return batch_size * steps / seconds if steps > 0 and seconds > 0 else 0.0
+def _rate(batch_size: int, steps: int, seconds: float) -> float | None:
+    """Samples per second over `steps` timed steps; None when none was timed (a run of one step)."""
+    return batch_size * steps / seconds if steps > 0 and seconds > 0 else None
 
 
 def _global_mean(local: torch.Tensor, process_group: dist.ProcessGroup | None) -> Any:

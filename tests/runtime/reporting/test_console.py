@@ -55,3 +55,11 @@ def test_the_result_is_one_json_line() -> None:
     result({"steps": 2, "loss_last": 0.5}, out)
     assert out.getvalue() == '{"steps": 2, "loss_last": 0.5}\n'
     assert json.loads(out.getvalue()) == {"steps": 2, "loss_last": 0.5}
+
+
+def test_a_rate_not_yet_measured_shows_a_dash_not_zero() -> None:
+    out = io.StringIO()
+    console = Console(1, out)
+    console.advance(1, None)
+    console.log(1, 0.5, None, {})
+    assert out.getvalue().startswith("step     1/1  loss 0.500000  samples/s -  ETA 0:00:0")

@@ -51,3 +51,13 @@ def test_samples_per_s_leaves_out_evaluation_and_checkpoint_time(module) -> None
     assert training_seconds < wall - (STEPS - 1) * 2 * SLEEP
     assert other.seconds["eval"] >= STEPS * SLEEP and other.seconds["checkpoint"] >= STEPS * SLEEP
     assert set(other.as_json()) == {"eval_seconds", "checkpoint_seconds"}
+
+
+def test_a_run_of_one_step_reports_no_rate_rather_than_zero(module) -> None:
+    """The first step warms up and is not timed: one step leaves nothing to measure."""
+    model, optimizer = cc.fresh(module)
+    batches = (module.synthetic_batch(cc.BATCH, step=step) for step in itertools.count())
+    context = RunContext(TrainOptions(module=module.__file__, steps=1, batch_size=cc.BATCH), module.INPUTS)
+    summary = train(context, model, batches, optimizer)
+    assert summary.steps == 1 and summary.samples_per_s is None
+    assert summary.as_json()["samples_per_s"] is None
