@@ -8,6 +8,8 @@ A transform is a pure, versioned pair, registered by the spec's kind
     fit(config, raw column) -> partial      one pass over the training rows, in chunks;
     merge(config, partials) -> partial      partials of files / processes add up (counts, sums)
     finish(config, partial) -> state        plain JSON data, stored in features.json
+    without_values(config, partial)         (vocabulary, quantiles, numeric) what was learned from no
+        -> str | None                       value at all: learning warns of it (a constant input)
     apply(config, state, raw column) -> ids or floats
 
 Kinds (the spec's keys): sparse `vocabulary` (min_count, max_size, one OOV row

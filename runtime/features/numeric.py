@@ -79,6 +79,16 @@ class NumericTransform:
                 state[key].append(value)
         return state
 
+    def without_values(self, config: Numeric, partial: dict[str, list[float]]) -> str | None:
+        """Which columns no training row had a value in (each learned a constant), or None."""
+        empty = [j for j, present in enumerate(partial["present"]) if not present]
+        if not empty:
+            return None
+        which = (
+            "its column" if len(partial["present"]) == 1 else "column " + ", ".join(str(j) for j in empty) + " of it"
+        )
+        return f"{which} has no value in any training row: it is the same constant in every row"
+
     def dump(self, state: dict[str, list[float]]) -> dict[str, Any]:
         return state
 

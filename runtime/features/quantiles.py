@@ -47,6 +47,10 @@ class QuantilesTransform:
         as_float32 = torch.tensor(cuts, dtype=torch.float32).tolist()
         return {"boundaries": sorted(set(as_float32)), "values": n}
 
+    def without_values(self, config: Quantiles, partial: list[float]) -> str | None:
+        """Whether no training row had a value (one bucket learned for all), or None."""
+        return None if partial else "no training row has a value: every row falls in one bucket"
+
     def dump(self, state: dict[str, Any]) -> dict[str, Any]:
         return state
 

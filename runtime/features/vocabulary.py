@@ -77,6 +77,10 @@ class VocabularyTransform:
         limits = [n for n in (config.max_size, None if rows is None else rows - config.oov_buckets) if n is not None]
         return VocabularyState(kept[: min(limits)] if limits else kept, len(partial), config.oov_buckets)
 
+    def without_values(self, config: Vocabulary, partial: Counter[str]) -> str | None:
+        """Whether no training row had a value (an empty vocabulary: every id out of it), or None."""
+        return None if partial else "no training row has a value: the vocabulary is empty, every value is out of it"
+
     def dump(self, state: VocabularyState) -> dict[str, Any]:
         return state.to_json()
 

@@ -82,6 +82,9 @@ def learn_features(reader: Any, progress: bool = True, collisions: CollisionCoun
     for name, config in configs.items():
         kind = transform(config.kind)
         partial = kind.merge(config, [p for _, p in partials.get(name, [])])
+        empty = kind.without_values(config, partial) if hasattr(kind, "without_values") else None
+        if empty is not None:
+            print(f"warning: feature {name} ({config.kind}): {empty}", file=sys.stderr)
         learned[name] = Learned(config.kind, config, kind.finish(config, partial, rows.get(name)))
     return LearnedFeatures(learned, "the features learned from the training data")
 

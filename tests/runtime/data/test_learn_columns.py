@@ -147,3 +147,27 @@ def test_arrow_counts_are_the_counters() -> None:
     values = [random.Random(5).choice(["a", "b", "", "é", "a|b"]) for _ in range(1000)]
     vocabulary = transform("vocabulary")
     assert vocabulary.fit(Vocabulary(), pa.array(values)) == vocabulary.fit(Vocabulary(), values)
+
+
+def test_a_column_with_no_value_in_any_training_row_is_warned_of(tmp_path, capsys) -> None:
+    """age (numeric, and the quantiles of age_bucket), pair's second column and tags: empty in every row;
+    training would go on with a constant input, so learning says so, per feature, on stderr."""
+    (tmp_path / "spec.yaml").write_text(SPEC)
+    rng = random.Random(3)
+    rows = [
+        f"u{rng.randrange(9)},i{rng.randrange(9)},,,{rng.uniform(0, 9):.2f},,c1,1,{rng.randint(0, 1)}"
+        for _ in range(50)
+    ]
+    (tmp_path / "rows.csv").write_text("\n".join([HEADER, *rows]) + "\n")
+    inputs = model_inputs(validate(load(str(tmp_path / "spec.yaml"))))
+    learned = learn.learn_features(open_reader(inputs, DataChoice("csv", str(tmp_path / "rows.csv"))), progress=False)
+    assert capsys.readouterr().err.splitlines() == [
+        "warning: feature age (numeric): its column has no value in any training row: "
+        "it is the same constant in every row",
+        "warning: feature pair (numeric): column 1 of it has no value in any training row: "
+        "it is the same constant in every row",
+        "warning: feature tags (vocabulary): no training row has a value: "
+        "the vocabulary is empty, every value is out of it",
+        "warning: feature age_bucket (quantiles): no training row has a value: every row falls in one bucket",
+    ]
+    assert learned.get("age").state["mean"] == [0.0] and learned.get("tags").state.values == []
