@@ -31,6 +31,7 @@ from runtime.modules.layers.arguments import check_layers as _check_layers
 from runtime.modules.layers.arguments import check_probability
 from runtime.modules.layers.arguments import check_size as _check_size
 from runtime.modules.layers.arguments import owner as _owner
+from runtime.modules.layers.autocast import bf16_autocast
 from runtime.modules.layers.dropout import KeyedDropout
 from runtime.modules.layers.linear import Linear, linear
 from runtime.modules.layers.parametric_activations import PARAMETRIC_ACTIVATIONS, parametric_activation
@@ -332,7 +333,10 @@ class DotInteraction(nn.Module):
     float32 on the CPU runs runtime/cpu/native's C kernel where it is the
     faster for these shapes (runtime/cpu/choice.py, kernel 'dot'); other
     devices and dtypes, tracing, and the CPUs where torch wins run
-    `_PairwiseDot` on torch ops.
+    `_PairwiseDot` on torch ops. Under bf16 training (runtime.train.precision)
+    the choice is between autocast's bf16 products and the C kernel in fp32
+    on fp32 copies of the bf16 inputs (more exact, and on AMX 2.4x less time
+    than bf16's bmm, triangle gather and concatenation); a separate question.
     """
 
     def __init__(self, num_vectors: int, dim: int, where: str = "") -> None:
@@ -351,16 +355,21 @@ class DotInteraction(nn.Module):
         self.register_buffer("triu_index", rows * n + cols, persistent=False)
         self.register_buffer("sym_index", sym.view(-1), persistent=False)
         # The kernel choice's (shape, site) names by (input widths, batch, threads, grad).
-        self._questions: dict[tuple[tuple[int, ...], int, int, bool], tuple[str, str]] = {}
+        self._questions: dict[tuple[tuple[int, ...], int, int, bool, bool], tuple[str, str]] = {}
 
     def forward(self, *inputs: torch.Tensor | KeyedTensor) -> torch.Tensor:
+        bf16 = bf16_autocast()
+        if bf16:  # the dense tower's output comes in bf16; the embeddings are fp32
+            inputs = tuple(
+                x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.bfloat16 else x for x in inputs
+            )
         sources = [source for x in inputs for source in self._sources(x)]
         bases = [base for base, _ in sources]
         shapes = [shape for base, pieces in sources for shape in _shapes(base, pieces)]
         self._check_inputs(shapes)
         grad = torch.is_grad_enabled() and any(base.requires_grad for base in bases)
         batch = shapes[0][0]
-        if batch > 0 and native.applies(bases) and self._choose(inputs, batch, grad) == "native":
+        if batch > 0 and native.applies(bases) and self._choose(inputs, batch, grad, bf16) == "native":
             return self._native(bases, grad, [pieces.views if pieces else None for _, pieces in sources])
         return self._torch([x if isinstance(x, torch.Tensor) else x.values() for x in inputs])
 
@@ -389,13 +398,16 @@ class DotInteraction(nn.Module):
         x = xs[0] if len(xs) == 1 else torch.cat(xs, dim=1)
         return _PairwiseDot.apply(x, self.num_vectors, self.triu_index, self.sym_index)
 
-    def _choose(self, inputs: Sequence[torch.Tensor | KeyedTensor], batch: int, grad: bool) -> str:
-        """'native' or 'torch' for these shapes, timed on copies of the inputs (with backward if `grad`)."""
+    def _choose(self, inputs: Sequence[torch.Tensor | KeyedTensor], batch: int, grad: bool, bf16: bool) -> str:
+        """'native' or 'torch' for these shapes, timed on copies of the inputs (with backward if `grad`;
+        under `bf16` autocast, which the torch path's products take)."""
         threads = torch.get_num_threads()
-        question = (tuple(_width(x) for x in inputs), batch, threads, grad)
+        question = (tuple(_width(x) for x in inputs), batch, threads, grad, bf16)
         if question not in self._questions:  # built once: a forward asks at every call
             widths = "-".join(str(width // self.dim) for width in question[0])
-            site = f"n{self.num_vectors}_d{self.dim}_parts{widths}_{'fwdbwd' if grad else 'fwd'}"
+            site = (
+                f"n{self.num_vectors}_d{self.dim}_parts{widths}_{'fwdbwd' if grad else 'fwd'}{'_bf16' if bf16 else ''}"
+            )
             self._questions[question] = (f"b{choice.bucket(batch)}_{site}_t{threads}", site)
         shape, site = self._questions[question]
         return choice.choose("dot", shape, lambda: self._timed_runs(inputs, grad), site=site)

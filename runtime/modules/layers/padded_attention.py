@@ -20,12 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from runtime.cpu import choice
+from runtime.modules.layers.autocast import bf16_autocast
 
 __all__ = ["padded_attention"]
-
-
-def _bf16_autocast() -> bool:
-    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def _fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -61,6 +58,6 @@ def _choose(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Te
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """F.scaled_dot_product_attention(q, k, v, attn_mask=allowed); under a CPU bf16 autocast, in the
     precision measured faster here (module docstring)."""
-    if q.device.type == "cpu" and _bf16_autocast() and _choose(q, k, v, allowed) == "fp32":
+    if q.device.type == "cpu" and bf16_autocast() and _choose(q, k, v, allowed) == "fp32":
         return _fp32(q, k, v, allowed)
     return _autocast(q, k, v, allowed)

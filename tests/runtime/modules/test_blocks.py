@@ -239,6 +239,30 @@ def test_dot_interaction_reads_a_keyed_tensors_parts_where_they_lie(path: str, m
     torch.testing.assert_close(torch.cat(got, dim=1).double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("native_kernels")
+@pytest.mark.parametrize("path", ["native", "torch"])
+def test_dot_interaction_under_bf16_autocast(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 training: the dense tower's output comes in bf16. The C kernel takes an fp32 copy of it
+    and computes in fp32 (the formula on the bf16 values, to fp32 rounding); torch's path takes
+    autocast's bf16 products (the formula to bf16's). Either way the bf16 input's gradient is bf16."""
+    monkeypatch.setenv(choice.ENV, f"dot={path}")
+    bottom = _randn(6, 4, seed=2, dtype=torch.float32).bfloat16().requires_grad_()
+    part = _randn(6, 20, seed=3, dtype=torch.float32).requires_grad_()
+    with torch.autocast("cpu", torch.bfloat16):
+        out = DotInteraction(6, 4)(bottom, KeyedTensor(["a", "b", "c", "d", "e"], [4] * 5, (part,)))
+    x_ref = torch.cat([bottom.detach().double(), part.detach().double()], dim=1).requires_grad_()
+    ref = _dot_reference(x_ref, 6, 4)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if path == "native" else {"rtol": 2e-2, "atol": 2e-2}
+    assert out.dtype == torch.float32  # torch's path concatenates its bf16 products to fp32
+    torch.testing.assert_close(out.double(), ref, **tolerance)
+    grad = _randn(*out.shape, seed=5, dtype=torch.float32)
+    got_bottom, got_part = torch.autograd.grad(out, (bottom, part), grad)
+    (want,) = torch.autograd.grad(ref, x_ref, grad.double())
+    assert got_bottom.dtype == torch.bfloat16 and got_part.dtype == torch.float32
+    torch.testing.assert_close(got_bottom.double(), want[:, :4], rtol=2e-2, atol=2e-2)  # rounded to bf16
+    torch.testing.assert_close(got_part.double(), want[:, 4:], **tolerance)
+
+
 def test_dot_interaction_index_buffers_follow_the_module_but_stay_out_of_state_dict() -> None:
     block = DotInteraction(3, 2)
     assert dict(block.state_dict()) == {}
