@@ -14,6 +14,7 @@
 #   multihot    dlrm_bench.py --variant multihot          ../shared/bench/torchrec_bench.py --variant multihot
 #   retrieval   retrieval_bench.py                        benchmarks/torchrec_retrieval_anchor.py
 #   gen         gen_bench.py                              ../shared/bench/torchrec_gen_bench.py
+#   seq         seq_bench.py                              ../shared/bench/torchrec_seq_bench.py
 #
 # Both scripts pick their threads as they do alone (local: ours the free cores, TorchRec torch's
 # default; dist2: one each) unless told; each line says how many ours took (local: fewer than the
@@ -23,7 +24,7 @@
 # RECCOMPILE_BENCH_WORKLOADS the folder of the shared anchors (default ../shared/bench).
 # Run it on a quiet machine: on a shared one, read the pairs' ratios, not the absolute figures.
 set -euo pipefail
-WORKLOAD=${1:?"usage: ab.sh WORKLOAD [MODE] [ROUNDS] [options]: WORKLOAD is criteo, multihot, retrieval or gen"}
+WORKLOAD=${1:?"usage: ab.sh WORKLOAD [MODE] [ROUNDS] [options]: WORKLOAD is criteo, multihot, retrieval, gen or seq"}
 MODE=${2:-local}
 ROUNDS=${3:-5}
 shift $(( $# < 3 ? $# : 3 ))
@@ -37,7 +38,8 @@ case "$WORKLOAD" in
                      theirs_cmd=("$SHARED/torchrec_bench.py" --variant "$WORKLOAD") ;;
     retrieval) ours_cmd=(benchmarks/retrieval_bench.py) theirs_cmd=(benchmarks/torchrec_retrieval_anchor.py) ;;
     gen) ours_cmd=(benchmarks/gen_bench.py) theirs_cmd=("$SHARED/torchrec_gen_bench.py") ;;
-    *) echo "error: ab.sh: unknown WORKLOAD '$WORKLOAD' (criteo, multihot, retrieval or gen)" >&2; exit 2 ;;
+    seq) ours_cmd=(benchmarks/seq_bench.py) theirs_cmd=("$SHARED/torchrec_seq_bench.py") ;;
+    *) echo "error: ab.sh: unknown WORKLOAD '$WORKLOAD' (criteo, multihot, retrieval, gen or seq)" >&2; exit 2 ;;
 esac
 field() { sed -n "s/.*\"$1\": \([0-9.]*\).*/\1/p" | tail -1; }
 steps() { sed -n 's/.*"step_ms_median": \([0-9.]*\).*"step_ms_p10_p90": \[\([0-9.]*\), \([0-9.]*\)\].*/\1 (\2-\3)/p' | tail -1; }
