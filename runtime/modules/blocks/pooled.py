@@ -355,7 +355,7 @@ class DotInteraction(nn.Module):
         sym[rows, cols] = sym[cols, rows] = torch.arange(1, self.num_pairs + 1)
         self.register_buffer("triu_index", rows * n + cols, persistent=False)
         self.register_buffer("sym_index", sym.view(-1), persistent=False)
-        # The kernel choice's (shape, site) names by (input widths, batch, threads, grad).
+        # The kernel choice's (shape, site) names by (input widths, batch, threads, grad, bf16).
         self._questions: dict[tuple[tuple[int, ...], int, int, bool, bool], tuple[str, str]] = {}
 
     def forward(self, *inputs: torch.Tensor | KeyedTensor) -> torch.Tensor:
