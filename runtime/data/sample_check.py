@@ -105,7 +105,7 @@ def check_sample(inputs: ModelInputs, choice: DataChoice, rows: int = 1000) -> S
 
 def _learned(inputs: ModelInputs, choice: DataChoice, reader: Reader, report: SampleReport) -> ModelInputs:
     """`inputs` with the features learned from all of `choice`'s rows, as training on it would learn them."""
-    learned = learn_features(reader)
+    learned = learn_features(reader, warn=lambda line: report.warnings.append(f"{choice.path}: {line}"))
     report.notes.append(f"{choice.path}: features learned from all its rows, as training on it learns them:")
     report.notes += [f"  {line}" for line in learned.describe()]
     return dataclasses.replace(inputs, learned=learned)

@@ -20,6 +20,7 @@ read with the same state.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -91,7 +92,7 @@ def _learned_on_rank_0(inputs: ModelInputs, choice: DataChoice, rank: int, group
     """features.json's bytes, learned from the training files by rank 0 and sent to every rank."""
     data = b""
     if rank == 0:
-        learned = learn_features(open_reader(inputs, choice))
+        learned = learn_features(open_reader(inputs, choice), warn=lambda line: console.say(line, sys.stderr))
         console.say(f"learned {len(learned.features)} feature transforms from {choice} (runtime.features)")
         data = learned.to_bytes()
     if group is not None and dist.get_world_size(group) > 1:

@@ -236,7 +236,7 @@ def _prepare(
     vocab = root / VOCABULARY if choice.reader == "movielens" else None
     features, collisions = None, None
     if learned_configs(inputs):
-        inputs, features, collisions = _learned(inputs, choice, settings, root)
+        inputs, features, collisions = _learned(inputs, choice, settings, root, report)
     reader = _open_source(inputs, choice, settings, vocab)
     if report is not None:
         _report_features(inputs, reader, report, collisions)
@@ -316,7 +316,11 @@ def _report_features(
 
 
 def _learned(
-    inputs: ModelInputs, choice: DataChoice, settings: PrepareSettings, root: Path
+    inputs: ModelInputs,
+    choice: DataChoice,
+    settings: PrepareSettings,
+    root: Path,
+    report: Callable[[str], None] | None,
 ) -> tuple[ModelInputs, Path, CollisionCounter | None]:
     """`inputs` with their learned features and the file that holds them, DIR/features.json: kept from a
     stopped prepare of the same data, else learned now from the training files (`settings.training`, or
@@ -328,11 +332,11 @@ def _learned(
         names = ", ".join(repr(name) for name in learned_configs(inputs))
         raise DataError(f"features {names} are learned from csv or parquet columns; {choice} has columns of its own")
     if settings.training is not None:
-        learn_features(open_reader(inputs, DataChoice(choice.reader, settings.training))).write(path)
+        learn_features(open_reader(inputs, DataChoice(choice.reader, settings.training)), warn=report).write(path)
         return with_learned(inputs, path), path, None
     reader = open_reader(inputs, choice)
     counter = CollisionCounter(layout_of(reader), PREPARE_ROWS)  # type: ignore[arg-type]
-    learn_features(reader, collisions=counter).write(path)
+    learn_features(reader, collisions=counter, warn=report).write(path)
     return with_learned(inputs, path), path, counter
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,16 @@ def with_learned(inputs: ModelInputs, path: str | Path, sha256: str | None = Non
     return dataclasses.replace(inputs, learned=learned)
 
 
-def learn_features(reader: Any, progress: bool = True, collisions: CollisionCounter | None = None) -> LearnedFeatures:
+def learn_features(
+    reader: Any,
+    progress: bool = True,
+    collisions: CollisionCounter | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> LearnedFeatures:
     """The learned state of every transform of `reader`'s layout, from all its rows (one pass);
     `progress` shows a bar on a terminal (stderr); `collisions` counts the hashed features' values of the
-    rows read on the way (runtime.data.tables.collisions)."""
+    rows read on the way (runtime.data.tables.collisions); `warn` gets a 'warning: ...' line per feature
+    learned from no value at all (it would train as a constant)."""
     layout = layout_of(reader)
     if layout is None:
         raise DataError(f"the {reader.name} reader does not learn feature transforms; use csv: or parquet: data")
@@ -83,8 +90,8 @@ def learn_features(reader: Any, progress: bool = True, collisions: CollisionCoun
         kind = transform(config.kind)
         partial = kind.merge(config, [p for _, p in partials.get(name, [])])
         empty = kind.without_values(config, partial) if hasattr(kind, "without_values") else None
-        if empty is not None:
-            print(f"warning: feature {name} ({config.kind}): {empty}", file=sys.stderr)
+        if empty is not None and warn is not None:
+            warn(f"warning: feature {name} ({config.kind}): {empty}")
         learned[name] = Learned(config.kind, config, kind.finish(config, partial, rows.get(name)))
     return LearnedFeatures(learned, "the features learned from the training data")
 
